@@ -1,0 +1,395 @@
+//! The fleet: every replica's registration, the prefix index, the routing record and the
+//! bookings, and the one call that routes a request through a [`Policy`].
+//!
+//! ```text
+//!  KV events ──► apply_event ──► PrefixIndex ─┐
+//!  engine metrics ──► report_metrics ─────────┤
+//!  route(req) ──► FleetView (snapshot) ──► Policy::pick ──► Decision ──► book ──► BookingId
+//!  first_token / release / expire ──► Bookings ──► TokenLoad
+//! ```
+//!
+//! The fleet never reads a clock or an RNG: callers pass `now` (seconds on their clock) and a
+//! random source, so the simulator replays a run from its seed and the node uses real time.
+//! The same `route` runs in the node and the simulator.
+
+mod replica;
+mod request;
+mod view;
+
+pub use replica::{OverlapSource, ReplicaSpec, ReplicaState, ReplicaStatus};
+pub use request::RouteRequest;
+pub use view::{Estimate, FleetView};
+
+use crate::error::Error;
+use crate::hashing::{BlockHasher, Namespace, DEFAULT_BLOCK_SIZE};
+use crate::ids::ReplicaId;
+use crate::index::{ApplyOutcome, KvEvent, PrefixIndex};
+use crate::load::{BookingId, BookingSpec, Bookings, EngineMetrics};
+use crate::overlap::Overlap;
+use crate::policy::{Decision, Policy};
+use crate::record::RoutingRecord;
+use rand::RngCore;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Fleet-wide settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetConfig {
+    /// Tokens per block; must equal the engines' (`--block-size` in vLLM). Default 16.
+    pub block_size: u32,
+    /// Model / adapter / salt seeding the hash chain.
+    pub namespace: Namespace,
+    /// A booking ends by itself this long after booking or first token, seconds. Default 600.
+    pub lease_s: f64,
+    /// Life of a routing-record entry from its decision time, seconds. Default 120.
+    pub record_ttl_s: f64,
+    /// Bound on routing-record (block, replica) entries. Default 1,048,576.
+    pub record_max_entries: usize,
+    /// Event overlap keeps full credit while the replica's last event is this recent, seconds.
+    /// Default 30.
+    pub event_fresh_s: f64,
+    /// Event overlap has no credit once the last event is this old, seconds. Default 300.
+    pub event_stale_s: f64,
+    /// Engine metrics older than this are ignored, seconds. Default 5.
+    pub metrics_fresh_s: f64,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            block_size: DEFAULT_BLOCK_SIZE,
+            namespace: Namespace::default(),
+            lease_s: 600.0,
+            record_ttl_s: 120.0,
+            record_max_entries: 1 << 20,
+            event_fresh_s: 30.0,
+            event_stale_s: 300.0,
+            metrics_fresh_s: 5.0,
+        }
+    }
+}
+
+impl FleetConfig {
+    /// Checks ranges and combinations.
+    ///
+    /// # Errors
+    /// [`Error::ZeroBlockSize`] or [`Error::InvalidConfig`] quoting the bad value.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.block_size == 0 {
+            return Err(Error::ZeroBlockSize);
+        }
+        for (field, v) in [
+            ("lease_s", self.lease_s),
+            ("record_ttl_s", self.record_ttl_s),
+            ("event_fresh_s", self.event_fresh_s),
+            ("event_stale_s", self.event_stale_s),
+            ("metrics_fresh_s", self.metrics_fresh_s),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(Error::InvalidConfig { field, reason: format!("must be positive seconds, got {v}") });
+            }
+        }
+        if self.event_stale_s <= self.event_fresh_s {
+            return Err(Error::InvalidConfig {
+                field: "event_stale_s",
+                reason: format!("must exceed event_fresh_s ({}), got {}", self.event_fresh_s, self.event_stale_s),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A routing decision and the booking it made.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Routed {
+    /// What the policy chose and why.
+    pub decision: Decision,
+    /// The booking to end with [`Fleet::release`].
+    pub booking: BookingId,
+}
+
+/// Everything one router knows about its replicas.
+#[derive(Debug)]
+pub struct Fleet {
+    config: FleetConfig,
+    hasher: BlockHasher,
+    replicas: Vec<ReplicaState>,
+    index: PrefixIndex,
+    record: RoutingRecord,
+    bookings: Bookings,
+    next_id: u32,
+    epoch: u64,
+    // Per-decision scratch, reused so routing does not allocate.
+    sparse: Vec<(ReplicaId, Overlap)>,
+    overlaps: Vec<Overlap>,
+    record_overlaps: Vec<u32>,
+}
+
+impl Fleet {
+    /// An empty fleet.
+    ///
+    /// # Errors
+    /// As [`FleetConfig::validate`].
+    pub fn new(config: FleetConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let hasher = BlockHasher::new(config.block_size, &config.namespace)?;
+        Ok(Fleet {
+            index: PrefixIndex::new(hasher),
+            record: RoutingRecord::new(config.record_ttl_s, config.record_max_entries),
+            bookings: Bookings::new(config.lease_s, config.block_size)?,
+            hasher,
+            config,
+            replicas: Vec::new(),
+            next_id: 0,
+            epoch: 0,
+            sparse: Vec::new(),
+            overlaps: Vec::new(),
+            record_overlaps: Vec::new(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &FleetConfig {
+        &self.config
+    }
+
+    /// The hasher requests must be hashed with.
+    pub fn hasher(&self) -> &BlockHasher {
+        &self.hasher
+    }
+
+    /// The prefix index.
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    /// The bookings.
+    pub fn bookings(&self) -> &Bookings {
+        &self.bookings
+    }
+
+    /// The routing record.
+    pub fn record(&self) -> &RoutingRecord {
+        &self.record
+    }
+
+    /// Registered replicas, sorted by id.
+    pub fn replicas(&self) -> &[ReplicaState] {
+        &self.replicas
+    }
+
+    /// A registered replica.
+    pub fn replica(&self, id: ReplicaId) -> Option<&ReplicaState> {
+        self.pos(id).map(|p| &self.replicas[p])
+    }
+
+    /// The replica registered under `name`.
+    pub fn replica_by_name(&self, name: &str) -> Option<&ReplicaState> {
+        self.replicas.iter().find(|r| r.spec.name == name)
+    }
+
+    /// Registers a replica, ready for traffic.
+    ///
+    /// # Errors
+    /// [`Error::DuplicateReplica`] for a name already registered; [`Error::InvalidConfig`] for
+    /// zero capacity or a bad profile.
+    pub fn add_replica(&mut self, spec: ReplicaSpec) -> Result<ReplicaId, Error> {
+        if self.replica_by_name(&spec.name).is_some() {
+            return Err(Error::DuplicateReplica(spec.name));
+        }
+        if spec.capacity_blocks == 0 {
+            return Err(Error::InvalidConfig { field: "capacity_blocks", reason: format!("replica {:?} has 0 blocks", spec.name) });
+        }
+        spec.profile.validate()?;
+        let id = ReplicaId(self.next_id);
+        self.next_id += 1;
+        let name_key = xxh3_64(spec.name.as_bytes());
+        self.replicas.push(ReplicaState {
+            id,
+            spec,
+            name_key,
+            status: ReplicaStatus::Ready,
+            last_event_at: None,
+            metrics: None,
+        });
+        self.epoch += 1;
+        Ok(id)
+    }
+
+    /// Removes a replica: its blocks, routing record and bookings go with it. Returns how many
+    /// live bookings were dropped.
+    ///
+    /// # Errors
+    /// [`Error::UnknownReplica`].
+    pub fn remove_replica(&mut self, id: ReplicaId) -> Result<usize, Error> {
+        let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
+        self.replicas.remove(p);
+        self.index.remove_replica(id);
+        self.record.forget_replica(id);
+        self.epoch += 1;
+        Ok(self.bookings.drop_replica(id))
+    }
+
+    /// Sets whether a replica takes new requests.
+    ///
+    /// # Errors
+    /// [`Error::UnknownReplica`].
+    pub fn set_status(&mut self, id: ReplicaId, status: ReplicaStatus) -> Result<(), Error> {
+        let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
+        if self.replicas[p].status != status {
+            self.replicas[p].status = status;
+            self.epoch += 1;
+        }
+        Ok(())
+    }
+
+    /// Applies one KV event from `id` received at `now` (seconds). The first event of a
+    /// replica ends its approximate mode: its real events supersede the routing record.
+    ///
+    /// # Errors
+    /// [`Error::UnknownReplica`]; a bad event is not an error but a counted rejection in the
+    /// outcome.
+    pub fn apply_event(&mut self, id: ReplicaId, event: &KvEvent, now: f64) -> Result<ApplyOutcome, Error> {
+        let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
+        let r = &mut self.replicas[p];
+        if r.last_event_at.is_none() && r.spec.publishes_events {
+            self.record.forget_replica(id);
+        }
+        r.last_event_at = Some(r.last_event_at.map_or(now, |t| t.max(now)));
+        Ok(self.index.apply(id, event))
+    }
+
+    /// Records the engine's own load report.
+    ///
+    /// # Errors
+    /// [`Error::UnknownReplica`].
+    pub fn report_metrics(&mut self, id: ReplicaId, metrics: EngineMetrics) -> Result<(), Error> {
+        let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
+        self.replicas[p].metrics = Some(metrics);
+        Ok(())
+    }
+
+    /// Builds the decision snapshot for `req` and lets `policy` pick.
+    ///
+    /// # Errors
+    /// [`Error::NoReplicaReady`] when no replica takes traffic.
+    pub fn decide(&mut self, policy: &mut dyn Policy, req: &RouteRequest, rng: &mut dyn RngCore, now: f64) -> Result<Decision, Error> {
+        let with_record = policy.uses_record();
+        self.prepare(req, with_record, now);
+        let view = FleetView {
+            now,
+            epoch: self.epoch,
+            config: &self.config,
+            replicas: &self.replicas,
+            loads: self.bookings.loads(),
+            overlaps: &self.overlaps,
+            record_overlaps: if with_record { &self.record_overlaps } else { &[] },
+            record: &self.record,
+            expected_output_tokens: self.bookings.outputs().expect(req.max_tokens),
+        };
+        if view.routable().next().is_none() {
+            return Err(Error::NoReplicaReady);
+        }
+        policy.pick(req, &view, rng)
+    }
+
+    /// Routes `req` at `now`: decides, books the chosen replica, and records the prefix in the
+    /// routing record when a policy or an approximate-mode replica needs it.
+    ///
+    /// # Errors
+    /// As [`Fleet::decide`].
+    pub fn route(&mut self, policy: &mut dyn Policy, req: &RouteRequest, rng: &mut dyn RngCore, now: f64) -> Result<Routed, Error> {
+        let decision = self.decide(policy, req, rng, now)?;
+        let spec = BookingSpec {
+            uncached_prefill_tokens: decision.uncached_tokens,
+            prompt_blocks: req.prompt_tokens.div_ceil(self.config.block_size),
+            expected_output_tokens: self.bookings.outputs().expect(req.max_tokens),
+        };
+        let booking = self.bookings.book(decision.replica, spec, now);
+        let approx = self.replica(decision.replica).is_some_and(|r| r.overlap_source() == OverlapSource::Approximate);
+        if policy.uses_record() || approx {
+            self.record.record(decision.replica, &req.hashes, now);
+        }
+        Ok(Routed { decision, booking })
+    }
+
+    /// Books load on `replica` directly, outside a decision (a booking learned from another
+    /// router node, or a test setting up load).
+    ///
+    /// # Errors
+    /// [`Error::UnknownReplica`].
+    pub fn book(&mut self, replica: ReplicaId, spec: BookingSpec, now: f64) -> Result<BookingId, Error> {
+        self.pos(replica).ok_or(Error::UnknownReplica(replica))?;
+        Ok(self.bookings.book(replica, spec, now))
+    }
+
+    /// The request's first token arrived.
+    ///
+    /// # Errors
+    /// [`Error::UnknownBooking`].
+    pub fn first_token(&mut self, booking: BookingId, now: f64) -> Result<(), Error> {
+        self.bookings.first_token(booking, now)
+    }
+
+    /// The request ended; `output_tokens` when it completed normally.
+    ///
+    /// # Errors
+    /// [`Error::UnknownBooking`].
+    pub fn release(&mut self, booking: BookingId, output_tokens: Option<u32>) -> Result<(), Error> {
+        self.bookings.release(booking, output_tokens).map(|_| ())
+    }
+
+    /// Housekeeping at `now`: ends bookings past their lease (returned) and expires old
+    /// routing-record entries. Call it every second or so.
+    pub fn expire(&mut self, now: f64) -> Vec<BookingId> {
+        self.record.expire(now);
+        self.bookings.expire(now)
+    }
+
+    fn pos(&self, id: ReplicaId) -> Option<usize> {
+        self.replicas.binary_search_by_key(&id, |r| r.id).ok()
+    }
+
+    /// Fills the per-replica overlap scratch for `req`: index overlaps for event-fed replicas,
+    /// record overlaps for approximate ones (and for every replica when the policy asks).
+    fn prepare(&mut self, req: &RouteRequest, with_record: bool, now: f64) {
+        let n = self.replicas.len();
+        self.overlaps.clear();
+        self.overlaps.resize(n, Overlap::default());
+        self.sparse.clear();
+        self.index.overlaps(&req.hashes, &mut self.sparse);
+        let mut p = 0;
+        for &(id, o) in &self.sparse {
+            while p < n && self.replicas[p].id < id {
+                p += 1;
+            }
+            if p < n && self.replicas[p].id == id {
+                self.overlaps[p] = o;
+            }
+        }
+        let any_approx = self.replicas.iter().any(|r| r.overlap_source() == OverlapSource::Approximate);
+        if !(with_record || any_approx) {
+            return;
+        }
+        self.record_overlaps.clear();
+        self.record_overlaps.resize(n, 0);
+        self.sparse.clear();
+        self.record.overlaps(&req.hashes, now, &mut self.sparse);
+        let mut p = 0;
+        for &(id, o) in &self.sparse {
+            while p < n && self.replicas[p].id < id {
+                p += 1;
+            }
+            if p < n && self.replicas[p].id == id {
+                self.record_overlaps[p] = o.gpu;
+            }
+        }
+        for (p, r) in self.replicas.iter().enumerate() {
+            if r.overlap_source() == OverlapSource::Approximate {
+                self.overlaps[p] = Overlap::gpu(self.record_overlaps[p]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

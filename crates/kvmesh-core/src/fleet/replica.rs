@@ -1,0 +1,81 @@
+//! One engine replica as the fleet knows it: identity, capacity, speed, status and the
+//! freshness of its signals.
+
+use crate::ids::ReplicaId;
+use crate::load::{EngineMetrics, ReplicaProfile};
+
+/// What an operator registers for a replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaSpec {
+    /// A stable, unique name (`"vllm-0"`, a pod name). Consistent hashing places replicas by
+    /// name, so every router node agrees whatever the registration order (case C11).
+    pub name: String,
+    /// KV-cache capacity, in blocks of `block_size` tokens (vLLM logs it as "GPU KV cache
+    /// size: N tokens"; divide by the block size).
+    pub capacity_blocks: u64,
+    /// The replica's step-time model.
+    pub profile: ReplicaProfile,
+    /// Whether the replica is configured to publish KV events. Replicas that don't are routed
+    /// on the router's own record (approximate mode).
+    pub publishes_events: bool,
+}
+
+impl ReplicaSpec {
+    /// A replica named `name` with `capacity_blocks` blocks, the default profile, publishing
+    /// events.
+    pub fn new(name: impl Into<String>, capacity_blocks: u64) -> Self {
+        ReplicaSpec { name: name.into(), capacity_blocks, profile: ReplicaProfile::default(), publishes_events: true }
+    }
+}
+
+/// Whether a replica takes new requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaStatus {
+    /// Takes new requests.
+    Ready,
+    /// Finishes what it has, takes nothing new.
+    Draining,
+}
+
+/// Where a replica's overlap figures come from at a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverlapSource {
+    /// Its own KV events, through the prefix index.
+    Events,
+    /// The router's own routing record: the replica publishes no events, or none arrived yet
+    /// (case C09: a silent publisher is routed on the record, not on a silent zero).
+    Approximate,
+}
+
+/// One registered replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaState {
+    /// Dense id within the fleet.
+    pub id: ReplicaId,
+    /// What was registered.
+    pub spec: ReplicaSpec,
+    /// xxh3 of the name: the replica's place on the consistent-hash ring.
+    pub name_key: u64,
+    /// Takes new requests or not.
+    pub status: ReplicaStatus,
+    /// When its last KV event was applied, seconds; `None` before the first.
+    pub last_event_at: Option<f64>,
+    /// Its latest engine load report.
+    pub metrics: Option<EngineMetrics>,
+}
+
+impl ReplicaState {
+    /// Whether new requests may go here.
+    pub fn routable(&self) -> bool {
+        self.status == ReplicaStatus::Ready
+    }
+
+    /// Where this replica's overlaps come from now.
+    pub fn overlap_source(&self) -> OverlapSource {
+        if self.spec.publishes_events && self.last_event_at.is_some() {
+            OverlapSource::Events
+        } else {
+            OverlapSource::Approximate
+        }
+    }
+}

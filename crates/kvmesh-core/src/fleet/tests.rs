@@ -1,0 +1,116 @@
+//! Fleet tests: registration errors, approximate mode and its supersession by real events,
+//! routing-record TTL from decision time, bookings through routing.
+
+use super::*;
+use crate::index::Stored;
+use crate::policy::{PolicyKind, Reason};
+use crate::{EngineBlockHash, Medium};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+fn rng() -> SmallRng {
+    SmallRng::seed_from_u64(1)
+}
+
+fn toks(n: u32) -> Vec<u32> {
+    (0..n).collect()
+}
+
+fn silent(name: &str) -> ReplicaSpec {
+    ReplicaSpec { publishes_events: false, ..ReplicaSpec::new(name, 10_000) }
+}
+
+#[test]
+fn registration_errors_are_clear() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    let a = f.add_replica(ReplicaSpec::new("a", 100)).unwrap();
+    assert_eq!(f.add_replica(ReplicaSpec::new("a", 100)), Err(Error::DuplicateReplica("a".into())));
+    assert!(matches!(f.add_replica(ReplicaSpec::new("z", 0)), Err(Error::InvalidConfig { field: "capacity_blocks", .. })));
+    f.remove_replica(a).unwrap();
+    assert_eq!(f.remove_replica(a), Err(Error::UnknownReplica(a)));
+    assert_eq!(f.apply_event(a, &KvEvent::Cleared, 0.0), Err(Error::UnknownReplica(a)));
+    let b = f.add_replica(ReplicaSpec::new("a", 100)).unwrap();
+    assert_ne!(a, b, "ids are never reused");
+}
+
+#[test]
+fn config_is_validated() {
+    let bad = FleetConfig { block_size: 0, ..FleetConfig::default() };
+    assert_eq!(Fleet::new(bad).unwrap_err(), Error::ZeroBlockSize);
+    let bad = FleetConfig { event_stale_s: 10.0, ..FleetConfig::default() };
+    let msg = Fleet::new(bad).unwrap_err().to_string();
+    assert_eq!(msg, "invalid event_stale_s: must exceed event_fresh_s (30), got 10");
+}
+
+#[test]
+fn approximate_mode_routes_repeats_to_the_same_replica_until_ttl() {
+    let mut f = Fleet::new(FleetConfig { record_ttl_s: 10.0, ..FleetConfig::default() }).unwrap();
+    for n in ["a", "b", "c", "d"] {
+        f.add_replica(silent(n)).unwrap();
+    }
+    let mut p = PolicyKind::TokenLoad.build();
+    let req = RouteRequest::new(f.hasher(), &toks(640), Some(1));
+    let first = f.route(p.as_mut(), &req, &mut rng(), 0.0).unwrap();
+    f.release(first.booking, Some(1)).unwrap();
+    let again = f.decide(p.as_mut(), &req, &mut rng(), 9.9).unwrap();
+    assert_eq!((again.replica, again.overlap_blocks), (first.decision.replica, 40));
+    // The TTL runs from the decision time (0.0), so at 10.0 the record no longer counts.
+    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 10.0).unwrap().overlap_blocks, 0);
+    f.expire(10.0);
+    assert_eq!(f.record().entries(), 0);
+}
+
+#[test]
+fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    let a = f.add_replica(ReplicaSpec::new("a", 10_000)).unwrap();
+    assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Approximate);
+    let mut p = PolicyKind::TokenLoad.build();
+    let t = toks(64);
+    let req = RouteRequest::new(f.hasher(), &t, Some(1));
+    let r = f.route(p.as_mut(), &req, &mut rng(), 0.0).unwrap();
+    f.release(r.booking, None).unwrap();
+    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 1.0).unwrap().overlap_blocks, 4);
+    // Its first real event: the record for it is dropped and the index is the truth.
+    let ev = KvEvent::Stored(Stored {
+        block_hashes: vec![EngineBlockHash(1)],
+        parent: None,
+        token_ids: t[..16].to_vec(),
+        block_size: 16,
+        medium: Medium::Gpu,
+    });
+    f.apply_event(a, &ev, 2.0).unwrap();
+    assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Events);
+    assert_eq!(f.record().entries(), 0);
+    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 2.0).unwrap().overlap_blocks, 1);
+}
+
+#[test]
+fn route_books_uncached_tokens_and_release_returns_to_zero() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    let a = f.add_replica(silent("a")).unwrap();
+    let mut p = PolicyKind::TokenLoad.build();
+    let req = RouteRequest::new(f.hasher(), &toks(100), Some(50));
+    let r = f.route(p.as_mut(), &req, &mut rng(), 0.0).unwrap();
+    assert_eq!(r.decision.reason, Reason::LowestCost);
+    let load = f.bookings().load(a);
+    // 100 tokens: 7 prompt blocks (6 full + 1 partial), 50 output tokens = 4 blocks.
+    assert_eq!((load.queued_prefill_tokens, load.prefilling, load.kv_blocks, load.expected_decode_tokens), (100, 1, 11, 50));
+    f.first_token(r.booking, 0.2).unwrap();
+    f.release(r.booking, Some(40)).unwrap();
+    assert_eq!(f.bookings().load(a), crate::load::TokenLoad::default());
+    assert_eq!(f.release(r.booking, None), Err(Error::UnknownBooking(r.booking.0)));
+}
+
+#[test]
+fn removing_a_replica_drops_its_bookings_blocks_and_record() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    let a = f.add_replica(silent("a")).unwrap();
+    let mut p = PolicyKind::CacheAware.build();
+    let req = RouteRequest::new(f.hasher(), &toks(64), None);
+    f.route(p.as_mut(), &req, &mut rng(), 0.0).unwrap();
+    assert_eq!(f.record().entries(), 4);
+    assert_eq!(f.remove_replica(a).unwrap(), 1);
+    assert_eq!((f.record().entries(), f.bookings().len()), (0, 0));
+    assert_eq!(f.route(p.as_mut(), &req, &mut rng(), 0.0), Err(Error::NoReplicaReady));
+}

@@ -1,0 +1,106 @@
+//! [`FleetView`]: the read-only snapshot one routing decision reads — every replica's state,
+//! booked load and overlap with the request — and the TTFT / KV-headroom estimate all policies
+//! share.
+
+use super::{FleetConfig, ReplicaState, RouteRequest};
+use crate::load::TokenLoad;
+use crate::overlap::Overlap;
+use crate::record::RoutingRecord;
+
+/// What a policy may read for one decision. Slices `replicas`, `overlaps` and
+/// `record_overlaps` are parallel (position `i` is one replica); `loads` is indexed by
+/// replica id.
+#[derive(Debug, Clone, Copy)]
+pub struct FleetView<'a> {
+    /// Decision time, seconds.
+    pub now: f64,
+    /// Fleet membership epoch: changes whenever a replica is added, removed or changes status,
+    /// so policies can cache structures built from membership (the hash ring).
+    pub epoch: u64,
+    /// Fleet settings (block size, freshness windows).
+    pub config: &'a FleetConfig,
+    /// Registered replicas, sorted by id (draining ones included: check `routable`).
+    pub replicas: &'a [ReplicaState],
+    /// Booked load, indexed by replica id.
+    pub loads: &'a [TokenLoad],
+    /// Each replica's overlap with the request, from its events (or its approximate record).
+    pub overlaps: &'a [Overlap],
+    /// Each replica's overlap on the router's own routing record, in blocks; empty unless the
+    /// policy asked for it ([`crate::policy::Policy::uses_record`]).
+    pub record_overlaps: &'a [u32],
+    /// The router's own routing record.
+    pub record: &'a RoutingRecord,
+    /// Expected output tokens of this request (see [`crate::load::OutputEstimator`]).
+    pub expected_output_tokens: u32,
+}
+
+/// One replica's estimated cost for one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    /// Prompt tokens the replica would compute after the overlap credit, tokens.
+    pub uncached_tokens: u32,
+    /// Estimated time to first token, queue included, seconds.
+    pub ttft_s: f64,
+    /// Free KV blocks minus the blocks this request needs; negative = it does not fit now.
+    pub kv_headroom_blocks: i64,
+}
+
+impl<'a> FleetView<'a> {
+    /// Positions of replicas that take new requests.
+    pub fn routable(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.replicas.len()).filter(|&i| self.replicas[i].routable())
+    }
+
+    /// Booked load of the replica at position `i`.
+    #[inline]
+    pub fn load(&self, i: usize) -> TokenLoad {
+        self.loads.get(self.replicas[i].id.index()).copied().unwrap_or_default()
+    }
+
+    /// How much of the replica's event overlap to trust, 0.0 to 1.0: full while its last event
+    /// is at most `event_fresh_s` old, fading linearly to zero at `event_stale_s` (a stale
+    /// stream means the index may hold evicted blocks, so the policy falls back to load only).
+    /// Approximate-mode replicas get full credit: their record expires by its own TTL.
+    pub fn overlap_credit(&self, i: usize) -> f64 {
+        let Some(at) = self.replicas[i].last_event_at else { return 1.0 };
+        let age = (self.now - at).max(0.0);
+        let (fresh, stale) = (self.config.event_fresh_s, self.config.event_stale_s);
+        if age <= fresh {
+            1.0
+        } else if age >= stale {
+            0.0
+        } else {
+            (stale - age) / (stale - fresh)
+        }
+    }
+
+    /// KV blocks in use on the replica at `i`: the larger of the router's bookings and the
+    /// engine's own report, when that report is fresh.
+    pub fn kv_used_blocks(&self, i: usize) -> u64 {
+        let r = &self.replicas[i];
+        let booked = self.load(i).kv_blocks;
+        match r.metrics {
+            Some(m) if m.age(self.now) <= self.config.metrics_fresh_s => {
+                booked.max((m.kv_usage.clamp(0.0, 1.0) * r.spec.capacity_blocks as f64) as u64)
+            }
+            _ => booked,
+        }
+    }
+
+    /// The cost of sending `req` to the replica at `i`, with its event overlap discounted by
+    /// [`Self::overlap_credit`]. vLLM always recomputes at least the prompt's last token (it
+    /// needs its logits), so a fully cached prompt still costs one token.
+    pub fn estimate(&self, i: usize, req: &RouteRequest) -> Estimate {
+        let bs = self.config.block_size as u64;
+        let cached_blocks = (self.overlaps[i].gpu as f64 * self.overlap_credit(i)).floor() as u64;
+        let prompt = req.prompt_tokens as u64;
+        let cached = (cached_blocks * bs).min(prompt.saturating_sub(1));
+        let uncached = prompt - cached;
+        let load = self.load(i);
+        let r = &self.replicas[i];
+        let ttft_s = r.spec.profile.ttft(load.queued_prefill_tokens + uncached, load.decoding);
+        let need = uncached.div_ceil(bs) + (self.expected_output_tokens as u64).div_ceil(bs);
+        let free = r.spec.capacity_blocks as i64 - self.kv_used_blocks(i) as i64;
+        Estimate { uncached_tokens: uncached as u32, ttft_s, kv_headroom_blocks: free - need as i64 }
+    }
+}

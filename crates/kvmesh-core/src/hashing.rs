@@ -1,0 +1,206 @@
+//! Block hashing: token ids → full blocks of `block_size` tokens → chained 64-bit [`BlockHash`]es.
+//!
+//! # Definition
+//! For a namespace `ns` (model, LoRA adapter, cache salt; see [`Namespace`]) and tokens
+//! `t[0..n]` with block size `B`:
+//!
+//! ```text
+//! seed      = xxh3_64(utf8(model) ‖ 0x00 ‖ utf8(adapter) ‖ 0x00 ‖ utf8(salt))
+//! h[-1]     = seed
+//! h[i]      = xxh3_64_with_seed(le_bytes(t[i·B]) ‖ … ‖ le_bytes(t[i·B + B − 1]), seed = h[i−1])
+//! ```
+//!
+//! for every *full* block `i < ⌊n / B⌋`; each token is 4 little-endian bytes (u32). A trailing
+//! partial block is not hashed — engines cache only full blocks (vLLM `kv_cache_utils.py`).
+//! Because each block's hash is seeded by its parent's, equal hashes mean equal whole prefixes,
+//! and different namespaces never match (barring a 64-bit collision). xxh3 is
+//! [xxHash](https://github.com/Cyan4973/xxHash)'s XXH3-64, via the `xxhash-rust` crate.
+
+use crate::error::Error;
+use crate::ids::BlockHash;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+/// The default block size, in tokens (vLLM's default for CUDA).
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+/// What separates caches that must never share blocks even for identical tokens.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Namespace {
+    /// The served model name.
+    pub model: String,
+    /// The LoRA adapter name, empty for the base model.
+    pub adapter: String,
+    /// vLLM's `cache_salt` (per-tenant isolation), empty when unset.
+    pub salt: String,
+}
+
+impl Namespace {
+    /// The seed of this namespace's hash chain (see the module docs).
+    pub fn seed(&self) -> u64 {
+        let mut bytes =
+            Vec::with_capacity(self.model.len() + self.adapter.len() + self.salt.len() + 2);
+        bytes.extend_from_slice(self.model.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(self.adapter.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(self.salt.as_bytes());
+        xxh3_64(&bytes)
+    }
+}
+
+/// Hashes token sequences into chained block hashes for one block size and namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockHasher {
+    block_size: u32,
+    seed: u64,
+}
+
+impl BlockHasher {
+    /// A hasher for blocks of `block_size` tokens in `namespace`.
+    ///
+    /// # Errors
+    /// [`Error::ZeroBlockSize`] when `block_size` is 0.
+    pub fn new(block_size: u32, namespace: &Namespace) -> Result<Self, Error> {
+        if block_size == 0 {
+            return Err(Error::ZeroBlockSize);
+        }
+        Ok(BlockHasher {
+            block_size,
+            seed: namespace.seed(),
+        })
+    }
+
+    /// The block size, in tokens.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// The chain's seed: the parent "hash" of the first block.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Number of full blocks in `n_tokens` tokens.
+    pub fn full_blocks(&self, n_tokens: usize) -> usize {
+        n_tokens / self.block_size as usize
+    }
+
+    /// The hash of one block of exactly `block_size` tokens whose parent hashes to `parent`
+    /// (`None` for the first block of a sequence).
+    #[inline]
+    pub fn hash_block(&self, parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+        debug_assert_eq!(tokens.len(), self.block_size as usize);
+        let seed = parent.map_or(self.seed, |p| p.0);
+        let mut buf = [0u8; 256];
+        let bytes = tokens.len() * 4;
+        if bytes <= buf.len() {
+            for (chunk, t) in buf.chunks_exact_mut(4).zip(tokens) {
+                chunk.copy_from_slice(&t.to_le_bytes());
+            }
+            BlockHash(xxh3_64_with_seed(&buf[..bytes], seed))
+        } else {
+            let v: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            BlockHash(xxh3_64_with_seed(&v, seed))
+        }
+    }
+
+    /// Hashes of every full block of `tokens`, in order, chained from `parent` (`None` = start
+    /// of a sequence). A trailing partial block is ignored.
+    pub fn hash_blocks_from(&self, parent: Option<BlockHash>, tokens: &[u32]) -> Vec<BlockHash> {
+        let mut out = Vec::with_capacity(self.full_blocks(tokens.len()));
+        self.extend_hashes(parent, tokens, &mut out);
+        out
+    }
+
+    /// Hashes of every full block of `tokens` from the start of a sequence.
+    pub fn hash_blocks(&self, tokens: &[u32]) -> Vec<BlockHash> {
+        self.hash_blocks_from(None, tokens)
+    }
+
+    /// Appends the chained hashes of `tokens`' full blocks to `out` (reuses its allocation).
+    pub fn extend_hashes(&self, parent: Option<BlockHash>, tokens: &[u32], out: &mut Vec<BlockHash>) {
+        let mut prev = parent;
+        for block in tokens.chunks_exact(self.block_size as usize) {
+            let h = self.hash_block(prev, block);
+            out.push(h);
+            prev = Some(h);
+        }
+    }
+
+    /// A 64-bit key for the whole token sequence, partial block included: the consistent-hash
+    /// key of a prompt shorter than one block.
+    pub fn sequence_key(&self, tokens: &[u32]) -> u64 {
+        let v: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        xxh3_64_with_seed(&v, self.seed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns(model: &str) -> Namespace {
+        Namespace {
+            model: model.into(),
+            ..Namespace::default()
+        }
+    }
+
+    #[test]
+    fn zero_block_size_is_an_error() {
+        assert_eq!(BlockHasher::new(0, &ns("m")), Err(Error::ZeroBlockSize));
+    }
+
+    #[test]
+    fn partial_block_is_not_hashed() {
+        let h = BlockHasher::new(4, &ns("m")).unwrap();
+        assert_eq!(h.hash_blocks(&[1, 2, 3]).len(), 0);
+        assert_eq!(h.hash_blocks(&[1, 2, 3, 4, 5, 6, 7]).len(), 1);
+        assert_eq!(h.hash_blocks(&[1, 2, 3, 4, 5, 6, 7, 8]).len(), 2);
+    }
+
+    #[test]
+    fn chain_is_the_documented_definition() {
+        let n = ns("llama");
+        let h = BlockHasher::new(2, &n).unwrap();
+        let seed = xxh3_64(b"llama\0\0");
+        assert_eq!(h.seed(), seed);
+        let b0 = xxh3_64_with_seed(&[1, 0, 0, 0, 2, 0, 0, 0], seed);
+        let b1 = xxh3_64_with_seed(&[3, 0, 0, 0, 4, 0, 0, 0], b0);
+        assert_eq!(h.hash_blocks(&[1, 2, 3, 4, 5]), vec![BlockHash(b0), BlockHash(b1)]);
+    }
+
+    #[test]
+    fn equal_hash_means_equal_prefix() {
+        let h = BlockHasher::new(2, &ns("m")).unwrap();
+        let a = h.hash_blocks(&[1, 2, 3, 4]);
+        let b = h.hash_blocks(&[9, 9, 3, 4]);
+        // Same second block tokens, different first block: the chain makes them differ.
+        assert_ne!(a[1], b[1]);
+        let c = h.hash_blocks(&[1, 2, 3, 4, 7, 7]);
+        assert_eq!(&c[..2], &a[..]);
+    }
+
+    #[test]
+    fn namespaces_never_match() {
+        let toks: Vec<u32> = (0..64).collect();
+        let base = BlockHasher::new(16, &ns("m")).unwrap().hash_blocks(&toks);
+        for other in [
+            ns("m2"),
+            Namespace { model: "m".into(), adapter: "lora-a".into(), salt: String::new() },
+            Namespace { model: "m".into(), adapter: String::new(), salt: "tenant-1".into() },
+        ] {
+            let hs = BlockHasher::new(16, &other).unwrap().hash_blocks(&toks);
+            assert!(hs.iter().all(|h| !base.contains(h)), "{other:?} shares a block");
+        }
+    }
+
+    #[test]
+    fn continuing_from_a_parent_equals_hashing_the_whole() {
+        let h = BlockHasher::new(3, &ns("m")).unwrap();
+        let toks: Vec<u32> = (100..112).collect();
+        let whole = h.hash_blocks(&toks);
+        let tail = h.hash_blocks_from(Some(whole[1]), &toks[6..]);
+        assert_eq!(&whole[2..], &tail[..]);
+    }
+}

@@ -1,0 +1,281 @@
+//! The prefix index: which replica holds which block, built from the replicas' KV events.
+//!
+//! ```text
+//!  replica r's events ──apply──► per-replica engine-id map ──► blocks: BlockHash → holders
+//!  request block hashes ──overlaps──► each replica's longest leading run, per medium
+//! ```
+//!
+//! Engine block ids are opaque (vLLM and SGLang compute them differently), so a `Stored` event's
+//! tokens are re-hashed with kvmesh's own chained [`crate::BlockHasher`], chained from the
+//! parent's kvmesh hash. Each replica keeps an engine-id → block map for its removals. Copies
+//! are counted, not set-membership (case C20). Bad events are counted no-ops
+//! ([`Rejection`]), never panics. Memory follows what the replicas hold: removals and clears
+//! free entries and shrink the per-replica maps; [`PrefixIndex::memory_bytes`] reports it.
+
+mod event;
+mod holders;
+mod outcome;
+mod replica_blocks;
+
+pub use event::{KvEvent, Removed, Stored};
+pub use outcome::{ApplyOutcome, EventCounters, Rejection};
+pub use replica_blocks::IndexHealth;
+
+use crate::hashing::BlockHasher;
+use crate::ids::{BlockHash, EngineBlockHash, Medium, ReplicaId};
+use crate::overlap::{leading_runs, Overlap};
+use holders::Holders;
+use replica_blocks::{table_bytes, Mapped, ReplicaBlocks};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+/// The fleet-wide prefix index for one namespace and block size.
+#[derive(Debug)]
+pub struct PrefixIndex {
+    hasher: BlockHasher,
+    blocks: FxHashMap<BlockHash, Holders>,
+    replicas: Vec<Option<ReplicaBlocks>>,
+    entries: usize,
+}
+
+impl PrefixIndex {
+    /// An empty index hashing blocks with `hasher` (its block size is the one events must have).
+    pub fn new(hasher: BlockHasher) -> Self {
+        PrefixIndex { hasher, blocks: FxHashMap::default(), replicas: Vec::new(), entries: 0 }
+    }
+
+    /// The hasher whose block size and namespace this index uses.
+    pub fn hasher(&self) -> &BlockHasher {
+        &self.hasher
+    }
+
+    /// Applies one event from `replica`, registering the replica on first sight.
+    ///
+    /// Never panics on any event content; problems are reported in the outcome's `rejection`
+    /// and counted in the replica's [`IndexHealth`].
+    pub fn apply(&mut self, replica: ReplicaId, event: &KvEvent) -> ApplyOutcome {
+        self.slot(replica);
+        let outcome = match event {
+            KvEvent::Stored(s) => self.store(replica, s),
+            KvEvent::Removed(r) => self.remove(replica, r),
+            KvEvent::Cleared => {
+                let cleared = self.clear(replica);
+                ApplyOutcome { cleared, ..ApplyOutcome::default() }
+            }
+        };
+        let rb = self.slot(replica);
+        rb.health.counters.count(&outcome);
+        match outcome.rejection {
+            Some(Rejection::BlockSizeMismatch { got, .. }) => rb.health.block_size_mismatch = Some(got),
+            Some(Rejection::UnknownParent) => rb.health.out_of_sync = true,
+            _ if matches!(event, KvEvent::Stored(_)) => rb.health.block_size_mismatch = None,
+            _ => {}
+        }
+        outcome
+    }
+
+    /// Drops every block of `replica` and forgets it. Returns the (block, replica) entries
+    /// dropped.
+    pub fn remove_replica(&mut self, replica: ReplicaId) -> u32 {
+        let before = self.entries;
+        if self.replicas.get(replica.index()).is_some_and(|r| r.is_some()) {
+            self.clear(replica);
+            self.replicas[replica.index()] = None;
+        }
+        (before - self.entries) as u32
+    }
+
+    /// Marks `replica` back in sync after the caller resynced it (e.g. a completed replay).
+    pub fn mark_in_sync(&mut self, replica: ReplicaId) {
+        if let Some(Some(rb)) = self.replicas.get_mut(replica.index()) {
+            rb.health.out_of_sync = false;
+        }
+    }
+
+    /// Each replica's longest leading run of `hashes` it holds, per medium, appended to `out`
+    /// sorted by replica id; replicas holding no leading block are left out. One pass over the
+    /// blocks that stops as soon as no replica can match further.
+    pub fn overlaps(&self, hashes: &[BlockHash], out: &mut Vec<(ReplicaId, Overlap)>) {
+        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(Holders::as_slice), holders::Holder::held, out);
+    }
+
+    /// Whether `replica` holds `block`, as `[GPU, CPU]`.
+    pub fn holds(&self, replica: ReplicaId, block: BlockHash) -> [bool; 2] {
+        self.blocks
+            .get(&block)
+            .and_then(|h| h.as_slice().iter().find(|x| x.replica == replica).map(|x| x.held()))
+            .unwrap_or([false, false])
+    }
+
+    /// (block, replica) pairs held, whatever the medium or copy count.
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// Distinct blocks held by any replica.
+    pub fn blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Distinct (engine id, medium) mappings `replica` holds; 0 for an unknown replica.
+    pub fn replica_blocks(&self, replica: ReplicaId) -> usize {
+        self.replicas.get(replica.index()).and_then(Option::as_ref).map_or(0, ReplicaBlocks::mappings)
+    }
+
+    /// The event-stream health of `replica`, if it ever sent an event.
+    pub fn health(&self, replica: ReplicaId) -> Option<&IndexHealth> {
+        self.replicas.get(replica.index()).and_then(Option::as_ref).map(|r| &r.health)
+    }
+
+    /// Estimated heap bytes held by the index (tables sized by their capacity, plus shared
+    /// holder lists), in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        let slot = std::mem::size_of::<(BlockHash, Holders)>();
+        let mut bytes = table_bytes(self.blocks.capacity(), slot);
+        bytes += self.blocks.values().map(Holders::heap_bytes).sum::<usize>();
+        let eslot = std::mem::size_of::<(EngineBlockHash, Mapped)>();
+        for rb in self.replicas.iter().flatten() {
+            bytes += rb.engine.iter().map(|m| table_bytes(m.capacity(), eslot)).sum::<usize>();
+        }
+        bytes + self.replicas.capacity() * std::mem::size_of::<Option<ReplicaBlocks>>()
+    }
+
+    // === apply ===
+
+    fn slot(&mut self, replica: ReplicaId) -> &mut ReplicaBlocks {
+        let i = replica.index();
+        if self.replicas.len() <= i {
+            self.replicas.resize_with(i + 1, || None);
+        }
+        self.replicas[i].get_or_insert_with(ReplicaBlocks::default)
+    }
+
+    fn store(&mut self, replica: ReplicaId, s: &Stored) -> ApplyOutcome {
+        let mut out = ApplyOutcome::default();
+        let want = self.hasher.block_size();
+        if s.block_size != want {
+            out.rejection = Some(Rejection::BlockSizeMismatch { got: s.block_size, want });
+            return out;
+        }
+        if s.token_ids.len() as u64 != s.block_hashes.len() as u64 * want as u64 {
+            out.rejection = Some(Rejection::TokenCountMismatch);
+            return out;
+        }
+        if is_self_referential(s) {
+            out.rejection = Some(Rejection::SelfReferential);
+            return out;
+        }
+        let m = s.medium.index();
+        let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+        let mut prev = match s.parent {
+            None => None,
+            Some(p) => match rb.engine[m].get(&p).or_else(|| rb.engine[1 - m].get(&p)) {
+                Some(mapped) => Some(mapped.block),
+                None => {
+                    out.rejection = Some(Rejection::UnknownParent);
+                    return out;
+                }
+            },
+        };
+        let chunks = s.token_ids.chunks_exact(want as usize);
+        for (&engine_hash, tokens) in s.block_hashes.iter().zip(chunks) {
+            let block = self.hasher.hash_block(prev, tokens);
+            prev = Some(block);
+            match rb.engine[m].get_mut(&engine_hash) {
+                Some(mapped) if mapped.block == block => mapped.copies = mapped.copies.saturating_add(1),
+                Some(mapped) => {
+                    // The engine reused an id for other tokens: trust the newest event.
+                    let old = std::mem::replace(mapped, Mapped { block, copies: 1 });
+                    self.entries -= drop_copies(&mut self.blocks, old.block, replica, s.medium, old.copies);
+                    out.rejection.get_or_insert(Rejection::ConflictingBlock);
+                }
+                None => {
+                    rb.engine[m].insert(engine_hash, Mapped { block, copies: 1 });
+                }
+            }
+            let added = match self.blocks.get_mut(&block) {
+                Some(h) => h.add(replica, s.medium),
+                None => {
+                    self.blocks.insert(block, Holders::new(replica, s.medium));
+                    true
+                }
+            };
+            self.entries += added as usize;
+            out.stored += 1;
+        }
+        out
+    }
+
+    fn remove(&mut self, replica: ReplicaId, r: &Removed) -> ApplyOutcome {
+        let mut out = ApplyOutcome::default();
+        let m = r.medium.index();
+        let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+        for engine_hash in &r.block_hashes {
+            let Some(mapped) = rb.engine[m].get_mut(engine_hash) else {
+                out.rejection.get_or_insert(Rejection::UnknownBlock);
+                continue;
+            };
+            let block = mapped.block;
+            mapped.copies -= 1;
+            if mapped.copies == 0 {
+                rb.engine[m].remove(engine_hash);
+            }
+            self.entries -= drop_copies(&mut self.blocks, block, replica, r.medium, 1);
+            out.removed += 1;
+        }
+        rb.maybe_shrink(m);
+        out
+    }
+
+    fn clear(&mut self, replica: ReplicaId) -> u32 {
+        let Some(Some(rb)) = self.replicas.get_mut(replica.index()) else { return 0 };
+        let mut cleared = 0;
+        for medium in Medium::ALL {
+            let map = std::mem::take(&mut rb.engine[medium.index()]);
+            for (_, mapped) in map {
+                self.entries -= drop_copies(&mut self.blocks, mapped.block, replica, medium, mapped.copies);
+                cleared += mapped.copies;
+            }
+        }
+        rb.health.out_of_sync = false;
+        rb.health.counters.clears += 1;
+        if self.blocks.len() < self.blocks.capacity() / 4 {
+            self.blocks.shrink_to(self.blocks.len() * 2);
+        }
+        cleared
+    }
+}
+
+/// Removes `n` copies of `block` held by `replica` in `medium`; returns 1 when that ends the
+/// (block, replica) entry, else 0. Drops the block when nobody holds it any more.
+fn drop_copies(
+    blocks: &mut FxHashMap<BlockHash, Holders>,
+    block: BlockHash,
+    replica: ReplicaId,
+    medium: Medium,
+    n: u32,
+) -> usize {
+    let Some(h) = blocks.get_mut(&block) else { return 0 };
+    let (gone, empty) = h.remove(replica, medium, n);
+    if empty {
+        blocks.remove(&block);
+    }
+    gone as usize
+}
+
+/// Case C02: a parent that is one of the event's own blocks, or a block id repeated within the
+/// event, would chain a block to itself.
+fn is_self_referential(s: &Stored) -> bool {
+    let hs = &s.block_hashes;
+    if s.parent.is_some_and(|p| hs.contains(&p)) {
+        return true;
+    }
+    if hs.len() <= 16 {
+        hs.iter().enumerate().any(|(i, h)| hs[i + 1..].contains(h))
+    } else {
+        let mut seen = FxHashSet::default();
+        !hs.iter().all(|h| seen.insert(*h))
+    }
+}
+
+#[cfg(test)]
+mod tests;

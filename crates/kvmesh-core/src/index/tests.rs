@@ -1,0 +1,355 @@
+//! Prefix-index tests: the shared cases (C02–C05, C20) with exact values, and a property test
+//! against a naive reference model that identifies blocks by their whole token prefix.
+
+use super::*;
+use crate::hashing::Namespace;
+use proptest::prelude::*;
+use std::collections::{HashMap, HashSet};
+use xxhash_rust::xxh3::xxh3_64;
+
+const BS: u32 = 4;
+
+fn index() -> PrefixIndex {
+    PrefixIndex::new(BlockHasher::new(BS, &Namespace::default()).unwrap())
+}
+
+fn e(h: u64) -> EngineBlockHash {
+    EngineBlockHash(h)
+}
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
+    KvEvent::Stored(Stored {
+        block_hashes: hashes.iter().map(|&h| e(h)).collect(),
+        parent: parent.map(e),
+        token_ids: tokens,
+        block_size: BS,
+        medium: Medium::Gpu,
+    })
+}
+
+fn removed(hashes: &[u64]) -> KvEvent {
+    KvEvent::Removed(Removed { block_hashes: hashes.iter().map(|&h| e(h)).collect(), medium: Medium::Gpu })
+}
+
+fn gpu_overlap(ix: &PrefixIndex, r: ReplicaId, tokens: &[u32]) -> u32 {
+    let hashes = ix.hasher().hash_blocks(tokens);
+    let mut out = Vec::new();
+    ix.overlaps(&hashes, &mut out);
+    out.iter().find(|(x, _)| *x == r).map_or(0, |(_, o)| o.gpu)
+}
+
+const R0: ReplicaId = ReplicaId(0);
+const R1: ReplicaId = ReplicaId(1);
+
+#[test]
+fn stored_chain_gives_leading_overlap() {
+    let mut ix = index();
+    let toks: Vec<u32> = (0..12).collect();
+    assert_eq!(ix.apply(R0, &stored(&[10, 11], None, toks[..8].to_vec())).stored, 2);
+    assert_eq!(ix.apply(R0, &stored(&[12], Some(11), toks[8..].to_vec())).stored, 1);
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 3);
+    // Same tokens from block 1 on but a different first block: the chain gives no overlap.
+    let mut other = toks.clone();
+    other[0] = 99;
+    assert_eq!(gpu_overlap(&ix, R0, &other), 0);
+    assert_eq!(ix.entries(), 3);
+}
+
+#[test]
+fn c02_self_referential_and_repeated_hashes_are_counted_no_ops() {
+    let mut ix = index();
+    let toks: Vec<u32> = (0..8).collect();
+    ix.apply(R1, &stored(&[1, 2], None, toks.clone()));
+    let parent_is_own = stored(&[5, 6], Some(6), toks.clone());
+    let repeated = stored(&[7, 7], None, toks.clone());
+    for ev in [parent_is_own, repeated] {
+        let out = ix.apply(R0, &ev);
+        assert_eq!(out.rejection, Some(Rejection::SelfReferential));
+        assert_eq!(out.stored, 0);
+    }
+    assert_eq!(ix.health(R0).unwrap().counters.rejected(Rejection::SelfReferential), 2);
+    assert_eq!(ix.replica_blocks(R0), 0);
+    assert_eq!(gpu_overlap(&ix, R1, &toks), 2, "other replicas unaffected");
+    assert_eq!(ix.entries(), 2);
+}
+
+#[test]
+fn c03_unknown_parent_marks_out_of_sync_until_resync() {
+    let mut ix = index();
+    let out = ix.apply(R0, &stored(&[2], Some(1), vec![5, 6, 7, 8]));
+    assert_eq!(out.rejection, Some(Rejection::UnknownParent));
+    let h = ix.health(R0).unwrap();
+    assert!(h.out_of_sync);
+    assert_eq!(h.counters.rejected(Rejection::UnknownParent), 1);
+    ix.apply(R0, &KvEvent::Cleared);
+    assert!(!ix.health(R0).unwrap().out_of_sync, "a clear is a resync");
+    ix.apply(R0, &stored(&[2], Some(1), vec![5, 6, 7, 8]));
+    ix.mark_in_sync(R0);
+    assert!(!ix.health(R0).unwrap().out_of_sync);
+}
+
+#[test]
+fn c04_block_size_mismatch_is_loud() {
+    let mut ix = index();
+    let ev = KvEvent::Stored(Stored {
+        block_hashes: vec![e(1)],
+        parent: None,
+        token_ids: (0..8).collect(),
+        block_size: 8,
+        medium: Medium::Gpu,
+    });
+    let out = ix.apply(R0, &ev);
+    assert_eq!(out.rejection, Some(Rejection::BlockSizeMismatch { got: 8, want: 4 }));
+    assert_eq!(ix.health(R0).unwrap().block_size_mismatch, Some(8));
+    assert_eq!(ix.entries(), 0);
+    ix.apply(R0, &stored(&[1], None, vec![1, 2, 3, 4]));
+    assert_eq!(ix.health(R0).unwrap().block_size_mismatch, None);
+}
+
+#[test]
+fn token_count_mismatch_is_rejected() {
+    let mut ix = index();
+    let out = ix.apply(R0, &stored(&[1, 2], None, vec![1, 2, 3, 4, 5]));
+    assert_eq!(out.rejection, Some(Rejection::TokenCountMismatch));
+    assert_eq!(ix.entries(), 0);
+}
+
+#[test]
+fn c05_signed_and_unsigned_hash_forms_are_the_same_block() {
+    let mut ix = index();
+    let big: u64 = 0xF000_0000_0000_0001;
+    ix.apply(R0, &stored(&[big], None, vec![1, 2, 3, 4]));
+    let signed = EngineBlockHash::from(big as i64);
+    let ev = KvEvent::Removed(Removed { block_hashes: vec![signed], medium: Medium::Gpu });
+    assert_eq!(ix.apply(R0, &ev).removed, 1);
+    assert_eq!(ix.entries(), 0);
+}
+
+#[test]
+fn c20_the_same_block_stored_twice_is_removed_twice() {
+    let mut ix = index();
+    let toks: Vec<u32> = (0..8).collect();
+    ix.apply(R0, &stored(&[1, 2], None, toks.clone()));
+    ix.apply(R0, &stored(&[2], Some(1), toks[4..].to_vec()));
+    ix.apply(R0, &removed(&[2]));
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 2, "one copy of h2 left");
+    ix.apply(R0, &removed(&[2]));
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 1, "only h1 left");
+    let out = ix.apply(R0, &removed(&[2]));
+    assert_eq!((out.removed, out.rejection), (0, Some(Rejection::UnknownBlock)));
+    assert_eq!(ix.entries(), 1);
+}
+
+#[test]
+fn conflicting_engine_id_replaces_the_old_block() {
+    let mut ix = index();
+    ix.apply(R0, &stored(&[1], None, vec![1, 2, 3, 4]));
+    let out = ix.apply(R0, &stored(&[1], None, vec![9, 9, 9, 9]));
+    assert_eq!(out.rejection, Some(Rejection::ConflictingBlock));
+    assert_eq!(gpu_overlap(&ix, R0, &[1, 2, 3, 4]), 0);
+    assert_eq!(gpu_overlap(&ix, R0, &[9, 9, 9, 9]), 1);
+    assert_eq!(ix.entries(), 1);
+}
+
+#[test]
+fn cpu_medium_is_tracked_apart_from_gpu() {
+    let mut ix = index();
+    let toks: Vec<u32> = (0..8).collect();
+    ix.apply(R0, &stored(&[1, 2], None, toks.clone()));
+    let cpu = KvEvent::Stored(Stored {
+        block_hashes: vec![e(1)],
+        parent: None,
+        token_ids: toks[..4].to_vec(),
+        block_size: BS,
+        medium: Medium::Cpu,
+    });
+    ix.apply(R0, &cpu);
+    ix.apply(R0, &removed(&[2, 1]));
+    let hashes = ix.hasher().hash_blocks(&toks);
+    let mut out = Vec::new();
+    ix.overlaps(&hashes, &mut out);
+    assert_eq!(out, vec![(R0, Overlap { gpu: 0, cpu: 1 })]);
+}
+
+#[test]
+fn remove_replica_frees_everything_and_memory_shrinks() {
+    let mut ix = index();
+    let toks: Vec<u32> = (0..4000).collect();
+    let hashes: Vec<u64> = (1..=1000).collect();
+    ix.apply(R0, &stored(&hashes, None, toks.clone()));
+    ix.apply(R1, &stored(&hashes, None, toks));
+    let full = ix.memory_bytes();
+    assert_eq!(ix.entries(), 2000);
+    assert_eq!(ix.remove_replica(R0), 1000);
+    assert_eq!(ix.entries(), 1000);
+    assert_eq!(ix.remove_replica(R1), 1000);
+    assert_eq!((ix.entries(), ix.blocks()), (0, 0));
+    assert!(ix.memory_bytes() < full / 4, "{} vs {full}", ix.memory_bytes());
+}
+
+// === reference model ===
+
+/// Blocks identified by their whole token prefix, copies in a plain map: no hashing at all.
+#[derive(Default)]
+struct Model {
+    held: HashMap<(u32, usize, u64), (Vec<u32>, u32)>,
+}
+
+impl Model {
+    fn apply(&mut self, r: u32, ev: &KvEvent) {
+        match ev {
+            KvEvent::Stored(s) => {
+                if s.block_size != BS || s.token_ids.len() != s.block_hashes.len() * BS as usize {
+                    return;
+                }
+                let mut uniq = HashSet::new();
+                if s.parent.is_some_and(|p| s.block_hashes.contains(&p))
+                    || !s.block_hashes.iter().all(|h| uniq.insert(*h))
+                {
+                    return;
+                }
+                let m = s.medium.index();
+                let mut prefix = match s.parent {
+                    None => Vec::new(),
+                    Some(p) => match self.held.get(&(r, m, p.0)).or_else(|| self.held.get(&(r, 1 - m, p.0))) {
+                        Some((pre, _)) => pre.clone(),
+                        None => return,
+                    },
+                };
+                for (h, toks) in s.block_hashes.iter().zip(s.token_ids.chunks(BS as usize)) {
+                    prefix.extend_from_slice(toks);
+                    let entry = self.held.entry((r, m, h.0)).or_insert((prefix.clone(), 0));
+                    if entry.0 != prefix {
+                        *entry = (prefix.clone(), 0);
+                    }
+                    entry.1 += 1;
+                }
+            }
+            KvEvent::Removed(rm) => {
+                let m = rm.medium.index();
+                for h in &rm.block_hashes {
+                    if let Some(entry) = self.held.get_mut(&(r, m, h.0)) {
+                        entry.1 -= 1;
+                        if entry.1 == 0 {
+                            self.held.remove(&(r, m, h.0));
+                        }
+                    }
+                }
+            }
+            KvEvent::Cleared => self.held.retain(|(x, _, _), _| *x != r),
+        }
+    }
+
+    fn entries(&self) -> usize {
+        self.held.iter().map(|((r, _, _), (pre, _))| (*r, pre.clone())).collect::<HashSet<_>>().len()
+    }
+
+    fn overlap(&self, r: u32, tokens: &[u32]) -> Overlap {
+        let have: HashSet<(usize, &[u32])> =
+            self.held.iter().filter(|((x, _, _), _)| *x == r).map(|((_, m, _), (pre, _))| (*m, pre.as_slice())).collect();
+        let run = |m: usize| {
+            (1..=tokens.len() / BS as usize).take_while(|&i| have.contains(&(m, &tokens[..i * BS as usize]))).count() as u32
+        };
+        Overlap { gpu: run(0), cpu: run(1) }
+    }
+}
+
+/// Documents share prefixes: tokens come from a tiny alphabet, so random docs often agree on
+/// their first blocks.
+fn doc(seed: u8) -> Vec<u32> {
+    (0..6 * BS).map(|i| ((seed as u32 >> (i / BS).min(3)) + i / BS) % 3).collect()
+}
+
+/// The engine's id for a block: a function of the whole prefix, as vLLM's is.
+fn engine_id(prefix: &[u32]) -> u64 {
+    xxh3_64(&prefix.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()) % 500
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Store { r: u32, doc: u8, start: usize, len: usize, cpu: bool },
+    Remove { r: u32, doc: u8, block: usize, cpu: bool },
+    Clear { r: u32 },
+    DropReplica { r: u32 },
+    WrongBlockSize { r: u32 },
+    SelfRef { r: u32, doc: u8 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..3u32, 0..16u8, 0..4usize, 1..4usize, prop::bool::weighted(0.2))
+            .prop_map(|(r, doc, start, len, cpu)| Op::Store { r, doc, start, len, cpu }),
+        4 => (0..3u32, 0..16u8, 0..6usize, prop::bool::weighted(0.2))
+            .prop_map(|(r, doc, block, cpu)| Op::Remove { r, doc, block, cpu }),
+        1 => (0..3u32).prop_map(|r| Op::Clear { r }),
+        1 => (0..3u32).prop_map(|r| Op::DropReplica { r }),
+        1 => (0..3u32).prop_map(|r| Op::WrongBlockSize { r }),
+        1 => (0..3u32, 0..16u8).prop_map(|(r, doc)| Op::SelfRef { r, doc }),
+    ]
+}
+
+fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
+    let medium = |cpu: bool| if cpu { Medium::Cpu } else { Medium::Gpu };
+    let b = BS as usize;
+    match *op {
+        Op::Store { r, doc: d, start, len, cpu } => {
+            let t = doc(d);
+            let end = (start + len).min(6);
+            let ids = (start..end).map(|k| e(engine_id(&t[..(k + 1) * b]))).collect();
+            let parent = (start > 0).then(|| e(engine_id(&t[..start * b])));
+            let ev = Stored { block_hashes: ids, parent, token_ids: t[start * b..end * b].to_vec(), block_size: BS, medium: medium(cpu) };
+            (r, Some(KvEvent::Stored(ev)))
+        }
+        Op::Remove { r, doc: d, block, cpu } => {
+            let t = doc(d);
+            let ev = Removed { block_hashes: vec![e(engine_id(&t[..(block + 1) * b]))], medium: medium(cpu) };
+            (r, Some(KvEvent::Removed(ev)))
+        }
+        Op::Clear { r } => (r, Some(KvEvent::Cleared)),
+        Op::DropReplica { r } => (r, None),
+        Op::WrongBlockSize { r } => {
+            let ev = Stored { block_hashes: vec![e(1)], parent: None, token_ids: vec![0; 2 * b], block_size: 2 * BS, medium: Medium::Gpu };
+            (r, Some(KvEvent::Stored(ev)))
+        }
+        Op::SelfRef { r, doc: d } => {
+            let t = doc(d);
+            let id = e(engine_id(&t[..b]));
+            let ev = Stored { block_hashes: vec![id], parent: Some(id), token_ids: t[..b].to_vec(), block_size: BS, medium: Medium::Gpu };
+            (r, Some(KvEvent::Stored(ev)))
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn index_matches_reference_model(ops in prop::collection::vec(op(), 1..60)) {
+        let mut ix = index();
+        let mut model = Model::default();
+        for op in &ops {
+            match to_event(op) {
+                (r, Some(ev)) => {
+                    ix.apply(ReplicaId(r), &ev);
+                    model.apply(r, &ev);
+                }
+                (r, None) => {
+                    ix.remove_replica(ReplicaId(r));
+                    model.apply(r, &KvEvent::Cleared);
+                }
+            }
+            prop_assert_eq!(ix.entries(), model.entries());
+        }
+        for d in 0..16u8 {
+            let t = doc(d);
+            let hashes = ix.hasher().hash_blocks(&t);
+            let mut got = Vec::new();
+            ix.overlaps(&hashes, &mut got);
+            for r in 0..3u32 {
+                let want = model.overlap(r, &t);
+                let have = got.iter().find(|(x, _)| x.0 == r).map_or(Overlap::default(), |(_, o)| *o);
+                prop_assert_eq!(have, want, "replica {} doc {}", r, d);
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Bookings: each routed request's token load on its replica, from the routing decision until
+//! release — or until its lease runs out, so a lost release cannot leak load forever.
+//!
+//! Lifecycle: [`Bookings::book`] at routing → [`Bookings::first_token`] (prefill done: its
+//! uncached tokens leave the prefill queue, it starts decoding, its lease is renewed) →
+//! [`Bookings::release`] on completion, error or disconnect. [`Bookings::expire`] ends
+//! bookings whose lease ran out.
+
+use super::{OutputEstimator, TokenLoad};
+use crate::error::Error;
+use crate::ids::ReplicaId;
+use rustc_hash::FxHashMap;
+use std::fmt;
+
+/// The id of one booking, unique within one [`Bookings`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BookingId(pub u64);
+
+impl fmt::Display for BookingId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "booking#{}", self.0)
+    }
+}
+
+/// What a routing decision books on the chosen replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BookingSpec {
+    /// Prompt tokens the replica must compute (not cached there), tokens.
+    pub uncached_prefill_tokens: u32,
+    /// Full prompt blocks the request occupies, in blocks of `block_size` tokens.
+    pub prompt_blocks: u32,
+    /// Expected output tokens (see [`OutputEstimator`]), tokens.
+    pub expected_output_tokens: u32,
+}
+
+/// One live booking.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Booking {
+    /// The replica the request was routed to.
+    pub replica: ReplicaId,
+    /// What was booked.
+    pub spec: BookingSpec,
+    /// KV blocks held: prompt blocks plus expected output blocks.
+    pub kv_blocks: u32,
+    /// Decision time, seconds.
+    pub booked_at: f64,
+    /// First-token time, seconds, once seen.
+    pub first_token_at: Option<f64>,
+    /// The booking ends by itself at this time, seconds.
+    pub lease_until: f64,
+}
+
+/// All live bookings of one router, and the per-replica [`TokenLoad`] they add up to.
+#[derive(Debug)]
+pub struct Bookings {
+    live: FxHashMap<BookingId, Booking>,
+    loads: Vec<TokenLoad>,
+    next: u64,
+    lease_s: f64,
+    block_size: u32,
+    outputs: OutputEstimator,
+}
+
+impl Bookings {
+    /// An empty ledger whose leases last `lease_s` seconds (from booking, renewed at first
+    /// token), for blocks of `block_size` tokens.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a non-positive lease, [`Error::ZeroBlockSize`].
+    pub fn new(lease_s: f64, block_size: u32) -> Result<Self, Error> {
+        if !(lease_s.is_finite() && lease_s > 0.0) {
+            return Err(Error::InvalidConfig { field: "lease_s", reason: format!("must be positive seconds, got {lease_s}") });
+        }
+        if block_size == 0 {
+            return Err(Error::ZeroBlockSize);
+        }
+        Ok(Bookings {
+            live: FxHashMap::default(),
+            loads: Vec::new(),
+            next: 0,
+            lease_s,
+            block_size,
+            outputs: OutputEstimator::default(),
+        })
+    }
+
+    /// The running output-length estimator fed by releases.
+    pub fn outputs(&self) -> &OutputEstimator {
+        &self.outputs
+    }
+
+    /// The booked load of `replica` (zero for a replica with no bookings).
+    pub fn load(&self, replica: ReplicaId) -> TokenLoad {
+        self.loads.get(replica.index()).copied().unwrap_or_default()
+    }
+
+    /// The booked loads, indexed by replica id.
+    pub fn loads(&self) -> &[TokenLoad] {
+        &self.loads
+    }
+
+    /// Live bookings.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Whether no booking is live.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// A live booking.
+    pub fn get(&self, id: BookingId) -> Option<&Booking> {
+        self.live.get(&id)
+    }
+
+    /// Books `spec` on `replica` at `now` (seconds).
+    pub fn book(&mut self, replica: ReplicaId, spec: BookingSpec, now: f64) -> BookingId {
+        let id = BookingId(self.next);
+        self.next += 1;
+        let kv_blocks = spec.prompt_blocks.saturating_add(spec.expected_output_tokens.div_ceil(self.block_size));
+        let b = Booking { replica, spec, kv_blocks, booked_at: now, first_token_at: None, lease_until: now + self.lease_s };
+        let i = replica.index();
+        if self.loads.len() <= i {
+            self.loads.resize(i + 1, TokenLoad::default());
+        }
+        let l = &mut self.loads[i];
+        l.prefilling += 1;
+        l.queued_prefill_tokens += spec.uncached_prefill_tokens as u64;
+        l.expected_decode_tokens += spec.expected_output_tokens as u64;
+        l.kv_blocks += kv_blocks as u64;
+        self.live.insert(id, b);
+        id
+    }
+
+    /// The request's first token arrived at `now`: its prefill leaves the queue and it counts
+    /// as decoding; the lease is renewed. A second call is a no-op.
+    ///
+    /// # Errors
+    /// [`Error::UnknownBooking`] when the booking is not live.
+    pub fn first_token(&mut self, id: BookingId, now: f64) -> Result<(), Error> {
+        let b = self.live.get_mut(&id).ok_or(Error::UnknownBooking(id.0))?;
+        if b.first_token_at.is_some() {
+            return Ok(());
+        }
+        b.first_token_at = Some(now);
+        b.lease_until = now + self.lease_s;
+        let l = &mut self.loads[b.replica.index()];
+        l.prefilling -= 1;
+        l.decoding += 1;
+        l.queued_prefill_tokens -= b.spec.uncached_prefill_tokens as u64;
+        Ok(())
+    }
+
+    /// Ends a booking (completion, error, disconnect). `output_tokens`, when the request
+    /// finished normally, feeds the output-length estimate.
+    ///
+    /// # Errors
+    /// [`Error::UnknownBooking`] when the booking is not live (released twice, or expired).
+    pub fn release(&mut self, id: BookingId, output_tokens: Option<u32>) -> Result<Booking, Error> {
+        let b = self.live.remove(&id).ok_or(Error::UnknownBooking(id.0))?;
+        self.unload(&b);
+        if let Some(n) = output_tokens {
+            self.outputs.observe(n);
+        }
+        Ok(b)
+    }
+
+    /// Ends every booking whose lease ran out by `now`; returns their ids, sorted.
+    pub fn expire(&mut self, now: f64) -> Vec<BookingId> {
+        let mut gone: Vec<BookingId> = self.live.iter().filter(|(_, b)| b.lease_until <= now).map(|(id, _)| *id).collect();
+        gone.sort_unstable();
+        for id in &gone {
+            if let Some(b) = self.live.remove(id) {
+                self.unload(&b);
+            }
+        }
+        gone
+    }
+
+    /// Ends every booking on `replica` (it was removed); returns how many.
+    pub fn drop_replica(&mut self, replica: ReplicaId) -> usize {
+        let before = self.live.len();
+        self.live.retain(|_, b| b.replica != replica);
+        if let Some(l) = self.loads.get_mut(replica.index()) {
+            *l = TokenLoad::default();
+        }
+        before - self.live.len()
+    }
+
+    fn unload(&mut self, b: &Booking) {
+        let l = &mut self.loads[b.replica.index()];
+        if b.first_token_at.is_none() {
+            l.prefilling -= 1;
+            l.queued_prefill_tokens -= b.spec.uncached_prefill_tokens as u64;
+        } else {
+            l.decoding -= 1;
+        }
+        l.expected_decode_tokens -= b.spec.expected_output_tokens as u64;
+        l.kv_blocks -= b.kv_blocks as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn spec(uncached: u32, blocks: u32, out: u32) -> BookingSpec {
+        BookingSpec { uncached_prefill_tokens: uncached, prompt_blocks: blocks, expected_output_tokens: out }
+    }
+
+    #[test]
+    fn lifecycle_moves_load_from_prefill_to_decode_to_zero() {
+        let mut b = Bookings::new(60.0, 16).unwrap();
+        let r = ReplicaId(2);
+        let id = b.book(r, spec(1000, 70, 100), 0.0);
+        let want = TokenLoad { queued_prefill_tokens: 1000, prefilling: 1, decoding: 0, expected_decode_tokens: 100, kv_blocks: 77 };
+        assert_eq!(b.load(r), want);
+        b.first_token(id, 0.5).unwrap();
+        assert_eq!(b.load(r), TokenLoad { queued_prefill_tokens: 0, prefilling: 0, decoding: 1, ..want });
+        assert_eq!(b.get(id).unwrap().lease_until, 60.5);
+        b.release(id, Some(90)).unwrap();
+        assert_eq!(b.load(r), TokenLoad::default());
+        assert_eq!(b.release(id, None), Err(Error::UnknownBooking(0)));
+        assert_eq!(b.outputs().expect(None), 90);
+    }
+
+    #[test]
+    fn leases_end_lost_bookings() {
+        let mut b = Bookings::new(10.0, 16).unwrap();
+        let a = b.book(ReplicaId(0), spec(5, 1, 1), 0.0);
+        let c = b.book(ReplicaId(1), spec(5, 1, 1), 4.0);
+        b.first_token(c, 9.0).unwrap();
+        assert_eq!(b.expire(9.99), vec![]);
+        assert_eq!(b.expire(10.0), vec![a]);
+        assert_eq!(b.expire(18.99), vec![]);
+        assert_eq!(b.expire(19.0), vec![c]);
+        assert!(b.is_empty());
+        assert_eq!(b.loads(), &[TokenLoad::default(), TokenLoad::default()]);
+    }
+
+    #[test]
+    fn bad_config_is_an_error() {
+        assert!(Bookings::new(0.0, 16).is_err());
+        assert_eq!(Bookings::new(1.0, 0).unwrap_err(), Error::ZeroBlockSize);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Book(u32, u32),
+        First(usize),
+        Release(usize),
+        Lose(usize),
+        Tick(u8),
+    }
+
+    proptest! {
+        /// Random lifecycles where some releases are lost: once every lease has run out, every
+        /// replica's load is exactly zero and nothing is live.
+        #[test]
+        fn no_booking_leaks(steps in prop::collection::vec(prop_oneof![
+            3 => (0..4u32, 0..5000u32).prop_map(|(r, t)| Step::Book(r, t)),
+            2 => (0..64usize).prop_map(Step::First),
+            2 => (0..64usize).prop_map(Step::Release),
+            1 => (0..64usize).prop_map(Step::Lose),
+            1 => (0..30u8).prop_map(Step::Tick),
+        ], 1..200)) {
+            let mut b = Bookings::new(30.0, 16).unwrap();
+            let mut ids: Vec<BookingId> = Vec::new();
+            let mut now = 0.0;
+            for s in steps {
+                match s {
+                    Step::Book(r, t) => ids.push(b.book(ReplicaId(r), spec(t, t / 16, 64), now)),
+                    Step::First(i) if !ids.is_empty() => { let _ = b.first_token(ids[i % ids.len()], now); }
+                    Step::Release(i) if !ids.is_empty() => { let _ = b.release(ids.remove(i % ids.len()), Some(10)); }
+                    Step::Lose(i) if !ids.is_empty() => { ids.remove(i % ids.len()); }
+                    Step::Tick(dt) => { now += dt as f64; b.expire(now); }
+                    _ => {}
+                }
+                let total: u64 = b.loads().iter().map(|l| l.outstanding() as u64).sum();
+                prop_assert_eq!(total, b.len() as u64);
+            }
+            b.expire(now + 30.0);
+            prop_assert!(b.is_empty());
+            for l in b.loads() {
+                prop_assert_eq!(*l, TokenLoad::default());
+            }
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The token-load model: how much prefill and decode work each replica carries, in tokens.
+//!
+//! Per replica, [`TokenLoad`] sums the router's own [bookings](Bookings) — queued prefill
+//! tokens (the *uncached* part only), sequences in decode with their expected remaining output,
+//! and the KV blocks they hold — beside the engine's own reported figures
+//! ([`EngineMetrics`], with their age) and the replica's step-time [`ReplicaProfile`], from
+//! which [`ReplicaProfile::ttft`] estimates time to first token.
+
+mod bookings;
+mod metrics;
+mod output;
+mod profile;
+
+pub use bookings::{Booking, BookingId, BookingSpec, Bookings};
+pub use metrics::EngineMetrics;
+pub use output::OutputEstimator;
+pub use profile::ReplicaProfile;
+
+/// The router-side load one replica carries, summed over its live bookings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenLoad {
+    /// Prefill tokens still to compute (uncached prompt tokens of requests before their first
+    /// token), tokens.
+    pub queued_prefill_tokens: u64,
+    /// Requests booked and not yet at their first token.
+    pub prefilling: u32,
+    /// Requests past their first token, decoding.
+    pub decoding: u32,
+    /// Expected output tokens of all live bookings, tokens.
+    pub expected_decode_tokens: u64,
+    /// KV blocks the live bookings occupy or will: prompt blocks plus expected output blocks,
+    /// in blocks of `block_size` tokens.
+    pub kv_blocks: u64,
+}
+
+impl TokenLoad {
+    /// Requests outstanding on the replica (prefilling + decoding).
+    pub fn outstanding(&self) -> u32 {
+        self.prefilling + self.decoding
+    }
+}

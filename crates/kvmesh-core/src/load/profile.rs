@@ -1,0 +1,108 @@
+//! A replica's speed, as a per-step time model, and the TTFT estimate built on it.
+//!
+//! vLLM-style continuous batching runs steps of `t = β0 + β1·prefill_tokens + β2·decode_tokens`
+//! (the linear step model fitted in Vidur, Agrawal et al., MLSys 2024, and used by the kvmesh
+//! simulator). Prefill of `P` tokens in chunks of `C` tokens takes `⌈P/C⌉` steps, and every
+//! step also carries one token for each of the `D` sequences in decode, so
+//!
+//! ```text
+//! TTFT ≈ β1·P + ⌈P/C⌉·(β0 + β2·D)
+//! ```
+//!
+//! Defaults: Llama-3-8B on one H100 under vLLM, β0 = 5.75 ms, β1 = 17.25 µs/token,
+//! β2 = 6.0 µs/token, C = 8,192 tokens.
+
+use crate::error::Error;
+
+/// A replica's step-time model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReplicaProfile {
+    /// β1: seconds per prefill token.
+    pub prefill_s_per_token: f64,
+    /// β2: seconds per decode token in a step.
+    pub decode_s_per_token: f64,
+    /// β0: fixed seconds per step.
+    pub step_overhead_s: f64,
+    /// C: prefill token budget per step (chunked prefill), tokens.
+    pub chunk_tokens: u32,
+}
+
+impl Default for ReplicaProfile {
+    fn default() -> Self {
+        ReplicaProfile::H100_LLAMA3_8B
+    }
+}
+
+impl ReplicaProfile {
+    /// Llama-3-8B, one H100, vLLM: β0 5.75 ms, β1 17.25 µs, β2 6.0 µs, chunk 8,192.
+    pub const H100_LLAMA3_8B: ReplicaProfile = ReplicaProfile {
+        prefill_s_per_token: 17.25e-6,
+        decode_s_per_token: 6.0e-6,
+        step_overhead_s: 5.75e-3,
+        chunk_tokens: 8192,
+    };
+
+    /// Llama-3-8B, one A100, vLLM: β0 16.4 ms, β1 47.8 µs, β2 18.2 µs, chunk 8,192.
+    pub const A100_LLAMA3_8B: ReplicaProfile = ReplicaProfile {
+        prefill_s_per_token: 47.8e-6,
+        decode_s_per_token: 18.2e-6,
+        step_overhead_s: 16.4e-3,
+        chunk_tokens: 8192,
+    };
+
+    /// Checks every field is finite and positive.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first bad field.
+    pub fn validate(&self) -> Result<(), Error> {
+        let pos = |field: &'static str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(Error::InvalidConfig { field, reason: format!("must be a positive number of seconds, got {v}") })
+            }
+        };
+        pos("prefill_s_per_token", self.prefill_s_per_token)?;
+        pos("decode_s_per_token", self.decode_s_per_token)?;
+        pos("step_overhead_s", self.step_overhead_s)?;
+        if self.chunk_tokens == 0 {
+            return Err(Error::InvalidConfig { field: "chunk_tokens", reason: "must be at least 1 token, got 0".into() });
+        }
+        Ok(())
+    }
+
+    /// Prefill throughput, tokens per second (1/β1).
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        1.0 / self.prefill_s_per_token
+    }
+
+    /// Estimated seconds until the first token of a request whose `prefill_tokens` (tokens,
+    /// queue ahead of it included) must be computed while `decoding` sequences run alongside.
+    pub fn ttft(&self, prefill_tokens: u64, decoding: u32) -> f64 {
+        let steps = prefill_tokens.div_ceil(self.chunk_tokens as u64).max(1) as f64;
+        self.prefill_s_per_token * prefill_tokens as f64
+            + steps * (self.step_overhead_s + self.decode_s_per_token * decoding as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttft_follows_the_step_model() {
+        let p = ReplicaProfile::H100_LLAMA3_8B;
+        // 10,000 tokens: 2 chunks; 4 decoding sequences.
+        let want = 17.25e-6 * 10_000.0 + 2.0 * (5.75e-3 + 6.0e-6 * 4.0);
+        assert!((p.ttft(10_000, 4) - want).abs() < 1e-12);
+        assert!((p.ttft(0, 0) - 5.75e-3).abs() < 1e-12, "a cached prompt still takes one step");
+    }
+
+    #[test]
+    fn invalid_profiles_name_the_field() {
+        let bad = ReplicaProfile { chunk_tokens: 0, ..ReplicaProfile::default() };
+        assert!(matches!(bad.validate(), Err(Error::InvalidConfig { field: "chunk_tokens", .. })));
+        let bad = ReplicaProfile { prefill_s_per_token: f64::NAN, ..ReplicaProfile::default() };
+        assert!(matches!(bad.validate(), Err(Error::InvalidConfig { field: "prefill_s_per_token", .. })));
+    }
+}

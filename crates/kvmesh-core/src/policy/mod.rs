@@ -1,0 +1,241 @@
+//! Routing policies: one trait, one file per policy.
+//!
+//! | name | decides on | source |
+//! |---|---|---|
+//! | `round_robin` | rotation | — |
+//! | `random` | uniform choice | — |
+//! | `least_outstanding_requests` | fewest booked requests | — |
+//! | `power_of_two` | lower token load of two random replicas | Mitzenmacher, "The Power of Two Choices" (2001) |
+//! | `consistent_hash` | hash ring with bounded load, factor 1.25 | Mirrokni et al., "Consistent Hashing with Bounded Loads" (SODA 2018) |
+//! | `cache_aware` | SGLang router's cache-aware policy, on its routing record | sglang `sgl-router` `policies/cache_aware.rs` |
+//! | `prefix_affinity` | Ray Serve's `PrefixCacheAffinityRouter`, on its routing record | ray `llm/_internal/serve/request_router/prefix_aware` |
+//! | `kv_cost` | Dynamo KV router's cost: prefill blocks − overlap + decode blocks | dynamo `lib/llm/src/kv_router/scheduler.rs` |
+//! | `weighted_scorer` | llm-d's default scorers: prefix 3, queue 2, KV utilisation 2 | llm-d `inference-scheduler` default config |
+//! | `token_load` (default) | lowest estimated TTFT on token load; overlap as a prefill discount; KV headroom as a hard limit | kvmesh |
+//!
+//! Every policy returns a [`Decision`] with the chosen replica, the [`Reason`], the overlap
+//! in blocks and the estimated TTFT, and breaks ties at random (case C10), never by "first".
+
+mod cache_aware;
+mod choose;
+mod consistent_hash;
+mod kv_cost;
+mod least_outstanding;
+mod power_of_two;
+mod prefix_affinity;
+mod random;
+mod round_robin;
+mod token_load;
+mod weighted_scorer;
+
+pub use cache_aware::{CacheAware, CacheAwareParams};
+pub use consistent_hash::{ConsistentHash, ConsistentHashParams};
+pub use kv_cost::{KvCost, KvCostParams};
+pub use least_outstanding::LeastOutstanding;
+pub use power_of_two::PowerOfTwo;
+pub use prefix_affinity::{PrefixAffinity, PrefixAffinityParams};
+pub use random::Random;
+pub use round_robin::RoundRobin;
+pub use token_load::{TokenLoadParams, TokenLoadPolicy};
+pub use weighted_scorer::{WeightedScorer, WeightedScorerParams};
+
+use crate::error::Error;
+use crate::fleet::{FleetView, RouteRequest};
+use crate::ids::ReplicaId;
+use rand::RngCore;
+use std::fmt;
+use std::str::FromStr;
+
+/// A routing policy: picks one routable replica of the view for a request.
+pub trait Policy: Send + fmt::Debug {
+    /// The policy's name, as in configs and reports.
+    fn name(&self) -> &'static str;
+
+    /// Whether the policy reads the router's own routing record
+    /// ([`FleetView::record_overlaps`]) rather than (only) the event-fed index.
+    fn uses_record(&self) -> bool {
+        false
+    }
+
+    /// Picks a replica. `view` has at least one routable replica.
+    ///
+    /// # Errors
+    /// [`Error::NoReplicaReady`] if no replica is routable.
+    fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error>;
+}
+
+/// Why a policy chose its replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Next in rotation.
+    Rotation,
+    /// Uniformly random.
+    Random,
+    /// Fewest outstanding requests.
+    FewestOutstanding,
+    /// The less loaded of two random replicas.
+    LowerOfTwo,
+    /// The key's owner on the hash ring.
+    RingOwner,
+    /// The owner was over its load bound; the next replica clockwise took it.
+    RingSpill,
+    /// Prefix match above the policy's threshold.
+    PrefixMatch,
+    /// Load imbalance overrode cache affinity.
+    Imbalance,
+    /// No good match: the replica with the least recorded cache.
+    LeastCached,
+    /// Lowest cost or estimated TTFT.
+    LowestCost,
+    /// No replica had KV headroom for the request; lowest cost regardless.
+    NoKvHeadroom,
+}
+
+impl Reason {
+    /// A stable snake_case name, for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reason::Rotation => "rotation",
+            Reason::Random => "random",
+            Reason::FewestOutstanding => "fewest_outstanding",
+            Reason::LowerOfTwo => "lower_of_two",
+            Reason::RingOwner => "ring_owner",
+            Reason::RingSpill => "ring_spill",
+            Reason::PrefixMatch => "prefix_match",
+            Reason::Imbalance => "imbalance",
+            Reason::LeastCached => "least_cached",
+            Reason::LowestCost => "lowest_cost",
+            Reason::NoKvHeadroom => "no_kv_headroom",
+        }
+    }
+}
+
+/// One routing decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    /// The chosen replica.
+    pub replica: ReplicaId,
+    /// Why.
+    pub reason: Reason,
+    /// Leading prompt blocks the chosen replica holds (events or approximate record), blocks.
+    pub overlap_blocks: u32,
+    /// Prompt tokens it must compute, tokens.
+    pub uncached_tokens: u32,
+    /// Estimated time to first token there, seconds.
+    pub estimated_ttft_s: f64,
+}
+
+impl Decision {
+    /// The decision for position `i` of `view`, with the shared estimate filled in.
+    pub fn at(view: &FleetView<'_>, req: &RouteRequest, i: usize, reason: Reason) -> Decision {
+        let e = view.estimate(i, req);
+        Decision {
+            replica: view.replicas[i].id,
+            reason,
+            overlap_blocks: view.overlaps[i].gpu,
+            uncached_tokens: e.uncached_tokens,
+            estimated_ttft_s: e.ttft_s,
+        }
+    }
+}
+
+/// The policies by name, for configs and the CLI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyKind {
+    /// [`RoundRobin`].
+    RoundRobin,
+    /// [`Random`].
+    Random,
+    /// [`LeastOutstanding`].
+    LeastOutstandingRequests,
+    /// [`PowerOfTwo`].
+    PowerOfTwo,
+    /// [`ConsistentHash`].
+    ConsistentHash,
+    /// [`CacheAware`].
+    CacheAware,
+    /// [`PrefixAffinity`].
+    PrefixAffinity,
+    /// [`KvCost`].
+    KvCost,
+    /// [`WeightedScorer`].
+    WeightedScorer,
+    /// [`TokenLoadPolicy`], the default.
+    TokenLoad,
+}
+
+impl PolicyKind {
+    /// Every policy, anchors first, ours last.
+    pub const ALL: [PolicyKind; 10] = [
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+        PolicyKind::LeastOutstandingRequests,
+        PolicyKind::PowerOfTwo,
+        PolicyKind::ConsistentHash,
+        PolicyKind::CacheAware,
+        PolicyKind::PrefixAffinity,
+        PolicyKind::KvCost,
+        PolicyKind::WeightedScorer,
+        PolicyKind::TokenLoad,
+    ];
+
+    /// The config name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::Random => "random",
+            PolicyKind::LeastOutstandingRequests => "least_outstanding_requests",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::ConsistentHash => "consistent_hash",
+            PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::PrefixAffinity => "prefix_affinity",
+            PolicyKind::KvCost => "kv_cost",
+            PolicyKind::WeightedScorer => "weighted_scorer",
+            PolicyKind::TokenLoad => "token_load",
+        }
+    }
+
+    /// The policy with its documented default parameters.
+    pub fn build(&self) -> Box<dyn Policy> {
+        match self {
+            PolicyKind::RoundRobin => Box::new(RoundRobin::default()),
+            PolicyKind::Random => Box::new(Random),
+            PolicyKind::LeastOutstandingRequests => Box::new(LeastOutstanding::default()),
+            PolicyKind::PowerOfTwo => Box::new(PowerOfTwo),
+            PolicyKind::ConsistentHash => Box::new(ConsistentHash::new(ConsistentHashParams::default())),
+            PolicyKind::CacheAware => Box::new(CacheAware::new(CacheAwareParams::default())),
+            PolicyKind::PrefixAffinity => Box::new(PrefixAffinity::new(PrefixAffinityParams::default())),
+            PolicyKind::KvCost => Box::new(KvCost::new(KvCostParams::default())),
+            PolicyKind::WeightedScorer => Box::new(WeightedScorer::new(WeightedScorerParams::default())),
+            PolicyKind::TokenLoad => Box::new(TokenLoadPolicy::new(TokenLoadParams::default())),
+        }
+    }
+}
+
+impl Default for PolicyKind {
+    fn default() -> Self {
+        PolicyKind::TokenLoad
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = Error;
+
+    /// Parses a config name (`-` and `_` both accepted).
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let norm = s.trim().replace('-', "_");
+        PolicyKind::ALL.into_iter().find(|k| k.as_str() == norm).ok_or_else(|| Error::UnknownPolicy {
+            name: s.to_string(),
+            known: PolicyKind::ALL.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", "),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

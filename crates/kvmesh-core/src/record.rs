@@ -1,0 +1,154 @@
+//! The routing record: where this router itself sent each prefix, as speculative blocks with a
+//! time-to-live.
+//!
+//! Two users:
+//! - **approximate mode** for replicas that publish no KV events (or whose publisher is silent,
+//!   case C09): the record stands in for the prefix index, as in llm-d's approximate prefix
+//!   scorer;
+//! - the anchor policies that match on the router's own record by design (SGLang's
+//!   `cache_aware`, Ray Serve's prefix affinity, llm-d's default prefix scorer).
+//!
+//! An entry lives `ttl` seconds from the *decision* time passed to [`RoutingRecord::record`],
+//! not from when it was stored, so a late-delivered record is not younger than the decision.
+//! Memory is bounded by `max_entries` (oldest dropped first) as well as by the TTL.
+
+use crate::ids::{BlockHash, ReplicaId};
+use crate::overlap::{leading_runs, Holding, Overlap};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    replica: ReplicaId,
+    /// Decision time, seconds.
+    at: f64,
+}
+
+impl Holding for Sent {
+    #[inline]
+    fn replica(&self) -> ReplicaId {
+        self.replica
+    }
+}
+
+/// Speculative (block, replica) entries from this router's own decisions.
+#[derive(Debug)]
+pub struct RoutingRecord {
+    ttl: f64,
+    max_entries: usize,
+    blocks: FxHashMap<BlockHash, Vec<Sent>>,
+    /// Insertion order, for expiry; an item is stale if the block's entry was refreshed later.
+    order: VecDeque<(f64, BlockHash, ReplicaId)>,
+    per_replica: Vec<u64>,
+    entries: usize,
+}
+
+impl RoutingRecord {
+    /// A record whose entries live `ttl` seconds, holding at most `max_entries` (block, replica)
+    /// entries.
+    pub fn new(ttl: f64, max_entries: usize) -> Self {
+        RoutingRecord {
+            ttl,
+            max_entries,
+            blocks: FxHashMap::default(),
+            order: VecDeque::new(),
+            per_replica: Vec::new(),
+            entries: 0,
+        }
+    }
+
+    /// The entries' time-to-live, seconds.
+    pub fn ttl(&self) -> f64 {
+        self.ttl
+    }
+
+    /// Records that a request whose blocks are `hashes` was routed to `replica` at `at`
+    /// (seconds), refreshing entries already there.
+    pub fn record(&mut self, replica: ReplicaId, hashes: &[BlockHash], at: f64) {
+        for &h in hashes {
+            let list = self.blocks.entry(h).or_default();
+            match list.binary_search_by_key(&replica, |s| s.replica) {
+                Ok(i) => list[i].at = list[i].at.max(at),
+                Err(i) => {
+                    list.insert(i, Sent { replica, at });
+                    self.entries += 1;
+                    let i = replica.index();
+                    if self.per_replica.len() <= i {
+                        self.per_replica.resize(i + 1, 0);
+                    }
+                    self.per_replica[i] += 1;
+                }
+            }
+            self.order.push_back((at, h, replica));
+        }
+        while self.entries > self.max_entries {
+            let Some((t, h, r)) = self.order.pop_front() else { break };
+            self.drop_if(h, r, |at| at <= t);
+        }
+    }
+
+    /// Drops entries whose decision time is more than `ttl` before `now` (seconds). Amortised
+    /// O(1) per recorded block.
+    pub fn expire(&mut self, now: f64) {
+        while let Some(&(t, h, r)) = self.order.front() {
+            if t + self.ttl > now {
+                break;
+            }
+            self.order.pop_front();
+            let ttl = self.ttl;
+            self.drop_if(h, r, |at| at + ttl <= now);
+        }
+    }
+
+    /// Forgets everything recorded for `replica` (removed, or its real events now supersede
+    /// the record).
+    pub fn forget_replica(&mut self, replica: ReplicaId) {
+        if self.per_replica.get(replica.index()).copied().unwrap_or(0) == 0 {
+            return;
+        }
+        let mut dropped = 0;
+        self.blocks.retain(|_, list| {
+            if let Ok(i) = list.binary_search_by_key(&replica, |s| s.replica) {
+                list.remove(i);
+                dropped += 1;
+            }
+            !list.is_empty()
+        });
+        self.entries -= dropped;
+        self.per_replica[replica.index()] = 0;
+        self.order.retain(|(_, _, r)| *r != replica);
+    }
+
+    /// Each replica's longest leading run of `hashes` recorded and not expired at `now`,
+    /// appended to `out` sorted by replica id (in the `gpu` field).
+    pub fn overlaps(&self, hashes: &[BlockHash], now: f64, out: &mut Vec<(ReplicaId, Overlap)>) {
+        // `expire` drops old entries lazily, so an entry past its TTL must not count here.
+        let ttl = self.ttl;
+        let live = |s: &Sent| [s.at + ttl > now, false];
+        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(Vec::as_slice), live, out);
+    }
+
+    /// Blocks recorded for `replica` (SGLang's per-worker "tree size").
+    pub fn replica_blocks(&self, replica: ReplicaId) -> u64 {
+        self.per_replica.get(replica.index()).copied().unwrap_or(0)
+    }
+
+    /// (block, replica) entries held.
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
+
+    fn drop_if(&mut self, h: BlockHash, r: ReplicaId, stale: impl Fn(f64) -> bool) {
+        let Some(list) = self.blocks.get_mut(&h) else { return };
+        if let Ok(i) = list.binary_search_by_key(&r, |s| s.replica) {
+            if stale(list[i].at) {
+                list.remove(i);
+                self.entries -= 1;
+                self.per_replica[r.index()] -= 1;
+                if list.is_empty() {
+                    self.blocks.remove(&h);
+                }
+            }
+        }
+    }
+}
