@@ -37,8 +37,7 @@ pub struct Namespace {
 impl Namespace {
     /// The seed of this namespace's hash chain (see the module docs).
     pub fn seed(&self) -> u64 {
-        let mut bytes =
-            Vec::with_capacity(self.model.len() + self.adapter.len() + self.salt.len() + 2);
+        let mut bytes = Vec::with_capacity(self.model.len() + self.adapter.len() + self.salt.len() + 2);
         bytes.extend_from_slice(self.model.as_bytes());
         bytes.push(0);
         bytes.extend_from_slice(self.adapter.as_bytes());
@@ -64,10 +63,7 @@ impl BlockHasher {
         if block_size == 0 {
             return Err(Error::ZeroBlockSize);
         }
-        Ok(BlockHasher {
-            block_size,
-            seed: namespace.seed(),
-        })
+        Ok(BlockHasher { block_size, seed: namespace.seed() })
     }
 
     /// The block size, in tokens.
@@ -140,10 +136,7 @@ mod tests {
     use super::*;
 
     fn ns(model: &str) -> Namespace {
-        Namespace {
-            model: model.into(),
-            ..Namespace::default()
-        }
+        Namespace { model: model.into(), ..Namespace::default() }
     }
 
     #[test]

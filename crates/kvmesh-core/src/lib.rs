@@ -45,7 +45,7 @@ pub mod policy;
 pub mod record;
 
 pub use error::Error;
-pub use fleet::{Fleet, FleetConfig, FleetView, ReplicaSpec, ReplicaState, ReplicaStatus, Routed, RouteRequest};
+pub use fleet::{Fleet, FleetConfig, FleetView, ReplicaSpec, ReplicaState, ReplicaStatus, RouteRequest, Routed};
 pub use hashing::{BlockHasher, Namespace};
 pub use ids::{BlockHash, EngineBlockHash, Medium, ReplicaId};
 pub use index::PrefixIndex;

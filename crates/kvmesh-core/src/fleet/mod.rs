@@ -197,7 +197,10 @@ impl Fleet {
             return Err(Error::DuplicateReplica(spec.name));
         }
         if spec.capacity_blocks == 0 {
-            return Err(Error::InvalidConfig { field: "capacity_blocks", reason: format!("replica {:?} has 0 blocks", spec.name) });
+            return Err(Error::InvalidConfig {
+                field: "capacity_blocks",
+                reason: format!("replica {:?} has 0 blocks", spec.name),
+            });
         }
         spec.profile.validate()?;
         let id = ReplicaId(self.next_id);
@@ -272,7 +275,13 @@ impl Fleet {
     ///
     /// # Errors
     /// [`Error::NoReplicaReady`] when no replica takes traffic.
-    pub fn decide(&mut self, policy: &mut dyn Policy, req: &RouteRequest, rng: &mut dyn RngCore, now: f64) -> Result<Decision, Error> {
+    pub fn decide(
+        &mut self,
+        policy: &mut dyn Policy,
+        req: &RouteRequest,
+        rng: &mut dyn RngCore,
+        now: f64,
+    ) -> Result<Decision, Error> {
         let with_record = policy.uses_record();
         self.prepare(req, with_record, now);
         let view = FleetView {
@@ -297,7 +306,13 @@ impl Fleet {
     ///
     /// # Errors
     /// As [`Fleet::decide`].
-    pub fn route(&mut self, policy: &mut dyn Policy, req: &RouteRequest, rng: &mut dyn RngCore, now: f64) -> Result<Routed, Error> {
+    pub fn route(
+        &mut self,
+        policy: &mut dyn Policy,
+        req: &RouteRequest,
+        rng: &mut dyn RngCore,
+        now: f64,
+    ) -> Result<Routed, Error> {
         let decision = self.decide(policy, req, rng, now)?;
         let spec = BookingSpec {
             uncached_prefill_tokens: decision.uncached_tokens,

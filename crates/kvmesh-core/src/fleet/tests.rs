@@ -25,7 +25,10 @@ fn registration_errors_are_clear() {
     let mut f = Fleet::new(FleetConfig::default()).unwrap();
     let a = f.add_replica(ReplicaSpec::new("a", 100)).unwrap();
     assert_eq!(f.add_replica(ReplicaSpec::new("a", 100)), Err(Error::DuplicateReplica("a".into())));
-    assert!(matches!(f.add_replica(ReplicaSpec::new("z", 0)), Err(Error::InvalidConfig { field: "capacity_blocks", .. })));
+    assert!(matches!(
+        f.add_replica(ReplicaSpec::new("z", 0)),
+        Err(Error::InvalidConfig { field: "capacity_blocks", .. })
+    ));
     f.remove_replica(a).unwrap();
     assert_eq!(f.remove_replica(a), Err(Error::UnknownReplica(a)));
     assert_eq!(f.apply_event(a, &KvEvent::Cleared, 0.0), Err(Error::UnknownReplica(a)));
@@ -95,7 +98,10 @@ fn route_books_uncached_tokens_and_release_returns_to_zero() {
     assert_eq!(r.decision.reason, Reason::LowestCost);
     let load = f.bookings().load(a);
     // 100 tokens: 7 prompt blocks (6 full + 1 partial), 50 output tokens = 4 blocks.
-    assert_eq!((load.queued_prefill_tokens, load.prefilling, load.kv_blocks, load.expected_decode_tokens), (100, 1, 11, 50));
+    assert_eq!(
+        (load.queued_prefill_tokens, load.prefilling, load.kv_blocks, load.expected_decode_tokens),
+        (100, 1, 11, 50)
+    );
     f.first_token(r.booking, 0.2).unwrap();
     f.release(r.booking, Some(40)).unwrap();
     assert_eq!(f.bookings().load(a), crate::load::TokenLoad::default());

@@ -57,6 +57,7 @@ pub(crate) fn table_bytes(capacity: usize, slot: usize) -> usize {
     if capacity == 0 {
         return 0;
     }
-    let buckets = if capacity < 8 { (capacity + 1).next_power_of_two() } else { (capacity * 8 / 7).next_power_of_two() };
+    let buckets =
+        if capacity < 8 { (capacity + 1).next_power_of_two() } else { (capacity * 8 / 7).next_power_of_two() };
     buckets * (slot + 1) + 16
 }

@@ -245,10 +245,15 @@ impl Model {
     }
 
     fn overlap(&self, r: u32, tokens: &[u32]) -> Overlap {
-        let have: HashSet<(usize, &[u32])> =
-            self.held.iter().filter(|((x, _, _), _)| *x == r).map(|((_, m, _), (pre, _))| (*m, pre.as_slice())).collect();
+        let have: HashSet<(usize, &[u32])> = self
+            .held
+            .iter()
+            .filter(|((x, _, _), _)| *x == r)
+            .map(|((_, m, _), (pre, _))| (*m, pre.as_slice()))
+            .collect();
         let run = |m: usize| {
-            (1..=tokens.len() / BS as usize).take_while(|&i| have.contains(&(m, &tokens[..i * BS as usize]))).count() as u32
+            (1..=tokens.len() / BS as usize).take_while(|&i| have.contains(&(m, &tokens[..i * BS as usize]))).count()
+                as u32
         };
         Overlap { gpu: run(0), cpu: run(1) }
     }
@@ -297,7 +302,13 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
             let end = (start + len).min(6);
             let ids = (start..end).map(|k| e(engine_id(&t[..(k + 1) * b]))).collect();
             let parent = (start > 0).then(|| e(engine_id(&t[..start * b])));
-            let ev = Stored { block_hashes: ids, parent, token_ids: t[start * b..end * b].to_vec(), block_size: BS, medium: medium(cpu) };
+            let ev = Stored {
+                block_hashes: ids,
+                parent,
+                token_ids: t[start * b..end * b].to_vec(),
+                block_size: BS,
+                medium: medium(cpu),
+            };
             (r, Some(KvEvent::Stored(ev)))
         }
         Op::Remove { r, doc: d, block, cpu } => {
@@ -308,13 +319,25 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
         Op::Clear { r } => (r, Some(KvEvent::Cleared)),
         Op::DropReplica { r } => (r, None),
         Op::WrongBlockSize { r } => {
-            let ev = Stored { block_hashes: vec![e(1)], parent: None, token_ids: vec![0; 2 * b], block_size: 2 * BS, medium: Medium::Gpu };
+            let ev = Stored {
+                block_hashes: vec![e(1)],
+                parent: None,
+                token_ids: vec![0; 2 * b],
+                block_size: 2 * BS,
+                medium: Medium::Gpu,
+            };
             (r, Some(KvEvent::Stored(ev)))
         }
         Op::SelfRef { r, doc: d } => {
             let t = doc(d);
             let id = e(engine_id(&t[..b]));
-            let ev = Stored { block_hashes: vec![id], parent: Some(id), token_ids: t[..b].to_vec(), block_size: BS, medium: Medium::Gpu };
+            let ev = Stored {
+                block_hashes: vec![id],
+                parent: Some(id),
+                token_ids: t[..b].to_vec(),
+                block_size: BS,
+                medium: Medium::Gpu,
+            };
             (r, Some(KvEvent::Stored(ev)))
         }
     }

@@ -69,7 +69,10 @@ impl Bookings {
     /// [`Error::InvalidConfig`] for a non-positive lease, [`Error::ZeroBlockSize`].
     pub fn new(lease_s: f64, block_size: u32) -> Result<Self, Error> {
         if !(lease_s.is_finite() && lease_s > 0.0) {
-            return Err(Error::InvalidConfig { field: "lease_s", reason: format!("must be positive seconds, got {lease_s}") });
+            return Err(Error::InvalidConfig {
+                field: "lease_s",
+                reason: format!("must be positive seconds, got {lease_s}"),
+            });
         }
         if block_size == 0 {
             return Err(Error::ZeroBlockSize);
@@ -119,7 +122,8 @@ impl Bookings {
         let id = BookingId(self.next);
         self.next += 1;
         let kv_blocks = spec.prompt_blocks.saturating_add(spec.expected_output_tokens.div_ceil(self.block_size));
-        let b = Booking { replica, spec, kv_blocks, booked_at: now, first_token_at: None, lease_until: now + self.lease_s };
+        let b =
+            Booking { replica, spec, kv_blocks, booked_at: now, first_token_at: None, lease_until: now + self.lease_s };
         let i = replica.index();
         if self.loads.len() <= i {
             self.loads.resize(i + 1, TokenLoad::default());
@@ -168,7 +172,8 @@ impl Bookings {
 
     /// Ends every booking whose lease ran out by `now`; returns their ids, sorted.
     pub fn expire(&mut self, now: f64) -> Vec<BookingId> {
-        let mut gone: Vec<BookingId> = self.live.iter().filter(|(_, b)| b.lease_until <= now).map(|(id, _)| *id).collect();
+        let mut gone: Vec<BookingId> =
+            self.live.iter().filter(|(_, b)| b.lease_until <= now).map(|(id, _)| *id).collect();
         gone.sort_unstable();
         for id in &gone {
             if let Some(b) = self.live.remove(id) {
@@ -215,7 +220,13 @@ mod tests {
         let mut b = Bookings::new(60.0, 16).unwrap();
         let r = ReplicaId(2);
         let id = b.book(r, spec(1000, 70, 100), 0.0);
-        let want = TokenLoad { queued_prefill_tokens: 1000, prefilling: 1, decoding: 0, expected_decode_tokens: 100, kv_blocks: 77 };
+        let want = TokenLoad {
+            queued_prefill_tokens: 1000,
+            prefilling: 1,
+            decoding: 0,
+            expected_decode_tokens: 100,
+            kv_blocks: 77,
+        };
         assert_eq!(b.load(r), want);
         b.first_token(id, 0.5).unwrap();
         assert_eq!(b.load(r), TokenLoad { queued_prefill_tokens: 0, prefilling: 0, decoding: 1, ..want });

@@ -66,7 +66,10 @@ impl ReplicaProfile {
         pos("decode_s_per_token", self.decode_s_per_token)?;
         pos("step_overhead_s", self.step_overhead_s)?;
         if self.chunk_tokens == 0 {
-            return Err(Error::InvalidConfig { field: "chunk_tokens", reason: "must be at least 1 token, got 0".into() });
+            return Err(Error::InvalidConfig {
+                field: "chunk_tokens",
+                reason: "must be at least 1 token, got 0".into(),
+            });
         }
         Ok(())
     }

@@ -73,7 +73,9 @@ fn decide(f: &mut Fleet, p: &mut dyn Policy, toks: &[u32]) -> Decision {
 
 #[test]
 fn c10_unrelated_requests_spread_over_idle_replicas() {
-    for kind in [PolicyKind::TokenLoad, PolicyKind::KvCost, PolicyKind::LeastOutstandingRequests, PolicyKind::RoundRobin] {
+    for kind in
+        [PolicyKind::TokenLoad, PolicyKind::KvCost, PolicyKind::LeastOutstandingRequests, PolicyKind::RoundRobin]
+    {
         let (mut f, _) = fleet(4);
         let mut p = kind.build();
         let mut chosen = Vec::new();
@@ -256,7 +258,12 @@ fn kv_cost_is_prefill_minus_overlap_plus_decode_blocks() {
             fn name(&self) -> &'static str {
                 "probe"
             }
-            fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, _: &mut dyn RngCore) -> Result<Decision, Error> {
+            fn pick(
+                &mut self,
+                req: &RouteRequest,
+                view: &FleetView<'_>,
+                _: &mut dyn RngCore,
+            ) -> Result<Decision, Error> {
                 self.2 = self.0.cost(view, req, self.1);
                 Ok(Decision::at(view, req, self.1, Reason::LowestCost))
             }

@@ -66,7 +66,10 @@ impl Policy for WeightedScorer {
 
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {
         let p = self.params;
-        let (qmin, qmax) = view.routable().map(|i| queue(view, i)).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), q| (a.min(q), b.max(q)));
+        let (qmin, qmax) = view
+            .routable()
+            .map(|i| queue(view, i))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), q| (a.min(q), b.max(q)));
         self.scores.clear();
         for i in view.routable() {
             let prefix = if req.blocks() == 0 { 0.0 } else { view.record_overlaps[i] as f64 / req.blocks() as f64 };
