@@ -132,6 +132,23 @@ fn bench_decision(c: &mut Criterion) {
     g.finish();
 }
 
+/// The decision's parts at 128 replicas: hashing alone, and the index walk alone.
+fn bench_parts(c: &mut Criterion) {
+    let mut g = c.benchmark_group("decision_parts_128_replicas");
+    let (f, tokens) = fleet(128);
+    g.bench_function("hash_4096_tokens", |b| b.iter(|| f.hasher().hash_blocks(black_box(&tokens))));
+    let hashes = f.hasher().hash_blocks(&tokens);
+    let mut out = Vec::new();
+    g.bench_function("index_overlaps_256_blocks", |b| {
+        b.iter(|| {
+            out.clear();
+            f.index().overlaps(black_box(&hashes), &mut out);
+            out.len()
+        })
+    });
+    g.finish();
+}
+
 fn bench_apply(c: &mut Criterion) {
     let mut g = c.benchmark_group("event_apply");
     let hasher = kvmesh_core::BlockHasher::new(BS, &Default::default()).unwrap();
@@ -207,6 +224,7 @@ fn report_memory() {
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     bench_decision(&mut c);
+    bench_parts(&mut c);
     bench_apply(&mut c);
     c.final_summary();
     if std::env::args().any(|a| a == "--bench") {

@@ -86,18 +86,7 @@ impl BlockHasher {
     #[inline]
     pub fn hash_block(&self, parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
         debug_assert_eq!(tokens.len(), self.block_size as usize);
-        let seed = parent.map_or(self.seed, |p| p.0);
-        let mut buf = [0u8; 256];
-        let bytes = tokens.len() * 4;
-        if bytes <= buf.len() {
-            for (chunk, t) in buf.chunks_exact_mut(4).zip(tokens) {
-                chunk.copy_from_slice(&t.to_le_bytes());
-            }
-            BlockHash(xxh3_64_with_seed(&buf[..bytes], seed))
-        } else {
-            let v: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-            BlockHash(xxh3_64_with_seed(&v, seed))
-        }
+        BlockHash(xxh3_64_with_seed(&le_bytes(tokens), parent.map_or(self.seed, |p| p.0)))
     }
 
     /// Hashes of every full block of `tokens`, in order, chained from `parent` (`None` = start
@@ -126,8 +115,18 @@ impl BlockHasher {
     /// A 64-bit key for the whole token sequence, partial block included: the consistent-hash
     /// key of a prompt shorter than one block.
     pub fn sequence_key(&self, tokens: &[u32]) -> u64 {
-        let v: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        xxh3_64_with_seed(&v, self.seed)
+        xxh3_64_with_seed(&le_bytes(tokens), self.seed)
+    }
+}
+
+/// The tokens as little-endian bytes: a free reinterpretation on little-endian hosts (all
+/// that kvmesh targets), a copy elsewhere.
+#[inline]
+fn le_bytes(tokens: &[u32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(tokens))
+    } else {
+        std::borrow::Cow::Owned(tokens.iter().flat_map(|t| t.to_le_bytes()).collect())
     }
 }
 

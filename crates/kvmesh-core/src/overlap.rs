@@ -25,11 +25,20 @@ pub(crate) trait Holding {
     fn replica(&self) -> ReplicaId;
 }
 
+/// One replica's runs while the walk goes on. A run that ends at block `i` has length `i`
+/// (every run starts at block 0), so only the end is written, once.
 #[derive(Clone, Copy)]
 struct Run {
     replica: ReplicaId,
     alive: [bool; 2],
     len: [u32; 2],
+}
+
+impl Run {
+    fn overlap(&self, blocks_walked: u32) -> Overlap {
+        let len = |m: usize| if self.alive[m] { blocks_walked } else { self.len[m] };
+        Overlap { gpu: len(0), cpu: len(1) }
+    }
 }
 
 /// Computes, for each replica holding the first block, its longest leading run per medium over
@@ -38,8 +47,10 @@ struct Run {
 /// when nobody holds it; `is_held(h)` says whether holder `h` counts, as `[GPU, CPU]`.
 ///
 /// One pass: a shrinking set of replicas still matching is intersected with each block's
-/// holders (merge, or binary search when the set is much smaller), and the walk stops as soon
-/// as that set is empty. Cost is O(Σ min(active, holders)) over the blocks actually matched.
+/// holders (merge, or binary search when the holder list is much longer than the set), and the
+/// walk stops as soon as that set is empty. Lookups are issued [`AHEAD`] blocks at a time:
+/// they are independent, so their cache misses overlap instead of queueing one after another
+/// (at most `AHEAD − 1` lookups are wasted past the end of the match).
 pub(crate) fn leading_runs<'a, H, F, G>(
     n_blocks: usize,
     mut holders: F,
@@ -66,55 +77,90 @@ pub(crate) fn leading_runs<'a, H, F, G>(
         })
         .collect();
     let start = out.len();
-    for i in 1..n_blocks {
-        if active.is_empty() {
-            break;
+    let mut window: [Option<&'a [H]>; AHEAD] = [None; AHEAD];
+    // `base` is the block being matched; every block before it matched all active runs.
+    let mut base = 1;
+    'walk: while base < n_blocks && !active.is_empty() {
+        let end = (base + AHEAD).min(n_blocks);
+        for (slot, i) in window.iter_mut().zip(base..end) {
+            *slot = holders(i);
         }
-        let hs = holders(i).unwrap_or(&[]);
-        let mut j = 0;
-        active.retain_mut(|run| {
-            let held = if active_is_small(hs.len()) {
-                // Merge: both lists are sorted by replica id.
-                while j < hs.len() && hs[j].replica() < run.replica {
-                    j += 1;
-                }
-                match hs.get(j) {
-                    Some(h) if h.replica() == run.replica => is_held(h),
-                    _ => [false, false],
-                }
-            } else {
-                match hs.binary_search_by_key(&run.replica, |h| h.replica()) {
-                    Ok(k) => is_held(&hs[k]),
-                    Err(_) => [false, false],
-                }
-            };
-            for m in 0..2 {
-                run.alive[m] &= held[m];
-                run.len[m] += run.alive[m] as u32;
+        for hs in &window[..end - base] {
+            if active.is_empty() {
+                break 'walk;
             }
-            if run.alive[0] || run.alive[1] {
-                true
-            } else {
-                out.push((run.replica, Overlap { gpu: run.len[0], cpu: run.len[1] }));
-                false
-            }
-        });
+            step(&mut active, hs.unwrap_or(&[]), base as u32, &is_held, out);
+            base += 1;
+        }
     }
-    out.extend(active.iter().map(|r| (r.replica, Overlap { gpu: r.len[0], cpu: r.len[1] })));
+    let walked = base as u32;
+    out.extend(active.iter().map(|r| (r.replica, r.overlap(walked))));
     out[start..].sort_unstable_by_key(|(r, _)| *r);
 }
 
-/// Merge while the holder list is not much longer than a typical active set; beyond that a
-/// binary search per active replica touches fewer holders.
+/// Blocks looked up together in [`leading_runs`].
+const AHEAD: usize = 16;
+
+/// Matches block `block` (holders `hs`) against every active run; runs that end there go to
+/// `out` with their lengths. Runs that go on are not written to: the common case (the same
+/// replicas hold the next block too) is a read-only, well-predicted loop.
 #[inline]
-fn active_is_small(holders: usize) -> bool {
-    holders <= 64
+fn step<H: Holding, G: Fn(&H) -> [bool; 2]>(
+    active: &mut Vec<Run>,
+    hs: &[H],
+    block: u32,
+    is_held: &G,
+    out: &mut Vec<(ReplicaId, Overlap)>,
+) {
+    let merge = hs.len() <= 8 * active.len();
+    let (mut j, mut kept) = (0, 0);
+    for k in 0..active.len() {
+        let run = active[k];
+        let held = if merge {
+            // Both lists are sorted by replica id.
+            while j < hs.len() && hs[j].replica() < run.replica {
+                j += 1;
+            }
+            match hs.get(j) {
+                Some(h) if h.replica() == run.replica => is_held(h),
+                _ => [false, false],
+            }
+        } else {
+            match hs.binary_search_by_key(&run.replica, |h| h.replica()) {
+                Ok(i) => is_held(&hs[i]),
+                Err(_) => [false, false],
+            }
+        };
+        let alive = [run.alive[0] & held[0], run.alive[1] & held[1]];
+        if alive == run.alive {
+            if kept != k {
+                active[kept] = run;
+            }
+            kept += 1;
+            continue;
+        }
+        let mut next = run;
+        for m in 0..2 {
+            if run.alive[m] && !alive[m] {
+                next.len[m] = block;
+            }
+        }
+        next.alive = alive;
+        if alive[0] | alive[1] {
+            active[kept] = next;
+            kept += 1;
+        } else {
+            out.push((run.replica, next.overlap(block)));
+        }
+    }
+    active.truncate(kept);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    #[derive(Clone)]
     struct H(u32, [bool; 2]);
     impl Holding for H {
         fn replica(&self) -> ReplicaId {
@@ -145,14 +191,21 @@ mod tests {
     }
 
     #[test]
-    fn long_holder_lists_use_binary_search_with_same_result() {
-        let many: Vec<H> = (0..200).map(|r| H(r, [true, false])).collect();
-        let second: Vec<H> = (0..200).filter(|r| r % 2 == 0).map(|r| H(r, [true, false])).collect();
-        let blocks = [many, second];
+    fn merge_and_binary_search_agree() {
+        // Few active runs against a long holder list takes the binary-search path; many active
+        // runs the merge path. Both must give the same runs.
+        let g = [true, false];
+        let first: Vec<H> = vec![H(3, g), H(150, g)];
+        let long: Vec<H> = (0..200).filter(|r| r % 2 == 0).map(|r| H(r, g)).collect();
+        let blocks = [first, long.clone(), long];
         let mut out = Vec::new();
+        leading_runs(3, |i| blocks.get(i).map(|v| v.as_slice()), |h| h.1, &mut out);
+        assert_eq!(out, vec![(ReplicaId(3), Overlap::gpu(1)), (ReplicaId(150), Overlap::gpu(3))]);
+        let all: Vec<H> = (0..200).map(|r| H(r, g)).collect();
+        let blocks = [all, blocks[1].clone()];
+        out.clear();
         leading_runs(2, |i| blocks.get(i).map(|v| v.as_slice()), |h| h.1, &mut out);
         assert_eq!(out.len(), 200);
-        assert_eq!(out[0], (ReplicaId(0), Overlap::gpu(2)));
-        assert_eq!(out[1], (ReplicaId(1), Overlap::gpu(1)));
+        assert_eq!((out[0], out[1]), ((ReplicaId(0), Overlap::gpu(2)), (ReplicaId(1), Overlap::gpu(1))));
     }
 }

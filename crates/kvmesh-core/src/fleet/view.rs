@@ -89,18 +89,35 @@ impl<'a> FleetView<'a> {
 
     /// The cost of sending `req` to the replica at `i`, with its event overlap discounted by
     /// [`Self::overlap_credit`]. vLLM always recomputes at least the prompt's last token (it
-    /// needs its logits), so a fully cached prompt still costs one token.
+    /// needs its logits), so a fully cached prompt still costs one token. KV need is the
+    /// uncached prompt blocks plus the expected output blocks.
+    ///
+    /// Runs once per replica per decision, so it avoids integer division: cached tokens are
+    /// whole blocks, so uncached blocks are `⌈prompt / block_size⌉ − cached blocks`.
+    #[inline]
     pub fn estimate(&self, i: usize, req: &RouteRequest) -> Estimate {
         let bs = self.config.block_size as u64;
-        let cached_blocks = (self.overlaps[i].gpu as f64 * self.overlap_credit(i)).floor() as u64;
+        let credit = self.overlap_credit(i);
+        let held = self.overlaps[i].gpu as u64;
+        let cached_blocks = if credit >= 1.0 { held } else { (held as f64 * credit) as u64 };
         let prompt = req.prompt_tokens as u64;
-        let cached = (cached_blocks * bs).min(prompt.saturating_sub(1));
-        let uncached = prompt - cached;
+        let prompt_blocks = req.prompt_tokens.div_ceil(self.config.block_size) as u64;
+        let (uncached, uncached_blocks) = if prompt == 0 {
+            (0, 0)
+        } else if cached_blocks * bs >= prompt {
+            (1, 1)
+        } else {
+            (prompt - cached_blocks * bs, prompt_blocks - cached_blocks)
+        };
         let load = self.load(i);
         let r = &self.replicas[i];
         let ttft_s = r.spec.profile.ttft(load.queued_prefill_tokens + uncached, load.decoding);
-        let need = uncached.div_ceil(bs) + (self.expected_output_tokens as u64).div_ceil(bs);
+        let output_blocks = self.expected_output_tokens.div_ceil(self.config.block_size) as i64;
         let free = r.spec.capacity_blocks as i64 - self.kv_used_blocks(i) as i64;
-        Estimate { uncached_tokens: uncached as u32, ttft_s, kv_headroom_blocks: free - need as i64 }
+        Estimate {
+            uncached_tokens: uncached as u32,
+            ttft_s,
+            kv_headroom_blocks: free - uncached_blocks as i64 - output_blocks,
+        }
     }
 }

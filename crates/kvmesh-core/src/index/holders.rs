@@ -1,16 +1,24 @@
-//! The replicas holding one block: a compact, replica-sorted list with per-medium copy counts.
+//! The replicas holding one block: 8 bytes inline for the common single holder, a shared list
+//! in an arena for blocks several replicas hold.
 //!
-//! Most blocks are held by one replica, so one holder is stored inline (16 bytes in all) and
-//! only shared blocks pay for a heap list.
+//! A [`Holder`] is either one replica's copy counts or, when its replica field is [`MANY`], a
+//! handle to a list in the [`Arena`] (sorted by replica id). Keeping the map value at 8 bytes
+//! keeps each `(BlockHash, Holder)` slot at 16 bytes — the index's memory is dominated by
+//! these slots.
 
 use crate::ids::{Medium, ReplicaId};
 use crate::overlap::Holding;
 
-/// One replica's copies of one block, per medium.
+/// The replica-field marker of a handle to an arena list. Fleets never assign this id.
+pub(crate) const MANY: ReplicaId = ReplicaId(u32::MAX);
+
+/// One replica's copies of one block, per medium — or, with `replica == MANY`, an arena handle
+/// whose index is `copies[0] | copies[1] << 16`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Holder {
     pub(crate) replica: ReplicaId,
-    /// Copies held, `[GPU, CPU]`. Engines may hold several physical copies (case C20).
+    /// Copies held, `[GPU, CPU]`: engines may hold several physical copies (case C20).
+    /// Saturates at 65,535 copies per medium.
     pub(crate) copies: [u16; 2],
 }
 
@@ -22,102 +30,133 @@ impl Holding for Holder {
 }
 
 impl Holder {
+    /// One copy of a block for `replica` in `medium`.
+    pub(crate) fn one(replica: ReplicaId, medium: Medium) -> Self {
+        let mut copies = [0; 2];
+        copies[medium.index()] = 1;
+        Holder { replica, copies }
+    }
+
     /// Whether the block is held, as `[GPU, CPU]`.
     #[inline]
     pub(crate) fn held(&self) -> [bool; 2] {
         [self.copies[0] > 0, self.copies[1] > 0]
     }
-}
 
-/// The holders of one block, sorted by replica id; never empty while in the index.
-#[derive(Debug, Clone)]
-pub(crate) enum Holders {
-    One([Holder; 1]),
-    Many(Box<Vec<Holder>>),
-}
-
-impl Holders {
-    pub(crate) fn new(replica: ReplicaId, medium: Medium) -> Self {
-        let mut copies = [0; 2];
-        copies[medium.index()] = 1;
-        Holders::One([Holder { replica, copies }])
+    fn handle(index: u32) -> Self {
+        Holder { replica: MANY, copies: [index as u16, (index >> 16) as u16] }
     }
 
+    fn list_index(&self) -> usize {
+        (self.copies[0] as u32 | (self.copies[1] as u32) << 16) as usize
+    }
+}
+
+/// What removing copies did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Removal {
+    /// Copies the replica still holds in that medium.
+    pub(crate) left: u16,
+    /// The replica no longer holds the block in any medium (a (block, replica) entry ended).
+    pub(crate) replica_gone: bool,
+    /// Nobody holds the block any more: drop it from the map.
+    pub(crate) block_empty: bool,
+}
+
+/// Shared holder lists, reused through a free list.
+#[derive(Debug, Default)]
+pub(crate) struct Arena {
+    lists: Vec<Vec<Holder>>,
+    free: Vec<u32>,
+}
+
+impl Arena {
+    /// The holders `h` stands for, sorted by replica id.
     #[inline]
-    pub(crate) fn as_slice(&self) -> &[Holder] {
-        match self {
-            Holders::One(h) => h,
-            Holders::Many(v) => v,
+    pub(crate) fn slice<'a>(&'a self, h: &'a Holder) -> &'a [Holder] {
+        if h.replica == MANY {
+            &self.lists[h.list_index()]
+        } else {
+            std::slice::from_ref(h)
         }
     }
 
     /// Adds one copy for `replica` in `medium`; returns true when the replica is a new holder.
-    pub(crate) fn add(&mut self, replica: ReplicaId, medium: Medium) -> bool {
+    pub(crate) fn add(&mut self, h: &mut Holder, replica: ReplicaId, medium: Medium) -> bool {
         let m = medium.index();
-        match self {
-            Holders::One([h]) if h.replica == replica => {
-                h.copies[m] = h.copies[m].saturating_add(1);
+        if h.replica == replica {
+            h.copies[m] = h.copies[m].saturating_add(1);
+            return false;
+        }
+        if h.replica != MANY {
+            let new = Holder::one(replica, medium);
+            let list = if h.replica < replica { vec![*h, new] } else { vec![new, *h] };
+            *h = Holder::handle(self.alloc(list));
+            return true;
+        }
+        let list = &mut self.lists[h.list_index()];
+        match list.binary_search_by_key(&replica, |x| x.replica) {
+            Ok(i) => {
+                list[i].copies[m] = list[i].copies[m].saturating_add(1);
                 false
             }
-            Holders::One([h]) => {
-                let mut copies = [0; 2];
-                copies[m] = 1;
-                let new = Holder { replica, copies };
-                let v = if h.replica < replica { vec![*h, new] } else { vec![new, *h] };
-                *self = Holders::Many(Box::new(v));
+            Err(i) => {
+                list.insert(i, Holder::one(replica, medium));
                 true
             }
-            Holders::Many(v) => match v.binary_search_by_key(&replica, |h| h.replica) {
-                Ok(i) => {
-                    v[i].copies[m] = v[i].copies[m].saturating_add(1);
-                    false
-                }
-                Err(i) => {
-                    let mut copies = [0; 2];
-                    copies[m] = 1;
-                    v.insert(i, Holder { replica, copies });
-                    true
-                }
-            },
         }
     }
 
-    /// Removes `n` copies (at most all) for `replica` in `medium`. Returns `(replica no longer
-    /// holds the block at all, list now empty)`.
-    pub(crate) fn remove(&mut self, replica: ReplicaId, medium: Medium, n: u32) -> (bool, bool) {
+    /// Removes `n` copies (at most all) held by `replica` in `medium`.
+    pub(crate) fn remove(&mut self, h: &mut Holder, replica: ReplicaId, medium: Medium, n: u16) -> Removal {
         let m = medium.index();
-        match self {
-            Holders::One([h]) => {
-                if h.replica != replica {
-                    return (false, false);
-                }
-                h.copies[m] = h.copies[m].saturating_sub(n.min(u16::MAX as u32) as u16);
-                let gone = h.copies == [0, 0];
-                (gone, gone)
+        let none = Removal { left: 0, replica_gone: false, block_empty: false };
+        if h.replica == replica {
+            h.copies[m] = h.copies[m].saturating_sub(n);
+            let gone = h.copies == [0, 0];
+            return Removal { left: h.copies[m], replica_gone: gone, block_empty: gone };
+        }
+        if h.replica != MANY {
+            return none;
+        }
+        let index = h.list_index();
+        let list = &mut self.lists[index];
+        let Ok(i) = list.binary_search_by_key(&replica, |x| x.replica) else { return none };
+        list[i].copies[m] = list[i].copies[m].saturating_sub(n);
+        let left = list[i].copies[m];
+        if list[i].copies != [0, 0] {
+            return Removal { left, replica_gone: false, block_empty: false };
+        }
+        list.remove(i);
+        if list.len() == 1 {
+            *h = list[0];
+            self.release(index);
+        }
+        Removal { left: 0, replica_gone: true, block_empty: false }
+    }
+
+    /// Heap bytes held by the arena.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let lists: usize = self.lists.iter().map(|l| l.capacity() * std::mem::size_of::<Holder>()).sum();
+        lists + self.lists.capacity() * std::mem::size_of::<Vec<Holder>>() + self.free.capacity() * 4
+    }
+
+    fn alloc(&mut self, list: Vec<Holder>) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.lists[i as usize] = list;
+                i
             }
-            Holders::Many(v) => {
-                let Ok(i) = v.binary_search_by_key(&replica, |h| h.replica) else {
-                    return (false, false);
-                };
-                v[i].copies[m] = v[i].copies[m].saturating_sub(n.min(u16::MAX as u32) as u16);
-                if v[i].copies != [0, 0] {
-                    return (false, false);
-                }
-                v.remove(i);
-                if v.len() == 1 {
-                    *self = Holders::One([v[0]]);
-                }
-                (true, false)
+            None => {
+                self.lists.push(list);
+                (self.lists.len() - 1) as u32
             }
         }
     }
 
-    /// Heap bytes owned beyond the inline slot.
-    pub(crate) fn heap_bytes(&self) -> usize {
-        match self {
-            Holders::One(_) => 0,
-            Holders::Many(v) => std::mem::size_of::<Vec<Holder>>() + v.capacity() * std::mem::size_of::<Holder>(),
-        }
+    fn release(&mut self, index: usize) {
+        self.lists[index] = Vec::new();
+        self.free.push(index as u32);
     }
 }
 
@@ -126,22 +165,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn inline_slot_is_16_bytes() {
-        assert_eq!(std::mem::size_of::<Holders>(), 16);
+    fn map_slot_is_16_bytes() {
+        assert_eq!(std::mem::size_of::<(crate::BlockHash, Holder)>(), 16);
     }
 
     #[test]
     fn add_and_remove_keep_sorted_and_collapse() {
-        let mut h = Holders::new(ReplicaId(5), Medium::Gpu);
-        assert!(h.add(ReplicaId(2), Medium::Gpu));
-        assert!(h.add(ReplicaId(9), Medium::Cpu));
-        assert!(!h.add(ReplicaId(5), Medium::Gpu));
-        let ids: Vec<u32> = h.as_slice().iter().map(|x| x.replica.0).collect();
+        let mut arena = Arena::default();
+        let mut h = Holder::one(ReplicaId(5), Medium::Gpu);
+        assert!(arena.add(&mut h, ReplicaId(2), Medium::Gpu));
+        assert!(arena.add(&mut h, ReplicaId(9), Medium::Cpu));
+        assert!(!arena.add(&mut h, ReplicaId(5), Medium::Gpu));
+        let ids: Vec<u32> = arena.slice(&h).iter().map(|x| x.replica.0).collect();
         assert_eq!(ids, vec![2, 5, 9]);
-        assert_eq!(h.remove(ReplicaId(5), Medium::Gpu, 1), (false, false));
-        assert_eq!(h.remove(ReplicaId(5), Medium::Gpu, 1), (true, false));
-        assert_eq!(h.remove(ReplicaId(2), Medium::Gpu, 1), (true, false));
-        assert!(matches!(h, Holders::One(_)));
-        assert_eq!(h.remove(ReplicaId(9), Medium::Cpu, 1), (true, true));
+        let r = arena.remove(&mut h, ReplicaId(5), Medium::Gpu, 1);
+        assert_eq!(r, Removal { left: 1, replica_gone: false, block_empty: false });
+        let r = arena.remove(&mut h, ReplicaId(5), Medium::Gpu, 1);
+        assert_eq!(r, Removal { left: 0, replica_gone: true, block_empty: false });
+        arena.remove(&mut h, ReplicaId(2), Medium::Gpu, 1);
+        assert_eq!(h, Holder { replica: ReplicaId(9), copies: [0, 1] }, "collapsed back inline");
+        assert_eq!(arena.free, vec![0]);
+        let r = arena.remove(&mut h, ReplicaId(9), Medium::Cpu, u16::MAX);
+        assert_eq!(r, Removal { left: 0, replica_gone: true, block_empty: true });
+        // A freed list is reused.
+        let mut g = Holder::one(ReplicaId(1), Medium::Gpu);
+        arena.add(&mut g, ReplicaId(3), Medium::Gpu);
+        assert_eq!((g.replica, g.list_index()), (MANY, 0));
     }
 }

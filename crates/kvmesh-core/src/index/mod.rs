@@ -8,7 +8,9 @@
 //! Engine block ids are opaque (vLLM and SGLang compute them differently), so a `Stored` event's
 //! tokens are re-hashed with kvmesh's own chained [`crate::BlockHasher`], chained from the
 //! parent's kvmesh hash. Each replica keeps an engine-id → block map for its removals. Copies
-//! are counted, not set-membership (case C20). Bad events are counted no-ops
+//! are counted, not set-membership (case C20): the per-medium copy count lives with the
+//! block's holder, and an engine id's mapping goes when its block's last copy on that replica
+//! and medium does. Bad events are counted no-ops
 //! ([`Rejection`]), never panics. Memory follows what the replicas hold: removals and clears
 //! free entries and shrink the per-replica maps; [`PrefixIndex::memory_bytes`] reports it.
 
@@ -24,15 +26,16 @@ pub use replica_blocks::IndexHealth;
 use crate::hashing::BlockHasher;
 use crate::ids::{BlockHash, EngineBlockHash, Medium, ReplicaId};
 use crate::overlap::{leading_runs, Overlap};
-use holders::Holders;
-use replica_blocks::{table_bytes, Mapped, ReplicaBlocks};
+use holders::{Arena, Holder};
+use replica_blocks::{table_bytes, ReplicaBlocks};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 /// The fleet-wide prefix index for one namespace and block size.
 #[derive(Debug)]
 pub struct PrefixIndex {
     hasher: BlockHasher,
-    blocks: FxHashMap<BlockHash, Holders>,
+    blocks: FxHashMap<BlockHash, Holder>,
+    arena: Arena,
     replicas: Vec<Option<ReplicaBlocks>>,
     entries: usize,
 }
@@ -40,7 +43,7 @@ pub struct PrefixIndex {
 impl PrefixIndex {
     /// An empty index hashing blocks with `hasher` (its block size is the one events must have).
     pub fn new(hasher: BlockHasher) -> Self {
-        PrefixIndex { hasher, blocks: FxHashMap::default(), replicas: Vec::new(), entries: 0 }
+        PrefixIndex { hasher, blocks: FxHashMap::default(), arena: Arena::default(), replicas: Vec::new(), entries: 0 }
     }
 
     /// The hasher whose block size and namespace this index uses.
@@ -48,7 +51,9 @@ impl PrefixIndex {
         &self.hasher
     }
 
-    /// Applies one event from `replica`, registering the replica on first sight.
+    /// Applies one event from `replica`, registering the replica on first sight. Replica ids
+    /// index a table, so they must be dense, as [`crate::Fleet`] assigns them (and never
+    /// `u32::MAX`, which is reserved).
     ///
     /// Never panics on any event content; problems are reported in the outcome's `rejection`
     /// and counted in the replica's [`IndexHealth`].
@@ -95,14 +100,14 @@ impl PrefixIndex {
     /// sorted by replica id; replicas holding no leading block are left out. One pass over the
     /// blocks that stops as soon as no replica can match further.
     pub fn overlaps(&self, hashes: &[BlockHash], out: &mut Vec<(ReplicaId, Overlap)>) {
-        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(Holders::as_slice), holders::Holder::held, out);
+        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(|h| self.arena.slice(h)), Holder::held, out);
     }
 
     /// Whether `replica` holds `block`, as `[GPU, CPU]`.
     pub fn holds(&self, replica: ReplicaId, block: BlockHash) -> [bool; 2] {
         self.blocks
             .get(&block)
-            .and_then(|h| h.as_slice().iter().find(|x| x.replica == replica).map(|x| x.held()))
+            .and_then(|h| self.arena.slice(h).iter().find(|x| x.replica == replica).map(|x| x.held()))
             .unwrap_or([false, false])
     }
 
@@ -129,10 +134,9 @@ impl PrefixIndex {
     /// Estimated heap bytes held by the index (tables sized by their capacity, plus shared
     /// holder lists), in bytes.
     pub fn memory_bytes(&self) -> usize {
-        let slot = std::mem::size_of::<(BlockHash, Holders)>();
-        let mut bytes = table_bytes(self.blocks.capacity(), slot);
-        bytes += self.blocks.values().map(Holders::heap_bytes).sum::<usize>();
-        let eslot = std::mem::size_of::<(EngineBlockHash, Mapped)>();
+        let slot = std::mem::size_of::<(BlockHash, Holder)>();
+        let mut bytes = table_bytes(self.blocks.capacity(), slot) + self.arena.heap_bytes();
+        let eslot = std::mem::size_of::<(EngineBlockHash, BlockHash)>();
         for rb in self.replicas.iter().flatten() {
             bytes += rb.engine.iter().map(|m| table_bytes(m.capacity(), eslot)).sum::<usize>();
         }
@@ -169,7 +173,7 @@ impl PrefixIndex {
         let mut prev = match s.parent {
             None => None,
             Some(p) => match rb.engine[m].get(&p).or_else(|| rb.engine[1 - m].get(&p)) {
-                Some(mapped) => Some(mapped.block),
+                Some(&block) => Some(block),
                 None => {
                     out.rejection = Some(Rejection::UnknownParent);
                     return out;
@@ -180,22 +184,25 @@ impl PrefixIndex {
         for (&engine_hash, tokens) in s.block_hashes.iter().zip(chunks) {
             let block = self.hasher.hash_block(prev, tokens);
             prev = Some(block);
-            match rb.engine[m].get_mut(&engine_hash) {
-                Some(mapped) if mapped.block == block => mapped.copies = mapped.copies.saturating_add(1),
-                Some(mapped) => {
-                    // The engine reused an id for other tokens: trust the newest event.
-                    let old = std::mem::replace(mapped, Mapped { block, copies: 1 });
-                    self.entries -= drop_copies(&mut self.blocks, old.block, replica, s.medium, old.copies);
+            match rb.engine[m].insert(engine_hash, block) {
+                Some(old) if old != block => {
+                    // The engine reused an id for other tokens: trust the newest event and drop
+                    // the old block's copies in this medium.
+                    if let Some(h) = self.blocks.get_mut(&old) {
+                        let r = self.arena.remove(h, replica, s.medium, u16::MAX);
+                        self.entries -= r.replica_gone as usize;
+                        if r.block_empty {
+                            self.blocks.remove(&old);
+                        }
+                    }
                     out.rejection.get_or_insert(Rejection::ConflictingBlock);
                 }
-                None => {
-                    rb.engine[m].insert(engine_hash, Mapped { block, copies: 1 });
-                }
+                _ => {}
             }
             let added = match self.blocks.get_mut(&block) {
-                Some(h) => h.add(replica, s.medium),
+                Some(h) => self.arena.add(h, replica, s.medium),
                 None => {
-                    self.blocks.insert(block, Holders::new(replica, s.medium));
+                    self.blocks.insert(block, Holder::one(replica, s.medium));
                     true
                 }
             };
@@ -210,16 +217,21 @@ impl PrefixIndex {
         let m = r.medium.index();
         let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
         for engine_hash in &r.block_hashes {
-            let Some(mapped) = rb.engine[m].get_mut(engine_hash) else {
+            let Some(&block) = rb.engine[m].get(engine_hash) else {
                 out.rejection.get_or_insert(Rejection::UnknownBlock);
                 continue;
             };
-            let block = mapped.block;
-            mapped.copies -= 1;
-            if mapped.copies == 0 {
+            let removal = match self.blocks.get_mut(&block) {
+                Some(h) => self.arena.remove(h, replica, r.medium, 1),
+                None => holders::Removal { left: 0, replica_gone: false, block_empty: false },
+            };
+            if removal.left == 0 {
                 rb.engine[m].remove(engine_hash);
             }
-            self.entries -= drop_copies(&mut self.blocks, block, replica, r.medium, 1);
+            if removal.block_empty {
+                self.blocks.remove(&block);
+            }
+            self.entries -= removal.replica_gone as usize;
             out.removed += 1;
         }
         rb.maybe_shrink(m);
@@ -231,9 +243,16 @@ impl PrefixIndex {
         let mut cleared = 0;
         for medium in Medium::ALL {
             let map = std::mem::take(&mut rb.engine[medium.index()]);
-            for (_, mapped) in map {
-                self.entries -= drop_copies(&mut self.blocks, mapped.block, replica, medium, mapped.copies);
-                cleared += mapped.copies;
+            for (_, block) in map {
+                let Some(h) = self.blocks.get_mut(&block) else { continue };
+                let before =
+                    self.arena.slice(h).iter().find(|x| x.replica == replica).map_or(0, |x| x.copies[medium.index()]);
+                let r = self.arena.remove(h, replica, medium, u16::MAX);
+                cleared += before as u32;
+                self.entries -= r.replica_gone as usize;
+                if r.block_empty {
+                    self.blocks.remove(&block);
+                }
             }
         }
         rb.health.out_of_sync = false;
@@ -243,23 +262,6 @@ impl PrefixIndex {
         }
         cleared
     }
-}
-
-/// Removes `n` copies of `block` held by `replica` in `medium`; returns 1 when that ends the
-/// (block, replica) entry, else 0. Drops the block when nobody holds it any more.
-fn drop_copies(
-    blocks: &mut FxHashMap<BlockHash, Holders>,
-    block: BlockHash,
-    replica: ReplicaId,
-    medium: Medium,
-    n: u32,
-) -> usize {
-    let Some(h) = blocks.get_mut(&block) else { return 0 };
-    let (gone, empty) = h.remove(replica, medium, n);
-    if empty {
-        blocks.remove(&block);
-    }
-    gone as usize
 }
 
 /// Case C02: a parent that is one of the event's own blocks, or a block id repeated within the

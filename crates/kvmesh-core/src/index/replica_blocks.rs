@@ -5,19 +5,12 @@ use super::outcome::EventCounters;
 use crate::ids::{BlockHash, EngineBlockHash};
 use rustc_hash::FxHashMap;
 
-/// Which of kvmesh's blocks an engine id stands for on this replica, and how many copies the
-/// engine stored under that id (vLLM stores duplicates; each is removed separately, case C20).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Mapped {
-    pub(crate) block: BlockHash,
-    pub(crate) copies: u32,
-}
-
 /// Per-replica index state.
 #[derive(Debug, Default)]
 pub(crate) struct ReplicaBlocks {
-    /// Engine id → block, per medium (`[GPU, CPU]`): removals carry engine ids only.
-    pub(crate) engine: [FxHashMap<EngineBlockHash, Mapped>; 2],
+    /// Engine id → kvmesh block, per medium (`[GPU, CPU]`): removals carry engine ids only.
+    /// Copy counts live with the block's holder.
+    pub(crate) engine: [FxHashMap<EngineBlockHash, BlockHash>; 2],
     pub(crate) health: IndexHealth,
 }
 

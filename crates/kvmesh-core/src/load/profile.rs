@@ -81,8 +81,12 @@ impl ReplicaProfile {
 
     /// Estimated seconds until the first token of a request whose `prefill_tokens` (tokens,
     /// queue ahead of it included) must be computed while `decoding` sequences run alongside.
+    #[inline]
     pub fn ttft(&self, prefill_tokens: u64, decoding: u32) -> f64 {
-        let steps = prefill_tokens.div_ceil(self.chunk_tokens as u64).max(1) as f64;
+        // ⌈P/C⌉ without a division-by-runtime-value or a libm call on the hot path.
+        let chunks = prefill_tokens as f64 / self.chunk_tokens as f64;
+        let whole = chunks as u64 as f64;
+        let steps = if whole < chunks { whole + 1.0 } else { whole.max(1.0) };
         self.prefill_s_per_token * prefill_tokens as f64
             + steps * (self.step_overhead_s + self.decode_s_per_token * decoding as f64)
     }

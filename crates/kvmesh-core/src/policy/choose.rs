@@ -16,19 +16,15 @@ pub(crate) fn highest(scores: &[(usize, f64)], rng: &mut dyn RngCore) -> Option<
     pick_where(scores, |s| s >= max, rng)
 }
 
-/// Uniform choice among the entries whose score passes `keep` (reservoir sampling, one pass).
+/// Uniform choice among the entries whose score passes `keep`: count them, draw one index,
+/// walk to it (one random draw however many tie).
 fn pick_where(scores: &[(usize, f64)], keep: impl Fn(f64) -> bool, rng: &mut dyn RngCore) -> Option<usize> {
-    let mut chosen = None;
-    let mut seen = 0u32;
-    for &(i, s) in scores {
-        if keep(s) {
-            seen += 1;
-            if rng.random_range(0..seen) == 0 {
-                chosen = Some(i);
-            }
-        }
+    let n = scores.iter().filter(|s| keep(s.1)).count();
+    if n == 0 {
+        return None;
     }
-    chosen
+    let k = if n == 1 { 0 } else { rng.random_range(0..n) };
+    scores.iter().filter(|s| keep(s.1)).nth(k).map(|s| s.0)
 }
 
 /// Two distinct positions of `candidates` at random (the same one twice if only one).
