@@ -1,1 +1,30 @@
-fn main() {}
+//! `kvmesh`: the command line of the kvmesh LLM router.
+
+#![forbid(unsafe_code)]
+
+mod analyze;
+mod cli;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let result = match cli.command {
+        cli::Command::Analyze(args) => analyze::run(&args),
+        cli::Command::Policies => {
+            cli::print_policies();
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -25,18 +25,24 @@ pub(crate) trait Holding {
     fn replica(&self) -> ReplicaId;
 }
 
+/// Media as bits of a mask: bit 0 GPU, bit 1 CPU.
+pub(crate) const GPU_BIT: u8 = 1;
+/// See [`GPU_BIT`].
+pub(crate) const CPU_BIT: u8 = 2;
+
 /// One replica's runs while the walk goes on. A run that ends at block `i` has length `i`
 /// (every run starts at block 0), so only the end is written, once.
 #[derive(Clone, Copy)]
 struct Run {
     replica: ReplicaId,
-    alive: [bool; 2],
+    /// Media whose run is still going, as [`GPU_BIT`] | [`CPU_BIT`].
+    alive: u8,
     len: [u32; 2],
 }
 
 impl Run {
     fn overlap(&self, blocks_walked: u32) -> Overlap {
-        let len = |m: usize| if self.alive[m] { blocks_walked } else { self.len[m] };
+        let len = |m: usize| if self.alive & (1 << m) != 0 { blocks_walked } else { self.len[m] };
         Overlap { gpu: len(0), cpu: len(1) }
     }
 }
@@ -44,22 +50,19 @@ impl Run {
 /// Computes, for each replica holding the first block, its longest leading run per medium over
 /// `blocks`, appending `(replica, overlap)` sorted by replica id to `out` (replicas that hold
 /// nothing are left out). `holders(i)` gives block `i`'s holders sorted by replica id, or `None`
-/// when nobody holds it; `is_held(h)` says whether holder `h` counts, as `[GPU, CPU]`.
+/// when nobody holds it; `held(h)` gives the media holder `h` holds it in, as a mask of
+/// [`GPU_BIT`] and [`CPU_BIT`].
 ///
 /// One pass: a shrinking set of replicas still matching is intersected with each block's
 /// holders (merge, or binary search when the holder list is much longer than the set), and the
 /// walk stops as soon as that set is empty. Lookups are issued [`AHEAD`] blocks at a time:
 /// they are independent, so their cache misses overlap instead of queueing one after another
 /// (at most `AHEAD − 1` lookups are wasted past the end of the match).
-pub(crate) fn leading_runs<'a, H, F, G>(
-    n_blocks: usize,
-    mut holders: F,
-    is_held: G,
-    out: &mut Vec<(ReplicaId, Overlap)>,
-) where
+pub(crate) fn leading_runs<'a, H, F, G>(n_blocks: usize, mut holders: F, held: G, out: &mut Vec<(ReplicaId, Overlap)>)
+where
     H: Holding + 'a,
     F: FnMut(usize) -> Option<&'a [H]>,
-    G: Fn(&H) -> [bool; 2],
+    G: Fn(&H) -> u8,
 {
     if n_blocks == 0 {
         return;
@@ -68,12 +71,8 @@ pub(crate) fn leading_runs<'a, H, F, G>(
     let mut active: Vec<Run> = first
         .iter()
         .filter_map(|h| {
-            let held = is_held(h);
-            (held[0] || held[1]).then(|| Run {
-                replica: h.replica(),
-                alive: held,
-                len: [held[0] as u32, held[1] as u32],
-            })
+            let alive = held(h);
+            (alive != 0).then(|| Run { replica: h.replica(), alive, len: [0, 0] })
         })
         .collect();
     let start = out.len();
@@ -89,7 +88,7 @@ pub(crate) fn leading_runs<'a, H, F, G>(
             if active.is_empty() {
                 break 'walk;
             }
-            step(&mut active, hs.unwrap_or(&[]), base as u32, &is_held, out);
+            step(&mut active, hs.unwrap_or(&[]), base as u32, &held, out);
             base += 1;
         }
     }
@@ -105,48 +104,58 @@ const AHEAD: usize = 16;
 /// `out` with their lengths. Runs that go on are not written to: the common case (the same
 /// replicas hold the next block too) is a read-only, well-predicted loop.
 #[inline]
-fn step<H: Holding, G: Fn(&H) -> [bool; 2]>(
+fn step<H: Holding, G: Fn(&H) -> u8>(
     active: &mut Vec<Run>,
     hs: &[H],
     block: u32,
-    is_held: &G,
+    held: &G,
     out: &mut Vec<(ReplicaId, Overlap)>,
 ) {
+    // Fast path: the same replicas hold this block as the last one (a shared prefix), in every
+    // medium still running — then no run changes. One branch-free pass decides it.
+    if hs.len() == active.len() {
+        let unchanged = active
+            .iter()
+            .zip(hs)
+            .fold(true, |ok, (run, h)| ok & (h.replica() == run.replica) & (held(h) & run.alive == run.alive));
+        if unchanged {
+            return;
+        }
+    }
     let merge = hs.len() <= 8 * active.len();
     let (mut j, mut kept) = (0, 0);
     for k in 0..active.len() {
         let run = active[k];
-        let held = if merge {
+        let media = if merge {
             // Both lists are sorted by replica id.
             while j < hs.len() && hs[j].replica() < run.replica {
                 j += 1;
             }
             match hs.get(j) {
-                Some(h) if h.replica() == run.replica => is_held(h),
-                _ => [false, false],
+                Some(h) if h.replica() == run.replica => held(h),
+                _ => 0,
             }
         } else {
             match hs.binary_search_by_key(&run.replica, |h| h.replica()) {
-                Ok(i) => is_held(&hs[i]),
-                Err(_) => [false, false],
+                Ok(i) => held(&hs[i]),
+                Err(_) => 0,
             }
         };
-        let alive = [run.alive[0] & held[0], run.alive[1] & held[1]];
+        let alive = run.alive & media;
         if alive == run.alive {
-            if kept != k {
-                active[kept] = run;
-            }
+            active[kept] = run;
             kept += 1;
             continue;
         }
         let mut next = run;
+        let ended = run.alive & !alive;
         for m in 0..2 {
-            if run.alive[m] && !alive[m] {
+            if ended & (1 << m) != 0 {
                 next.len[m] = block;
             }
         }
         next.alive = alive;
-        if alive[0] | alive[1] {
+        if alive != 0 {
             active[kept] = next;
             kept += 1;
         } else {
@@ -162,6 +171,10 @@ mod tests {
 
     #[derive(Clone)]
     struct H(u32, [bool; 2]);
+
+    fn mask(held: [bool; 2]) -> u8 {
+        held[0] as u8 * GPU_BIT | held[1] as u8 * CPU_BIT
+    }
     impl Holding for H {
         fn replica(&self) -> ReplicaId {
             ReplicaId(self.0)
@@ -179,7 +192,7 @@ mod tests {
             vec![H(0, g), H(1, g)],
         ];
         let mut out = Vec::new();
-        leading_runs(4, |i| blocks.get(i).map(|v| v.as_slice()), |h| h.1, &mut out);
+        leading_runs(4, |i| blocks.get(i).map(|v| v.as_slice()), |h| mask(h.1), &mut out);
         assert_eq!(
             out,
             vec![
@@ -199,12 +212,12 @@ mod tests {
         let long: Vec<H> = (0..200).filter(|r| r % 2 == 0).map(|r| H(r, g)).collect();
         let blocks = [first, long.clone(), long];
         let mut out = Vec::new();
-        leading_runs(3, |i| blocks.get(i).map(|v| v.as_slice()), |h| h.1, &mut out);
+        leading_runs(3, |i| blocks.get(i).map(|v| v.as_slice()), |h| mask(h.1), &mut out);
         assert_eq!(out, vec![(ReplicaId(3), Overlap::gpu(1)), (ReplicaId(150), Overlap::gpu(3))]);
         let all: Vec<H> = (0..200).map(|r| H(r, g)).collect();
         let blocks = [all, blocks[1].clone()];
         out.clear();
-        leading_runs(2, |i| blocks.get(i).map(|v| v.as_slice()), |h| h.1, &mut out);
+        leading_runs(2, |i| blocks.get(i).map(|v| v.as_slice()), |h| mask(h.1), &mut out);
         assert_eq!(out.len(), 200);
         assert_eq!((out[0], out[1]), ((ReplicaId(0), Overlap::gpu(2)), (ReplicaId(1), Overlap::gpu(1))));
     }

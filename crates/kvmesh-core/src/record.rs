@@ -13,7 +13,7 @@
 //! Memory is bounded by `max_entries` (oldest dropped first) as well as by the TTL.
 
 use crate::ids::{BlockHash, ReplicaId};
-use crate::overlap::{leading_runs, Holding, Overlap};
+use crate::overlap::{leading_runs, Holding, Overlap, GPU_BIT};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 
@@ -124,7 +124,7 @@ impl RoutingRecord {
     pub fn overlaps(&self, hashes: &[BlockHash], now: f64, out: &mut Vec<(ReplicaId, Overlap)>) {
         // `expire` drops old entries lazily, so an entry past its TTL must not count here.
         let ttl = self.ttl;
-        let live = |s: &Sent| [s.at + ttl > now, false];
+        let live = |s: &Sent| (s.at + ttl > now) as u8 * GPU_BIT;
         leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(Vec::as_slice), live, out);
     }
 

@@ -18,7 +18,7 @@ mod view;
 
 pub use replica::{OverlapSource, ReplicaSpec, ReplicaState, ReplicaStatus};
 pub use request::RouteRequest;
-pub use view::{Estimate, FleetView};
+pub use view::{Estimate, Estimator, FleetView};
 
 use crate::error::Error;
 use crate::hashing::{BlockHasher, Namespace, DEFAULT_BLOCK_SIZE};

@@ -87,37 +87,72 @@ impl<'a> FleetView<'a> {
         }
     }
 
-    /// The cost of sending `req` to the replica at `i`, with its event overlap discounted by
-    /// [`Self::overlap_credit`]. vLLM always recomputes at least the prompt's last token (it
-    /// needs its logits), so a fully cached prompt still costs one token. KV need is the
+    /// The cost of sending `req` to the replica at `i` (see [`Estimator::at`]).
+    pub fn estimate(&self, i: usize, req: &RouteRequest) -> Estimate {
+        self.estimator(req).at(i)
+    }
+
+    /// The per-request part of [`Self::estimate`], computed once for scoring every replica.
+    #[inline]
+    pub fn estimator(&self, req: &RouteRequest) -> Estimator<'_, 'a> {
+        let bs = self.config.block_size;
+        Estimator {
+            view: self,
+            block_size: bs as u64,
+            prompt: req.prompt_tokens as u64,
+            prompt_blocks: req.prompt_tokens.div_ceil(bs) as u64,
+            output_blocks: self.expected_output_tokens.div_ceil(bs) as i64,
+        }
+    }
+}
+
+/// Scores one request against each replica of a view.
+#[derive(Debug, Clone, Copy)]
+pub struct Estimator<'v, 'a> {
+    view: &'v FleetView<'a>,
+    block_size: u64,
+    prompt: u64,
+    prompt_blocks: u64,
+    output_blocks: i64,
+}
+
+impl Estimator<'_, '_> {
+    /// The cost of the request on the replica at `i`, with its event overlap discounted by
+    /// [`FleetView::overlap_credit`]. vLLM always recomputes at least the prompt's last token
+    /// (it needs its logits), so a fully cached prompt still costs one token. KV need is the
     /// uncached prompt blocks plus the expected output blocks.
     ///
     /// Runs once per replica per decision, so it avoids integer division: cached tokens are
     /// whole blocks, so uncached blocks are `⌈prompt / block_size⌉ − cached blocks`.
     #[inline]
-    pub fn estimate(&self, i: usize, req: &RouteRequest) -> Estimate {
-        let bs = self.config.block_size as u64;
-        let credit = self.overlap_credit(i);
-        let held = self.overlaps[i].gpu as u64;
-        let cached_blocks = if credit >= 1.0 { held } else { (held as f64 * credit) as u64 };
-        let prompt = req.prompt_tokens as u64;
-        let prompt_blocks = req.prompt_tokens.div_ceil(self.config.block_size) as u64;
-        let (uncached, uncached_blocks) = if prompt == 0 {
+    pub fn at(&self, i: usize) -> Estimate {
+        let view = self.view;
+        let held = view.overlaps[i].gpu as u64;
+        let cached_blocks = if held == 0 {
+            0
+        } else {
+            let credit = view.overlap_credit(i);
+            if credit >= 1.0 {
+                held
+            } else {
+                (held as f64 * credit) as u64
+            }
+        };
+        let (uncached, uncached_blocks) = if self.prompt == 0 {
             (0, 0)
-        } else if cached_blocks * bs >= prompt {
+        } else if cached_blocks * self.block_size >= self.prompt {
             (1, 1)
         } else {
-            (prompt - cached_blocks * bs, prompt_blocks - cached_blocks)
+            (self.prompt - cached_blocks * self.block_size, self.prompt_blocks - cached_blocks)
         };
-        let load = self.load(i);
-        let r = &self.replicas[i];
+        let load = view.load(i);
+        let r = &view.replicas[i];
         let ttft_s = r.spec.profile.ttft(load.queued_prefill_tokens + uncached, load.decoding);
-        let output_blocks = self.expected_output_tokens.div_ceil(self.config.block_size) as i64;
-        let free = r.spec.capacity_blocks as i64 - self.kv_used_blocks(i) as i64;
+        let free = r.spec.capacity_blocks as i64 - view.kv_used_blocks(i) as i64;
         Estimate {
             uncached_tokens: uncached as u32,
             ttft_s,
-            kv_headroom_blocks: free - uncached_blocks as i64 - output_blocks,
+            kv_headroom_blocks: free - uncached_blocks as i64 - self.output_blocks,
         }
     }
 }

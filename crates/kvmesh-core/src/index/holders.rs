@@ -7,7 +7,7 @@
 //! these slots.
 
 use crate::ids::{Medium, ReplicaId};
-use crate::overlap::Holding;
+use crate::overlap::{Holding, CPU_BIT, GPU_BIT};
 
 /// The replica-field marker of a handle to an arena list. Fleets never assign this id.
 pub(crate) const MANY: ReplicaId = ReplicaId(u32::MAX);
@@ -41,6 +41,12 @@ impl Holder {
     #[inline]
     pub(crate) fn held(&self) -> [bool; 2] {
         [self.copies[0] > 0, self.copies[1] > 0]
+    }
+
+    /// The media the block is held in, as a mask of `GPU_BIT` and `CPU_BIT`.
+    #[inline]
+    pub(crate) fn media(&self) -> u8 {
+        (self.copies[0] != 0) as u8 * GPU_BIT | (self.copies[1] != 0) as u8 * CPU_BIT
     }
 
     fn handle(index: u32) -> Self {

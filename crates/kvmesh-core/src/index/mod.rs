@@ -100,7 +100,7 @@ impl PrefixIndex {
     /// sorted by replica id; replicas holding no leading block are left out. One pass over the
     /// blocks that stops as soon as no replica can match further.
     pub fn overlaps(&self, hashes: &[BlockHash], out: &mut Vec<(ReplicaId, Overlap)>) {
-        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(|h| self.arena.slice(h)), Holder::held, out);
+        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(|h| self.arena.slice(h)), Holder::media, out);
     }
 
     /// Whether `replica` holds `block`, as `[GPU, CPU]`.

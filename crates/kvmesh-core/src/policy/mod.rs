@@ -140,7 +140,7 @@ impl Decision {
 }
 
 /// The policies by name, for configs and the CLI.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum PolicyKind {
     /// [`RoundRobin`].
     RoundRobin,
@@ -161,6 +161,7 @@ pub enum PolicyKind {
     /// [`WeightedScorer`].
     WeightedScorer,
     /// [`TokenLoadPolicy`], the default.
+    #[default]
     TokenLoad,
 }
 
@@ -209,12 +210,6 @@ impl PolicyKind {
             PolicyKind::WeightedScorer => Box::new(WeightedScorer::new(WeightedScorerParams::default())),
             PolicyKind::TokenLoad => Box::new(TokenLoadPolicy::new(TokenLoadParams::default())),
         }
-    }
-}
-
-impl Default for PolicyKind {
-    fn default() -> Self {
-        PolicyKind::TokenLoad
     }
 }
 

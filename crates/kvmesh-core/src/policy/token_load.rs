@@ -60,8 +60,9 @@ impl Policy for TokenLoadPolicy {
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {
         self.fits.clear();
         self.all.clear();
+        let estimator = view.estimator(req);
         for i in view.routable() {
-            let e = view.estimate(i, req);
+            let e = estimator.at(i);
             self.all.push((i, e.ttft_s));
             if e.kv_headroom_blocks >= 0 {
                 self.fits.push((i, e.ttft_s));

@@ -1,0 +1,102 @@
+//! Public LLM serving traces, read into one [`Trace`] shape.
+//!
+//! | format | file | per request | prefix information |
+//! |---|---|---|---|
+//! | [Mooncake](mooncake) JSONL | `*.jsonl` | arrival (ms), input and output tokens, `hash_ids` | prefix-chained ids of 512-token blocks |
+//! | [Azure LLM 2023](azure) CSV | `*.csv` | wall-clock arrival, context and generated tokens | none |
+//!
+//! Malformed lines are skipped and kept in [`Trace::skipped`] with their 1-based line numbers,
+//! so one bad line does not hide a whole trace; [`load`] fails only when the file cannot be
+//! read, its format is unknown, or no line is usable.
+
+pub mod azure;
+mod error;
+pub mod mooncake;
+
+pub use error::{LineError, TraceError};
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+/// The environment variable naming the folder of public traces (default `../shared/traces`).
+pub const TRACES_ENV: &str = "KVMESH_TRACES";
+
+/// The public traces folder: `$KVMESH_TRACES`, else `../shared/traces`.
+pub fn traces_dir() -> std::path::PathBuf {
+    std::env::var_os(TRACES_ENV).map_or_else(|| "../shared/traces".into(), Into::into)
+}
+
+/// Which format a trace file is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceFormat {
+    /// Mooncake FAST'25 JSONL.
+    Mooncake,
+    /// Azure LLM inference trace 2023 CSV.
+    Azure,
+}
+
+/// One request of a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceRequest {
+    /// Arrival, seconds since the trace's first request.
+    pub arrival_s: f64,
+    /// Prompt length, tokens.
+    pub input_tokens: u32,
+    /// Output length, tokens.
+    pub output_tokens: u32,
+    /// Prefix-chained block ids (Mooncake `hash_ids`, blocks of [`Trace::block_tokens`]
+    /// tokens); empty when the format has no prefix information.
+    pub block_ids: Vec<u64>,
+}
+
+/// A loaded trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    /// The file's format.
+    pub format: TraceFormat,
+    /// Tokens per block of `block_ids` (512 for Mooncake); `None` without prefix information.
+    pub block_tokens: Option<u32>,
+    /// Requests in arrival order.
+    pub requests: Vec<TraceRequest>,
+    /// Lines that could not be used, with why.
+    pub skipped: Vec<LineError>,
+}
+
+impl TraceFormat {
+    /// The format of `path`, by extension (`.jsonl`/`.json` → Mooncake, `.csv` → Azure).
+    ///
+    /// # Errors
+    /// [`TraceError::UnknownFormat`] for any other extension.
+    pub fn of(path: &Path) -> Result<Self, TraceError> {
+        match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("jsonl" | "json") => Ok(TraceFormat::Mooncake),
+            Some("csv") => Ok(TraceFormat::Azure),
+            _ => Err(TraceError::UnknownFormat(path.display().to_string())),
+        }
+    }
+}
+
+/// Reads the trace at `path`, in the format its extension names.
+///
+/// # Errors
+/// [`TraceError::Io`] when the file cannot be opened or read, [`TraceError::UnknownFormat`],
+/// [`TraceError::Empty`] when no line holds a usable request.
+pub fn load(path: &Path) -> Result<Trace, TraceError> {
+    let format = TraceFormat::of(path)?;
+    let file = File::open(path).map_err(|e| TraceError::Io { path: path.display().to_string(), source: e })?;
+    let reader = BufReader::new(file);
+    let trace = match format {
+        TraceFormat::Mooncake => mooncake::read(reader),
+        TraceFormat::Azure => azure::read(reader),
+    }
+    .map_err(|e| match e {
+        TraceError::Io { source, .. } => TraceError::Io { path: path.display().to_string(), source },
+        other => other,
+    })?;
+    if trace.requests.is_empty() {
+        return Err(TraceError::Empty { path: path.display().to_string(), skipped: trace.skipped });
+    }
+    Ok(trace)
+}

@@ -1,0 +1,99 @@
+//! Mooncake FAST'25 traces (kvcache-ai/Mooncake `FAST25-release/traces/*.jsonl`).
+//!
+//! One JSON object per line: `{"timestamp": ms since trace start, "input_length": tokens,
+//! "output_length": tokens, "hash_ids": [ids of 512-token blocks]}`. An id names the whole
+//! prefix up to and including its block, so two requests share a cacheable prefix exactly as
+//! long as their leading ids are equal. The last block is partial: `len(hash_ids) ==
+//! ⌈input_length / 512⌉`. Blank lines are ignored; unknown keys are allowed.
+
+use super::{LineError, Trace, TraceError, TraceFormat, TraceRequest};
+use std::io::BufRead;
+
+/// Tokens per `hash_ids` block.
+pub const BLOCK_TOKENS: u32 = 512;
+
+#[derive(serde::Deserialize)]
+struct Line {
+    timestamp: u64,
+    input_length: u32,
+    output_length: u32,
+    #[serde(default)]
+    hash_ids: Vec<u64>,
+}
+
+/// Reads a Mooncake JSONL trace, skipping (and recording) malformed lines.
+///
+/// # Errors
+/// [`TraceError::Io`] when reading fails.
+pub fn read(reader: impl BufRead) -> Result<Trace, TraceError> {
+    let mut requests = Vec::new();
+    let mut skipped = Vec::new();
+    let mut first_ms = None;
+    for (n, line) in reader.lines().enumerate() {
+        let line_no = n as u64 + 1;
+        let text = line.map_err(|e| TraceError::Io { path: String::new(), source: e })?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let parsed: Line = match serde_json::from_str(&text) {
+            Ok(l) => l,
+            Err(e) => {
+                skipped.push(LineError { line: line_no, reason: e.to_string() });
+                continue;
+            }
+        };
+        let want = parsed.input_length.div_ceil(BLOCK_TOKENS) as usize;
+        if !parsed.hash_ids.is_empty() && parsed.hash_ids.len() != want {
+            let reason = format!(
+                "{} hash_ids for input_length {} (expected ⌈{}/512⌉ = {want})",
+                parsed.hash_ids.len(),
+                parsed.input_length,
+                parsed.input_length
+            );
+            skipped.push(LineError { line: line_no, reason });
+            continue;
+        }
+        let first = *first_ms.get_or_insert(parsed.timestamp);
+        if parsed.timestamp < first {
+            let reason = format!("timestamp {} ms is before the first request's {first} ms", parsed.timestamp);
+            skipped.push(LineError { line: line_no, reason });
+            continue;
+        }
+        requests.push(TraceRequest {
+            arrival_s: (parsed.timestamp - first) as f64 / 1000.0,
+            input_tokens: parsed.input_length,
+            output_tokens: parsed.output_length,
+            block_ids: parsed.hash_ids,
+        });
+    }
+    requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    Ok(Trace { format: TraceFormat::Mooncake, block_tokens: Some(BLOCK_TOKENS), requests, skipped })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_requests_and_reports_bad_lines_by_number() {
+        let text = concat!(
+            "{\"timestamp\": 1000, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [0, 1]}\n",
+            "\n",
+            "{\"timestamp\": 1500, \"input_length\": 10, \"output_length\": 5, \"hash_ids\": [0, 1]}\n",
+            "not json\n",
+            "{\"timestamp\": 4000, \"input_length\": 512, \"output_length\": 7, \"hash_ids\": [0], \"extra\": 1}\n",
+            "{\"timestamp\": 900, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [3]}\n",
+        );
+        let t = read(text.as_bytes()).unwrap();
+        assert_eq!(t.requests.len(), 2);
+        assert_eq!(
+            t.requests[1],
+            TraceRequest { arrival_s: 3.0, input_tokens: 512, output_tokens: 7, block_ids: vec![0] }
+        );
+        let lines: Vec<u64> = t.skipped.iter().map(|e| e.line).collect();
+        assert_eq!(lines, vec![3, 4, 6]);
+        assert_eq!(t.skipped[0].reason, "2 hash_ids for input_length 10 (expected ⌈10/512⌉ = 1)");
+        assert!(t.skipped[1].reason.starts_with("expected ident at line 1 column 2"), "{}", t.skipped[1].reason);
+        assert_eq!(t.skipped[2].reason, "timestamp 900 ms is before the first request's 1000 ms");
+    }
+}
