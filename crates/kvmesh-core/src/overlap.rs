@@ -173,7 +173,7 @@ mod tests {
     struct H(u32, [bool; 2]);
 
     fn mask(held: [bool; 2]) -> u8 {
-        held[0] as u8 * GPU_BIT | held[1] as u8 * CPU_BIT
+        (held[0] as u8 * GPU_BIT) | (held[1] as u8 * CPU_BIT)
     }
     impl Holding for H {
         fn replica(&self) -> ReplicaId {

@@ -46,7 +46,7 @@ impl Holder {
     /// The media the block is held in, as a mask of `GPU_BIT` and `CPU_BIT`.
     #[inline]
     pub(crate) fn media(&self) -> u8 {
-        (self.copies[0] != 0) as u8 * GPU_BIT | (self.copies[1] != 0) as u8 * CPU_BIT
+        ((self.copies[0] != 0) as u8 * GPU_BIT) | ((self.copies[1] != 0) as u8 * CPU_BIT)
     }
 
     fn handle(index: u32) -> Self {
