@@ -195,4 +195,23 @@ mod tests {
         let tail = h.hash_blocks_from(Some(whole[1]), &toks[6..]);
         assert_eq!(&whole[2..], &tail[..]);
     }
+
+    proptest::proptest! {
+        /// Hashing is a pure function of (namespace, block size, tokens), and a sequence's
+        /// hashes extend those of every block-aligned prefix of it.
+        #[test]
+        fn deterministic_and_prefix_closed(
+            a in proptest::collection::vec(proptest::num::u32::ANY, 0..80),
+            b in proptest::collection::vec(proptest::num::u32::ANY, 0..80),
+            bs in 1u32..9,
+        ) {
+            let h = BlockHasher::new(bs, &ns("m")).unwrap();
+            let aligned = &a[..a.len() / bs as usize * bs as usize];
+            let joined: Vec<u32> = aligned.iter().chain(&b).copied().collect();
+            let whole = h.hash_blocks(&joined);
+            proptest::prop_assert_eq!(&whole, &BlockHasher::new(bs, &ns("m")).unwrap().hash_blocks(&joined));
+            proptest::prop_assert_eq!(&whole[..aligned.len() / bs as usize], &h.hash_blocks(aligned)[..]);
+            proptest::prop_assert_eq!(whole.len(), joined.len() / bs as usize);
+        }
+    }
 }

@@ -51,6 +51,9 @@ pub struct FleetConfig {
     pub event_stale_s: f64,
     /// Engine metrics older than this are ignored, seconds. Default 5.
     pub metrics_fresh_s: f64,
+    /// Learn each replica's prefill cost from its delivered first tokens (see
+    /// [`crate::load::PrefillRate`]) instead of trusting the configured profile. Default true.
+    pub learn_prefill_rate: bool,
 }
 
 impl Default for FleetConfig {
@@ -64,6 +67,7 @@ impl Default for FleetConfig {
             event_fresh_s: 30.0,
             event_stale_s: 300.0,
             metrics_fresh_s: 5.0,
+            learn_prefill_rate: true,
         }
     }
 }
@@ -213,6 +217,7 @@ impl Fleet {
             status: ReplicaStatus::Ready,
             last_event_at: None,
             metrics: None,
+            prefill: Default::default(),
         });
         self.epoch += 1;
         Ok(id)
@@ -337,12 +342,19 @@ impl Fleet {
         Ok(self.bookings.book(replica, spec, now))
     }
 
-    /// The request's first token arrived.
+    /// The request's first token arrived at `now`; its wait feeds the replica's learned
+    /// prefill cost.
     ///
     /// # Errors
     /// [`Error::UnknownBooking`].
     pub fn first_token(&mut self, booking: BookingId, now: f64) -> Result<(), Error> {
-        self.bookings.first_token(booking, now)
+        let Some(b) = self.bookings.first_token(booking, now)? else { return Ok(()) };
+        if let Some(p) = self.pos(b.replica) {
+            let r = &mut self.replicas[p];
+            let tokens = b.queued_ahead_tokens + b.spec.uncached_prefill_tokens as u64;
+            r.prefill.observe(&r.spec.profile, tokens, now - b.booked_at, b.decoding_at_booking);
+        }
+        Ok(())
     }
 
     /// The request ended; `output_tokens` when it completed normally.

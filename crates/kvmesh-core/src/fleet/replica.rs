@@ -2,7 +2,7 @@
 //! freshness of its signals.
 
 use crate::ids::ReplicaId;
-use crate::load::{EngineMetrics, ReplicaProfile};
+use crate::load::{EngineMetrics, PrefillRate, ReplicaProfile};
 
 /// What an operator registers for a replica.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,12 +62,24 @@ pub struct ReplicaState {
     pub last_event_at: Option<f64>,
     /// Its latest engine load report.
     pub metrics: Option<EngineMetrics>,
+    /// Its prefill cost as learned from delivered first tokens.
+    pub prefill: PrefillRate,
 }
 
 impl ReplicaState {
     /// Whether new requests may go here.
     pub fn routable(&self) -> bool {
         self.status == ReplicaStatus::Ready
+    }
+
+    /// The step model decisions use: the registered profile, with the learned prefill cost in
+    /// place of β1 when `learn` is on and enough first tokens were seen.
+    #[inline]
+    pub fn profile(&self, learn: bool) -> ReplicaProfile {
+        match self.prefill.s_per_token() {
+            Some(b1) if learn => ReplicaProfile { prefill_s_per_token: b1, ..self.spec.profile },
+            _ => self.spec.profile,
+        }
     }
 
     /// Where this replica's overlaps come from now.

@@ -120,3 +120,36 @@ fn removing_a_replica_drops_its_bookings_blocks_and_record() {
     assert_eq!((f.record().entries(), f.bookings().len()), (0, 0));
     assert_eq!(f.route(p.as_mut(), &req, &mut rng(), 0.0), Err(Error::NoReplicaReady));
 }
+
+/// Eight uncached 2,048-token requests on one replica that prefills at 40 µs/token; returns
+/// the fleet and the next decision's TTFT estimate for a fresh 2,048-token prompt.
+fn after_slow_first_tokens(config: FleetConfig) -> (Fleet, f64) {
+    let mut f = Fleet::new(config).unwrap();
+    f.add_replica(silent("a")).unwrap();
+    let mut p = PolicyKind::TokenLoad.build();
+    let slow = crate::load::ReplicaProfile { prefill_s_per_token: 40e-6, ..Default::default() };
+    let mut now = 0.0;
+    for k in 1..=8u32 {
+        now += 100.0;
+        f.expire(now);
+        let tokens: Vec<u32> = (0..2048).map(|t| t + k * 4096).collect();
+        let r = f.route(p.as_mut(), &RouteRequest::new(f.hasher(), &tokens, Some(8)), &mut rng(), now).unwrap();
+        f.first_token(r.booking, now + slow.ttft(2048, 0)).unwrap();
+        f.release(r.booking, Some(8)).unwrap();
+    }
+    let req = RouteRequest::new(f.hasher(), &toks(2048), Some(8));
+    let ttft = f.decide(p.as_mut(), &req, &mut rng(), now).unwrap().estimated_ttft_s;
+    (f, ttft)
+}
+
+#[test]
+fn first_tokens_teach_the_prefill_cost() {
+    let slow = crate::load::ReplicaProfile { prefill_s_per_token: 40e-6, ..Default::default() };
+    let (f, ttft) = after_slow_first_tokens(FleetConfig::default());
+    let a = f.replicas()[0].id;
+    assert!((f.replica(a).unwrap().prefill.s_per_token().unwrap() - 40e-6).abs() < 1e-12);
+    assert!((ttft - slow.ttft(2048, 0)).abs() < 1e-12);
+    // Learning off: the configured profile stands.
+    let (_, ttft) = after_slow_first_tokens(FleetConfig { learn_prefill_rate: false, ..FleetConfig::default() });
+    assert!((ttft - crate::load::ReplicaProfile::default().ttft(2048, 0)).abs() < 1e-12);
+}

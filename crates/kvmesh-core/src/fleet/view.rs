@@ -147,7 +147,8 @@ impl Estimator<'_, '_> {
         };
         let load = view.load(i);
         let r = &view.replicas[i];
-        let ttft_s = r.spec.profile.ttft(load.queued_prefill_tokens + uncached, load.decoding);
+        let profile = r.profile(view.config.learn_prefill_rate);
+        let ttft_s = profile.ttft(load.queued_prefill_tokens + uncached, load.decoding);
         let free = r.spec.capacity_blocks as i64 - view.kv_used_blocks(i) as i64;
         Estimate {
             uncached_tokens: uncached as u32,

@@ -42,6 +42,10 @@ pub struct Booking {
     pub spec: BookingSpec,
     /// KV blocks held: prompt blocks plus expected output blocks.
     pub kv_blocks: u32,
+    /// Prefill tokens queued ahead of it on the replica when booked, tokens.
+    pub queued_ahead_tokens: u64,
+    /// Sequences decoding on the replica when booked.
+    pub decoding_at_booking: u32,
     /// Decision time, seconds.
     pub booked_at: f64,
     /// First-token time, seconds, once seen.
@@ -122,13 +126,21 @@ impl Bookings {
         let id = BookingId(self.next);
         self.next += 1;
         let kv_blocks = spec.prompt_blocks.saturating_add(spec.expected_output_tokens.div_ceil(self.block_size));
-        let b =
-            Booking { replica, spec, kv_blocks, booked_at: now, first_token_at: None, lease_until: now + self.lease_s };
         let i = replica.index();
         if self.loads.len() <= i {
             self.loads.resize(i + 1, TokenLoad::default());
         }
         let l = &mut self.loads[i];
+        let b = Booking {
+            replica,
+            spec,
+            kv_blocks,
+            queued_ahead_tokens: l.queued_prefill_tokens,
+            decoding_at_booking: l.decoding,
+            booked_at: now,
+            first_token_at: None,
+            lease_until: now + self.lease_s,
+        };
         l.prefilling += 1;
         l.queued_prefill_tokens += spec.uncached_prefill_tokens as u64;
         l.expected_decode_tokens += spec.expected_output_tokens as u64;
@@ -138,22 +150,24 @@ impl Bookings {
     }
 
     /// The request's first token arrived at `now`: its prefill leaves the queue and it counts
-    /// as decoding; the lease is renewed. A second call is a no-op.
+    /// as decoding; the lease is renewed. Returns the booking as it was before, on the first
+    /// call only (a second call is a no-op returning `None`).
     ///
     /// # Errors
     /// [`Error::UnknownBooking`] when the booking is not live.
-    pub fn first_token(&mut self, id: BookingId, now: f64) -> Result<(), Error> {
+    pub fn first_token(&mut self, id: BookingId, now: f64) -> Result<Option<Booking>, Error> {
         let b = self.live.get_mut(&id).ok_or(Error::UnknownBooking(id.0))?;
         if b.first_token_at.is_some() {
-            return Ok(());
+            return Ok(None);
         }
+        let before = *b;
         b.first_token_at = Some(now);
         b.lease_until = now + self.lease_s;
         let l = &mut self.loads[b.replica.index()];
         l.prefilling -= 1;
         l.decoding += 1;
         l.queued_prefill_tokens -= b.spec.uncached_prefill_tokens as u64;
-        Ok(())
+        Ok(Some(before))
     }
 
     /// Ends a booking (completion, error, disconnect). `output_tokens`, when the request

@@ -7,11 +7,13 @@
 //! which [`ReplicaProfile::ttft`] estimates time to first token.
 
 mod bookings;
+mod learned;
 mod metrics;
 mod output;
 mod profile;
 
 pub use bookings::{Booking, BookingId, BookingSpec, Bookings};
+pub use learned::PrefillRate;
 pub use metrics::EngineMetrics;
 pub use output::OutputEstimator;
 pub use profile::ReplicaProfile;
