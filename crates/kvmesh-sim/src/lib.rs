@@ -9,5 +9,8 @@
 #![deny(missing_docs)]
 
 pub mod analyze;
+pub mod engine;
+pub mod simulation;
+pub mod tokens;
 pub mod trace;
 pub mod workload;

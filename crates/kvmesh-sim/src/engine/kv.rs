@@ -1,0 +1,169 @@
+//! A vLLM-like paged KV cache with automatic prefix caching.
+//!
+//! Capacity is a number of blocks of `block_size` tokens. Full prompt blocks are cached under
+//! the engine's own block hash and shared by every sequence that needs them (a reference
+//! count); when no running sequence references a cached block it stays cached but becomes
+//! evictable, least recently used first (vLLM `kv_cache_manager.py`, `block_pool.py`). A
+//! sequence's partial last block and its output blocks are private and freed when it ends.
+//! Every block that enters or leaves the cache is reported, so the engine can publish the
+//! same `BlockStored` / `BlockRemoved` events a real vLLM would.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// One cached block.
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    refs: u32,
+    /// LRU stamp while evictable (refs == 0).
+    stamp: u64,
+}
+
+/// The cache of one engine.
+#[derive(Debug)]
+pub struct KvCache {
+    capacity: u64,
+    private: u64,
+    cached: HashMap<u64, Cached>,
+    /// Evictable cached blocks by LRU stamp.
+    lru: BTreeMap<u64, u64>,
+    clock: u64,
+    /// Blocks evicted since the last [`KvCache::take_evicted`], in eviction order.
+    evicted: Vec<u64>,
+}
+
+impl KvCache {
+    /// An empty cache of `capacity` blocks.
+    pub fn new(capacity: u64) -> Self {
+        KvCache { capacity, private: 0, cached: HashMap::new(), lru: BTreeMap::new(), clock: 0, evicted: Vec::new() }
+    }
+
+    /// Capacity, blocks.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Blocks in use: cached (evictable or not) plus private.
+    pub fn used(&self) -> u64 {
+        self.cached.len() as u64 + self.private
+    }
+
+    /// Blocks held by running sequences (what vLLM reports as `kv_cache_usage_perc`): cached
+    /// blocks with references plus private blocks.
+    pub fn active(&self) -> u64 {
+        (self.cached.len() - self.lru.len()) as u64 + self.private
+    }
+
+    /// Blocks that could be had now: free plus evictable.
+    pub fn available(&self) -> u64 {
+        self.capacity - self.active()
+    }
+
+    /// Whether `hash` is cached.
+    pub fn contains(&self, hash: u64) -> bool {
+        self.cached.contains_key(&hash)
+    }
+
+    /// Takes a reference on a cached block (a prefix hit). Returns false if not cached.
+    pub fn acquire(&mut self, hash: u64) -> bool {
+        let Some(c) = self.cached.get_mut(&hash) else { return false };
+        if c.refs == 0 {
+            self.lru.remove(&c.stamp);
+        }
+        c.refs += 1;
+        true
+    }
+
+    /// Drops a reference; the block stays cached and becomes evictable at zero.
+    pub fn release(&mut self, hash: u64) {
+        let Some(c) = self.cached.get_mut(&hash) else { return };
+        c.refs = c.refs.saturating_sub(1);
+        if c.refs == 0 {
+            self.clock += 1;
+            c.stamp = self.clock;
+            self.lru.insert(self.clock, hash);
+        }
+    }
+
+    /// Makes room for `n` more blocks, evicting least recently used blocks as needed. Returns
+    /// false (evicting nothing) when even evicting every evictable block is not enough.
+    pub fn reserve(&mut self, n: u64) -> bool {
+        if self.available() < n {
+            return false;
+        }
+        while self.capacity - self.used() < n {
+            let Some((_, hash)) = self.lru.pop_first() else { return false };
+            self.cached.remove(&hash);
+            self.evicted.push(hash);
+        }
+        true
+    }
+
+    /// Takes `n` private blocks; call [`KvCache::reserve`] first.
+    pub fn alloc_private(&mut self, n: u64) {
+        debug_assert!(self.used() + n <= self.capacity);
+        self.private += n;
+    }
+
+    /// Frees `n` private blocks.
+    pub fn free_private(&mut self, n: u64) {
+        self.private = self.private.saturating_sub(n);
+    }
+
+    /// Turns one private block (a just-filled prompt block) into the cached block `hash`, with
+    /// one reference. Returns false when `hash` was already cached: the reference goes to the
+    /// existing block and the private block is freed (vLLM would keep a duplicate; one copy is
+    /// enough for the model).
+    pub fn promote(&mut self, hash: u64) -> bool {
+        self.private = self.private.saturating_sub(1);
+        if self.acquire(hash) {
+            return false;
+        }
+        self.cached.insert(hash, Cached { refs: 1, stamp: 0 });
+        true
+    }
+
+    /// The blocks evicted since the last call, in eviction order.
+    pub fn take_evicted(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.evicted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_least_recently_released_first() {
+        let mut kv = KvCache::new(4);
+        for h in [1, 2, 3] {
+            assert!(kv.reserve(1));
+            kv.alloc_private(1);
+            assert!(kv.promote(h));
+        }
+        // Release in the order 2, 1, 3: 2 is the least recently used.
+        for h in [2, 1, 3] {
+            kv.release(h);
+        }
+        assert_eq!((kv.used(), kv.active(), kv.available()), (3, 0, 4));
+        assert!(kv.acquire(1), "a hit takes 1 off the LRU");
+        assert!(kv.reserve(3));
+        assert_eq!(kv.take_evicted(), vec![2, 3]);
+        kv.alloc_private(3);
+        assert!(!kv.reserve(1), "1 is referenced and nothing else is evictable");
+        assert_eq!(kv.take_evicted(), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn promoting_an_already_cached_hash_shares_it() {
+        let mut kv = KvCache::new(2);
+        kv.reserve(2);
+        kv.alloc_private(2);
+        assert!(kv.promote(7));
+        assert!(!kv.promote(7));
+        assert_eq!((kv.used(), kv.active()), (1, 1));
+        kv.release(7);
+        assert_eq!(kv.active(), 1, "one reference left");
+        kv.release(7);
+        assert_eq!(kv.active(), 0);
+    }
+}

@@ -1,0 +1,339 @@
+//! One simulated vLLM-like engine replica.
+//!
+//! Continuous batching with chunked prefill, as vLLM v1 schedules
+//! (`vllm/v1/core/sched/scheduler.py`): each step first serves running sequences (one decode
+//! token each, or the next prefill chunk) and then admits waiting ones in arrival order while
+//! the step's token budget, the batch limit and the KV cache allow. Admission looks up the
+//! prompt's leading full blocks in the prefix cache; cached blocks are not recomputed. When a
+//! running sequence needs a block and none can be had, the most recently admitted sequence is
+//! preempted (its blocks freed, its progress lost) and requeued at the front. A step takes
+//! `β0 + β1·prefill tokens + β2·decode tokens` seconds. At the end of a step the engine
+//! reports first tokens, finished requests and the KV events of the step (evictions, then
+//! newly cached blocks), in vLLM's event shapes.
+
+mod kv;
+mod profile;
+
+pub use kv::KvCache;
+pub use profile::EngineProfile;
+
+use kvmesh_core::index::{KvEvent, Removed, Stored};
+use kvmesh_core::{BlockHasher, EngineBlockHash, Medium};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// A request as the engine receives it.
+#[derive(Debug, Clone)]
+pub struct EngineRequest {
+    /// The simulation's request id.
+    pub id: u64,
+    /// Prompt tokens.
+    pub tokens: Arc<[u32]>,
+    /// Tokens to generate (at least 1).
+    pub output_tokens: u32,
+}
+
+/// What one step produced.
+#[derive(Debug, Default)]
+pub struct StepOutcome {
+    /// Requests whose first token came out at the end of the step, with their cached prompt
+    /// tokens (prefix hits at admission).
+    pub first_tokens: Vec<(u64, u32)>,
+    /// Requests that finished in the step.
+    pub finished: Vec<u64>,
+    /// KV events of the step, in order.
+    pub events: Vec<KvEvent>,
+    /// Prefill tokens computed in the step.
+    pub prefill_tokens: u64,
+}
+
+#[derive(Debug)]
+struct Seq {
+    req: EngineRequest,
+    /// Engine hashes of the prompt's full blocks.
+    hashes: Vec<u64>,
+    /// Prompt tokens whose KV exists (cache hits included).
+    computed: u32,
+    cached_tokens: u32,
+    generated: u32,
+    /// Leading prompt blocks held as cached (shared) blocks.
+    shared: usize,
+    /// Private blocks held (partial prompt block, blocks computed but not yet promoted, output).
+    private: u64,
+    /// Tokens scheduled in the step in flight.
+    scheduled: u32,
+}
+
+impl Seq {
+    fn prompt(&self) -> u32 {
+        self.req.tokens.len() as u32
+    }
+    fn held(&self) -> u64 {
+        self.shared as u64 + self.private
+    }
+    fn prefilling(&self) -> bool {
+        self.computed < self.prompt()
+    }
+}
+
+/// One engine replica.
+#[derive(Debug)]
+pub struct Engine {
+    profile: EngineProfile,
+    block_size: u32,
+    hasher: BlockHasher,
+    kv: KvCache,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    stepping: bool,
+    /// Prompt tokens not yet computed, over waiting and running sequences, tokens.
+    pending_prefill: u64,
+}
+
+impl Engine {
+    /// An idle engine with an empty cache. `hasher` is the engine's own block hashing (its ids
+    /// are opaque to the router); its block size is the engine's.
+    pub fn new(profile: EngineProfile, hasher: BlockHasher) -> Self {
+        let block_size = hasher.block_size();
+        let kv = KvCache::new(profile.kv_blocks(block_size));
+        Engine {
+            profile,
+            block_size,
+            hasher,
+            kv,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stepping: false,
+            pending_prefill: 0,
+        }
+    }
+
+    /// The engine's profile.
+    pub fn profile(&self) -> &EngineProfile {
+        &self.profile
+    }
+
+    /// Queues a request.
+    pub fn enqueue(&mut self, req: EngineRequest) {
+        let hashes = self.hasher.hash_blocks(&req.tokens).into_iter().map(|h| h.0).collect();
+        self.pending_prefill += req.tokens.len() as u64;
+        self.waiting.push_back(Seq {
+            req,
+            hashes,
+            computed: 0,
+            cached_tokens: 0,
+            generated: 0,
+            shared: 0,
+            private: 0,
+            scheduled: 0,
+        });
+    }
+
+    /// Whether a step is in flight.
+    pub fn stepping(&self) -> bool {
+        self.stepping
+    }
+
+    /// Whether any request is queued or running.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// `(running, waiting, KV usage 0..1)`, as vLLM's metrics endpoint reports them.
+    pub fn metrics(&self) -> (u32, u32, f64) {
+        (
+            self.running.len() as u32,
+            self.waiting.len() as u32,
+            self.kv.active() as f64 / self.kv.capacity().max(1) as f64,
+        )
+    }
+
+    /// Prompt tokens still to compute here, tokens: the engine's true prefill queue.
+    pub fn pending_prefill(&self) -> u64 {
+        self.pending_prefill
+    }
+
+    /// The KV cache.
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Schedules the next step; returns its duration in seconds, or `None` when there is
+    /// nothing to run. Requests that can never fit (a prompt larger than the KV cache, which
+    /// vLLM rejects) are dropped and their ids appended to `rejected`.
+    pub fn start_step(&mut self, rejected: &mut Vec<u64>) -> Option<f64> {
+        debug_assert!(!self.stepping);
+        let bs = self.block_size as u64;
+        let mut budget = self.profile.chunk_tokens;
+        let (mut prefill, mut decode) = (0u64, 0u64);
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &self.running[i];
+            let want = if seq.prefilling() { (seq.prompt() - seq.computed).min(budget) } else { budget.min(1) };
+            if want == 0 {
+                self.running[i].scheduled = 0;
+                i += 1;
+                continue;
+            }
+            let tokens_after = seq.computed as u64 + seq.generated as u64 + want as u64;
+            let need = tokens_after.div_ceil(bs).saturating_sub(seq.held());
+            if !self.kv.reserve(need) {
+                // Preempt the most recently admitted sequence (possibly this one) and retry.
+                let victim = self.running.pop().expect("running is not empty");
+                self.requeue(victim);
+                preempted = true;
+                continue;
+            }
+            self.kv.alloc_private(need);
+            let seq = &mut self.running[i];
+            seq.private += need;
+            seq.scheduled = want;
+            budget -= want;
+            if seq.prefilling() {
+                prefill += want as u64;
+            } else {
+                decode += 1;
+            }
+            i += 1;
+        }
+        while !preempted && budget > 0 && (self.running.len() as u32) < self.profile.max_batch {
+            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let prompt_blocks = (seq.prompt() as u64).div_ceil(bs);
+            if prompt_blocks + 1 > self.kv.capacity() {
+                self.pending_prefill -= (seq.prompt() - seq.computed) as u64;
+                rejected.push(seq.req.id);
+                continue;
+            }
+            // Prefix hit: leading full blocks already cached, leaving at least one token.
+            let max_hit = ((seq.prompt() - 1) / self.block_size) as usize;
+            let hit = seq.hashes.iter().take(max_hit).take_while(|h| self.kv.contains(**h)).count();
+            for h in &seq.hashes[..hit] {
+                self.kv.acquire(*h);
+            }
+            seq.shared = hit;
+            seq.computed = hit as u32 * self.block_size;
+            seq.cached_tokens = seq.computed;
+            let want = (seq.prompt() - seq.computed).min(budget);
+            let need = (seq.computed as u64 + want as u64).div_ceil(bs) - hit as u64;
+            if !self.kv.reserve(need) {
+                for h in &seq.hashes[..hit] {
+                    self.kv.release(*h);
+                }
+                seq.shared = 0;
+                seq.computed = 0;
+                seq.cached_tokens = 0;
+                self.waiting.push_front(seq);
+                break;
+            }
+            self.kv.alloc_private(need);
+            self.pending_prefill -= seq.cached_tokens as u64;
+            seq.private = need;
+            seq.scheduled = want;
+            budget -= want;
+            prefill += want as u64;
+            self.running.push(seq);
+        }
+        if prefill + decode == 0 {
+            return None;
+        }
+        self.stepping = true;
+        let p = &self.profile;
+        Some(p.step_overhead_s + p.prefill_s_per_token * prefill as f64 + p.decode_s_per_token * decode as f64)
+    }
+
+    /// Completes the step in flight: advances every scheduled sequence and reports what came
+    /// out.
+    pub fn finish_step(&mut self) -> StepOutcome {
+        self.stepping = false;
+        let mut out = StepOutcome::default();
+        let evicted = self.kv.take_evicted();
+        if !evicted.is_empty() {
+            let block_hashes = evicted.into_iter().map(EngineBlockHash).collect();
+            out.events.push(KvEvent::Removed(Removed { block_hashes, medium: Medium::Gpu }));
+        }
+        let bs = self.block_size as usize;
+        let mut k = 0;
+        while k < self.running.len() {
+            let seq = &mut self.running[k];
+            let n = std::mem::take(&mut seq.scheduled);
+            let mut done = false;
+            if n > 0 && seq.prefilling() {
+                seq.computed += n;
+                out.prefill_tokens += n as u64;
+                self.pending_prefill -= n as u64;
+                // Newly full prompt blocks enter the prefix cache.
+                let full = (seq.computed as usize / bs).min(seq.hashes.len());
+                if full > seq.shared {
+                    let from = seq.shared;
+                    // Only blocks new to the cache are announced: a block another sequence
+                    // cached meanwhile is shared, not stored twice.
+                    let mut run_start = None;
+                    for b in from..=full {
+                        let stored = b < full && self.kv.promote(seq.hashes[b]);
+                        match (stored, run_start) {
+                            (true, None) => run_start = Some(b),
+                            (false, Some(start)) => {
+                                out.events.push(stored_event(seq, start, b, self.block_size));
+                                run_start = None;
+                            }
+                            _ => {}
+                        }
+                    }
+                    seq.private -= (full - from) as u64;
+                    seq.shared = full;
+                }
+                if !seq.prefilling() {
+                    seq.generated = 1;
+                    out.first_tokens.push((seq.req.id, seq.cached_tokens));
+                    done = seq.generated >= seq.req.output_tokens;
+                }
+            } else if n > 0 {
+                seq.generated += 1;
+                done = seq.generated >= seq.req.output_tokens;
+            }
+            if done {
+                let seq = self.running.remove(k);
+                out.finished.push(seq.req.id);
+                self.free(&seq);
+            } else {
+                k += 1;
+            }
+        }
+        out
+    }
+
+    fn free(&mut self, seq: &Seq) {
+        for h in &seq.hashes[..seq.shared] {
+            self.kv.release(*h);
+        }
+        self.kv.free_private(seq.private);
+    }
+
+    fn requeue(&mut self, mut seq: Seq) {
+        self.free(&seq);
+        self.pending_prefill += seq.computed as u64;
+        seq.computed = 0;
+        seq.cached_tokens = 0;
+        seq.generated = 0;
+        seq.shared = 0;
+        seq.private = 0;
+        seq.scheduled = 0;
+        self.waiting.push_front(seq);
+    }
+}
+
+/// vLLM's `BlockStored` for prompt blocks `from..to` of `seq`.
+fn stored_event(seq: &Seq, from: usize, to: usize, block_size: u32) -> KvEvent {
+    let bs = block_size as usize;
+    KvEvent::Stored(Stored {
+        block_hashes: seq.hashes[from..to].iter().map(|&h| EngineBlockHash(h)).collect(),
+        parent: from.checked_sub(1).map(|p| EngineBlockHash(seq.hashes[p])),
+        token_ids: seq.req.tokens[from * bs..to * bs].to_vec(),
+        block_size,
+        medium: Medium::Gpu,
+    })
+}
+
+#[cfg(test)]
+mod tests;

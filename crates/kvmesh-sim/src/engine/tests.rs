@@ -1,0 +1,137 @@
+//! Engine model tests: exact step times, chunking, prefix hits, events, eviction, preemption.
+
+use super::*;
+use kvmesh_core::Namespace;
+
+fn profile(kv_tokens: u64, chunk: u32) -> EngineProfile {
+    EngineProfile {
+        name: "t".into(),
+        prefill_s_per_token: 1e-5,
+        decode_s_per_token: 1e-4,
+        step_overhead_s: 1e-3,
+        chunk_tokens: chunk,
+        kv_tokens,
+        max_batch: 8,
+        cold_start_s: 0.0,
+    }
+}
+
+fn engine(kv_tokens: u64, chunk: u32) -> Engine {
+    let ns = Namespace { model: "engine".into(), ..Namespace::default() };
+    Engine::new(profile(kv_tokens, chunk), BlockHasher::new(4, &ns).unwrap())
+}
+
+fn req(id: u64, tokens: std::ops::Range<u32>, out: u32) -> EngineRequest {
+    EngineRequest { id, tokens: tokens.collect::<Vec<_>>().into(), output_tokens: out }
+}
+
+fn step(e: &mut Engine) -> (f64, StepOutcome) {
+    let mut rejected = Vec::new();
+    let d = e.start_step(&mut rejected).expect("work to do");
+    assert!(rejected.is_empty());
+    (d, e.finish_step())
+}
+
+fn close(a: f64, b: f64) {
+    assert!((a - b).abs() < 1e-12, "{a} != {b}");
+}
+
+#[test]
+fn one_request_follows_the_step_model() {
+    let mut e = engine(1000, 64);
+    e.enqueue(req(1, 0..10, 3));
+    let (d, out) = step(&mut e);
+    close(d, 1e-3 + 10.0 * 1e-5);
+    assert_eq!(out.first_tokens, vec![(1, 0)]);
+    // Two full blocks of 4 tokens are cached and announced; the partial third is not.
+    assert_eq!(out.events.len(), 1);
+    let KvEvent::Stored(s) = &out.events[0] else { panic!("{:?}", out.events) };
+    assert_eq!((s.block_hashes.len(), s.parent, s.token_ids.clone()), (2, None, (0..8).collect::<Vec<u32>>()));
+    for _ in 0..2 {
+        let (d, out) = step(&mut e);
+        close(d, 1e-3 + 1e-4);
+        assert!(out.first_tokens.is_empty());
+    }
+    assert!(!e.has_work());
+    assert_eq!(e.metrics(), (0, 0, 0.0));
+}
+
+#[test]
+fn long_prompts_prefill_in_chunks() {
+    let mut e = engine(1000, 16);
+    e.enqueue(req(1, 0..40, 1));
+    let steps: Vec<f64> = (0..3).map(|_| step(&mut e).0).collect();
+    close(steps[0], 1e-3 + 16.0 * 1e-5);
+    close(steps[2], 1e-3 + 8.0 * 1e-5);
+    assert_eq!(e.pending_prefill(), 0);
+    assert!(!e.has_work(), "output of 1 token finishes at the first token");
+}
+
+#[test]
+fn a_shared_prefix_is_not_recomputed_and_not_announced_again() {
+    let mut e = engine(1000, 64);
+    e.enqueue(req(1, 0..12, 1));
+    step(&mut e);
+    // Same first 8 tokens (2 blocks), then different ones.
+    let mut toks: Vec<u32> = (0..8).collect();
+    toks.extend(100..110);
+    e.enqueue(EngineRequest { id: 2, tokens: toks.into(), output_tokens: 1 });
+    let (d, out) = step(&mut e);
+    assert_eq!(out.first_tokens, vec![(2, 8)]);
+    close(d, 1e-3 + 10.0 * 1e-5);
+    let KvEvent::Stored(s) = &out.events[0] else { panic!() };
+    assert_eq!(s.block_hashes.len(), 2, "blocks 2 and 3 are new; 0 and 1 were cached");
+    assert_eq!(s.parent.is_some(), true);
+    assert_eq!(s.token_ids, (100..108).collect::<Vec<u32>>());
+}
+
+#[test]
+fn a_fully_cached_prompt_still_computes_its_last_token() {
+    let mut e = engine(1000, 64);
+    e.enqueue(req(1, 0..8, 1));
+    step(&mut e);
+    e.enqueue(req(2, 0..8, 1));
+    let (d, out) = step(&mut e);
+    assert_eq!(out.first_tokens, vec![(2, 4)], "only the first block may hit");
+    close(d, 1e-3 + 4.0 * 1e-5);
+}
+
+#[test]
+fn eviction_is_least_recently_used_and_announced() {
+    // 12 tokens of KV = 3 blocks of 4.
+    let mut e = engine(12, 64);
+    e.enqueue(req(1, 0..5, 1)); // caches block A (0..4), partial block freed at finish
+    step(&mut e);
+    e.enqueue(req(2, 10..15, 1)); // caches block B
+    step(&mut e);
+    e.enqueue(req(3, 20..28, 1)); // needs 2 blocks: 1 free + evict A (least recently used)
+    let (_, out) = step(&mut e);
+    let KvEvent::Removed(r) = &out.events[0] else { panic!("{:?}", out.events) };
+    assert_eq!(r.block_hashes.len(), 1);
+    let a = BlockHasher::new(4, &Namespace { model: "engine".into(), ..Namespace::default() })
+        .unwrap()
+        .hash_blocks(&[0, 1, 2, 3]);
+    assert_eq!(r.block_hashes[0].0, a[0].0);
+    assert!(matches!(out.events[1], KvEvent::Stored(_)), "evictions come before stores");
+}
+
+#[test]
+fn kv_shortage_preempts_the_newest_and_oversized_prompts_are_rejected() {
+    // 16 tokens = 4 blocks. Two requests of 8 tokens, each needing more blocks to decode.
+    let mut e = engine(16, 64);
+    e.enqueue(req(1, 0..7, 10));
+    e.enqueue(req(2, 50..57, 10));
+    let (_, out) = step(&mut e);
+    assert_eq!(out.first_tokens.len(), 2);
+    // Decoding: request 1 grows into a third block; no room → request 2 is preempted.
+    let (_, out) = step(&mut e);
+    assert!(out.first_tokens.is_empty());
+    assert_eq!(e.metrics().0, 1);
+    assert_eq!(e.metrics().1, 1);
+    let mut rejected = Vec::new();
+    let mut big = engine(16, 64);
+    big.enqueue(req(9, 0..100, 1));
+    assert_eq!(big.start_step(&mut rejected), None);
+    assert_eq!(rejected, vec![9]);
+    assert_eq!(big.pending_prefill(), 0);
+}

@@ -1,0 +1,154 @@
+//! The figures a run is judged by, and the floors no router can beat.
+
+use super::{Run, SimConfig};
+use crate::trace::Trace;
+use kvmesh_core::load::ReplicaProfile;
+use std::collections::HashSet;
+
+/// Summary of one run, as `kvmesh replay` prints it. Times in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct RunMetrics {
+    /// Requests in the trace.
+    pub requests: u64,
+    /// Requests completed.
+    pub completed: u64,
+    /// Requests no engine could serve.
+    pub rejected: u64,
+    /// TTFT percentiles.
+    pub ttft_p50: f64,
+    /// 90th percentile TTFT.
+    pub ttft_p90: f64,
+    /// 99th percentile TTFT.
+    pub ttft_p99: f64,
+    /// Time per output token after the first (median), seconds/token.
+    pub tpot_p50: f64,
+    /// 99th percentile TPOT.
+    pub tpot_p99: f64,
+    /// 99th percentile end-to-end latency.
+    pub e2e_p99: f64,
+    /// Completed requests per second, first arrival to last completion.
+    pub throughput_rps: f64,
+    /// Output tokens per second over the same span.
+    pub output_tps: f64,
+    /// Prompt tokens served from engines' prefix caches / all prompt tokens (completed).
+    pub hit_rate: f64,
+    /// Time-averaged largest engine prefill queue at arrivals, tokens.
+    pub load_max: f64,
+    /// Time-averaged mean engine prefill queue at arrivals, tokens.
+    pub load_mean: f64,
+    /// Requests whose TTFT exceeded the SLO (or that never got a first token).
+    pub slo_violations: u64,
+    /// Simulated events processed.
+    pub events: u64,
+    /// Wall-clock seconds.
+    pub wall_s: f64,
+}
+
+/// Nearest-rank percentile of sorted `v` (0 when empty).
+fn pct(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+impl RunMetrics {
+    /// The figures of `run` under `config`.
+    pub fn of(run: &Run, config: &SimConfig) -> Self {
+        let done: Vec<_> = run.outcomes.iter().filter(|o| o.finish_s.is_finite()).collect();
+        let ttft = sorted(done.iter().map(|o| o.first_token_s - o.arrival_s).collect());
+        let tpot = sorted(
+            done.iter()
+                .filter(|o| o.output_tokens > 1)
+                .map(|o| (o.finish_s - o.first_token_s) / (o.output_tokens - 1) as f64)
+                .collect(),
+        );
+        let e2e = sorted(done.iter().map(|o| o.finish_s - o.arrival_s).collect());
+        let start = run.outcomes.iter().map(|o| o.arrival_s).fold(f64::INFINITY, f64::min);
+        let end = done.iter().map(|o| o.finish_s).fold(f64::NEG_INFINITY, f64::max);
+        let span = (end - start).max(f64::MIN_POSITIVE);
+        let prompt: u64 = done.iter().map(|o| o.prompt_tokens as u64).sum();
+        let cached: u64 = done.iter().map(|o| o.cached_tokens as u64).sum();
+        let output: u64 = done.iter().map(|o| o.output_tokens as u64).sum();
+        let late = run
+            .outcomes
+            .iter()
+            .filter(|o| !(o.first_token_s.is_finite() && o.first_token_s - o.arrival_s <= config.slo_ttft_s))
+            .count();
+        RunMetrics {
+            requests: run.outcomes.len() as u64,
+            completed: done.len() as u64,
+            rejected: run.outcomes.iter().filter(|o| o.rejected).count() as u64,
+            ttft_p50: pct(&ttft, 0.5),
+            ttft_p90: pct(&ttft, 0.9),
+            ttft_p99: pct(&ttft, 0.99),
+            tpot_p50: pct(&tpot, 0.5),
+            tpot_p99: pct(&tpot, 0.99),
+            e2e_p99: pct(&e2e, 0.99),
+            throughput_rps: done.len() as f64 / span,
+            output_tps: output as f64 / span,
+            hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
+            load_max: run.load_max_mean.0,
+            load_mean: run.load_max_mean.1,
+            slo_violations: late as u64,
+            events: run.events,
+            wall_s: run.wall_s,
+        }
+    }
+
+    /// The mean of several runs' figures (e.g. over seeds).
+    pub fn mean(runs: &[RunMetrics]) -> RunMetrics {
+        let n = runs.len().max(1) as f64;
+        let avg = |f: fn(&RunMetrics) -> f64| runs.iter().map(f).sum::<f64>() / n;
+        let avg_u = |f: fn(&RunMetrics) -> u64| (runs.iter().map(f).sum::<u64>() as f64 / n).round() as u64;
+        RunMetrics {
+            requests: avg_u(|m| m.requests),
+            completed: avg_u(|m| m.completed),
+            rejected: avg_u(|m| m.rejected),
+            ttft_p50: avg(|m| m.ttft_p50),
+            ttft_p90: avg(|m| m.ttft_p90),
+            ttft_p99: avg(|m| m.ttft_p99),
+            tpot_p50: avg(|m| m.tpot_p50),
+            tpot_p99: avg(|m| m.tpot_p99),
+            e2e_p99: avg(|m| m.e2e_p99),
+            throughput_rps: avg(|m| m.throughput_rps),
+            output_tps: avg(|m| m.output_tps),
+            hit_rate: avg(|m| m.hit_rate),
+            load_max: avg(|m| m.load_max),
+            load_mean: avg(|m| m.load_mean),
+            slo_violations: avg_u(|m| m.slo_violations),
+            events: avg_u(|m| m.events),
+            wall_s: avg(|m| m.wall_s),
+        }
+    }
+}
+
+/// The p99 TTFT no router can beat: every request gets its own prefill with no queueing.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Floors {
+    /// Nothing cached, seconds.
+    pub p99_uncached: f64,
+    /// Every reusable prefix (leading blocks seen in an earlier request) cached, seconds.
+    pub p99_all_cached: f64,
+}
+
+/// The floors of `trace` on `profile` with blocks of `block_size` tokens.
+pub fn floors(trace: &Trace, profile: &ReplicaProfile, block_size: u32) -> Floors {
+    let mut seen: HashSet<u64> = HashSet::new();
+    let (mut cold, mut warm) = (Vec::new(), Vec::new());
+    for r in &trace.requests {
+        let input = r.input_tokens.max(1) as u64;
+        cold.push(profile.ttft(input, 0));
+        let reused_blocks = r.block_ids.iter().take_while(|id| seen.contains(id)).count() as u64;
+        let reused = trace.block_tokens.map_or(0, |bt| reused_blocks * bt as u64);
+        let cached = (reused / block_size as u64 * block_size as u64).min(input - 1);
+        warm.push(profile.ttft(input - cached, 0));
+        seen.extend(r.block_ids.iter().copied());
+    }
+    Floors { p99_uncached: pct(&sorted(cold), 0.99), p99_all_cached: pct(&sorted(warm), 0.99) }
+}

@@ -1,0 +1,289 @@
+//! The discrete-event fleet simulation: a trace's requests arrive at a router running
+//! kvmesh-core's real [`Fleet`] and [`Policy`], which routes each to one of N simulated
+//! engines ([`crate::engine::Engine`]).
+//!
+//! The router sees only what a real router sees: KV events `event_delay_s` after the engine
+//! emitted them, engine metrics polled every `metrics_interval_s`, and its own bookings (first
+//! token and completion as the proxied stream shows them). It never reads an engine's true
+//! state. Time is simulated; randomness comes from the run's seed, so a run replays exactly.
+
+mod metrics;
+mod queue;
+
+pub use metrics::{floors, Floors, RunMetrics};
+
+use crate::engine::{Engine, EngineProfile, EngineRequest};
+use crate::tokens::prompt_tokens;
+use crate::trace::Trace;
+use kvmesh_core::index::KvEvent;
+use kvmesh_core::load::{BookingId, EngineMetrics};
+use kvmesh_core::{BlockHasher, Fleet, FleetConfig, Namespace, Policy, ReplicaId, ReplicaSpec, RouteRequest};
+use queue::{Ev, Queue};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// One simulation's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// Engine replicas.
+    pub replicas: u32,
+    /// Every replica's profile.
+    pub profile: EngineProfile,
+    /// Tokens per KV block, engines and router alike. Default 16.
+    pub block_size: u32,
+    /// Delay from an engine emitting a KV event to the router applying it, seconds.
+    pub event_delay_s: f64,
+    /// How often the router polls engine metrics, seconds. Default 1.
+    pub metrics_interval_s: f64,
+    /// TTFT above which a request counts as queued past the SLO, seconds. Default 5.
+    pub slo_ttft_s: f64,
+    /// Whether clients send `max_tokens` equal to the true output length (default false: the
+    /// router estimates output length).
+    pub send_max_tokens: bool,
+    /// Router settings (its block size is forced to `block_size`).
+    pub fleet: FleetConfig,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            replicas: 16,
+            profile: EngineProfile::h100(),
+            block_size: 16,
+            event_delay_s: 0.0,
+            metrics_interval_s: 1.0,
+            slo_ttft_s: 5.0,
+            send_max_tokens: false,
+            fleet: FleetConfig::default(),
+        }
+    }
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    /// Arrival at the router, seconds.
+    pub arrival_s: f64,
+    /// The replica it was routed to.
+    pub replica: u32,
+    /// First token, seconds (NaN if never).
+    pub first_token_s: f64,
+    /// Completion, seconds (NaN if never).
+    pub finish_s: f64,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from the engine's prefix cache.
+    pub cached_tokens: u32,
+    /// Output tokens.
+    pub output_tokens: u32,
+    /// The router's estimated TTFT at the decision, seconds.
+    pub estimated_ttft_s: f64,
+    /// The engine could never serve it (prompt larger than its KV cache).
+    pub rejected: bool,
+}
+
+/// A finished simulation.
+#[derive(Debug)]
+pub struct Run {
+    /// Per request, in trace order.
+    pub outcomes: Vec<Outcome>,
+    /// Time-averaged max and mean of engines' true prefill queues at arrivals, tokens.
+    pub load_max_mean: (f64, f64),
+    /// Events processed.
+    pub events: u64,
+    /// Wall-clock seconds the simulation took.
+    pub wall_s: f64,
+    /// The router's fleet at the end (bookings should be empty).
+    pub fleet: Fleet,
+}
+
+/// Simulates `trace` through `policy` with `seed`. `progress(n)` is called as requests arrive.
+///
+/// # Errors
+/// A message for an invalid configuration or a routing error.
+pub fn simulate(
+    config: &SimConfig,
+    trace: &Trace,
+    policy: &mut dyn Policy,
+    seed: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Run, String> {
+    let started = Instant::now();
+    config.profile.validate()?;
+    if config.replicas == 0 {
+        return Err("replicas must be at least 1".into());
+    }
+    let fleet_config = FleetConfig { block_size: config.block_size, ..config.fleet.clone() };
+    let mut fleet = Fleet::new(fleet_config).map_err(|e| e.to_string())?;
+    let engine_ns = Namespace { model: "kvmesh-engine-sim".into(), ..Namespace::default() };
+    let engine_hasher = BlockHasher::new(config.block_size, &engine_ns).map_err(|e| e.to_string())?;
+    let mut engines = Vec::new();
+    let mut ids = Vec::new();
+    for r in 0..config.replicas {
+        let spec = ReplicaSpec {
+            name: format!("sim-{r}"),
+            capacity_blocks: config.profile.kv_blocks(config.block_size),
+            profile: config.profile.step(),
+            publishes_events: true,
+        };
+        ids.push(fleet.add_replica(spec).map_err(|e| e.to_string())?);
+        engines.push(Engine::new(config.profile.clone(), engine_hasher));
+    }
+    let mut sim = Sim {
+        config,
+        trace,
+        fleet,
+        engines,
+        ids,
+        rng: SmallRng::seed_from_u64(seed),
+        queue: Queue::default(),
+        in_flight: VecDeque::new(),
+        bookings: vec![None; trace.requests.len()],
+        outcomes: Vec::with_capacity(trace.requests.len()),
+        arrived: 0,
+        load_sum: (0.0, 0.0),
+        rejected: Vec::new(),
+    };
+    for (i, r) in trace.requests.iter().enumerate() {
+        sim.queue.push(r.arrival_s, Ev::Arrival(i as u32));
+    }
+    sim.queue.push(0.0, Ev::Tick);
+    while let Some((t, ev)) = sim.queue.pop() {
+        match ev {
+            Ev::Arrival(i) => {
+                sim.arrive(policy, i as usize, t)?;
+                if sim.arrived % 256 == 0 {
+                    progress(sim.arrived);
+                }
+            }
+            Ev::StepDone(r) => sim.step_done(r as usize, t),
+            Ev::Deliver => {
+                if let Some((r, ev)) = sim.in_flight.pop_front() {
+                    sim.fleet.apply_event(sim.ids[r], &ev, t).map_err(|e| e.to_string())?;
+                }
+            }
+            Ev::Tick => sim.tick(t),
+        }
+    }
+    progress(sim.arrived);
+    let n = sim.arrived.max(1) as f64;
+    Ok(Run {
+        load_max_mean: (sim.load_sum.0 / n, sim.load_sum.1 / n),
+        events: sim.queue.processed(),
+        wall_s: started.elapsed().as_secs_f64(),
+        outcomes: sim.outcomes,
+        fleet: sim.fleet,
+    })
+}
+
+struct Sim<'a> {
+    config: &'a SimConfig,
+    trace: &'a Trace,
+    fleet: Fleet,
+    engines: Vec<Engine>,
+    ids: Vec<ReplicaId>,
+    rng: SmallRng,
+    queue: Queue,
+    /// KV events emitted and not yet delivered, oldest first (the delay is constant).
+    in_flight: VecDeque<(usize, KvEvent)>,
+    bookings: Vec<Option<BookingId>>,
+    outcomes: Vec<Outcome>,
+    arrived: u64,
+    load_sum: (f64, f64),
+    rejected: Vec<u64>,
+}
+
+impl Sim<'_> {
+    fn arrive(&mut self, policy: &mut dyn Policy, i: usize, t: f64) -> Result<(), String> {
+        let req = &self.trace.requests[i];
+        let tokens = prompt_tokens(req, i as u64, self.trace.block_tokens);
+        let max_tokens = self.config.send_max_tokens.then_some(req.output_tokens.max(1));
+        let route = RouteRequest::new(self.fleet.hasher(), &tokens, max_tokens);
+        let routed = self.fleet.route(policy, &route, &mut self.rng, t).map_err(|e| e.to_string())?;
+        let r = routed.decision.replica.index();
+        self.bookings[i] = Some(routed.booking);
+        debug_assert_eq!(self.outcomes.len(), i);
+        self.outcomes.push(Outcome {
+            arrival_s: t,
+            replica: r as u32,
+            first_token_s: f64::NAN,
+            finish_s: f64::NAN,
+            prompt_tokens: tokens.len() as u32,
+            cached_tokens: 0,
+            output_tokens: req.output_tokens.max(1),
+            estimated_ttft_s: routed.decision.estimated_ttft_s,
+            rejected: false,
+        });
+        self.arrived += 1;
+        let loads = self.engines.iter().map(|e| e.pending_prefill() as f64);
+        let (max, sum) = loads.fold((0.0f64, 0.0), |(m, s), l| (m.max(l), s + l));
+        self.load_sum.0 += max;
+        self.load_sum.1 += sum / self.engines.len() as f64;
+        let er = EngineRequest { id: i as u64, tokens: tokens.into(), output_tokens: req.output_tokens.max(1) };
+        self.engines[r].enqueue(er);
+        self.kick(r, t);
+        Ok(())
+    }
+
+    /// Starts a step on replica `r` if it is idle and has work.
+    fn kick(&mut self, r: usize, t: f64) {
+        if self.engines[r].stepping() || !self.engines[r].has_work() {
+            return;
+        }
+        if let Some(d) = self.engines[r].start_step(&mut self.rejected) {
+            self.queue.push(t + d, Ev::StepDone(r as u32));
+        }
+        for id in std::mem::take(&mut self.rejected) {
+            let o = &mut self.outcomes[id as usize];
+            o.rejected = true;
+            if let Some(b) = self.bookings[id as usize].take() {
+                let _ = self.fleet.release(b, None);
+            }
+        }
+    }
+
+    fn step_done(&mut self, r: usize, t: f64) {
+        let out = self.engines[r].finish_step();
+        for ev in out.events {
+            if self.config.event_delay_s <= 0.0 {
+                let _ = self.fleet.apply_event(self.ids[r], &ev, t);
+            } else {
+                self.in_flight.push_back((r, ev));
+                self.queue.push(t + self.config.event_delay_s, Ev::Deliver);
+            }
+        }
+        for (id, cached) in out.first_tokens {
+            let o = &mut self.outcomes[id as usize];
+            o.first_token_s = t;
+            o.cached_tokens = cached;
+            if let Some(b) = self.bookings[id as usize] {
+                let _ = self.fleet.first_token(b, t);
+            }
+        }
+        for id in out.finished {
+            let o = &mut self.outcomes[id as usize];
+            o.finish_s = t;
+            if let Some(b) = self.bookings[id as usize].take() {
+                let _ = self.fleet.release(b, Some(o.output_tokens));
+            }
+        }
+        self.kick(r, t);
+    }
+
+    fn tick(&mut self, t: f64) {
+        for (r, e) in self.engines.iter().enumerate() {
+            let (running, waiting, kv_usage) = e.metrics();
+            let _ = self.fleet.report_metrics(self.ids[r], EngineMetrics { running, waiting, kv_usage, at: t });
+        }
+        self.fleet.expire(t);
+        let more = (self.arrived as usize) < self.trace.requests.len() || self.engines.iter().any(Engine::has_work);
+        if more {
+            self.queue.push(t + self.config.metrics_interval_s, Ev::Tick);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,141 @@
+//! Small simulations with exact expected outcomes.
+
+use super::*;
+use crate::trace::{TraceFormat, TraceRequest};
+use kvmesh_core::policy::{Decision, PolicyKind};
+use kvmesh_core::FleetView;
+use rand::RngCore;
+
+fn profile() -> EngineProfile {
+    EngineProfile {
+        name: "tiny".into(),
+        // Slow enough that a 4-token difference is far outside token_load's 1 ms near-equal band.
+        prefill_s_per_token: 1e-3,
+        decode_s_per_token: 1e-4,
+        step_overhead_s: 1e-3,
+        chunk_tokens: 64,
+        kv_tokens: 4096,
+        max_batch: 16,
+        cold_start_s: 0.0,
+    }
+}
+
+fn config(delay: f64) -> SimConfig {
+    SimConfig { replicas: 2, profile: profile(), block_size: 4, event_delay_s: delay, ..SimConfig::default() }
+}
+
+fn trace(reqs: &[(f64, &[u64])]) -> Trace {
+    let requests = reqs
+        .iter()
+        .map(|&(at, ids)| TraceRequest {
+            arrival_s: at,
+            input_tokens: 4 * ids.len() as u32,
+            output_tokens: 1,
+            block_ids: ids.to_vec(),
+        })
+        .collect();
+    Trace { format: TraceFormat::Mooncake, block_tokens: Some(4), requests, skipped: vec![] }
+}
+
+fn run(cfg: &SimConfig, t: &Trace) -> Run {
+    let mut p = PolicyKind::TokenLoad.build();
+    simulate(cfg, t, p.as_mut(), 7, &mut |_| {}).unwrap()
+}
+
+fn close(a: f64, b: f64) {
+    assert!((a - b).abs() < 1e-12, "{a} != {b}");
+}
+
+#[test]
+fn known_prefix_gives_known_ttfts() {
+    let t = trace(&[(0.0, &[1, 2, 3]), (1.0, &[1, 2, 9]), (1.0, &[5, 6, 7])]);
+    let r = run(&config(0.0), &t);
+    let [a, b, c] = [r.outcomes[0], r.outcomes[1], r.outcomes[2]];
+    // A: 12 uncached tokens, one step.
+    close(a.first_token_s - a.arrival_s, 1e-3 + 12.0 * 1e-3);
+    // B shares A's first two blocks: it goes where they are cached and computes 4 tokens.
+    assert_eq!((b.replica, b.cached_tokens), (a.replica, 8));
+    close(b.first_token_s - b.arrival_s, 1e-3 + 4.0 * 1e-3);
+    close(b.estimated_ttft_s, 1e-3 + 4.0 * 1e-3);
+    // C shares nothing and arrives with B queued on A's replica: the other replica.
+    assert_ne!(c.replica, a.replica);
+    close(c.first_token_s - c.arrival_s, 1e-3 + 12.0 * 1e-3);
+    assert!(r.fleet.bookings().is_empty(), "every booking released");
+    let m = RunMetrics::of(&r, &config(0.0));
+    assert_eq!((m.completed, m.rejected, m.slo_violations), (3, 0, 0));
+    close(m.hit_rate, 8.0 / 36.0);
+}
+
+#[test]
+fn event_delay_makes_the_router_stale_by_exactly_the_delay() {
+    // Two warm-up requests make both replicas' event streams live (before a replica's first
+    // event the router runs it on its own routing record, case C09). Then A's blocks are
+    // stored at 1.013 s and reach the router 0.5 s later, at 1.513 s.
+    let warm: [(f64, &[u64]); 2] = [(0.0, &[20]), (0.0, &[21])];
+    let at = |b: f64| trace(&[warm[0], warm[1], (1.0, &[1, 2, 3]), (b, &[1, 2, 9])]);
+    assert_ne!(run(&config(0.5), &at(2.0)).outcomes[0].replica, run(&config(0.5), &at(2.0)).outcomes[1].replica);
+    let before = run(&config(0.5), &at(1.512_999));
+    close(before.outcomes[3].estimated_ttft_s, 1e-3 + 12.0 * 1e-3);
+    let after = run(&config(0.5), &at(1.513_001));
+    close(after.outcomes[3].estimated_ttft_s, 1e-3 + 4.0 * 1e-3);
+    assert_eq!(after.outcomes[3].replica, after.outcomes[2].replica);
+}
+
+/// Wraps a core policy and counts its calls: the simulator must decide through kvmesh-core's
+/// `Policy::pick` on a `FleetView`, as the node does.
+#[derive(Debug)]
+struct Counting {
+    inner: Box<dyn Policy>,
+    calls: u32,
+    picks: Vec<u32>,
+}
+
+impl Policy for Counting {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn uses_record(&self) -> bool {
+        self.inner.uses_record()
+    }
+    fn pick(
+        &mut self,
+        req: &RouteRequest,
+        view: &FleetView<'_>,
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, kvmesh_core::Error> {
+        self.calls += 1;
+        let d = self.inner.pick(req, view, rng)?;
+        self.picks.push(d.replica.0);
+        Ok(d)
+    }
+}
+
+#[test]
+fn every_policy_decides_through_the_core() {
+    let t = trace(&[(0.0, &[1, 2]), (0.1, &[1, 3]), (0.2, &[4]), (0.3, &[1, 2, 5]), (0.4, &[6, 7])]);
+    for kind in PolicyKind::ALL {
+        let mut p = Counting { inner: kind.build(), calls: 0, picks: vec![] };
+        let r = simulate(&config(0.0), &t, &mut p, 3, &mut |_| {}).unwrap();
+        assert_eq!(p.calls, 5, "{kind}");
+        assert_eq!(p.picks, r.outcomes.iter().map(|o| o.replica).collect::<Vec<_>>(), "{kind}");
+        assert!(r.fleet.bookings().is_empty(), "{kind}");
+    }
+}
+
+#[test]
+fn same_seed_same_run() {
+    let t = trace(&[(0.0, &[1, 2]), (0.0, &[3]), (0.0, &[4]), (0.0, &[5])]);
+    let mut p = PolicyKind::Random.build();
+    let a = simulate(&config(0.0), &t, p.as_mut(), 11, &mut |_| {}).unwrap();
+    let b = simulate(&config(0.0), &t, p.as_mut(), 11, &mut |_| {}).unwrap();
+    assert_eq!(a.outcomes, b.outcomes);
+}
+
+#[test]
+fn floors_are_the_no_queue_prefill_times() {
+    let t = trace(&[(0.0, &[1, 2, 3]), (1.0, &[1, 2, 9])]);
+    let f = floors(&t, &profile().step(), 4);
+    close(f.p99_uncached, 1e-3 + 12.0 * 1e-3);
+    // With every reusable prefix cached, request 2 computes 4 tokens; p99 of {12, 4} is 12.
+    close(f.p99_all_cached, 1e-3 + 12.0 * 1e-3);
+}
