@@ -37,6 +37,7 @@ fn index_overlap_equals_trace_reuse() {
                 token_ids: tokens[held * BS as usize..].to_vec(),
                 block_size: BS,
                 medium: Medium::Gpu,
+                lora_name: None,
             });
             assert_eq!(ix.apply(r, &ev).rejection, None);
         }

@@ -69,6 +69,7 @@ fn stored(ids: &mut u64, tokens: &[u32]) -> KvEvent {
         token_ids: tokens.to_vec(),
         block_size: BS,
         medium: Medium::Gpu,
+        lora_name: None,
     })
 }
 

@@ -5,7 +5,9 @@
 //! `t[0..n]` with block size `B`:
 //!
 //! ```text
-//! seed      = xxh3_64(utf8(model) ‖ 0x00 ‖ utf8(adapter) ‖ 0x00 ‖ utf8(salt))
+//! base      = xxh3_64(utf8(model) ‖ 0x00 ‖ utf8(salt))
+//! seed      = base                                      when adapter is empty
+//!           = xxh3_64_with_seed(utf8(adapter), base)    otherwise
 //! h[-1]     = seed
 //! h[i]      = xxh3_64_with_seed(le_bytes(t[i·B]) ‖ … ‖ le_bytes(t[i·B + B − 1]), seed = h[i−1])
 //! ```
@@ -37,13 +39,11 @@ pub struct Namespace {
 impl Namespace {
     /// The seed of this namespace's hash chain (see the module docs).
     pub fn seed(&self) -> u64 {
-        let mut bytes = Vec::with_capacity(self.model.len() + self.adapter.len() + self.salt.len() + 2);
+        let mut bytes = Vec::with_capacity(self.model.len() + self.salt.len() + 1);
         bytes.extend_from_slice(self.model.as_bytes());
         bytes.push(0);
-        bytes.extend_from_slice(self.adapter.as_bytes());
-        bytes.push(0);
         bytes.extend_from_slice(self.salt.as_bytes());
-        xxh3_64(&bytes)
+        adapter_seed(xxh3_64(&bytes), &self.adapter)
     }
 }
 
@@ -64,6 +64,13 @@ impl BlockHasher {
             return Err(Error::ZeroBlockSize);
         }
         Ok(BlockHasher { block_size, seed: namespace.seed() })
+    }
+
+    /// The hasher for LoRA adapter `adapter` in this hasher's namespace (itself when
+    /// `adapter` is empty): equal to `BlockHasher::new` of the namespace with that adapter, when
+    /// this hasher's namespace has none.
+    pub fn for_adapter(&self, adapter: &str) -> BlockHasher {
+        BlockHasher { block_size: self.block_size, seed: adapter_seed(self.seed, adapter) }
     }
 
     /// The block size, in tokens.
@@ -119,6 +126,15 @@ impl BlockHasher {
     }
 }
 
+/// Mixes a LoRA adapter name into a chain seed.
+fn adapter_seed(base: u64, adapter: &str) -> u64 {
+    if adapter.is_empty() {
+        base
+    } else {
+        xxh3_64_with_seed(adapter.as_bytes(), base)
+    }
+}
+
 /// The tokens as little-endian bytes: a free reinterpretation on little-endian hosts (all
 /// that kvmesh targets), a copy elsewhere.
 #[inline]
@@ -155,7 +171,7 @@ mod tests {
     fn chain_is_the_documented_definition() {
         let n = ns("llama");
         let h = BlockHasher::new(2, &n).unwrap();
-        let seed = xxh3_64(b"llama\0\0");
+        let seed = xxh3_64(b"llama\0");
         assert_eq!(h.seed(), seed);
         let b0 = xxh3_64_with_seed(&[1, 0, 0, 0, 2, 0, 0, 0], seed);
         let b1 = xxh3_64_with_seed(&[3, 0, 0, 0, 4, 0, 0, 0], b0);
@@ -185,6 +201,15 @@ mod tests {
             let hs = BlockHasher::new(16, &other).unwrap().hash_blocks(&toks);
             assert!(hs.iter().all(|h| !base.contains(h)), "{other:?} shares a block");
         }
+    }
+
+    #[test]
+    fn adapter_hashers_agree_with_adapter_namespaces() {
+        let base = BlockHasher::new(4, &ns("m")).unwrap();
+        let with = Namespace { model: "m".into(), adapter: "lora-a".into(), salt: String::new() };
+        assert_eq!(base.for_adapter("lora-a"), BlockHasher::new(4, &with).unwrap());
+        assert_eq!(base.for_adapter(""), base);
+        assert_ne!(base.for_adapter("lora-a").seed(), base.for_adapter("lora-b").seed());
     }
 
     #[test]

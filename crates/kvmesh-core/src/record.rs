@@ -85,6 +85,19 @@ impl RoutingRecord {
             let Some((t, h, r)) = self.order.pop_front() else { break };
             self.drop_if(h, r, |at| at <= t);
         }
+        // Refreshes leave stale items in `order`; drop them once they outnumber live entries,
+        // so memory stays proportional to the entries (amortised O(1) per record).
+        if self.order.len() > 2 * self.entries.max(1024) {
+            let blocks = &self.blocks;
+            self.order.retain(|(t, h, r)| {
+                blocks.get(h).and_then(|l| l.iter().find(|s| s.replica == *r)).is_some_and(|s| s.at == *t)
+            });
+        }
+    }
+
+    /// Items in the expiry queue (live entries plus not yet compacted refreshes).
+    pub fn queued(&self) -> usize {
+        self.order.len()
     }
 
     /// Drops entries whose decision time is more than `ttl` before `now` (seconds). Amortised
@@ -150,5 +163,66 @@ impl RoutingRecord {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hs(v: &[u64]) -> Vec<BlockHash> {
+        v.iter().map(|&h| BlockHash(h)).collect()
+    }
+
+    fn overlap(rec: &RoutingRecord, blocks: &[u64], now: f64) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        rec.overlaps(&hs(blocks), now, &mut out);
+        out.into_iter().map(|(r, o)| (r.0, o.gpu)).collect()
+    }
+
+    #[test]
+    fn entries_live_ttl_from_their_decision_time_and_refresh() {
+        let mut rec = RoutingRecord::new(10.0, 100);
+        rec.record(ReplicaId(1), &hs(&[1, 2, 3]), 0.0);
+        rec.record(ReplicaId(2), &hs(&[1, 2]), 5.0);
+        assert_eq!(overlap(&rec, &[1, 2, 3], 9.0), vec![(1, 3), (2, 2)]);
+        rec.record(ReplicaId(1), &hs(&[1]), 8.0);
+        // At 10.0, replica 1's blocks 2 and 3 (recorded at 0.0) are gone; block 1 was refreshed.
+        assert_eq!(overlap(&rec, &[1, 2, 3], 10.0), vec![(1, 1), (2, 2)]);
+        rec.expire(10.0);
+        assert_eq!((rec.entries(), rec.replica_blocks(ReplicaId(1))), (3, 1));
+        rec.expire(18.0);
+        assert_eq!(rec.entries(), 0);
+    }
+
+    #[test]
+    fn max_entries_drops_the_oldest() {
+        let mut rec = RoutingRecord::new(100.0, 4);
+        rec.record(ReplicaId(0), &hs(&[1, 2, 3]), 0.0);
+        rec.record(ReplicaId(1), &hs(&[7, 8]), 1.0);
+        assert_eq!(rec.entries(), 4);
+        assert_eq!(overlap(&rec, &[1, 2, 3], 2.0), vec![], "block 1 was the oldest entry");
+        assert_eq!(overlap(&rec, &[2, 3], 2.0), vec![(0, 2)]);
+    }
+
+    #[test]
+    fn refreshes_do_not_grow_memory_without_bound() {
+        let mut rec = RoutingRecord::new(1e9, 1 << 20);
+        for i in 0..10_000 {
+            rec.record(ReplicaId(0), &hs(&[1, 2, 3, 4]), i as f64);
+        }
+        assert_eq!(rec.entries(), 4);
+        assert!(rec.queued() <= 2 * 1024 + 4, "{}", rec.queued());
+        assert_eq!(overlap(&rec, &[1, 2, 3, 4], 1e4), vec![(0, 4)]);
+    }
+
+    #[test]
+    fn forgetting_a_replica_keeps_the_others() {
+        let mut rec = RoutingRecord::new(100.0, 100);
+        rec.record(ReplicaId(0), &hs(&[1, 2]), 0.0);
+        rec.record(ReplicaId(1), &hs(&[1, 2]), 0.0);
+        rec.forget_replica(ReplicaId(0));
+        assert_eq!((rec.entries(), rec.replica_blocks(ReplicaId(0))), (2, 0));
+        assert_eq!(overlap(&rec, &[1, 2], 1.0), vec![(1, 2)]);
     }
 }

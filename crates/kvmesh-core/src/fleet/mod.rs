@@ -207,6 +207,9 @@ impl Fleet {
             });
         }
         spec.profile.validate()?;
+        if self.next_id == u32::MAX {
+            return Err(Error::InvalidConfig { field: "replicas", reason: "replica id space exhausted".into() });
+        }
         let id = ReplicaId(self.next_id);
         self.next_id += 1;
         let name_key = xxh3_64(spec.name.as_bytes());
@@ -216,6 +219,8 @@ impl Fleet {
             name_key,
             status: ReplicaStatus::Ready,
             last_event_at: None,
+            last_first_token_at: None,
+            events_usable: true,
             metrics: None,
             prefill: Default::default(),
         });
@@ -250,20 +255,24 @@ impl Fleet {
         Ok(())
     }
 
-    /// Applies one KV event from `id` received at `now` (seconds). The first event of a
-    /// replica ends its approximate mode: its real events supersede the routing record.
+    /// Applies one KV event from `id` received at `now` (seconds). The first accepted event
+    /// of a replica ends its approximate mode: from then on its overlaps come from the index
+    /// (its routing-record entries simply expire). A stream that turns unusable (block-size
+    /// mismatch, out of sync) sends it back to approximate mode until a clean event arrives.
     ///
     /// # Errors
     /// [`Error::UnknownReplica`]; a bad event is not an error but a counted rejection in the
     /// outcome.
     pub fn apply_event(&mut self, id: ReplicaId, event: &KvEvent, now: f64) -> Result<ApplyOutcome, Error> {
         let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
+        let outcome = self.index.apply(id, event);
         let r = &mut self.replicas[p];
-        if r.last_event_at.is_none() && r.spec.publishes_events {
-            self.record.forget_replica(id);
+        let applied = outcome.stored + outcome.removed > 0 || matches!(event, KvEvent::Cleared);
+        if outcome.rejection.is_none() || applied {
+            r.last_event_at = Some(r.last_event_at.map_or(now, |t| t.max(now)));
         }
-        r.last_event_at = Some(r.last_event_at.map_or(now, |t| t.max(now)));
-        Ok(self.index.apply(id, event))
+        r.events_usable = self.index.health(id).is_some_and(|h| h.block_size_mismatch.is_none() && !h.out_of_sync);
+        Ok(outcome)
     }
 
     /// Records the engine's own load report.
@@ -303,7 +312,12 @@ impl Fleet {
         if view.routable().next().is_none() {
             return Err(Error::NoReplicaReady);
         }
-        policy.pick(req, &view, rng)
+        let decision = policy.pick(req, &view, rng)?;
+        // A policy is user-extensible code: never book on a replica that cannot take traffic.
+        match self.pos(decision.replica) {
+            Some(p) if self.replicas[p].routable() => Ok(decision),
+            _ => Err(Error::UnknownReplica(decision.replica)),
+        }
     }
 
     /// Routes `req` at `now`: decides, books the chosen replica, and records the prefix in the
@@ -321,7 +335,7 @@ impl Fleet {
         let decision = self.decide(policy, req, rng, now)?;
         let spec = BookingSpec {
             uncached_prefill_tokens: decision.uncached_tokens,
-            prompt_blocks: req.prompt_tokens.div_ceil(self.config.block_size),
+            uncached_blocks: decision.uncached_blocks,
             expected_output_tokens: self.bookings.outputs().expect(req.max_tokens),
         };
         let booking = self.bookings.book(decision.replica, spec, now);
@@ -351,6 +365,7 @@ impl Fleet {
         let Some(b) = self.bookings.first_token(booking, now)? else { return Ok(()) };
         if let Some(p) = self.pos(b.replica) {
             let r = &mut self.replicas[p];
+            r.last_first_token_at = Some(r.last_first_token_at.map_or(now, |t| t.max(now)));
             let tokens = b.queued_ahead_tokens + b.spec.uncached_prefill_tokens as u64;
             r.prefill.observe(&r.spec.profile, tokens, now - b.booked_at, b.decoding_at_booking);
         }

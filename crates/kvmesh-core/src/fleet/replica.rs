@@ -42,8 +42,9 @@ pub enum ReplicaStatus {
 pub enum OverlapSource {
     /// Its own KV events, through the prefix index.
     Events,
-    /// The router's own routing record: the replica publishes no events, or none arrived yet
-    /// (case C09: a silent publisher is routed on the record, not on a silent zero).
+    /// The router's own routing record: the replica publishes no events, none arrived yet
+    /// (case C09: a silent publisher is routed on the record, not on a silent zero), or its
+    /// stream is unusable (block-size mismatch, out of sync).
     Approximate,
 }
 
@@ -58,8 +59,14 @@ pub struct ReplicaState {
     pub name_key: u64,
     /// Takes new requests or not.
     pub status: ReplicaStatus,
-    /// When its last KV event was applied, seconds; `None` before the first.
+    /// When its last accepted KV event was applied, seconds; `None` before the first.
     pub last_event_at: Option<f64>,
+    /// When it last delivered a first token, seconds. A first token after the last event
+    /// means the replica computed (and cached) blocks it has not told us about yet.
+    pub last_first_token_at: Option<f64>,
+    /// Whether its event stream can be trusted for overlaps: no block-size mismatch (case C04)
+    /// and not out of sync (case C03). When false, it is routed in approximate mode.
+    pub events_usable: bool,
     /// Its latest engine load report.
     pub metrics: Option<EngineMetrics>,
     /// Its prefill cost as learned from delivered first tokens.
@@ -84,7 +91,7 @@ impl ReplicaState {
 
     /// Where this replica's overlaps come from now.
     pub fn overlap_source(&self) -> OverlapSource {
-        if self.spec.publishes_events && self.last_event_at.is_some() {
+        if self.spec.publishes_events && self.last_event_at.is_some() && self.events_usable {
             OverlapSource::Events
         } else {
             OverlapSource::Approximate

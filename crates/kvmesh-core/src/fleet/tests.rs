@@ -74,18 +74,33 @@ fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
     let r = f.route(p.as_mut(), &req, &mut rng(), 0.0).unwrap();
     f.release(r.booking, None).unwrap();
     assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 1.0).unwrap().overlap_blocks, 4);
-    // Its first real event: the record for it is dropped and the index is the truth.
+    // Its first real event: from now on the index is the truth.
     let ev = KvEvent::Stored(Stored {
         block_hashes: vec![EngineBlockHash(1)],
         parent: None,
         token_ids: t[..16].to_vec(),
         block_size: 16,
         medium: Medium::Gpu,
+        lora_name: None,
     });
     f.apply_event(a, &ev, 2.0).unwrap();
     assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Events);
-    assert_eq!(f.record().entries(), 0);
     assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 2.0).unwrap().overlap_blocks, 1);
+    // Case C04: a block-size mismatch is loud and sends it back to its record, not to a
+    // silent zero.
+    let wrong = KvEvent::Stored(Stored {
+        block_hashes: vec![EngineBlockHash(2)],
+        parent: None,
+        token_ids: t[..32].to_vec(),
+        block_size: 32,
+        medium: Medium::Gpu,
+        lora_name: None,
+    });
+    f.apply_event(a, &wrong, 3.0).unwrap();
+    assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Approximate);
+    assert_eq!(f.index().health(a).unwrap().block_size_mismatch, Some(32));
+    assert_eq!(f.replica(a).unwrap().last_event_at, Some(2.0), "a rejected event is no sign of life");
+    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 3.0).unwrap().overlap_blocks, 4);
 }
 
 #[test]

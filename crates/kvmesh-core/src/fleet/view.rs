@@ -39,6 +39,8 @@ pub struct FleetView<'a> {
 pub struct Estimate {
     /// Prompt tokens the replica would compute after the overlap credit, tokens.
     pub uncached_tokens: u32,
+    /// KV blocks the prompt adds there (uncached blocks, partial last block included).
+    pub uncached_blocks: u32,
     /// Estimated time to first token, queue included, seconds.
     pub ttft_s: f64,
     /// Free KV blocks minus the blocks this request needs; negative = it does not fit now.
@@ -57,12 +59,22 @@ impl<'a> FleetView<'a> {
         self.loads.get(self.replicas[i].id.index()).copied().unwrap_or_default()
     }
 
-    /// How much of the replica's event overlap to trust, 0.0 to 1.0: full while its last event
-    /// is at most `event_fresh_s` old, fading linearly to zero at `event_stale_s` (a stale
-    /// stream means the index may hold evicted blocks, so the policy falls back to load only).
-    /// Approximate-mode replicas get full credit: their record expires by its own TTL.
+    /// How much of the replica's event overlap to trust, 0.0 to 1.0. vLLM publishes no
+    /// heartbeat, so an idle replica's silence proves nothing; but a replica that delivered a
+    /// first token after its last event has computed blocks it did not announce. From then on
+    /// the silence counts: full credit while the last event is at most `event_fresh_s` old,
+    /// fading linearly to zero at `event_stale_s` (the index may be missing blocks or holding
+    /// evicted ones, so the policy falls back to load only). Replicas in approximate mode get
+    /// full credit: their record expires by its own TTL.
     pub fn overlap_credit(&self, i: usize) -> f64 {
-        let Some(at) = self.replicas[i].last_event_at else { return 1.0 };
+        let r = &self.replicas[i];
+        if r.overlap_source() == super::OverlapSource::Approximate {
+            return 1.0;
+        }
+        let (Some(at), Some(served)) = (r.last_event_at, r.last_first_token_at) else { return 1.0 };
+        if served <= at {
+            return 1.0;
+        }
         let age = (self.now - at).max(0.0);
         let (fresh, stale) = (self.config.event_fresh_s, self.config.event_stale_s);
         if age <= fresh {
@@ -152,6 +164,7 @@ impl Estimator<'_, '_> {
         let free = r.spec.capacity_blocks as i64 - view.kv_used_blocks(i) as i64;
         Estimate {
             uncached_tokens: uncached as u32,
+            uncached_blocks: uncached_blocks as u32,
             ttft_s,
             kv_headroom_blocks: free - uncached_blocks as i64 - self.output_blocks,
         }

@@ -32,6 +32,10 @@ pub struct Stored {
     pub block_size: u32,
     /// Where the blocks were stored (vLLM's `medium`; `None` on the wire means GPU).
     pub medium: Medium,
+    /// The LoRA adapter the blocks were computed with (vLLM's `lora_name`; `None` for the base
+    /// model). It seeds the chain of a sequence's first block (see
+    /// [`crate::BlockHasher::for_adapter`]), so adapter blocks never match base-model requests.
+    pub lora_name: Option<String>,
 }
 
 /// vLLM `BlockRemoved`: the named blocks (one copy each) left `medium`.

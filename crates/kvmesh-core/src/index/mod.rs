@@ -58,6 +58,9 @@ impl PrefixIndex {
     /// Never panics on any event content; problems are reported in the outcome's `rejection`
     /// and counted in the replica's [`IndexHealth`].
     pub fn apply(&mut self, replica: ReplicaId, event: &KvEvent) -> ApplyOutcome {
+        if replica == holders::MANY {
+            return ApplyOutcome { rejection: Some(Rejection::ReservedReplica), ..ApplyOutcome::default() };
+        }
         self.slot(replica);
         let outcome = match event {
             KvEvent::Stored(s) => self.store(replica, s),
@@ -180,9 +183,13 @@ impl PrefixIndex {
                 }
             },
         };
+        let hasher = match &s.lora_name {
+            Some(adapter) if prev.is_none() => self.hasher.for_adapter(adapter),
+            _ => self.hasher,
+        };
         let chunks = s.token_ids.chunks_exact(want as usize);
         for (&engine_hash, tokens) in s.block_hashes.iter().zip(chunks) {
-            let block = self.hasher.hash_block(prev, tokens);
+            let block = hasher.hash_block(prev, tokens);
             prev = Some(block);
             match rb.engine[m].insert(engine_hash, block) {
                 Some(old) if old != block => {

@@ -25,6 +25,8 @@ pub enum Rejection {
     /// An engine id arrived again for different tokens than it held; the old mapping was
     /// replaced.
     ConflictingBlock,
+    /// The replica id is `u32::MAX`, which the index reserves; nothing was applied.
+    ReservedReplica,
 }
 
 impl Rejection {
@@ -37,6 +39,7 @@ impl Rejection {
             Rejection::UnknownParent => "unknown_parent",
             Rejection::UnknownBlock => "unknown_block",
             Rejection::ConflictingBlock => "conflicting_block",
+            Rejection::ReservedReplica => "reserved_replica",
         }
     }
 }
@@ -50,7 +53,8 @@ pub struct ApplyOutcome {
     pub removed: u32,
     /// Blocks dropped by a clear.
     pub cleared: u32,
-    /// The first problem found, if any; blocks before it in a removal are still applied.
+    /// The first problem found, if any. A store is all or nothing (except a conflicting id,
+    /// which is replaced); a removal applies every block it knows and skips the others.
     pub rejection: Option<Rejection>,
 }
 
@@ -66,8 +70,8 @@ pub struct EventCounters {
     /// Clears applied.
     pub clears: u64,
     /// Rejections, by kind: `[block_size_mismatch, token_count_mismatch, self_referential,
-    /// unknown_parent, unknown_block, conflicting_block]`.
-    pub rejected: [u64; 6],
+    /// unknown_parent, unknown_block, conflicting_block, reserved_replica]`.
+    pub rejected: [u64; 7],
 }
 
 impl EventCounters {
@@ -94,5 +98,6 @@ fn rejection_slot(r: Rejection) -> usize {
         Rejection::UnknownParent => 3,
         Rejection::UnknownBlock => 4,
         Rejection::ConflictingBlock => 5,
+        Rejection::ReservedReplica => 6,
     }
 }

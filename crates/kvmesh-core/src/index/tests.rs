@@ -24,6 +24,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
         token_ids: tokens,
         block_size: BS,
         medium: Medium::Gpu,
+        lora_name: None,
     })
 }
 
@@ -97,6 +98,7 @@ fn c04_block_size_mismatch_is_loud() {
         token_ids: (0..8).collect(),
         block_size: 8,
         medium: Medium::Gpu,
+        lora_name: None,
     });
     let out = ix.apply(R0, &ev);
     assert_eq!(out.rejection, Some(Rejection::BlockSizeMismatch { got: 8, want: 4 }));
@@ -152,6 +154,26 @@ fn conflicting_engine_id_replaces_the_old_block() {
 }
 
 #[test]
+fn lora_blocks_match_only_requests_for_that_adapter() {
+    let mut ix = index();
+    let toks: Vec<u32> = (0..8).collect();
+    let ev = KvEvent::Stored(Stored {
+        block_hashes: vec![e(1), e(2)],
+        parent: None,
+        token_ids: toks.clone(),
+        block_size: BS,
+        medium: Medium::Gpu,
+        lora_name: Some("sql-lora".into()),
+    });
+    ix.apply(R0, &ev);
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 0, "a base-model request does not match");
+    let lora = ix.hasher().for_adapter("sql-lora").hash_blocks(&toks);
+    let mut out = Vec::new();
+    ix.overlaps(&lora, &mut out);
+    assert_eq!(out, vec![(R0, Overlap::gpu(2))]);
+}
+
+#[test]
 fn cpu_medium_is_tracked_apart_from_gpu() {
     let mut ix = index();
     let toks: Vec<u32> = (0..8).collect();
@@ -162,6 +184,7 @@ fn cpu_medium_is_tracked_apart_from_gpu() {
         token_ids: toks[..4].to_vec(),
         block_size: BS,
         medium: Medium::Cpu,
+        lora_name: None,
     });
     ix.apply(R0, &cpu);
     ix.apply(R0, &removed(&[2, 1]));
@@ -308,6 +331,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
                 token_ids: t[start * b..end * b].to_vec(),
                 block_size: BS,
                 medium: medium(cpu),
+                lora_name: None,
             };
             (r, Some(KvEvent::Stored(ev)))
         }
@@ -325,6 +349,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
                 token_ids: vec![0; 2 * b],
                 block_size: 2 * BS,
                 medium: Medium::Gpu,
+                lora_name: None,
             };
             (r, Some(KvEvent::Stored(ev)))
         }
@@ -337,6 +362,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
                 token_ids: t[..b].to_vec(),
                 block_size: BS,
                 medium: Medium::Gpu,
+                lora_name: None,
             };
             (r, Some(KvEvent::Stored(ev)))
         }

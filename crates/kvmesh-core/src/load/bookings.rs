@@ -27,8 +27,9 @@ impl fmt::Display for BookingId {
 pub struct BookingSpec {
     /// Prompt tokens the replica must compute (not cached there), tokens.
     pub uncached_prefill_tokens: u32,
-    /// Full prompt blocks the request occupies, in blocks of `block_size` tokens.
-    pub prompt_blocks: u32,
+    /// KV blocks the prompt adds on the replica: its uncached blocks (the cached prefix is
+    /// shared and already held), partial last block included, in blocks of `block_size` tokens.
+    pub uncached_blocks: u32,
     /// Expected output tokens (see [`OutputEstimator`]), tokens.
     pub expected_output_tokens: u32,
 }
@@ -40,7 +41,7 @@ pub struct Booking {
     pub replica: ReplicaId,
     /// What was booked.
     pub spec: BookingSpec,
-    /// KV blocks held: prompt blocks plus expected output blocks.
+    /// KV blocks held: uncached prompt blocks plus expected output blocks.
     pub kv_blocks: u32,
     /// Prefill tokens queued ahead of it on the replica when booked, tokens.
     pub queued_ahead_tokens: u64,
@@ -125,7 +126,7 @@ impl Bookings {
     pub fn book(&mut self, replica: ReplicaId, spec: BookingSpec, now: f64) -> BookingId {
         let id = BookingId(self.next);
         self.next += 1;
-        let kv_blocks = spec.prompt_blocks.saturating_add(spec.expected_output_tokens.div_ceil(self.block_size));
+        let kv_blocks = spec.uncached_blocks.saturating_add(spec.expected_output_tokens.div_ceil(self.block_size));
         let i = replica.index();
         if self.loads.len() <= i {
             self.loads.resize(i + 1, TokenLoad::default());
@@ -145,6 +146,7 @@ impl Bookings {
         l.queued_prefill_tokens += spec.uncached_prefill_tokens as u64;
         l.expected_decode_tokens += spec.expected_output_tokens as u64;
         l.kv_blocks += kv_blocks as u64;
+        l.prompt_blocks += spec.uncached_blocks as u64;
         self.live.insert(id, b);
         id
     }
@@ -217,6 +219,7 @@ impl Bookings {
         }
         l.expected_decode_tokens -= b.spec.expected_output_tokens as u64;
         l.kv_blocks -= b.kv_blocks as u64;
+        l.prompt_blocks -= b.spec.uncached_blocks as u64;
     }
 }
 
@@ -226,7 +229,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn spec(uncached: u32, blocks: u32, out: u32) -> BookingSpec {
-        BookingSpec { uncached_prefill_tokens: uncached, prompt_blocks: blocks, expected_output_tokens: out }
+        BookingSpec { uncached_prefill_tokens: uncached, uncached_blocks: blocks, expected_output_tokens: out }
     }
 
     #[test]
@@ -240,6 +243,7 @@ mod tests {
             decoding: 0,
             expected_decode_tokens: 100,
             kv_blocks: 77,
+            prompt_blocks: 70,
         };
         assert_eq!(b.load(r), want);
         b.first_token(id, 0.5).unwrap();

@@ -30,9 +30,11 @@ pub struct TokenLoad {
     pub decoding: u32,
     /// Expected output tokens of all live bookings, tokens.
     pub expected_decode_tokens: u64,
-    /// KV blocks the live bookings occupy or will: prompt blocks plus expected output blocks,
-    /// in blocks of `block_size` tokens.
+    /// KV blocks the live bookings occupy or will: uncached prompt blocks plus expected
+    /// output blocks, in blocks of `block_size` tokens.
     pub kv_blocks: u64,
+    /// The uncached prompt blocks alone (Dynamo's "active blocks"), blocks.
+    pub prompt_blocks: u64,
 }
 
 impl TokenLoad {

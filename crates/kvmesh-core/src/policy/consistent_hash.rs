@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
 use crate::ids::ReplicaId;
 use rand::RngCore;
+use std::fmt::Write;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Parameters of [`ConsistentHash`].
@@ -35,8 +36,8 @@ impl Default for ConsistentHashParams {
 #[derive(Debug)]
 pub struct ConsistentHash {
     params: ConsistentHashParams,
-    /// `(point, replica)`, sorted by point; rebuilt when the fleet epoch changes.
-    ring: Vec<(u64, ReplicaId)>,
+    /// `(point, name key, replica)`, sorted; rebuilt when the fleet epoch changes.
+    ring: Vec<(u64, u64, ReplicaId)>,
     epoch: Option<u64>,
 }
 
@@ -48,17 +49,18 @@ impl ConsistentHash {
 
     fn rebuild(&mut self, view: &FleetView<'_>) {
         self.ring.clear();
+        let mut label = String::new();
         for i in view.routable() {
             let r = &view.replicas[i];
             for k in 0..self.params.vnodes {
-                let point = xxh3_64(format!("{}#{k}", r.spec.name).as_bytes());
-                self.ring.push((point, r.id));
+                label.clear();
+                let _ = write!(label, "{}#{k}", r.spec.name);
+                self.ring.push((xxh3_64(label.as_bytes()), r.name_key, r.id));
             }
         }
         // Ties between points (astronomically rare) are ordered by name key, not id, so the
         // ring stays independent of registration order.
-        let key_of = |id: ReplicaId| view.replicas.iter().find(|r| r.id == id).map_or(0, |r| r.name_key);
-        self.ring.sort_unstable_by_key(|&(p, id)| (p, key_of(id)));
+        self.ring.sort_unstable_by_key(|&(p, key, _)| (p, key));
         self.epoch = Some(view.epoch);
     }
 }
@@ -79,10 +81,10 @@ impl Policy for ConsistentHash {
         let total: u64 = routable.iter().map(|&i| view.load(i).outstanding() as u64).sum();
         let bound = (self.params.load_factor * (total + 1) as f64 / routable.len() as f64).ceil() as u64;
         let key = xxh3_64(&req.key.to_le_bytes());
-        let start = self.ring.partition_point(|&(p, _)| p < key);
+        let start = self.ring.partition_point(|&(p, _, _)| p < key);
         let mut owner = None;
         for step in 0..self.ring.len() {
-            let id = self.ring[(start + step) % self.ring.len()].1;
+            let id = self.ring[(start + step) % self.ring.len()].2;
             let Ok(i) = view.replicas.binary_search_by_key(&id, |r| r.id) else { continue };
             if owner.is_none() {
                 owner = Some(id);

@@ -4,11 +4,13 @@
 //! ```text
 //! cost = overlap_weight · prefill_blocks + decode_blocks
 //! prefill_blocks = (queued prefill tokens + prompt tokens − overlap · block_size) / block_size
-//! decode_blocks  = KV blocks booked on the replica + this request's prompt blocks
+//! decode_blocks  = active prompt blocks booked on the replica + this request's new blocks
 //! ```
 //!
-//! The overlap is the event-fed index's GPU run, used as is (Dynamo applies no staleness
-//! fade). Default `overlap_weight` 1.0, Dynamo's `overlap_score_weight`.
+//! where the request's new blocks are its prompt blocks minus the overlap (Dynamo's
+//! `potential_blocks`: active blocks plus blocks the request would add; no output
+//! reservation). The overlap is the event-fed index's GPU run, used as is (Dynamo applies no
+//! staleness fade). Default `overlap_weight` 1.0, Dynamo's `overlap_score_weight`.
 
 use super::choose::lowest;
 use super::{Decision, Policy, Reason};
@@ -48,7 +50,8 @@ impl KvCost {
         let load = view.load(i);
         let cached = (view.overlaps[i].gpu as u64 * view.config.block_size as u64).min(req.prompt_tokens as u64);
         let prefill = (load.queued_prefill_tokens + req.prompt_tokens as u64 - cached) as f64 / bs;
-        let decode = load.kv_blocks as f64 + req.prompt_tokens.div_ceil(view.config.block_size) as f64;
+        let new_blocks = req.prompt_tokens.div_ceil(view.config.block_size).saturating_sub(view.overlaps[i].gpu);
+        let decode = load.prompt_blocks as f64 + new_blocks as f64;
         self.params.overlap_weight * prefill + decode
     }
 }

@@ -87,6 +87,8 @@ pub enum Reason {
     LeastCached,
     /// Lowest cost or estimated TTFT.
     LowestCost,
+    /// Highest weighted score.
+    HighestScore,
     /// No replica had KV headroom for the request; lowest cost regardless.
     NoKvHeadroom,
 }
@@ -105,6 +107,7 @@ impl Reason {
             Reason::Imbalance => "imbalance",
             Reason::LeastCached => "least_cached",
             Reason::LowestCost => "lowest_cost",
+            Reason::HighestScore => "highest_score",
             Reason::NoKvHeadroom => "no_kv_headroom",
         }
     }
@@ -117,10 +120,14 @@ pub struct Decision {
     pub replica: ReplicaId,
     /// Why.
     pub reason: Reason,
-    /// Leading prompt blocks the chosen replica holds (events or approximate record), blocks.
+    /// Leading prompt blocks the chosen replica holds by the fleet's overlap source (its events,
+    /// or its routing record in approximate mode) — also for policies that decide on the
+    /// router's record, since this is what the booking is priced on, blocks.
     pub overlap_blocks: u32,
     /// Prompt tokens it must compute, tokens.
     pub uncached_tokens: u32,
+    /// KV blocks the prompt adds there, blocks.
+    pub uncached_blocks: u32,
     /// Estimated time to first token there, seconds.
     pub estimated_ttft_s: f64,
 }
@@ -134,6 +141,7 @@ impl Decision {
             reason,
             overlap_blocks: view.overlaps[i].gpu,
             uncached_tokens: e.uncached_tokens,
+            uncached_blocks: e.uncached_blocks,
             estimated_ttft_s: e.ttft_s,
         }
     }

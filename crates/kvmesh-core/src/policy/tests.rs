@@ -33,6 +33,7 @@ fn hold(f: &mut Fleet, r: ReplicaId, toks: &[u32], blocks: usize, now: f64) {
         token_ids: toks[..blocks * BS as usize].to_vec(),
         block_size: BS,
         medium: Medium::Gpu,
+        lora_name: None,
     });
     f.apply_event(r, &ev, now).unwrap();
 }
@@ -40,7 +41,7 @@ fn hold(f: &mut Fleet, r: ReplicaId, toks: &[u32], blocks: usize, now: f64) {
 /// Gives `r` exactly `n` outstanding requests, each with `prefill` queued uncached tokens.
 fn load(f: &mut Fleet, r: ReplicaId, n: u32, prefill: u32) {
     for _ in 0..n {
-        let spec = BookingSpec { uncached_prefill_tokens: prefill, prompt_blocks: 0, expected_output_tokens: 0 };
+        let spec = BookingSpec { uncached_prefill_tokens: prefill, uncached_blocks: 0, expected_output_tokens: 0 };
         f.book(r, spec, 0.0).unwrap();
     }
 }
@@ -247,7 +248,7 @@ fn kv_cost_is_prefill_minus_overlap_plus_decode_blocks() {
     let (mut f, ids) = fleet(2);
     let toks = tokens(6, 8 * BS);
     hold(&mut f, ids[0], &toks, 6, 1.0);
-    let spec = BookingSpec { uncached_prefill_tokens: 10 * BS, prompt_blocks: 4, expected_output_tokens: 0 };
+    let spec = BookingSpec { uncached_prefill_tokens: 10 * BS, uncached_blocks: 4, expected_output_tokens: 0 };
     f.book(ids[0], spec, 0.0).unwrap();
     let req = RouteRequest::new(f.hasher(), &toks, Some(16));
     let p = KvCost::new(KvCostParams::default());
@@ -272,9 +273,9 @@ fn kv_cost_is_prefill_minus_overlap_plus_decode_blocks() {
         f.decide(&mut probe, &req, &mut rng(), 1.0).unwrap();
         probe.2
     };
-    // Replica 0: prefill (160 + 128 − 96)/16 = 12, decode 4 + 8 = 12 → 24.
-    assert_eq!(view_cost(&mut f, 0), 24.0);
-    // Replica 1: prefill 128/16 = 8, decode 0 + 8 = 8 → 16.
+    // Replica 0: prefill (160 + 128 − 96)/16 = 12, decode 4 active + (8 − 6) new = 6 → 18.
+    assert_eq!(view_cost(&mut f, 0), 18.0);
+    // Replica 1: prefill 128/16 = 8, decode 0 active + 8 new = 8 → 16.
     assert_eq!(view_cost(&mut f, 1), 16.0);
     let mut p = p;
     assert_eq!(f.decide(&mut p, &req, &mut rng(), 1.0).unwrap().replica, ids[1]);
@@ -316,22 +317,47 @@ fn token_load_trades_overlap_against_queue() {
     assert!((d.estimated_ttft_s - want).abs() < 1e-12);
 }
 
+/// A policy that always picks `self.0`: to read the shared estimate for one replica.
+#[derive(Debug)]
+struct Fixed(ReplicaId);
+
+impl Policy for Fixed {
+    fn name(&self) -> &'static str {
+        "fixed"
+    }
+    fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, _: &mut dyn RngCore) -> Result<Decision, Error> {
+        let i = view.replicas.iter().position(|x| x.id == self.0).unwrap();
+        Ok(Decision::at(view, req, i, Reason::Rotation))
+    }
+}
+
 #[test]
-fn token_load_overlap_credit_fades_with_event_age() {
+fn token_load_overlap_credit_fades_only_once_the_replica_serves_silently() {
     let (mut f, ids) = fleet(2);
     let toks = tokens(10, 64 * BS);
     hold(&mut f, ids[0], &toks, 64, 0.0);
     load(&mut f, ids[0], 1, 600);
     let mut p = TokenLoadPolicy::new(TokenLoadParams::default());
     let req = RouteRequest::new(f.hasher(), &toks, Some(16));
-    // Fresh (age 30 s): the cache beats the 600-token queue.
+    let uncached_on_0 =
+        |f: &mut Fleet, now: f64| f.decide(&mut Fixed(ids[0]), &req, &mut rng(), now).unwrap().uncached_tokens;
+    // Idle since its last event: silence proves nothing, full credit even at 1,000 s.
+    assert_eq!(uncached_on_0(&mut f, 1000.0), 1);
+    // It delivers a first token at 10 s without a new event: from then on the silence counts.
+    let spec = BookingSpec { uncached_prefill_tokens: 0, uncached_blocks: 0, expected_output_tokens: 0 };
+    let b = f.book(ids[0], spec, 5.0).unwrap();
+    f.first_token(b, 10.0).unwrap();
+    // Age 30 s: full credit; the cache beats the 600-token queue.
+    assert_eq!(uncached_on_0(&mut f, 30.0), 1);
     assert_eq!(f.decide(&mut p, &req, &mut rng(), 30.0).unwrap().replica, ids[0]);
-    // Age 165 s: credit (300 − 165)/270 = 0.5 → 32 blocks cached, 512 + 600 > 1,024 → replica 1.
-    let d = f.decide(&mut p, &req, &mut rng(), 165.0).unwrap();
-    assert_eq!(d.replica, ids[1]);
-    // Stale: no credit at all; replica 0 now costs 1,624 tokens.
-    let d0 = f.decide(&mut p, &req, &mut rng(), 300.0).unwrap();
-    assert_eq!(d0.replica, ids[1]);
+    // Age 165 s: credit (300 − 165)/270 = 0.5 → 32 of 64 blocks, 512 tokens to compute; with
+    // the 600-token queue that is more than replica 1's 1,024.
+    assert_eq!(uncached_on_0(&mut f, 165.0), 512);
+    assert_eq!(f.decide(&mut p, &req, &mut rng(), 165.0).unwrap().replica, ids[1]);
+    // Age 97.5 s: credit 0.75 → 48 blocks cached, 256 tokens.
+    assert_eq!(uncached_on_0(&mut f, 97.5), 256);
+    // Stale: no credit at all.
+    assert_eq!(uncached_on_0(&mut f, 300.0), 1024);
 }
 
 #[test]

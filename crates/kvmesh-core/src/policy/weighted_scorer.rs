@@ -4,9 +4,11 @@
 //! - **prefix** (weight 3): `matched blocks / request blocks` on the router's own routing
 //!   record (llm-d's default prefix-cache scorer is approximate, tracking its own routing);
 //! - **queue** (weight 2): min-max normalised waiting queue, `(max − q) / (max − min)`, 1.0 when
-//!   all are equal; `q` is the engine-reported waiting count when fresh, else the requests this
-//!   router booked that are still prefilling;
-//! - **KV utilisation** (weight 2): `1 − used / capacity` blocks.
+//!   all are equal; `q` is the engine-reported waiting count when every routable replica has
+//!   fresh metrics (llm-d reads engine metrics), else — for all replicas alike, so one scale is
+//!   normalised — the requests this router booked that are still prefilling;
+//! - **KV utilisation** (weight 2): `1 − kv_usage` from fresh engine metrics, else booked
+//!   blocks over capacity.
 //!
 //! Ties at random.
 
@@ -14,6 +16,7 @@ use super::choose::highest;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
+use crate::load::EngineMetrics;
 use rand::RngCore;
 
 /// Parameters of [`WeightedScorer`].
@@ -47,10 +50,16 @@ impl WeightedScorer {
     }
 }
 
-/// The waiting queue of position `i`, requests.
-fn queue(view: &FleetView<'_>, i: usize) -> f64 {
-    match view.replicas[i].metrics {
-        Some(m) if m.age(view.now) <= view.config.metrics_fresh_s => m.waiting as f64,
+/// Fresh engine metrics of position `i`.
+fn fresh(view: &FleetView<'_>, i: usize) -> Option<EngineMetrics> {
+    view.replicas[i].metrics.filter(|m| m.age(view.now) <= view.config.metrics_fresh_s)
+}
+
+/// The waiting queue of position `i`, requests, from the engine or (`engine == false`) from
+/// this router's bookings.
+fn queue(view: &FleetView<'_>, i: usize, engine: bool) -> f64 {
+    match fresh(view, i) {
+        Some(m) if engine => m.waiting as f64,
         _ => view.load(i).prefilling as f64,
     }
 }
@@ -66,19 +75,23 @@ impl Policy for WeightedScorer {
 
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {
         let p = self.params;
+        let engine = view.routable().all(|i| fresh(view, i).is_some());
         let (qmin, qmax) = view
             .routable()
-            .map(|i| queue(view, i))
+            .map(|i| queue(view, i, engine))
             .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), q| (a.min(q), b.max(q)));
         self.scores.clear();
         for i in view.routable() {
             let prefix = if req.blocks() == 0 { 0.0 } else { view.record_overlaps[i] as f64 / req.blocks() as f64 };
-            let q = if qmax > qmin { (qmax - queue(view, i)) / (qmax - qmin) } else { 1.0 };
-            let cap = view.replicas[i].spec.capacity_blocks as f64;
-            let kv = 1.0 - (view.kv_used_blocks(i) as f64 / cap).min(1.0);
+            let q = if qmax > qmin { (qmax - queue(view, i, engine)) / (qmax - qmin) } else { 1.0 };
+            let used = match fresh(view, i) {
+                Some(m) => m.kv_usage.clamp(0.0, 1.0),
+                None => (view.load(i).kv_blocks as f64 / view.replicas[i].spec.capacity_blocks as f64).min(1.0),
+            };
+            let kv = 1.0 - used;
             self.scores.push((i, p.prefix_weight * prefix + p.queue_weight * q + p.kv_weight * kv));
         }
         let i = highest(&self.scores, rng).ok_or(Error::NoReplicaReady)?;
-        Ok(Decision::at(view, req, i, Reason::LowestCost))
+        Ok(Decision::at(view, req, i, Reason::HighestScore))
     }
 }

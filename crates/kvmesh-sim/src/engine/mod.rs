@@ -332,6 +332,7 @@ fn stored_event(seq: &Seq, from: usize, to: usize, block_size: u32) -> KvEvent {
         token_ids: seq.req.tokens[from * bs..to * bs].to_vec(),
         block_size,
         medium: Medium::Gpu,
+        lora_name: None,
     })
 }
 

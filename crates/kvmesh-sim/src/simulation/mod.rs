@@ -154,7 +154,7 @@ pub fn simulate(
         match ev {
             Ev::Arrival(i) => {
                 sim.arrive(policy, i as usize, t)?;
-                if sim.arrived % 256 == 0 {
+                if sim.arrived.is_multiple_of(256) {
                     progress(sim.arrived);
                 }
             }

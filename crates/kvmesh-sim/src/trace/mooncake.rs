@@ -53,18 +53,18 @@ pub fn read(reader: impl BufRead) -> Result<Trace, TraceError> {
             skipped.push(LineError { line: line_no, reason });
             continue;
         }
-        let first = *first_ms.get_or_insert(parsed.timestamp);
-        if parsed.timestamp < first {
-            let reason = format!("timestamp {} ms is before the first request's {first} ms", parsed.timestamp);
-            skipped.push(LineError { line: line_no, reason });
-            continue;
-        }
+        first_ms = Some(first_ms.map_or(parsed.timestamp, |f: u64| f.min(parsed.timestamp)));
         requests.push(TraceRequest {
-            arrival_s: (parsed.timestamp - first) as f64 / 1000.0,
+            arrival_s: parsed.timestamp as f64 / 1000.0,
             input_tokens: parsed.input_length,
             output_tokens: parsed.output_length,
             block_ids: parsed.hash_ids,
         });
+    }
+    // Arrivals count from the earliest request; a trace need not be sorted.
+    let first_s = first_ms.unwrap_or(0) as f64 / 1000.0;
+    for r in &mut requests {
+        r.arrival_s -= first_s;
     }
     requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
     Ok(Trace { format: TraceFormat::Mooncake, block_tokens: Some(BLOCK_TOKENS), requests, skipped })
@@ -85,15 +85,16 @@ mod tests {
             "{\"timestamp\": 900, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [3]}\n",
         );
         let t = read(text.as_bytes()).unwrap();
-        assert_eq!(t.requests.len(), 2);
+        assert_eq!(t.requests.len(), 3);
+        // The unsorted last line is kept; arrivals count from the earliest (900 ms).
+        assert_eq!(t.requests[0].block_ids, vec![3]);
         assert_eq!(
-            t.requests[1],
-            TraceRequest { arrival_s: 3.0, input_tokens: 512, output_tokens: 7, block_ids: vec![0] }
+            t.requests[2],
+            TraceRequest { arrival_s: 3.1, input_tokens: 512, output_tokens: 7, block_ids: vec![0] }
         );
         let lines: Vec<u64> = t.skipped.iter().map(|e| e.line).collect();
-        assert_eq!(lines, vec![3, 4, 6]);
+        assert_eq!(lines, vec![3, 4]);
         assert_eq!(t.skipped[0].reason, "2 hash_ids for input_length 10 (expected ⌈10/512⌉ = 1)");
         assert!(t.skipped[1].reason.starts_with("expected ident at line 1 column 2"), "{}", t.skipped[1].reason);
-        assert_eq!(t.skipped[2].reason, "timestamp 900 ms is before the first request's 1000 ms");
     }
 }
