@@ -81,7 +81,7 @@ fn a_shared_prefix_is_not_recomputed_and_not_announced_again() {
     close(d, 1e-3 + 10.0 * 1e-5);
     let KvEvent::Stored(s) = &out.events[0] else { panic!() };
     assert_eq!(s.block_hashes.len(), 2, "blocks 2 and 3 are new; 0 and 1 were cached");
-    assert_eq!(s.parent.is_some(), true);
+    assert!(s.parent.is_some());
     assert_eq!(s.token_ids, (100..108).collect::<Vec<u32>>());
 }
 
