@@ -1,0 +1,255 @@
+//! Synthetic scenarios for the traffic shapes that decide which routing strategy wins.
+//!
+//! Every scenario yields a [`Trace`] with prefix-chained block ids of 512 tokens (as Mooncake's
+//! `hash_ids`), Poisson arrivals unless stated, output lengths uniform in 64–512 tokens, and is
+//! a pure function of its [`ScenarioParams`] (seeded).
+//!
+//! | name | shape |
+//! |---|---|
+//! | `shared-0`, `shared-50`, `shared-90` | 4,096-token prompts whose first 0 / 50 / 90 % (rounded to 512-token blocks) is one of 8 system prompts, the rest unique |
+//! | `hot-prompt` | 60 % of requests start with one 3,072-token system prompt, 40 % with one of 200 others; 1,024 unique tokens each (case C13) |
+//! | `zipf` | 3,072-token documents drawn from 1,000 with Zipf popularity (s = 1.1), then 1,024 unique tokens |
+//! | `bursts` | agent traffic: bursts of 64 requests within 1 s sharing one 3,072-token context, bursts every `64 / rate` s on average; peak concurrency far above the mean rate |
+//! | `chat` | multi-turn sessions ([`super::Workload`]) |
+
+use super::Workload;
+use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceFormat, TraceRequest};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::fmt;
+use std::str::FromStr;
+
+/// A scenario by name.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scenario {
+    /// System prompts shared at `percent` % of each prompt.
+    Shared {
+        /// Shared share of each prompt, percent.
+        percent: u32,
+    },
+    /// One prompt carries 60 % of traffic.
+    HotPrompt,
+    /// Zipf document popularity.
+    Zipf,
+    /// Agent bursts.
+    Bursts,
+    /// Multi-turn chat sessions.
+    Chat,
+}
+
+/// Size and pace of a generated scenario.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScenarioParams {
+    /// Requests to generate.
+    pub requests: u32,
+    /// Mean arrival rate, requests per second.
+    pub rate: f64,
+    /// RNG seed.
+    pub seed: u64,
+}
+
+impl Default for ScenarioParams {
+    /// 2,000 requests at 10 req/s, seed 1.
+    fn default() -> Self {
+        ScenarioParams { requests: 2000, rate: 10.0, seed: 1 }
+    }
+}
+
+impl Scenario {
+    /// Every scenario name.
+    pub const NAMES: [&'static str; 7] = ["shared-0", "shared-50", "shared-90", "hot-prompt", "zipf", "bursts", "chat"];
+
+    /// Generates the scenario's trace.
+    pub fn generate(&self, p: &ScenarioParams) -> Trace {
+        let mut g = Gen { rng: SmallRng::seed_from_u64(p.seed), next_id: 0, t: 0.0, out: Vec::new() };
+        match *self {
+            Scenario::Chat => {
+                // Sessions average 3.5 turns: pace sessions so requests arrive at `rate`.
+                let w = Workload {
+                    sessions: (p.requests as f64 / 3.5).ceil() as u32,
+                    session_rate: p.rate / 3.5,
+                    seed: p.seed,
+                    ..Workload::default()
+                };
+                let mut t = w.generate();
+                t.requests.truncate(p.requests as usize);
+                return t;
+            }
+            Scenario::Shared { percent } => {
+                let shared_blocks = ((percent.min(100) as f64 / 100.0) * 8.0).round() as usize;
+                let prompts: Vec<Vec<u64>> = (0..8).map(|_| g.ids(shared_blocks)).collect();
+                for _ in 0..p.requests {
+                    g.advance(p.rate);
+                    let mut ids = prompts[g.rng.random_range(0..8)].clone();
+                    ids.extend(g.ids(8 - shared_blocks));
+                    g.push(ids, 8 * BLOCK_TOKENS);
+                }
+            }
+            Scenario::HotPrompt => {
+                let hot = g.ids(6);
+                let others: Vec<Vec<u64>> = (0..200).map(|_| g.ids(6)).collect();
+                for _ in 0..p.requests {
+                    g.advance(p.rate);
+                    let mut ids =
+                        if g.rng.random_bool(0.6) { hot.clone() } else { others[g.rng.random_range(0..200)].clone() };
+                    ids.extend(g.ids(2));
+                    g.push(ids, 8 * BLOCK_TOKENS);
+                }
+            }
+            Scenario::Zipf => {
+                let docs: Vec<Vec<u64>> = (0..1000).map(|_| g.ids(6)).collect();
+                let cdf = zipf_cdf(1000, 1.1);
+                for _ in 0..p.requests {
+                    g.advance(p.rate);
+                    let u: f64 = g.rng.random();
+                    let k = cdf.partition_point(|&c| c < u).min(999);
+                    let mut ids = docs[k].clone();
+                    ids.extend(g.ids(2));
+                    g.push(ids, 8 * BLOCK_TOKENS);
+                }
+            }
+            Scenario::Bursts => {
+                let burst = 64;
+                let mut left = p.requests;
+                while left > 0 {
+                    // Bursts arrive at rate / 64 per second, so the mean rate is `rate`.
+                    g.advance(p.rate / burst as f64);
+                    let start = g.t;
+                    let context = g.ids(6);
+                    for _ in 0..burst.min(left) {
+                        g.t = start + g.rng.random::<f64>();
+                        let mut ids = context.clone();
+                        let extra = g.rng.random_range(2..=4);
+                        ids.extend(g.ids(extra));
+                        g.push(ids, (6 + extra as u32) * BLOCK_TOKENS);
+                    }
+                    g.t = start;
+                    left -= burst.min(left);
+                }
+            }
+        }
+        g.out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+        let first = g.out.first().map_or(0.0, |r| r.arrival_s);
+        for r in &mut g.out {
+            r.arrival_s -= first;
+        }
+        Trace { format: TraceFormat::Mooncake, block_tokens: Some(BLOCK_TOKENS), requests: g.out, skipped: Vec::new() }
+    }
+}
+
+struct Gen {
+    rng: SmallRng,
+    next_id: u64,
+    t: f64,
+    out: Vec<TraceRequest>,
+}
+
+impl Gen {
+    fn ids(&mut self, n: usize) -> Vec<u64> {
+        let ids = (self.next_id..self.next_id + n as u64).collect();
+        self.next_id += n as u64;
+        ids
+    }
+
+    /// Moves time on by an exponential gap at `rate` per second.
+    fn advance(&mut self, rate: f64) {
+        self.t += -(1.0 - self.rng.random::<f64>()).ln() / rate;
+    }
+
+    fn push(&mut self, block_ids: Vec<u64>, input_tokens: u32) {
+        let output_tokens = self.rng.random_range(64..=512);
+        self.out.push(TraceRequest { arrival_s: self.t, input_tokens, output_tokens, block_ids });
+    }
+}
+
+/// Cumulative Zipf(s) probabilities over ranks 1..=n.
+fn zipf_cdf(n: usize, s: f64) -> Vec<f64> {
+    let w: Vec<f64> = (1..=n).map(|k| 1.0 / (k as f64).powf(s)).collect();
+    let total: f64 = w.iter().sum();
+    let mut acc = 0.0;
+    w.iter()
+        .map(|x| {
+            acc += x / total;
+            acc
+        })
+        .collect()
+}
+
+impl FromStr for Scenario {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "shared-0" => Scenario::Shared { percent: 0 },
+            "shared-50" => Scenario::Shared { percent: 50 },
+            "shared-90" => Scenario::Shared { percent: 90 },
+            "hot-prompt" => Scenario::HotPrompt,
+            "zipf" => Scenario::Zipf,
+            "bursts" => Scenario::Bursts,
+            "chat" => Scenario::Chat,
+            other => return Err(format!("unknown scenario {other:?}; known: {}", Scenario::NAMES.join(", "))),
+        })
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scenario::Shared { percent } => write!(f, "shared-{percent}"),
+            Scenario::HotPrompt => f.write_str("hot-prompt"),
+            Scenario::Zipf => f.write_str("zipf"),
+            Scenario::Bursts => f.write_str("bursts"),
+            Scenario::Chat => f.write_str("chat"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyze::analyze;
+
+    fn gen(name: &str) -> Trace {
+        name.parse::<Scenario>().unwrap().generate(&ScenarioParams { requests: 1000, rate: 10.0, seed: 3 })
+    }
+
+    #[test]
+    fn sharing_ratios_give_their_reuse() {
+        // 8 blocks per prompt; the shared blocks repeat after each prompt's first use.
+        let reuse = |n: &str| analyze(&gen(n), 1).prefix.unwrap().reuse_ratio;
+        assert_eq!(reuse("shared-0"), 0.0);
+        assert!((reuse("shared-50") - 0.5 * (1000.0 - 8.0) / 1000.0).abs() < 1e-9);
+        assert!(
+            (reuse("shared-90") - 7.0 / 8.0 * (1000.0 - 8.0) / 1000.0).abs() < 1e-9,
+            "90 % rounds to 7 of 8 blocks"
+        );
+    }
+
+    #[test]
+    fn hot_prompt_carries_about_60_percent() {
+        let t = gen("hot-prompt");
+        let first = t.requests.iter().filter(|r| r.block_ids[0] == 0).count();
+        assert!((560..=640).contains(&first), "{first}");
+        assert_eq!(t.requests.len(), 1000);
+    }
+
+    #[test]
+    fn bursts_keep_the_mean_rate_with_peaks_far_above_it() {
+        let t = gen("bursts");
+        let span = t.requests.last().unwrap().arrival_s;
+        let mean = t.requests.len() as f64 / span;
+        let peak = t.requests.windows(64).map(|w| 63.0 / (w[63].arrival_s - w[0].arrival_s)).fold(0.0, f64::max);
+        // 64 requests inside one second, against a mean of ~10/s (only 16 bursts: noisy).
+        assert!(peak > 63.0 && peak > 4.0 * mean, "peak {peak} mean {mean}");
+    }
+
+    #[test]
+    fn scenarios_are_seeded_and_names_round_trip() {
+        for n in Scenario::NAMES {
+            let s: Scenario = n.parse().unwrap();
+            assert_eq!(s.to_string(), n);
+            assert_eq!(gen(n), gen(n));
+        }
+        assert!("nope".parse::<Scenario>().unwrap_err().starts_with("unknown scenario \"nope\"; known: shared-0"));
+    }
+}
