@@ -21,8 +21,79 @@ pub enum Command {
     /// Reads Mooncake JSONL (`hash_ids` of 512-token blocks) and Azure LLM 2023 CSV traces.
     /// Without --trace, analyses the built-in generated multi-turn workload.
     Analyze(AnalyzeArgs),
+    /// Replay a trace (or a built-in scenario) through the fleet simulator under every chosen
+    /// policy, and print TTFT/TPOT percentiles, throughput, hit rate and load balance side by
+    /// side. All policies see the identical arrival sequence; the same seed gives the same
+    /// numbers.
+    Replay(ReplayArgs),
     /// List the routing policies and what each decides on.
     Policies,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Trace file: Mooncake `*.jsonl`, Azure LLM `*.csv`, or kvmesh JSONL (`arrival_s` lines).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Built-in scenario instead of a trace: shared-0, shared-50, shared-90, hot-prompt, zipf,
+    /// bursts, chat. Default when no --trace: chat.
+    #[arg(long, value_name = "NAME")]
+    pub scenario: Option<String>,
+    /// Engine replicas.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub replicas: u32,
+    /// Comma-separated policies (default: all). See `kvmesh policies`.
+    #[arg(long, value_name = "LIST")]
+    pub policies: Option<String>,
+    /// First seed (policy tie-breaks and scenario generation).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Seeds to run per policy (seed, seed+1, …); figures are their mean.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub seeds: u32,
+    /// Divide every arrival time by this: 2 replays the trace twice as fast.
+    #[arg(long, default_value_t = 1.0, value_name = "X")]
+    pub rate_scale: f64,
+    /// Scenario arrival rate, requests per second (scenarios only).
+    #[arg(long, default_value_t = 10.0, value_name = "R")]
+    pub rate: f64,
+    /// Requests: how many a scenario generates (default 2,000), or the first N of a trace.
+    #[arg(long, value_name = "N")]
+    pub requests: Option<usize>,
+    /// Delay from an engine's KV event to the router applying it, milliseconds.
+    #[arg(long, default_value_t = 0.0, value_name = "MS")]
+    pub event_delay_ms: f64,
+    /// Engine profile: h100, a100, or a JSON profile file (see kvmesh-sim engine docs).
+    #[arg(long, default_value = "h100", value_name = "NAME|FILE")]
+    pub profile: String,
+    /// KV block size, tokens (engines and router).
+    #[arg(long, default_value_t = 16, value_name = "TOKENS")]
+    pub block_size: u32,
+    /// TTFT SLO, seconds: requests above it are counted in the >SLO column.
+    #[arg(long, default_value_t = 5.0, value_name = "S")]
+    pub slo_ttft: f64,
+    /// Clients send max_tokens equal to the true output length.
+    #[arg(long)]
+    pub max_tokens_known: bool,
+    /// Keep bucketed timestamps as they are (default: spread each bucket over the gap to the
+    /// next, as Mooncake's 3 s buckets need).
+    #[arg(long)]
+    pub no_spread: bool,
+    /// Simulations to run at once (default: one per core).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print a Markdown table instead of a terminal table.
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
+    /// Draw each policy's TTFT CDF into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 #[derive(Debug, Args)]

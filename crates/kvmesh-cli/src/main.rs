@@ -4,6 +4,7 @@
 
 mod analyze;
 mod cli;
+mod replay;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -12,6 +13,7 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
         cli::Command::Analyze(args) => analyze::run(&args),
+        cli::Command::Replay(args) => replay::run(&args),
         cli::Command::Policies => {
             cli::print_policies();
             Ok(())

@@ -11,6 +11,7 @@ impl TraceStats {
         let format = match self.format {
             TraceFormat::Mooncake => "Mooncake JSONL",
             TraceFormat::Azure => "Azure LLM CSV",
+            TraceFormat::Native => "kvmesh JSONL",
         };
         let _ = writeln!(out, "{:<17}{source} ({format})", "trace");
         let _ = writeln!(

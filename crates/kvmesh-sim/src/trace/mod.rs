@@ -4,6 +4,7 @@
 //! |---|---|---|---|
 //! | [Mooncake](mooncake) JSONL | `*.jsonl` | arrival (ms), input and output tokens, `hash_ids` | prefix-chained ids of 512-token blocks |
 //! | [Azure LLM 2023](azure) CSV | `*.csv` | wall-clock arrival, context and generated tokens | none |
+//! | [kvmesh native](native) JSONL | `*.jsonl` with `arrival_s` keys | arrival (s), input and output tokens, optional `block_ids` | optional prefix-chained ids |
 //!
 //! Malformed lines are skipped and kept in [`Trace::skipped`] with their 1-based line numbers,
 //! so one bad line does not hide a whole trace; [`load`] fails only when the file cannot be
@@ -12,6 +13,7 @@
 pub mod azure;
 mod error;
 pub mod mooncake;
+pub mod native;
 
 pub use error::{LineError, TraceError};
 
@@ -35,6 +37,8 @@ pub enum TraceFormat {
     Mooncake,
     /// Azure LLM inference trace 2023 CSV.
     Azure,
+    /// kvmesh's own JSONL.
+    Native,
 }
 
 /// One request of a trace.
@@ -65,7 +69,9 @@ pub struct Trace {
 }
 
 impl TraceFormat {
-    /// The format of `path`, by extension (`.jsonl`/`.json` → Mooncake, `.csv` → Azure).
+    /// The format of `path`, by extension (`.jsonl`/`.json` → Mooncake, `.csv` → Azure); a
+    /// JSONL file whose first request has an `arrival_s` key is kvmesh's native format (see
+    /// [`load`]).
     ///
     /// # Errors
     /// [`TraceError::UnknownFormat`] for any other extension.
@@ -86,10 +92,16 @@ impl TraceFormat {
 pub fn load(path: &Path) -> Result<Trace, TraceError> {
     let format = TraceFormat::of(path)?;
     let file = File::open(path).map_err(|e| TraceError::Io { path: path.display().to_string(), source: e })?;
-    let reader = BufReader::new(file);
+    let mut reader = BufReader::new(file);
+    let format = if format == TraceFormat::Mooncake && first_line_has(&mut reader, "\"arrival_s\"") {
+        TraceFormat::Native
+    } else {
+        format
+    };
     let trace = match format {
         TraceFormat::Mooncake => mooncake::read(reader),
         TraceFormat::Azure => azure::read(reader),
+        TraceFormat::Native => native::read(reader),
     }
     .map_err(|e| match e {
         TraceError::Io { source, .. } => TraceError::Io { path: path.display().to_string(), source },
@@ -99,4 +111,11 @@ pub fn load(path: &Path) -> Result<Trace, TraceError> {
         return Err(TraceError::Empty { path: path.display().to_string(), skipped: trace.skipped });
     }
     Ok(trace)
+}
+
+/// Whether the first non-blank line of `reader` contains `needle` (without consuming it).
+fn first_line_has(reader: &mut impl std::io::BufRead, needle: &str) -> bool {
+    let Ok(buf) = reader.fill_buf() else { return false };
+    let text = String::from_utf8_lossy(buf);
+    text.lines().find(|l| !l.trim().is_empty()).is_some_and(|l| l.contains(needle))
 }

@@ -1,0 +1,211 @@
+//! `kvmesh replay`: every chosen policy on the same trace through the fleet simulator.
+
+mod plot;
+mod render;
+
+use crate::cli::ReplayArgs;
+use anyhow::{bail, Context};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use kvmesh_core::PolicyKind;
+use kvmesh_sim::engine::EngineProfile;
+use kvmesh_sim::simulation::{floors, simulate, Floors, RunMetrics, SimConfig};
+use kvmesh_sim::trace::{self, Trace};
+use kvmesh_sim::workload::arrivals;
+use kvmesh_sim::workload::scenarios::{Scenario, ScenarioParams};
+use std::sync::Mutex;
+
+/// One policy's results over the seeds.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PolicyResult {
+    /// The policy.
+    pub policy: String,
+    /// Mean over seeds.
+    pub mean: RunMetrics,
+    /// Per seed, in seed order.
+    pub per_seed: Vec<RunMetrics>,
+    /// Sorted TTFTs of the first seed, seconds (for the CDF plot).
+    #[serde(skip)]
+    pub ttfts: Vec<f64>,
+}
+
+/// Everything a replay reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// What was replayed.
+    pub source: String,
+    /// Requests replayed.
+    pub requests: usize,
+    /// Replay span (first to last arrival after scaling), seconds.
+    pub span_s: f64,
+    /// Replicas.
+    pub replicas: u32,
+    /// Engine profile name.
+    pub profile: String,
+    /// Rate scale applied.
+    pub rate_scale: f64,
+    /// KV-event delivery delay, seconds.
+    pub event_delay_s: f64,
+    /// Seeds run.
+    pub seeds: Vec<u64>,
+    /// TTFT SLO, seconds.
+    pub slo_ttft_s: f64,
+    /// The floors no router can beat.
+    pub floors: Floors,
+    /// Per policy, in the order asked.
+    pub results: Vec<PolicyResult>,
+}
+
+pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
+    let (trace, source) = load(args)?;
+    let profile = EngineProfile::resolve(&args.profile).map_err(anyhow::Error::msg)?;
+    let policies: Vec<PolicyKind> = match &args.policies {
+        None => PolicyKind::ALL.to_vec(),
+        Some(list) => list.split(',').map(|p| p.parse::<PolicyKind>()).collect::<Result<_, _>>()?,
+    };
+    if args.seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    let seeds: Vec<u64> = (args.seed..args.seed + args.seeds as u64).collect();
+    let config = SimConfig {
+        replicas: args.replicas,
+        profile: profile.clone(),
+        block_size: args.block_size,
+        event_delay_s: args.event_delay_ms / 1000.0,
+        slo_ttft_s: args.slo_ttft,
+        send_max_tokens: args.max_tokens_known,
+        ..SimConfig::default()
+    };
+    let floors = floors(&trace, &profile.step(), args.block_size);
+    let span_s = trace.requests.last().map_or(0.0, |r| r.arrival_s);
+    let results = run_all(&config, &trace, &policies, &seeds, args)?;
+    let report = Report {
+        source,
+        requests: trace.requests.len(),
+        span_s,
+        replicas: args.replicas,
+        profile: profile.name.clone(),
+        rate_scale: args.rate_scale,
+        event_delay_s: config.event_delay_s,
+        seeds,
+        slo_ttft_s: args.slo_ttft,
+        floors,
+        results,
+    };
+    if let Some(path) = &args.plot {
+        plot::ttft_cdf(&report, path).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("TTFT CDFs written to {}", path.display());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if args.markdown {
+        print!("{}", render::markdown(&report));
+    } else {
+        print!("{}", render::table(&report));
+    }
+    Ok(())
+}
+
+/// The trace (or scenario) to replay, prepared: buckets spread, rate scaled, truncated.
+fn load(args: &ReplayArgs) -> anyhow::Result<(Trace, String)> {
+    let (mut trace, source) = match (&args.trace, &args.scenario) {
+        (Some(_), Some(_)) => bail!("give --trace or --scenario, not both"),
+        (Some(path), None) => {
+            let t = trace::load(path).with_context(|| format!("replaying {}", path.display()))?;
+            for e in t.skipped.iter().take(10) {
+                eprintln!("warning: skipped {} {e}", path.display());
+            }
+            (t, path.display().to_string())
+        }
+        (None, scenario) => {
+            let name = scenario.as_deref().unwrap_or("chat");
+            let s: Scenario = name.parse().map_err(anyhow::Error::msg)?;
+            let p = ScenarioParams { requests: args.requests.unwrap_or(2000) as u32, rate: args.rate, seed: args.seed };
+            (s.generate(&p), format!("scenario {name} ({} requests at {} req/s)", p.requests, p.rate))
+        }
+    };
+    if !args.no_spread {
+        arrivals::spread_buckets(&mut trace);
+    }
+    arrivals::scale_rate(&mut trace, args.rate_scale).map_err(anyhow::Error::msg)?;
+    if let (Some(n), Some(_)) = (args.requests, &args.trace) {
+        arrivals::truncate(&mut trace, n);
+    }
+    if trace.requests.is_empty() {
+        bail!("nothing to replay: the trace has no requests");
+    }
+    Ok((trace, source))
+}
+
+/// Runs every (policy, seed) pair on `--jobs` threads, with a progress bar each.
+fn run_all(
+    config: &SimConfig,
+    trace: &Trace,
+    policies: &[PolicyKind],
+    seeds: &[u64],
+    args: &ReplayArgs,
+) -> anyhow::Result<Vec<PolicyResult>> {
+    let jobs: Vec<(usize, usize)> = (0..policies.len()).flat_map(|p| (0..seeds.len()).map(move |s| (p, s))).collect();
+    let next = Mutex::new(0usize);
+    type Slot = Option<(RunMetrics, Vec<f64>)>;
+    let done: Mutex<Vec<Slot>> = Mutex::new(vec![None; jobs.len()]);
+    let bars = MultiProgress::new();
+    if args.quiet {
+        bars.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let style = ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} requests {elapsed}")
+        .expect("static template")
+        .progress_chars("=> ");
+    let workers = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..workers.min(jobs.len()) {
+            scope.spawn(|| loop {
+                let k = {
+                    let mut n = next.lock().expect("job counter");
+                    let k = *n;
+                    *n += 1;
+                    k
+                };
+                let Some(&(p, s)) = jobs.get(k) else { break };
+                let bar = bars.add(ProgressBar::new(trace.requests.len() as u64));
+                bar.set_style(style.clone());
+                bar.set_prefix(format!("{} seed {}", policies[p], seeds[s]));
+                let mut policy = policies[p].build();
+                match simulate(config, trace, policy.as_mut(), seeds[s], &mut |n| bar.set_position(n)) {
+                    Ok(run) => {
+                        let metrics = RunMetrics::of(&run, config);
+                        let mut ttfts: Vec<f64> = run
+                            .outcomes
+                            .iter()
+                            .filter(|o| o.first_token_s.is_finite())
+                            .map(|o| o.first_token_s - o.arrival_s)
+                            .collect();
+                        ttfts.sort_by(f64::total_cmp);
+                        done.lock().expect("results")[k] = Some((metrics, ttfts));
+                    }
+                    Err(e) => errors.lock().expect("errors").push(format!("{} seed {}: {e}", policies[p], seeds[s])),
+                }
+                bar.finish_and_clear();
+            });
+        }
+    });
+    if let Some(e) = errors.into_inner().expect("errors").into_iter().next() {
+        bail!("simulation failed: {e}");
+    }
+    let done = done.into_inner().expect("results");
+    Ok(policies
+        .iter()
+        .enumerate()
+        .map(|(p, kind)| {
+            let runs: Vec<&(RunMetrics, Vec<f64>)> =
+                (0..seeds.len()).filter_map(|s| done[p * seeds.len() + s].as_ref()).collect();
+            let per_seed: Vec<RunMetrics> = runs.iter().map(|r| r.0).collect();
+            PolicyResult {
+                policy: kind.to_string(),
+                mean: RunMetrics::mean(&per_seed),
+                per_seed,
+                ttfts: runs.first().map(|r| r.1.clone()).unwrap_or_default(),
+            }
+        })
+        .collect())
+}

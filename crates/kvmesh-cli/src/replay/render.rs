@@ -1,0 +1,114 @@
+//! The replay report as a terminal table and as Markdown.
+
+use super::Report;
+use std::fmt::Write;
+
+const COLUMNS: [&str; 13] = [
+    "policy",
+    "TTFT p50",
+    "TTFT p90",
+    "TTFT p99",
+    "TPOT p50",
+    "TPOT p99",
+    "E2E p99",
+    "req/s",
+    "out tok/s",
+    "hit rate",
+    "load max",
+    "load mean",
+    ">SLO",
+];
+
+fn rows(r: &Report) -> Vec<[String; 13]> {
+    r.results
+        .iter()
+        .map(|p| {
+            let m = &p.mean;
+            [
+                p.policy.clone(),
+                secs(m.ttft_p50),
+                secs(m.ttft_p90),
+                secs(m.ttft_p99),
+                format!("{:.1} ms", m.tpot_p50 * 1e3),
+                format!("{:.1} ms", m.tpot_p99 * 1e3),
+                secs(m.e2e_p99),
+                format!("{:.2}", m.throughput_rps),
+                format!("{:.0}", m.output_tps),
+                format!("{:.3}", m.hit_rate),
+                format!("{:.0}", m.load_max),
+                format!("{:.0}", m.load_mean),
+                m.slo_violations.to_string(),
+            ]
+        })
+        .collect()
+}
+
+fn secs(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+fn header(r: &Report) -> String {
+    let seeds =
+        if r.seeds.len() == 1 { format!("seed {}", r.seeds[0]) } else { format!("mean of {} seeds", r.seeds.len()) };
+    format!(
+        "{} — {} requests over {:.0} s on {} × {} replicas, rate scale {}, KV-event delay {:.0} ms, {seeds}\n\
+         floor p99 TTFT (no queueing): {} with nothing cached, {} with every reusable prefix cached; SLO {}\n",
+        r.source,
+        r.requests,
+        r.span_s,
+        r.replicas,
+        r.profile,
+        r.rate_scale,
+        r.event_delay_s * 1e3,
+        secs(r.floors.p99_uncached),
+        secs(r.floors.p99_all_cached),
+        secs(r.slo_ttft_s)
+    )
+}
+
+/// A fixed-width table for a terminal.
+pub fn table(r: &Report) -> String {
+    let rows = rows(r);
+    let widths: Vec<usize> = (0..COLUMNS.len())
+        .map(|c| rows.iter().map(|row| row[c].len()).chain([COLUMNS[c].len()]).max().unwrap_or(0))
+        .collect();
+    let mut out = header(r);
+    out.push('\n');
+    let line = |cells: &[String]| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(c, s)| if c == 0 { format!("{s:<w$}", w = widths[c]) } else { format!("{s:>w$}", w = widths[c]) })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    let _ = writeln!(out, "{}", line(&COLUMNS.map(String::from)));
+    for row in &rows {
+        let _ = writeln!(out, "{}", line(row));
+    }
+    let wall: f64 = r.results.iter().flat_map(|p| p.per_seed.iter().map(|m| m.wall_s)).sum();
+    let events: u64 = r.results.iter().flat_map(|p| p.per_seed.iter().map(|m| m.events)).sum();
+    let _ = writeln!(
+        out,
+        "\nsimulated {} events in {wall:.1} s of compute ({:.0} events/s)",
+        events,
+        events as f64 / wall.max(1e-9)
+    );
+    out
+}
+
+/// A Markdown table (for BENCHMARKS.md).
+pub fn markdown(r: &Report) -> String {
+    let mut out = header(r).lines().map(|l| format!("{l}  \n")).collect::<String>();
+    out.push('\n');
+    let _ = writeln!(out, "| {} |", COLUMNS.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(COLUMNS.len()));
+    for row in rows(r) {
+        let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
+    out
+}
