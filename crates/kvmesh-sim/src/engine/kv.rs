@@ -8,7 +8,8 @@
 //! Every block that enters or leaves the cache is reported, so the engine can publish the
 //! same `BlockStored` / `BlockRemoved` events a real vLLM would.
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 
 /// One cached block.
 #[derive(Debug, Clone, Copy)]
@@ -23,7 +24,7 @@ struct Cached {
 pub struct KvCache {
     capacity: u64,
     private: u64,
-    cached: HashMap<u64, Cached>,
+    cached: FxHashMap<u64, Cached>,
     /// Evictable cached blocks by LRU stamp.
     lru: BTreeMap<u64, u64>,
     clock: u64,
@@ -34,7 +35,7 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache of `capacity` blocks.
     pub fn new(capacity: u64) -> Self {
-        KvCache { capacity, private: 0, cached: HashMap::new(), lru: BTreeMap::new(), clock: 0, evicted: Vec::new() }
+        KvCache { capacity, private: 0, cached: FxHashMap::default(), lru: BTreeMap::new(), clock: 0, evicted: Vec::new() }
     }
 
     /// Capacity, blocks.
