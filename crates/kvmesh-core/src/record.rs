@@ -141,6 +141,21 @@ impl RoutingRecord {
         leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(Vec::as_slice), live, out);
     }
 
+    /// Like [`Self::overlaps`], counting only entries recorded less than `window(replica)`
+    /// seconds before `now` (and within the TTL): prefixes routed recently enough that the
+    /// replica's KV events may not have confirmed them yet.
+    pub fn overlaps_within(
+        &self,
+        hashes: &[BlockHash],
+        now: f64,
+        window: impl Fn(ReplicaId) -> f64,
+        out: &mut Vec<(ReplicaId, Overlap)>,
+    ) {
+        let ttl = self.ttl;
+        let live = |s: &Sent| (s.at + window(s.replica).min(ttl) > now) as u8 * GPU_BIT;
+        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(Vec::as_slice), live, out);
+    }
+
     /// Blocks recorded for `replica` (SGLang's per-worker "tree size").
     pub fn replica_blocks(&self, replica: ReplicaId) -> u64 {
         self.per_replica.get(replica.index()).copied().unwrap_or(0)

@@ -85,7 +85,9 @@ fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
     });
     f.apply_event(a, &ev, 2.0).unwrap();
     assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Events);
-    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 2.0).unwrap().overlap_blocks, 1);
+    // (token_load still counts its own 10 s-old routing as pending until 10.0 s.)
+    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 9.9).unwrap().overlap_blocks, 4);
+    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 10.0).unwrap().overlap_blocks, 1);
     // Case C04: a block-size mismatch is loud and sends it back to its record, not to a
     // silent zero.
     let wrong = KvEvent::Stored(Stored {
@@ -96,11 +98,11 @@ fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
         medium: Medium::Gpu,
         lora_name: None,
     });
-    f.apply_event(a, &wrong, 3.0).unwrap();
+    f.apply_event(a, &wrong, 11.0).unwrap();
     assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Approximate);
     assert_eq!(f.index().health(a).unwrap().block_size_mismatch, Some(32));
     assert_eq!(f.replica(a).unwrap().last_event_at, Some(2.0), "a rejected event is no sign of life");
-    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 3.0).unwrap().overlap_blocks, 4);
+    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 11.0).unwrap().overlap_blocks, 4);
 }
 
 #[test]
@@ -160,11 +162,11 @@ fn after_slow_first_tokens(config: FleetConfig) -> (Fleet, f64) {
 #[test]
 fn first_tokens_teach_the_prefill_cost() {
     let slow = crate::load::ReplicaProfile { prefill_s_per_token: 40e-6, ..Default::default() };
-    let (f, ttft) = after_slow_first_tokens(FleetConfig::default());
+    let (f, ttft) = after_slow_first_tokens(FleetConfig { learn_prefill_rate: true, ..FleetConfig::default() });
     let a = f.replicas()[0].id;
     assert!((f.replica(a).unwrap().prefill.s_per_token().unwrap() - 40e-6).abs() < 1e-12);
     assert!((ttft - slow.ttft(2048, 0)).abs() < 1e-12);
-    // Learning off: the configured profile stands.
-    let (_, ttft) = after_slow_first_tokens(FleetConfig { learn_prefill_rate: false, ..FleetConfig::default() });
+    // Learning off (the default): the configured profile stands.
+    let (_, ttft) = after_slow_first_tokens(FleetConfig::default());
     assert!((ttft - crate::load::ReplicaProfile::default().ttft(2048, 0)).abs() < 1e-12);
 }

@@ -60,6 +60,8 @@ pub struct Booking {
 pub struct Bookings {
     live: FxHashMap<BookingId, Booking>,
     loads: Vec<TokenLoad>,
+    /// Seconds per prefill token, per replica, for the virtual drain clock.
+    prefill_s_per_token: Vec<f64>,
     next: u64,
     lease_s: f64,
     block_size: u32,
@@ -85,6 +87,7 @@ impl Bookings {
         Ok(Bookings {
             live: FxHashMap::default(),
             loads: Vec::new(),
+            prefill_s_per_token: Vec::new(),
             next: 0,
             lease_s,
             block_size,
@@ -122,6 +125,26 @@ impl Bookings {
         self.live.get(&id)
     }
 
+    /// Sets the prefill speed used to drain `replica`'s queued prefill over time, seconds per
+    /// token (default: the H100 profile's 17.25 µs).
+    pub fn set_prefill_rate(&mut self, replica: ReplicaId, s_per_token: f64) {
+        let i = replica.index();
+        if self.prefill_s_per_token.len() <= i {
+            self.prefill_s_per_token.resize(i + 1, super::ReplicaProfile::H100_LLAMA3_8B.prefill_s_per_token);
+        }
+        if s_per_token.is_finite() && s_per_token > 0.0 {
+            self.prefill_s_per_token[i] = s_per_token;
+        }
+    }
+
+    /// The prefill speed of `replica`, seconds per token.
+    pub fn prefill_rate(&self, replica: ReplicaId) -> f64 {
+        self.prefill_s_per_token
+            .get(replica.index())
+            .copied()
+            .unwrap_or(super::ReplicaProfile::H100_LLAMA3_8B.prefill_s_per_token)
+    }
+
     /// Books `spec` on `replica` at `now` (seconds).
     pub fn book(&mut self, replica: ReplicaId, spec: BookingSpec, now: f64) -> BookingId {
         let id = BookingId(self.next);
@@ -131,17 +154,24 @@ impl Bookings {
         if self.loads.len() <= i {
             self.loads.resize(i + 1, TokenLoad::default());
         }
+        let s_per_token = self.prefill_rate(replica);
         let l = &mut self.loads[i];
         let b = Booking {
             replica,
             spec,
             kv_blocks,
-            queued_ahead_tokens: l.queued_prefill_tokens,
+            queued_ahead_tokens: l.queued_prefill_at(now, s_per_token),
             decoding_at_booking: l.decoding,
             booked_at: now,
             first_token_at: None,
             lease_until: now + self.lease_s,
         };
+        let s_per_token = self
+            .prefill_s_per_token
+            .get(i)
+            .copied()
+            .unwrap_or(super::ReplicaProfile::H100_LLAMA3_8B.prefill_s_per_token);
+        l.prefill_busy_until = l.prefill_busy_until.max(now) + spec.uncached_prefill_tokens as f64 * s_per_token;
         l.prefilling += 1;
         l.queued_prefill_tokens += spec.uncached_prefill_tokens as u64;
         l.expected_decode_tokens += spec.expected_output_tokens as u64;
@@ -169,6 +199,9 @@ impl Bookings {
         l.prefilling -= 1;
         l.decoding += 1;
         l.queued_prefill_tokens -= b.spec.uncached_prefill_tokens as u64;
+        if l.prefilling == 0 {
+            l.prefill_busy_until = 0.0;
+        }
         Ok(Some(before))
     }
 
@@ -214,6 +247,9 @@ impl Bookings {
         if b.first_token_at.is_none() {
             l.prefilling -= 1;
             l.queued_prefill_tokens -= b.spec.uncached_prefill_tokens as u64;
+            if l.prefilling == 0 {
+                l.prefill_busy_until = 0.0;
+            }
         } else {
             l.decoding -= 1;
         }
@@ -244,15 +280,38 @@ mod tests {
             expected_decode_tokens: 100,
             kv_blocks: 77,
             prompt_blocks: 70,
+            prefill_busy_until: 1000.0 * 17.25e-6,
         };
         assert_eq!(b.load(r), want);
         b.first_token(id, 0.5).unwrap();
-        assert_eq!(b.load(r), TokenLoad { queued_prefill_tokens: 0, prefilling: 0, decoding: 1, ..want });
+        let decoding =
+            TokenLoad { queued_prefill_tokens: 0, prefilling: 0, decoding: 1, prefill_busy_until: 0.0, ..want };
+        assert_eq!(b.load(r), decoding);
         assert_eq!(b.get(id).unwrap().lease_until, 60.5);
         b.release(id, Some(90)).unwrap();
         assert_eq!(b.load(r), TokenLoad::default());
         assert_eq!(b.release(id, None), Err(Error::UnknownBooking(0)));
         assert_eq!(b.outputs().expect(None), 90);
+    }
+
+    #[test]
+    fn queued_prefill_drains_at_the_prefill_rate() {
+        let mut b = Bookings::new(60.0, 16).unwrap();
+        let r = ReplicaId(0);
+        b.set_prefill_rate(r, 1e-3);
+        b.book(r, spec(1000, 0, 0), 10.0); // virtually done at 11.0
+        let c = b.book(r, spec(500, 0, 0), 10.5); // queued behind: done at 11.5
+        let l = b.load(r);
+        assert_eq!(l.queued_prefill_at(10.0, 1e-3), 1500);
+        assert_eq!(l.queued_prefill_at(11.0, 1e-3), 500);
+        assert_eq!(l.queued_prefill_at(12.0, 1e-3), 0);
+        // A first token takes its tokens out of the held count; the virtual clock stays, and
+        // the smaller of the two counts: 900 tokens of virtual work are left at 10.6.
+        b.first_token(c, 10.6).unwrap();
+        assert_eq!(b.load(r).queued_prefill_tokens, 1000);
+        assert_eq!(b.load(r).queued_prefill_at(10.6, 1e-3), 900);
+        assert_eq!(b.prefill_rate(r), 1e-3);
+        assert_eq!(b.prefill_rate(ReplicaId(9)), 17.25e-6);
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub use output::OutputEstimator;
 pub use profile::ReplicaProfile;
 
 /// The router-side load one replica carries, summed over its live bookings.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TokenLoad {
     /// Prefill tokens still to compute (uncached prompt tokens of requests before their first
     /// token), tokens.
@@ -35,11 +35,25 @@ pub struct TokenLoad {
     pub kv_blocks: u64,
     /// The uncached prompt blocks alone (Dynamo's "active blocks"), blocks.
     pub prompt_blocks: u64,
+    /// When the booked prefill would be done if the replica worked through it back to back at
+    /// its prefill rate, seconds (a virtual clock; 0 when nothing is queued).
+    pub prefill_busy_until: f64,
 }
 
 impl TokenLoad {
     /// Requests outstanding on the replica (prefilling + decoding).
     pub fn outstanding(&self) -> u32 {
         self.prefilling + self.decoding
+    }
+
+    /// Prefill tokens still queued at `now`, tokens: the booked uncached tokens of requests
+    /// before their first token, drained over time at the replica's prefill rate
+    /// (`s_per_token`, seconds per token) — a request's first token, the only exact signal,
+    /// can come much later than its prefill ends, so holding the whole booking until then
+    /// would overstate a busy replica's queue.
+    #[inline]
+    pub fn queued_prefill_at(&self, now: f64, s_per_token: f64) -> u64 {
+        let virtual_left = ((self.prefill_busy_until - now).max(0.0) / s_per_token).round() as u64;
+        self.queued_prefill_tokens.min(virtual_left)
     }
 }

@@ -57,6 +57,13 @@ pub trait Policy: Send + fmt::Debug {
         false
     }
 
+    /// When `Some(w)`: prefixes this router sent to a replica less than `w` seconds ago count
+    /// as cached there in [`FleetView::overlaps`] — booked, not yet confirmed by the replica's
+    /// KV events — and the router records every decision for it.
+    fn pending_prefix_s(&self) -> Option<f64> {
+        None
+    }
+
     /// Picks a replica. `view` has at least one routable replica.
     ///
     /// # Errors

@@ -38,11 +38,16 @@ fn hold(f: &mut Fleet, r: ReplicaId, toks: &[u32], blocks: usize, now: f64) {
     f.apply_event(r, &ev, now).unwrap();
 }
 
-/// Gives `r` exactly `n` outstanding requests, each with `prefill` queued uncached tokens.
+/// Gives `r` exactly `n` outstanding requests, each with `prefill` queued uncached tokens,
+/// booked at 1.0 s (the time `decide` decides at, so nothing has drained yet).
 fn load(f: &mut Fleet, r: ReplicaId, n: u32, prefill: u32) {
+    load_at(f, r, n, prefill, 1.0);
+}
+
+fn load_at(f: &mut Fleet, r: ReplicaId, n: u32, prefill: u32, at: f64) {
     for _ in 0..n {
         let spec = BookingSpec { uncached_prefill_tokens: prefill, uncached_blocks: 0, expected_output_tokens: 0 };
-        f.book(r, spec, 0.0).unwrap();
+        f.book(r, spec, at).unwrap();
     }
 }
 
@@ -309,12 +314,21 @@ fn token_load_trades_overlap_against_queue() {
     // Fully cached on replica 0: 1 token to compute there against 1,024 on replica 1.
     let d = decide(&mut f, &mut p, &toks);
     assert_eq!((d.replica, d.reason, d.overlap_blocks, d.uncached_tokens), (ids[0], Reason::LowestCost, 64, 1));
-    // A 1,100-token queue on replica 0 outweighs the 1,023 tokens its cache saves.
+    // Greedy (no recompute charge): a 1,100-token queue on replica 0 outweighs the 1,023
+    // tokens its cache saves.
     load(&mut f, ids[0], 1, 1100);
-    let d = decide(&mut f, &mut p, &toks);
+    let mut greedy = TokenLoadPolicy::new(TokenLoadParams { move_weight: 0.0, ..TokenLoadParams::default() });
+    let d = decide(&mut f, &mut greedy, &toks);
     assert_eq!((d.replica, d.uncached_tokens), (ids[1], 1024));
     let want = 17.25e-6 * 1024.0 + 5.75e-3;
     assert!((d.estimated_ttft_s - want).abs() < 1e-12);
+    // With the charge: pressure 0.5 requests per replica prices the move at
+    // 0.5 · 1,023 · 17.25 µs = 8.8 ms, so replica 0 (24.7 ms) beats replica 1 (23.4 + 8.8 ms)…
+    assert_eq!(decide(&mut f, &mut p, &toks).replica, ids[0]);
+    // …until its queue outgrows the charge: a second queued request (pressure 1.0, charge
+    // 17.6 ms) of 1,400 tokens puts replica 0 at 48.9 ms against 23.4 + 17.6 = 41.1 ms.
+    load(&mut f, ids[0], 1, 1400);
+    assert_eq!(decide(&mut f, &mut p, &toks).replica, ids[1]);
 }
 
 /// A policy that always picks `self.0`: to read the shared estimate for one replica.
@@ -336,8 +350,8 @@ fn token_load_overlap_credit_fades_only_once_the_replica_serves_silently() {
     let (mut f, ids) = fleet(2);
     let toks = tokens(10, 64 * BS);
     hold(&mut f, ids[0], &toks, 64, 0.0);
-    load(&mut f, ids[0], 1, 600);
-    let mut p = TokenLoadPolicy::new(TokenLoadParams::default());
+    // Greedy, to see the credit alone.
+    let mut p = TokenLoadPolicy::new(TokenLoadParams { move_weight: 0.0, ..TokenLoadParams::default() });
     let req = RouteRequest::new(f.hasher(), &toks, Some(16));
     let uncached_on_0 =
         |f: &mut Fleet, now: f64| f.decide(&mut Fixed(ids[0]), &req, &mut rng(), now).unwrap().uncached_tokens;
@@ -347,12 +361,14 @@ fn token_load_overlap_credit_fades_only_once_the_replica_serves_silently() {
     let spec = BookingSpec { uncached_prefill_tokens: 0, uncached_blocks: 0, expected_output_tokens: 0 };
     let b = f.book(ids[0], spec, 5.0).unwrap();
     f.first_token(b, 10.0).unwrap();
-    // Age 30 s: full credit; the cache beats the 600-token queue.
+    // Age 30 s: full credit; the cache beats a 600-token queue booked just now.
     assert_eq!(uncached_on_0(&mut f, 30.0), 1);
+    load_at(&mut f, ids[0], 1, 600, 30.0);
     assert_eq!(f.decide(&mut p, &req, &mut rng(), 30.0).unwrap().replica, ids[0]);
     // Age 165 s: credit (300 − 165)/270 = 0.5 → 32 of 64 blocks, 512 tokens to compute; with
-    // the 600-token queue that is more than replica 1's 1,024.
+    // a fresh 600-token queue that is more than replica 1's 1,024.
     assert_eq!(uncached_on_0(&mut f, 165.0), 512);
+    load_at(&mut f, ids[0], 1, 600, 165.0);
     assert_eq!(f.decide(&mut p, &req, &mut rng(), 165.0).unwrap().replica, ids[1]);
     // Age 97.5 s: credit 0.75 → 48 blocks cached, 256 tokens.
     assert_eq!(uncached_on_0(&mut f, 97.5), 256);

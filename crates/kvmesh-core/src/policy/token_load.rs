@@ -8,7 +8,21 @@
 //! ```
 //!
 //! Overlap is a *discount* on prefill, not the objective: a replica holding the prefix wins
-//! only while its queue is shorter than the recompute it saves. `credit` fades from 1 to 0 as
+//! only while its queue is shorter than the recompute it saves. Queued prefill drains at the
+//! replica's prefill rate between first tokens ([`crate::load::TokenLoad::queued_prefill_at`]).
+//!
+//! A greedy per-request TTFT gives up cache affinity exactly when it matters: near capacity
+//! every replica has a queue, and each move away from the replica that caches the prefix adds
+//! its recompute to the fleet's work, which every later request waits for. So each candidate
+//! is charged for the prefill it needs beyond the best-cached candidate, scaled by the fleet
+//! pressure (requests queued for prefill per replica, capped at `max_pressure`):
+//!
+//! ```text
+//! cost = TTFT + move_weight · min(pressure, max_pressure) · β1 · (uncached − fewest uncached)
+//! ```
+//!
+//! An idle fleet pays nothing (spare capacity absorbs the recompute); a loaded one holds
+//! affinity harder. `credit` fades from 1 to 0 as
 //! the replica's last KV event ages from `event_fresh_s` to `event_stale_s` (stale → load
 //! only). KV headroom is a hard limit: a replica whose free blocks are fewer than the
 //! request's uncached prompt blocks plus expected output blocks is skipped while any other
@@ -29,11 +43,20 @@ pub struct TokenLoadParams {
     pub near_equal_s: f64,
     /// Relative near-equal band, fraction of the best TTFT. Default 0.02.
     pub near_equal_rel: f64,
+    /// Weight of the recompute charge for moving a request away from the replica that caches
+    /// most of its prefix (see the module docs). 0 turns it off. Default 1.0.
+    pub move_weight: f64,
+    /// Cap on the fleet pressure that scales the recompute charge, requests. Default 8.
+    pub max_pressure: f64,
+    /// Prefixes routed to a replica within this many seconds, plus the replica's prefill queue
+    /// delay, count as cached there before its KV events confirm them (0 turns it off).
+    /// Default 2.
+    pub pending_prefix_s: f64,
 }
 
 impl Default for TokenLoadParams {
     fn default() -> Self {
-        TokenLoadParams { near_equal_s: 0.001, near_equal_rel: 0.02 }
+        TokenLoadParams { near_equal_s: 0.001, near_equal_rel: 0.02, move_weight: 1.0, max_pressure: 8.0, pending_prefix_s: 2.0 }
     }
 }
 
@@ -41,6 +64,7 @@ impl Default for TokenLoadParams {
 #[derive(Debug)]
 pub struct TokenLoadPolicy {
     params: TokenLoadParams,
+    estimates: Vec<(usize, crate::fleet::Estimate)>,
     fits: Vec<(usize, f64)>,
     all: Vec<(usize, f64)>,
 }
@@ -48,7 +72,7 @@ pub struct TokenLoadPolicy {
 impl TokenLoadPolicy {
     /// A policy with `params`.
     pub fn new(params: TokenLoadParams) -> Self {
-        TokenLoadPolicy { params, fits: Vec::new(), all: Vec::new() }
+        TokenLoadPolicy { params, estimates: Vec::new(), fits: Vec::new(), all: Vec::new() }
     }
 }
 
@@ -57,15 +81,29 @@ impl Policy for TokenLoadPolicy {
         "token_load"
     }
 
+    fn pending_prefix_s(&self) -> Option<f64> {
+        (self.params.pending_prefix_s > 0.0).then_some(self.params.pending_prefix_s)
+    }
+
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {
+        self.estimates.clear();
         self.fits.clear();
         self.all.clear();
         let estimator = view.estimator(req);
-        for i in view.routable() {
-            let e = estimator.at(i);
-            self.all.push((i, e.ttft_s));
+        self.estimates.extend(view.routable().map(|i| (i, estimator.at(i))));
+        // The recompute charge: prefill a move away from the best-cached replica adds to the
+        // fleet's work, weighted by how many requests already queue per replica.
+        let fewest_uncached = self.estimates.iter().map(|(_, e)| e.uncached_tokens).min().unwrap_or(0);
+        let n = self.estimates.len().max(1) as f64;
+        let pressure = self.estimates.iter().map(|&(i, _)| view.load(i).prefilling as f64).sum::<f64>() / n;
+        let charge = self.params.move_weight * pressure.min(self.params.max_pressure);
+        for &(i, e) in &self.estimates {
+            let extra = (e.uncached_tokens - fewest_uncached) as f64;
+            let s_per_token = view.replicas[i].profile(view.config.learn_prefill_rate).prefill_s_per_token;
+            let cost = e.ttft_s + charge * extra * s_per_token;
+            self.all.push((i, cost));
             if e.kv_headroom_blocks >= 0 {
-                self.fits.push((i, e.ttft_s));
+                self.fits.push((i, cost));
             }
         }
         let (scores, reason) =
