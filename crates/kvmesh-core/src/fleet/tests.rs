@@ -83,11 +83,12 @@ fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
         medium: Medium::Gpu,
         lora_name: None,
     });
-    f.apply_event(a, &ev, 2.0).unwrap();
+    f.apply_event(a, &ev, 1.5).unwrap();
     assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Events);
-    // (token_load still counts its own 10 s-old routing as pending until 10.0 s.)
-    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 9.9).unwrap().overlap_blocks, 4);
-    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 10.0).unwrap().overlap_blocks, 1);
+    // token_load still counts its own routing at 0.0 as pending for its 2 s window (the
+    // replica has no queue to add to it), then only the index counts.
+    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 1.9).unwrap().overlap_blocks, 4);
+    assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 2.0).unwrap().overlap_blocks, 1);
     // Case C04: a block-size mismatch is loud and sends it back to its record, not to a
     // silent zero.
     let wrong = KvEvent::Stored(Stored {
@@ -101,7 +102,7 @@ fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
     f.apply_event(a, &wrong, 11.0).unwrap();
     assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Approximate);
     assert_eq!(f.index().health(a).unwrap().block_size_mismatch, Some(32));
-    assert_eq!(f.replica(a).unwrap().last_event_at, Some(2.0), "a rejected event is no sign of life");
+    assert_eq!(f.replica(a).unwrap().last_event_at, Some(1.5), "a rejected event is no sign of life");
     assert_eq!(f.decide(p.as_mut(), &req, &mut rng(), 11.0).unwrap().overlap_blocks, 4);
 }
 
@@ -169,4 +170,54 @@ fn first_tokens_teach_the_prefill_cost() {
     // Learning off (the default): the configured profile stands.
     let (_, ttft) = after_slow_first_tokens(FleetConfig::default());
     assert!((ttft - crate::load::ReplicaProfile::default().ttft(2048, 0)).abs() < 1e-12);
+}
+
+/// Always picks its replica and counts pending prefixes for `pending_prefix_s` seconds.
+#[derive(Debug)]
+struct Pin(ReplicaId);
+
+impl crate::policy::Policy for Pin {
+    fn name(&self) -> &'static str {
+        "pin"
+    }
+    fn pending_prefix_s(&self) -> Option<f64> {
+        Some(2.0)
+    }
+    fn pick(
+        &mut self,
+        req: &RouteRequest,
+        view: &FleetView<'_>,
+        _: &mut dyn rand::RngCore,
+    ) -> Result<crate::policy::Decision, Error> {
+        let i = view.replicas.iter().position(|r| r.id == self.0).unwrap();
+        Ok(crate::policy::Decision::at(view, req, i, Reason::Rotation))
+    }
+}
+
+#[test]
+fn pending_prefixes_count_while_the_queue_ahead_of_them_lasts() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    let a = f.add_replica(ReplicaSpec::new("a", 100_000)).unwrap();
+    // A live event stream, so overlaps come from the index (which never sees our prefix).
+    let other: Vec<u32> = (1000..1016).collect();
+    let ev = KvEvent::Stored(Stored {
+        block_hashes: vec![EngineBlockHash(9)],
+        parent: None,
+        token_ids: other,
+        block_size: 16,
+        medium: Medium::Gpu,
+        lora_name: None,
+    });
+    f.apply_event(a, &ev, 0.0).unwrap();
+    // 5 s of queued prefill ahead (17.25 µs/token).
+    let queue =
+        crate::load::BookingSpec { uncached_prefill_tokens: 289_855, uncached_blocks: 0, expected_output_tokens: 0 };
+    f.book(a, queue, 0.0).unwrap();
+    let req = RouteRequest::new(f.hasher(), &toks(64), None);
+    f.route(&mut Pin(a), &req, &mut rng(), 0.0).unwrap();
+    let overlap = |f: &mut Fleet, now: f64| f.decide(&mut Pin(a), &req, &mut rng(), now).unwrap().overlap_blocks;
+    // At 3.0 s about 2 s of queue is left: window 2 + 2 s covers the routing at 0.0.
+    assert_eq!(overlap(&mut f, 3.0), 4);
+    // At 4.5 s, 0.5 s is left: window 2.5 s no longer reaches back to 0.0.
+    assert_eq!(overlap(&mut f, 4.5), 0);
 }

@@ -56,7 +56,13 @@ pub struct TokenLoadParams {
 
 impl Default for TokenLoadParams {
     fn default() -> Self {
-        TokenLoadParams { near_equal_s: 0.001, near_equal_rel: 0.02, move_weight: 1.0, max_pressure: 8.0, pending_prefix_s: 2.0 }
+        TokenLoadParams {
+            near_equal_s: 0.001,
+            near_equal_rel: 0.02,
+            move_weight: 1.0,
+            max_pressure: 8.0,
+            pending_prefix_s: 2.0,
+        }
     }
 }
 
