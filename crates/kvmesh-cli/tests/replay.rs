@@ -27,13 +27,42 @@ fn scenario_table_lists_every_policy_and_same_seed_gives_same_numbers() {
 
 #[test]
 fn json_and_markdown_outputs() {
-    let out = kvmesh(&["replay", "--scenario", "shared-50", "--requests", "100", "--replicas", "2", "--policies", "token_load,random", "--seeds", "2", "--json", "--quiet"]);
+    let out = kvmesh(&[
+        "replay",
+        "--scenario",
+        "shared-50",
+        "--requests",
+        "100",
+        "--replicas",
+        "2",
+        "--policies",
+        "token_load,random",
+        "--seeds",
+        "2",
+        "--json",
+        "--quiet",
+    ]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["results"].as_array().unwrap().len(), 2);
     assert_eq!(v["results"][0]["policy"], "token_load");
     assert_eq!(v["results"][0]["per_seed"].as_array().unwrap().len(), 2);
     assert_eq!(v["results"][0]["mean"]["completed"], 100);
-    let md = text(&kvmesh(&["replay", "--scenario", "zipf", "--requests", "50", "--replicas", "2", "--policies", "kv_cost", "--markdown", "--quiet"]).stdout);
+    let md = text(
+        &kvmesh(&[
+            "replay",
+            "--scenario",
+            "zipf",
+            "--requests",
+            "50",
+            "--replicas",
+            "2",
+            "--policies",
+            "kv_cost",
+            "--markdown",
+            "--quiet",
+        ])
+        .stdout,
+    );
     assert!(md.contains("| policy | TTFT p50 |") && md.contains("\n| kv_cost | "), "{md}");
 }
 
@@ -42,8 +71,20 @@ fn a_real_trace_replays_with_a_plot() {
     let Some(path) = kvmesh_tests::trace("mooncake/synthetic_trace.jsonl") else { return };
     let svg = std::env::temp_dir().join(format!("kvmesh-replay-{}.svg", std::process::id()));
     let out = kvmesh(&[
-        "replay", "--trace", path.to_str().unwrap(), "--requests", "300", "--replicas", "4", "--policies", "token_load,round_robin",
-        "--rate-scale", "4", "--plot", svg.to_str().unwrap(), "--quiet",
+        "replay",
+        "--trace",
+        path.to_str().unwrap(),
+        "--requests",
+        "300",
+        "--replicas",
+        "4",
+        "--policies",
+        "token_load,round_robin",
+        "--rate-scale",
+        "4",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--quiet",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains(" — 300 requests over "));
@@ -60,7 +101,9 @@ fn bad_arguments_are_clear_errors() {
     let out = kvmesh(&["replay", "--scenario", "chat", "--policies", "fastest"]);
     assert!(text(&out.stderr).starts_with("error: unknown policy \"fastest\""));
     let out = kvmesh(&["replay", "--scenario", "chat", "--profile", "/nonexistent.json"]);
-    assert!(text(&out.stderr).starts_with("error: profile \"/nonexistent.json\" is neither h100, a100 nor a readable file"));
+    assert!(
+        text(&out.stderr).starts_with("error: profile \"/nonexistent.json\" is neither h100, a100 nor a readable file")
+    );
     let out = kvmesh(&["replay", "--scenario", "chat", "--rate-scale", "0"]);
     assert!(text(&out.stderr).starts_with("error: rate scale must be a positive number, got 0"));
 }

@@ -209,3 +209,4 @@ fn run_all(
         })
         .collect())
 }
+

@@ -35,7 +35,14 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache of `capacity` blocks.
     pub fn new(capacity: u64) -> Self {
-        KvCache { capacity, private: 0, cached: FxHashMap::default(), lru: BTreeMap::new(), clock: 0, evicted: Vec::new() }
+        KvCache {
+            capacity,
+            private: 0,
+            cached: FxHashMap::default(),
+            lru: BTreeMap::new(),
+            clock: 0,
+            evicted: Vec::new(),
+        }
     }
 
     /// Capacity, blocks.
