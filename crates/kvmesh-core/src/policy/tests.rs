@@ -314,21 +314,27 @@ fn token_load_trades_overlap_against_queue() {
     // Fully cached on replica 0: 1 token to compute there against 1,024 on replica 1.
     let d = decide(&mut f, &mut p, &toks);
     assert_eq!((d.replica, d.reason, d.overlap_blocks, d.uncached_tokens), (ids[0], Reason::LowestCost, 64, 1));
-    // Greedy (no recompute charge): a 1,100-token queue on replica 0 outweighs the 1,023
-    // tokens its cache saves.
-    load(&mut f, ids[0], 1, 1100);
+    // Greedy (no recompute charge): a 1,101-token queue (3 requests) on replica 0 outweighs
+    // the 1,023 tokens its cache saves.
+    load(&mut f, ids[0], 3, 367);
     let mut greedy = TokenLoadPolicy::new(TokenLoadParams { move_weight: 0.0, ..TokenLoadParams::default() });
     let d = decide(&mut f, &mut greedy, &toks);
     assert_eq!((d.replica, d.uncached_tokens), (ids[1], 1024));
     let want = 17.25e-6 * 1024.0 + 5.75e-3;
     assert!((d.estimated_ttft_s - want).abs() < 1e-12);
-    // With the charge: pressure 0.5 requests per replica prices the move at
-    // 0.5 · 1,023 · 17.25 µs = 8.8 ms, so replica 0 (24.7 ms) beats replica 1 (23.4 + 8.8 ms)…
+    // With the charge: pressure 3 requests / 2 replicas = 1.5, less the 0.5 the fleet absorbs,
+    // prices the move at 1.0 · 1,023 · 17.25 µs = 17.6 ms, so replica 0 (24.8 ms) beats
+    // replica 1 (23.4 + 17.6 ms)…
     assert_eq!(decide(&mut f, &mut p, &toks).replica, ids[0]);
-    // …until its queue outgrows the charge: a second queued request (pressure 1.0, charge
-    // 17.6 ms) of 1,400 tokens puts replica 0 at 48.9 ms against 23.4 + 17.6 = 41.1 ms.
-    load(&mut f, ids[0], 1, 1400);
+    // …until its queue outgrows the charge: one more request of 2,000 tokens (pressure 2,
+    // charge 26.5 ms) puts replica 0 at 59.3 ms against 23.4 + 26.5 = 49.9 ms.
+    load(&mut f, ids[0], 1, 2000);
     assert_eq!(decide(&mut f, &mut p, &toks).replica, ids[1]);
+    // With spare capacity (pressure at or under the floor) nothing is charged.
+    let (mut g, gids) = fleet(2);
+    hold(&mut g, gids[0], &toks, 64, 1.0);
+    load(&mut g, gids[0], 1, 1101);
+    assert_eq!(decide(&mut g, &mut p, &toks).replica, gids[1]);
 }
 
 /// A policy that always picks `self.0`: to read the shared estimate for one replica.
@@ -419,4 +425,22 @@ fn policy_names_parse_and_round_trip() {
     assert_eq!("power-of-two".parse::<PolicyKind>().unwrap(), PolicyKind::PowerOfTwo);
     let err = "fastest".parse::<PolicyKind>().unwrap_err().to_string();
     assert!(err.starts_with("unknown policy \"fastest\"; known policies: round_robin, random,"), "{err}");
+}
+
+#[test]
+fn token_load_breaks_near_ties_by_requests_in_flight() {
+    let (mut f, ids) = fleet(3);
+    // Replicas 0 and 2 carry decoding requests: their TTFT is within the 1 ms near-equal band
+    // of replica 1's (6 µs per decoding sequence per step), but replica 1 has nothing in flight.
+    for (r, n) in [(ids[0], 3), (ids[2], 1)] {
+        for _ in 0..n {
+            let spec = BookingSpec { uncached_prefill_tokens: 0, uncached_blocks: 0, expected_output_tokens: 10 };
+            let b = f.book(r, spec, 0.5).unwrap();
+            f.first_token(b, 0.6).unwrap();
+        }
+    }
+    let mut p = TokenLoadPolicy::new(TokenLoadParams::default());
+    for s in 0..20 {
+        assert_eq!(decide(&mut f, &mut p, &tokens(s, 256)).replica, ids[1]);
+    }
 }

@@ -15,20 +15,23 @@
 //! every replica has a queue, and each move away from the replica that caches the prefix adds
 //! its recompute to the fleet's work, which every later request waits for. So each candidate
 //! is charged for the prefill it needs beyond the best-cached candidate, scaled by the fleet
-//! pressure (requests queued for prefill per replica, capped at `max_pressure`):
+//! pressure above what spare capacity absorbs (requests queued for prefill per replica, less
+//! `pressure_floor`, capped at `max_pressure`):
 //!
 //! ```text
-//! cost = TTFT + move_weight · min(pressure, max_pressure) · β1 · (uncached − fewest uncached)
+//! cost = TTFT + move_weight · clamp(pressure − pressure_floor, 0, max_pressure) · β1 · (uncached − fewest uncached)
 //! ```
 //!
-//! An idle fleet pays nothing (spare capacity absorbs the recompute); a loaded one holds
-//! affinity harder. `credit` fades from 1 to 0 as
+//! A fleet with spare capacity pays nothing (it recomputes for free, and spreading a prefix
+//! to more replicas is then cheap replication); a fleet whose replicas queue holds affinity
+//! harder. `credit` fades from 1 to 0 as
 //! the replica's last KV event ages from `event_fresh_s` to `event_stale_s` (stale → load
 //! only). KV headroom is a hard limit: a replica whose free blocks are fewer than the
 //! request's uncached prompt blocks plus expected output blocks is skipped while any other
 //! fits (if none fits, the lowest TTFT wins, reason `no_kv_headroom`). Replicas within
-//! `max(near_equal_s, near_equal_rel × best)` of the best TTFT are near-equal and one is
-//! picked at random, so equal replicas share traffic instead of herding on the first.
+//! `max(near_equal_s, near_equal_rel × best)` of the best cost are near-equal; among them the
+//! one with the fewest requests in flight wins, at random among exact ties, so equal replicas
+//! share traffic instead of herding on the first.
 
 use super::choose::lowest;
 use super::{Decision, Policy, Reason};
@@ -48,6 +51,9 @@ pub struct TokenLoadParams {
     pub move_weight: f64,
     /// Cap on the fleet pressure that scales the recompute charge, requests. Default 8.
     pub max_pressure: f64,
+    /// Pressure the fleet absorbs without charge, requests queued per replica: below it,
+    /// spare capacity recomputes a prefix for free. Default 0.5.
+    pub pressure_floor: f64,
     /// Prefixes routed to a replica within this many seconds, plus the replica's prefill queue
     /// delay, count as cached there before its KV events confirm them (0 turns it off).
     /// Default 2.
@@ -61,6 +67,7 @@ impl Default for TokenLoadParams {
             near_equal_rel: 0.02,
             move_weight: 1.0,
             max_pressure: 8.0,
+            pressure_floor: 0.5,
             pending_prefix_s: 2.0,
         }
     }
@@ -73,12 +80,13 @@ pub struct TokenLoadPolicy {
     estimates: Vec<(usize, crate::fleet::Estimate)>,
     fits: Vec<(usize, f64)>,
     all: Vec<(usize, f64)>,
+    near: Vec<(usize, f64)>,
 }
 
 impl TokenLoadPolicy {
     /// A policy with `params`.
     pub fn new(params: TokenLoadParams) -> Self {
-        TokenLoadPolicy { params, estimates: Vec::new(), fits: Vec::new(), all: Vec::new() }
+        TokenLoadPolicy { params, estimates: Vec::new(), fits: Vec::new(), all: Vec::new(), near: Vec::new() }
     }
 }
 
@@ -102,7 +110,7 @@ impl Policy for TokenLoadPolicy {
         let fewest_uncached = self.estimates.iter().map(|(_, e)| e.uncached_tokens).min().unwrap_or(0);
         let n = self.estimates.len().max(1) as f64;
         let pressure = self.estimates.iter().map(|&(i, _)| view.load(i).prefilling as f64).sum::<f64>() / n;
-        let charge = self.params.move_weight * pressure.min(self.params.max_pressure);
+        let charge = self.params.move_weight * (pressure - self.params.pressure_floor).clamp(0.0, self.params.max_pressure);
         for &(i, e) in &self.estimates {
             let extra = (e.uncached_tokens - fewest_uncached) as f64;
             let s_per_token = view.replicas[i].profile(view.config.learn_prefill_rate).prefill_s_per_token;
@@ -116,7 +124,14 @@ impl Policy for TokenLoadPolicy {
             if self.fits.is_empty() { (&self.all, Reason::NoKvHeadroom) } else { (&self.fits, Reason::LowestCost) };
         let best = scores.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
         let tolerance = self.params.near_equal_s.max(self.params.near_equal_rel * best);
-        let i = lowest(scores, tolerance, rng).ok_or(Error::NoReplicaReady)?;
+        // Among near-equal replicas, the one with the fewest requests in flight (a random one
+        // among exact ties): the TTFT estimate cannot see a step already running, and spreading
+        // by count keeps arrivals from colliding on one replica.
+        self.near.clear();
+        self.near.extend(
+            scores.iter().filter(|s| s.1 <= best + tolerance).map(|&(i, _)| (i, view.load(i).outstanding() as f64)),
+        );
+        let i = lowest(&self.near, 0.0, rng).ok_or(Error::NoReplicaReady)?;
         Ok(Decision::at(view, req, i, reason))
     }
 }
