@@ -210,3 +210,4 @@ fn run_all(
         .collect())
 }
 
+
