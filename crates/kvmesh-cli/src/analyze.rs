@@ -22,7 +22,7 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<()> {
                  For real traffic: kvmesh analyze --trace ../shared/traces/mooncake/conversation_trace.jsonl\n",
                 w.sessions, w.seed
             );
-            (w.generate(), "built-in workload".to_string())
+            (w.generate(), "built-in workload (generated multi-turn chat, 512-token block ids)".to_string())
         }
     };
     for e in trace.skipped.iter().take(SHOW_SKIPPED) {

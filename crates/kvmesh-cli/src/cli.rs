@@ -18,8 +18,8 @@ pub enum Command {
     /// Summarise a serving trace: volume, rate, length percentiles, prefix reuse and how
     /// concentrated it is — what you need to pick a routing strategy.
     ///
-    /// Reads Mooncake JSONL (`hash_ids` of 512-token blocks) and Azure LLM 2023 CSV traces.
-    /// Without --trace, analyses the built-in generated multi-turn workload.
+    /// Reads Mooncake JSONL (`hash_ids` of 512-token blocks), Azure LLM 2023 CSV and kvmesh
+    /// JSONL traces. Without --trace, analyses the built-in generated multi-turn workload.
     Analyze(AnalyzeArgs),
     /// Replay a trace (or a built-in scenario) through the fleet simulator under every chosen
     /// policy, and print TTFT/TPOT percentiles, throughput, hit rate and load balance side by
@@ -52,16 +52,17 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub seeds: u32,
     /// Divide every arrival time by this: 2 replays the trace twice as fast.
-    #[arg(long, default_value_t = 1.0, value_name = "X")]
+    #[arg(long, default_value_t = 1.0, value_name = "X", allow_negative_numbers = true)]
     pub rate_scale: f64,
-    /// Scenario arrival rate, requests per second (scenarios only).
-    #[arg(long, default_value_t = 10.0, value_name = "R")]
-    pub rate: f64,
+    /// Scenario arrival rate, requests per second (scenarios only; use --rate-scale for
+    /// traces).
+    #[arg(long, value_name = "R", allow_negative_numbers = true)]
+    pub rate: Option<f64>,
     /// Requests: how many a scenario generates (default 2,000), or the first N of a trace.
     #[arg(long, value_name = "N")]
     pub requests: Option<usize>,
     /// Delay from an engine's KV event to the router applying it, milliseconds.
-    #[arg(long, default_value_t = 0.0, value_name = "MS")]
+    #[arg(long, default_value_t = 0.0, value_name = "MS", allow_negative_numbers = true)]
     pub event_delay_ms: f64,
     /// Engine profile: h100, a100, or a JSON profile file (see kvmesh-sim engine docs).
     #[arg(long, default_value = "h100", value_name = "NAME|FILE")]
@@ -70,7 +71,7 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 16, value_name = "TOKENS")]
     pub block_size: u32,
     /// TTFT SLO, seconds: requests above it are counted in the >SLO column.
-    #[arg(long, default_value_t = 5.0, value_name = "S")]
+    #[arg(long, default_value_t = 5.0, value_name = "S", allow_negative_numbers = true)]
     pub slo_ttft: f64,
     /// Clients send max_tokens equal to the true output length.
     #[arg(long)]
@@ -98,8 +99,8 @@ pub struct ReplayArgs {
 
 #[derive(Debug, Args)]
 pub struct AnalyzeArgs {
-    /// Trace file: `*.jsonl` (Mooncake) or `*.csv` (Azure LLM 2023). Public copies live in
-    /// ../shared/traces (or $KVMESH_TRACES) in the kvmesh workspace.
+    /// Trace file: Mooncake `*.jsonl`, Azure LLM 2023 `*.csv`, or kvmesh JSONL (`arrival_s`
+    /// lines). See README.md for where to get the public traces.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Print the statistics as JSON instead of a table.

@@ -43,9 +43,9 @@ fn runs_on_the_built_in_workload_without_a_trace() {
     let out = kvmesh(&["analyze"]);
     assert!(out.status.success());
     assert!(text(&out.stderr).starts_with("no --trace given: analyzing the built-in generated workload"));
-    assert!(
-        text(&out.stdout).starts_with("trace            built-in workload (Mooncake JSONL)\nrequests         1,064 ")
-    );
+    assert!(text(&out.stdout).starts_with(
+        "trace            built-in workload (generated multi-turn chat, 512-token block ids)\nrequests         1,064 "
+    ));
 }
 
 #[test]
@@ -72,11 +72,14 @@ fn unknown_and_missing_files_are_clear_errors() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         text(&out.stderr),
-        "error: analyzing trace.parquet\n  caused by: unknown trace format for trace.parquet: expected a Mooncake .jsonl or an Azure LLM .csv file\n"
+        "error: analyzing trace.parquet\n  caused by: unknown trace format for trace.parquet: expected a .jsonl (Mooncake or kvmesh JSONL) or an Azure LLM .csv file\n"
     );
     let out = kvmesh(&["analyze", "--trace", "/nonexistent/t.jsonl"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("caused by: cannot read trace /nonexistent/t.jsonl: No such file or directory"));
+    assert_eq!(
+        text(&out.stderr),
+        "error: analyzing /nonexistent/t.jsonl\n  caused by: cannot read trace /nonexistent/t.jsonl\n  caused by: No such file or directory (os error 2)\n"
+    );
     let out = kvmesh(&["analyze", "--top", "many"]);
     assert_eq!(out.status.code(), Some(2), "usage errors exit 2");
 }

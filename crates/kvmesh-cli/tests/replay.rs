@@ -107,3 +107,41 @@ fn bad_arguments_are_clear_errors() {
     let out = kvmesh(&["replay", "--scenario", "chat", "--rate-scale", "0"]);
     assert!(text(&out.stderr).starts_with("error: rate scale must be a positive number, got 0"));
 }
+
+#[test]
+fn flag_values_that_cannot_simulate_are_rejected_up_front() {
+    for (args, msg) in [
+        (&["--block-size", "0"][..], "error: --block-size must be at least 1 token\n"),
+        (&["--replicas", "0"][..], "error: --replicas must be at least 1\n"),
+        (&["--rate", "0"][..], "error: --rate must be a positive number of requests per second, got 0\n"),
+        (&["--event-delay-ms", "-5"][..], "error: --event-delay-ms must be a non-negative number, got -5\n"),
+    ] {
+        let mut all = vec!["replay", "--scenario", "chat", "--quiet"];
+        all.extend_from_slice(args);
+        let out = kvmesh(&all);
+        assert_eq!((out.status.code(), text(&out.stderr)), (Some(1), msg.to_string()), "{args:?}");
+    }
+    let out = kvmesh(&["replay", "--trace", "x.jsonl", "--rate", "5"]);
+    assert_eq!(text(&out.stderr), "error: --rate sets a scenario's arrival rate; for a trace use --rate-scale\n");
+}
+
+#[test]
+fn a_bad_plot_path_still_prints_the_results() {
+    let out = kvmesh(&[
+        "replay",
+        "--scenario",
+        "zipf",
+        "--requests",
+        "50",
+        "--replicas",
+        "2",
+        "--policies",
+        "random",
+        "--plot",
+        "/nonexistent/dir/x.svg",
+        "--quiet",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("\nrandom "), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).starts_with("error: writing the TTFT plot /nonexistent/dir/x.svg"));
+}

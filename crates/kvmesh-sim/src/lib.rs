@@ -1,8 +1,13 @@
-//! kvmesh-sim: trace loaders, a built-in workload and trace analysis — the ground the fleet
-//! simulator (which drives kvmesh-core's real policies on simulated engines) stands on.
+//! kvmesh-sim: the discrete-event fleet simulator that drives kvmesh-core's real routing
+//! policies on simulated vLLM-like engines, with the traces and workloads it replays.
 //!
-//! - [`trace`]: Mooncake JSONL and Azure LLM CSV traces → [`trace::Trace`].
-//! - [`workload`]: a seeded, Mooncake-shaped multi-turn workload for runs without a file.
+//! - [`engine`]: one simulated replica (continuous batching, chunked prefill, prefix-cached
+//!   paged KV, preemption, vLLM-format KV events) and its [`engine::EngineProfile`].
+//! - [`simulation`]: the event loop routing every request through [`kvmesh_core::Fleet`],
+//!   and the [`simulation::RunMetrics`] and floors a run is judged by.
+//! - [`trace`]: Mooncake JSONL, Azure LLM CSV and kvmesh JSONL traces → [`trace::Trace`].
+//! - [`tokens`]: token ids synthesised from a trace's prefix-block ids.
+//! - [`workload`]: the built-in chat workload, scenarios, arrival spreading and rate scaling.
 //! - [`analyze`]: the statistics `kvmesh analyze` prints.
 
 #![forbid(unsafe_code)]

@@ -56,16 +56,15 @@ pub struct Report {
 }
 
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
-    let (trace, source) = load(args)?;
+    validate(args)?;
     let profile = EngineProfile::resolve(&args.profile).map_err(anyhow::Error::msg)?;
     let policies: Vec<PolicyKind> = match &args.policies {
         None => PolicyKind::ALL.to_vec(),
         Some(list) => list.split(',').map(|p| p.parse::<PolicyKind>()).collect::<Result<_, _>>()?,
     };
-    if args.seeds == 0 {
-        bail!("--seeds must be at least 1");
-    }
     let seeds: Vec<u64> = (args.seed..args.seed + args.seeds as u64).collect();
+    let (traces, source) = load(args, &seeds)?;
+    let trace = &traces[0];
     let config = SimConfig {
         replicas: args.replicas,
         profile: profile.clone(),
@@ -75,9 +74,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         send_max_tokens: args.max_tokens_known,
         ..SimConfig::default()
     };
-    let floors = floors(&trace, &profile.step(), args.block_size);
+    let floors = floors(trace, &profile.step(), args.block_size);
     let span_s = trace.requests.last().map_or(0.0, |r| r.arrival_s);
-    let results = run_all(&config, &trace, &policies, &seeds, args)?;
+    let results = run_all(&config, &traces, &policies, &seeds, args)?;
     let report = Report {
         source,
         requests: trace.requests.len(),
@@ -91,10 +90,6 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         floors,
         results,
     };
-    if let Some(path) = &args.plot {
-        plot::ttft_cdf(&report, path).with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("TTFT CDFs written to {}", path.display());
-    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else if args.markdown {
@@ -102,44 +97,83 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", render::table(&report));
     }
+    // After the table, so a bad plot path never costs the results.
+    if let Some(path) = &args.plot {
+        plot::ttft_cdf(&report, path).with_context(|| format!("writing the TTFT plot {}", path.display()))?;
+        eprintln!("TTFT CDFs written to {}", path.display());
+    }
     Ok(())
 }
 
-/// The trace (or scenario) to replay, prepared: buckets spread, rate scaled, truncated.
-fn load(args: &ReplayArgs) -> anyhow::Result<(Trace, String)> {
-    let (mut trace, source) = match (&args.trace, &args.scenario) {
+/// Rejects flag values that cannot make a simulation, before any work.
+fn validate(args: &ReplayArgs) -> anyhow::Result<()> {
+    if args.seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    if args.replicas == 0 {
+        bail!("--replicas must be at least 1");
+    }
+    if args.block_size == 0 {
+        bail!("--block-size must be at least 1 token");
+    }
+    if !(args.event_delay_ms.is_finite() && args.event_delay_ms >= 0.0) {
+        bail!("--event-delay-ms must be a non-negative number, got {}", args.event_delay_ms);
+    }
+    if !(args.slo_ttft.is_finite() && args.slo_ttft > 0.0) {
+        bail!("--slo-ttft must be a positive number of seconds, got {}", args.slo_ttft);
+    }
+    match (args.rate, &args.trace) {
+        (Some(_), Some(_)) => bail!("--rate sets a scenario's arrival rate; for a trace use --rate-scale"),
+        (Some(r), None) if !(r.is_finite() && r > 0.0) => {
+            bail!("--rate must be a positive number of requests per second, got {r}")
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// What to replay, prepared (buckets spread, rate scaled, truncated): one trace for a trace
+/// file, one per seed for a scenario (each seed generates its own arrivals, the same for every
+/// policy).
+fn load(args: &ReplayArgs, seeds: &[u64]) -> anyhow::Result<(Vec<Trace>, String)> {
+    let (raw, source): (Vec<Trace>, String) = match (&args.trace, &args.scenario) {
         (Some(_), Some(_)) => bail!("give --trace or --scenario, not both"),
         (Some(path), None) => {
             let t = trace::load(path).with_context(|| format!("replaying {}", path.display()))?;
             for e in t.skipped.iter().take(10) {
                 eprintln!("warning: skipped {} {e}", path.display());
             }
-            (t, path.display().to_string())
+            (vec![t], path.display().to_string())
         }
         (None, scenario) => {
             let name = scenario.as_deref().unwrap_or("chat");
             let s: Scenario = name.parse().map_err(anyhow::Error::msg)?;
-            let p = ScenarioParams { requests: args.requests.unwrap_or(2000) as u32, rate: args.rate, seed: args.seed };
-            (s.generate(&p), format!("scenario {name} ({} requests at {} req/s)", p.requests, p.rate))
+            let (requests, rate) = (args.requests.unwrap_or(2000) as u32, args.rate.unwrap_or(10.0));
+            let traces = seeds.iter().map(|&seed| s.generate(&ScenarioParams { requests, rate, seed })).collect();
+            (traces, format!("scenario {name} ({requests} requests at {rate} req/s)"))
         }
     };
-    if !args.no_spread {
-        arrivals::spread_buckets(&mut trace);
+    let mut traces = Vec::with_capacity(raw.len());
+    for mut trace in raw {
+        if !args.no_spread {
+            arrivals::spread_buckets(&mut trace);
+        }
+        arrivals::scale_rate(&mut trace, args.rate_scale).map_err(anyhow::Error::msg)?;
+        if let (Some(n), Some(_)) = (args.requests, &args.trace) {
+            arrivals::truncate(&mut trace, n);
+        }
+        if trace.requests.is_empty() {
+            bail!("nothing to replay: the trace has no requests");
+        }
+        traces.push(trace);
     }
-    arrivals::scale_rate(&mut trace, args.rate_scale).map_err(anyhow::Error::msg)?;
-    if let (Some(n), Some(_)) = (args.requests, &args.trace) {
-        arrivals::truncate(&mut trace, n);
-    }
-    if trace.requests.is_empty() {
-        bail!("nothing to replay: the trace has no requests");
-    }
-    Ok((trace, source))
+    Ok((traces, source))
 }
 
 /// Runs every (policy, seed) pair on `--jobs` threads, with a progress bar each.
 fn run_all(
     config: &SimConfig,
-    trace: &Trace,
+    traces: &[Trace],
     policies: &[PolicyKind],
     seeds: &[u64],
     args: &ReplayArgs,
@@ -167,6 +201,7 @@ fn run_all(
                     k
                 };
                 let Some(&(p, s)) = jobs.get(k) else { break };
+                let trace = &traces[s % traces.len()];
                 let bar = bars.add(ProgressBar::new(trace.requests.len() as u64));
                 bar.set_style(style.clone());
                 bar.set_prefix(format!("{} seed {}", policies[p], seeds[s]));
@@ -209,5 +244,3 @@ fn run_all(
         })
         .collect())
 }
-
-

@@ -14,8 +14,8 @@ const COLUMNS: [&str; 13] = [
     "req/s",
     "out tok/s",
     "hit rate",
-    "load max",
-    "load mean",
+    "queue max",
+    "queue mean",
     ">SLO",
 ];
 
@@ -94,7 +94,7 @@ pub fn table(r: &Report) -> String {
     let events: u64 = r.results.iter().flat_map(|p| p.per_seed.iter().map(|m| m.events)).sum();
     let _ = writeln!(
         out,
-        "\nsimulated {} events in {wall:.1} s of compute ({:.0} events/s)",
+        "\nsimulated {} events in {wall:.1} s of simulation wall time summed over runs ({:.0} events/s)",
         events,
         events as f64 / wall.max(1e-9)
     );

@@ -28,7 +28,7 @@
 //! the replica's last KV event ages from `event_fresh_s` to `event_stale_s` (stale → load
 //! only). KV headroom is a hard limit: a replica whose free blocks are fewer than the
 //! request's uncached prompt blocks plus expected output blocks is skipped while any other
-//! fits (if none fits, the lowest TTFT wins, reason `no_kv_headroom`). Replicas within
+//! fits (if none fits, the lowest cost wins, reason `no_kv_headroom`). Replicas within
 //! `max(near_equal_s, near_equal_rel × best)` of the best cost are near-equal; among them the
 //! one with the fewest requests in flight wins, at random among exact ties, so equal replicas
 //! share traffic instead of herding on the first.
@@ -110,7 +110,8 @@ impl Policy for TokenLoadPolicy {
         let fewest_uncached = self.estimates.iter().map(|(_, e)| e.uncached_tokens).min().unwrap_or(0);
         let n = self.estimates.len().max(1) as f64;
         let pressure = self.estimates.iter().map(|&(i, _)| view.load(i).prefilling as f64).sum::<f64>() / n;
-        let charge = self.params.move_weight * (pressure - self.params.pressure_floor).clamp(0.0, self.params.max_pressure);
+        let charge =
+            self.params.move_weight * (pressure - self.params.pressure_floor).clamp(0.0, self.params.max_pressure);
         for &(i, e) in &self.estimates {
             let extra = (e.uncached_tokens - fewest_uncached) as f64;
             let s_per_token = view.replicas[i].profile(view.config.learn_prefill_rate).prefill_s_per_token;

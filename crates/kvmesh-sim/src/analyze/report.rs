@@ -13,7 +13,11 @@ impl TraceStats {
             TraceFormat::Azure => "Azure LLM CSV",
             TraceFormat::Native => "kvmesh JSONL",
         };
-        let _ = writeln!(out, "{:<17}{source} ({format})", "trace");
+        let _ = if source.starts_with("built-in") {
+            writeln!(out, "{:<17}{source}", "trace")
+        } else {
+            writeln!(out, "{:<17}{source} ({format})", "trace")
+        };
         let _ = writeln!(
             out,
             "{:<17}{} ({} malformed lines skipped)",

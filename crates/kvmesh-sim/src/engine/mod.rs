@@ -52,9 +52,12 @@ struct Seq {
     req: EngineRequest,
     /// Engine hashes of the prompt's full blocks.
     hashes: Vec<u64>,
-    /// Prompt tokens whose KV exists (cache hits included).
+    /// Tokens whose KV exists: prompt tokens (cache hits included), then generated tokens.
     computed: u32,
+    /// Prompt tokens served from the prefix cache at the admission that produced the first
+    /// token.
     cached_tokens: u32,
+    /// Output tokens produced (the client has them; a preemption does not take them back).
     generated: u32,
     /// Leading prompt blocks held as cached (shared) blocks.
     shared: usize,
@@ -71,8 +74,17 @@ impl Seq {
     fn held(&self) -> u64 {
         self.shared as u64 + self.private
     }
+    /// Tokens to (re)compute before decoding: the prompt, plus — after a preemption, as vLLM
+    /// recomputes — every generated token but the last, whose KV the next decode step writes.
+    fn prefill_target(&self) -> u32 {
+        self.prompt() + self.generated.saturating_sub(1)
+    }
     fn prefilling(&self) -> bool {
-        self.computed < self.prompt()
+        self.computed < self.prefill_target()
+    }
+    /// Prefill tokens still to compute, tokens.
+    fn remaining_prefill(&self) -> u64 {
+        self.prefill_target().saturating_sub(self.computed) as u64
     }
 }
 
@@ -86,7 +98,7 @@ pub struct Engine {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     stepping: bool,
-    /// Prompt tokens not yet computed, over waiting and running sequences, tokens.
+    /// Prefill tokens not yet computed, over waiting and running sequences, tokens.
     pending_prefill: u64,
 }
 
@@ -148,7 +160,8 @@ impl Engine {
         )
     }
 
-    /// Prompt tokens still to compute here, tokens: the engine's true prefill queue.
+    /// Prefill tokens still to compute here (a waiting request's whole prompt, since its cache
+    /// hit is known only at admission), tokens: the engine's true prefill queue.
     pub fn pending_prefill(&self) -> u64 {
         self.pending_prefill
     }
@@ -159,8 +172,9 @@ impl Engine {
     }
 
     /// Schedules the next step; returns its duration in seconds, or `None` when there is
-    /// nothing to run. Requests that can never fit (a prompt larger than the KV cache, which
-    /// vLLM rejects) are dropped and their ids appended to `rejected`.
+    /// nothing to run. Requests that can never fit — prompt plus output larger than the KV
+    /// cache, which vLLM rejects up front (`max_model_len`) — are dropped and their ids
+    /// appended to `rejected`.
     pub fn start_step(&mut self, rejected: &mut Vec<u64>) -> Option<f64> {
         debug_assert!(!self.stepping);
         let bs = self.block_size as u64;
@@ -170,13 +184,13 @@ impl Engine {
         let mut i = 0;
         while i < self.running.len() {
             let seq = &self.running[i];
-            let want = if seq.prefilling() { (seq.prompt() - seq.computed).min(budget) } else { budget.min(1) };
+            let want = if seq.prefilling() { (seq.remaining_prefill() as u32).min(budget) } else { budget.min(1) };
             if want == 0 {
                 self.running[i].scheduled = 0;
                 i += 1;
                 continue;
             }
-            let tokens_after = seq.computed as u64 + seq.generated as u64 + want as u64;
+            let tokens_after = seq.computed as u64 + want as u64;
             let need = tokens_after.div_ceil(bs).saturating_sub(seq.held());
             if !self.kv.reserve(need) {
                 // Preempt the most recently admitted sequence (possibly this one) and retry.
@@ -199,9 +213,9 @@ impl Engine {
         }
         while !preempted && budget > 0 && (self.running.len() as u32) < self.profile.max_batch {
             let Some(mut seq) = self.waiting.pop_front() else { break };
-            let prompt_blocks = (seq.prompt() as u64).div_ceil(bs);
-            if prompt_blocks + 1 > self.kv.capacity() {
-                self.pending_prefill -= (seq.prompt() - seq.computed) as u64;
+            let lifetime_blocks = (seq.prompt() as u64 + seq.req.output_tokens as u64).div_ceil(bs);
+            if lifetime_blocks > self.kv.capacity() {
+                self.pending_prefill -= seq.remaining_prefill();
                 rejected.push(seq.req.id);
                 continue;
             }
@@ -213,21 +227,23 @@ impl Engine {
             }
             seq.shared = hit;
             seq.computed = hit as u32 * self.block_size;
-            seq.cached_tokens = seq.computed;
-            let want = (seq.prompt() - seq.computed).min(budget);
+            let want = (seq.remaining_prefill() as u32).min(budget);
             let need = (seq.computed as u64 + want as u64).div_ceil(bs) - hit as u64;
             if !self.kv.reserve(need) {
-                for h in &seq.hashes[..hit] {
+                // Undo in reverse, tail first, as vLLM frees.
+                for h in seq.hashes[..hit].iter().rev() {
                     self.kv.release(*h);
                 }
                 seq.shared = 0;
                 seq.computed = 0;
-                seq.cached_tokens = 0;
                 self.waiting.push_front(seq);
                 break;
             }
             self.kv.alloc_private(need);
-            self.pending_prefill -= seq.cached_tokens as u64;
+            self.pending_prefill -= seq.computed as u64;
+            if seq.generated == 0 {
+                seq.cached_tokens = seq.computed;
+            }
             seq.private = need;
             seq.scheduled = want;
             budget -= want;
@@ -240,6 +256,14 @@ impl Engine {
         self.stepping = true;
         let p = &self.profile;
         Some(p.step_overhead_s + p.prefill_s_per_token * prefill as f64 + p.decode_s_per_token * decode as f64)
+    }
+
+    /// Drops the request at the head of the queue (one that cannot be scheduled even on an
+    /// idle engine); returns its id.
+    pub fn reject_head(&mut self) -> Option<u64> {
+        let seq = self.waiting.pop_front()?;
+        self.pending_prefill -= seq.remaining_prefill();
+        Some(seq.req.id)
     }
 
     /// Completes the step in flight: advances every scheduled sequence and reports what came
@@ -283,12 +307,15 @@ impl Engine {
                     seq.private -= (full - from) as u64;
                     seq.shared = full;
                 }
-                if !seq.prefilling() {
+                // The first token comes out when the prompt is done; a resumed request (after
+                // a preemption) has sent it already and just goes back to decoding.
+                if !seq.prefilling() && seq.generated == 0 {
                     seq.generated = 1;
                     out.first_tokens.push((seq.req.id, seq.cached_tokens));
                     done = seq.generated >= seq.req.output_tokens;
                 }
             } else if n > 0 {
+                seq.computed += 1;
                 seq.generated += 1;
                 done = seq.generated >= seq.req.output_tokens;
             }
@@ -303,22 +330,26 @@ impl Engine {
         out
     }
 
+    /// Releases a sequence's blocks tail first, as vLLM's `KVCacheManager.free` does, so a
+    /// cached chain is evicted from its end and its leading blocks stay usable longest.
     fn free(&mut self, seq: &Seq) {
-        for h in &seq.hashes[..seq.shared] {
+        for h in seq.hashes[..seq.shared].iter().rev() {
             self.kv.release(*h);
         }
         self.kv.free_private(seq.private);
     }
 
+    /// Preempts a sequence: its blocks are freed (cached ones stay cached, evictable) and it
+    /// goes back to the front of the queue; its output so far stands, and it will recompute
+    /// its prompt and generated tokens (vLLM's recompute preemption).
     fn requeue(&mut self, mut seq: Seq) {
         self.free(&seq);
-        self.pending_prefill += seq.computed as u64;
+        let before = seq.remaining_prefill();
         seq.computed = 0;
-        seq.cached_tokens = 0;
-        seq.generated = 0;
         seq.shared = 0;
         seq.private = 0;
         seq.scheduled = 0;
+        self.pending_prefill += seq.remaining_prefill() - before;
         self.waiting.push_front(seq);
     }
 }

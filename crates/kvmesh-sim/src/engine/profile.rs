@@ -34,7 +34,8 @@ pub struct EngineProfile {
     pub kv_tokens: u64,
     /// Sequences per batch (vLLM `max_num_seqs`).
     pub max_batch: u32,
-    /// Seconds from start to serving.
+    /// Seconds from start to serving (for the autoscaling simulation; fixed fleets start
+    /// warm and do not use it).
     #[serde(default = "default_cold_start")]
     pub cold_start_s: f64,
 }

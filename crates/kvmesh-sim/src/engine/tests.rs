@@ -116,22 +116,50 @@ fn eviction_is_least_recently_used_and_announced() {
 }
 
 #[test]
-fn kv_shortage_preempts_the_newest_and_oversized_prompts_are_rejected() {
-    // 16 tokens = 4 blocks. Two requests of 8 tokens, each needing more blocks to decode.
-    let mut e = engine(16, 64);
+fn kv_shortage_preempts_the_newest_which_resumes_without_a_second_first_token() {
+    // 24 tokens = 6 blocks of 4. Two requests of 7 prompt + 10 output tokens (5 blocks each
+    // over their life) fit alone but not together once both decode far enough.
+    let mut e = engine(24, 64);
     e.enqueue(req(1, 0..7, 10));
     e.enqueue(req(2, 50..57, 10));
-    let (_, out) = step(&mut e);
-    assert_eq!(out.first_tokens.len(), 2);
-    // Decoding: request 1 grows into a third block; no room → request 2 is preempted.
-    let (_, out) = step(&mut e);
-    assert!(out.first_tokens.is_empty());
-    assert_eq!(e.metrics().0, 1);
-    assert_eq!(e.metrics().1, 1);
+    let (mut firsts, mut finished, mut preempted) = (Vec::new(), Vec::new(), false);
+    for _ in 0..100 {
+        if !e.has_work() {
+            break;
+        }
+        let (_, out) = step(&mut e);
+        firsts.extend(out.first_tokens.iter().map(|f| f.0));
+        finished.extend(out.finished);
+        preempted |= e.metrics() == (1, 1, e.metrics().2);
+    }
+    assert!(preempted, "request 2 was preempted");
+    assert_eq!(firsts, vec![1, 2], "one first token each, none again on resume");
+    assert_eq!(finished, vec![1, 2]);
+    assert_eq!((e.pending_prefill(), e.kv().active()), (0, 0));
+}
+
+#[test]
+fn requests_that_can_never_fit_are_rejected() {
     let mut rejected = Vec::new();
-    let mut big = engine(16, 64);
-    big.enqueue(req(9, 0..100, 1));
-    assert_eq!(big.start_step(&mut rejected), None);
+    let mut e = engine(16, 64);
+    e.enqueue(req(9, 0..10, 10)); // 20 tokens over its life: 5 blocks > 4
+    assert_eq!(e.start_step(&mut rejected), None);
     assert_eq!(rejected, vec![9]);
-    assert_eq!(big.pending_prefill(), 0);
+    assert_eq!(e.pending_prefill(), 0);
+}
+
+#[test]
+fn freed_chains_are_evicted_from_the_tail() {
+    // 5 blocks. Request 1 caches a 3-block chain and ends; request 2 needs 4 blocks, so two
+    // cached blocks must go: the chain's tail (blocks 2 and 1), keeping its root usable.
+    let mut e = engine(20, 64);
+    e.enqueue(req(1, 0..13, 1));
+    step(&mut e);
+    e.enqueue(req(2, 100..114, 1));
+    let (_, out) = step(&mut e);
+    let KvEvent::Removed(r) = &out.events[0] else { panic!("{:?}", out.events) };
+    let ns = Namespace { model: "engine".into(), ..Namespace::default() };
+    let chain = BlockHasher::new(4, &ns).unwrap().hash_blocks(&(0..12).collect::<Vec<u32>>());
+    assert_eq!(r.block_hashes.iter().map(|h| h.0).collect::<Vec<_>>(), vec![chain[2].0, chain[1].0]);
+    assert!(e.kv().contains(chain[0].0));
 }

@@ -3,7 +3,7 @@
 use super::{Run, SimConfig};
 use crate::trace::Trace;
 use kvmesh_core::load::ReplicaProfile;
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 /// Summary of one run, as `kvmesh replay` prints it. Times in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
@@ -32,9 +32,10 @@ pub struct RunMetrics {
     pub output_tps: f64,
     /// Prompt tokens served from engines' prefix caches / all prompt tokens (completed).
     pub hit_rate: f64,
-    /// Time-averaged largest engine prefill queue at arrivals, tokens.
+    /// Largest engine prefill queue, averaged over arrivals, tokens (waiting requests count
+    /// their whole prompt: their cache hit is known only at admission).
     pub load_max: f64,
-    /// Time-averaged mean engine prefill queue at arrivals, tokens.
+    /// Mean engine prefill queue, averaged over arrivals, tokens.
     pub load_mean: f64,
     /// Requests whose TTFT exceeded the SLO (or that never got a first token).
     pub slo_violations: u64,
@@ -139,16 +140,33 @@ pub struct Floors {
 
 /// The floors of `trace` on `profile` with blocks of `block_size` tokens.
 pub fn floors(trace: &Trace, profile: &ReplicaProfile, block_size: u32) -> Floors {
-    let mut seen: HashSet<u64> = HashSet::new();
+    // Tokens of each id some earlier request computed (a request's last id may be partial).
+    let mut seen: HashMap<u64, u64> = HashMap::new();
     let (mut cold, mut warm) = (Vec::new(), Vec::new());
+    let bt = trace.block_tokens.unwrap_or(0) as u64;
     for r in &trace.requests {
         let input = r.input_tokens.max(1) as u64;
         cold.push(profile.ttft(input, 0));
-        let reused_blocks = r.block_ids.iter().take_while(|id| seen.contains(id)).count() as u64;
-        let reused = trace.block_tokens.map_or(0, |bt| reused_blocks * bt as u64);
-        let cached = (reused / block_size as u64 * block_size as u64).min(input - 1);
+        let covered = |k: usize| bt.min(input.saturating_sub(k as u64 * bt));
+        let mut reused = 0;
+        for (k, id) in r.block_ids.iter().enumerate() {
+            match seen.get(id) {
+                Some(&had) => {
+                    reused += had.min(covered(k));
+                    if had < covered(k) {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        let bs = block_size.max(1) as u64;
+        let cached = (reused / bs * bs).min(input - 1);
         warm.push(profile.ttft(input - cached, 0));
-        seen.extend(r.block_ids.iter().copied());
+        for (k, id) in r.block_ids.iter().enumerate() {
+            let c = seen.entry(*id).or_default();
+            *c = (*c).max(covered(k));
+        }
     }
     Floors { p99_uncached: pct(&sorted(cold), 0.99), p99_all_cached: pct(&sorted(warm), 0.99) }
 }

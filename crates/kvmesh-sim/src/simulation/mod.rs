@@ -42,7 +42,9 @@ pub struct SimConfig {
     /// Whether clients send `max_tokens` equal to the true output length (default false: the
     /// router estimates output length).
     pub send_max_tokens: bool,
-    /// Router settings (its block size is forced to `block_size`).
+    /// Router settings (its block size is forced to `block_size`). The simulation's default
+    /// lease is effectively infinite: every simulated request is released, and overloaded
+    /// runs must not lose their queue from the router's view to lease expiry.
     pub fleet: FleetConfig,
 }
 
@@ -56,7 +58,7 @@ impl Default for SimConfig {
             metrics_interval_s: 1.0,
             slo_ttft_s: 5.0,
             send_max_tokens: false,
-            fleet: FleetConfig::default(),
+            fleet: FleetConfig { lease_s: 1e9, ..FleetConfig::default() },
         }
     }
 }
@@ -89,7 +91,7 @@ pub struct Outcome {
 pub struct Run {
     /// Per request, in trace order.
     pub outcomes: Vec<Outcome>,
-    /// Time-averaged max and mean of engines' true prefill queues at arrivals, tokens.
+    /// Max and mean of engines' true prefill queues, averaged over arrivals, tokens.
     pub load_max_mean: (f64, f64),
     /// Events processed.
     pub events: u64,
@@ -114,6 +116,9 @@ pub fn simulate(
     config.profile.validate()?;
     if config.replicas == 0 {
         return Err("replicas must be at least 1".into());
+    }
+    if !(config.event_delay_s.is_finite() && config.event_delay_s >= 0.0) {
+        return Err(format!("KV-event delay must be a non-negative number of seconds, got {}", config.event_delay_s));
     }
     let fleet_config = FleetConfig { block_size: config.block_size, ..config.fleet.clone() };
     let mut fleet = Fleet::new(fleet_config).map_err(|e| e.to_string())?;
@@ -232,8 +237,17 @@ impl Sim<'_> {
         if self.engines[r].stepping() || !self.engines[r].has_work() {
             return;
         }
-        if let Some(d) = self.engines[r].start_step(&mut self.rejected) {
-            self.queue.push(t + d, Ev::StepDone(r as u32));
+        loop {
+            if let Some(d) = self.engines[r].start_step(&mut self.rejected) {
+                self.queue.push(t + d, Ev::StepDone(r as u32));
+                break;
+            }
+            // An idle engine that cannot schedule its head request never will: drop it rather
+            // than wait forever.
+            match self.engines[r].has_work().then(|| self.engines[r].reject_head()).flatten() {
+                Some(id) => self.rejected.push(id),
+                None => break,
+            }
         }
         for id in std::mem::take(&mut self.rejected) {
             let o = &mut self.outcomes[id as usize];
@@ -256,6 +270,7 @@ impl Sim<'_> {
         }
         for (id, cached) in out.first_tokens {
             let o = &mut self.outcomes[id as usize];
+            debug_assert!(o.first_token_s.is_nan(), "one first token per request");
             o.first_token_s = t;
             o.cached_tokens = cached;
             if let Some(b) = self.bookings[id as usize] {

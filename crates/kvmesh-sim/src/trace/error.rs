@@ -21,7 +21,7 @@ impl fmt::Display for LineError {
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// The file could not be opened or read.
-    #[error("cannot read trace {path}: {source}")]
+    #[error("cannot read trace {path}")]
     Io {
         /// The file.
         path: String,
@@ -30,8 +30,11 @@ pub enum TraceError {
         source: std::io::Error,
     },
     /// The extension names no known format.
-    #[error("unknown trace format for {0}: expected a Mooncake .jsonl or an Azure LLM .csv file")]
+    #[error("unknown trace format for {0}: expected a .jsonl (Mooncake or kvmesh JSONL) or an Azure LLM .csv file")]
     UnknownFormat(String),
+    /// The path is a directory.
+    #[error("{0} is a directory, not a trace file")]
+    IsDirectory(String),
     /// The CSV header is not the Azure trace's.
     #[error("bad header: expected `TIMESTAMP,ContextTokens,GeneratedTokens`, found `{0}`")]
     BadHeader(String),

@@ -90,6 +90,9 @@ impl TraceFormat {
 /// [`TraceError::Io`] when the file cannot be opened or read, [`TraceError::UnknownFormat`],
 /// [`TraceError::Empty`] when no line holds a usable request.
 pub fn load(path: &Path) -> Result<Trace, TraceError> {
+    if path.is_dir() {
+        return Err(TraceError::IsDirectory(path.display().to_string()));
+    }
     let format = TraceFormat::of(path)?;
     let file = File::open(path).map_err(|e| TraceError::Io { path: path.display().to_string(), source: e })?;
     let mut reader = BufReader::new(file);

@@ -64,9 +64,11 @@ impl Scenario {
         let mut g = Gen { rng: SmallRng::seed_from_u64(p.seed), next_id: 0, t: 0.0, out: Vec::new() };
         match *self {
             Scenario::Chat => {
-                // Sessions average 3.5 turns: pace sessions so requests arrive at `rate`.
+                // Sessions average 3.5 turns: pace sessions so requests arrive at `rate`; make
+                // twice the sessions needed and keep the first `requests` arrivals, so the count
+                // is exact whatever the turns drawn.
                 let w = Workload {
-                    sessions: (p.requests as f64 / 3.5).ceil() as u32,
+                    sessions: (p.requests as f64 / 1.75).ceil() as u32,
                     session_rate: p.rate / 3.5,
                     seed: p.seed,
                     ..Workload::default()
@@ -241,6 +243,13 @@ mod tests {
         let peak = t.requests.windows(64).map(|w| 63.0 / (w[63].arrival_s - w[0].arrival_s)).fold(0.0, f64::max);
         // 64 requests inside one second, against a mean of ~10/s (only 16 bursts: noisy).
         assert!(peak > 63.0 && peak > 4.0 * mean, "peak {peak} mean {mean}");
+    }
+
+    #[test]
+    fn every_scenario_has_exactly_the_requests_asked_for() {
+        for n in Scenario::NAMES {
+            assert_eq!(gen(n).requests.len(), 1000, "{n}");
+        }
     }
 
     #[test]
