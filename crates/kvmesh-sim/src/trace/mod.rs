@@ -12,6 +12,7 @@
 
 pub mod azure;
 mod error;
+mod jsonl;
 pub mod mooncake;
 pub mod native;
 

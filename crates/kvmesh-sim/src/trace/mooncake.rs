@@ -6,7 +6,8 @@
 //! long as their leading ids are equal. The last block is partial: `len(hash_ids) ==
 //! ⌈input_length / 512⌉`. Blank lines are ignored; unknown keys are allowed.
 
-use super::{LineError, Trace, TraceError, TraceFormat, TraceRequest};
+use super::jsonl::read_lines;
+use super::{Trace, TraceError, TraceFormat, TraceRequest};
 use std::io::BufRead;
 
 /// Tokens per `hash_ids` block.
@@ -26,47 +27,23 @@ struct Line {
 /// # Errors
 /// [`TraceError::Io`] when reading fails.
 pub fn read(reader: impl BufRead) -> Result<Trace, TraceError> {
-    let mut requests = Vec::new();
-    let mut skipped = Vec::new();
-    let mut first_ms = None;
-    for (n, line) in reader.lines().enumerate() {
-        let line_no = n as u64 + 1;
-        let text = line.map_err(|e| TraceError::Io { path: String::new(), source: e })?;
-        if text.trim().is_empty() {
-            continue;
-        }
-        let parsed: Line = match serde_json::from_str(&text) {
-            Ok(l) => l,
-            Err(e) => {
-                skipped.push(LineError { line: line_no, reason: e.to_string() });
-                continue;
-            }
-        };
-        let want = parsed.input_length.div_ceil(BLOCK_TOKENS) as usize;
-        if !parsed.hash_ids.is_empty() && parsed.hash_ids.len() != want {
-            let reason = format!(
+    let (requests, skipped) = read_lines(reader, |l: Line| {
+        let want = l.input_length.div_ceil(BLOCK_TOKENS) as usize;
+        if !l.hash_ids.is_empty() && l.hash_ids.len() != want {
+            return Err(format!(
                 "{} hash_ids for input_length {} (expected ⌈{}/512⌉ = {want})",
-                parsed.hash_ids.len(),
-                parsed.input_length,
-                parsed.input_length
-            );
-            skipped.push(LineError { line: line_no, reason });
-            continue;
+                l.hash_ids.len(),
+                l.input_length,
+                l.input_length
+            ));
         }
-        first_ms = Some(first_ms.map_or(parsed.timestamp, |f: u64| f.min(parsed.timestamp)));
-        requests.push(TraceRequest {
-            arrival_s: parsed.timestamp as f64 / 1000.0,
-            input_tokens: parsed.input_length,
-            output_tokens: parsed.output_length,
-            block_ids: parsed.hash_ids,
-        });
-    }
-    // Arrivals count from the earliest request; a trace need not be sorted.
-    let first_s = first_ms.unwrap_or(0) as f64 / 1000.0;
-    for r in &mut requests {
-        r.arrival_s -= first_s;
-    }
-    requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+        Ok(TraceRequest {
+            arrival_s: l.timestamp as f64 / 1000.0,
+            input_tokens: l.input_length,
+            output_tokens: l.output_length,
+            block_ids: l.hash_ids,
+        })
+    })?;
     Ok(Trace { format: TraceFormat::Mooncake, block_tokens: Some(BLOCK_TOKENS), requests, skipped })
 }
 

@@ -13,7 +13,8 @@
 //! Export your gateway logs into it by hashing each prompt's 512-token prefixes (for instance
 //! with chained hashes) into `block_ids`.
 
-use super::{LineError, Trace, TraceError, TraceFormat, TraceRequest};
+use super::jsonl::read_lines;
+use super::{Trace, TraceError, TraceFormat, TraceRequest};
 use std::io::BufRead;
 
 #[derive(serde::Deserialize)]
@@ -32,52 +33,28 @@ struct Line {
 /// # Errors
 /// [`TraceError::Io`] when reading fails.
 pub fn read(reader: impl BufRead) -> Result<Trace, TraceError> {
-    let (mut requests, mut skipped) = (Vec::new(), Vec::new());
     let mut block_tokens: Option<u32> = None;
-    for (n, line) in reader.lines().enumerate() {
-        let line_no = n as u64 + 1;
-        let text = line.map_err(|e| TraceError::Io { path: String::new(), source: e })?;
-        if text.trim().is_empty() {
-            continue;
-        }
-        let l: Line = match serde_json::from_str(&text) {
-            Ok(l) => l,
-            Err(e) => {
-                skipped.push(LineError { line: line_no, reason: e.to_string() });
-                continue;
-            }
-        };
-        let bad = |reason: String| LineError { line: line_no, reason };
+    let (requests, skipped) = read_lines(reader, |l: Line| {
         if !(l.arrival_s.is_finite() && l.arrival_s >= 0.0) {
-            skipped.push(bad(format!("arrival_s must be a non-negative number of seconds, got {}", l.arrival_s)));
-            continue;
+            return Err(format!("arrival_s must be a non-negative number of seconds, got {}", l.arrival_s));
         }
         let bt = l.block_tokens.unwrap_or(512);
         if bt == 0 {
-            skipped.push(bad("block_tokens must be at least 1".into()));
-            continue;
+            return Err("block_tokens must be at least 1".into());
         }
         if !l.block_ids.is_empty() {
             match block_tokens {
-                Some(b) if b != bt => {
-                    skipped.push(bad(format!("block_tokens {bt} differs from earlier lines' {b}")));
-                    continue;
-                }
+                Some(b) if b != bt => return Err(format!("block_tokens {bt} differs from earlier lines' {b}")),
                 _ => block_tokens = Some(bt),
             }
         }
-        requests.push(TraceRequest {
+        Ok(TraceRequest {
             arrival_s: l.arrival_s,
             input_tokens: l.input_tokens,
             output_tokens: l.output_tokens,
             block_ids: l.block_ids,
-        });
-    }
-    let first = requests.iter().map(|r| r.arrival_s).fold(f64::INFINITY, f64::min);
-    for r in &mut requests {
-        r.arrival_s -= first;
-    }
-    requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+        })
+    })?;
     Ok(Trace { format: TraceFormat::Native, block_tokens, requests, skipped })
 }
 
