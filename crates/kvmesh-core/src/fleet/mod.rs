@@ -224,6 +224,7 @@ impl Fleet {
             name_key,
             status: ReplicaStatus::Ready,
             last_event_at: None,
+            last_routed_at: None,
             last_first_token_at: None,
             events_usable: true,
             metrics: None,
@@ -344,6 +345,9 @@ impl Fleet {
             expected_output_tokens: self.bookings.outputs().expect(req.max_tokens),
         };
         let booking = self.bookings.book(decision.replica, spec, now);
+        if let Some(p) = self.pos(decision.replica) {
+            self.replicas[p].last_routed_at = Some(now);
+        }
         let approx = self.replica(decision.replica).is_some_and(|r| r.overlap_source() == OverlapSource::Approximate);
         if policy.uses_record() || policy.pending_prefix_s().is_some() || approx {
             self.record.record(decision.replica, &req.hashes, now);

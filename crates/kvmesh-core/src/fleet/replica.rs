@@ -61,6 +61,8 @@ pub struct ReplicaState {
     pub status: ReplicaStatus,
     /// When its last accepted KV event was applied, seconds; `None` before the first.
     pub last_event_at: Option<f64>,
+    /// When this router last routed a request to it, seconds.
+    pub last_routed_at: Option<f64>,
     /// When it last delivered a first token, seconds. A first token after the last event
     /// means the replica computed (and cached) blocks it has not told us about yet.
     pub last_first_token_at: Option<f64>,

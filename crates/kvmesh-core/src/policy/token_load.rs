@@ -30,8 +30,8 @@
 //! request's uncached prompt blocks plus expected output blocks is skipped while any other
 //! fits (if none fits, the lowest cost wins, reason `no_kv_headroom`). Replicas within
 //! `max(near_equal_s, near_equal_rel × best)` of the best cost are near-equal; among them the
-//! one with the fewest requests in flight wins, at random among exact ties, so equal replicas
-//! share traffic instead of herding on the first.
+//! one this router sent a request to longest ago wins (random among exact ties), so equal
+//! replicas take turns instead of herding on the first.
 
 use super::choose::lowest;
 use super::{Decision, Policy, Reason};
@@ -44,7 +44,8 @@ use rand::RngCore;
 pub struct TokenLoadParams {
     /// Absolute near-equal band, seconds. Default 0.001.
     pub near_equal_s: f64,
-    /// Relative near-equal band, fraction of the best TTFT. Default 0.02.
+    /// Relative near-equal band, fraction of the best cost. Default 0: on a long prompt even
+    /// 2 % is tens of milliseconds of its own TTFT, which showed in p99.
     pub near_equal_rel: f64,
     /// Weight of the recompute charge for moving a request away from the replica that caches
     /// most of its prefix (see the module docs). 0 turns it off. Default 1.0.
@@ -52,7 +53,8 @@ pub struct TokenLoadParams {
     /// Cap on the fleet pressure that scales the recompute charge, requests. Default 8.
     pub max_pressure: f64,
     /// Pressure the fleet absorbs without charge, requests queued per replica: below it,
-    /// spare capacity recomputes a prefix for free. Default 0.5.
+    /// spare capacity recomputes a prefix for free (and spreads hot prefixes to more
+    /// replicas). Default 1.
     pub pressure_floor: f64,
     /// Prefixes routed to a replica within this many seconds, plus the replica's prefill queue
     /// delay, count as cached there before its KV events confirm them (0 turns it off).
@@ -64,10 +66,10 @@ impl Default for TokenLoadParams {
     fn default() -> Self {
         TokenLoadParams {
             near_equal_s: 0.001,
-            near_equal_rel: 0.02,
+            near_equal_rel: 0.0,
             move_weight: 1.0,
             max_pressure: 8.0,
-            pressure_floor: 0.5,
+            pressure_floor: 1.0,
             pending_prefix_s: 2.0,
         }
     }
@@ -125,12 +127,16 @@ impl Policy for TokenLoadPolicy {
             if self.fits.is_empty() { (&self.all, Reason::NoKvHeadroom) } else { (&self.fits, Reason::LowestCost) };
         let best = scores.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
         let tolerance = self.params.near_equal_s.max(self.params.near_equal_rel * best);
-        // Among near-equal replicas, the one with the fewest requests in flight (a random one
-        // among exact ties): the TTFT estimate cannot see a step already running, and spreading
-        // by count keeps arrivals from colliding on one replica.
+        // Among near-equal replicas, the one routed to longest ago (a random one among exact
+        // ties): the estimate cannot see a step already running, and rotating among equals
+        // spaces arrivals out on each replica, as round robin does, instead of letting two
+        // land together on one.
         self.near.clear();
         self.near.extend(
-            scores.iter().filter(|s| s.1 <= best + tolerance).map(|&(i, _)| (i, view.load(i).outstanding() as f64)),
+            scores
+                .iter()
+                .filter(|s| s.1 <= best + tolerance)
+                .map(|&(i, _)| (i, view.replicas[i].last_routed_at.unwrap_or(f64::NEG_INFINITY))),
         );
         let i = lowest(&self.near, 0.0, rng).ok_or(Error::NoReplicaReady)?;
         Ok(Decision::at(view, req, i, reason))
