@@ -53,6 +53,9 @@ impl TokenLoad {
     /// would overstate a busy replica's queue.
     #[inline]
     pub fn queued_prefill_at(&self, now: f64, s_per_token: f64) -> u64 {
+        if self.queued_prefill_tokens == 0 || self.prefill_busy_until <= now {
+            return 0;
+        }
         let virtual_left = ((self.prefill_busy_until - now).max(0.0) / s_per_token).round() as u64;
         self.queued_prefill_tokens.min(virtual_left)
     }

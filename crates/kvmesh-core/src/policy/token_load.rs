@@ -115,9 +115,13 @@ impl Policy for TokenLoadPolicy {
         let charge =
             self.params.move_weight * (pressure - self.params.pressure_floor).clamp(0.0, self.params.max_pressure);
         for &(i, e) in &self.estimates {
-            let extra = (e.uncached_tokens - fewest_uncached) as f64;
-            let s_per_token = view.replicas[i].profile(view.config.learn_prefill_rate).prefill_s_per_token;
-            let cost = e.ttft_s + charge * extra * s_per_token;
+            let extra = e.uncached_tokens - fewest_uncached;
+            let cost = if charge > 0.0 && extra > 0 {
+                let s_per_token = view.replicas[i].profile(view.config.learn_prefill_rate).prefill_s_per_token;
+                e.ttft_s + charge * extra as f64 * s_per_token
+            } else {
+                e.ttft_s
+            };
             self.all.push((i, cost));
             if e.kv_headroom_blocks >= 0 {
                 self.fits.push((i, cost));
