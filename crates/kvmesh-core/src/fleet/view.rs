@@ -168,8 +168,7 @@ impl Estimator<'_, '_> {
         };
         let load = view.load(i);
         let r = &view.replicas[i];
-        let profile =
-            if view.config.learn_prefill_rate { r.profile(true) } else { r.spec.profile };
+        let profile = if view.config.learn_prefill_rate { r.profile(true) } else { r.spec.profile };
         let queued = load.queued_prefill_at(view.now, profile.prefill_s_per_token);
         let ttft_s = profile.ttft(queued + uncached, load.decoding);
         let free = r.spec.capacity_blocks as i64 - view.kv_used_blocks(i) as i64;
