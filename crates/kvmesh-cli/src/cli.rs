@@ -54,8 +54,8 @@ pub struct ReplayArgs {
     /// Divide every arrival time by this: 2 replays the trace twice as fast.
     #[arg(long, default_value_t = 1.0, value_name = "X", allow_negative_numbers = true)]
     pub rate_scale: f64,
-    /// Scenario arrival rate, requests per second (scenarios only; use --rate-scale for
-    /// traces).
+    /// Scenario arrival rate, requests per second (scenarios only, default 10; use
+    /// --rate-scale for traces).
     #[arg(long, value_name = "R", allow_negative_numbers = true)]
     pub rate: Option<f64>,
     /// Requests: how many a scenario generates (default 2,000), or the first N of a trace.
