@@ -15,6 +15,7 @@
 use crate::ids::{BlockHash, ReplicaId};
 use crate::overlap::{leading_runs, Holding, Overlap, GPU_BIT};
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 
 #[derive(Debug, Clone, Copy)]
@@ -36,7 +37,8 @@ impl Holding for Sent {
 pub struct RoutingRecord {
     ttl: f64,
     max_entries: usize,
-    blocks: FxHashMap<BlockHash, Vec<Sent>>,
+    /// Most blocks were sent to one replica: one entry inline, no allocation per block.
+    blocks: FxHashMap<BlockHash, SmallVec<[Sent; 1]>>,
     /// Insertion order, for expiry; an item is stale if the block's entry was refreshed later.
     order: VecDeque<(f64, BlockHash, ReplicaId)>,
     per_replica: Vec<u64>,
@@ -138,7 +140,7 @@ impl RoutingRecord {
         // `expire` drops old entries lazily, so an entry past its TTL must not count here.
         let ttl = self.ttl;
         let live = |s: &Sent| (s.at + ttl > now) as u8 * GPU_BIT;
-        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(Vec::as_slice), live, out);
+        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(|l| l.as_slice()), live, out);
     }
 
     /// Like [`Self::overlaps`], counting only entries recorded less than `window(replica)`
@@ -153,7 +155,7 @@ impl RoutingRecord {
     ) {
         let ttl = self.ttl;
         let live = |s: &Sent| (s.at + window(s.replica).min(ttl) > now) as u8 * GPU_BIT;
-        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(Vec::as_slice), live, out);
+        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(|l| l.as_slice()), live, out);
     }
 
     /// Blocks recorded for `replica` (SGLang's per-worker "tree size").
