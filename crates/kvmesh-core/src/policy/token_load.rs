@@ -24,9 +24,10 @@
 //!
 //! A fleet with spare capacity pays nothing (it recomputes for free, and spreading a prefix
 //! to more replicas is then cheap replication); a fleet whose replicas queue holds affinity
-//! harder. `credit` fades from 1 to 0 as
-//! the replica's last KV event ages from `event_fresh_s` to `event_stale_s` (stale → load
-//! only). KV headroom is a hard limit: a replica whose free blocks are fewer than the
+//! harder. The overlap `credit` fades from 1 to 0 as the replica's last KV event ages from
+//! `event_fresh_s` to `event_stale_s`, but only once the replica has delivered a first token
+//! since that event (an idle replica's silence proves nothing; see
+//! [`crate::fleet::FleetView::overlap_credit`]); stale → load only. KV headroom is a hard limit: a replica whose free blocks are fewer than the
 //! request's uncached prompt blocks plus expected output blocks is skipped while any other
 //! fits (if none fits, the lowest cost wins, reason `no_kv_headroom`). Replicas within
 //! `max(near_equal_s, near_equal_rel × best)` of the best cost are near-equal; among them the

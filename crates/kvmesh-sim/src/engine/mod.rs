@@ -6,7 +6,8 @@
 //! the step's token budget, the batch limit and the KV cache allow. Admission looks up the
 //! prompt's leading full blocks in the prefix cache; cached blocks are not recomputed. When a
 //! running sequence needs a block and none can be had, the most recently admitted sequence is
-//! preempted (its blocks freed, its progress lost) and requeued at the front. A step takes
+//! preempted (its blocks freed; the output it already sent stands, its KV is recomputed) and
+//! requeued at the front. A step takes
 //! `β0 + β1·prefill tokens + β2·decode tokens` seconds. At the end of a step the engine
 //! reports first tokens, finished requests and the KV events of the step (evictions, then
 //! newly cached blocks), in vLLM's event shapes.

@@ -1,8 +1,9 @@
 //! Workloads: the built-in generators and the arrival-time preparation every trace goes
 //! through before a replay.
 //!
-//! - [`chat`]: seeded multi-turn chat sessions in the Mooncake trace's shape (the default
-//!   workload of `kvmesh analyze` and `kvmesh replay` without a trace).
+//! - [`chat`]: seeded multi-turn chat sessions in the Mooncake trace's shape (`kvmesh analyze`
+//!   without a trace uses its default size; `kvmesh replay` without a trace runs it as the `chat`
+//!   scenario, 2,000 requests at 10 req/s).
 //! - [`scenarios`]: the shapes that decide strategy choice — shared system prompts at a given
 //!   sharing ratio, a hot prompt, Zipf prefix popularity, agent bursts.
 //! - [`arrivals`]: rate scaling and spreading of bucketed timestamps.

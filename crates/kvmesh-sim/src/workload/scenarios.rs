@@ -1,8 +1,9 @@
 //! Synthetic scenarios for the traffic shapes that decide which routing strategy wins.
 //!
 //! Every scenario yields a [`Trace`] with prefix-chained block ids of 512 tokens (as Mooncake's
-//! `hash_ids`), Poisson arrivals unless stated, output lengths uniform in 64–512 tokens, and is
-//! a pure function of its [`ScenarioParams`] (seeded).
+//! `hash_ids`), Poisson arrivals unless stated, output lengths uniform in 64–512 tokens (50–600
+//! for `chat`, the [`super::Workload`]'s), and is a pure function of its [`ScenarioParams`]
+//! (seeded).
 //!
 //! | name | shape |
 //! |---|---|
