@@ -138,9 +138,7 @@ impl RoutingRecord {
     /// appended to `out` sorted by replica id (in the `gpu` field).
     pub fn overlaps(&self, hashes: &[BlockHash], now: f64, out: &mut Vec<(ReplicaId, Overlap)>) {
         // `expire` drops old entries lazily, so an entry past its TTL must not count here.
-        let ttl = self.ttl;
-        let live = |s: &Sent| (s.at + ttl > now) as u8 * GPU_BIT;
-        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(|l| l.as_slice()), live, out);
+        self.overlaps_within(hashes, now, |_| f64::INFINITY, out);
     }
 
     /// Like [`Self::overlaps`], counting only entries recorded less than `window(replica)`

@@ -345,10 +345,10 @@ impl Fleet {
             expected_output_tokens: self.bookings.outputs().expect(req.max_tokens),
         };
         let booking = self.bookings.book(decision.replica, spec, now);
-        if let Some(p) = self.pos(decision.replica) {
-            self.replicas[p].last_routed_at = Some(now);
-        }
-        let approx = self.replica(decision.replica).is_some_and(|r| r.overlap_source() == OverlapSource::Approximate);
+        // `decide` checked the replica is registered and routable.
+        let r = self.pos(decision.replica).map(|p| &mut self.replicas[p]).expect("validated by decide");
+        r.last_routed_at = Some(now);
+        let approx = r.overlap_source() == OverlapSource::Approximate;
         if policy.uses_record() || policy.pending_prefix_s().is_some() || approx {
             self.record.record(decision.replica, &req.hashes, now);
         }

@@ -59,15 +59,6 @@ impl<'a> FleetView<'a> {
         self.loads.get(self.replicas[i].id.index()).copied().unwrap_or_default()
     }
 
-    /// Prefill tokens still queued on the replica at position `i` now, drained at its prefill
-    /// rate (see [`TokenLoad::queued_prefill_at`]), tokens.
-    #[inline]
-    pub fn queued_prefill(&self, i: usize) -> u64 {
-        let r = &self.replicas[i];
-        let rate = r.profile(self.config.learn_prefill_rate).prefill_s_per_token;
-        self.load(i).queued_prefill_at(self.now, rate)
-    }
-
     /// How much of the replica's event overlap to trust, 0.0 to 1.0. vLLM publishes no
     /// heartbeat, so an idle replica's silence proves nothing; but a replica that delivered a
     /// first token after its last event has computed blocks it did not announce. From then on
