@@ -22,6 +22,13 @@ pub(crate) struct Holder {
     pub(crate) copies: [u16; 2],
 }
 
+/// An empty table slot's filler; never read as a holder.
+impl Default for Holder {
+    fn default() -> Self {
+        Holder { replica: ReplicaId(0), copies: [0, 0] }
+    }
+}
+
 impl Holding for Holder {
     #[inline]
     fn replica(&self) -> ReplicaId {

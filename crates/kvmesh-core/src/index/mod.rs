@@ -18,23 +18,25 @@ mod event;
 mod holders;
 mod outcome;
 mod replica_blocks;
+mod table;
 
 pub use event::{KvEvent, Removed, Stored};
 pub use outcome::{ApplyOutcome, EventCounters, Rejection};
 pub use replica_blocks::IndexHealth;
 
 use crate::hashing::BlockHasher;
-use crate::ids::{BlockHash, EngineBlockHash, Medium, ReplicaId};
+use crate::ids::{BlockHash, Medium, ReplicaId};
 use crate::overlap::{leading_runs, Overlap};
 use holders::{Arena, Holder};
-use replica_blocks::{table_bytes, ReplicaBlocks};
-use rustc_hash::{FxHashMap, FxHashSet};
+use replica_blocks::ReplicaBlocks;
+use rustc_hash::FxHashSet;
+use table::Table;
 
 /// The fleet-wide prefix index for one namespace and block size.
 #[derive(Debug)]
 pub struct PrefixIndex {
     hasher: BlockHasher,
-    blocks: FxHashMap<BlockHash, Holder>,
+    blocks: Table<Holder>,
     arena: Arena,
     replicas: Vec<Option<ReplicaBlocks>>,
     entries: usize,
@@ -43,7 +45,7 @@ pub struct PrefixIndex {
 impl PrefixIndex {
     /// An empty index hashing blocks with `hasher` (its block size is the one events must have).
     pub fn new(hasher: BlockHasher) -> Self {
-        PrefixIndex { hasher, blocks: FxHashMap::default(), arena: Arena::default(), replicas: Vec::new(), entries: 0 }
+        PrefixIndex { hasher, blocks: Table::default(), arena: Arena::default(), replicas: Vec::new(), entries: 0 }
     }
 
     /// The hasher whose block size and namespace this index uses.
@@ -103,13 +105,13 @@ impl PrefixIndex {
     /// sorted by replica id; replicas holding no leading block are left out. One pass over the
     /// blocks that stops as soon as no replica can match further.
     pub fn overlaps(&self, hashes: &[BlockHash], out: &mut Vec<(ReplicaId, Overlap)>) {
-        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(|h| self.arena.slice(h)), Holder::media, out);
+        leading_runs(hashes.len(), |i| self.blocks.get(hashes[i].0).map(|h| self.arena.slice(h)), Holder::media, out);
     }
 
     /// Whether `replica` holds `block`, as `[GPU, CPU]`.
     pub fn holds(&self, replica: ReplicaId, block: BlockHash) -> [bool; 2] {
         self.blocks
-            .get(&block)
+            .get(block.0)
             .and_then(|h| self.arena.slice(h).iter().find(|x| x.replica == replica).map(|x| x.held()))
             .unwrap_or([false, false])
     }
@@ -134,14 +136,11 @@ impl PrefixIndex {
         self.replicas.get(replica.index()).and_then(Option::as_ref).map(|r| &r.health)
     }
 
-    /// Estimated heap bytes held by the index (tables sized by their capacity, plus shared
-    /// holder lists), in bytes.
+    /// Heap bytes held by the index: its tables, shared holder lists and per-replica state.
     pub fn memory_bytes(&self) -> usize {
-        let slot = std::mem::size_of::<(BlockHash, Holder)>();
-        let mut bytes = table_bytes(self.blocks.capacity(), slot) + self.arena.heap_bytes();
-        let eslot = std::mem::size_of::<(EngineBlockHash, BlockHash)>();
+        let mut bytes = self.blocks.heap_bytes() + self.arena.heap_bytes();
         for rb in self.replicas.iter().flatten() {
-            bytes += rb.engine.iter().map(|m| table_bytes(m.capacity(), eslot)).sum::<usize>();
+            bytes += rb.engine.iter().map(Table::heap_bytes).sum::<usize>();
         }
         bytes + self.replicas.capacity() * std::mem::size_of::<Option<ReplicaBlocks>>()
     }
@@ -175,8 +174,8 @@ impl PrefixIndex {
         let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
         let mut prev = match s.parent {
             None => None,
-            Some(p) => match rb.engine[m].get(&p).or_else(|| rb.engine[1 - m].get(&p)) {
-                Some(&block) => Some(block),
+            Some(p) => match rb.engine[m].get(p.0).or_else(|| rb.engine[1 - m].get(p.0)) {
+                Some(&block) => Some(BlockHash(block)),
                 None => {
                     out.rejection = Some(Rejection::UnknownParent);
                     return out;
@@ -191,27 +190,24 @@ impl PrefixIndex {
         for (&engine_hash, tokens) in s.block_hashes.iter().zip(chunks) {
             let block = hasher.hash_block(prev, tokens);
             prev = Some(block);
-            match rb.engine[m].insert(engine_hash, block) {
-                Some(old) if old != block => {
+            match rb.engine[m].insert(engine_hash.0, block.0) {
+                Some(old) if old != block.0 => {
                     // The engine reused an id for other tokens: trust the newest event and drop
                     // the old block's copies in this medium.
-                    if let Some(h) = self.blocks.get_mut(&old) {
+                    if let Some(h) = self.blocks.get_mut(old) {
                         let r = self.arena.remove(h, replica, s.medium, u16::MAX);
                         self.entries -= r.replica_gone as usize;
                         if r.block_empty {
-                            self.blocks.remove(&old);
+                            self.blocks.remove(old);
                         }
                     }
                     out.rejection.get_or_insert(Rejection::ConflictingBlock);
                 }
                 _ => {}
             }
-            let added = match self.blocks.get_mut(&block) {
-                Some(h) => self.arena.add(h, replica, s.medium),
-                None => {
-                    self.blocks.insert(block, Holder::one(replica, s.medium));
-                    true
-                }
+            let added = match self.blocks.entry(block.0, Holder::one(replica, s.medium)) {
+                (_, true) => true,
+                (h, false) => self.arena.add(h, replica, s.medium),
             };
             self.entries += added as usize;
             out.stored += 1;
@@ -224,24 +220,23 @@ impl PrefixIndex {
         let m = r.medium.index();
         let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
         for engine_hash in &r.block_hashes {
-            let Some(&block) = rb.engine[m].get(engine_hash) else {
+            let Some(&block) = rb.engine[m].get(engine_hash.0) else {
                 out.rejection.get_or_insert(Rejection::UnknownBlock);
                 continue;
             };
-            let removal = match self.blocks.get_mut(&block) {
+            let removal = match self.blocks.get_mut(block) {
                 Some(h) => self.arena.remove(h, replica, r.medium, 1),
                 None => holders::Removal { left: 0, replica_gone: false, block_empty: false },
             };
             if removal.left == 0 {
-                rb.engine[m].remove(engine_hash);
+                rb.engine[m].remove(engine_hash.0);
             }
             if removal.block_empty {
-                self.blocks.remove(&block);
+                self.blocks.remove(block);
             }
             self.entries -= removal.replica_gone as usize;
             out.removed += 1;
         }
-        rb.maybe_shrink(m);
         out
     }
 
@@ -250,23 +245,20 @@ impl PrefixIndex {
         let mut cleared = 0;
         for medium in Medium::ALL {
             let map = std::mem::take(&mut rb.engine[medium.index()]);
-            for (_, block) in map {
-                let Some(h) = self.blocks.get_mut(&block) else { continue };
+            for (_, block) in map.iter() {
+                let Some(h) = self.blocks.get_mut(block) else { continue };
                 let before =
                     self.arena.slice(h).iter().find(|x| x.replica == replica).map_or(0, |x| x.copies[medium.index()]);
                 let r = self.arena.remove(h, replica, medium, u16::MAX);
                 cleared += before as u32;
                 self.entries -= r.replica_gone as usize;
                 if r.block_empty {
-                    self.blocks.remove(&block);
+                    self.blocks.remove(block);
                 }
             }
         }
         rb.health.out_of_sync = false;
         rb.health.counters.clears += 1;
-        if self.blocks.len() < self.blocks.capacity() / 4 {
-            self.blocks.shrink_to(self.blocks.len() * 2);
-        }
         cleared
     }
 }

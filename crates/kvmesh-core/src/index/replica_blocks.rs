@@ -2,15 +2,14 @@
 //! event counters and its sync status.
 
 use super::outcome::EventCounters;
-use crate::ids::{BlockHash, EngineBlockHash};
-use rustc_hash::FxHashMap;
+use super::table::Table;
 
 /// Per-replica index state.
 #[derive(Debug, Default)]
 pub(crate) struct ReplicaBlocks {
-    /// Engine id → kvmesh block, per medium (`[GPU, CPU]`): removals carry engine ids only.
-    /// Copy counts live with the block's holder.
-    pub(crate) engine: [FxHashMap<EngineBlockHash, BlockHash>; 2],
+    /// Engine id → kvmesh block hash (the ids' `u64`s), per medium (`[GPU, CPU]`): removals
+    /// carry engine ids only. Copy counts live with the block's holder.
+    pub(crate) engine: [Table<u64>; 2],
     pub(crate) health: IndexHealth,
 }
 
@@ -33,24 +32,4 @@ impl ReplicaBlocks {
     pub(crate) fn mappings(&self) -> usize {
         self.engine[0].len() + self.engine[1].len()
     }
-
-    /// Gives memory back after many evictions, so the index stays bounded by what the replica
-    /// really holds rather than by its historical peak.
-    pub(crate) fn maybe_shrink(&mut self, medium: usize) {
-        let map = &mut self.engine[medium];
-        if map.capacity() > 64 && map.len() < map.capacity() / 4 {
-            map.shrink_to(map.len() * 2);
-        }
-    }
-}
-
-/// Estimated heap bytes of a hashbrown table of `capacity` usable slots of `slot` bytes each:
-/// buckets are a power of two at most 7/8 full, plus one control byte per bucket.
-pub(crate) fn table_bytes(capacity: usize, slot: usize) -> usize {
-    if capacity == 0 {
-        return 0;
-    }
-    let buckets =
-        if capacity < 8 { (capacity + 1).next_power_of_two() } else { (capacity * 8 / 7).next_power_of_two() };
-    buckets * (slot + 1) + 16
 }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::hashing::Namespace;
+use crate::ids::EngineBlockHash;
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
 use xxhash_rust::xxh3::xxh3_64;
