@@ -9,14 +9,18 @@
 //! same `BlockStored` / `BlockRemoved` events a real vLLM would.
 
 use rustc_hash::FxHashMap;
-use std::collections::BTreeMap;
 
-/// One cached block.
+/// "No node": the end of the LRU list.
+const NIL: u32 = u32::MAX;
+
+/// One cached block, in a slab so the LRU list can link blocks by index.
 #[derive(Debug, Clone, Copy)]
 struct Cached {
+    hash: u64,
     refs: u32,
-    /// LRU stamp while evictable (refs == 0).
-    stamp: u64,
+    /// LRU neighbours while evictable (refs == 0): `prev` is less recently released.
+    prev: u32,
+    next: u32,
 }
 
 /// The cache of one engine.
@@ -24,10 +28,15 @@ struct Cached {
 pub struct KvCache {
     capacity: u64,
     private: u64,
-    cached: FxHashMap<u64, Cached>,
-    /// Evictable cached blocks by LRU stamp.
-    lru: BTreeMap<u64, u64>,
-    clock: u64,
+    /// Cached block hash → slab index.
+    cached: FxHashMap<u64, u32>,
+    slab: Vec<Cached>,
+    free_slots: Vec<u32>,
+    /// Evictable blocks, a doubly linked list through the slab in release order: O(1) touch,
+    /// release and eviction (the simulator's hottest path past capacity).
+    lru_head: u32,
+    lru_tail: u32,
+    evictable: u64,
     /// Blocks evicted since the last [`KvCache::take_evicted`], in eviction order.
     evicted: Vec<u64>,
 }
@@ -39,8 +48,11 @@ impl KvCache {
             capacity,
             private: 0,
             cached: FxHashMap::default(),
-            lru: BTreeMap::new(),
-            clock: 0,
+            slab: Vec::new(),
+            free_slots: Vec::new(),
+            lru_head: NIL,
+            lru_tail: NIL,
+            evictable: 0,
             evicted: Vec::new(),
         }
     }
@@ -58,7 +70,7 @@ impl KvCache {
     /// Blocks held by running sequences (what vLLM reports as `kv_cache_usage_perc`): cached
     /// blocks with references plus private blocks.
     pub fn active(&self) -> u64 {
-        (self.cached.len() - self.lru.len()) as u64 + self.private
+        self.cached.len() as u64 - self.evictable + self.private
     }
 
     /// Blocks that could be had now: free plus evictable.
@@ -73,22 +85,24 @@ impl KvCache {
 
     /// Takes a reference on a cached block (a prefix hit). Returns false if not cached.
     pub fn acquire(&mut self, hash: u64) -> bool {
-        let Some(c) = self.cached.get_mut(&hash) else { return false };
-        if c.refs == 0 {
-            self.lru.remove(&c.stamp);
+        let Some(&i) = self.cached.get(&hash) else { return false };
+        if self.slab[i as usize].refs == 0 {
+            self.unlink(i);
         }
-        c.refs += 1;
+        self.slab[i as usize].refs += 1;
         true
     }
 
     /// Drops a reference; the block stays cached and becomes evictable at zero.
     pub fn release(&mut self, hash: u64) {
-        let Some(c) = self.cached.get_mut(&hash) else { return };
-        c.refs = c.refs.saturating_sub(1);
+        let Some(&i) = self.cached.get(&hash) else { return };
+        let c = &mut self.slab[i as usize];
         if c.refs == 0 {
-            self.clock += 1;
-            c.stamp = self.clock;
-            self.lru.insert(self.clock, hash);
+            return;
+        }
+        c.refs -= 1;
+        if c.refs == 0 {
+            self.push_back(i);
         }
     }
 
@@ -99,8 +113,14 @@ impl KvCache {
             return false;
         }
         while self.capacity - self.used() < n {
-            let Some((_, hash)) = self.lru.pop_first() else { return false };
+            let i = self.lru_head;
+            if i == NIL {
+                return false;
+            }
+            self.unlink(i);
+            let hash = self.slab[i as usize].hash;
             self.cached.remove(&hash);
+            self.free_slots.push(i);
             self.evicted.push(hash);
         }
         true
@@ -126,8 +146,45 @@ impl KvCache {
         if self.acquire(hash) {
             return false;
         }
-        self.cached.insert(hash, Cached { refs: 1, stamp: 0 });
+        let node = Cached { hash, refs: 1, prev: NIL, next: NIL };
+        let i = match self.free_slots.pop() {
+            Some(i) => {
+                self.slab[i as usize] = node;
+                i
+            }
+            None => {
+                self.slab.push(node);
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.cached.insert(hash, i);
         true
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let Cached { prev, next, .. } = self.slab[i as usize];
+        match prev {
+            NIL => self.lru_head = next,
+            p => self.slab[p as usize].next = next,
+        }
+        match next {
+            NIL => self.lru_tail = prev,
+            n => self.slab[n as usize].prev = prev,
+        }
+        self.evictable -= 1;
+    }
+
+    fn push_back(&mut self, i: u32) {
+        let tail = self.lru_tail;
+        let c = &mut self.slab[i as usize];
+        c.prev = tail;
+        c.next = NIL;
+        match tail {
+            NIL => self.lru_head = i,
+            t => self.slab[t as usize].next = i,
+        }
+        self.lru_tail = i;
+        self.evictable += 1;
     }
 
     /// The blocks evicted since the last call, in eviction order.
@@ -173,5 +230,9 @@ mod tests {
         assert_eq!(kv.active(), 1, "one reference left");
         kv.release(7);
         assert_eq!(kv.active(), 0);
+        kv.release(7);
+        assert_eq!((kv.active(), kv.available()), (0, 2), "a release past zero changes nothing");
+        assert!(kv.reserve(2));
+        assert_eq!(kv.take_evicted(), vec![7], "evicted once");
     }
 }
