@@ -1,0 +1,137 @@
+//! One msgpack event → [`KvEvent`].
+//!
+//! vLLM's event classes (`vllm/distributed/kv_events.py`) are msgspec structs with
+//! `tag=True, omit_defaults=True`. Newer vLLM (≥ 0.24) and SGLang encode them as maps whose
+//! `"type"` key holds the tag; older vLLM encodes them `array_like`, as arrays led by the tag
+//! with fields in declaration order:
+//!
+//! ```text
+//! BlockStored      [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, …]
+//! BlockRemoved     [tag, block_hashes, medium, …]
+//! AllBlocksCleared [tag, …]
+//! ```
+//!
+//! Unknown map keys and trailing array elements are ignored (engines add fields often, case
+//! C06); fields left out because they hold their default (`omit_defaults`) take it: no parent,
+//! no LoRA, medium GPU. Block hashes may be msgpack uint64 (vLLM, often ≥ 2^63) or negative
+//! int64 (SGLang): the same 64 bits are the same block (case C05). A hash sent as bytes (vLLM's
+//! `ExternalBlockHash` may be `bytes`) is reduced to 64 bits with xxh3; ids stay opaque either way.
+
+use crate::batch::kind;
+use kvmesh_core::index::{KvEvent, Removed, Stored};
+use kvmesh_core::{EngineBlockHash, Medium};
+use rmpv::Value;
+
+/// Decodes one event; the error says what was wrong, for the batch's skipped list.
+pub fn decode_event(v: &Value) -> Result<KvEvent, String> {
+    let fields = Fields::of(v)?;
+    match fields.tag {
+        "BlockStored" => stored(&fields),
+        "BlockRemoved" => {
+            let block_hashes = hashes(fields.get("block_hashes", 1).ok_or("BlockRemoved without block_hashes")?)?;
+            Ok(KvEvent::Removed(Removed { block_hashes, medium: medium(fields.get("medium", 2))? }))
+        }
+        "AllBlocksCleared" => Ok(KvEvent::Cleared),
+        other => Err(format!("unknown event type {other:?}")),
+    }
+}
+
+fn stored(f: &Fields<'_>) -> Result<KvEvent, String> {
+    let block_hashes = hashes(f.get("block_hashes", 1).ok_or("BlockStored without block_hashes")?)?;
+    let parent = match f.get("parent_block_hash", 2) {
+        None | Some(Value::Nil) => None,
+        Some(h) => Some(hash(h)?),
+    };
+    let token_ids = match f.get("token_ids", 3).ok_or("BlockStored without token_ids")? {
+        Value::Array(ts) => ts
+            .iter()
+            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| format!("token id {t} is not a u32")))
+            .collect::<Result<Vec<u32>, String>>()?,
+        other => return Err(format!("token_ids is {}, not an array", kind(other))),
+    };
+    let block_size = match f.get("block_size", 4).ok_or("BlockStored without block_size")? {
+        Value::Integer(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0),
+        _ => None,
+    }
+    .ok_or("block_size is not a positive integer")?;
+    // vLLM ≥ 0.10 sends the adapter's name; older ones only its integer id.
+    let lora_name = match (f.get("lora_name", 7), f.get("lora_id", 5)) {
+        (Some(Value::String(s)), _) => Some(s.as_str().ok_or("lora_name is not UTF-8")?.to_string()),
+        (_, Some(Value::Integer(id))) => Some(format!("lora-id:{id}")),
+        _ => None,
+    };
+    Ok(KvEvent::Stored(Stored {
+        block_hashes,
+        parent,
+        token_ids,
+        block_size,
+        medium: medium(f.get("medium", 6))?,
+        lora_name,
+    }))
+}
+
+/// An event's tag and fields, by name (map form) or position (array form).
+struct Fields<'a> {
+    tag: &'a str,
+    map: Option<&'a [(Value, Value)]>,
+    array: &'a [Value],
+}
+
+impl<'a> Fields<'a> {
+    fn of(v: &'a Value) -> Result<Self, String> {
+        match v {
+            Value::Map(kv) => {
+                let tag = kv
+                    .iter()
+                    .find(|(k, _)| k.as_str() == Some("type"))
+                    .and_then(|(_, t)| t.as_str())
+                    .ok_or("event map without a string \"type\"")?;
+                Ok(Fields { tag, map: Some(kv), array: &[] })
+            }
+            Value::Array(a) => {
+                let tag = a.first().and_then(Value::as_str).ok_or("event array not led by a string tag")?;
+                Ok(Fields { tag, map: None, array: a })
+            }
+            other => Err(format!("event is {}, not a map or an array", kind(other))),
+        }
+    }
+
+    fn get(&self, name: &str, position: usize) -> Option<&'a Value> {
+        match self.map {
+            Some(kv) => kv.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v),
+            None => self.array.get(position),
+        }
+    }
+}
+
+fn hashes(v: &Value) -> Result<Vec<EngineBlockHash>, String> {
+    match v {
+        Value::Array(hs) => hs.iter().map(hash).collect(),
+        other => Err(format!("block_hashes is {}, not an array", kind(other))),
+    }
+}
+
+fn hash(v: &Value) -> Result<EngineBlockHash, String> {
+    match v {
+        Value::Integer(i) => match (i.as_u64(), i.as_i64()) {
+            (Some(u), _) => Ok(EngineBlockHash::from(u)),
+            (None, Some(s)) => Ok(EngineBlockHash::from(s)),
+            _ => Err(format!("block hash {i} is not a 64-bit integer")),
+        },
+        Value::Binary(b) => Ok(EngineBlockHash(xxhash_rust::xxh3::xxh3_64(b))),
+        other => Err(format!("block hash is {}, not an integer or bytes", kind(other))),
+    }
+}
+
+fn medium(v: Option<&Value>) -> Result<Medium, String> {
+    match v {
+        None | Some(Value::Nil) => Ok(Medium::Gpu),
+        Some(Value::String(s)) => match s.as_str() {
+            Some(m) if m.eq_ignore_ascii_case("gpu") => Ok(Medium::Gpu),
+            Some(m) if m.eq_ignore_ascii_case("cpu") => Ok(Medium::Cpu),
+            Some(m) => Err(format!("unsupported medium {m:?} (kvmesh indexes GPU and CPU)")),
+            None => Err("medium is not UTF-8".into()),
+        },
+        Some(other) => Err(format!("medium is {}, not a string", kind(other))),
+    }
+}

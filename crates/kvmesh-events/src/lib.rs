@@ -1,0 +1,36 @@
+//! kvmesh-events: engines' KV-cache event wire formats, decoded into [`kvmesh_core`] events.
+//!
+//! vLLM publishes KV events on a ZMQ PUB socket (`vllm/distributed/kv_events.py`,
+//! `ZmqEventPublisher`) as multipart messages
+//!
+//! ```text
+//! [topic, seq (u64 big-endian, 8 bytes), payload (msgpack)]
+//! payload = [ts (float, seconds), events (array), data_parallel_rank (int | nil)?]
+//! ```
+//!
+//! Each event is either a map tagged by `"type"` (vLLM ≥ 0.24, SGLang) or a positional array
+//! led by the tag (older vLLM): `BlockStored`, `BlockRemoved`, `AllBlocksCleared`. Gaps in
+//! `seq` are recovered through the publisher's ROUTER replay socket ([`replay`]).
+//!
+//! - [`message`]: frames → [`EventMessage`] (topic, sequence number, [`EventBatch`]).
+//! - [`batch`]: the msgpack payload → [`EventBatch`].
+//! - [`event`]: one msgpack event → [`kvmesh_core::index::KvEvent`].
+//! - [`replay`]: the replay request and both reply framings.
+//! - [`DecodeError`]: "incomplete" (truncated) versus "malformed" (never valid).
+//!
+//! Nothing here panics on any input (fuzzed: `crates/kvmesh-events/fuzz`); one bad event in a
+//! batch is reported in [`EventBatch::skipped`] and the others still apply.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod batch;
+pub mod error;
+pub mod event;
+pub mod message;
+pub mod replay;
+
+pub use batch::{decode_batch, EventBatch, SkippedEvent};
+pub use error::DecodeError;
+pub use message::{decode_message, EventMessage};
+pub use replay::{decode_replay_reply, replay_request, ReplayReply};
