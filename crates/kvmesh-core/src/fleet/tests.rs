@@ -43,6 +43,29 @@ fn config_is_validated() {
     let bad = FleetConfig { event_stale_s: 10.0, ..FleetConfig::default() };
     let msg = Fleet::new(bad).unwrap_err().to_string();
     assert_eq!(msg, "invalid event_stale_s: must exceed event_fresh_s (30), got 10");
+    for e in [0.0, 1.5, f64::NAN] {
+        let bad = FleetConfig { prefill_efficiency: e, ..FleetConfig::default() };
+        assert!(matches!(Fleet::new(bad), Err(Error::InvalidConfig { field: "prefill_efficiency", .. })));
+    }
+}
+
+#[test]
+fn booked_prefill_drains_at_the_sustained_rate() {
+    // 10,000 uncached tokens at β1 = 17.25 µs/token: 0.1725 s at the peak rate, 0.19167 s at
+    // efficiency 0.9.
+    let drained = |prefill_efficiency: f64, at: f64| {
+        let mut f = Fleet::new(FleetConfig { prefill_efficiency, ..FleetConfig::default() }).unwrap();
+        let r = f.add_replica(ReplicaSpec::new("a", 10_000)).unwrap();
+        let req = RouteRequest::new(f.hasher(), &toks(10_000), Some(1));
+        f.route(PolicyKind::TokenLoad.build().as_mut(), &req, &mut rng(), 0.0).unwrap();
+        f.bookings().load(r).queued_prefill_at(at, 17.25e-6)
+    };
+    assert_eq!(drained(1.0, 0.1), 4203);
+    assert_eq!(drained(1.0, 0.1725), 0);
+    assert_eq!(drained(0.9, 0.1), 5314);
+    // Past the peak-rate horizon, still (0.19167 − 0.1725) / 17.25 µs = 1,111 token-equivalents.
+    assert_eq!(drained(0.9, 0.1725), 1111);
+    assert_eq!(drained(0.9, 0.192), 0);
 }
 
 #[test]

@@ -126,7 +126,8 @@ impl Bookings {
     }
 
     /// Sets the prefill speed used to drain `replica`'s queued prefill over time, seconds per
-    /// token (default: the H100 profile's 17.25 µs).
+    /// token (default: the H100 profile's 17.25 µs). [`crate::Fleet`] passes the profile's β1
+    /// divided by [`crate::FleetConfig::prefill_efficiency`]: the rate sustained under a queue.
     pub fn set_prefill_rate(&mut self, replica: ReplicaId, s_per_token: f64) {
         let i = replica.index();
         if self.prefill_s_per_token.len() <= i {

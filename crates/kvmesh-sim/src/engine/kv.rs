@@ -83,6 +83,12 @@ impl KvCache {
         self.cached.contains_key(&hash)
     }
 
+    /// Whether `hash` is cached with no reference: taking one removes it from what
+    /// [`KvCache::available`] counts.
+    pub fn is_evictable(&self, hash: u64) -> bool {
+        self.cached.get(&hash).is_some_and(|&i| self.slab[i as usize].refs == 0)
+    }
+
     /// Takes a reference on a cached block (a prefix hit). Returns false if not cached.
     pub fn acquire(&mut self, hash: u64) -> bool {
         let Some(&i) = self.cached.get(&hash) else { return false };

@@ -223,23 +223,30 @@ impl Engine {
             // Prefix hit: leading full blocks already cached, leaving at least one token.
             let max_hit = ((seq.prompt() - 1) / self.block_size) as usize;
             let hit = seq.hashes.iter().take(max_hit).take_while(|h| self.kv.contains(**h)).count();
-            for h in &seq.hashes[..hit] {
-                self.kv.acquire(*h);
-            }
-            seq.shared = hit;
-            seq.computed = hit as u32 * self.block_size;
-            let want = (seq.remaining_prefill() as u32).min(budget);
-            let need = (seq.computed as u64 + want as u64).div_ceil(bs) - hit as u64;
-            if !self.kv.reserve(need) {
-                // Undo in reverse, tail first, as vLLM frees.
-                for h in seq.hashes[..hit].iter().rev() {
-                    self.kv.release(*h);
-                }
-                seq.shared = 0;
-                seq.computed = 0;
+            let computed = hit as u32 * self.block_size;
+            let want = (seq.prefill_target() - computed).min(budget);
+            let need = (computed as u64 + want as u64).div_ceil(bs) - hit as u64;
+            // As vLLM's `allocate_slots`: check the room first (hits nobody references leave
+            // the evictable pool once taken), and touch the cache only if the request fits, so
+            // a request that waits does not reorder the LRU.
+            let taken_from_pool = seq.hashes[..hit].iter().filter(|h| self.kv.is_evictable(**h)).count() as u64;
+            if self.kv.available() < need + taken_from_pool {
                 self.waiting.push_front(seq);
                 break;
             }
+            for h in &seq.hashes[..hit] {
+                self.kv.acquire(*h);
+            }
+            if !self.kv.reserve(need) {
+                // Unreachable (room was checked); undo tail first, as vLLM frees.
+                for h in seq.hashes[..hit].iter().rev() {
+                    self.kv.release(*h);
+                }
+                self.waiting.push_front(seq);
+                break;
+            }
+            seq.shared = hit;
+            seq.computed = computed;
             self.kv.alloc_private(need);
             self.pending_prefill -= seq.computed as u64;
             if seq.generated == 0 {

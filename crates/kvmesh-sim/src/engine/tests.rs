@@ -163,3 +163,36 @@ fn freed_chains_are_evicted_from_the_tail() {
     assert_eq!(r.block_hashes.iter().map(|h| h.0).collect::<Vec<_>>(), vec![chain[2].0, chain[1].0]);
     assert!(e.kv().contains(chain[0].0));
 }
+
+#[test]
+fn a_request_that_does_not_fit_waits_without_touching_the_lru() {
+    // 10 blocks of 4 tokens. R1 and R2 leave A0, A1 and B0, B1 cached and evictable, LRU
+    // order A1, A0, B1, B0 (freed tail first). R3 runs a long decode; R4 shares A0, A1 but
+    // needs 6 more blocks with only 6 available, 2 of them A0 and A1 themselves: it waits. As
+    // in vLLM's `allocate_slots`, waiting must not touch the cache, so when R3's decode needs
+    // room the least recently used block, A1, goes first (re-touching A0, A1 on every failed
+    // admission would have sent B1 first).
+    let mut e = engine(40, 64);
+    e.enqueue(req(1, 0..10, 1));
+    e.enqueue(req(2, 100..110, 1));
+    let (_, out) = step(&mut e);
+    assert_eq!(out.finished, vec![1, 2]);
+    e.enqueue(req(3, 200..216, 12));
+    e.enqueue(req(4, 0..30, 1));
+    let mut removed = Vec::new();
+    while !step_collecting_removals(&mut e, &mut removed, 3) {}
+    let ns = Namespace { model: "engine".into(), ..Namespace::default() };
+    let a = BlockHasher::new(4, &ns).unwrap().hash_blocks(&(0..8).collect::<Vec<u32>>());
+    assert_eq!(removed.first(), Some(&a[1].0), "A1 is evicted first; all removals: {removed:?}");
+}
+
+/// Runs one step, appending removed engine hashes; true once request `id` has finished.
+fn step_collecting_removals(e: &mut Engine, removed: &mut Vec<u64>, id: u64) -> bool {
+    let (_, out) = step(e);
+    for ev in &out.events {
+        if let KvEvent::Removed(r) = ev {
+            removed.extend(r.block_hashes.iter().map(|h| h.0));
+        }
+    }
+    out.finished.contains(&id)
+}
