@@ -1,4 +1,5 @@
-//! kvmesh-events: engines' KV-cache event wire formats, decoded into [`kvmesh_core`] events.
+//! kvmesh-events: engines' wire formats — KV-cache events and load metrics — decoded into
+//! [`kvmesh_core`] types. Decoding only, no I/O.
 //!
 //! vLLM publishes KV events on a ZMQ PUB socket (`vllm/distributed/kv_events.py`,
 //! `ZmqEventPublisher`) as multipart messages
@@ -16,6 +17,7 @@
 //! - [`batch`]: the msgpack payload → [`EventBatch`].
 //! - [`event`]: one msgpack event → [`kvmesh_core::index::KvEvent`].
 //! - [`replay`]: the replay request and both reply framings.
+//! - [`metrics`]: an engine's load from its Prometheus `/metrics` page (vLLM and SGLang names).
 //! - [`DecodeError`]: "incomplete" (truncated) versus "malformed" (never valid).
 //!
 //! Nothing here panics on any input (fuzzed: `crates/kvmesh-events/fuzz`); one bad event in a
@@ -28,9 +30,11 @@ pub mod batch;
 pub mod error;
 pub mod event;
 pub mod message;
+pub mod metrics;
 pub mod replay;
 
 pub use batch::{decode_batch, EventBatch, SkippedEvent};
 pub use error::DecodeError;
 pub use message::{decode_message, EventMessage};
+pub use metrics::{parse_engine_metrics, Dialect, MetricsError};
 pub use replay::{decode_replay_reply, replay_request, ReplayReply};

@@ -1,0 +1,93 @@
+//! An engine's load from its Prometheus `/metrics` text: requests running and waiting, and KV
+//! usage, for vLLM and SGLang.
+//!
+//! | | running | waiting | KV usage (0–1) |
+//! |---|---|---|---|
+//! | vLLM | `vllm:num_requests_running` | `vllm:num_requests_waiting` | `vllm:kv_cache_usage_perc` (≥ 0.10), `vllm:gpu_cache_usage_perc` (older) |
+//! | SGLang | `sglang:num_running_reqs` | `sglang:num_queue_reqs` | `sglang:token_usage` |
+//!
+//! A replica with several engines (data-parallel ranks, one series each, labelled `engine` or
+//! `dp_rank`) reports the sum of their requests and the mean of their KV usage. Parsing uses
+//! openmetrics-parser's Prometheus text parser (it accepts the `:` in these names, which
+//! recording-rule style names need and some parsers reject).
+
+use kvmesh_core::load::EngineMetrics;
+use openmetrics_parser::{MetricsExposition, PrometheusType, PrometheusValue};
+
+/// Which engine's metric names a report used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// vLLM (`vllm:*`).
+    Vllm,
+    /// SGLang (`sglang:*`).
+    Sglang,
+}
+
+/// Why a metrics page gave no load.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetricsError {
+    /// The text is not Prometheus exposition format.
+    #[error("metrics page is not Prometheus text format: {0}")]
+    Unparseable(String),
+    /// The page parsed but lacks a load metric (named) of the dialect it uses, or has none at
+    /// all.
+    #[error("metrics page has no {0}: not a vLLM or SGLang engine, or a version with other metric names")]
+    Missing(&'static str),
+}
+
+struct Names {
+    running: &'static str,
+    waiting: &'static str,
+    kv_usage: &'static [&'static str],
+}
+
+const VLLM: Names = Names {
+    running: "vllm:num_requests_running",
+    waiting: "vllm:num_requests_waiting",
+    kv_usage: &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+};
+const SGLANG: Names =
+    Names { running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs", kv_usage: &["sglang:token_usage"] };
+
+/// Reads an engine's load from its metrics page, stamped `at` (seconds, the caller's clock).
+///
+/// # Errors
+/// [`MetricsError::Unparseable`] when the text is not Prometheus format;
+/// [`MetricsError::Missing`] naming the first load metric absent.
+pub fn parse_engine_metrics(text: &str, at: f64) -> Result<(Dialect, EngineMetrics), MetricsError> {
+    // The parser has `unwrap`s on paths its grammar should rule out; a page from the network
+    // must never take the node down, so a panic in it counts as unparseable.
+    let parsed = std::panic::catch_unwind(|| openmetrics_parser::prometheus::parse_prometheus(text))
+        .map_err(|_| MetricsError::Unparseable("the parser failed on this input".into()))?
+        .map_err(|e| MetricsError::Unparseable(e.to_string()))?;
+    let (dialect, names) = if parsed.families.contains_key(VLLM.running) {
+        (Dialect::Vllm, VLLM)
+    } else if parsed.families.contains_key(SGLANG.running) {
+        (Dialect::Sglang, SGLANG)
+    } else {
+        return Err(MetricsError::Missing("vllm:num_requests_running or sglang:num_running_reqs"));
+    };
+    let running = values(&parsed, names.running).ok_or(MetricsError::Missing(names.running))?;
+    let waiting = values(&parsed, names.waiting).ok_or(MetricsError::Missing(names.waiting))?;
+    let usage =
+        names.kv_usage.iter().find_map(|n| values(&parsed, n)).ok_or(MetricsError::Missing(names.kv_usage[0]))?;
+    let count = |v: &[f64]| v.iter().sum::<f64>().clamp(0.0, u32::MAX as f64).round() as u32;
+    let kv_usage = (usage.iter().sum::<f64>() / usage.len() as f64).clamp(0.0, 1.0);
+    Ok((dialect, EngineMetrics { running: count(&running), waiting: count(&waiting), kv_usage, at }))
+}
+
+/// Every finite gauge (or untyped) sample of `name`; `None` when the family is absent or has
+/// no usable sample.
+fn values(parsed: &MetricsExposition<PrometheusType, PrometheusValue>, name: &str) -> Option<Vec<f64>> {
+    let family = parsed.families.get(name)?;
+    let v: Vec<f64> = family
+        .iter_samples()
+        .filter_map(|s| match &s.value {
+            PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n) => Some(n.as_f64()),
+            PrometheusValue::Counter(c) => Some(c.value.as_f64()),
+            _ => None,
+        })
+        .filter(|x| x.is_finite())
+        .collect();
+    (!v.is_empty()).then_some(v)
+}

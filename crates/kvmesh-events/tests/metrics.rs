@@ -1,0 +1,98 @@
+//! Engine load from real-shaped vLLM and SGLang `/metrics` pages, with exact values.
+
+use kvmesh_core::load::EngineMetrics;
+use kvmesh_events::{parse_engine_metrics, Dialect, MetricsError};
+use proptest::prelude::*;
+
+/// The shape vLLM's `prometheus_client` exposition has: HELP/TYPE lines, `model_name` and
+/// `engine` labels (one series per data-parallel engine), counters, histograms.
+const VLLM_TWO_ENGINES: &str = r#"# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 4321.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
+vllm:num_requests_running{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 4.0
+vllm:num_requests_waiting{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.25
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 123456.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 5.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 5.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.75
+"#;
+
+const VLLM_OLD: &str = r#"# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 7.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 12.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.875
+"#;
+
+const SGLANG: &str = r#"# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="qwen",dp_rank="0"} 9.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="qwen",dp_rank="0"} 2.0
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="qwen",dp_rank="0"} 0.125
+"#;
+
+#[test]
+fn vllm_engines_sum_requests_and_average_kv_usage() {
+    let (dialect, m) = parse_engine_metrics(VLLM_TWO_ENGINES, 42.0).unwrap();
+    assert_eq!(dialect, Dialect::Vllm);
+    assert_eq!(m, EngineMetrics { running: 5, waiting: 4, kv_usage: 0.375, at: 42.0 });
+}
+
+#[test]
+fn older_vllm_and_sglang_names() {
+    assert_eq!(
+        parse_engine_metrics(VLLM_OLD, 1.0).unwrap(),
+        (Dialect::Vllm, EngineMetrics { running: 7, waiting: 12, kv_usage: 0.875, at: 1.0 })
+    );
+    assert_eq!(
+        parse_engine_metrics(SGLANG, 2.0).unwrap(),
+        (Dialect::Sglang, EngineMetrics { running: 9, waiting: 2, kv_usage: 0.125, at: 2.0 })
+    );
+}
+
+#[test]
+fn missing_metrics_are_named() {
+    let no_waiting = VLLM_OLD.replace("vllm:num_requests_waiting", "vllm:something_else");
+    assert_eq!(parse_engine_metrics(&no_waiting, 0.0), Err(MetricsError::Missing("vllm:num_requests_waiting")));
+    let no_kv = SGLANG.replace("sglang:token_usage", "sglang:other");
+    assert_eq!(parse_engine_metrics(&no_kv, 0.0), Err(MetricsError::Missing("sglang:token_usage")));
+    let err = parse_engine_metrics("# TYPE up gauge\nup 1\n", 0.0).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "metrics page has no vllm:num_requests_running or sglang:num_running_reqs: not a vLLM or SGLang engine, or a version with other metric names"
+    );
+}
+
+#[test]
+fn html_is_unparseable() {
+    let err = parse_engine_metrics("<html><body>502 Bad Gateway</body></html>", 0.0).unwrap_err();
+    assert!(matches!(err, MetricsError::Unparseable(_)), "{err:?}");
+}
+
+proptest! {
+    /// No page panics the parser through this function.
+    #[test]
+    fn never_panics(text in "(#|[a-z:_]{1,12}|\\{|\\}|=|\"|,| |\n|[0-9.e+-]{1,6}|le|NaN|\\+Inf){0,40}") {
+        let _ = parse_engine_metrics(&text, 0.0);
+    }
+}
