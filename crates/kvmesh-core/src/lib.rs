@@ -7,6 +7,7 @@
 //!   engine metrics, step-time profiles and the TTFT estimate.
 //! - [`policy`]: every routing [`Policy`], ours (`token_load`) and the published anchors.
 //! - [`fleet`]: the [`Fleet`] that ties them together and the per-decision [`FleetView`].
+//! - [`prompt`]: approximate token ids and chat rendering for routers without a tokenizer.
 //!
 //! No async runtime, no I/O, no clock and no RNG of its own: time (`now`, seconds on the
 //! caller's clock) and randomness are arguments, so the simulator and the node run the same
@@ -42,6 +43,7 @@ pub mod index;
 pub mod load;
 mod overlap;
 pub mod policy;
+pub mod prompt;
 pub mod record;
 
 pub use error::Error;

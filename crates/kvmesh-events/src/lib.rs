@@ -1,5 +1,5 @@
 //! kvmesh-events: engines' wire formats — KV-cache events and load metrics — decoded into
-//! [`kvmesh_core`] types. Decoding only, no I/O.
+//! [`kvmesh_core`] types. No I/O.
 //!
 //! vLLM publishes KV events on a ZMQ PUB socket (`vllm/distributed/kv_events.py`,
 //! `ZmqEventPublisher`) as multipart messages
@@ -17,6 +17,7 @@
 //! - [`batch`]: the msgpack payload → [`EventBatch`].
 //! - [`event`]: one msgpack event → [`kvmesh_core::index::KvEvent`].
 //! - [`replay`]: the replay request and both reply framings.
+//! - [`encode`]: the publishing side (core events → vLLM's format), for stand-in engines.
 //! - [`metrics`]: an engine's load from its Prometheus `/metrics` page (vLLM and SGLang names).
 //! - [`DecodeError`]: "incomplete" (truncated) versus "malformed" (never valid).
 //!
@@ -27,6 +28,7 @@
 #![deny(missing_docs)]
 
 pub mod batch;
+pub mod encode;
 pub mod error;
 pub mod event;
 pub mod message;

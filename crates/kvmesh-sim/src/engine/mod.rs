@@ -40,6 +40,8 @@ pub struct StepOutcome {
     /// Requests whose first token came out at the end of the step, with their cached prompt
     /// tokens (prefix hits at admission).
     pub first_tokens: Vec<(u64, u32)>,
+    /// Requests that generated a token after their first in the step (a decode step).
+    pub decoded: Vec<u64>,
     /// Requests that finished in the step.
     pub finished: Vec<u64>,
     /// KV events of the step, in order.
@@ -325,6 +327,7 @@ impl Engine {
             } else if n > 0 {
                 seq.computed += 1;
                 seq.generated += 1;
+                out.decoded.push(seq.req.id);
                 done = seq.generated >= seq.req.output_tokens;
             }
             if done {

@@ -1,0 +1,162 @@
+//! The engine loop: kvmesh-sim's engine stepping in real time (step durations ÷ `speed`),
+//! fed by HTTP requests, answering each with its first token, its decode tokens and its end.
+
+use crate::EngineSimConfig;
+use kvmesh_core::hashing::Namespace;
+use kvmesh_core::index::KvEvent;
+use kvmesh_core::BlockHasher;
+use kvmesh_sim::engine::{Engine, EngineRequest};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// What a request hears from the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// The first token, with the prompt tokens served from the prefix cache.
+    FirstToken {
+        /// Prompt tokens that were prefix-cache hits.
+        cached_tokens: u32,
+    },
+    /// One more generated token.
+    Token,
+    /// The request is complete.
+    Done,
+    /// The engine cannot ever run it (prompt plus output larger than the KV cache).
+    Rejected,
+}
+
+/// One request for the engine.
+#[derive(Debug)]
+pub struct Submission {
+    /// Prompt token ids.
+    pub tokens: Arc<[u32]>,
+    /// Tokens to generate (at least 1).
+    pub output_tokens: u32,
+    /// Where its outputs go; dropping the receiver abandons it (its tokens are discarded).
+    pub outputs: mpsc::UnboundedSender<Output>,
+}
+
+/// Engine counters for `/metrics`, in vLLM's terms.
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    /// Requests in the running batch.
+    pub running: u32,
+    /// Requests waiting.
+    pub waiting: u32,
+    /// Fraction of KV blocks held by running requests.
+    pub kv_usage: f64,
+    /// Prompt tokens computed (prefill), total.
+    pub prompt_tokens_total: u64,
+    /// Tokens generated, total.
+    pub generation_tokens_total: u64,
+    /// Prompt tokens served from the prefix cache, total.
+    pub prefix_cache_hits_total: u64,
+    /// Requests finished, total.
+    pub requests_total: u64,
+}
+
+/// The running loop.
+pub struct EngineTask {
+    /// Its counters.
+    pub stats: Arc<Mutex<Stats>>,
+    /// Its task.
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// Starts the loop.
+///
+/// # Errors
+/// An invalid block size.
+pub fn spawn(
+    config: &EngineSimConfig,
+    events: mpsc::UnboundedSender<Vec<KvEvent>>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<(EngineTask, mpsc::UnboundedSender<Submission>)> {
+    // The engine's own block ids are opaque to routers: seed them apart from kvmesh's hashes.
+    let ns = Namespace { model: format!("engine-sim/{}", config.model), ..Namespace::default() };
+    let mut engine = Engine::new(config.profile.clone(), BlockHasher::new(config.block_size, &ns)?);
+    let (submit, mut inbox) = mpsc::unbounded_channel::<Submission>();
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    let shared = stats.clone();
+    let speed = config.speed;
+    let task = tokio::spawn(async move {
+        let mut waiters: HashMap<u64, mpsc::UnboundedSender<Output>> = HashMap::new();
+        let mut next_id = 0u64;
+        let mut rejected = Vec::new();
+        let mut enqueue = |engine: &mut Engine, waiters: &mut HashMap<u64, _>, s: Submission| {
+            next_id += 1;
+            engine.enqueue(EngineRequest { id: next_id, tokens: s.tokens, output_tokens: s.output_tokens.max(1) });
+            waiters.insert(next_id, s.outputs);
+        };
+        loop {
+            while let Ok(s) = inbox.try_recv() {
+                enqueue(&mut engine, &mut waiters, s);
+            }
+            rejected.clear();
+            let step = engine.start_step(&mut rejected);
+            for id in rejected.drain(..) {
+                if let Some(w) = waiters.remove(&id) {
+                    let _ = w.send(Output::Rejected);
+                }
+            }
+            let Some(duration) = step else {
+                if engine.has_work() {
+                    // Nothing fits even on an idle engine: refuse the head instead of spinning.
+                    if let Some(w) = engine.reject_head().and_then(|id| waiters.remove(&id)) {
+                        let _ = w.send(Output::Rejected);
+                    }
+                    continue;
+                }
+                publish_stats(&engine, &shared, None);
+                tokio::select! {
+                    s = inbox.recv() => match s { Some(s) => enqueue(&mut engine, &mut waiters, s), None => break },
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+                continue;
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs_f64(duration / speed)) => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            let out = engine.finish_step();
+            for &(id, cached_tokens) in &out.first_tokens {
+                if let Some(w) = waiters.get(&id) {
+                    let _ = w.send(Output::FirstToken { cached_tokens });
+                }
+            }
+            for id in &out.decoded {
+                if let Some(w) = waiters.get(id) {
+                    let _ = w.send(Output::Token);
+                }
+            }
+            for id in &out.finished {
+                if let Some(w) = waiters.remove(id) {
+                    let _ = w.send(Output::Done);
+                }
+            }
+            let generated = (out.first_tokens.len() + out.decoded.len()) as u64;
+            let hits: u64 = out.first_tokens.iter().map(|&(_, c)| c as u64).sum();
+            publish_stats(&engine, &shared, Some((out.prefill_tokens, generated, hits, out.finished.len() as u64)));
+            if !out.events.is_empty() {
+                let _ = events.send(out.events);
+            }
+        }
+    });
+    Ok((EngineTask { stats, task }, submit))
+}
+
+fn publish_stats(engine: &Engine, stats: &Mutex<Stats>, step: Option<(u64, u64, u64, u64)>) {
+    let (running, waiting, kv_usage) = engine.metrics();
+    let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+    s.running = running;
+    s.waiting = waiting;
+    s.kv_usage = kv_usage;
+    if let Some((prefill, generated, hits, finished)) = step {
+        s.prompt_tokens_total += prefill;
+        s.generation_tokens_total += generated;
+        s.prefix_cache_hits_total += hits;
+        s.requests_total += finished;
+    }
+}

@@ -1,0 +1,314 @@
+//! The OpenAI-compatible HTTP API, vLLM-style: completions and chat completions (streamed as
+//! server-sent events when `stream` is true), models, health, and Prometheus metrics with
+//! vLLM's names. Each generated token's text is `" t"`.
+
+use crate::engine_task::{Output, Stats, Submission};
+use crate::faults::{FaultState, Faults};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use kvmesh_core::prompt::{approximate_tokens, render_chat};
+use kvmesh_sim::engine::EngineProfile;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+
+/// Everything a handler needs.
+#[derive(Clone)]
+pub struct AppState {
+    /// Served model name.
+    pub model: String,
+    /// The engine loop's inbox.
+    pub submit: mpsc::UnboundedSender<Submission>,
+    /// Engine counters.
+    pub stats: Arc<Mutex<Stats>>,
+    /// Fault switches.
+    pub faults: Arc<FaultState>,
+    /// Its profile (for `/metrics`' cache config).
+    pub profile: EngineProfile,
+    /// Tokens per block.
+    pub block_size: u32,
+}
+
+/// The routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/admin/faults", get(get_faults).post(set_faults))
+        .with_state(state)
+}
+
+const TOKEN_TEXT: &str = " t";
+
+fn error(status: StatusCode, message: &str) -> Response {
+    let kind = if status.is_client_error() { "BadRequestError" } else { "ServiceUnavailableError" };
+    (status, Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}))).into_response()
+}
+
+/// Faults that answer before any work: a forced status, or a hang.
+async fn injected(faults: &FaultState) -> Option<Response> {
+    let f = faults.get();
+    if f.hang {
+        std::future::pending::<()>().await;
+    }
+    let status = StatusCode::from_u16(f.status?).ok()?;
+    Some(error(status, &format!("injected fault: status {}", status.as_u16())))
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+struct Parsed {
+    tokens: Vec<u32>,
+    max_tokens: u32,
+    stream: bool,
+}
+
+fn common(body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Response>> {
+    if tokens.is_empty() {
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, "the prompt is empty")));
+    }
+    let max_tokens = match body.get("max_tokens").or_else(|| body.get("max_completion_tokens")) {
+        None | Some(Value::Null) => 16,
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0) {
+            Some(n) => n,
+            None => return Err(Box::new(error(StatusCode::BAD_REQUEST, "max_tokens must be a positive integer"))),
+        },
+    };
+    Ok(Parsed { tokens, max_tokens, stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false) })
+}
+
+async fn completions(State(s): State<AppState>, Json(body): Json<Value>) -> Response {
+    if let Some(r) = injected(&s.faults).await {
+        return r;
+    }
+    let tokens = match body.get("prompt") {
+        Some(Value::String(p)) => approximate_tokens(p),
+        Some(Value::Array(ids)) if ids.iter().all(Value::is_u64) => {
+            ids.iter().filter_map(Value::as_u64).map(|t| t.min(u32::MAX as u64) as u32).collect()
+        }
+        _ => return error(StatusCode::BAD_REQUEST, "prompt must be a string or an array of token ids"),
+    };
+    match common(&body, tokens) {
+        Ok(p) => generate(s, p, false).await,
+        Err(r) => *r,
+    }
+}
+
+async fn chat_completions(State(s): State<AppState>, Json(body): Json<Value>) -> Response {
+    if let Some(r) = injected(&s.faults).await {
+        return r;
+    }
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        return error(StatusCode::BAD_REQUEST, "messages must be an array");
+    };
+    let mut parts = Vec::with_capacity(messages.len());
+    for m in messages {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+        let content = match m.get("content") {
+            Some(Value::String(c)) => c.clone(),
+            // Content parts: the text parts, concatenated.
+            Some(Value::Array(ps)) => ps.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect(),
+            _ => String::new(),
+        };
+        parts.push((role.to_string(), content));
+    }
+    let text = render_chat(parts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
+    match common(&body, approximate_tokens(&text)) {
+        Ok(p) => generate(s, p, true).await,
+        Err(r) => *r,
+    }
+}
+
+async fn generate(s: AppState, p: Parsed, chat: bool) -> Response {
+    let prompt_tokens = p.tokens.len();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let submission = Submission { tokens: p.tokens.into(), output_tokens: p.max_tokens, outputs: tx };
+    if s.submit.send(submission).is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "engine is shutting down");
+    }
+    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, uuid_like());
+    let created = now_s();
+    let model = s.model.clone();
+    if p.stream {
+        let chunk = move |delta: Option<&str>, finish: Option<&str>, first: bool| -> Bytes {
+            let choice = if chat {
+                let delta = match (first, delta) {
+                    (true, _) => json!({"role": "assistant", "content": delta.unwrap_or("")}),
+                    (false, Some(t)) => json!({"content": t}),
+                    (false, None) => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "finish_reason": finish})
+            } else {
+                json!({"index": 0, "text": delta.unwrap_or(""), "finish_reason": finish})
+            };
+            let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+            let v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+            Bytes::from(format!("data: {v}\n\n"))
+        };
+        let stream = async_stream(move |emit| async move {
+            while let Some(out) = rx.recv().await {
+                match out {
+                    Output::FirstToken { .. } => emit(chunk(Some(TOKEN_TEXT), None, true)),
+                    Output::Token => emit(chunk(Some(TOKEN_TEXT), None, false)),
+                    Output::Done => {
+                        emit(chunk(None, Some("length"), false));
+                        emit(Bytes::from_static(b"data: [DONE]\n\n"));
+                        break;
+                    }
+                    Output::Rejected => {
+                        let e = json!({"error": {"message": "prompt plus max_tokens exceeds the KV cache", "type": "BadRequestError", "code": 400}});
+                        emit(Bytes::from(format!("data: {e}\n\n")));
+                        break;
+                    }
+                }
+            }
+        });
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .header(header::CACHE_CONTROL, "no-cache")
+            .body(Body::from_stream(stream))
+            .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "response build failed"));
+    }
+    let (mut generated, mut cached) = (0u32, 0u32);
+    loop {
+        match rx.recv().await {
+            Some(Output::FirstToken { cached_tokens }) => {
+                cached = cached_tokens;
+                generated += 1;
+            }
+            Some(Output::Token) => generated += 1,
+            Some(Output::Done) => break,
+            Some(Output::Rejected) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "prompt plus max_tokens exceeds the KV cache (vLLM max_model_len)",
+                )
+            }
+            None => return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped"),
+        }
+    }
+    let text = TOKEN_TEXT.repeat(generated as usize);
+    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+        "total_tokens": prompt_tokens + generated as usize, "prompt_tokens_details": {"cached_tokens": cached}});
+    let body = if chat {
+        json!({"id": id, "object": "chat.completion", "created": created, "model": s.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}], "usage": usage})
+    } else {
+        json!({"id": id, "object": "text_completion", "created": created, "model": s.model,
+            "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage})
+    };
+    Json(body).into_response()
+}
+
+/// A stream of byte chunks produced by an async body that calls `emit` (a small channel-backed
+/// generator, so the response starts before the request completes).
+fn async_stream<F, Fut>(body: F) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>>
+where
+    F: FnOnce(Box<dyn Fn(Bytes) + Send>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let emit: Box<dyn Fn(Bytes) + Send> = Box::new(move |b| {
+        let _ = tx.send(b);
+    });
+    tokio::spawn(body(emit));
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) })
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("{:016x}", NEXT.fetch_add(1, Ordering::Relaxed) ^ 0x6b76_6d65_7368_0000)
+}
+
+async fn models(State(s): State<AppState>) -> Response {
+    if let Some(r) = injected(&s.faults).await {
+        return r;
+    }
+    Json(json!({"object": "list", "data": [{"id": s.model, "object": "model", "created": now_s(), "owned_by": "kvmesh-engine-sim"}]}))
+        .into_response()
+}
+
+async fn health(State(s): State<AppState>) -> Response {
+    match s.faults.get().status {
+        Some(503) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        _ => StatusCode::OK.into_response(),
+    }
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    let st = s.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let labels = format!("engine=\"0\",model_name=\"{}\"", s.model);
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}\n"));
+    };
+    metric(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        format!("{}.0", st.running),
+    );
+    metric(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        format!("{}.0", st.waiting),
+    );
+    metric(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        format!("{}", st.kv_usage),
+    );
+    metric(
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        format!("{}.0", st.prompt_tokens_total),
+    );
+    metric(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        format!("{}.0", st.generation_tokens_total),
+    );
+    metric(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        format!("{}.0", st.prefix_cache_hits_total),
+    );
+    metric(
+        "vllm:request_success_total",
+        "counter",
+        "Count of successfully processed requests.",
+        format!("{}.0", st.requests_total),
+    );
+    let blocks = s.profile.kv_blocks(s.block_size);
+    out.push_str(&format!(
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",engine=\"0\",num_gpu_blocks=\"{blocks}\"}} 1.0\n",
+        s.block_size
+    ));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+}
+
+async fn get_faults(State(s): State<AppState>) -> Json<Faults> {
+    Json(s.faults.get())
+}
+
+async fn set_faults(State(s): State<AppState>, Json(f): Json<Faults>) -> Json<Faults> {
+    tracing::warn!(faults = ?f, "faults set");
+    s.faults.set(f.clone());
+    Json(f)
+}

@@ -1,0 +1,140 @@
+//! kvmesh-engine-sim: a stand-in vLLM engine for tests, the demo and chaos runs.
+//!
+//! One process (or one in-process instance, [`start`]) is one replica:
+//!
+//! - **OpenAI HTTP** (`/v1/completions`, `/v1/chat/completions` with `stream` SSE,
+//!   `/v1/models`, `/health`, `/metrics` with vLLM's metric names) — [`http`];
+//! - **the engine**: kvmesh-sim's vLLM-like engine (continuous batching, chunked prefill,
+//!   prefix-cached paged KV with LRU eviction, recompute preemption) run in real time, its
+//!   step durations from the profile divided by `speed` — [`engine_task`];
+//! - **KV events** in vLLM's wire format on a ZMQ PUB socket, with a ROUTER replay socket
+//!   buffering the last messages — [`publisher`];
+//! - **faults** settable at start or at runtime (`POST /admin/faults`): drop or delay events,
+//!   restart the sequence, answer 400/429/503, hang, die — [`faults`].
+//!
+//! Prompts are tokenized with kvmesh's approximate scheme ([`kvmesh_core::prompt`]), so a
+//! kvmesh node without a tokenizer computes exactly the engine's token ids.
+
+pub mod engine_task;
+pub mod faults;
+pub mod http;
+pub mod publisher;
+
+use anyhow::Context;
+use kvmesh_sim::engine::EngineProfile;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+pub use faults::Faults;
+
+/// How to run one stand-in engine.
+#[derive(Debug, Clone)]
+pub struct EngineSimConfig {
+    /// Served model name (`/v1/models`, the `model` field it accepts).
+    pub model: String,
+    /// HTTP listen address; port 0 picks a free one.
+    pub http: SocketAddr,
+    /// ZMQ endpoint the KV-event PUB socket binds, e.g. `tcp://127.0.0.1:5557` (port 0: free).
+    pub kv_events: String,
+    /// ZMQ endpoint the replay ROUTER socket binds (port 0: free).
+    pub replay: String,
+    /// ZMQ topic frame of event messages.
+    pub topic: String,
+    /// Step-time and KV profile (β0, β1, β2, chunk, KV tokens).
+    pub profile: EngineProfile,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Time compression: step durations are divided by this (1 = real time).
+    pub speed: f64,
+    /// Messages kept for replay.
+    pub replay_buffer: usize,
+    /// Faults at start.
+    pub faults: Faults,
+}
+
+impl Default for EngineSimConfig {
+    fn default() -> Self {
+        EngineSimConfig {
+            model: "kvmesh-sim-llama-3-8b".into(),
+            http: SocketAddr::from(([127, 0, 0, 1], 0)),
+            kv_events: "tcp://127.0.0.1:0".into(),
+            replay: "tcp://127.0.0.1:0".into(),
+            topic: "kv-events".into(),
+            profile: EngineProfile::h100(),
+            block_size: 16,
+            speed: 1.0,
+            replay_buffer: 10_000,
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// A running engine: where it listens, and how to stop it.
+#[derive(Debug)]
+pub struct EngineSim {
+    /// The bound HTTP address.
+    pub http: SocketAddr,
+    /// The bound KV-event endpoint (`tcp://host:port`).
+    pub kv_events: String,
+    /// The bound replay endpoint.
+    pub replay: String,
+    /// Shared fault switches.
+    pub faults: Arc<faults::FaultState>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl EngineSim {
+    /// The base URL of its OpenAI API.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// Stops serving and closes its sockets (a dead engine, as seen by a router).
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
+/// Starts an engine on the current tokio runtime.
+///
+/// # Errors
+/// A bind failure (address in use, bad endpoint), or an invalid profile.
+pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
+    config.profile.validate().map_err(anyhow::Error::msg).context("engine profile")?;
+    anyhow::ensure!(config.speed.is_finite() && config.speed > 0.0, "speed must be positive, got {}", config.speed);
+    anyhow::ensure!(config.block_size > 0, "block size must be positive");
+    let faults = Arc::new(faults::FaultState::new(config.faults.clone()));
+    let (stop, stopped) = watch::channel(false);
+    let publisher = publisher::start(&config, faults.clone(), stopped.clone()).await?;
+    let (engine, submit) = engine_task::spawn(&config, publisher.sender.clone(), stopped.clone())?;
+    let listener =
+        tokio::net::TcpListener::bind(config.http).await.with_context(|| format!("bind HTTP {}", config.http))?;
+    let http_addr = listener.local_addr()?;
+    let app = http::router(http::AppState {
+        model: config.model.clone(),
+        submit,
+        stats: engine.stats.clone(),
+        faults: faults.clone(),
+        profile: config.profile.clone(),
+        block_size: config.block_size,
+    });
+    let mut stop_http = stopped.clone();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop_http.wait_for(|s| *s).await;
+            })
+            .await;
+    });
+    let mut tasks = publisher.tasks;
+    tasks.push(engine.task);
+    tasks.push(server);
+    tracing::info!(http = %http_addr, kv_events = %publisher.kv_events, replay = %publisher.replay, "engine-sim ready");
+    Ok(EngineSim { http: http_addr, kv_events: publisher.kv_events, replay: publisher.replay, faults, stop, tasks })
+}

@@ -1,0 +1,78 @@
+//! `kvmesh-engine-sim`: one stand-in vLLM replica (see the crate docs).
+
+use clap::Parser;
+use kvmesh_engine_sim::{EngineSimConfig, Faults};
+use kvmesh_sim::engine::EngineProfile;
+use std::net::SocketAddr;
+
+/// A stand-in vLLM engine: OpenAI HTTP, vLLM-format KV events over ZMQ with replay, vLLM
+/// metrics, the kvmesh simulator's step-time and prefix-cache model in real time.
+#[derive(Debug, Parser)]
+#[command(name = "kvmesh-engine-sim", version)]
+struct Args {
+    /// HTTP listen address.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    http: SocketAddr,
+    /// KV-event PUB endpoint to bind (vLLM's `endpoint`).
+    #[arg(long, default_value = "tcp://127.0.0.1:5557")]
+    kv_events: String,
+    /// Replay ROUTER endpoint to bind (vLLM's `replay_endpoint`).
+    #[arg(long, default_value = "tcp://127.0.0.1:5558")]
+    replay: String,
+    /// Served model name.
+    #[arg(long, default_value = "kvmesh-sim-llama-3-8b")]
+    model: String,
+    /// Engine profile: h100, a100, or a JSON profile file (see kvmesh-sim's engine docs).
+    #[arg(long, default_value = "h100")]
+    profile: String,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: u32,
+    /// Time compression: step durations are divided by this.
+    #[arg(long, default_value_t = 1.0)]
+    speed: f64,
+    /// Fault: publish no KV events.
+    #[arg(long)]
+    drop_events: bool,
+    /// Fault: delay every KV-event message, milliseconds.
+    #[arg(long, default_value_t = 0)]
+    delay_events_ms: u64,
+    /// Fault: answer inference requests with this HTTP status.
+    #[arg(long)]
+    status: Option<u16>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let a = Args::parse();
+    let profile = EngineProfile::resolve(&a.profile).map_err(anyhow::Error::msg)?;
+    let config = EngineSimConfig {
+        model: a.model,
+        http: a.http,
+        kv_events: a.kv_events,
+        replay: a.replay,
+        profile,
+        block_size: a.block_size,
+        speed: a.speed,
+        faults: Faults {
+            drop_events: a.drop_events,
+            delay_events_ms: a.delay_events_ms,
+            status: a.status,
+            ..Faults::default()
+        },
+        ..EngineSimConfig::default()
+    };
+    let engine = kvmesh_engine_sim::start(config).await?;
+    println!(
+        "kvmesh-engine-sim: OpenAI API on {}, KV events on {}, replay on {}",
+        engine.base_url(),
+        engine.kv_events,
+        engine.replay
+    );
+    tokio::signal::ctrl_c().await?;
+    engine.stop().await;
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! The publishing side, for stand-in engines and tests: core events → vLLM's wire format.
+//!
+//! Produces exactly what [`crate::decode_message`] reads and vLLM's own subscriber example
+//! decodes: a msgpack `[ts, events, data_parallel_rank]`, each event a map tagged by `"type"`
+//! (vLLM ≥ 0.24) or a positional array led by the tag (older vLLM).
+
+use kvmesh_core::index::KvEvent;
+use kvmesh_core::Medium;
+use rmpv::Value;
+
+/// Which of vLLM's two event encodings to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encoding {
+    /// Maps tagged by `"type"` (vLLM ≥ 0.24, SGLang).
+    #[default]
+    Map,
+    /// Positional arrays led by the tag (older vLLM).
+    Array,
+}
+
+/// Encodes one batch payload.
+pub fn encode_batch(ts: f64, events: &[KvEvent], data_parallel_rank: Option<i64>, encoding: Encoding) -> Vec<u8> {
+    let events = events.iter().map(|e| event(e, encoding)).collect();
+    let mut fields = vec![Value::F64(ts), Value::Array(events)];
+    if let Some(rank) = data_parallel_rank {
+        fields.push(Value::from(rank));
+    }
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &Value::Array(fields)).expect("writing to a Vec cannot fail");
+    out
+}
+
+/// The three frames of one publisher message: `[topic, seq (u64 big-endian), payload]`.
+pub fn message_frames(topic: &[u8], seq: u64, payload: Vec<u8>) -> [Vec<u8>; 3] {
+    [topic.to_vec(), seq.to_be_bytes().to_vec(), payload]
+}
+
+fn medium(m: Medium) -> Value {
+    Value::from(match m {
+        Medium::Gpu => "GPU",
+        Medium::Cpu => "CPU",
+    })
+}
+
+fn event(e: &KvEvent, encoding: Encoding) -> Value {
+    let hashes = |hs: &[kvmesh_core::EngineBlockHash]| Value::Array(hs.iter().map(|h| Value::from(h.0)).collect());
+    let (tag, fields): (&str, Vec<(&str, Value)>) = match e {
+        KvEvent::Stored(s) => (
+            "BlockStored",
+            vec![
+                ("block_hashes", hashes(&s.block_hashes)),
+                ("parent_block_hash", s.parent.map_or(Value::Nil, |p| Value::from(p.0))),
+                ("token_ids", Value::Array(s.token_ids.iter().map(|&t| Value::from(t)).collect())),
+                ("block_size", Value::from(s.block_size)),
+                ("lora_id", Value::Nil),
+                ("medium", medium(s.medium)),
+                ("lora_name", s.lora_name.as_deref().map_or(Value::Nil, Value::from)),
+            ],
+        ),
+        KvEvent::Removed(r) => {
+            ("BlockRemoved", vec![("block_hashes", hashes(&r.block_hashes)), ("medium", medium(r.medium))])
+        }
+        KvEvent::Cleared => ("AllBlocksCleared", vec![]),
+    };
+    match encoding {
+        Encoding::Map => Value::Map(
+            std::iter::once(("type", Value::from(tag))).chain(fields).map(|(k, v)| (Value::from(k), v)).collect(),
+        ),
+        Encoding::Array => {
+            Value::Array(std::iter::once(Value::from(tag)).chain(fields.into_iter().map(|(_, v)| v)).collect())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode_message;
+    use kvmesh_core::index::{Removed, Stored};
+    use kvmesh_core::EngineBlockHash;
+
+    #[test]
+    fn both_encodings_decode_back_to_the_same_events() {
+        let events = vec![
+            KvEvent::Stored(Stored {
+                block_hashes: vec![EngineBlockHash(u64::MAX), EngineBlockHash(3)],
+                parent: Some(EngineBlockHash(1)),
+                token_ids: (0..8).collect(),
+                block_size: 4,
+                medium: Medium::Gpu,
+                lora_name: Some("a".into()),
+            }),
+            KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(3)], medium: Medium::Cpu }),
+            KvEvent::Cleared,
+        ];
+        for encoding in [Encoding::Map, Encoding::Array] {
+            let frames = message_frames(b"kv", 41, encode_batch(2.5, &events, Some(1), encoding));
+            let msg = decode_message(&frames).unwrap();
+            assert_eq!((msg.seq, msg.batch.ts, msg.batch.data_parallel_rank), (41, 2.5, Some(1)));
+            assert_eq!(msg.batch.events, events, "{encoding:?}");
+        }
+    }
+}
