@@ -28,6 +28,17 @@ pub enum Command {
     Replay(ReplayArgs),
     /// List the routing policies and what each decides on.
     Policies,
+    /// Run a router node in front of vLLM / SGLang replicas: OpenAI-compatible HTTP proxy,
+    /// gRPC Router/Admin/Events API, one actor per replica following its KV events and
+    /// metrics. SIGHUP reloads the replica list from the config file.
+    Node(NodeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// The node's TOML configuration (see crates/kvmesh-node/src/config.rs or the README).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
 }
 
 #[derive(Debug, Args)]

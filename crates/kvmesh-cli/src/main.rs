@@ -4,6 +4,7 @@
 
 mod analyze;
 mod cli;
+mod node;
 mod replay;
 
 use clap::Parser;
@@ -14,6 +15,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Analyze(args) => analyze::run(&args),
         cli::Command::Replay(args) => replay::run(&args),
+        cli::Command::Node(args) => node::run(&args),
         cli::Command::Policies => {
             cli::print_policies();
             Ok(())

@@ -1,0 +1,56 @@
+//! `kvmesh node`: runs a router node until Ctrl-C or SIGTERM; SIGHUP reloads the replicas.
+
+use crate::cli::NodeArgs;
+use anyhow::Context;
+use kvmesh_node::config::NodeConfig;
+
+pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kvmesh_node=info".into()),
+        )
+        .init();
+    let config = NodeConfig::load(&args.config)?;
+    // Two workers at least: OpenTelemetry's batch exporter and tonic need a multi-thread
+    // runtime (LIBRARIES.md O2), and one slow handler must not stall event ingest.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()).max(2))
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async {
+        let node = kvmesh_node::start(config).await?;
+        println!("kvmesh node: OpenAI API and /metrics on http://{}, gRPC on {}", node.http, node.grpc);
+        wait_for_stop(&node, &args.config).await;
+        println!("kvmesh node: stopping");
+        node.stop().await;
+        Ok(())
+    })
+}
+
+#[cfg(unix)]
+async fn wait_for_stop(node: &kvmesh_node::Node, path: &std::path::Path) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut hup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup())) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return,
+            _ = term.recv() => return,
+            _ = hup.recv() => match NodeConfig::load(path) {
+                Ok(c) => match node.reload(&c).await {
+                    Ok(()) => tracing::info!(config = %path.display(), "replicas reloaded"),
+                    Err(e) => tracing::error!(error = %e, "reload failed; keeping the current replicas"),
+                },
+                Err(e) => tracing::error!(error = %e, "reload failed; keeping the current replicas"),
+            },
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_stop(_node: &kvmesh_node::Node, _path: &std::path::Path) {
+    let _ = tokio::signal::ctrl_c().await;
+}

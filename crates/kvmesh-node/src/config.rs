@@ -1,0 +1,229 @@
+//! The node's configuration file (`kvmesh node --config kvmesh.toml`).
+//!
+//! ```toml
+//! [node]
+//! http = "0.0.0.0:8080"          # OpenAI-compatible proxy, /health, /metrics
+//! grpc = "0.0.0.0:50051"         # kvmesh.v1 Router/Admin/Events, health, reflection
+//! policy = "token_load"          # see `kvmesh policies`
+//! block_size = 16                # tokens per KV block; must equal the engines' --block-size
+//! model = "meta-llama/Llama-3.1-8B-Instruct"
+//!
+//! [[replicas]]
+//! name = "vllm-0"
+//! http = "http://10.0.0.7:8000"
+//! kv_events = "tcp://10.0.0.7:5557"   # vLLM --kv-events-config endpoint; omit: no events
+//! replay = "tcp://10.0.0.7:5558"      # vLLM replay_endpoint; omit: resync by clearing
+//! capacity_blocks = 29375             # vLLM logs "GPU KV cache size: N tokens"; N / block_size
+//! ```
+
+use kvmesh_core::PolicyKind;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// Everything a node runs with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Node-wide settings.
+    pub node: NodeSection,
+    /// The engine replicas to route to.
+    #[serde(default)]
+    pub replicas: Vec<ReplicaConfig>,
+}
+
+/// `[node]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeSection {
+    /// HTTP listen address (OpenAI proxy, `/health`, `/metrics`).
+    pub http: SocketAddr,
+    /// gRPC listen address.
+    pub grpc: SocketAddr,
+    /// Routing policy name.
+    pub policy: String,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Served model name; requests naming another model get 404. Empty: accept any.
+    pub model: String,
+    /// Engine metrics scrape (and health check) interval, milliseconds.
+    pub scrape_interval_ms: u64,
+    /// Consecutive failed scrapes or connects before a replica is unhealthy.
+    pub unhealthy_after: u32,
+    /// How long a 429/503 from a replica keeps it out of rotation, milliseconds.
+    pub overload_backoff_ms: u64,
+    /// Other replicas tried after a connect failure or backpressure answer.
+    pub retries: u32,
+    /// Upper bound on one proxied request, seconds.
+    pub request_timeout_s: u64,
+    /// A replica whose events go quiet this long while it serves is reported `no_events`, seconds.
+    pub events_silent_s: f64,
+    /// How long to wait for each replay reply, milliseconds.
+    pub replay_timeout_ms: u64,
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        NodeSection {
+            http: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            grpc: SocketAddr::from(([0, 0, 0, 0], 50051)),
+            policy: "token_load".into(),
+            block_size: 16,
+            model: String::new(),
+            scrape_interval_ms: 1000,
+            unhealthy_after: 3,
+            overload_backoff_ms: 2000,
+            retries: 2,
+            request_timeout_s: 600,
+            events_silent_s: 30.0,
+            replay_timeout_ms: 1000,
+        }
+    }
+}
+
+/// One `[[replicas]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaConfig {
+    /// Unique name.
+    pub name: String,
+    /// Base URL of its OpenAI API (`http://host:port`).
+    pub http: String,
+    /// Its KV-event publisher endpoint (`tcp://host:port`); `None`: it publishes none.
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    /// Its replay endpoint; `None`: gaps are recovered by dropping its blocks.
+    #[serde(default)]
+    pub replay: Option<String>,
+    /// Bind the event endpoint instead of connecting (when the engine connects to the router).
+    #[serde(default)]
+    pub kv_events_bind: bool,
+    /// Its Prometheus metrics URL; default `<http>/metrics`.
+    #[serde(default)]
+    pub metrics_url: Option<String>,
+    /// KV-cache capacity, blocks.
+    pub capacity_blocks: u64,
+    /// `vllm` or `sglang` (informational; both formats are read).
+    #[serde(default = "default_engine")]
+    pub engine: String,
+}
+
+fn default_engine() -> String {
+    "vllm".into()
+}
+
+impl ReplicaConfig {
+    /// The metrics URL to scrape.
+    pub fn metrics(&self) -> String {
+        self.metrics_url.clone().unwrap_or_else(|| format!("{}/metrics", self.http.trim_end_matches('/')))
+    }
+
+    /// Checks the fields a node cannot run without.
+    ///
+    /// # Errors
+    /// A message naming the replica and the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |what: &str| Err(format!("replica {:?}: {what}", self.name));
+        if self.name.is_empty() {
+            return Err("a replica has an empty name".into());
+        }
+        if !(self.http.starts_with("http://") || self.http.starts_with("https://")) {
+            return bad(&format!("http must be an http:// or https:// URL, got {:?}", self.http));
+        }
+        for (field, ep) in [("kv_events", &self.kv_events), ("replay", &self.replay)] {
+            if let Some(ep) = ep {
+                if !(ep.starts_with("tcp://") || ep.starts_with("ipc://")) {
+                    return bad(&format!("{field} must be a tcp:// or ipc:// ZMQ endpoint, got {ep:?}"));
+                }
+            }
+        }
+        if self.capacity_blocks == 0 {
+            return bad("capacity_blocks must be positive");
+        }
+        Ok(())
+    }
+}
+
+impl NodeConfig {
+    /// Reads and validates a TOML file.
+    ///
+    /// # Errors
+    /// The file cannot be read, is not valid TOML for this schema (with the line), or fails
+    /// [`NodeConfig::validate`].
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        let config: NodeConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Checks values and combinations.
+    ///
+    /// # Errors
+    /// A message naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        self.node.policy.parse::<PolicyKind>().map_err(|e| format!("node.policy: {e}"))?;
+        if self.node.block_size == 0 {
+            return Err("node.block_size must be positive".into());
+        }
+        if self.node.scrape_interval_ms == 0 {
+            return Err("node.scrape_interval_ms must be positive".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for r in &self.replicas {
+            r.validate()?;
+            if !names.insert(&r.name) {
+                return Err(format!("replica name {:?} appears twice", r.name));
+            }
+        }
+        Ok(())
+    }
+
+    /// The configuration as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+[node]
+http = "127.0.0.1:8080"
+policy = "kv_cost"
+
+[[replicas]]
+name = "vllm-0"
+http = "http://10.0.0.7:8000"
+kv_events = "tcp://10.0.0.7:5557"
+capacity_blocks = 100
+"#;
+
+    #[test]
+    fn parses_with_defaults_and_validates() {
+        let c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+        assert_eq!((c.node.policy.as_str(), c.node.block_size, c.node.grpc.port()), ("kv_cost", 16, 50051));
+        assert_eq!(c.replicas[0].metrics(), "http://10.0.0.7:8000/metrics");
+        assert_eq!((c.replicas[0].replay.as_deref(), c.replicas[0].engine.as_str()), (None, "vllm"));
+        c.validate().unwrap();
+        let back: NodeConfig = toml::from_str(&c.to_toml()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let bad = EXAMPLE.replace("kv_cost", "fastest");
+        let c: NodeConfig = toml::from_str(&bad).unwrap();
+        assert!(c.validate().unwrap_err().starts_with("node.policy: "), "{:?}", c.validate());
+        let bad = EXAMPLE.replace("tcp://10.0.0.7:5557", "10.0.0.7:5557");
+        let c: NodeConfig = toml::from_str(&bad).unwrap();
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "replica \"vllm-0\": kv_events must be a tcp:// or ipc:// ZMQ endpoint, got \"10.0.0.7:5557\""
+        );
+        let typo = EXAMPLE.replace("capacity_blocks", "capacity");
+        assert!(toml::from_str::<NodeConfig>(&typo).unwrap_err().to_string().contains("unknown field `capacity`"));
+    }
+}

@@ -1,0 +1,256 @@
+//! The gRPC API (`proto/kvmesh/v1/`): `Router` for external proxies, `Admin` for operators,
+//! `Events.Publish` for engines without ZMQ; plus the standard health service and server
+//! reflection, so `grpcurl -plaintext host:50051 list` works out of the box.
+
+use crate::config::ReplicaConfig;
+use crate::replica::SupervisorMsg;
+use crate::state::{Shared, Status};
+use kvmesh_core::index::KvEvent;
+use kvmesh_core::load::BookingId;
+use kvmesh_core::prompt::approximate_tokens;
+use kvmesh_core::RouteRequest;
+use kvmesh_proto::v1::{self, admin_server, events_server, router_server};
+use ractor::ActorRef;
+use std::sync::Arc;
+use tonic::{Request, Response, Status as GrpcStatus, Streaming};
+
+/// The services' shared handles.
+#[derive(Clone)]
+pub struct Services {
+    /// Node state.
+    pub shared: Arc<Shared>,
+    /// The replica supervisor (admin add/remove).
+    pub supervisor: ActorRef<SupervisorMsg>,
+}
+
+#[tonic::async_trait]
+impl router_server::Router for Services {
+    async fn route(&self, request: Request<v1::RouteRequest>) -> Result<Response<v1::RouteResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        let model = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).node.model.clone();
+        if !model.is_empty() && !r.model.is_empty() && r.model != model {
+            return Err(GrpcStatus::not_found(format!("model {:?} is not served here (serving {model:?})", r.model)));
+        }
+        let tokens = match r.prompt {
+            Some(v1::route_request::Prompt::TokenIds(t)) if !t.ids.is_empty() => t.ids,
+            Some(v1::route_request::Prompt::Text(t)) if !t.is_empty() => approximate_tokens(&t),
+            _ => return Err(GrpcStatus::invalid_argument("set token_ids or text to a non-empty prompt")),
+        };
+        let now = self.shared.now();
+        let t0 = std::time::Instant::now();
+        let mut core = self.shared.core();
+        let mut req = RouteRequest::new(core.fleet.hasher(), &tokens, r.max_tokens);
+        if let Some(key) = &r.session_key {
+            req = req.with_key(core.fleet.hasher().sequence_key(&approximate_tokens(key)));
+        }
+        let (routed, name, url) = core.route(&req, now).map_err(|e| GrpcStatus::unavailable(e.to_string()))?;
+        drop(core);
+        self.shared.metrics.decision_latency.observe(t0.elapsed().as_secs_f64());
+        let d = routed.decision;
+        Ok(Response::new(v1::RouteResponse {
+            replica_id: name,
+            endpoint: url,
+            overlap_blocks: d.overlap_blocks,
+            block_size: self.shared.core().fleet.config().block_size,
+            uncached_tokens: d.uncached_tokens,
+            estimated_ttft_s: d.estimated_ttft_s,
+            reason: d.reason.as_str().into(),
+            booking_id: routed.booking.0,
+        }))
+    }
+
+    async fn first_token(
+        &self,
+        request: Request<v1::FirstTokenRequest>,
+    ) -> Result<Response<v1::FirstTokenResponse>, GrpcStatus> {
+        let id = BookingId(request.into_inner().booking_id);
+        let now = self.shared.now();
+        self.shared.core().fleet.first_token(id, now).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
+        Ok(Response::new(v1::FirstTokenResponse {}))
+    }
+
+    async fn release(&self, request: Request<v1::ReleaseRequest>) -> Result<Response<v1::ReleaseResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        self.shared
+            .core()
+            .fleet
+            .release(BookingId(r.booking_id), r.output_tokens)
+            .map_err(|e| GrpcStatus::not_found(e.to_string()))?;
+        Ok(Response::new(v1::ReleaseResponse {}))
+    }
+}
+
+fn wire_status(s: Status) -> v1::ReplicaStatus {
+    match s {
+        Status::Ready => v1::ReplicaStatus::Ready,
+        Status::Draining => v1::ReplicaStatus::Draining,
+        Status::OutOfSync => v1::ReplicaStatus::OutOfSync,
+        Status::NoEvents => v1::ReplicaStatus::NoEvents,
+        Status::BlockSizeMismatch => v1::ReplicaStatus::BlockSizeMismatch,
+        Status::Unhealthy | Status::Overloaded => v1::ReplicaStatus::Unhealthy,
+    }
+}
+
+fn to_spec(c: &ReplicaConfig, block_size: u32) -> v1::ReplicaSpec {
+    v1::ReplicaSpec {
+        name: c.name.clone(),
+        http_endpoint: c.http.clone(),
+        kv_events_endpoint: c.kv_events.clone().unwrap_or_default(),
+        replay_endpoint: c.replay.clone().unwrap_or_default(),
+        kv_events_bind: c.kv_events_bind,
+        metrics_url: c.metrics(),
+        model: String::new(),
+        engine: c.engine.clone(),
+        block_size,
+        capacity_blocks: c.capacity_blocks,
+    }
+}
+
+fn from_spec(s: v1::ReplicaSpec) -> ReplicaConfig {
+    let opt = |v: String| (!v.is_empty()).then_some(v);
+    ReplicaConfig {
+        name: s.name,
+        http: s.http_endpoint,
+        kv_events: opt(s.kv_events_endpoint),
+        replay: opt(s.replay_endpoint),
+        kv_events_bind: s.kv_events_bind,
+        metrics_url: opt(s.metrics_url),
+        capacity_blocks: s.capacity_blocks,
+        engine: opt(s.engine).unwrap_or_else(|| "vllm".into()),
+    }
+}
+
+impl Services {
+    fn replica(&self, name: &str) -> Option<v1::Replica> {
+        let now = self.shared.now();
+        let core = self.shared.core();
+        let r = core.replicas.get(name)?;
+        let status = core.status(r, now);
+        let load = core.fleet.bookings().load(r.id);
+        let block_size = core.fleet.config().block_size;
+        let detail = match status {
+            Status::BlockSizeMismatch => core
+                .fleet
+                .index()
+                .health(r.id)
+                .and_then(|h| h.block_size_mismatch)
+                .map_or(String::new(), |b| format!("events carry block size {b}, this node uses {block_size}")),
+            Status::Unhealthy => r.last_error.clone().unwrap_or_default(),
+            Status::Overloaded => "answered 429/503; backing off".into(),
+            Status::NoEvents => "serving, but no KV event arrives: routed on load and the router's record".into(),
+            _ => String::new(),
+        };
+        Some(v1::Replica {
+            spec: Some(to_spec(&r.config, block_size)),
+            status: wire_status(status) as i32,
+            status_detail: detail,
+            running: r.engine.map_or(0, |e| e.running),
+            waiting: r.engine.map_or(0, |e| e.waiting),
+            kv_usage: r.engine.map_or(0.0, |e| e.kv_usage),
+            queued_prefill_tokens: load.queued_prefill_tokens,
+            live_bookings: load.prefilling + load.decoding,
+            index_blocks: core.fleet.index().replica_blocks(r.id) as u64,
+            events_applied: r.events_applied,
+            events_rejected: r.events_rejected,
+            last_event_age_s: r.last_event_at.map(|t| now - t),
+            last_seq: r.last_seq,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl admin_server::Admin for Services {
+    async fn list_replicas(
+        &self,
+        _: Request<v1::ListReplicasRequest>,
+    ) -> Result<Response<v1::ListReplicasResponse>, GrpcStatus> {
+        let names: Vec<String> = self.shared.core().replicas.keys().cloned().collect();
+        Ok(Response::new(v1::ListReplicasResponse { replicas: names.iter().filter_map(|n| self.replica(n)).collect() }))
+    }
+
+    async fn add_replica(&self, request: Request<v1::AddReplicaRequest>) -> Result<Response<v1::Replica>, GrpcStatus> {
+        let spec = request.into_inner().spec.ok_or_else(|| GrpcStatus::invalid_argument("spec is required"))?;
+        let block_size = self.shared.core().fleet.config().block_size;
+        if spec.block_size != 0 && spec.block_size != block_size {
+            return Err(GrpcStatus::invalid_argument(format!(
+                "block_size {} differs from this node's {block_size}",
+                spec.block_size
+            )));
+        }
+        let config = from_spec(spec);
+        let name = config.name.clone();
+        let result = ractor::call!(self.supervisor, SupervisorMsg::Add, config)
+            .map_err(|e| GrpcStatus::internal(e.to_string()))?;
+        result.map_err(|e| {
+            if e.contains("already exists") {
+                GrpcStatus::already_exists(e)
+            } else {
+                GrpcStatus::invalid_argument(e)
+            }
+        })?;
+        self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::internal("added replica vanished"))
+    }
+
+    async fn remove_replica(
+        &self,
+        request: Request<v1::ReplicaRef>,
+    ) -> Result<Response<v1::RemoveReplicaResponse>, GrpcStatus> {
+        let name = request.into_inner().name;
+        let result = ractor::call!(self.supervisor, SupervisorMsg::Remove, name)
+            .map_err(|e| GrpcStatus::internal(e.to_string()))?;
+        result.map_err(GrpcStatus::not_found)?;
+        Ok(Response::new(v1::RemoveReplicaResponse {}))
+    }
+
+    async fn drain_replica(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
+        let name = request.into_inner().name;
+        self.shared.set_draining(&name, true).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
+        self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name))
+    }
+
+    async fn get_config(
+        &self,
+        _: Request<v1::GetConfigRequest>,
+    ) -> Result<Response<v1::GetConfigResponse>, GrpcStatus> {
+        let toml = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).to_toml();
+        Ok(Response::new(v1::GetConfigResponse { toml }))
+    }
+}
+
+#[tonic::async_trait]
+impl events_server::Events for Services {
+    async fn publish(
+        &self,
+        request: Request<Streaming<v1::PublishRequest>>,
+    ) -> Result<Response<v1::PublishResponse>, GrpcStatus> {
+        let mut stream = request.into_inner();
+        let mut summary = v1::PublishResponse::default();
+        while let Some(batch) = stream.message().await? {
+            let now = self.shared.now();
+            let mut core = self.shared.core();
+            if !core.replicas.contains_key(&batch.replica_id) {
+                return Err(GrpcStatus::not_found(format!("unknown replica {:?}", batch.replica_id)));
+            }
+            // The same sequence rules as the ZMQ path: a restart or a gap drops the replica's
+            // blocks (a pushing client has no replay socket).
+            let last = core.replicas.get(&batch.replica_id).and_then(|r| r.last_seq);
+            if last.is_some_and(|l| batch.seq != l + 1) {
+                core.apply(&batch.replica_id, &KvEvent::Cleared, now);
+            }
+            summary.batches += 1;
+            for e in batch.events {
+                match KvEvent::try_from(e) {
+                    Ok(e) => match core.apply(&batch.replica_id, &e, now) {
+                        Some(o) if o.rejection.is_none() => summary.events_applied += 1,
+                        _ => summary.events_rejected += 1,
+                    },
+                    Err(_) => summary.events_rejected += 1,
+                }
+            }
+            if let Some(r) = core.replicas.get_mut(&batch.replica_id) {
+                r.last_seq = Some(batch.seq);
+            }
+        }
+        Ok(Response::new(summary))
+    }
+}

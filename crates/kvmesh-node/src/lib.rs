@@ -1,0 +1,162 @@
+//! kvmesh-node: the router daemon (`kvmesh node --config kvmesh.toml`).
+//!
+//! - [`config`]: the TOML file.
+//! - [`state`]: the routing core (kvmesh-core's `Fleet` and policy) and the replica registry.
+//! - [`replica`]: one ractor actor per engine replica (KV events over ZMQ with replay,
+//!   metrics scraping, health) under a restarting supervisor.
+//! - [`proxy`]: the OpenAI-compatible HTTP proxy, `/health`, `/metrics`.
+//! - [`grpc`]: `kvmesh.v1` Router, Admin and Events services, gRPC health and reflection.
+//! - [`metrics`]: Prometheus metrics.
+//!
+//! A single node is complete on its own; Raft membership and shared bookings come with the
+//! cluster issue.
+
+pub mod config;
+pub mod grpc;
+pub mod metrics;
+pub mod proxy;
+pub mod replica;
+pub mod state;
+
+use anyhow::Context;
+use config::NodeConfig;
+use kvmesh_proto::v1::{admin_server::AdminServer, events_server::EventsServer, router_server::RouterServer};
+use ractor::{Actor, ActorRef};
+use replica::{Supervisor, SupervisorMsg};
+use state::Shared;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// A running node.
+pub struct Node {
+    /// The bound HTTP address.
+    pub http: SocketAddr,
+    /// The bound gRPC address.
+    pub grpc: SocketAddr,
+    /// Its state (tests and the CLI read it).
+    pub shared: Arc<Shared>,
+    /// Its replica supervisor.
+    pub supervisor: ActorRef<SupervisorMsg>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Node {
+    /// Adds a replica at runtime.
+    ///
+    /// # Errors
+    /// The name is taken or a field is invalid.
+    pub async fn add_replica(&self, config: config::ReplicaConfig) -> anyhow::Result<()> {
+        ractor::call!(self.supervisor, SupervisorMsg::Add, config)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .map_err(anyhow::Error::msg)
+    }
+
+    /// Removes a replica at runtime.
+    ///
+    /// # Errors
+    /// Unknown replica.
+    pub async fn remove_replica(&self, name: &str) -> anyhow::Result<()> {
+        ractor::call!(self.supervisor, SupervisorMsg::Remove, name.to_string())
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .map_err(anyhow::Error::msg)
+    }
+
+    /// Brings the replica set in line with `config.replicas` (a config reload): removes
+    /// replicas no longer listed, adds new ones, and restarts changed ones.
+    ///
+    /// # Errors
+    /// The first replica that could not be added.
+    pub async fn reload(&self, config: &NodeConfig) -> anyhow::Result<()> {
+        config.validate().map_err(anyhow::Error::msg)?;
+        let current: Vec<config::ReplicaConfig> =
+            self.shared.core().replicas.values().map(|r| r.config.clone()).collect();
+        for old in &current {
+            if !config.replicas.contains(old) {
+                self.remove_replica(&old.name).await?;
+            }
+        }
+        for new in &config.replicas {
+            if !current.contains(new) {
+                self.add_replica(new.clone()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops serving, stops every replica actor, and waits for the servers to end.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        self.supervisor.stop(None);
+        for t in self.tasks {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
+        }
+    }
+}
+
+/// Starts a node: binds its HTTP and gRPC ports, starts one actor per configured replica.
+///
+/// # Errors
+/// An invalid configuration or a port that cannot be bound.
+pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
+    config.validate().map_err(anyhow::Error::msg)?;
+    let replicas = config.replicas.clone();
+    let (http_addr, grpc_addr) = (config.node.http, config.node.grpc);
+    let mut initial = config.clone();
+    initial.replicas.clear();
+    let shared = Arc::new(Shared::new(initial)?);
+    let (supervisor, _) =
+        Actor::spawn(None, Supervisor, shared.clone()).await.context("starting the replica supervisor")?;
+    for r in replicas {
+        let name = r.name.clone();
+        ractor::call!(supervisor, SupervisorMsg::Add, r)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .map_err(|e| anyhow::anyhow!("replica {name}: {e}"))?;
+    }
+    let (stop, stopped) = watch::channel(false);
+    let http_listener =
+        tokio::net::TcpListener::bind(http_addr).await.with_context(|| format!("binding HTTP {http_addr}"))?;
+    let http = http_listener.local_addr()?;
+    let grpc_listener =
+        tokio::net::TcpListener::bind(grpc_addr).await.with_context(|| format!("binding gRPC {grpc_addr}"))?;
+    let grpc = grpc_listener.local_addr()?;
+    let mut tasks = Vec::new();
+    let app = proxy::router(shared.clone());
+    let mut s1 = stopped.clone();
+    tasks.push(tokio::spawn(async move {
+        let _ = axum::serve(http_listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = s1.wait_for(|s| *s).await;
+            })
+            .await;
+    }));
+    let services = grpc::Services { shared: shared.clone(), supervisor: supervisor.clone() };
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<RouterServer<grpc::Services>>().await;
+    health_reporter.set_serving::<AdminServer<grpc::Services>>().await;
+    health_reporter.set_serving::<EventsServer<grpc::Services>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kvmesh_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("gRPC reflection")?;
+    let mut s2 = stopped;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
+    tasks.push(tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(reflection)
+            .add_service(RouterServer::new(services.clone()))
+            .add_service(AdminServer::new(services.clone()))
+            .add_service(EventsServer::new(services))
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = s2.wait_for(|s| *s).await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "gRPC server ended");
+        }
+    }));
+    tracing::info!(%http, %grpc, "kvmesh node serving");
+    Ok(Node { http, grpc, shared, supervisor, stop, tasks })
+}

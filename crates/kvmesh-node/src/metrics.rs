@@ -1,0 +1,138 @@
+//! The node's Prometheus metrics (`GET /metrics` on the HTTP port). Names are stable and
+//! carry their unit; per-replica gauges are refreshed from the routing core at each scrape.
+
+use crate::state::{Shared, Status};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Every metric the node exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Routing decisions, by policy and reason.
+    pub decisions: Family<Labels, Counter>,
+    /// Time to take one decision (hash + index + score + book), seconds.
+    pub decision_latency: Histogram,
+    /// Proxied requests by outcome (`ok`, `client_error`, `upstream_error`, `no_replica`,
+    /// `disconnected`).
+    pub requests: Family<Labels, Counter>,
+    /// Prompt tokens routed, and the part the chosen replica was believed to hold.
+    pub prompt_tokens: Counter,
+    /// See [`Metrics::prompt_tokens`].
+    pub predicted_cached_tokens: Counter,
+    /// Prompt tokens the engines reported as cached (`usage.prompt_tokens_details`).
+    pub engine_cached_tokens: Counter,
+    /// KV events applied, by replica and kind.
+    pub events_applied: Family<Labels, Counter>,
+    /// KV events rejected (decoder or index), by replica and reason.
+    pub events_rejected: Family<Labels, Counter>,
+    /// Replays and resyncs, by replica and how (`replay`, `clear`).
+    pub resyncs: Family<Labels, Counter>,
+    replica_status: Family<Labels, Gauge>,
+    replica_queued_prefill: Family<Labels, Gauge>,
+    replica_bookings: Family<Labels, Gauge>,
+    replica_kv_usage: Family<Labels, Gauge<f64, AtomicU64>>,
+    replica_index_blocks: Family<Labels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("kvmesh");
+        let m = Metrics {
+            decisions: Family::default(),
+            decision_latency: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
+            requests: Family::default(),
+            prompt_tokens: Counter::default(),
+            predicted_cached_tokens: Counter::default(),
+            engine_cached_tokens: Counter::default(),
+            events_applied: Family::default(),
+            events_rejected: Family::default(),
+            resyncs: Family::default(),
+            replica_status: Family::default(),
+            replica_queued_prefill: Family::default(),
+            replica_bookings: Family::default(),
+            replica_kv_usage: Family::default(),
+            replica_index_blocks: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("decisions", "Routing decisions by policy and reason", m.decisions.clone());
+        registry.register("decision_latency_seconds", "Time to take one routing decision", m.decision_latency.clone());
+        registry.register("requests", "Proxied requests by outcome", m.requests.clone());
+        registry.register("prompt_tokens", "Prompt tokens routed", m.prompt_tokens.clone());
+        registry.register(
+            "predicted_cached_tokens",
+            "Prompt tokens the chosen replica was believed to hold",
+            m.predicted_cached_tokens.clone(),
+        );
+        registry.register(
+            "engine_cached_tokens",
+            "Prompt tokens engines reported as cached",
+            m.engine_cached_tokens.clone(),
+        );
+        registry.register("events_applied", "KV events applied by replica and kind", m.events_applied.clone());
+        registry.register("events_rejected", "KV events rejected by replica and reason", m.events_rejected.clone());
+        registry.register("resyncs", "Event-stream resyncs by replica and method", m.resyncs.clone());
+        registry.register("replica_status", "1 for the replica's current status", m.replica_status.clone());
+        registry.register(
+            "replica_queued_prefill_tokens",
+            "Router-side queued uncached prefill tokens",
+            m.replica_queued_prefill.clone(),
+        );
+        registry.register("replica_live_bookings", "Requests routed and not yet released", m.replica_bookings.clone());
+        registry.register(
+            "replica_kv_usage_ratio",
+            "Engine-reported KV-cache usage, 0 to 1",
+            m.replica_kv_usage.clone(),
+        );
+        registry.register(
+            "replica_index_blocks",
+            "Blocks the prefix index holds for the replica",
+            m.replica_index_blocks.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Counts one request outcome.
+    pub fn request(&self, outcome: &'static str) {
+        self.requests.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
+    }
+
+    /// The text exposition, with per-replica gauges refreshed from `shared`.
+    pub fn render(shared: &Shared) -> String {
+        let m = &shared.metrics;
+        let now = shared.now();
+        {
+            let core = shared.core();
+            m.replica_status.clear();
+            for r in core.replicas.values() {
+                let status = core.status(r, now);
+                for s in Status::ALL {
+                    let labels = vec![("replica", r.config.name.clone()), ("status", s.as_str().to_string())];
+                    m.replica_status.get_or_create(&labels).set((s == status) as i64);
+                }
+                let l = vec![("replica", r.config.name.clone())];
+                let load = core.fleet.bookings().load(r.id);
+                m.replica_queued_prefill.get_or_create(&l).set(load.queued_prefill_tokens as i64);
+                m.replica_bookings.get_or_create(&l).set((load.prefilling + load.decoding) as i64);
+                m.replica_kv_usage.get_or_create(&l).set(r.engine.map_or(0.0, |e| e.kv_usage));
+                m.replica_index_blocks.get_or_create(&l).set(core.fleet.index().replica_blocks(r.id) as i64);
+            }
+        }
+        let mut out = String::new();
+        let _ = encode(&mut out, &m.registry);
+        out
+    }
+}

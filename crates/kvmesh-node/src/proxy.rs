@@ -1,0 +1,349 @@
+//! The OpenAI-compatible HTTP proxy: route, forward, stream back, release.
+//!
+//! `/v1/completions` and `/v1/chat/completions` are routed per request (a chat is routed on
+//! its whole rendered conversation, so a session's next turn finds the replica holding the
+//! previous ones) and forwarded unchanged; server-sent events stream back chunk by chunk. The
+//! booking is released when the response ends, fails, or the client goes away (dropping the
+//! response drops the upstream request too). Connect failures move on to another replica
+//! and take the dead one out at once; 429/503 are backpressure (the replica sits out a
+//! backoff, then returns); other 4xx pass through without counting against the replica.
+
+use crate::state::Shared;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use kvmesh_core::load::BookingId;
+use kvmesh_core::prompt::{approximate_tokens, render_chat};
+use kvmesh_core::RouteRequest;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The proxy's routes (plus `/health` and `/metrics`).
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .with_state(shared)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    let message = message.into();
+    let kind = match status {
+        StatusCode::BAD_REQUEST => "invalid_request_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        _ => "service_unavailable",
+    };
+    (status, Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}))).into_response()
+}
+
+/// A routed request's booking: released exactly once, on every path (completion, error,
+/// client disconnect — the drop).
+struct Booking {
+    shared: Arc<Shared>,
+    id: Option<BookingId>,
+    replica: String,
+    first_token_seen: bool,
+}
+
+impl Booking {
+    fn first_token(&mut self) {
+        if !std::mem::replace(&mut self.first_token_seen, true) {
+            if let Some(id) = self.id {
+                let now = self.shared.now();
+                let _ = self.shared.core().fleet.first_token(id, now);
+            }
+        }
+    }
+
+    fn release(&mut self, output_tokens: Option<u32>, outcome: &'static str) {
+        if let Some(id) = self.id.take() {
+            let now = self.shared.now();
+            let mut core = self.shared.core();
+            core.release(id, output_tokens);
+            if outcome == "ok" {
+                if let Some(r) = core.replicas.get_mut(&self.replica) {
+                    r.last_served_at = Some(now);
+                }
+            }
+            drop(core);
+            self.shared.metrics.request(outcome);
+        }
+    }
+}
+
+impl Drop for Booking {
+    fn drop(&mut self) {
+        self.release(None, "disconnected");
+    }
+}
+
+async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "the body is not JSON");
+    };
+    let tokens = match v.get("prompt") {
+        Some(Value::String(p)) => approximate_tokens(p),
+        Some(Value::Array(ids)) if !ids.is_empty() && ids.iter().all(Value::is_u64) => {
+            ids.iter().filter_map(Value::as_u64).map(|t| t.min(u32::MAX as u64) as u32).collect()
+        }
+        Some(Value::Array(ps)) if ps.first().is_some_and(Value::is_string) => {
+            // A batch of prompts: route on the first (they share one replica).
+            approximate_tokens(ps[0].as_str().unwrap_or(""))
+        }
+        _ => return error(StatusCode::BAD_REQUEST, "prompt must be a string, strings, or token ids"),
+    };
+    forward(shared, "/v1/completions", body, &v, tokens).await
+}
+
+async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "the body is not JSON");
+    };
+    let Some(messages) = v.get("messages").and_then(Value::as_array) else {
+        return error(StatusCode::BAD_REQUEST, "messages must be an array");
+    };
+    let parts: Vec<(String, String)> = messages
+        .iter()
+        .map(|m| {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("user").to_string();
+            let content = match m.get("content") {
+                Some(Value::String(c)) => c.clone(),
+                Some(Value::Array(ps)) => ps.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect(),
+                _ => String::new(),
+            };
+            (role, content)
+        })
+        .collect();
+    let text = render_chat(parts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
+    forward(shared, "/v1/chat/completions", body, &v, approximate_tokens(&text)).await
+}
+
+async fn forward(shared: Arc<Shared>, path: &str, body: Bytes, v: &Value, tokens: Vec<u32>) -> Response {
+    let (model, retries, backoff_s) = {
+        let c = shared.config.lock().unwrap_or_else(|p| p.into_inner());
+        (c.node.model.clone(), c.node.retries, c.node.overload_backoff_ms as f64 / 1000.0)
+    };
+    if !model.is_empty() {
+        if let Some(asked) = v.get("model").and_then(Value::as_str) {
+            if asked != model {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    format!("model {asked:?} is not served here (this router serves {model:?})"),
+                );
+            }
+        }
+    }
+    let max_tokens = v
+        .get("max_tokens")
+        .or_else(|| v.get("max_completion_tokens"))
+        .and_then(Value::as_u64)
+        .map(|n| n.min(u32::MAX as u64) as u32);
+    let mut last_failure = String::from("no replica is ready");
+    for _attempt in 0..=retries {
+        let t0 = Instant::now();
+        let now = shared.now();
+        let (routed, name, url) = {
+            let mut core = shared.core();
+            let req = RouteRequest::new(core.fleet.hasher(), &tokens, max_tokens);
+            match core.route(&req, now) {
+                Ok(r) => r,
+                Err(e) => {
+                    drop(core);
+                    shared.metrics.request("no_replica");
+                    return error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}: {e}"));
+                }
+            }
+        };
+        let m = &shared.metrics;
+        m.decision_latency.observe(t0.elapsed().as_secs_f64());
+        let policy = shared.config.lock().unwrap_or_else(|p| p.into_inner()).node.policy.clone();
+        m.decisions.get_or_create(&vec![("policy", policy), ("reason", routed.decision.reason.as_str().into())]).inc();
+        m.prompt_tokens.inc_by(tokens.len() as u64);
+        m.predicted_cached_tokens.inc_by((tokens.len() as u64).saturating_sub(routed.decision.uncached_tokens as u64));
+        tracing::debug!(replica = %name, reason = routed.decision.reason.as_str(), overlap_blocks = routed.decision.overlap_blocks,
+            estimated_ttft_s = routed.decision.estimated_ttft_s, "routed");
+        let mut booking = Booking {
+            shared: shared.clone(),
+            id: Some(routed.booking),
+            replica: name.clone(),
+            first_token_seen: false,
+        };
+        let sent = shared
+            .http
+            .post(format!("{url}{path}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.clone())
+            .send()
+            .await;
+        let resp = match sent {
+            Ok(r) => r,
+            Err(e) if e.is_connect() || e.is_timeout() && !booking.first_token_seen => {
+                last_failure = format!("replica {name} unreachable ({e})");
+                tracing::warn!(replica = %name, error = %e, "upstream connect failed; trying another replica");
+                shared.core().record_down(&name, e.to_string(), shared.now());
+                booking.release(None, "upstream_error");
+                continue;
+            }
+            Err(e) => {
+                booking.release(None, "upstream_error");
+                return error(StatusCode::BAD_GATEWAY, format!("replica {name} failed: {e}"));
+            }
+        };
+        let status = resp.status();
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS || status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            last_failure = format!("replica {name} answered {status}");
+            let now = shared.now();
+            shared.core().record_overload(&name, now + backoff_s, now);
+            booking.release(None, "backpressure");
+            continue;
+        }
+        if !status.is_success() {
+            // A client error (400: prompt too long …) is the request's fault, not the replica's.
+            let outcome = if status.is_client_error() { "client_error" } else { "upstream_error" };
+            let ct = resp.headers().get(reqwest::header::CONTENT_TYPE).cloned();
+            let bytes = resp.bytes().await.unwrap_or_default();
+            booking.release(None, outcome);
+            let code = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            return with_replica(with_content_type(code, ct, Body::from(bytes)), &name);
+        }
+        let ct = resp.headers().get(reqwest::header::CONTENT_TYPE).cloned();
+        let streaming = ct.as_ref().and_then(|c| c.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
+        if streaming {
+            let r = with_content_type(StatusCode::OK, ct, Body::from_stream(stream_through(resp, booking)));
+            return with_replica(r, &name);
+        }
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                booking.release(None, "upstream_error");
+                return error(StatusCode::BAD_GATEWAY, format!("replica {name} failed mid-response: {e}"));
+            }
+        };
+        booking.first_token();
+        let usage = serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| v.get("usage").cloned());
+        let output = usage.as_ref().and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64).map(|n| n as u32);
+        if let Some(c) =
+            usage.as_ref().and_then(|u| u.pointer("/prompt_tokens_details/cached_tokens")).and_then(Value::as_u64)
+        {
+            shared.metrics.engine_cached_tokens.inc_by(c);
+        }
+        booking.release(output, "ok");
+        return with_replica(with_content_type(StatusCode::OK, ct, Body::from(bytes)), &name);
+    }
+    shared.metrics.request("no_replica");
+    error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}; no other replica could take the request"))
+}
+
+/// Names the replica that served a response (`x-kvmesh-replica`), for clients and debugging.
+fn with_replica(mut r: Response, replica: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(replica) {
+        r.headers_mut().insert("x-kvmesh-replica", v);
+    }
+    r
+}
+
+fn with_content_type(status: StatusCode, ct: Option<HeaderValue>, body: Body) -> Response {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    if let Some(ct) = ct {
+        r.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    r
+}
+
+/// Passes an upstream SSE body through chunk by chunk. The first chunk marks the first token;
+/// the end releases the booking with the events counted; an upstream error or the client
+/// dropping the body releases it too (the booking's drop).
+fn stream_through(
+    resp: reqwest::Response,
+    booking: Booking,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    struct St<S> {
+        upstream: S,
+        booking: Booking,
+        events: u32,
+    }
+    let st = St { upstream: Box::pin(resp.bytes_stream()), booking, events: 0 };
+    futures_util::stream::unfold(Some(st), |st| async move {
+        let mut st = st?;
+        match st.upstream.next().await {
+            Some(Ok(chunk)) => {
+                st.booking.first_token();
+                st.events += count_events(&chunk);
+                Some((Ok(chunk), Some(st)))
+            }
+            Some(Err(e)) => {
+                st.booking.release(None, "upstream_error");
+                Some((Err(std::io::Error::other(e)), None))
+            }
+            None => {
+                // Each token is one `data:` event, plus a last one with the finish reason.
+                st.booking.release(Some(st.events.saturating_sub(1).max(1)), "ok");
+                None
+            }
+        }
+    })
+}
+
+fn count_events(chunk: &[u8]) -> u32 {
+    let data = chunk.windows(6).filter(|w| w == b"data: ").count();
+    let done = chunk.windows(6).filter(|w| w == b"[DONE]").count();
+    (data - done.min(data)) as u32
+}
+
+async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    // Any healthy replica can answer (case C17: the first one may be down).
+    let now = shared.now();
+    let urls: Vec<(String, String)> = {
+        let core = shared.core();
+        let mut v: Vec<_> = core
+            .replicas
+            .values()
+            .map(|r| (core.status(r, now), r.config.name.clone(), r.config.http.clone()))
+            .collect();
+        v.sort_by_key(|(s, ..)| *s != crate::state::Status::Ready);
+        v.into_iter().map(|(_, n, u)| (n, u)).collect()
+    };
+    for (name, url) in urls {
+        match shared.http.get(format!("{}/v1/models", url.trim_end_matches('/'))).send().await {
+            Ok(r) if r.status().is_success() => {
+                let ct = r.headers().get(reqwest::header::CONTENT_TYPE).cloned();
+                if let Ok(b) = r.bytes().await {
+                    return with_content_type(StatusCode::OK, ct, Body::from(b));
+                }
+            }
+            Ok(r) => tracing::debug!(replica = %name, status = %r.status(), "models: replica declined"),
+            Err(e) => tracing::debug!(replica = %name, error = %e, "models: replica unreachable"),
+        }
+    }
+    error(StatusCode::SERVICE_UNAVAILABLE, "no replica answered /v1/models")
+}
+
+async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    let now = shared.now();
+    let mut core = shared.core();
+    core.sync_all(now);
+    let total = core.replicas.len();
+    let routable = core.fleet.replicas().iter().filter(|r| r.routable()).count();
+    let body = Json(
+        json!({"status": if routable > 0 { "ok" } else { "no_replica_ready" }, "replicas": total, "routable": routable}),
+    );
+    if routable > 0 {
+        body.into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let text = crate::metrics::Metrics::render(&shared);
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}

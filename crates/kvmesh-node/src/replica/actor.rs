@@ -1,0 +1,102 @@
+//! The replica actor: owns one replica's event subscription and its metrics scraper.
+
+use super::ingest::{self, Source};
+use super::scrape;
+use crate::config::ReplicaConfig;
+use crate::state::Shared;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// One replica's actor.
+pub struct ReplicaActor;
+
+/// What the actor starts from.
+pub struct ReplicaArgs {
+    /// The node's state.
+    pub shared: Arc<Shared>,
+    /// The replica.
+    pub config: ReplicaConfig,
+}
+
+/// Messages to a replica actor.
+#[derive(Debug)]
+pub enum ReplicaMsg {
+    /// One of its tasks ended (it should not): fail, so the supervisor restarts the actor.
+    TaskEnded(&'static str, String),
+}
+
+/// The actor's tasks, aborted when it stops.
+pub struct ReplicaTasks {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for ReplicaTasks {
+    /// A killed actor skips `post_stop` (ractor), so the tasks also end with the state.
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Actor for ReplicaActor {
+    type Msg = ReplicaMsg;
+    type State = ReplicaTasks;
+    type Arguments = ReplicaArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ReplicaMsg>,
+        args: ReplicaArgs,
+    ) -> Result<ReplicaTasks, ActorProcessingErr> {
+        let (interval, replay_timeout) = {
+            let c = args.shared.config.lock().unwrap_or_else(|p| p.into_inner());
+            (Duration::from_millis(c.node.scrape_interval_ms), Duration::from_millis(c.node.replay_timeout_ms))
+        };
+        let mut tasks = Vec::new();
+        if let Some(endpoint) = args.config.kv_events.clone() {
+            let source = Source {
+                name: args.config.name.clone(),
+                endpoint,
+                bind: args.config.kv_events_bind,
+                replay: args.config.replay.clone(),
+                replay_timeout,
+            };
+            let (shared, me) = (args.shared.clone(), myself.clone());
+            tasks.push(tokio::spawn(async move {
+                let why = match ingest::run(shared, source).await {
+                    Ok(()) => "ended".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                let _ = me.cast(ReplicaMsg::TaskEnded("kv_events", why));
+            }));
+        }
+        let (shared, me, name, url) =
+            (args.shared.clone(), myself.clone(), args.config.name.clone(), args.config.metrics());
+        tasks.push(tokio::spawn(async move {
+            scrape::run(shared, name, url, interval).await;
+            let _ = me.cast(ReplicaMsg::TaskEnded("scrape", "ended".into()));
+        }));
+        Ok(ReplicaTasks { tasks })
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<ReplicaMsg>,
+        msg: ReplicaMsg,
+        _state: &mut ReplicaTasks,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ReplicaMsg::TaskEnded(task, why) => Err(format!("{task} task ended: {why}").into()),
+        }
+    }
+
+    async fn post_stop(&self, _me: ActorRef<ReplicaMsg>, state: &mut ReplicaTasks) -> Result<(), ActorProcessingErr> {
+        for t in state.tasks.drain(..) {
+            t.abort();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,206 @@
+//! KV events in: one replica's ZMQ SUB socket, sequence tracking, gap recovery.
+//!
+//! vLLM numbers its messages from 0 at engine start. A gap (seq > last + 1) is recovered from
+//! the replica's replay socket (a fresh DEALER per request: zeromq's DEALER does not
+//! reconnect) when it has one, else by dropping the replica's blocks (case C07). A sequence
+//! that goes back (seq ≤ last) is an engine restart: its old blocks are dropped (case C08).
+//! Every reconnect of the SUB is treated as a possible gap (zeromq 0.7's SUB reconnects on
+//! its own and the slow-joiner loss is silent).
+
+use crate::state::Shared;
+use kvmesh_core::index::KvEvent;
+use kvmesh_events::{decode_message, decode_replay_reply, replay_request, EventBatch, ReplayReply};
+use std::sync::Arc;
+use std::time::Duration;
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+/// Where one replica's events come from.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The replica's name.
+    pub name: String,
+    /// Its publisher endpoint.
+    pub endpoint: String,
+    /// Bind instead of connect.
+    pub bind: bool,
+    /// Its replay endpoint.
+    pub replay: Option<String>,
+    /// How long to wait for each replay reply.
+    pub replay_timeout: Duration,
+}
+
+/// Follows `source` until the task is aborted. Returns only on a socket setup error that
+/// retrying cannot fix (a bad endpoint), which fails the actor.
+pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let mut sub = zeromq::SubSocket::new();
+        let setup = async {
+            if source.bind {
+                sub.bind(&source.endpoint).await.map(|_| ())
+            } else {
+                sub.connect(&source.endpoint).await
+            }
+        };
+        if let Err(e) = setup.await {
+            tracing::warn!(replica = %source.name, endpoint = %source.endpoint, error = %e, "KV-event socket not up; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            continue;
+        }
+        backoff = Duration::from_millis(100);
+        sub.subscribe("").await?;
+        tracing::info!(replica = %source.name, endpoint = %source.endpoint, "following KV events");
+        loop {
+            let msg = match sub.recv().await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(replica = %source.name, error = %e, "KV-event socket error; reconnecting");
+                    break;
+                }
+            };
+            let frames: Vec<bytes::Bytes> = msg.into_vec();
+            match decode_message(&frames) {
+                Ok(m) => handle(&shared, &source, m.seq, m.batch).await,
+                Err(e) => {
+                    tracing::warn!(replica = %source.name, error = %e, "undecodable KV-event message dropped");
+                    shared.metrics.events_rejected.get_or_create(&labels(&source.name, "undecodable")).inc();
+                    if let Some(r) = shared.core().replicas.get_mut(&source.name) {
+                        r.events_rejected += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
+    vec![("replica", replica.to_string()), ("reason", what.to_string())]
+}
+
+/// Sequence check, recovery, then apply.
+async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) {
+    let last = shared.core().replicas.get(&source.name).and_then(|r| r.last_seq);
+    match last {
+        Some(l) if seq == l + 1 => {}
+        None if seq > 0 => {
+            // Joined a running engine: what it cached before is only in its replay buffer.
+            if let Some(ep) = &source.replay {
+                tracing::info!(replica = %source.name, seq, "joining mid-stream: replaying from 0");
+                replay(shared, source, ep, 0, seq).await;
+            }
+        }
+        None => {}
+        Some(l) if seq <= l => {
+            tracing::warn!(replica = %source.name, seq, last = l, "sequence restarted: engine restart, dropping its blocks");
+            resync_by_clearing(shared, &source.name, "restart");
+        }
+        Some(l) => {
+            tracing::warn!(replica = %source.name, seq, last = l, "sequence gap: recovering {} messages", seq - l - 1);
+            let recovered = match &source.replay {
+                Some(ep) => replay(shared, source, ep, l + 1, seq).await,
+                None => false,
+            };
+            if !recovered {
+                resync_by_clearing(shared, &source.name, "clear");
+            }
+        }
+    }
+    apply(shared, &source.name, seq, &batch);
+}
+
+/// Drops the replica's blocks so they rebuild from its next events.
+fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
+    let now = shared.now();
+    let mut core = shared.core();
+    // A clear also ends the index's out-of-sync mark: the replica rebuilds from here.
+    core.apply(name, &KvEvent::Cleared, now);
+    shared.metrics.resyncs.get_or_create(&vec![("replica", name.to_string()), ("method", how.to_string())]).inc();
+}
+
+fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
+    let now = shared.now();
+    let mut core = shared.core();
+    for s in &batch.skipped {
+        tracing::warn!(replica = %name, index = s.index, reason = %s.reason, "KV event skipped");
+        shared.metrics.events_rejected.get_or_create(&labels(name, "undecodable_event")).inc();
+    }
+    for e in &batch.events {
+        let kind = match e {
+            KvEvent::Stored(_) => "stored",
+            KvEvent::Removed(_) => "removed",
+            KvEvent::Cleared => "cleared",
+        };
+        match core.apply(name, e, now) {
+            Some(o) => match o.rejection {
+                None => {
+                    shared
+                        .metrics
+                        .events_applied
+                        .get_or_create(&vec![("replica", name.into()), ("kind", kind.into())])
+                        .inc();
+                }
+                Some(r) => {
+                    if matches!(r, kvmesh_core::index::Rejection::BlockSizeMismatch { .. }) {
+                        tracing::error!(replica = %name, rejection = ?r, "KV events carry another block size than this node's: routing it on load only");
+                    }
+                    shared.metrics.events_rejected.get_or_create(&labels(name, r.as_str())).inc();
+                }
+            },
+            None => return,
+        }
+    }
+    if let Some(r) = core.replicas.get_mut(name) {
+        r.last_seq = Some(seq);
+        r.last_event_at = Some(now);
+        r.resyncing = false;
+    }
+}
+
+/// Asks the replay socket for `from..to` and applies what comes back. True when every
+/// missing message was recovered.
+async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64) -> bool {
+    if let Some(r) = shared.core().replicas.get_mut(&source.name) {
+        r.resyncing = true;
+    }
+    let mut dealer = zeromq::DealerSocket::new();
+    let t = source.replay_timeout;
+    if !matches!(tokio::time::timeout(t, dealer.connect(endpoint)).await, Ok(Ok(()))) {
+        tracing::warn!(replica = %source.name, %endpoint, "replay socket unreachable");
+        return false;
+    }
+    let [delim, start] = replay_request(from);
+    let Ok(request) = ZmqMessage::try_from(vec![bytes::Bytes::from(delim), bytes::Bytes::from(start)]) else {
+        return false;
+    };
+    if dealer.send(request).await.is_err() {
+        return false;
+    }
+    let mut next = from;
+    loop {
+        let reply = match tokio::time::timeout(t, dealer.recv()).await {
+            Ok(Ok(m)) => m.into_vec(),
+            _ => {
+                tracing::warn!(replica = %source.name, "replay timed out");
+                break;
+            }
+        };
+        match decode_replay_reply(&reply) {
+            Ok(ReplayReply::End) => break,
+            Ok(ReplayReply::Message { seq, batch }) => {
+                if seq == next && seq < to {
+                    apply(shared, &source.name, seq, &batch);
+                    next += 1;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(replica = %source.name, error = %e, "bad replay reply");
+                break;
+            }
+        }
+    }
+    let complete = next == to;
+    let how = if complete { "replay" } else { "replay_incomplete" };
+    shared.metrics.resyncs.get_or_create(&vec![("replica", source.name.clone()), ("method", how.to_string())]).inc();
+    complete
+}

@@ -1,0 +1,18 @@
+//! One actor per engine replica, under a supervisor.
+//!
+//! ```text
+//! Supervisor ──spawns/links──► ReplicaActor (one per replica)
+//!                                ├─ ingest task: ZMQ SUB → decode → seq check (replay | clear) → core
+//!                                └─ scrape task: GET /metrics → load + health → core
+//! ```
+//!
+//! A replica actor fails when one of its tasks dies; the supervisor restarts it (with a
+//! backoff and an intensity limit) without touching the others. Adding and removing replicas
+//! at runtime starts and stops actors.
+
+pub mod actor;
+pub mod ingest;
+pub mod scrape;
+pub mod supervisor;
+
+pub use supervisor::{Supervisor, SupervisorMsg};

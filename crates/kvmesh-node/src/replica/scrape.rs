@@ -1,0 +1,44 @@
+//! Engine load and health: one replica's Prometheus endpoint, scraped at an interval.
+//!
+//! A good scrape reports running/waiting/KV usage to the routing core and clears the failure
+//! count; `unhealthy_after` failures in a row (connect error, non-200, unparseable page) take
+//! the replica out of rotation until a scrape succeeds again.
+
+use crate::state::Shared;
+use kvmesh_events::parse_engine_metrics;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Scrapes `url` every `interval` for replica `name` until aborted.
+pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let result = scrape(&shared, &url, interval).await;
+        let now = shared.now();
+        let mut core = shared.core();
+        match result {
+            Ok(text) => match parse_engine_metrics(&text, now) {
+                Ok((_, m)) => core.record_metrics(&name, m, now),
+                Err(e) => {
+                    core.record_failure(&name, e.to_string(), now);
+                }
+            },
+            Err(e) => {
+                if let Some(status) = core.record_failure(&name, e.clone(), now) {
+                    tracing::debug!(replica = %name, error = %e, status = status.as_str(), "scrape failed");
+                }
+            }
+        }
+    }
+}
+
+async fn scrape(shared: &Shared, url: &str, interval: Duration) -> Result<String, String> {
+    let timeout = interval.max(Duration::from_millis(500));
+    let resp = shared.http.get(url).timeout(timeout).send().await.map_err(|e| format!("GET {url}: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("GET {url}: HTTP {}", resp.status()));
+    }
+    resp.text().await.map_err(|e| format!("GET {url}: {e}"))
+}

@@ -1,0 +1,371 @@
+//! The node's shared state: the routing core ([`Fleet`] + policy) and the replica registry
+//! with each replica's live status, behind one short-held lock.
+//!
+//! Every lock section is a few microseconds (one decision, one event batch, one report), so
+//! one mutex serves thousands of decisions per second without a queue; nothing holds it
+//! across I/O.
+
+use crate::config::{NodeConfig, ReplicaConfig};
+use crate::metrics::Metrics;
+use kvmesh_core::fleet::ReplicaStatus as CoreStatus;
+use kvmesh_core::index::{ApplyOutcome, KvEvent};
+use kvmesh_core::load::{BookingId, EngineMetrics};
+use kvmesh_core::{Fleet, FleetConfig, Namespace, Policy, PolicyKind, ReplicaId, ReplicaSpec, RouteRequest, Routed};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+/// What a replica is doing, as operators see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Routable, events (if configured) current.
+    Ready,
+    /// Not routed to by operator request; in-flight requests finish.
+    Draining,
+    /// Events were missed; being resynced (routed on load meanwhile).
+    OutOfSync,
+    /// Configured for events, none arrive while it serves (routed on load and the record).
+    NoEvents,
+    /// Its events carry another block size (routed on load only).
+    BlockSizeMismatch,
+    /// Failing health checks or connects; not routed to.
+    Unhealthy,
+    /// Answered 429/503; out of rotation until the backoff ends.
+    Overloaded,
+}
+
+impl Status {
+    /// Stable lower-case name (metrics label, logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ready => "ready",
+            Status::Draining => "draining",
+            Status::OutOfSync => "out_of_sync",
+            Status::NoEvents => "no_events",
+            Status::BlockSizeMismatch => "block_size_mismatch",
+            Status::Unhealthy => "unhealthy",
+            Status::Overloaded => "overloaded",
+        }
+    }
+
+    /// Every status, for metrics.
+    pub const ALL: [Status; 7] = [
+        Status::Ready,
+        Status::Draining,
+        Status::OutOfSync,
+        Status::NoEvents,
+        Status::BlockSizeMismatch,
+        Status::Unhealthy,
+        Status::Overloaded,
+    ];
+}
+
+/// One registered replica.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    /// Its id in the routing core.
+    pub id: ReplicaId,
+    /// How to reach it.
+    pub config: ReplicaConfig,
+    /// Set by the admin API.
+    pub draining: bool,
+    /// Consecutive failed scrapes or connects.
+    pub failures: u32,
+    /// The last failure, for status.
+    pub last_error: Option<String>,
+    /// Out of rotation until this time (node seconds) after a 429/503.
+    pub overloaded_until: f64,
+    /// Last engine report.
+    pub engine: Option<EngineMetrics>,
+    /// Last KV-event sequence number applied.
+    pub last_seq: Option<u64>,
+    /// Node time of the last KV-event message.
+    pub last_event_at: Option<f64>,
+    /// Node time of the last response it served.
+    pub last_served_at: Option<f64>,
+    /// A gap or restart was found and the replica is being resynced.
+    pub resyncing: bool,
+    /// Event counts.
+    pub events_applied: u64,
+    /// Events rejected by the decoder or the index.
+    pub events_rejected: u64,
+}
+
+/// The routing core and registry.
+pub struct Core {
+    /// Index, bookings, replicas' core state.
+    pub fleet: Fleet,
+    /// The configured policy.
+    pub policy: Box<dyn Policy>,
+    /// Its randomness.
+    pub rng: SmallRng,
+    /// Replicas by name.
+    pub replicas: BTreeMap<String, Replica>,
+    unhealthy_after: u32,
+    events_silent_s: f64,
+}
+
+/// Shared by every task of the node.
+pub struct Shared {
+    /// The configuration the node started with, replicas as currently registered.
+    pub config: Mutex<NodeConfig>,
+    started: Instant,
+    core: Mutex<Core>,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// Upstream HTTP client.
+    pub http: reqwest::Client,
+}
+
+/// Why a replica could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The name is taken.
+    #[error("replica {0:?} already exists")]
+    Exists(String),
+    /// No such replica.
+    #[error("unknown replica {0:?}")]
+    Unknown(String),
+    /// Bad fields.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Shared {
+    /// A node's shared state for `config` (replicas are added by the supervisor).
+    ///
+    /// # Errors
+    /// An invalid policy or block size.
+    pub fn new(config: NodeConfig) -> anyhow::Result<Self> {
+        let kind: PolicyKind = config.node.policy.parse().map_err(|e| anyhow::anyhow!("node.policy: {e}"))?;
+        let fleet_config = FleetConfig {
+            block_size: config.node.block_size,
+            namespace: Namespace { model: config.node.model.clone(), ..Namespace::default() },
+            ..FleetConfig::default()
+        };
+        let fleet = Fleet::new(fleet_config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let core = Core {
+            fleet,
+            policy: kind.build(),
+            rng: SmallRng::seed_from_u64(0x6b76_6d65_7368),
+            replicas: BTreeMap::new(),
+            unhealthy_after: config.node.unhealthy_after.max(1),
+            events_silent_s: config.node.events_silent_s,
+        };
+        let http = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(config.node.request_timeout_s.max(1)))
+            .connect_timeout(std::time::Duration::from_secs(2))
+            .build()?;
+        Ok(Shared {
+            config: Mutex::new(config),
+            started: Instant::now(),
+            core: Mutex::new(core),
+            metrics: Metrics::new(),
+            http,
+        })
+    }
+
+    /// Seconds since the node started: the clock the routing core runs on.
+    pub fn now(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// The routing core, locked. Keep the guard for one short, I/O-free section.
+    pub fn core(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a replica in the routing core.
+    ///
+    /// # Errors
+    /// [`RegistryError::Exists`] or [`RegistryError::Invalid`].
+    pub fn add_replica(&self, config: ReplicaConfig) -> Result<ReplicaId, RegistryError> {
+        config.validate().map_err(RegistryError::Invalid)?;
+        let mut core = self.core();
+        if core.replicas.contains_key(&config.name) {
+            return Err(RegistryError::Exists(config.name));
+        }
+        let spec = ReplicaSpec {
+            publishes_events: config.kv_events.is_some(),
+            ..ReplicaSpec::new(config.name.clone(), config.capacity_blocks)
+        };
+        let id = core.fleet.add_replica(spec).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        let replica = Replica {
+            id,
+            config: config.clone(),
+            draining: false,
+            failures: 0,
+            last_error: None,
+            overloaded_until: 0.0,
+            engine: None,
+            last_seq: None,
+            last_event_at: None,
+            last_served_at: None,
+            resyncing: false,
+            events_applied: 0,
+            events_rejected: 0,
+        };
+        core.replicas.insert(config.name.clone(), replica);
+        drop(core);
+        let mut c = self.config.lock().unwrap_or_else(|p| p.into_inner());
+        if !c.replicas.iter().any(|r| r.name == config.name) {
+            c.replicas.push(config);
+        }
+        Ok(id)
+    }
+
+    /// Forgets a replica: its blocks, its bookings' load, its status.
+    ///
+    /// # Errors
+    /// [`RegistryError::Unknown`].
+    pub fn remove_replica(&self, name: &str) -> Result<(), RegistryError> {
+        let mut core = self.core();
+        let r = core.replicas.remove(name).ok_or_else(|| RegistryError::Unknown(name.into()))?;
+        let _ = core.fleet.remove_replica(r.id);
+        drop(core);
+        self.config.lock().unwrap_or_else(|p| p.into_inner()).replicas.retain(|c| c.name != name);
+        Ok(())
+    }
+
+    /// Sets or clears a replica's draining flag.
+    ///
+    /// # Errors
+    /// [`RegistryError::Unknown`].
+    pub fn set_draining(&self, name: &str, draining: bool) -> Result<(), RegistryError> {
+        let now = self.now();
+        let mut core = self.core();
+        let r = core.replicas.get_mut(name).ok_or_else(|| RegistryError::Unknown(name.into()))?;
+        r.draining = draining;
+        core.sync_routable(name, now);
+        Ok(())
+    }
+}
+
+impl Core {
+    /// The status operators see for `r` at `now`.
+    pub fn status(&self, r: &Replica, now: f64) -> Status {
+        if r.draining {
+            return Status::Draining;
+        }
+        if r.failures >= self.unhealthy_after {
+            return Status::Unhealthy;
+        }
+        if r.overloaded_until > now {
+            return Status::Overloaded;
+        }
+        if let Some(health) = self.fleet.index().health(r.id) {
+            if health.block_size_mismatch.is_some() {
+                return Status::BlockSizeMismatch;
+            }
+            if health.out_of_sync || r.resyncing {
+                return Status::OutOfSync;
+            }
+        }
+        if r.config.kv_events.is_some() {
+            let serving = r.last_served_at.is_some_and(|t| now - t < self.events_silent_s);
+            let silent = r.last_event_at.is_none_or(|t| now - t > self.events_silent_s);
+            if serving && silent {
+                return Status::NoEvents;
+            }
+        }
+        Status::Ready
+    }
+
+    /// Whether a replica takes new requests (ready, or degraded but still serving).
+    fn routable(status: Status) -> bool {
+        !matches!(status, Status::Draining | Status::Unhealthy | Status::Overloaded)
+    }
+
+    /// Brings the core's ready/draining flag in line with `name`'s status.
+    pub fn sync_routable(&mut self, name: &str, now: f64) {
+        let Some(r) = self.replicas.get(name) else { return };
+        let routable = Core::routable(self.status(r, now));
+        let id = r.id;
+        let _ = self.fleet.set_status(id, if routable { CoreStatus::Ready } else { CoreStatus::Draining });
+    }
+
+    /// Re-evaluates every replica (overload marks expire with time, case C18).
+    pub fn sync_all(&mut self, now: f64) {
+        let names: Vec<String> = self.replicas.keys().cloned().collect();
+        for n in names {
+            self.sync_routable(&n, now);
+        }
+    }
+
+    /// Records a failed scrape or connect; returns the replica's status after it.
+    pub fn record_failure(&mut self, name: &str, error: String, now: f64) -> Option<Status> {
+        let r = self.replicas.get_mut(name)?;
+        r.failures += 1;
+        r.last_error = Some(error);
+        self.sync_routable(name, now);
+        self.replicas.get(name).map(|r| self.status(r, now))
+    }
+
+    /// A connect failure takes a replica out at once: a dead engine is routed around now, not
+    /// after `unhealthy_after` scrapes.
+    pub fn record_down(&mut self, name: &str, error: String, now: f64) {
+        let threshold = self.unhealthy_after;
+        if let Some(r) = self.replicas.get_mut(name) {
+            r.failures = r.failures.max(threshold);
+            r.last_error = Some(error);
+        }
+        self.sync_routable(name, now);
+    }
+
+    /// Records a backpressure answer (429/503): out of rotation until `until`.
+    pub fn record_overload(&mut self, name: &str, until: f64, now: f64) {
+        if let Some(r) = self.replicas.get_mut(name) {
+            r.overloaded_until = until;
+        }
+        self.sync_routable(name, now);
+    }
+
+    /// Records a good scrape.
+    pub fn record_metrics(&mut self, name: &str, metrics: EngineMetrics, now: f64) {
+        let Some(r) = self.replicas.get_mut(name) else { return };
+        r.failures = 0;
+        r.last_error = None;
+        r.engine = Some(metrics);
+        let id = r.id;
+        let _ = self.fleet.report_metrics(id, metrics);
+        self.sync_routable(name, now);
+    }
+
+    /// Applies one decoded event for `name`.
+    pub fn apply(&mut self, name: &str, event: &KvEvent, now: f64) -> Option<ApplyOutcome> {
+        let id = self.replicas.get(name)?.id;
+        let outcome = self.fleet.apply_event(id, event, now).ok()?;
+        let r = self.replicas.get_mut(name)?;
+        r.last_event_at = Some(now);
+        if outcome.rejection.is_some() {
+            r.events_rejected += 1;
+        } else {
+            r.events_applied += 1;
+        }
+        Some(outcome)
+    }
+
+    /// Routes one request; returns the booking, the replica's name and its base URL.
+    ///
+    /// # Errors
+    /// The core's error (no replica ready, …).
+    pub fn route(&mut self, req: &RouteRequest, now: f64) -> Result<(Routed, String, String), kvmesh_core::Error> {
+        self.sync_all(now);
+        let Core { fleet, policy, rng, .. } = self;
+        let routed = fleet.route(policy.as_mut(), req, rng, now)?;
+        let (name, url) = self
+            .replicas
+            .values()
+            .find(|r| r.id == routed.decision.replica)
+            .map(|r| (r.config.name.clone(), r.config.http.trim_end_matches('/').to_string()))
+            .ok_or(kvmesh_core::Error::UnknownReplica(routed.decision.replica))?;
+        Ok((routed, name, url))
+    }
+
+    /// Ends a booking (idempotent: an unknown booking is ignored).
+    pub fn release(&mut self, booking: BookingId, output_tokens: Option<u32>) {
+        let _ = self.fleet.release(booking, output_tokens);
+    }
+}

@@ -1,0 +1,186 @@
+//! One router node in front of four engine-sims, real sockets on loopback: KV events flow,
+//! repeated prefixes stick to the replica that holds them, a killed engine is routed around,
+//! streams pass through, the gRPC API answers, and every booking is released.
+
+use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
+use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
+use kvmesh_node::Node;
+use kvmesh_proto::v1;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+async fn engines(n: usize) -> Vec<EngineSim> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(kvmesh_engine_sim::start(EngineSimConfig { speed: 5.0, ..EngineSimConfig::default() }).await.unwrap());
+    }
+    out
+}
+
+async fn node(engines: &[EngineSim]) -> Node {
+    let blocks = EngineSimConfig::default().profile.kv_blocks(16);
+    let replicas = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| ReplicaConfig {
+            name: format!("e{i}"),
+            http: e.base_url(),
+            kv_events: Some(e.kv_events.clone()),
+            replay: Some(e.replay.clone()),
+            kv_events_bind: false,
+            metrics_url: None,
+            capacity_blocks: blocks,
+            engine: "vllm".into(),
+        })
+        .collect();
+    let section = NodeSection {
+        http: "127.0.0.1:0".parse().unwrap(),
+        grpc: "127.0.0.1:0".parse().unwrap(),
+        scrape_interval_ms: 100,
+        ..NodeSection::default()
+    };
+    kvmesh_node::start(NodeConfig { node: section, replicas }).await.unwrap()
+}
+
+/// Waits until `ok` holds, polling; panics with `what` after 10 s.
+async fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn complete(client: &reqwest::Client, node: &Node, prompt: &str) -> (u16, String, Value) {
+    let r = client
+        .post(format!("http://{}/v1/completions", node.http))
+        .json(&json!({"model": "m", "prompt": prompt, "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let replica = r.headers().get("x-kvmesh-replica").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    (status, replica, r.json().await.unwrap_or(Value::Null))
+}
+
+fn index_blocks(node: &Node, name: &str) -> usize {
+    let core = node.shared.core();
+    core.replicas.get(name).map_or(0, |r| core.fleet.index().replica_blocks(r.id))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_end() {
+    let mut engines = engines(4).await;
+    let node = node(&engines).await;
+    // Every replica scraped once: the node sees them all.
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    let client = reqwest::Client::new();
+    let system = "You are a careful assistant that answers in one short sentence. ".repeat(20);
+
+    let (status, first, body) = complete(&client, &node, &format!("{system}Question 0?")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"], " t t t");
+    // The engine's BlockStored events reach the node's index for that replica only.
+    eventually("KV events", || index_blocks(&node, &first) > 0).await;
+    let held = index_blocks(&node, &first);
+    assert_eq!(held, (system.len() + 12) / 4 / 16, "every full block of the prompt");
+    for other in ["e0", "e1", "e2", "e3"].iter().filter(|n| **n != first) {
+        assert_eq!(index_blocks(&node, other), 0);
+    }
+
+    // The same long prefix goes back to the replica holding it, and the engine confirms hits.
+    for q in 1..=5 {
+        let (status, replica, body) = complete(&client, &node, &format!("{system}Question {q}?")).await;
+        assert_eq!((status, replica.as_str()), (200, first.as_str()), "question {q}");
+        let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        assert!(cached >= 16 * (held as u64 - 1), "question {q}: {cached} cached tokens");
+    }
+
+    // Streaming passes through chunk by chunk, ending with [DONE].
+    let sse = client
+        .post(format!("http://{}/v1/chat/completions", node.http))
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.headers()["content-type"], "text/event-stream");
+    let text = sse.text().await.unwrap();
+    assert_eq!(text.matches("data: ").count(), 6, "4 tokens, the finish chunk, [DONE]: {text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+
+    // Kill the replica holding the prefix: the next request is served by another one.
+    let i: usize = first[1..].parse().unwrap();
+    engines.remove(i).stop().await;
+    let (status, replica, body) = complete(&client, &node, &format!("{system}Question 6?")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_ne!(replica, first);
+
+    // gRPC: Admin lists the dead replica as unhealthy; Router routes; health answers.
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap();
+    let mut admin = v1::admin_client::AdminClient::new(channel.clone());
+    let list = admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap().into_inner();
+    let dead = list.replicas.iter().find(|r| r.spec.as_ref().unwrap().name == first).unwrap();
+    assert_eq!(dead.status, v1::ReplicaStatus::Unhealthy as i32);
+    let mut router = v1::router_client::RouterClient::new(channel);
+    let routed = router
+        .route(v1::RouteRequest {
+            model: "m".into(),
+            prompt: Some(v1::route_request::Prompt::Text(format!("{system}Question 7?"))),
+            max_tokens: Some(3),
+            session_key: None,
+            lora_name: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(routed.replica_id, first);
+    assert_eq!(routed.block_size, 16);
+    router.release(v1::ReleaseRequest { booking_id: routed.booking_id, output_tokens: Some(3) }).await.unwrap();
+    let again = router.release(v1::ReleaseRequest { booking_id: routed.booking_id, output_tokens: None }).await;
+    assert_eq!(again.unwrap_err().code(), tonic::Code::NotFound);
+
+    // Every admitted request was released.
+    assert!(node.shared.core().fleet.bookings().is_empty());
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_pass_through_and_all_down_is_a_clear_503() {
+    let engines = engines(2).await;
+    let node = node(&engines).await;
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    let client = reqwest::Client::new();
+    // A 400 from the engine reaches the client and does not mark the replica (case C15).
+    let r = client
+        .post(format!("http://{}/v1/completions", node.http))
+        .json(&json!({"model": "m", "prompt": "x", "max_tokens": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(node.shared.core().replicas.values().all(|r| r.failures == 0));
+    // Malformed JSON is the node's own 400.
+    let r = client.post(format!("http://{}/v1/completions", node.http)).body("{").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    // Every replica down: a 503 with a JSON error, and the node still up (case C16).
+    for e in engines {
+        e.stop().await;
+    }
+    let r = client
+        .post(format!("http://{}/v1/completions", node.http))
+        .json(&json!({"model": "m", "prompt": "hello", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("unreachable"), "{body}");
+    let health = client.get(format!("http://{}/health", node.http)).send().await.unwrap();
+    assert_eq!(health.status().as_u16(), 503);
+    assert!(node.shared.core().fleet.bookings().is_empty());
+    node.stop().await;
+}
