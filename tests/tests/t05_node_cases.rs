@@ -1,0 +1,228 @@
+//! The router node against misbehaving engines, one case each (see `../shared/cases`): event
+//! gaps recovered by replay or by clearing (C07), engine restart (C08), silent publisher (C09),
+//! block-size mismatch (C04), leaked bookings on client disconnect (C14), partial health for
+//! `/v1/models` (C17), overload marks that expire (C18); and the metrics page parses.
+
+use kvmesh_engine_sim::{EngineSim, EngineSimConfig, Faults};
+use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
+use kvmesh_node::state::Status;
+use kvmesh_node::Node;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+async fn engine(block_size: u32, faults: Faults) -> EngineSim {
+    kvmesh_engine_sim::start(EngineSimConfig { speed: 5.0, block_size, faults, ..EngineSimConfig::default() })
+        .await
+        .unwrap()
+}
+
+fn replica(i: usize, e: &EngineSim, replay: bool) -> ReplicaConfig {
+    ReplicaConfig {
+        name: format!("e{i}"),
+        http: e.base_url(),
+        kv_events: Some(e.kv_events.clone()),
+        replay: replay.then(|| e.replay.clone()),
+        kv_events_bind: false,
+        metrics_url: None,
+        capacity_blocks: 29_375,
+        engine: "vllm".into(),
+    }
+}
+
+async fn node(replicas: Vec<ReplicaConfig>, tweak: impl FnOnce(&mut NodeSection)) -> Node {
+    let mut section = NodeSection {
+        http: "127.0.0.1:0".parse().unwrap(),
+        grpc: "127.0.0.1:0".parse().unwrap(),
+        scrape_interval_ms: 50,
+        ..NodeSection::default()
+    };
+    tweak(&mut section);
+    let node = kvmesh_node::start(NodeConfig { node: section, replicas }).await.unwrap();
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    node
+}
+
+async fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A prompt of exactly `blocks` full 16-token blocks (4 bytes per approximate token) that
+/// shares nothing with other `tag`s.
+fn prompt(tag: usize, blocks: usize) -> String {
+    let unit = format!("{tag:03}:");
+    unit.repeat(blocks * 16)
+}
+
+async fn send(node: &Node, tag: usize, blocks: usize) -> u16 {
+    reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", node.http))
+        .json(&json!({"model": "m", "prompt": prompt(tag, blocks), "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+fn blocks(node: &Node, name: &str) -> usize {
+    let core = node.shared.core();
+    core.replicas.get(name).map_or(0, |r| core.fleet.index().replica_blocks(r.id))
+}
+
+fn status(node: &Node, name: &str) -> Status {
+    let now = node.shared.now();
+    let core = node.shared.core();
+    core.status(&core.replicas[name], now)
+}
+
+fn metric(node: &Node, name: &str) -> String {
+    kvmesh_node::metrics::Metrics::render(&node.shared)
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Five unrelated prompts of exactly 5 full blocks, one at a time: each is one event message
+/// (seq 0..4) storing 5 blocks.
+async fn five_prompts(node: &Node) {
+    for tag in 0..5 {
+        assert_eq!(send(node, tag, 5).await, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c07_gaps_are_replayed_when_a_replay_socket_exists() {
+    let e = engine(16, Faults { drop_every: 2, ..Faults::default() }).await;
+    let node = node(vec![replica(0, &e, true)], |_| {}).await;
+    five_prompts(&node).await;
+    // Messages 1 and 3 were never published; the next message's gap triggered a replay each
+    // time: all 25 blocks held.
+    eventually("all blocks", || blocks(&node, "e0") == 25).await;
+    assert!(
+        metric(&node, "kvmesh_resyncs_total").contains("method=\"replay\""),
+        "{}",
+        metric(&node, "kvmesh_resyncs_total")
+    );
+    assert_eq!(status(&node, "e0"), Status::Ready);
+    node.stop().await;
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c07_without_replay_a_gap_drops_the_replicas_blocks_and_rebuilds() {
+    let e = engine(16, Faults { drop_every: 2, ..Faults::default() }).await;
+    let node = node(vec![replica(0, &e, false)], |_| {}).await;
+    five_prompts(&node).await;
+    // Messages 1 and 3 were dropped: the gaps at 2 and 4 clear, so only message 4's blocks
+    // remain.
+    eventually("a clear", || metric(&node, "kvmesh_resyncs_total").contains("method=\"clear\"")).await;
+    eventually("rebuilt from the last published message", || blocks(&node, "e0") == 5).await;
+    node.stop().await;
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c08_a_sequence_restart_drops_the_stale_blocks() {
+    let e = engine(16, Faults::default()).await;
+    let node = node(vec![replica(0, &e, true)], |_| {}).await;
+    five_prompts(&node).await;
+    eventually("all blocks", || blocks(&node, "e0") == 25).await;
+    e.faults.set(Faults { restart_seq: true, ..Faults::default() });
+    assert_eq!(send(&node, 9, 3).await, 200);
+    eventually("the restart seen", || metric(&node, "kvmesh_resyncs_total").contains("method=\"restart\"")).await;
+    // Only the blocks announced since the restart.
+    eventually("stale blocks dropped", || blocks(&node, "e0") == 3).await;
+    node.stop().await;
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c09_a_silent_publisher_is_reported_and_still_served() {
+    let e = engine(16, Faults { drop_events: true, ..Faults::default() }).await;
+    let node = node(vec![replica(0, &e, true)], |s| s.events_silent_s = 0.3).await;
+    assert_eq!(send(&node, 1, 4).await, 200);
+    eventually("no_events status", || status(&node, "e0") == Status::NoEvents).await;
+    assert_eq!(send(&node, 2, 4).await, 200, "routed on load meanwhile");
+    assert_eq!(blocks(&node, "e0"), 0);
+    node.stop().await;
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c04_a_block_size_mismatch_is_loud() {
+    let e = engine(32, Faults::default()).await;
+    let node = node(vec![replica(0, &e, true)], |_| {}).await;
+    assert_eq!(send(&node, 1, 4).await, 200);
+    eventually("mismatch status", || status(&node, "e0") == Status::BlockSizeMismatch).await;
+    assert!(metric(&node, "kvmesh_events_rejected_total").contains("reason=\"block_size_mismatch\""));
+    assert_eq!(send(&node, 2, 4).await, 200, "still routed, on load");
+    node.stop().await;
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c14_clients_that_disconnect_leave_no_booking() {
+    let e = engine(16, Faults::default()).await;
+    let node = node(vec![replica(0, &e, true)], |_| {}).await;
+    let client = reqwest::Client::new();
+    for i in 0..50 {
+        let mut r = client
+            .post(format!("http://{}/v1/completions", node.http))
+            .json(&json!({"model": "m", "prompt": prompt(i, 2), "max_tokens": 500, "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        // Read the first chunk (the first token), then hang up mid-stream.
+        assert!(r.chunk().await.unwrap().is_some());
+        drop(r);
+    }
+    eventually("every booking released", || node.shared.core().fleet.bookings().is_empty()).await;
+    assert!(metric(&node, "kvmesh_requests_total").contains("outcome=\"disconnected\""));
+    node.stop().await;
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c17_models_answers_from_a_healthy_replica_and_c18_overload_marks_expire() {
+    let (a, b) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
+    let node = node(vec![replica(0, &a, true), replica(1, &b, true)], |s| {
+        s.policy = "round_robin".into();
+        s.overload_backoff_ms = 300;
+    })
+    .await;
+    // C18: e0 answers 503; the request moves to e1 and e0 sits out the backoff.
+    a.faults.set(Faults { status: Some(503), ..Faults::default() });
+    for i in 0..4 {
+        assert_eq!(send(&node, i, 1).await, 200);
+    }
+    a.faults.set(Faults::default());
+    assert_eq!(status(&node, "e0"), Status::Overloaded);
+    eventually("the mark expires", || status(&node, "e0") == Status::Ready).await;
+    // C17: with e0 gone, /v1/models still answers.
+    a.stop().await;
+    let r = reqwest::get(format!("http://{}/v1/models", node.http)).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    node.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_page_is_valid_openmetrics() {
+    let e = engine(16, Faults::default()).await;
+    let node = node(vec![replica(0, &e, true)], |_| {}).await;
+    assert_eq!(send(&node, 1, 2).await, 200);
+    let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+    let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
+    for family in
+        ["kvmesh_decisions", "kvmesh_decision_latency_seconds", "kvmesh_replica_status", "kvmesh_events_applied"]
+    {
+        assert!(parsed.families.contains_key(family), "{family} missing:\n{page}");
+    }
+    node.stop().await;
+    e.stop().await;
+}
