@@ -32,6 +32,42 @@ pub enum Command {
     /// gRPC Router/Admin/Events API, one actor per replica following its KV events and
     /// metrics. SIGHUP reloads the replica list from the config file.
     Node(NodeArgs),
+    /// Load-test a router or an engine: open-loop HTTP completions at a fixed rate (or
+    /// closed-loop saturation), latency p50/p99; or gRPC `Route` calls per second.
+    Loadtest(LoadtestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LoadtestArgs {
+    /// What to drive: `http` (OpenAI completions) or `route` (kvmesh gRPC Route + Release).
+    #[arg(long, default_value = "http", value_name = "MODE")]
+    pub mode: String,
+    /// Base URLs to send to (`http://host:port`), comma-separated; several are used in turn
+    /// (a client-side round robin, for measuring engines directly). For `route`, the node's
+    /// gRPC address as `http://host:port`.
+    #[arg(long, value_name = "URLS")]
+    pub url: String,
+    /// Requests per second, open loop (0: closed loop with --concurrency workers, saturation).
+    #[arg(long, default_value_t = 100.0, value_name = "R")]
+    pub rate: f64,
+    /// Workers in closed-loop mode; cap on requests in flight in open-loop mode.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub concurrency: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0, value_name = "S")]
+    pub duration: f64,
+    /// Seconds of warm-up before measuring.
+    #[arg(long, default_value_t = 1.0, value_name = "S")]
+    pub warmup: f64,
+    /// Distinct shared prefixes (system prompts) the prompts draw from.
+    #[arg(long, default_value_t = 8)]
+    pub prefixes: u32,
+    /// Tokens to generate per request.
+    #[arg(long, default_value_t = 1)]
+    pub max_tokens: u32,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -39,6 +75,9 @@ pub struct NodeArgs {
     /// The node's TOML configuration (see crates/kvmesh-node/src/config.rs or the README).
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
+    /// Runtime worker threads (default: one per core).
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
 }
 
 #[derive(Debug, Args)]

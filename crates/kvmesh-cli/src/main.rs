@@ -4,6 +4,7 @@
 
 mod analyze;
 mod cli;
+mod loadtest;
 mod node;
 mod replay;
 
@@ -16,6 +17,7 @@ fn main() -> ExitCode {
         cli::Command::Analyze(args) => analyze::run(&args),
         cli::Command::Replay(args) => replay::run(&args),
         cli::Command::Node(args) => node::run(&args),
+        cli::Command::Loadtest(args) => loadtest::run(&args),
         cli::Command::Policies => {
             cli::print_policies();
             Ok(())

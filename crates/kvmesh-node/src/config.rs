@@ -7,6 +7,7 @@
 //! policy = "token_load"          # see `kvmesh policies`
 //! block_size = 16                # tokens per KV block; must equal the engines' --block-size
 //! model = "meta-llama/Llama-3.1-8B-Instruct"
+//! tokenizer = "/models/llama-3.1-8b/tokenizer.json"   # optional: exact token ids
 //!
 //! [[replicas]]
 //! name = "vllm-0"
@@ -60,6 +61,10 @@ pub struct NodeSection {
     pub events_silent_s: f64,
     /// How long to wait for each replay reply, milliseconds.
     pub replay_timeout_ms: u64,
+    /// The model's `tokenizer.json` (Hugging Face format): prompts are routed on the engine's
+    /// real token ids. Without one, on kvmesh's approximate ids (`kvmesh_core::prompt`), which
+    /// match only engines using the same scheme (kvmesh-engine-sim).
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 impl Default for NodeSection {
@@ -77,6 +82,7 @@ impl Default for NodeSection {
             request_timeout_s: 600,
             events_silent_s: 30.0,
             replay_timeout_ms: 1000,
+            tokenizer: None,
         }
     }
 }

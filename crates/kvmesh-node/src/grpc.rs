@@ -27,13 +27,13 @@ pub struct Services {
 impl router_server::Router for Services {
     async fn route(&self, request: Request<v1::RouteRequest>) -> Result<Response<v1::RouteResponse>, GrpcStatus> {
         let r = request.into_inner();
-        let model = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).node.model.clone();
-        if !model.is_empty() && !r.model.is_empty() && r.model != model {
+        let model = &self.shared.settings.model;
+        if !model.is_empty() && !r.model.is_empty() && &r.model != model {
             return Err(GrpcStatus::not_found(format!("model {:?} is not served here (serving {model:?})", r.model)));
         }
         let tokens = match r.prompt {
             Some(v1::route_request::Prompt::TokenIds(t)) if !t.ids.is_empty() => t.ids,
-            Some(v1::route_request::Prompt::Text(t)) if !t.is_empty() => approximate_tokens(&t),
+            Some(v1::route_request::Prompt::Text(t)) if !t.is_empty() => self.shared.tokenizer.encode(&t),
             _ => return Err(GrpcStatus::invalid_argument("set token_ids or text to a non-empty prompt")),
         };
         let now = self.shared.now();
@@ -45,13 +45,20 @@ impl router_server::Router for Services {
         }
         let (routed, name, url) = core.route(&req, now).map_err(|e| GrpcStatus::unavailable(e.to_string()))?;
         drop(core);
-        self.shared.metrics.decision_latency.observe(t0.elapsed().as_secs_f64());
+        let m = &self.shared.metrics;
+        m.decision_latency.observe(t0.elapsed().as_secs_f64());
+        m.decisions
+            .get_or_create(&vec![
+                ("policy", self.shared.settings.policy.clone()),
+                ("reason", routed.decision.reason.as_str().into()),
+            ])
+            .inc();
         let d = routed.decision;
         Ok(Response::new(v1::RouteResponse {
             replica_id: name,
             endpoint: url,
             overlap_blocks: d.overlap_blocks,
-            block_size: self.shared.core().fleet.config().block_size,
+            block_size: self.shared.settings.block_size,
             uncached_tokens: d.uncached_tokens,
             estimated_ttft_s: d.estimated_ttft_s,
             reason: d.reason.as_str().into(),

@@ -7,6 +7,7 @@
 //! - [`proxy`]: the OpenAI-compatible HTTP proxy, `/health`, `/metrics`.
 //! - [`grpc`]: `kvmesh.v1` Router, Admin and Events services, gRPC health and reflection.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`tokenize`]: prompt text → token ids (the model's tokenizer, or kvmesh's approximate ids).
 //!
 //! A single node is complete on its own; Raft membership and shared bookings come with the
 //! cluster issue.
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod replica;
 pub mod state;
+pub mod tokenize;
 
 use anyhow::Context;
 use config::NodeConfig;

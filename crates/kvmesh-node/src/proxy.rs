@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use kvmesh_core::load::BookingId;
-use kvmesh_core::prompt::{approximate_tokens, render_chat};
+use kvmesh_core::prompt::render_chat;
 use kvmesh_core::RouteRequest;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -90,13 +90,13 @@ async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
         return error(StatusCode::BAD_REQUEST, "the body is not JSON");
     };
     let tokens = match v.get("prompt") {
-        Some(Value::String(p)) => approximate_tokens(p),
+        Some(Value::String(p)) => shared.tokenizer.encode(p),
         Some(Value::Array(ids)) if !ids.is_empty() && ids.iter().all(Value::is_u64) => {
             ids.iter().filter_map(Value::as_u64).map(|t| t.min(u32::MAX as u64) as u32).collect()
         }
         Some(Value::Array(ps)) if ps.first().is_some_and(Value::is_string) => {
             // A batch of prompts: route on the first (they share one replica).
-            approximate_tokens(ps[0].as_str().unwrap_or(""))
+            shared.tokenizer.encode(ps[0].as_str().unwrap_or(""))
         }
         _ => return error(StatusCode::BAD_REQUEST, "prompt must be a string, strings, or token ids"),
     };
@@ -123,14 +123,13 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
         })
         .collect();
     let text = render_chat(parts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
-    forward(shared, "/v1/chat/completions", body, &v, approximate_tokens(&text)).await
+    let tokens = shared.tokenizer.encode(&text);
+    forward(shared, "/v1/chat/completions", body, &v, tokens).await
 }
 
 async fn forward(shared: Arc<Shared>, path: &str, body: Bytes, v: &Value, tokens: Vec<u32>) -> Response {
-    let (model, retries, backoff_s) = {
-        let c = shared.config.lock().unwrap_or_else(|p| p.into_inner());
-        (c.node.model.clone(), c.node.retries, c.node.overload_backoff_ms as f64 / 1000.0)
-    };
+    let (model, retries, backoff_s) =
+        (&shared.settings.model, shared.settings.retries, shared.settings.overload_backoff_s);
     if !model.is_empty() {
         if let Some(asked) = v.get("model").and_then(Value::as_str) {
             if asked != model {
@@ -164,8 +163,9 @@ async fn forward(shared: Arc<Shared>, path: &str, body: Bytes, v: &Value, tokens
         };
         let m = &shared.metrics;
         m.decision_latency.observe(t0.elapsed().as_secs_f64());
-        let policy = shared.config.lock().unwrap_or_else(|p| p.into_inner()).node.policy.clone();
-        m.decisions.get_or_create(&vec![("policy", policy), ("reason", routed.decision.reason.as_str().into())]).inc();
+        let labels =
+            vec![("policy", shared.settings.policy.clone()), ("reason", routed.decision.reason.as_str().into())];
+        m.decisions.get_or_create(&labels).inc();
         m.prompt_tokens.inc_by(tokens.len() as u64);
         m.predicted_cached_tokens.inc_by((tokens.len() as u64).saturating_sub(routed.decision.uncached_tokens as u64));
         tracing::debug!(replica = %name, reason = routed.decision.reason.as_str(), overlap_blocks = routed.decision.overlap_blocks,

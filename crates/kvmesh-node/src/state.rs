@@ -105,12 +105,33 @@ pub struct Core {
     pub replicas: BTreeMap<String, Replica>,
     unhealthy_after: u32,
     events_silent_s: f64,
+    /// When every replica's routable flag was last re-evaluated (node seconds).
+    synced_at: f64,
+}
+
+/// The node settings the request path reads, fixed at start (no lock).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The policy's name.
+    pub policy: String,
+    /// Served model name; empty accepts any.
+    pub model: String,
+    /// Other replicas tried after a connect failure or backpressure.
+    pub retries: u32,
+    /// How long a 429/503 keeps a replica out, seconds.
+    pub overload_backoff_s: f64,
+    /// Tokens per block.
+    pub block_size: u32,
 }
 
 /// Shared by every task of the node.
 pub struct Shared {
     /// The configuration the node started with, replicas as currently registered.
     pub config: Mutex<NodeConfig>,
+    /// Settings the request path reads.
+    pub settings: Settings,
+    /// Prompt text → token ids.
+    pub tokenizer: crate::tokenize::Tokenizer,
     started: Instant,
     core: Mutex<Core>,
     /// Prometheus metrics.
@@ -153,13 +174,24 @@ impl Shared {
             replicas: BTreeMap::new(),
             unhealthy_after: config.node.unhealthy_after.max(1),
             events_silent_s: config.node.events_silent_s,
+            synced_at: f64::NEG_INFINITY,
         };
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(config.node.request_timeout_s.max(1)))
             .connect_timeout(std::time::Duration::from_secs(2))
             .build()?;
+        let settings = Settings {
+            policy: config.node.policy.clone(),
+            model: config.node.model.clone(),
+            retries: config.node.retries,
+            overload_backoff_s: config.node.overload_backoff_ms as f64 / 1000.0,
+            block_size: config.node.block_size,
+        };
+        let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
         Ok(Shared {
             config: Mutex::new(config),
+            settings,
+            tokenizer,
             started: Instant::now(),
             core: Mutex::new(core),
             metrics: Metrics::new(),
@@ -352,7 +384,13 @@ impl Core {
     /// # Errors
     /// The core's error (no replica ready, …).
     pub fn route(&mut self, req: &RouteRequest, now: f64) -> Result<(Routed, String, String), kvmesh_core::Error> {
-        self.sync_all(now);
+        // Status changes on events, scrapes and failures re-sync their replica at once; only
+        // the passing of time (an overload mark or event silence running out) needs a sweep,
+        // and a sweep every 10 ms is plenty.
+        if now - self.synced_at > 0.01 {
+            self.sync_all(now);
+            self.synced_at = now;
+        }
         let Core { fleet, policy, rng, .. } = self;
         let routed = fleet.route(policy.as_mut(), req, rng, now)?;
         let (name, url) = self
