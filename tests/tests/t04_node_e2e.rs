@@ -184,3 +184,58 @@ async fn client_errors_pass_through_and_all_down_is_a_clear_503() {
     assert!(node.shared.core().fleet.bookings().is_empty());
     node.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_are_added_drained_and_removed_at_runtime() {
+    let engines = engines(2).await;
+    let node = node(&engines[..1]).await;
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap();
+    let mut admin = v1::admin_client::AdminClient::new(channel);
+    let spec = v1::ReplicaSpec {
+        name: "e1".into(),
+        http_endpoint: engines[1].base_url(),
+        kv_events_endpoint: engines[1].kv_events.clone(),
+        replay_endpoint: engines[1].replay.clone(),
+        capacity_blocks: 1000,
+        block_size: 16,
+        ..v1::ReplicaSpec::default()
+    };
+    let added = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()) }).await.unwrap().into_inner();
+    assert_eq!(added.spec.unwrap().name, "e1");
+    let again = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()) }).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::AlreadyExists);
+    let bad = v1::ReplicaSpec { name: "e2".into(), block_size: 32, ..spec.clone() };
+    assert_eq!(
+        admin.add_replica(v1::AddReplicaRequest { spec: Some(bad) }).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+    // The new replica's actor follows its engine: scraped, then routable.
+    eventually("e1 scraped", || node.shared.core().replicas.get("e1").is_some_and(|r| r.engine.is_some())).await;
+    let drained = admin.drain_replica(v1::ReplicaRef { name: "e0".into() }).await.unwrap().into_inner();
+    assert_eq!(drained.status, v1::ReplicaStatus::Draining as i32);
+    let client = reqwest::Client::new();
+    for q in 0..3 {
+        let (status, replica, _) = complete(&client, &node, &format!("drained {q}")).await;
+        assert_eq!((status, replica.as_str()), (200, "e1"), "nothing goes to the draining replica");
+    }
+    admin.remove_replica(v1::ReplicaRef { name: "e1".into() }).await.unwrap();
+    let missing = admin.remove_replica(v1::ReplicaRef { name: "e1".into() }).await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    let names: Vec<String> = admin
+        .list_replicas(v1::ListReplicasRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .replicas
+        .into_iter()
+        .map(|r| r.spec.unwrap().name)
+        .collect();
+    assert_eq!(names, vec!["e0"]);
+    let config = admin.get_config(v1::GetConfigRequest {}).await.unwrap().into_inner().toml;
+    assert!(config.contains("name = \"e0\"") && !config.contains("name = \"e1\""), "{config}");
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}

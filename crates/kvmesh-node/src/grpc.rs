@@ -241,7 +241,7 @@ impl events_server::Events for Services {
             // The same sequence rules as the ZMQ path: a restart or a gap drops the replica's
             // blocks (a pushing client has no replay socket).
             let last = core.replicas.get(&batch.replica_id).and_then(|r| r.last_seq);
-            if last.is_some_and(|l| batch.seq != l + 1) {
+            if last.is_some_and(|l| batch.seq != l.wrapping_add(1)) {
                 core.apply(&batch.replica_id, &KvEvent::Cleared, now);
             }
             summary.batches += 1;

@@ -90,7 +90,7 @@ impl Node {
     /// Stops serving, stops every replica actor, and waits for the servers to end.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        self.supervisor.stop(None);
+        let _ = self.supervisor.stop_and_wait(None, Some(std::time::Duration::from_secs(5))).await;
         for t in self.tasks {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
         }
@@ -108,22 +108,45 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     let mut initial = config.clone();
     initial.replicas.clear();
     let shared = Arc::new(Shared::new(initial)?);
-    let (supervisor, _) =
-        Actor::spawn(None, Supervisor, shared.clone()).await.context("starting the replica supervisor")?;
-    for r in replicas {
-        let name = r.name.clone();
-        ractor::call!(supervisor, SupervisorMsg::Add, r)
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .map_err(|e| anyhow::anyhow!("replica {name}: {e}"))?;
-    }
-    let (stop, stopped) = watch::channel(false);
+    // Ports first: a bind failure must not leave replica actors running.
     let http_listener =
         tokio::net::TcpListener::bind(http_addr).await.with_context(|| format!("binding HTTP {http_addr}"))?;
     let http = http_listener.local_addr()?;
     let grpc_listener =
         tokio::net::TcpListener::bind(grpc_addr).await.with_context(|| format!("binding gRPC {grpc_addr}"))?;
     let grpc = grpc_listener.local_addr()?;
+    let (supervisor, _) =
+        Actor::spawn(None, Supervisor, shared.clone()).await.context("starting the replica supervisor")?;
+    for r in replicas {
+        let name = r.name.clone();
+        let added = ractor::call!(supervisor, SupervisorMsg::Add, r)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .and_then(|r| r.map_err(|e| anyhow::anyhow!("replica {name}: {e}")));
+        if let Err(e) = added {
+            let _ = supervisor.stop_and_wait(None, Some(std::time::Duration::from_secs(5))).await;
+            return Err(e);
+        }
+    }
+    let (stop, stopped) = watch::channel(false);
     let mut tasks = Vec::new();
+    // Bookings end by themselves after the lease (a gRPC client that never calls Release, a
+    // lost proxy task): one sweep a second.
+    let (sweeper, mut s0) = (shared.clone(), stopped.clone());
+    tasks.push(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let now = sweeper.now();
+                    let expired = sweeper.core().fleet.expire(now);
+                    if !expired.is_empty() {
+                        tracing::warn!(bookings = expired.len(), "bookings expired without a release");
+                    }
+                }
+                _ = s0.wait_for(|s| *s) => break,
+            }
+        }
+    }));
     let app = proxy::router(shared.clone());
     let mut s1 = stopped.clone();
     tasks.push(tokio::spawn(async move {

@@ -19,8 +19,9 @@ pub struct Metrics {
     pub decisions: Family<Labels, Counter>,
     /// Time to take one decision (hash + index + score + book), seconds.
     pub decision_latency: Histogram,
-    /// Proxied requests by outcome (`ok`, `client_error`, `upstream_error`, `no_replica`,
-    /// `disconnected`).
+    /// Proxied request attempts by outcome: `ok`, `client_error` (a 4xx passed through),
+    /// `upstream_error`, `backpressure` (a 429/503, retried elsewhere), `no_replica`,
+    /// `disconnected` (the client went away). A retried request counts once per attempt.
     pub requests: Family<Labels, Counter>,
     /// Prompt tokens routed, and the part the chosen replica was believed to hold.
     pub prompt_tokens: Counter,
@@ -32,7 +33,8 @@ pub struct Metrics {
     pub events_applied: Family<Labels, Counter>,
     /// KV events rejected (decoder or index), by replica and reason.
     pub events_rejected: Family<Labels, Counter>,
-    /// Replays and resyncs, by replica and how (`replay`, `clear`).
+    /// Resyncs, by replica and method: `replay` (a gap fully recovered), `replay_incomplete`,
+    /// `clear` (a gap without replay: blocks dropped), `restart` (the sequence went back).
     pub resyncs: Family<Labels, Counter>,
     replica_status: Family<Labels, Gauge>,
     replica_queued_prefill: Family<Labels, Gauge>,
@@ -116,7 +118,12 @@ impl Metrics {
         let now = shared.now();
         {
             let core = shared.core();
+            // Removed replicas must disappear from every per-replica family.
             m.replica_status.clear();
+            m.replica_queued_prefill.clear();
+            m.replica_bookings.clear();
+            m.replica_kv_usage.clear();
+            m.replica_index_blocks.clear();
             for r in core.replicas.values() {
                 let status = core.status(r, now);
                 for s in Status::ALL {

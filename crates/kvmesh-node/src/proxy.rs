@@ -10,8 +10,9 @@
 
 use crate::state::Shared;
 use axum::body::{Body, Bytes};
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -31,6 +32,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        // Long multi-turn and multimodal bodies exceed axum's 2 MB default.
+        .layer(DefaultBodyLimit::max(64 << 20))
         .with_state(shared)
 }
 
@@ -85,7 +88,32 @@ impl Drop for Booking {
     }
 }
 
-async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+/// Request headers passed to the engine: everything but hop-by-hop headers and the ones the
+/// client connection defines (`Authorization` for vLLM's `--api-key` included).
+fn upstream_headers(headers: &HeaderMap) -> HeaderMap {
+    const SKIP: [&str; 9] = [
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (k, v) in headers {
+        if !SKIP.contains(&k.as_str()) {
+            out.append(k.clone(), v.clone());
+        }
+    }
+    // The body was read as JSON whatever the client declared; say so to the engine.
+    out.entry(header::CONTENT_TYPE).or_insert(HeaderValue::from_static("application/json"));
+    out
+}
+
+async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let Ok(v) = serde_json::from_slice::<Value>(&body) else {
         return error(StatusCode::BAD_REQUEST, "the body is not JSON");
     };
@@ -100,10 +128,10 @@ async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
         }
         _ => return error(StatusCode::BAD_REQUEST, "prompt must be a string, strings, or token ids"),
     };
-    forward(shared, "/v1/completions", body, &v, tokens).await
+    forward(shared, "/v1/completions", &headers, body, &v, tokens).await
 }
 
-async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let Ok(v) = serde_json::from_slice::<Value>(&body) else {
         return error(StatusCode::BAD_REQUEST, "the body is not JSON");
     };
@@ -124,10 +152,18 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
         .collect();
     let text = render_chat(parts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
     let tokens = shared.tokenizer.encode(&text);
-    forward(shared, "/v1/chat/completions", body, &v, tokens).await
+    forward(shared, "/v1/chat/completions", &headers, body, &v, tokens).await
 }
 
-async fn forward(shared: Arc<Shared>, path: &str, body: Bytes, v: &Value, tokens: Vec<u32>) -> Response {
+async fn forward(
+    shared: Arc<Shared>,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+    v: &Value,
+    tokens: Vec<u32>,
+) -> Response {
+    let headers = upstream_headers(headers);
     let (model, retries, backoff_s) =
         (&shared.settings.model, shared.settings.retries, shared.settings.overload_backoff_s);
     if !model.is_empty() {
@@ -176,16 +212,10 @@ async fn forward(shared: Arc<Shared>, path: &str, body: Bytes, v: &Value, tokens
             replica: name.clone(),
             first_token_seen: false,
         };
-        let sent = shared
-            .http
-            .post(format!("{url}{path}"))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body.clone())
-            .send()
-            .await;
+        let sent = shared.http.post(format!("{url}{path}")).headers(headers.clone()).body(body.clone()).send().await;
         let resp = match sent {
             Ok(r) => r,
-            Err(e) if e.is_connect() || e.is_timeout() && !booking.first_token_seen => {
+            Err(e) if e.is_connect() => {
                 last_failure = format!("replica {name} unreachable ({e})");
                 tracing::warn!(replica = %name, error = %e, "upstream connect failed; trying another replica");
                 shared.core().record_down(&name, e.to_string(), shared.now());
@@ -193,8 +223,10 @@ async fn forward(shared: Arc<Shared>, path: &str, body: Bytes, v: &Value, tokens
                 continue;
             }
             Err(e) => {
+                // The replica took the request: retrying elsewhere would run it twice.
                 booking.release(None, "upstream_error");
-                return error(StatusCode::BAD_GATEWAY, format!("replica {name} failed: {e}"));
+                let code = if e.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
+                return error(code, format!("replica {name} failed: {e}"));
             }
         };
         let status = resp.status();
@@ -313,7 +345,11 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
         v.into_iter().map(|(_, n, u)| (n, u)).collect()
     };
     for (name, url) in urls {
-        match shared.http.get(format!("{}/v1/models", url.trim_end_matches('/'))).send().await {
+        let get = shared
+            .http
+            .get(format!("{}/v1/models", url.trim_end_matches('/')))
+            .timeout(std::time::Duration::from_secs(5));
+        match get.send().await {
             Ok(r) if r.status().is_success() => {
                 let ct = r.headers().get(reqwest::header::CONTENT_TYPE).cloned();
                 if let Ok(b) = r.bytes().await {

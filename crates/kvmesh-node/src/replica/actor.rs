@@ -4,7 +4,9 @@ use super::ingest::{self, Source};
 use super::scrape;
 use crate::config::ReplicaConfig;
 use crate::state::Shared;
+use futures_util::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -66,9 +68,12 @@ impl Actor for ReplicaActor {
             };
             let (shared, me) = (args.shared.clone(), myself.clone());
             tasks.push(tokio::spawn(async move {
-                let why = match ingest::run(shared, source).await {
-                    Ok(()) => "ended".to_string(),
-                    Err(e) => e.to_string(),
+                // A panic (a bug) ends the task like an error does: the actor fails and the
+                // supervisor restarts it, instead of the replica silently going unfollowed.
+                let why = match AssertUnwindSafe(ingest::run(shared, source)).catch_unwind().await {
+                    Ok(Ok(())) => "ended".to_string(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "panicked".to_string(),
                 };
                 let _ = me.cast(ReplicaMsg::TaskEnded("kv_events", why));
             }));
@@ -76,8 +81,11 @@ impl Actor for ReplicaActor {
         let (shared, me, name, url) =
             (args.shared.clone(), myself.clone(), args.config.name.clone(), args.config.metrics());
         tasks.push(tokio::spawn(async move {
-            scrape::run(shared, name, url, interval).await;
-            let _ = me.cast(ReplicaMsg::TaskEnded("scrape", "ended".into()));
+            let why = match AssertUnwindSafe(scrape::run(shared, name, url, interval)).catch_unwind().await {
+                Ok(()) => "ended",
+                Err(_) => "panicked",
+            };
+            let _ = me.cast(ReplicaMsg::TaskEnded("scrape", why.into()));
         }));
         Ok(ReplicaTasks { tasks })
     }

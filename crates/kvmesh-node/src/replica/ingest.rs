@@ -82,7 +82,7 @@ fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
 async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) {
     let last = shared.core().replicas.get(&source.name).and_then(|r| r.last_seq);
     match last {
-        Some(l) if seq == l + 1 => {}
+        Some(l) if seq == l.wrapping_add(1) => {}
         None if seq > 0 => {
             // Joined a running engine: what it cached before is only in its replay buffer.
             if let Some(ep) = &source.replay {
@@ -94,11 +94,15 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) {
         Some(l) if seq <= l => {
             tracing::warn!(replica = %source.name, seq, last = l, "sequence restarted: engine restart, dropping its blocks");
             resync_by_clearing(shared, &source.name, "restart");
+            // The restarted engine's messages before this one are in its replay buffer.
+            if let (true, Some(ep)) = (seq > 0, &source.replay) {
+                replay(shared, source, ep, 0, seq).await;
+            }
         }
         Some(l) => {
             tracing::warn!(replica = %source.name, seq, last = l, "sequence gap: recovering {} messages", seq - l - 1);
             let recovered = match &source.replay {
-                Some(ep) => replay(shared, source, ep, l + 1, seq).await,
+                Some(ep) => replay(shared, source, ep, l.wrapping_add(1), seq).await,
                 None => false,
             };
             if !recovered {

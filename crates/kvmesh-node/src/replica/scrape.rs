@@ -15,16 +15,13 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let result = scrape(&shared, &url, interval).await;
+        let fetched = scrape(&shared, &url, interval).await;
         let now = shared.now();
+        // Parse before taking the core lock: a vLLM page runs to hundreds of kilobytes.
+        let result = fetched.and_then(|text| parse_engine_metrics(&text, now).map_err(|e| e.to_string()));
         let mut core = shared.core();
         match result {
-            Ok(text) => match parse_engine_metrics(&text, now) {
-                Ok((_, m)) => core.record_metrics(&name, m, now),
-                Err(e) => {
-                    core.record_failure(&name, e.to_string(), now);
-                }
-            },
+            Ok((_, m)) => core.record_metrics(&name, m, now),
             Err(e) => {
                 if let Some(status) = core.record_failure(&name, e.clone(), now) {
                     tracing::debug!(replica = %name, error = %e, status = status.as_str(), "scrape failed");

@@ -105,6 +105,10 @@ impl Actor for Supervisor {
                 let _ = reply.send(result);
             }
             SupervisorMsg::Restart(name) => {
+                // Removed (and perhaps added again) since the failure: its actor is current.
+                if state.children.contains_key(&name) {
+                    return Ok(());
+                }
                 let config = state.shared.core().replicas.get(&name).map(|r| r.config.clone());
                 if let Some(config) = config {
                     if let Err(e) = start_child(&me, state, config).await {
@@ -133,7 +137,9 @@ impl Actor for Supervisor {
         let history = state.restarts.entry(name.clone()).or_default();
         history.retain(|t| t.elapsed() < RESTART_WINDOW);
         if history.len() >= MAX_RESTARTS {
-            tracing::error!(replica = %name, reason = %why, "replica actor keeps failing; left stopped");
+            tracing::error!(replica = %name, reason = %why, "replica actor keeps failing; left stopped and out of rotation");
+            let now = state.shared.now();
+            state.shared.core().record_down(&name, format!("replica actor keeps failing: {why}"), now);
             return Ok(());
         }
         history.push(Instant::now());
