@@ -226,3 +226,25 @@ async fn the_metrics_page_is_valid_openmetrics() {
     node.stop().await;
     e.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_dies_is_routed_around() {
+    let (a, b) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
+    let node = node(vec![replica(0, &a, true), replica(1, &b, true)], |s| s.policy = "round_robin".into()).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/admin/faults", a.base_url()))
+        .json(&json!({"die": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    a.stopped().await;
+    for i in 0..4 {
+        assert_eq!(send(&node, i, 1).await, 200, "request {i}");
+    }
+    assert_eq!(status(&node, "e0"), Status::Unhealthy);
+    assert!(node.shared.core().fleet.bookings().is_empty());
+    node.stop().await;
+    a.stop().await;
+    b.stop().await;
+}

@@ -20,6 +20,8 @@ pub struct Faults {
     pub status: Option<u16>,
     /// Accept inference requests and never answer.
     pub hang: bool,
+    /// Die: close every socket and stop (the binary exits), as a crashed engine does.
+    pub die: bool,
 }
 
 /// Shared fault switches.

@@ -32,6 +32,8 @@ pub struct AppState {
     pub profile: EngineProfile,
     /// Tokens per block.
     pub block_size: u32,
+    /// Stops the whole engine (the `die` fault).
+    pub stop: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// The routes.
@@ -310,5 +312,13 @@ async fn get_faults(State(s): State<AppState>) -> Json<Faults> {
 async fn set_faults(State(s): State<AppState>, Json(f): Json<Faults>) -> Json<Faults> {
     tracing::warn!(faults = ?f, "faults set");
     s.faults.set(f.clone());
+    if f.die {
+        // Answer first, then go: the stop closes the listener after this response.
+        let stop = s.stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let _ = stop.send(true);
+        });
+    }
     Json(f)
 }

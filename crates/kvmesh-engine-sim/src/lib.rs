@@ -81,7 +81,7 @@ pub struct EngineSim {
     pub replay: String,
     /// Shared fault switches.
     pub faults: Arc<faults::FaultState>,
-    stop: watch::Sender<bool>,
+    stop: Arc<watch::Sender<bool>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -89,6 +89,14 @@ impl EngineSim {
     /// The base URL of its OpenAI API.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.http)
+    }
+
+    /// Resolves once the engine has stopped (the `die` fault, or [`EngineSim::stop`]).
+    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
     }
 
     /// Stops serving and closes its sockets (a dead engine, as seen by a router).
@@ -111,6 +119,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
     anyhow::ensure!(config.block_size > 0, "block size must be positive");
     let faults = Arc::new(faults::FaultState::new(config.faults.clone()));
     let (stop, stopped) = watch::channel(false);
+    let stop = Arc::new(stop);
     let publisher = publisher::start(&config, faults.clone(), stopped.clone()).await?;
     let (engine, submit) = engine_task::spawn(&config, publisher.sender.clone(), stopped.clone())?;
     let listener =
@@ -123,6 +132,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
         faults: faults.clone(),
         profile: config.profile.clone(),
         block_size: config.block_size,
+        stop: stop.clone(),
     });
     let mut stop_http = stopped.clone();
     let server = tokio::spawn(async move {

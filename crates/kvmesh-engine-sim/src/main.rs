@@ -72,7 +72,11 @@ async fn main() -> anyhow::Result<()> {
         engine.kv_events,
         engine.replay
     );
-    tokio::signal::ctrl_c().await?;
+    let died = engine.stopped();
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = died => println!("kvmesh-engine-sim: died (fault injected)"),
+    }
     engine.stop().await;
     Ok(())
 }
