@@ -173,7 +173,7 @@ async fn c14_clients_that_disconnect_leave_no_booking() {
     for i in 0..50 {
         let mut r = client
             .post(format!("http://{}/v1/completions", node.http))
-            .json(&json!({"model": "m", "prompt": prompt(i, 2), "max_tokens": 500, "stream": true}))
+            .json(&json!({"model": "m", "prompt": prompt(i, 2), "max_tokens": 20_000, "stream": true}))
             .send()
             .await
             .unwrap();
@@ -183,6 +183,11 @@ async fn c14_clients_that_disconnect_leave_no_booking() {
     }
     eventually("every booking released", || node.shared.core().fleet.bookings().is_empty()).await;
     assert!(metric(&node, "kvmesh_requests_total").contains("outcome=\"disconnected\""));
+    // The upstream request was dropped too, and the engine aborted it: nothing left running.
+    eventually("the engine idle", || {
+        node.shared.core().replicas["e0"].engine.is_some_and(|m| m.running == 0 && m.waiting == 0)
+    })
+    .await;
     node.stop().await;
     e.stop().await;
 }

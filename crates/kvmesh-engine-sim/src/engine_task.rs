@@ -34,7 +34,7 @@ pub struct Submission {
     pub tokens: Arc<[u32]>,
     /// Tokens to generate (at least 1).
     pub output_tokens: u32,
-    /// Where its outputs go; dropping the receiver abandons it (its tokens are discarded).
+    /// Where its outputs go; dropping the receiver aborts the request at its next token.
     pub outputs: mpsc::UnboundedSender<Output>,
 }
 
@@ -121,15 +121,23 @@ pub fn spawn(
                 _ = stop.wait_for(|s| *s) => break,
             }
             let out = engine.finish_step();
+            // A client that went away drops its receiver: abort its request, as vLLM does.
+            let mut gone = Vec::new();
             for &(id, cached_tokens) in &out.first_tokens {
-                if let Some(w) = waiters.get(&id) {
-                    let _ = w.send(Output::FirstToken { cached_tokens });
+                if waiters.get(&id).is_some_and(|w| w.send(Output::FirstToken { cached_tokens }).is_err()) {
+                    gone.push(id);
                 }
             }
-            for id in &out.decoded {
-                if let Some(w) = waiters.get(id) {
-                    let _ = w.send(Output::Token);
+            for &id in &out.decoded {
+                if waiters.get(&id).is_some_and(|w| w.send(Output::Token).is_err()) {
+                    gone.push(id);
                 }
+            }
+            for id in gone {
+                if !out.finished.contains(&id) {
+                    engine.abort(id);
+                }
+                waiters.remove(&id);
             }
             for id in &out.finished {
                 if let Some(w) = waiters.remove(id) {

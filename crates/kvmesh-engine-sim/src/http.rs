@@ -158,8 +158,10 @@ async fn generate(s: AppState, p: Parsed, chat: bool) -> Response {
             Bytes::from(format!("data: {v}\n\n"))
         };
         let stream = async_stream(move |emit| async move {
+            // `emit` fails once the client has gone: stop, dropping `rx`, so the engine aborts
+            // the request at its next token.
             while let Some(out) = rx.recv().await {
-                match out {
+                let sent = match out {
                     Output::FirstToken { .. } => emit(chunk(Some(TOKEN_TEXT), None, true)),
                     Output::Token => emit(chunk(Some(TOKEN_TEXT), None, false)),
                     Output::Done => {
@@ -172,6 +174,9 @@ async fn generate(s: AppState, p: Parsed, chat: bool) -> Response {
                         emit(Bytes::from(format!("data: {e}\n\n")));
                         break;
                     }
+                };
+                if !sent {
+                    break;
                 }
             }
         });
@@ -216,13 +221,12 @@ async fn generate(s: AppState, p: Parsed, chat: bool) -> Response {
 /// generator, so the response starts before the request completes).
 fn async_stream<F, Fut>(body: F) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>>
 where
-    F: FnOnce(Box<dyn Fn(Bytes) + Send>) -> Fut,
+    F: FnOnce(Box<dyn Fn(Bytes) -> bool + Send>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
-    let emit: Box<dyn Fn(Bytes) + Send> = Box::new(move |b| {
-        let _ = tx.send(b);
-    });
+    // `emit` returns false once the response body was dropped (the client went away).
+    let emit: Box<dyn Fn(Bytes) -> bool + Send> = Box::new(move |b| tx.send(b).is_ok());
     tokio::spawn(body(emit));
     futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) })
 }

@@ -268,6 +268,26 @@ impl Engine {
         Some(p.step_overhead_s + p.prefill_s_per_token * prefill as f64 + p.decode_s_per_token * decode as f64)
     }
 
+    /// Aborts request `id` (its client went away, as vLLM aborts on disconnect): it leaves the
+    /// queue or the batch, and its blocks are freed (cached prompt blocks stay cached,
+    /// evictable). Returns whether it was here.
+    pub fn abort(&mut self, id: u64) -> bool {
+        if let Some(i) = self.waiting.iter().position(|s| s.req.id == id) {
+            let seq = self.waiting.remove(i).expect("position is in range");
+            self.pending_prefill -= seq.remaining_prefill();
+            return true;
+        }
+        if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
+            let seq = self.running.remove(i);
+            // Tokens scheduled in the step in flight were counted out of the queue only when
+            // the step finishes, which this request will not see.
+            self.pending_prefill -= seq.remaining_prefill();
+            self.free(&seq);
+            return true;
+        }
+        false
+    }
+
     /// Drops the request at the head of the queue (one that cannot be scheduled even on an
     /// idle engine); returns its id.
     pub fn reject_head(&mut self) -> Option<u64> {

@@ -196,3 +196,19 @@ fn step_collecting_removals(e: &mut Engine, removed: &mut Vec<u64>, id: u64) -> 
     }
     out.finished.contains(&id)
 }
+
+#[test]
+fn an_aborted_request_frees_its_blocks_and_leaves_the_queue() {
+    let mut e = engine(40, 4);
+    e.enqueue(req(1, 0..8, 20));
+    e.enqueue(req(2, 100..108, 1));
+    // One step: request 1 gets the whole 4-token budget; request 2 waits.
+    let _ = step(&mut e);
+    assert_eq!((e.metrics().0, e.metrics().1, e.pending_prefill()), (1, 1, 12));
+    assert!(e.abort(2), "a waiting request");
+    assert_eq!((e.metrics().1, e.pending_prefill()), (0, 4));
+    assert!(e.abort(1), "a running request");
+    assert_eq!((e.metrics(), e.pending_prefill()), ((0, 0, 0.0), 0));
+    assert!(!e.has_work());
+    assert!(!e.abort(1), "already gone");
+}
