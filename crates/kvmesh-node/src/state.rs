@@ -164,6 +164,11 @@ impl Shared {
         let fleet_config = FleetConfig {
             block_size: config.node.block_size,
             namespace: Namespace { model: config.node.model.clone(), ..Namespace::default() },
+            // A per-process secret: engine ids from the network cannot be chosen to collide.
+            index_seed: {
+                use std::hash::{BuildHasher, Hasher};
+                std::collections::hash_map::RandomState::new().build_hasher().finish()
+            },
             ..FleetConfig::default()
         };
         let fleet = Fleet::new(fleet_config).map_err(|e| anyhow::anyhow!("{e}"))?;

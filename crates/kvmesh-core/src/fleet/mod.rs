@@ -68,6 +68,10 @@ pub struct FleetConfig {
     /// replicas 91.5 → 82.0 ms. 0.85–0.92 did as well below capacity (within 0.5 %) and
     /// differently past it, where small changes move p99 by tens of percent either way.
     pub prefill_efficiency: f64,
+    /// Seed of the prefix index's hash tables (see [`crate::PrefixIndex::with_seed`]). A node
+    /// sets a random one, since engine ids come from the network; default 0 keeps simulations
+    /// reproducible.
+    pub index_seed: u64,
 }
 
 impl Default for FleetConfig {
@@ -83,6 +87,7 @@ impl Default for FleetConfig {
             metrics_fresh_s: 5.0,
             learn_prefill_rate: false,
             prefill_efficiency: 0.95,
+            index_seed: 0,
         }
     }
 }
@@ -158,7 +163,7 @@ impl Fleet {
         config.validate()?;
         let hasher = BlockHasher::new(config.block_size, &config.namespace)?;
         Ok(Fleet {
-            index: PrefixIndex::new(hasher),
+            index: PrefixIndex::with_seed(hasher, config.index_seed),
             record: RoutingRecord::new(config.record_ttl_s, config.record_max_entries),
             bookings: Bookings::new(config.lease_s, config.block_size)?,
             hasher,

@@ -40,12 +40,27 @@ pub struct PrefixIndex {
     arena: Arena,
     replicas: Vec<Option<ReplicaBlocks>>,
     entries: usize,
+    seed: u64,
 }
 
 impl PrefixIndex {
     /// An empty index hashing blocks with `hasher` (its block size is the one events must have).
     pub fn new(hasher: BlockHasher) -> Self {
-        PrefixIndex { hasher, blocks: Table::default(), arena: Arena::default(), replicas: Vec::new(), entries: 0 }
+        Self::with_seed(hasher, 0)
+    }
+
+    /// Like [`PrefixIndex::new`], with the index's hash tables keyed by `seed`. Engine block
+    /// ids arrive from the network; with a secret seed nobody can pick ids that degrade the
+    /// tables (a node passes a random seed; the simulator keeps 0 for reproducible runs).
+    pub fn with_seed(hasher: BlockHasher, seed: u64) -> Self {
+        PrefixIndex {
+            hasher,
+            blocks: Table::with_seed(seed),
+            arena: Arena::default(),
+            replicas: Vec::new(),
+            entries: 0,
+            seed,
+        }
     }
 
     /// The hasher whose block size and namespace this index uses.
@@ -152,7 +167,8 @@ impl PrefixIndex {
         if self.replicas.len() <= i {
             self.replicas.resize_with(i + 1, || None);
         }
-        self.replicas[i].get_or_insert_with(ReplicaBlocks::default)
+        let seed = self.seed;
+        self.replicas[i].get_or_insert_with(|| ReplicaBlocks::with_seed(seed))
     }
 
     fn store(&mut self, replica: ReplicaId, s: &Stored) -> ApplyOutcome {
@@ -244,7 +260,7 @@ impl PrefixIndex {
         let Some(Some(rb)) = self.replicas.get_mut(replica.index()) else { return 0 };
         let mut cleared = 0;
         for medium in Medium::ALL {
-            let map = std::mem::take(&mut rb.engine[medium.index()]);
+            let map = std::mem::replace(&mut rb.engine[medium.index()], Table::with_seed(self.seed));
             for (_, block) in map.iter() {
                 let Some(h) = self.blocks.get_mut(block) else { continue };
                 let before =

@@ -28,6 +28,11 @@ pub struct IndexHealth {
 }
 
 impl ReplicaBlocks {
+    /// Empty state whose tables mix engine ids with `seed`.
+    pub(crate) fn with_seed(seed: u64) -> Self {
+        ReplicaBlocks { engine: [Table::with_seed(seed), Table::with_seed(seed)], health: IndexHealth::default() }
+    }
+
     /// Distinct (engine id, medium) mappings held.
     pub(crate) fn mappings(&self) -> usize {
         self.engine[0].len() + self.engine[1].len()

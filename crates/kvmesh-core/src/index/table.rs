@@ -12,9 +12,9 @@
 //! `m` with no wrap-around (a few slack slots after the last bucket take overflow). So a lookup
 //! stops at the first slot holding a larger `m` — a miss costs about as much as a hit, where
 //! plain linear probing scans to the end of the run — deletion shifts the run back (no
-//! tombstones to rot under store/remove churn), and resizing is one sequential pass. `m == 0`
-//! (key 0) marks an empty slot; a real key 0 (an engine may send any id) is kept beside the
-//! array.
+//! tombstones to rot under store/remove churn), and resizing is one sequential pass. Keys are
+//! XORed with a per-table seed before mixing; `m == 0` (the key equal to the seed) marks an
+//! empty slot, and that key's value is kept beside the array.
 
 /// Load at which the table grows.
 const MAX_LOAD: f64 = 0.8;
@@ -70,11 +70,20 @@ pub(crate) struct Table<V> {
     buckets: usize,
     /// Entries in `slots` (not counting `zero`).
     len: usize,
-    /// The value of key 0, which cannot live in `slots`.
+    /// The value of the key `seed` (whose `m` is 0, the empty marker), kept beside `slots`.
     zero: Option<V>,
+    /// XORed into every key before mixing: with a secret seed, nobody can choose keys that
+    /// all land at the top of the array (no wrap-around there, so they would force it to grow
+    /// and every insert to shift a long run). Engine ids come from the network.
+    seed: u64,
 }
 
 impl<V: Copy + Default> Table<V> {
+    /// An empty table mixing keys with `seed`.
+    pub(crate) fn with_seed(seed: u64) -> Self {
+        Table { slots: Vec::new(), buckets: 0, len: 0, zero: None, seed }
+    }
+
     /// Entries held.
     pub(crate) fn len(&self) -> usize {
         self.len + self.zero.is_some() as usize
@@ -88,20 +97,20 @@ impl<V: Copy + Default> Table<V> {
     /// The value of `key`, if present.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<&V> {
-        if key == 0 {
+        if key == self.seed {
             return self.zero.as_ref();
         }
-        let i = self.find(mix(key)).ok()?;
+        let i = self.find(mix(key ^ self.seed)).ok()?;
         Some(&self.slots[i].value)
     }
 
     /// The value of `key` for update, if present.
     #[inline]
     pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut V> {
-        if key == 0 {
+        if key == self.seed {
             return self.zero.as_mut();
         }
-        let i = self.find(mix(key)).ok()?;
+        let i = self.find(mix(key ^ self.seed)).ok()?;
         Some(&mut self.slots[i].value)
     }
 
@@ -113,11 +122,11 @@ impl<V: Copy + Default> Table<V> {
 
     /// The value of `key`, inserting `value` first if absent; and whether it was inserted.
     pub(crate) fn entry(&mut self, key: u64, value: V) -> (&mut V, bool) {
-        if key == 0 {
+        if key == self.seed {
             let new = self.zero.is_none();
             return (self.zero.get_or_insert(value), new);
         }
-        let m = mix(key);
+        let m = mix(key ^ self.seed);
         if (self.len + 1) as f64 > self.buckets as f64 * MAX_LOAD {
             self.resize(((self.len + 1) as f64 / TARGET_LOAD).ceil() as usize);
         }
@@ -142,10 +151,10 @@ impl<V: Copy + Default> Table<V> {
 
     /// Removes `key`; returns its value.
     pub(crate) fn remove(&mut self, key: u64) -> Option<V> {
-        if key == 0 {
+        if key == self.seed {
             return self.zero.take();
         }
-        let mut hole = self.find(mix(key)).ok()?;
+        let mut hole = self.find(mix(key ^ self.seed)).ok()?;
         let value = self.slots[hole].value;
         // Pull the rest of the run back while each next entry may sit one slot nearer its home.
         loop {
@@ -166,8 +175,8 @@ impl<V: Copy + Default> Table<V> {
 
     /// Every `(key, value)`, in no particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
-        let zero = self.zero.map(|v| (0, v));
-        self.slots.iter().filter(|s| s.m != 0).map(|s| (unmix(s.m), s.value)).chain(zero)
+        let zero = self.zero.map(|v| (self.seed, v));
+        self.slots.iter().filter(|s| s.m != 0).map(|s| (unmix(s.m) ^ self.seed, s.value)).chain(zero)
     }
 
     #[inline]
@@ -291,15 +300,15 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         // A small key space (plus 0) so inserts, overwrites and removals collide often; wide
-        // keys too, so probe runs wrap around the end of the array.
+        // keys too, so probe runs reach the slack at the end of the array.
         let key = prop_oneof![0u64..64, any::<u64>()];
         prop_oneof![(key.clone(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)), key.prop_map(Op::Remove)]
     }
 
     proptest! {
         #[test]
-        fn behaves_like_a_hash_map(ops in proptest::collection::vec(op(), 0..600)) {
-            let mut t = Table::<u32>::default();
+        fn behaves_like_a_hash_map(ops in proptest::collection::vec(op(), 0..600), seed in prop_oneof![Just(0u64), 0u64..64, any::<u64>()]) {
+            let mut t = Table::<u32>::with_seed(seed);
             let mut model = HashMap::new();
             for op in ops {
                 match op {
