@@ -253,3 +253,27 @@ async fn an_engine_that_dies_is_routed_around() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_engine_recovers_and_its_events_resume() {
+    let first = engine(16, Faults::default()).await;
+    let node = node(vec![replica(0, &first, true)], |_| {}).await;
+    assert_eq!(send(&node, 1, 3).await, 200);
+    eventually("blocks", || blocks(&node, "e0") == 3).await;
+    // The engine dies: unhealthy once the scrapes fail.
+    let (http, kv_events, replay) = (first.http, first.kv_events.clone(), first.replay.clone());
+    first.stop().await;
+    eventually("unhealthy", || status(&node, "e0") == Status::Unhealthy).await;
+    // It comes back on the same addresses, with a fresh cache and its sequence from 0.
+    let second =
+        kvmesh_engine_sim::start(EngineSimConfig { http, kv_events, replay, speed: 5.0, ..EngineSimConfig::default() })
+            .await
+            .unwrap();
+    eventually("ready again", || status(&node, "e0") == Status::Ready).await;
+    assert_eq!(send(&node, 2, 4).await, 200);
+    // The SUB reconnected; the sequence went back to 0, so the old engine's blocks were
+    // dropped and only the new one's remain.
+    eventually("new blocks only", || blocks(&node, "e0") == 4).await;
+    node.stop().await;
+    second.stop().await;
+}

@@ -34,7 +34,8 @@ pub struct Metrics {
     /// KV events rejected (decoder or index), by replica and reason.
     pub events_rejected: Family<Labels, Counter>,
     /// Resyncs, by replica and method: `replay` (a gap fully recovered), `replay_incomplete`,
-    /// `clear` (a gap without replay: blocks dropped), `restart` (the sequence went back).
+    /// `clear` (a gap without replay: blocks dropped), `restart` (the sequence went back),
+    /// `recovery` (the replica came back from unhealthy).
     pub resyncs: Family<Labels, Counter>,
     replica_status: Family<Labels, Gauge>,
     replica_queued_prefill: Family<Labels, Gauge>,

@@ -87,6 +87,10 @@ pub struct Replica {
     pub last_served_at: Option<f64>,
     /// A gap or restart was found and the replica is being resynced.
     pub resyncing: bool,
+    /// The replica came back after being unhealthy: it may be a new engine whose first
+    /// messages went out before this node's subscriber reconnected, so its blocks must be
+    /// rebuilt (the ingest task takes this).
+    pub resync_requested: bool,
     /// Event counts.
     pub events_applied: u64,
     /// Events rejected by the decoder or the index.
@@ -241,6 +245,7 @@ impl Shared {
             last_event_at: None,
             last_served_at: None,
             resyncing: false,
+            resync_requested: false,
             events_applied: 0,
             events_rejected: 0,
         };
@@ -361,7 +366,11 @@ impl Core {
 
     /// Records a good scrape.
     pub fn record_metrics(&mut self, name: &str, metrics: EngineMetrics, now: f64) {
+        let threshold = self.unhealthy_after;
         let Some(r) = self.replicas.get_mut(name) else { return };
+        if r.failures >= threshold {
+            r.resync_requested = true;
+        }
         r.failures = 0;
         r.last_error = None;
         r.engine = Some(metrics);

@@ -51,12 +51,22 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
         backoff = Duration::from_millis(100);
         sub.subscribe("").await?;
         tracing::info!(replica = %source.name, endpoint = %source.endpoint, "following KV events");
+        let mut check = tokio::time::interval(Duration::from_millis(250));
         loop {
-            let msg = match sub.recv().await {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(replica = %source.name, error = %e, "KV-event socket error; reconnecting");
-                    break;
+            let msg = tokio::select! {
+                m = sub.recv() => match m {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(replica = %source.name, error = %e, "KV-event socket error; reconnecting");
+                        break;
+                    }
+                },
+                _ = check.tick() => {
+                    let requested = shared.core().replicas.get_mut(&source.name).is_some_and(|r| std::mem::take(&mut r.resync_requested));
+                    if requested {
+                        resync_after_recovery(&shared, &source).await;
+                    }
+                    continue;
                 }
             };
             let frames: Vec<bytes::Bytes> = msg.into_vec();
@@ -113,6 +123,20 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) {
     apply(shared, &source.name, seq, &batch);
 }
 
+/// The replica recovered from being unhealthy (perhaps a restarted engine whose first messages
+/// were published before this subscriber reconnected): drop its blocks and rebuild them from
+/// its replay buffer when it has one, else from its next events.
+async fn resync_after_recovery(shared: &Shared, source: &Source) {
+    tracing::info!(replica = %source.name, "replica recovered: rebuilding its blocks");
+    resync_by_clearing(shared, &source.name, "recovery");
+    if let Some(r) = shared.core().replicas.get_mut(&source.name) {
+        r.last_seq = None;
+    }
+    if let Some(ep) = &source.replay {
+        replay(shared, source, ep, 0, u64::MAX).await;
+    }
+}
+
 /// Drops the replica's blocks so they rebuild from its next events.
 fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
     let now = shared.now();
@@ -161,8 +185,8 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
     }
 }
 
-/// Asks the replay socket for `from..to` and applies what comes back. True when every
-/// missing message was recovered.
+/// Asks the replay socket for `from..to` (`to` = `u64::MAX`: everything it has) and applies
+/// what comes back, in sequence. True when every message in `from..to` was recovered.
 async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64) -> bool {
     if let Some(r) = shared.core().replicas.get_mut(&source.name) {
         r.resyncing = true;
@@ -203,7 +227,7 @@ async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to:
             }
         }
     }
-    let complete = next == to;
+    let complete = to == u64::MAX || next == to;
     let how = if complete { "replay" } else { "replay_incomplete" };
     shared.metrics.resyncs.get_or_create(&vec![("replica", source.name.clone()), ("method", how.to_string())]).inc();
     complete
