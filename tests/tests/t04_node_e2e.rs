@@ -239,3 +239,42 @@ async fn replicas_are_added_drained_and_removed_at_runtime() {
         e.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_replica_actor_is_restarted_alone_and_reload_syncs_the_replica_list() {
+    use kvmesh_node::replica::actor::ReplicaMsg;
+    use kvmesh_node::replica::SupervisorMsg;
+    let engines = engines(2).await;
+    let node = node(&engines).await;
+    let children = || async { ractor::call!(node.supervisor, SupervisorMsg::Children).unwrap() };
+    let before = children().await;
+    assert_eq!(before.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), vec!["e0", "e1"]);
+    // e0's actor fails (as when one of its tasks dies): the supervisor restarts it after its
+    // backoff; e1's actor is untouched.
+    before[0].1.cast(ReplicaMsg::TaskEnded("test", "injected failure".into())).unwrap();
+    let t0 = Instant::now();
+    let after = loop {
+        let now = children().await;
+        if now.len() == 2 && now[0].1.get_id() != before[0].1.get_id() {
+            break now;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "not restarted: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(after[1].1.get_id(), before[1].1.get_id(), "the other replica's actor kept running");
+    // A reload with e1 removed and e2 added stops one actor and starts another.
+    let mut config = node.shared.config.lock().unwrap().clone();
+    config.replicas.retain(|r| r.name != "e1");
+    let mut e2 = config.replicas[0].clone();
+    e2.name = "e2".into();
+    e2.http = engines[1].base_url();
+    e2.kv_events = Some(engines[1].kv_events.clone());
+    config.replicas.push(e2);
+    node.reload(&config).await.unwrap();
+    let names: Vec<String> = children().await.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, vec!["e0", "e2"]);
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}

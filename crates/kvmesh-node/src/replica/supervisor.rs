@@ -29,6 +29,8 @@ pub enum SupervisorMsg {
     Remove(String, RpcReplyPort<Result<(), String>>),
     /// Start a replica's actor again (after a failure).
     Restart(String),
+    /// The running replica actors, by replica name (status pages, tests).
+    Children(RpcReplyPort<Vec<(String, ActorRef<ReplicaMsg>)>>),
 }
 
 /// Children and their restart history.
@@ -103,6 +105,11 @@ impl Actor for Supervisor {
                     tracing::info!(replica = %name, "replica removed");
                 }
                 let _ = reply.send(result);
+            }
+            SupervisorMsg::Children(reply) => {
+                let mut children: Vec<_> = state.children.iter().map(|(n, a)| (n.clone(), a.clone())).collect();
+                children.sort_by(|a, b| a.0.cmp(&b.0));
+                let _ = reply.send(children);
             }
             SupervisorMsg::Restart(name) => {
                 // Removed (and perhaps added again) since the failure: its actor is current.
