@@ -48,16 +48,24 @@ TOML
 wait_up() { for _ in $(seq 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done; echo "not up: $1" >&2; return 1; }
 for e in "${ENGINES[@]}"; do wait_up "$e/health"; done
 
-run_load() { # name url rate
+run_load() { # name url rate rep
   local rate=$3 conc=64
   "$B/kvmesh" loadtest --url "$2" --rate "$rate" --concurrency $conc --duration "$SECS" --warmup 2 --json \
-    | sed "s/^{/{\"target\":\"$1\",/" >>"$OUT/http.jsonl"
+    | sed "s/^{/{\"target\":\"$1\",\"rep\":$4,/" >>"$OUT/http.jsonl"
 }
+# Each router's block: three repetitions of (direct, router) pairs at 200 and 500 req/s, so
+# every router figure has a direct baseline taken just before it, then saturation once.
 measure() { # name url
-  for rate in 200 500 0; do run_load "$1" "$2" $rate; done
+  for rep in 1 2 3; do
+    for rate in 200 500; do
+      run_load "direct-for-$1" "$DIRECT" $rate $rep
+      run_load "$1" "$2" $rate $rep
+    done
+  done
+  run_load "$1" "$2" 0 1
 }
 
-measure direct "$DIRECT"
+run_load direct "$DIRECT" 0 1
 
 "$B/kvmesh" node --config "$OUT/node.toml" >"$OUT/node.log" 2>&1 & NODE=$!; PIDS+=($NODE)
 wait_up http://127.0.0.1:19100/health
@@ -88,18 +96,27 @@ measure "sglang-router-$SGLANG_ROUTER_VERSION" http://127.0.0.1:19300
 kill $SR; wait $SR 2>/dev/null || true
 
 python3 - "$OUT" <<'PY'
-import json, sys
+import json, statistics, sys
 out = sys.argv[1]
 rows = [json.loads(l) for l in open(f"{out}/http.jsonl")]
-direct = {r["offered_rps"]: r for r in rows if r["target"] == "direct"}
-print("| target | offered | achieved req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |")
+def med(xs): return statistics.median(xs)
+targets = [r["target"] for r in rows if not r["target"].startswith("direct")]
+targets = list(dict.fromkeys(targets))
+print("| target | offered | achieved req/s | p50 ms | p99 ms | added p50 ms (median of 3, range) | added p99 ms (median of 3, range) | errors |")
 print("|---|---|---|---|---|---|---|---|")
-for r in rows:
-    d = direct[r["offered_rps"]]
-    offered = "saturation (64 workers)" if r["offered_rps"] == 0 else f'{r["offered_rps"]:.0f} req/s'
-    added = ("—", "—") if r["offered_rps"] == 0 or r["target"] == "direct" else (f'{r["p50_ms"] - d["p50_ms"]:.3f}', f'{r["p99_ms"] - d["p99_ms"]:.3f}')
-    errors = sum(r["errors"].values()) + r["dropped"]
-    print(f'| {r["target"]} | {offered} | {r["achieved_rps"]:.0f} | {r["p50_ms"]:.3f} | {r["p99_ms"]:.3f} | {added[0]} | {added[1]} | {errors} |')
+sat_direct = [r for r in rows if r["target"] == "direct" and r["offered_rps"] == 0][0]
+print(f'| direct | saturation (64 workers) | {sat_direct["achieved_rps"]:.0f} | {sat_direct["p50_ms"]:.3f} | {sat_direct["p99_ms"]:.3f} | — | — | {sum(sat_direct["errors"].values()) + sat_direct["dropped"]} |')
+for t in targets:
+    for rate in (200, 500):
+        mine = sorted((r for r in rows if r["target"] == t and r["offered_rps"] == rate), key=lambda r: r["rep"])
+        base = sorted((r for r in rows if r["target"] == f"direct-for-{t}" and r["offered_rps"] == rate), key=lambda r: r["rep"])
+        a50 = [m["p50_ms"] - b["p50_ms"] for m, b in zip(mine, base)]
+        a99 = [m["p99_ms"] - b["p99_ms"] for m, b in zip(mine, base)]
+        errors = sum(sum(m["errors"].values()) + m["dropped"] for m in mine)
+        print(f'| {t} | {rate} req/s | {med([m["achieved_rps"] for m in mine]):.0f} | {med([m["p50_ms"] for m in mine]):.3f} | {med([m["p99_ms"] for m in mine]):.3f} | '
+              f'{med(a50):.3f} ({min(a50):.3f} to {max(a50):.3f}) | {med(a99):.3f} ({min(a99):.3f} to {max(a99):.3f}) | {errors} |')
+    sat = [r for r in rows if r["target"] == t and r["offered_rps"] == 0][0]
+    print(f'| {t} | saturation (64 workers) | {sat["achieved_rps"]:.0f} | {sat["p50_ms"]:.3f} | {sat["p99_ms"]:.3f} | — | — | {sum(sat["errors"].values()) + sat["dropped"]} |')
 print()
 print("| kvmesh gRPC Route (+ Release) | Route calls/s | Route p50 ms | Route p99 ms |")
 print("|---|---|---|---|")

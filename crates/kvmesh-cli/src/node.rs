@@ -12,9 +12,8 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         .init();
     let config = NodeConfig::load(&args.config)?;
     // A multi-thread runtime (one worker per core by default) so one slow handler cannot
-    // stall event ingest. On a machine whose cores are busy with other processes, fewer
-    // workers mean fewer cross-thread wake-ups per proxied request: `--workers 1` halved the
-    // router-added latency in tests/load/router_compare.sh on 2 shared cores.
+    // stall event ingest. `--workers` caps it for machines whose cores other processes share
+    // (tests/load/router_compare.sh measures both; on 2 shared cores 1 worker was no better).
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(
             args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1),
