@@ -32,9 +32,22 @@ pub enum Command {
     /// gRPC Router/Admin/Events API, one actor per replica following its KV events and
     /// metrics. SIGHUP reloads the replica list from the config file.
     Node(NodeArgs),
+    /// Show a running node's replicas over gRPC: status, engine load, router-side token load,
+    /// index and event counts.
+    Status(StatusArgs),
     /// Load-test a router or an engine: open-loop HTTP completions at a fixed rate (or
     /// closed-loop saturation), latency p50/p99; or gRPC `Route` calls per second.
     Loadtest(LoadtestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The node's gRPC address.
+    #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL")]
+    pub grpc: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

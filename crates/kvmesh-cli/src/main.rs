@@ -7,6 +7,7 @@ mod cli;
 mod loadtest;
 mod node;
 mod replay;
+mod status;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -18,6 +19,7 @@ fn main() -> ExitCode {
         cli::Command::Replay(args) => replay::run(&args),
         cli::Command::Node(args) => node::run(&args),
         cli::Command::Loadtest(args) => loadtest::run(&args),
+        cli::Command::Status(args) => status::run(&args),
         cli::Command::Policies => {
             cli::print_policies();
             Ok(())

@@ -216,7 +216,7 @@ async fn forward(
         let resp = match sent {
             Ok(r) => r,
             Err(e) if e.is_connect() => {
-                last_failure = format!("replica {name} unreachable ({e})");
+                last_failure = format!("replica {name} unreachable ({})", crate::error_chain(&e));
                 tracing::warn!(replica = %name, error = %e, "upstream connect failed; trying another replica");
                 shared.core().record_down(&name, e.to_string(), shared.now());
                 booking.release(None, "upstream_error");
@@ -226,7 +226,7 @@ async fn forward(
                 // The replica took the request: retrying elsewhere would run it twice.
                 booking.release(None, "upstream_error");
                 let code = if e.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
-                return error(code, format!("replica {name} failed: {e}"));
+                return error(code, format!("replica {name} failed: {}", crate::error_chain(&e)));
             }
         };
         let status = resp.status();

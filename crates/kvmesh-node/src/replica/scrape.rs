@@ -33,7 +33,13 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
 
 async fn scrape(shared: &Shared, url: &str, interval: Duration) -> Result<String, String> {
     let timeout = interval.max(Duration::from_millis(500));
-    let resp = shared.http.get(url).timeout(timeout).send().await.map_err(|e| format!("GET {url}: {e}"))?;
+    let resp = shared
+        .http
+        .get(url)
+        .timeout(timeout)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {}", crate::error_chain(&e)))?;
     if !resp.status().is_success() {
         return Err(format!("GET {url}: HTTP {}", resp.status()));
     }
