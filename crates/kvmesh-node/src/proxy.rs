@@ -20,7 +20,9 @@ use futures_util::StreamExt;
 use kvmesh_core::load::BookingId;
 use kvmesh_core::prompt::render_chat;
 use kvmesh_core::RouteRequest;
-use serde_json::{json, Value};
+use serde::Deserialize;
+use serde_json::json;
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -113,46 +115,89 @@ fn upstream_headers(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
+/// The request fields routing reads (everything else passes through untouched); borrowed
+/// from the body, no JSON tree built.
+#[derive(Deserialize)]
+struct RequestFields<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    prompt: Option<Prompt<'a>>,
+    #[serde(borrow, default)]
+    messages: Option<Vec<Message<'a>>>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Ids(Vec<u64>),
+    Texts(#[serde(borrow)] Vec<Cow<'a, str>>),
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<Content<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Parts(#[serde(borrow)] Vec<Part<'a>>),
+    Other(serde::de::IgnoredAny),
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
 async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "the body is not JSON");
+    let Ok(f) = serde_json::from_slice::<RequestFields<'_>>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "the body is not a JSON completion request");
     };
-    let tokens = match v.get("prompt") {
-        Some(Value::String(p)) => shared.tokenizer.encode(p),
-        Some(Value::Array(ids)) if !ids.is_empty() && ids.iter().all(Value::is_u64) => {
-            ids.iter().filter_map(Value::as_u64).map(|t| t.min(u32::MAX as u64) as u32).collect()
-        }
-        Some(Value::Array(ps)) if ps.first().is_some_and(Value::is_string) => {
-            // A batch of prompts: route on the first (they share one replica).
-            shared.tokenizer.encode(ps[0].as_str().unwrap_or(""))
-        }
+    let tokens = match &f.prompt {
+        Some(Prompt::Text(p)) => shared.tokenizer.encode(p),
+        Some(Prompt::Ids(ids)) if !ids.is_empty() => ids.iter().map(|&t| t.min(u32::MAX as u64) as u32).collect(),
+        // A batch of prompts: route on the first (they share one replica).
+        Some(Prompt::Texts(ps)) if !ps.is_empty() => shared.tokenizer.encode(&ps[0]),
         _ => return error(StatusCode::BAD_REQUEST, "prompt must be a string, strings, or token ids"),
     };
-    forward(shared, "/v1/completions", &headers, body, &v, tokens).await
+    let (model, max_tokens) = (f.model.as_deref().map(str::to_string), f.max_tokens.or(f.max_completion_tokens));
+    forward(shared, "/v1/completions", &headers, body.clone(), model, max_tokens, tokens).await
 }
 
 async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "the body is not JSON");
+    let Ok(f) = serde_json::from_slice::<RequestFields<'_>>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "the body is not a JSON chat completion request");
     };
-    let Some(messages) = v.get("messages").and_then(Value::as_array) else {
+    let Some(messages) = &f.messages else {
         return error(StatusCode::BAD_REQUEST, "messages must be an array");
     };
-    let parts: Vec<(String, String)> = messages
+    let parts: Vec<(&str, String)> = messages
         .iter()
         .map(|m| {
-            let role = m.get("role").and_then(Value::as_str).unwrap_or("user").to_string();
-            let content = match m.get("content") {
-                Some(Value::String(c)) => c.clone(),
-                Some(Value::Array(ps)) => ps.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect(),
+            let content = match &m.content {
+                Some(Content::Text(c)) => c.to_string(),
+                Some(Content::Parts(ps)) => ps.iter().filter_map(|p| p.text.as_deref()).collect(),
                 _ => String::new(),
             };
-            (role, content)
+            (m.role.as_deref().unwrap_or("user"), content)
         })
         .collect();
-    let text = render_chat(parts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
+    let text = render_chat(parts.iter().map(|(r, c)| (*r, c.as_str())));
     let tokens = shared.tokenizer.encode(&text);
-    forward(shared, "/v1/chat/completions", &headers, body, &v, tokens).await
+    let (model, max_tokens) = (f.model.as_deref().map(str::to_string), f.max_tokens.or(f.max_completion_tokens));
+    forward(shared, "/v1/chat/completions", &headers, body.clone(), model, max_tokens, tokens).await
 }
 
 async fn forward(
@@ -160,27 +205,19 @@ async fn forward(
     path: &str,
     headers: &HeaderMap,
     body: Bytes,
-    v: &Value,
+    asked_model: Option<String>,
+    max_tokens: Option<u64>,
     tokens: Vec<u32>,
 ) -> Response {
     let headers = upstream_headers(headers);
     let (model, retries, backoff_s) =
         (&shared.settings.model, shared.settings.retries, shared.settings.overload_backoff_s);
-    if !model.is_empty() {
-        if let Some(asked) = v.get("model").and_then(Value::as_str) {
-            if asked != model {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    format!("model {asked:?} is not served here (this router serves {model:?})"),
-                );
-            }
+    if let (false, Some(asked)) = (model.is_empty(), &asked_model) {
+        if asked != model {
+            return error(StatusCode::NOT_FOUND, format!("model {asked:?} is not served here (this router serves {model:?})"));
         }
     }
-    let max_tokens = v
-        .get("max_tokens")
-        .or_else(|| v.get("max_completion_tokens"))
-        .and_then(Value::as_u64)
-        .map(|n| n.min(u32::MAX as u64) as u32);
+    let max_tokens = max_tokens.map(|n| n.min(u32::MAX as u64) as u32);
     let mut last_failure = String::from("no replica is ready");
     for _attempt in 0..=retries {
         let t0 = Instant::now();
@@ -260,11 +297,9 @@ async fn forward(
             }
         };
         booking.first_token();
-        let usage = serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| v.get("usage").cloned());
-        let output = usage.as_ref().and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64).map(|n| n as u32);
-        if let Some(c) =
-            usage.as_ref().and_then(|u| u.pointer("/prompt_tokens_details/cached_tokens")).and_then(Value::as_u64)
-        {
+        let usage = serde_json::from_slice::<ResponseUsage>(&bytes).ok().and_then(|r| r.usage);
+        let output = usage.as_ref().and_then(|u| u.completion_tokens).map(|n| n.min(u32::MAX as u64) as u32);
+        if let Some(c) = usage.as_ref().and_then(|u| u.prompt_tokens_details.as_ref()).and_then(|d| d.cached_tokens) {
             shared.metrics.engine_cached_tokens.inc_by(c);
         }
         booking.release(output, "ok");
@@ -272,6 +307,28 @@ async fn forward(
     }
     shared.metrics.request("no_replica");
     error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}; no other replica could take the request"))
+}
+
+/// The `usage` of an OpenAI response (the output-length estimate and the engine-reported hit
+/// count), read without building the rest.
+#[derive(Deserialize)]
+struct ResponseUsage {
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptTokensDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 /// Names the replica that served a response (`x-kvmesh-replica`), for clients and debugging.
