@@ -62,8 +62,10 @@ pub struct NodeSection {
     /// How long to wait for each replay reply, milliseconds.
     pub replay_timeout_ms: u64,
     /// The model's `tokenizer.json` (Hugging Face format): prompts are routed on the engine's
-    /// real token ids. Without one, on kvmesh's approximate ids (`kvmesh_core::prompt`), which
-    /// match only engines using the same scheme (kvmesh-engine-sim).
+    /// real token ids, and chats rendered with the `chat_template` of the
+    /// `tokenizer_config.json` beside it. Without one, on kvmesh's approximate ids
+    /// (`kvmesh_core::prompt`), which match only engines using the same scheme
+    /// (kvmesh-engine-sim).
     pub tokenizer: Option<std::path::PathBuf>,
 }
 

@@ -18,7 +18,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use kvmesh_core::load::BookingId;
-use kvmesh_core::prompt::render_chat;
 use kvmesh_core::RouteRequest;
 use serde::Deserialize;
 use serde_json::json;
@@ -194,8 +193,8 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap,
             (m.role.as_deref().unwrap_or("user"), content)
         })
         .collect();
-    let text = render_chat(parts.iter().map(|(r, c)| (*r, c.as_str())));
-    let tokens = shared.tokenizer.encode(&text);
+    let messages: Vec<(&str, &str)> = parts.iter().map(|(r, c)| (*r, c.as_str())).collect();
+    let tokens = shared.tokenizer.encode_chat(&messages);
     let (model, max_tokens) = (f.model.as_deref().map(str::to_string), f.max_tokens.or(f.max_completion_tokens));
     forward(shared, "/v1/chat/completions", &headers, body.clone(), model, max_tokens, tokens).await
 }
@@ -214,7 +213,10 @@ async fn forward(
         (&shared.settings.model, shared.settings.retries, shared.settings.overload_backoff_s);
     if let (false, Some(asked)) = (model.is_empty(), &asked_model) {
         if asked != model {
-            return error(StatusCode::NOT_FOUND, format!("model {asked:?} is not served here (this router serves {model:?})"));
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("model {asked:?} is not served here (this router serves {model:?})"),
+            );
         }
     }
     let max_tokens = max_tokens.map(|n| n.min(u32::MAX as u64) as u32);
