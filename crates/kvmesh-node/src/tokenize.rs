@@ -19,7 +19,7 @@ pub enum Tokenizer {
     /// kvmesh's approximate ids (4 UTF-8 bytes per id).
     Approximate,
     /// A Hugging Face tokenizer, and the model's chat template when it has one.
-    Model(Box<tokenizers::Tokenizer>, Option<ChatTemplate>),
+    Model(Box<tokenizers::Tokenizer>, Option<Box<ChatTemplate>>),
 }
 
 /// A model's chat template (from `tokenizer_config.json`).
@@ -98,7 +98,7 @@ impl Tokenizer {
         if template.is_none() {
             tracing::warn!(tokenizer = %path.display(), "no chat template beside the tokenizer: chats are rendered with kvmesh's own template");
         }
-        Ok(Tokenizer::Model(Box::new(t), template))
+        Ok(Tokenizer::Model(Box::new(t), template.map(Box::new)))
     }
 
     /// The token ids of a chat's prompt (`(role, content)` messages; see the module docs).
