@@ -38,11 +38,13 @@ impl router_server::Router for Services {
         };
         let now = self.shared.now();
         let t0 = std::time::Instant::now();
-        let mut core = self.shared.core();
-        let mut req = RouteRequest::new(core.fleet.hasher(), &tokens, r.max_tokens);
+        // Hash before taking the core lock: a long prompt is microseconds of work.
+        let hasher = &self.shared.settings.hasher;
+        let mut req = RouteRequest::new(hasher, &tokens, r.max_tokens);
         if let Some(key) = &r.session_key {
-            req = req.with_key(core.fleet.hasher().sequence_key(&approximate_tokens(key)));
+            req = req.with_key(hasher.sequence_key(&approximate_tokens(key)));
         }
+        let mut core = self.shared.core();
         let (routed, name, url) = core.route(&req, now).map_err(|e| GrpcStatus::unavailable(e.to_string()))?;
         drop(core);
         let m = &self.shared.metrics;

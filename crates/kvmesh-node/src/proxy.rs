@@ -221,12 +221,13 @@ async fn forward(
     }
     let max_tokens = max_tokens.map(|n| n.min(u32::MAX as u64) as u32);
     let mut last_failure = String::from("no replica is ready");
+    // Hashed once, outside the core lock.
+    let req = RouteRequest::new(&shared.settings.hasher, &tokens, max_tokens);
     for _attempt in 0..=retries {
         let t0 = Instant::now();
         let now = shared.now();
         let (routed, name, url) = {
             let mut core = shared.core();
-            let req = RouteRequest::new(core.fleet.hasher(), &tokens, max_tokens);
             match core.route(&req, now) {
                 Ok(r) => r,
                 Err(e) => {

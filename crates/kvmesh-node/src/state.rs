@@ -126,6 +126,8 @@ pub struct Settings {
     pub overload_backoff_s: f64,
     /// Tokens per block.
     pub block_size: u32,
+    /// The routing core's block hasher (a copy), so requests are hashed outside the core lock.
+    pub hasher: kvmesh_core::BlockHasher,
 }
 
 /// Shared by every task of the node.
@@ -195,6 +197,7 @@ impl Shared {
             retries: config.node.retries,
             overload_backoff_s: config.node.overload_backoff_ms as f64 / 1000.0,
             block_size: config.node.block_size,
+            hasher: *core.fleet.hasher(),
         };
         let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
         Ok(Shared {
