@@ -277,3 +277,40 @@ async fn a_restarted_engine_recovers_and_its_events_resume() {
     node.stop().await;
     second.stop().await;
 }
+
+async fn send_text(node: &Node, text: String) -> u16 {
+    reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", node.http))
+        .json(&json!({"model": "m", "prompt": text, "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c03_an_unknown_parent_marks_the_replica_and_rebuilds_it() {
+    // Without replay, every second message is lost: a conversation's second turn (message 1)
+    // never arrives, so its third turn (message 2) chains to a block this node never saw.
+    let e = engine(16, Faults { drop_every: 2, ..Faults::default() }).await;
+    let node = node(vec![replica(0, &e, false)], |_| {}).await;
+    let turn1 = prompt(1, 4);
+    let turn2 = format!("{turn1}{}", prompt(2, 2));
+    let turn3 = format!("{turn2}{}", prompt(3, 2));
+    for text in [turn1, turn2, turn3] {
+        assert_eq!(send_text(&node, text).await, 200);
+    }
+    eventually("the unknown parent counted", || {
+        metric(&node, "kvmesh_events_rejected_total").contains("reason=\"unknown_parent\"")
+    })
+    .await;
+    eventually("a rebuild", || metric(&node, "kvmesh_resyncs_total").contains("method=\"unknown_parent\"")).await;
+    eventually("in sync again", || status(&node, "e0") == Status::Ready).await;
+    // It rebuilds from what the engine announces next (message 3 is lost too; message 4 lands).
+    assert_eq!(send(&node, 8, 2).await, 200);
+    assert_eq!(send(&node, 9, 3).await, 200);
+    eventually("rebuilt", || blocks(&node, "e0") == 3).await;
+    node.stop().await;
+    e.stop().await;
+}

@@ -35,7 +35,7 @@ pub struct Metrics {
     pub events_rejected: Family<Labels, Counter>,
     /// Resyncs, by replica and method: `replay` (a gap fully recovered), `replay_incomplete`,
     /// `clear` (a gap without replay: blocks dropped), `restart` (the sequence went back),
-    /// `recovery` (the replica came back from unhealthy).
+    /// `recovery` (the replica came back from unhealthy), `unknown_parent` (case C03).
     pub resyncs: Family<Labels, Counter>,
     replica_status: Family<Labels, Gauge>,
     replica_queued_prefill: Family<Labels, Gauge>,

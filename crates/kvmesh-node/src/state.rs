@@ -87,10 +87,14 @@ pub struct Replica {
     pub last_served_at: Option<f64>,
     /// A gap or restart was found and the replica is being resynced.
     pub resyncing: bool,
-    /// The replica came back after being unhealthy: it may be a new engine whose first
-    /// messages went out before this node's subscriber reconnected, so its blocks must be
-    /// rebuilt (the ingest task takes this).
-    pub resync_requested: bool,
+    /// Its blocks must be rebuilt, and why (the ingest task takes this): `recovery` — it came
+    /// back after being unhealthy, perhaps a new engine whose first messages went out before
+    /// this node's subscriber reconnected; `unknown_parent` — a stored event chained to a
+    /// block this node never saw (case C03).
+    pub resync_requested: Option<&'static str>,
+    /// Node time of the last such rebuild (rebuilds from unknown parents are spaced out, so a
+    /// replay buffer that starts mid-chain cannot loop).
+    pub last_resync_at: Option<f64>,
     /// Event counts.
     pub events_applied: u64,
     /// Events rejected by the decoder or the index.
@@ -248,7 +252,8 @@ impl Shared {
             last_event_at: None,
             last_served_at: None,
             resyncing: false,
-            resync_requested: false,
+            resync_requested: None,
+            last_resync_at: None,
             events_applied: 0,
             events_rejected: 0,
         };
@@ -372,7 +377,7 @@ impl Core {
         let threshold = self.unhealthy_after;
         let Some(r) = self.replicas.get_mut(name) else { return };
         if r.failures >= threshold {
-            r.resync_requested = true;
+            r.resync_requested = Some("recovery");
         }
         r.failures = 0;
         r.last_error = None;

@@ -62,9 +62,9 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     }
                 },
                 _ = check.tick() => {
-                    let requested = shared.core().replicas.get_mut(&source.name).is_some_and(|r| std::mem::take(&mut r.resync_requested));
-                    if requested {
-                        resync_after_recovery(&shared, &source).await;
+                    let requested = shared.core().replicas.get_mut(&source.name).and_then(|r| r.resync_requested.take());
+                    if let Some(why) = requested {
+                        rebuild(&shared, &source, why).await;
                     }
                     continue;
                 }
@@ -123,14 +123,17 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) {
     apply(shared, &source.name, seq, &batch);
 }
 
-/// The replica recovered from being unhealthy (perhaps a restarted engine whose first messages
-/// were published before this subscriber reconnected): drop its blocks and rebuild them from
-/// its replay buffer when it has one, else from its next events.
-async fn resync_after_recovery(shared: &Shared, source: &Source) {
-    tracing::info!(replica = %source.name, "replica recovered: rebuilding its blocks");
-    resync_by_clearing(shared, &source.name, "recovery");
+/// Drops the replica's blocks and rebuilds them from its replay buffer when it has one, else
+/// from its next events: after it recovered from being unhealthy (perhaps a restarted engine
+/// whose first messages were published before this subscriber reconnected), or after a stored
+/// event named a parent this node never saw (case C03). `why` labels the resync metric.
+async fn rebuild(shared: &Shared, source: &Source, why: &'static str) {
+    tracing::info!(replica = %source.name, why, "rebuilding the replica's blocks");
+    resync_by_clearing(shared, &source.name, why);
+    let now = shared.now();
     if let Some(r) = shared.core().replicas.get_mut(&source.name) {
         r.last_seq = None;
+        r.last_resync_at = Some(now);
     }
     if let Some(ep) = &source.replay {
         replay(shared, source, ep, 0, u64::MAX).await;
@@ -149,6 +152,7 @@ fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
 fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
     let now = shared.now();
     let mut core = shared.core();
+    let mut unknown_parent = false;
     for s in &batch.skipped {
         tracing::warn!(replica = %name, index = s.index, reason = %s.reason, "KV event skipped");
         shared.metrics.events_rejected.get_or_create(&labels(name, "undecodable_event")).inc();
@@ -172,6 +176,7 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
                     if matches!(r, kvmesh_core::index::Rejection::BlockSizeMismatch { .. }) {
                         tracing::error!(replica = %name, rejection = ?r, "KV events carry another block size than this node's: routing it on load only");
                     }
+                    unknown_parent |= matches!(r, kvmesh_core::index::Rejection::UnknownParent);
                     shared.metrics.events_rejected.get_or_create(&labels(name, r.as_str())).inc();
                 }
             },
@@ -182,8 +187,16 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
         r.last_seq = Some(seq);
         r.last_event_at = Some(now);
         r.resyncing = false;
+        // Case C03: blocks are missing; rebuild, at most every UNKNOWN_PARENT_RESYNC_S.
+        if unknown_parent && r.last_resync_at.is_none_or(|t| now - t > UNKNOWN_PARENT_RESYNC_S) {
+            tracing::warn!(replica = %name, seq, "a stored event names a parent never seen: replica out of sync, rebuilding");
+            r.resync_requested = Some("unknown_parent");
+        }
     }
 }
+
+/// The shortest time between rebuilds caused by unknown parents, seconds.
+const UNKNOWN_PARENT_RESYNC_S: f64 = 30.0;
 
 /// Asks the replay socket for `from..to` (`to` = `u64::MAX`: everything it has) and applies
 /// what comes back, in sequence. True when every message in `from..to` was recovered.
