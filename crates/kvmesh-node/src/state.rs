@@ -415,12 +415,14 @@ impl Core {
         }
         let Core { fleet, policy, rng, .. } = self;
         let routed = fleet.route(policy.as_mut(), req, rng, now)?;
+        // The core knows each replica's name (a binary search), the registry its endpoint.
+        let id = routed.decision.replica;
         let (name, url) = self
-            .replicas
-            .values()
-            .find(|r| r.id == routed.decision.replica)
+            .fleet
+            .replica(id)
+            .and_then(|state| self.replicas.get(&state.spec.name))
             .map(|r| (r.config.name.clone(), r.config.http.trim_end_matches('/').to_string()))
-            .ok_or(kvmesh_core::Error::UnknownReplica(routed.decision.replica))?;
+            .ok_or(kvmesh_core::Error::UnknownReplica(id))?;
         Ok((routed, name, url))
     }
 
