@@ -38,6 +38,77 @@ pub enum Command {
     /// Load-test a router or an engine: open-loop HTTP completions at a fixed rate (or
     /// closed-loop saturation), latency p50/p99; or gRPC `Route` calls per second.
     Loadtest(LoadtestArgs),
+    /// Operate a cluster of router nodes (Raft): bootstrap it, add or remove nodes, show the
+    /// leader, term, members and their replication lag.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Bootstrap a fresh cluster: the node at --grpc initializes Raft with the peers of its
+    /// `[cluster]` section and seeds the replica registry from its `[[replicas]]`. Once per
+    /// cluster.
+    Init(ClusterTarget),
+    /// Add a node (started with `kvmesh node --id N` and no peers): it joins as a learner and
+    /// becomes a voter once caught up. Any member can take the request.
+    Join(JoinArgs),
+    /// Remove a node from the cluster (before wiping its data). Any member can take it.
+    Leave(LeaveArgs),
+    /// Leader, term, members (role, replication lag, shared bookings), the registry.
+    Status(ClusterStatusArgs),
+    /// Inject a fault into one node (tests and chaos): cut it off, or drop a share of its
+    /// outgoing gossip. `--isolate false --gossip-drop 0` heals it.
+    Fault(FaultArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ClusterTarget {
+    /// A member's gRPC address.
+    #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL", env = "KVMESH_GRPC")]
+    pub grpc: String,
+}
+
+#[derive(Debug, Args)]
+pub struct JoinArgs {
+    #[command(flatten)]
+    pub target: ClusterTarget,
+    /// The new node's id.
+    #[arg(long, value_name = "N")]
+    pub id: u64,
+    /// The new node's gRPC address as the others reach it (`host:port`).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: String,
+}
+
+#[derive(Debug, Args)]
+pub struct LeaveArgs {
+    #[command(flatten)]
+    pub target: ClusterTarget,
+    /// The id of the node to remove.
+    #[arg(long, value_name = "N")]
+    pub id: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ClusterStatusArgs {
+    #[command(flatten)]
+    pub target: ClusterTarget,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct FaultArgs {
+    #[command(flatten)]
+    pub target: ClusterTarget,
+    /// Drop all Raft and gossip traffic to and from the node.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub isolate: bool,
+    /// Drop this share (0..1) of the node's outgoing gossip batches.
+    #[arg(long, default_value_t = 0.0, value_name = "SHARE")]
+    pub gossip_drop: f64,
 }
 
 #[derive(Debug, Args)]
@@ -91,6 +162,18 @@ pub struct NodeArgs {
     /// Runtime worker threads (default: one per core).
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
+    /// Cluster: this node's Raft id (> 0); sets or overrides `[cluster] id`.
+    #[arg(long, value_name = "N", env = "KVMESH_NODE_ID")]
+    pub id: Option<u64>,
+    /// Cluster: this node's gRPC address as peers reach it (`host:port`); `[cluster] addr`.
+    #[arg(long, value_name = "HOST:PORT", env = "KVMESH_RAFT_ADDR")]
+    pub raft_addr: Option<String>,
+    /// Cluster: the initial voters, `id=host:port,...` (this node included); `[cluster] peers`.
+    #[arg(long, value_name = "LIST", env = "KVMESH_PEERS", value_delimiter = ',')]
+    pub peers: Option<Vec<String>>,
+    /// Cluster: the Raft store's directory; `[cluster] data_dir`.
+    #[arg(long, value_name = "DIR", env = "KVMESH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

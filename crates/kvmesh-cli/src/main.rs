@@ -4,6 +4,7 @@
 
 mod analyze;
 mod cli;
+mod cluster;
 mod loadtest;
 mod node;
 mod replay;
@@ -20,6 +21,7 @@ fn main() -> ExitCode {
         cli::Command::Node(args) => node::run(&args),
         cli::Command::Loadtest(args) => loadtest::run(&args),
         cli::Command::Status(args) => status::run(&args),
+        cli::Command::Cluster(cmd) => cluster::run(&cmd),
         cli::Command::Policies => {
             cli::print_policies();
             Ok(())

@@ -10,7 +10,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kvmesh_node=info".into()),
         )
         .init();
-    let config = NodeConfig::load(&args.config)?;
+    let config = with_cluster_flags(NodeConfig::load(&args.config)?, args)?;
     // A multi-thread runtime (one worker per core by default) so one slow handler cannot
     // stall event ingest. `--workers` caps it for machines whose cores other processes share
     // (tests/load/router_compare.sh measures both; on 2 shared cores 1 worker was no better).
@@ -24,11 +24,43 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let node = kvmesh_node::start(config).await?;
         println!("kvmesh node: OpenAI API and /metrics on http://{}, gRPC on {}", node.http, node.grpc);
+        if let Some(c) = &node.cluster {
+            println!(
+                "kvmesh node: cluster member {} at {}, Raft data in {}",
+                c.id,
+                c.addr,
+                c.section.data_dir.display()
+            );
+        }
         wait_for_stop(&node, &args.config).await;
         println!("kvmesh node: stopping");
         node.stop().await;
         Ok(())
     })
+}
+
+/// Applies `--id`, `--raft-addr`, `--peers` and `--data-dir` (or their environment
+/// variables) over the file's `[cluster]` section; `--id` alone makes a section.
+fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs) -> anyhow::Result<NodeConfig> {
+    let any = args.id.is_some() || args.raft_addr.is_some() || args.peers.is_some() || args.data_dir.is_some();
+    if !any {
+        return Ok(config);
+    }
+    let c = config.cluster.get_or_insert_with(Default::default);
+    if let Some(id) = args.id {
+        c.id = id;
+    }
+    if let Some(a) = &args.raft_addr {
+        c.addr = a.clone();
+    }
+    if let Some(p) = &args.peers {
+        c.peers = p.iter().filter(|s| !s.trim().is_empty()).cloned().collect();
+    }
+    if let Some(d) = &args.data_dir {
+        c.data_dir = d.clone();
+    }
+    config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    Ok(config)
 }
 
 #[cfg(unix)]

@@ -37,6 +37,7 @@
 
 pub mod error;
 pub mod fleet;
+pub mod gossip;
 pub mod hashing;
 pub mod ids;
 pub mod index;

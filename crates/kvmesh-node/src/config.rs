@@ -15,7 +15,16 @@
 //! kv_events = "tcp://10.0.0.7:5557"   # vLLM --kv-events-config endpoint; omit: no events
 //! replay = "tcp://10.0.0.7:5558"      # vLLM replay_endpoint; omit: resync by clearing
 //! capacity_blocks = 29375             # vLLM logs "GPU KV cache size: N tokens"; N / block_size
+//!
+//! [cluster]                 # optional: run as one of 3 or 5 router nodes (Raft + gossip)
+//! id = 1                    # this node's id, > 0, unique in the cluster
+//! addr = "10.0.1.1:50051"   # its gRPC address as peers reach it (default: node.grpc)
+//! peers = ["1=10.0.1.1:50051", "2=10.0.1.2:50051", "3=10.0.1.3:50051"]   # initial voters
+//! data_dir = "/var/lib/kvmesh"   # Raft log and state machine (sled)
 //! ```
+//!
+//! In a cluster the `[[replicas]]` list seeds the replicated registry at `kvmesh cluster init`;
+//! from then on the registry (admin API, through the Raft leader) is what every node follows.
 
 use kvmesh_core::PolicyKind;
 use serde::{Deserialize, Serialize};
@@ -31,6 +40,80 @@ pub struct NodeConfig {
     /// The engine replicas to route to.
     #[serde(default)]
     pub replicas: Vec<ReplicaConfig>,
+    /// Cluster membership; absent: a single node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterSection>,
+}
+
+/// `[cluster]`: Raft between router nodes and shared bookings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSection {
+    /// This node's Raft id, > 0.
+    pub id: u64,
+    /// Its gRPC address as the other nodes reach it (`host:port`); empty: `node.grpc`.
+    pub addr: String,
+    /// The initial voters, `id=host:port` each, this node included; `kvmesh cluster init`
+    /// bootstraps them. A node that joins later lists none.
+    pub peers: Vec<String>,
+    /// Directory of the Raft log and state machine (sled); created if missing.
+    pub data_dir: std::path::PathBuf,
+    /// Share bookings with the other nodes.
+    pub gossip: bool,
+    /// Booking deltas are batched this long before they are sent, milliseconds.
+    pub gossip_interval_ms: u64,
+    /// A full summary of this node's live bookings goes out this often, milliseconds.
+    pub summary_interval_ms: u64,
+    /// A peer silent this long has its bookings dropped, milliseconds.
+    pub peer_timeout_ms: u64,
+    /// Raft heartbeat interval, milliseconds.
+    pub heartbeat_ms: u64,
+    /// Raft election timeout, a random value in [min, max), milliseconds.
+    pub election_timeout_min_ms: u64,
+    /// See `election_timeout_min_ms`.
+    pub election_timeout_max_ms: u64,
+    /// A snapshot is taken (and the log before it purged) after this many new log entries.
+    pub snapshot_every: u64,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            id: 0,
+            addr: String::new(),
+            peers: Vec::new(),
+            data_dir: "kvmesh-data".into(),
+            gossip: true,
+            gossip_interval_ms: 5,
+            summary_interval_ms: 1000,
+            peer_timeout_ms: 5000,
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            snapshot_every: 1000,
+        }
+    }
+}
+
+impl ClusterSection {
+    /// `peers` as (id, address) pairs.
+    ///
+    /// # Errors
+    /// An entry that is not `id=host:port` with a positive id, or an id listed twice.
+    pub fn peer_map(&self) -> Result<std::collections::BTreeMap<u64, String>, String> {
+        let mut out = std::collections::BTreeMap::new();
+        for p in &self.peers {
+            let (id, addr) = p.split_once('=').ok_or_else(|| format!("cluster.peers: {p:?} is not id=host:port"))?;
+            let id: u64 = id.trim().parse().map_err(|_| format!("cluster.peers: {p:?}: the id is not a number"))?;
+            if id == 0 || addr.trim().is_empty() || !addr.contains(':') {
+                return Err(format!("cluster.peers: {p:?} is not id=host:port with id > 0"));
+            }
+            if out.insert(id, addr.trim().to_string()).is_some() {
+                return Err(format!("cluster.peers: id {id} appears twice"));
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// `[node]`.
@@ -177,6 +260,23 @@ impl NodeConfig {
         if self.node.scrape_interval_ms == 0 {
             return Err("node.scrape_interval_ms must be positive".into());
         }
+        if let Some(c) = &self.cluster {
+            if c.id == 0 {
+                return Err("cluster.id must be positive".into());
+            }
+            let peers = c.peer_map()?;
+            if !peers.is_empty() && !peers.contains_key(&c.id) {
+                return Err(format!("cluster.peers must include this node (id {})", c.id));
+            }
+            if c.election_timeout_min_ms <= c.heartbeat_ms || c.election_timeout_max_ms <= c.election_timeout_min_ms {
+                return Err("cluster: need heartbeat_ms < election_timeout_min_ms < election_timeout_max_ms".into());
+            }
+            if c.gossip_interval_ms == 0 || c.summary_interval_ms == 0 || c.snapshot_every == 0 {
+                return Err(
+                    "cluster: gossip_interval_ms, summary_interval_ms and snapshot_every must be positive".into()
+                );
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for r in &self.replicas {
             r.validate()?;
@@ -231,6 +331,14 @@ capacity_blocks = 100
             c.validate().unwrap_err(),
             "replica \"vllm-0\": kv_events must be a tcp:// or ipc:// ZMQ endpoint, got \"10.0.0.7:5557\""
         );
+        let clustered = format!("{EXAMPLE}\n[cluster]\nid = 2\npeers = [\"1=a:1\", \"3=c:3\"]\n");
+        let c: NodeConfig = toml::from_str(&clustered).unwrap();
+        assert_eq!(c.validate().unwrap_err(), "cluster.peers must include this node (id 2)");
+        let c: NodeConfig = toml::from_str(&clustered.replace("3=c:3", "2=b")).unwrap();
+        assert_eq!(c.validate().unwrap_err(), "cluster.peers: \"2=b\" is not id=host:port with id > 0");
+        let c: NodeConfig = toml::from_str(&clustered.replace("3=c:3", "2=b:2")).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.cluster.unwrap().peer_map().unwrap().get(&2).map(String::as_str), Some("b:2"));
         let typo = EXAMPLE.replace("capacity_blocks", "capacity");
         assert!(toml::from_str::<NodeConfig>(&typo).unwrap_err().to_string().contains("unknown field `capacity`"));
     }

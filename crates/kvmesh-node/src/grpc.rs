@@ -2,6 +2,8 @@
 //! `Events.Publish` for engines without ZMQ; plus the standard health service and server
 //! reflection, so `grpcurl -plaintext host:50051 list` works out of the box.
 
+use crate::cluster::registry::{Command, ReplicaState};
+use crate::cluster::ClusterError;
 use crate::config::ReplicaConfig;
 use crate::replica::SupervisorMsg;
 use crate::state::{Shared, Status};
@@ -21,6 +23,8 @@ pub struct Services {
     pub shared: Arc<Shared>,
     /// The replica supervisor (admin add/remove).
     pub supervisor: ActorRef<SupervisorMsg>,
+    /// In a cluster, admin writes go through Raft.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 #[tonic::async_trait]
@@ -51,7 +55,7 @@ impl router_server::Router for Services {
         m.decision_latency.observe(t0.elapsed().as_secs_f64());
         m.decisions
             .get_or_create(&vec![
-                ("policy", self.shared.settings.policy.clone()),
+                ("policy", self.shared.policy_name().to_string()),
                 ("reason", routed.decision.reason.as_str().into()),
             ])
             .inc();
@@ -74,7 +78,7 @@ impl router_server::Router for Services {
     ) -> Result<Response<v1::FirstTokenResponse>, GrpcStatus> {
         let id = BookingId(request.into_inner().booking_id);
         let now = self.shared.now();
-        self.shared.core().fleet.first_token(id, now).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
+        self.shared.core().first_token(id, now).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         Ok(Response::new(v1::FirstTokenResponse {}))
     }
 
@@ -82,7 +86,6 @@ impl router_server::Router for Services {
         let r = request.into_inner();
         self.shared
             .core()
-            .fleet
             .release(BookingId(r.booking_id), r.output_tokens)
             .map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         Ok(Response::new(v1::ReleaseResponse {}))
@@ -100,7 +103,7 @@ fn wire_status(s: Status) -> v1::ReplicaStatus {
     }
 }
 
-fn to_spec(c: &ReplicaConfig, block_size: u32) -> v1::ReplicaSpec {
+pub(crate) fn to_spec(c: &ReplicaConfig, block_size: u32) -> v1::ReplicaSpec {
     v1::ReplicaSpec {
         name: c.name.clone(),
         http_endpoint: c.http.clone(),
@@ -115,7 +118,7 @@ fn to_spec(c: &ReplicaConfig, block_size: u32) -> v1::ReplicaSpec {
     }
 }
 
-fn from_spec(s: v1::ReplicaSpec) -> ReplicaConfig {
+pub(crate) fn from_spec(s: v1::ReplicaSpec) -> ReplicaConfig {
     let opt = |v: String| (!v.is_empty()).then_some(v);
     ReplicaConfig {
         name: s.name,
@@ -129,7 +132,25 @@ fn from_spec(s: v1::ReplicaSpec) -> ReplicaConfig {
     }
 }
 
+fn not_found_or(e: ClusterError) -> GrpcStatus {
+    match e {
+        ClusterError::Rejected(m) if m.starts_with("unknown replica") => GrpcStatus::not_found(m),
+        e => GrpcStatus::from(e),
+    }
+}
+
 impl Services {
+    /// A replica committed through Raft, once this node's follower has applied it (2 s).
+    async fn await_replica(&self, name: &str) -> Result<Response<v1::Replica>, GrpcStatus> {
+        for _ in 0..200 {
+            if let Some(r) = self.replica(name) {
+                return Ok(Response::new(r));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        Err(GrpcStatus::deadline_exceeded(format!("replica {name:?} committed, but not yet applied on this node")))
+    }
+
     fn replica(&self, name: &str) -> Option<v1::Replica> {
         let now = self.shared.now();
         let core = self.shared.core();
@@ -188,6 +209,14 @@ impl admin_server::Admin for Services {
         }
         let config = from_spec(spec);
         let name = config.name.clone();
+        if let Some(c) = &self.cluster {
+            config.validate().map_err(GrpcStatus::invalid_argument)?;
+            c.write(Command::AddReplica { config }).await.map_err(|e| match e {
+                ClusterError::Rejected(m) if m.contains("already exists") => GrpcStatus::already_exists(m),
+                e => GrpcStatus::from(e),
+            })?;
+            return self.await_replica(&name).await;
+        }
         let result = ractor::call!(self.supervisor, SupervisorMsg::Add, config)
             .map_err(|e| GrpcStatus::internal(e.to_string()))?;
         result.map_err(|e| {
@@ -205,6 +234,10 @@ impl admin_server::Admin for Services {
         request: Request<v1::ReplicaRef>,
     ) -> Result<Response<v1::RemoveReplicaResponse>, GrpcStatus> {
         let name = request.into_inner().name;
+        if let Some(c) = &self.cluster {
+            c.write(Command::RemoveReplica { name }).await.map_err(not_found_or)?;
+            return Ok(Response::new(v1::RemoveReplicaResponse {}));
+        }
         let result = ractor::call!(self.supervisor, SupervisorMsg::Remove, name)
             .map_err(|e| GrpcStatus::internal(e.to_string()))?;
         result.map_err(GrpcStatus::not_found)?;
@@ -213,6 +246,11 @@ impl admin_server::Admin for Services {
 
     async fn drain_replica(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
         let name = request.into_inner().name;
+        if let Some(c) = &self.cluster {
+            let cmd = Command::SetReplicaState { name: name.clone(), state: ReplicaState::Draining };
+            c.write(cmd).await.map_err(not_found_or)?;
+            return self.await_replica(&name).await;
+        }
         self.shared.set_draining(&name, true).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name))
     }

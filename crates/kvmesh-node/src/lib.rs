@@ -8,10 +8,13 @@
 //! - [`grpc`]: `kvmesh.v1` Router, Admin and Events services, gRPC health and reflection.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`tokenize`]: prompt text → token ids (the model's tokenizer, or kvmesh's approximate ids).
+//! - [`cluster`]: with a `[cluster]` section, Raft (openraft + sled) for membership, the
+//!   replica registry and configuration, and gossip for shared bookings.
 //!
-//! A single node is complete on its own; Raft membership and shared bookings come with the
-//! cluster issue.
+//! A single node is complete on its own; a cluster of 3 or 5 adds availability and shared
+//! load without putting Raft on the request path.
 
+pub mod cluster;
 pub mod config;
 pub mod grpc;
 pub mod metrics;
@@ -56,6 +59,8 @@ pub struct Node {
     pub shared: Arc<Shared>,
     /// Its replica supervisor.
     pub supervisor: ActorRef<SupervisorMsg>,
+    /// Its cluster membership, when configured.
+    pub cluster: Option<Arc<cluster::Cluster>>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -88,6 +93,12 @@ impl Node {
     /// The first replica that could not be added.
     pub async fn reload(&self, config: &NodeConfig) -> anyhow::Result<()> {
         config.validate().map_err(anyhow::Error::msg)?;
+        if self.cluster.as_ref().is_some_and(|c| c.state.borrow().seeded) {
+            anyhow::bail!(
+                "this node follows the cluster's replica registry; change replicas with the admin API \
+                 (`kvmesh status`, Admin.AddReplica/RemoveReplica), not the config file"
+            );
+        }
         let current: Vec<config::ReplicaConfig> =
             self.shared.core().replicas.values().map(|r| r.config.clone()).collect();
         for old in &current {
@@ -110,6 +121,10 @@ impl Node {
         for t in self.tasks {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
         }
+        // Raft last: its store flushes on every write, so nothing is lost on this path either.
+        if let Some(c) = &self.cluster {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.raft.shutdown()).await;
+        }
     }
 }
 
@@ -131,6 +146,26 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     let grpc_listener =
         tokio::net::TcpListener::bind(grpc_addr).await.with_context(|| format!("binding gRPC {grpc_addr}"))?;
     let grpc = grpc_listener.local_addr()?;
+    let cluster = match config.cluster.clone() {
+        Some(section) => {
+            let default_addr = if grpc.ip().is_unspecified() {
+                tracing::warn!("cluster.addr not set and node.grpc binds all interfaces: peers are told 127.0.0.1");
+                format!("127.0.0.1:{}", grpc.port())
+            } else {
+                grpc.to_string()
+            };
+            let c = cluster::Cluster::start(section, default_addr, replicas.clone(), config.node.policy.clone())
+                .await
+                .context("starting the cluster member")?;
+            Some(Arc::new(c))
+        }
+        None => None,
+    };
+    // A node of a seeded cluster follows the registry, not its file.
+    let replicas = match &cluster {
+        Some(c) if c.state.borrow().seeded => Vec::new(),
+        _ => replicas,
+    };
     let (supervisor, _) =
         Actor::spawn(None, Supervisor, shared.clone()).await.context("starting the replica supervisor")?;
     for r in replicas {
@@ -148,15 +183,16 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     // Bookings end by themselves after the lease (a gRPC client that never calls Release, a
     // lost proxy task): one sweep a second.
     let (sweeper, mut s0) = (shared.clone(), stopped.clone());
+    let peer_timeout_s = config.cluster.as_ref().map_or(5.0, |c| c.peer_timeout_ms as f64 / 1000.0);
     tasks.push(tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             tokio::select! {
                 _ = tick.tick() => {
                     let now = sweeper.now();
-                    let expired = sweeper.core().fleet.expire(now);
-                    if !expired.is_empty() {
-                        tracing::warn!(bookings = expired.len(), "bookings expired without a release");
+                    let expired = sweeper.core().expire(now, peer_timeout_s);
+                    if expired > 0 {
+                        tracing::warn!(bookings = expired, "bookings expired without a release");
                     }
                 }
                 _ = s0.wait_for(|s| *s) => break,
@@ -172,7 +208,19 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             })
             .await;
     }));
-    let services = grpc::Services { shared: shared.clone(), supervisor: supervisor.clone() };
+    if let Some(c) = &cluster {
+        let section = c.section.clone();
+        if section.gossip {
+            tasks.push(tokio::spawn(cluster::gossip::run(shared.clone(), c.clone(), section, stopped.clone())));
+        }
+        tasks.push(tokio::spawn(cluster::follow::run(
+            shared.clone(),
+            supervisor.clone(),
+            c.state.clone(),
+            stopped.clone(),
+        )));
+    }
+    let services = grpc::Services { shared: shared.clone(), supervisor: supervisor.clone(), cluster: cluster.clone() };
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RouterServer<grpc::Services>>().await;
     health_reporter.set_serving::<AdminServer<grpc::Services>>().await;
@@ -183,13 +231,19 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         .context("gRPC reflection")?;
     let mut s2 = stopped;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
+    let cluster_services =
+        cluster.as_ref().map(|c| cluster::service::ClusterServices { cluster: c.clone(), shared: shared.clone() });
     tasks.push(tokio::spawn(async move {
+        use kvmesh_proto::v1::{cluster_server::ClusterServer, gossip_server::GossipServer, raft_server::RaftServer};
         let result = tonic::transport::Server::builder()
             .add_service(health)
             .add_service(reflection)
             .add_service(RouterServer::new(services.clone()))
             .add_service(AdminServer::new(services.clone()))
             .add_service(EventsServer::new(services))
+            .add_optional_service(cluster_services.clone().map(RaftServer::new))
+            .add_optional_service(cluster_services.clone().map(ClusterServer::new))
+            .add_optional_service(cluster_services.map(GossipServer::new))
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = s2.wait_for(|s| *s).await;
             })
@@ -199,5 +253,5 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         }
     }));
     tracing::info!(%http, %grpc, "kvmesh node serving");
-    Ok(Node { http, grpc, shared, supervisor, stop, tasks })
+    Ok(Node { http, grpc, shared, supervisor, cluster, stop, tasks })
 }

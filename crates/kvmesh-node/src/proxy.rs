@@ -62,7 +62,7 @@ impl Booking {
         if !std::mem::replace(&mut self.first_token_seen, true) {
             if let Some(id) = self.id {
                 let now = self.shared.now();
-                let _ = self.shared.core().fleet.first_token(id, now);
+                let _ = self.shared.core().first_token(id, now);
             }
         }
     }
@@ -71,7 +71,7 @@ impl Booking {
         if let Some(id) = self.id.take() {
             let now = self.shared.now();
             let mut core = self.shared.core();
-            core.release(id, output_tokens);
+            let _ = core.release(id, output_tokens);
             if outcome == "ok" {
                 if let Some(r) = core.replicas.get_mut(&self.replica) {
                     r.last_served_at = Some(now);
@@ -240,7 +240,7 @@ async fn forward(
         let m = &shared.metrics;
         m.decision_latency.observe(t0.elapsed().as_secs_f64());
         let labels =
-            vec![("policy", shared.settings.policy.clone()), ("reason", routed.decision.reason.as_str().into())];
+            vec![("policy", shared.policy_name().to_string()), ("reason", routed.decision.reason.as_str().into())];
         m.decisions.get_or_create(&labels).inc();
         m.prompt_tokens.inc_by(tokens.len() as u64);
         m.predicted_cached_tokens.inc_by((tokens.len() as u64).saturating_sub(routed.decision.uncached_tokens as u64));

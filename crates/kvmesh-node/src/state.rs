@@ -14,7 +14,13 @@ use kvmesh_core::{Fleet, FleetConfig, Namespace, Policy, PolicyKind, ReplicaId, 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Leading block hashes a shared booking carries (the prefix other nodes credit as pending):
+/// 512 blocks of 16 tokens cover 8k-token prompts; longer ones share their first 8k.
+const GOSSIP_PREFIX_BLOCKS: usize = 512;
+/// Deltas waiting for the gossip sender before the oldest are dropped (summaries repair).
+const GOSSIP_MAX_PENDING: usize = 100_000;
 use std::time::Instant;
 
 /// What a replica is doing, as operators see it.
@@ -115,13 +121,15 @@ pub struct Core {
     events_silent_s: f64,
     /// When every replica's routable flag was last re-evaluated (node seconds).
     synced_at: f64,
+    /// This node's booking deltas for its peers (`None`: single node or gossip off).
+    pub outbox: Option<kvmesh_core::gossip::Outbox>,
+    /// The peers' live bookings, merged into `fleet`.
+    pub remote: kvmesh_core::gossip::RemoteBookings,
 }
 
 /// The node settings the request path reads, fixed at start (no lock).
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// The policy's name.
-    pub policy: String,
     /// Served model name; empty accepts any.
     pub model: String,
     /// Other replicas tried after a connect failure or backpressure.
@@ -142,6 +150,8 @@ pub struct Shared {
     pub settings: Settings,
     /// Prompt text → token ids.
     pub tokenizer: crate::tokenize::Tokenizer,
+    /// The routing policy's name (changes when the cluster's policy does).
+    policy_name: Mutex<Arc<str>>,
     started: Instant,
     core: Mutex<Core>,
     /// Prometheus metrics.
@@ -190,13 +200,18 @@ impl Shared {
             unhealthy_after: config.node.unhealthy_after.max(1),
             events_silent_s: config.node.events_silent_s,
             synced_at: f64::NEG_INFINITY,
+            outbox: config
+                .cluster
+                .as_ref()
+                .filter(|c| c.gossip)
+                .map(|_| kvmesh_core::gossip::Outbox::new(GOSSIP_PREFIX_BLOCKS, GOSSIP_MAX_PENDING)),
+            remote: kvmesh_core::gossip::RemoteBookings::new(FleetConfig::default().lease_s),
         };
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(config.node.request_timeout_s.max(1)))
             .connect_timeout(std::time::Duration::from_secs(2))
             .build()?;
         let settings = Settings {
-            policy: config.node.policy.clone(),
             model: config.node.model.clone(),
             retries: config.node.retries,
             overload_backoff_s: config.node.overload_backoff_ms as f64 / 1000.0,
@@ -204,10 +219,12 @@ impl Shared {
             hasher: *core.fleet.hasher(),
         };
         let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
+        let policy_name = Mutex::new(Arc::from(config.node.policy.as_str()));
         Ok(Shared {
             config: Mutex::new(config),
             settings,
             tokenizer,
+            policy_name,
             started: Instant::now(),
             core: Mutex::new(core),
             metrics: Metrics::new(),
@@ -223,6 +240,26 @@ impl Shared {
     /// The routing core, locked. Keep the guard for one short, I/O-free section.
     pub fn core(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The routing policy's name.
+    pub fn policy_name(&self) -> Arc<str> {
+        self.policy_name.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Switches the routing policy (the cluster changed it). A no-op for the current one.
+    ///
+    /// # Errors
+    /// An unknown policy name.
+    pub fn set_policy(&self, name: &str) -> Result<(), String> {
+        if &*self.policy_name() == name {
+            return Ok(());
+        }
+        let kind: PolicyKind = name.parse().map_err(|e| format!("{e}"))?;
+        self.core().policy = kind.build();
+        *self.policy_name.lock().unwrap_or_else(|p| p.into_inner()) = Arc::from(name);
+        tracing::info!(policy = name, "routing policy changed");
+        Ok(())
     }
 
     /// Registers a replica in the routing core.
@@ -423,11 +460,50 @@ impl Core {
             .and_then(|state| self.replicas.get(&state.spec.name))
             .map(|r| (r.config.name.clone(), r.config.http.trim_end_matches('/').to_string()))
             .ok_or(kvmesh_core::Error::UnknownReplica(id))?;
+        if let Some(out) = self.outbox.as_mut() {
+            if let Some(b) = self.fleet.bookings().get(routed.booking) {
+                out.book(routed.booking.0, &name, b.spec, &req.hashes);
+            }
+        }
         Ok((routed, name, url))
     }
 
-    /// Ends a booking (idempotent: an unknown booking is ignored).
-    pub fn release(&mut self, booking: BookingId, output_tokens: Option<u32>) {
-        let _ = self.fleet.release(booking, output_tokens);
+    /// A booking's first token arrived.
+    ///
+    /// # Errors
+    /// An unknown booking (released or expired).
+    pub fn first_token(&mut self, booking: BookingId, now: f64) -> Result<(), kvmesh_core::Error> {
+        self.fleet.first_token(booking, now)?;
+        if let Some(out) = self.outbox.as_mut() {
+            out.first_token(booking.0);
+        }
+        Ok(())
+    }
+
+    /// Ends a booking.
+    ///
+    /// # Errors
+    /// An unknown booking (already released or expired): nothing changes.
+    pub fn release(&mut self, booking: BookingId, output_tokens: Option<u32>) -> Result<(), kvmesh_core::Error> {
+        self.fleet.release(booking, output_tokens)?;
+        if let Some(out) = self.outbox.as_mut() {
+            out.release(booking.0, output_tokens);
+        }
+        Ok(())
+    }
+
+    /// Housekeeping at `now`: bookings past their lease end (and are announced as ended),
+    /// peers silent for `peer_timeout_s` lose theirs. Returns the expired local bookings.
+    pub fn expire(&mut self, now: f64, peer_timeout_s: f64) -> usize {
+        let expired = self.fleet.expire(now);
+        if let Some(out) = self.outbox.as_mut() {
+            for b in &expired {
+                out.release(b.0, None);
+            }
+        }
+        for peer in self.remote.expire(&mut self.fleet, now, peer_timeout_s) {
+            tracing::warn!(%peer, "peer silent: its shared bookings were dropped");
+        }
+        expired.len()
     }
 }

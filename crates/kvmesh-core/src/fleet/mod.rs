@@ -22,7 +22,7 @@ pub use view::{Estimate, Estimator, FleetView};
 
 use crate::error::Error;
 use crate::hashing::{BlockHasher, Namespace, DEFAULT_BLOCK_SIZE};
-use crate::ids::ReplicaId;
+use crate::ids::{BlockHash, ReplicaId};
 use crate::index::{ApplyOutcome, KvEvent, PrefixIndex};
 use crate::load::{BookingId, BookingSpec, Bookings, EngineMetrics};
 use crate::overlap::Overlap;
@@ -403,6 +403,25 @@ impl Fleet {
             self.bookings.set_prefill_rate(b.replica, rate / self.config.prefill_efficiency);
         }
         Ok(())
+    }
+
+    /// A shared booking's first token (one learned from another router node): its prefill
+    /// leaves the queue, but its wait (measured on another node's clock) does not feed the
+    /// learned prefill cost.
+    ///
+    /// # Errors
+    /// [`Error::UnknownBooking`].
+    pub fn first_token_shared(&mut self, booking: BookingId, now: f64) -> Result<(), Error> {
+        self.bookings.first_token(booking, now).map(|_| ())
+    }
+
+    /// Records that `hashes` (a prompt's leading blocks) were routed to `replica` at `now`
+    /// by someone else (another router node), for policies that count pending prefixes and
+    /// for approximate-mode replicas. Unknown replicas are ignored.
+    pub fn record_prefix(&mut self, replica: ReplicaId, hashes: &[BlockHash], now: f64) {
+        if self.pos(replica).is_some() {
+            self.record.record(replica, hashes, now);
+        }
     }
 
     /// The request ended; `output_tokens` when it completed normally.

@@ -1,0 +1,162 @@
+//! `kvmesh cluster …`: bootstrap, grow, shrink and inspect a cluster of router nodes over gRPC
+//! (`kvmesh.v1.Cluster`).
+
+use crate::cli::{ClusterCommand, ClusterTarget};
+use anyhow::Context;
+use kvmesh_proto::v1;
+
+pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        match cmd {
+            ClusterCommand::Init(t) => {
+                let status = client(t).await?.init(v1::InitRequest {}).await.context("Cluster.Init")?.into_inner();
+                println!("cluster initialized");
+                print!("{}", render(&status));
+            }
+            ClusterCommand::Join(a) => {
+                let req = v1::JoinRequest { node_id: a.id, addr: a.addr.clone() };
+                let status = client(&a.target).await?.join(req).await.context("Cluster.Join")?.into_inner();
+                println!("node {} joined", a.id);
+                print!("{}", render(&status));
+            }
+            ClusterCommand::Leave(a) => {
+                let req = v1::LeaveRequest { node_id: a.id };
+                let status = client(&a.target).await?.leave(req).await.context("Cluster.Leave")?.into_inner();
+                println!("node {} left", a.id);
+                print!("{}", render(&status));
+            }
+            ClusterCommand::Status(a) => {
+                let s = client(&a.target).await?.status(v1::ClusterStatusRequest {}).await.context("Cluster.Status")?;
+                let s = s.into_inner();
+                if a.json {
+                    println!("{}", serde_json::to_string_pretty(&status_json(&s))?);
+                } else {
+                    print!("{}", render(&s));
+                }
+            }
+            ClusterCommand::Fault(a) => {
+                let req = v1::FaultRequest { isolate: a.isolate, gossip_drop: a.gossip_drop };
+                client(&a.target).await?.inject_fault(req).await.context("Cluster.InjectFault")?;
+                println!("fault set: isolate={} gossip_drop={}", a.isolate, a.gossip_drop);
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
+async fn client(t: &ClusterTarget) -> anyhow::Result<v1::cluster_client::ClusterClient<tonic::transport::Channel>> {
+    let url = if t.grpc.contains("://") { t.grpc.clone() } else { format!("http://{}", t.grpc) };
+    let channel = tonic::transport::Channel::from_shared(url.clone())?
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {url} (is `kvmesh node` running with a [cluster] section?)"))?;
+    Ok(v1::cluster_client::ClusterClient::new(channel))
+}
+
+fn status_json(s: &v1::ClusterStatus) -> serde_json::Value {
+    serde_json::json!({
+        "node_id": s.node_id,
+        "state": s.state,
+        "leader_id": s.leader_id,
+        "leader_addr": s.leader_addr,
+        "term": s.term,
+        "last_applied": s.last_applied,
+        "last_log_index": s.last_log_index,
+        "initialized": s.initialized,
+        "policy": s.policy,
+        "members": s.members.iter().map(|m| serde_json::json!({
+            "node_id": m.node_id, "addr": m.addr, "role": m.role, "lag": m.lag,
+            "shared_bookings": m.shared_bookings, "gossip_age_s": m.gossip_age_s,
+        })).collect::<Vec<_>>(),
+        "registry": s.registry.iter().map(|e| serde_json::json!({
+            "name": e.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
+            "http": e.spec.as_ref().map(|s| s.http_endpoint.clone()).unwrap_or_default(),
+            "state": e.state,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The status as a terminal table.
+pub fn render(s: &v1::ClusterStatus) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let leader = s.leader_id.map_or("none".to_string(), |l| format!("{l} ({})", s.leader_addr));
+    let _ = writeln!(
+        out,
+        "node {} is {} · leader {} · term {} · applied {} / log {}{}",
+        s.node_id,
+        s.state,
+        leader,
+        s.term,
+        s.last_applied,
+        s.last_log_index,
+        if s.initialized { "" } else { " · NOT INITIALIZED (run `kvmesh cluster init`)" }
+    );
+    let _ =
+        writeln!(out, "{:>6}  {:<22} {:<8} {:>6} {:>9} {:>10}", "node", "addr", "role", "lag", "bookings", "gossip");
+    for m in &s.members {
+        let _ = writeln!(
+            out,
+            "{:>6}  {:<22} {:<8} {:>6} {:>9} {:>10}",
+            m.node_id,
+            m.addr,
+            m.role,
+            m.lag.map_or("-".into(), |l| l.to_string()),
+            m.shared_bookings,
+            m.gossip_age_s.map_or("-".into(), |a| format!("{:.1}s ago", a)),
+        );
+    }
+    if !s.registry.is_empty() {
+        let _ = writeln!(out, "registry (policy {}):", if s.policy.is_empty() { "per node" } else { &s.policy });
+        for e in &s.registry {
+            let spec = e.spec.clone().unwrap_or_default();
+            let _ = writeln!(out, "  {:<16} {:<10} {}", spec.name, e.state, spec.http_endpoint);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_renders_leader_members_and_registry() {
+        let s = v1::ClusterStatus {
+            node_id: 2,
+            state: "follower".into(),
+            leader_id: Some(1),
+            leader_addr: "10.0.0.1:50051".into(),
+            term: 3,
+            last_applied: 12,
+            last_log_index: 12,
+            members: vec![v1::ClusterMember {
+                node_id: 1,
+                addr: "10.0.0.1:50051".into(),
+                role: "voter".into(),
+                lag: None,
+                shared_bookings: 4,
+                gossip_age_s: Some(0.02),
+            }],
+            initialized: true,
+            policy: "token_load".into(),
+            registry: vec![v1::RegistryEntry {
+                spec: Some(v1::ReplicaSpec {
+                    name: "vllm-0".into(),
+                    http_endpoint: "http://a:8000".into(),
+                    ..Default::default()
+                }),
+                state: "draining".into(),
+            }],
+        };
+        assert_eq!(
+            render(&s),
+            "node 2 is follower · leader 1 (10.0.0.1:50051) · term 3 · applied 12 / log 12\n\
+             \x20 node  addr                   role        lag  bookings     gossip\n\
+             \x20    1  10.0.0.1:50051         voter         -         4  0.0s ago\n\
+             registry (policy token_load):\n\
+             \x20 vllm-0           draining   http://a:8000\n"
+        );
+    }
+}

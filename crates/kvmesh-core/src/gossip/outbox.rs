@@ -1,0 +1,94 @@
+//! A node's own booking deltas, waiting to be sent, and its live set for summaries.
+
+use super::{Delta, DeltaKind, Summary, SummaryEntry};
+use crate::ids::BlockHash;
+use crate::load::BookingSpec;
+use std::collections::BTreeMap;
+
+/// Deltas not yet taken by the sender, and the live bookings a [`Summary`] lists.
+///
+/// Bounded: at most `max_pending` deltas wait (older ones are dropped when peers are gone and
+/// nobody takes them — the next summary repairs what they carried).
+#[derive(Debug)]
+pub struct Outbox {
+    seq: u64,
+    pending: Vec<Delta>,
+    live: BTreeMap<u64, SummaryEntry>,
+    max_prefix_blocks: usize,
+    max_pending: usize,
+    dropped: u64,
+}
+
+impl Outbox {
+    /// An empty outbox whose Book deltas carry at most `max_prefix_blocks` leading block
+    /// hashes and which holds at most `max_pending` deltas.
+    pub fn new(max_prefix_blocks: usize, max_pending: usize) -> Self {
+        Outbox {
+            seq: 0,
+            pending: Vec::new(),
+            live: BTreeMap::new(),
+            max_prefix_blocks,
+            max_pending: max_pending.max(1),
+            dropped: 0,
+        }
+    }
+
+    fn push(&mut self, booking: u64, kind: DeltaKind) {
+        self.seq += 1;
+        if self.pending.len() >= self.max_pending {
+            let half = self.max_pending / 2;
+            self.dropped += half as u64;
+            self.pending.drain(..half.max(1));
+        }
+        self.pending.push(Delta { seq: self.seq, booking, kind });
+    }
+
+    /// A local request was routed to `replica`; `prefix` is its block hashes.
+    pub fn book(&mut self, booking: u64, replica: &str, spec: BookingSpec, prefix: &[BlockHash]) {
+        let prefix = prefix[..prefix.len().min(self.max_prefix_blocks)].to_vec();
+        self.live.insert(booking, SummaryEntry { booking, replica: replica.to_string(), spec, first_token: false });
+        self.push(booking, DeltaKind::Book { replica: replica.to_string(), spec, prefix });
+    }
+
+    /// A local booking's first token arrived (ignored for an unknown booking).
+    pub fn first_token(&mut self, booking: u64) {
+        if let Some(e) = self.live.get_mut(&booking) {
+            if !e.first_token {
+                e.first_token = true;
+                self.push(booking, DeltaKind::FirstToken);
+            }
+        }
+    }
+
+    /// A local booking ended (ignored for an unknown booking, so a double release sends once).
+    pub fn release(&mut self, booking: u64, output_tokens: Option<u32>) {
+        if self.live.remove(&booking).is_some() {
+            self.push(booking, DeltaKind::Release { output_tokens });
+        }
+    }
+
+    /// Takes the deltas waiting to be sent, in sequence order.
+    pub fn take(&mut self) -> Vec<Delta> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// The live set as of the latest sequence number.
+    pub fn summary(&self) -> Summary {
+        Summary { seq: self.seq, live: self.live.values().cloned().collect() }
+    }
+
+    /// The latest sequence number.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Live local bookings.
+    pub fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Deltas dropped because nobody took them (the summary repaired them).
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}

@@ -1,0 +1,61 @@
+//! Keeps this node in line with the replicated state: its replica actors follow the registry
+//! (once seeded; before that, the node's own `[[replicas]]`), draining follows the registry's
+//! state, and the policy follows the cluster's.
+
+use super::registry::{ClusterState, ReplicaState};
+use crate::config::ReplicaConfig;
+use crate::replica::SupervisorMsg;
+use crate::state::Shared;
+use ractor::ActorRef;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// Follows `state` until `stop` turns true.
+pub async fn run(
+    shared: Arc<Shared>,
+    supervisor: ActorRef<SupervisorMsg>,
+    mut state: watch::Receiver<Arc<ClusterState>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let current = state.borrow_and_update().clone();
+        if current.seeded {
+            sync(&shared, &supervisor, &current).await;
+        }
+        tokio::select! {
+            r = state.changed() => if r.is_err() { return },
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+async fn sync(shared: &Shared, supervisor: &ActorRef<SupervisorMsg>, state: &ClusterState) {
+    let desired: Vec<&ReplicaConfig> = state.live_replicas().map(|e| &e.config).collect();
+    let current: Vec<ReplicaConfig> = shared.core().replicas.values().map(|r| r.config.clone()).collect();
+    for old in &current {
+        if !desired.contains(&old) {
+            if let Ok(Err(e)) = ractor::call!(supervisor, SupervisorMsg::Remove, old.name.clone()) {
+                tracing::warn!(replica = %old.name, error = %e, "registry: remove failed");
+            }
+        }
+    }
+    for new in &desired {
+        if !current.contains(new) {
+            match ractor::call!(supervisor, SupervisorMsg::Add, (*new).clone()) {
+                Ok(Ok(())) => tracing::info!(replica = %new.name, "registry: replica added"),
+                Ok(Err(e)) => tracing::warn!(replica = %new.name, error = %e, "registry: add failed"),
+                Err(e) => tracing::warn!(replica = %new.name, error = %e, "registry: supervisor unreachable"),
+            }
+        }
+    }
+    for e in state.live_replicas() {
+        // A starting replica is not routed to either: it cannot serve yet.
+        let draining = e.state != ReplicaState::Ready;
+        let _ = shared.set_draining(&e.config.name, draining);
+    }
+    if let Some(p) = &state.policy {
+        if let Err(e) = shared.set_policy(p) {
+            tracing::warn!(policy = %p, error = %e, "registry: policy not applied");
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Streams this node's booking deltas to every peer: one long-lived `Gossip.Stream` call per
+//! peer, fed a batch every `gossip_interval_ms` and a full summary every
+//! `summary_interval_ms`. A peer that is down or slow loses batches (bounded queues); the next
+//! summary repairs them. Peers are the Raft members.
+
+use super::network::channel;
+use super::Cluster;
+use crate::config::ClusterSection;
+use crate::state::Shared;
+use kvmesh_core::gossip::NodeId;
+use kvmesh_proto::v1;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// Batches queued per peer before new ones are dropped.
+const PEER_QUEUE: usize = 256;
+
+/// Runs the broadcaster until `stop` turns true.
+pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSection, mut stop: watch::Receiver<bool>) {
+    let incarnation: u64 = rand::rngs::SmallRng::from_os_rng().random();
+    let mut rng = rand::rngs::SmallRng::from_os_rng();
+    let mut tick = tokio::time::interval(Duration::from_millis(section.gossip_interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let summary_every = Duration::from_millis(section.summary_interval_ms);
+    let mut last_summary = tokio::time::Instant::now() - summary_every;
+    let mut peers: BTreeMap<u64, (String, mpsc::Sender<v1::GossipBatch>)> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        // Follow membership: start senders for new peers, stop those of departed ones.
+        let members = cluster.members();
+        peers.retain(|id, (addr, _)| members.get(id) == Some(addr));
+        for (id, addr) in &members {
+            if *id != cluster.id && !peers.contains_key(id) {
+                let (tx, rx) = mpsc::channel(PEER_QUEUE);
+                tokio::spawn(peer_sender(*id, addr.clone(), rx));
+                peers.insert(*id, (addr.clone(), tx));
+            }
+        }
+        let summary_due = last_summary.elapsed() >= summary_every;
+        let (deltas, summary) = {
+            let mut core = shared.core();
+            let core = &mut *core;
+            // Bookings of nodes that left the cluster go with them.
+            let gone: Vec<NodeId> =
+                core.remote.peers().map(|(n, _, _)| n).filter(|n| !members.contains_key(&n.0)).collect();
+            for n in gone {
+                core.remote.drop_peer(&mut core.fleet, n);
+            }
+            match core.outbox.as_mut() {
+                Some(out) => (out.take(), summary_due.then(|| out.summary())),
+                None => return,
+            }
+        };
+        if deltas.is_empty() && summary.is_none() {
+            continue;
+        }
+        if summary.is_some() {
+            last_summary = tokio::time::Instant::now();
+        }
+        let batch = v1::GossipBatch {
+            node_id: cluster.id,
+            incarnation,
+            deltas: deltas.iter().map(v1::BookingDelta::from).collect(),
+            summary: summary.as_ref().map(v1::BookingSummary::from),
+        };
+        for (_, tx) in peers.values() {
+            if cluster.faults.drop_gossip(rng.random()) {
+                continue;
+            }
+            // Full: the peer is slow or down; the next summary repairs what this batch carried.
+            let _ = tx.try_send(batch.clone());
+        }
+    }
+}
+
+/// Keeps one `Gossip.Stream` call open to a peer and forwards its batches, reconnecting after
+/// errors. Ends when the broadcaster drops the peer's queue.
+async fn peer_sender(id: u64, addr: String, mut rx: mpsc::Receiver<v1::GossipBatch>) {
+    let Ok(ch) = channel(&addr) else {
+        tracing::error!(peer = id, %addr, "bad gossip address");
+        return;
+    };
+    loop {
+        let mut client = v1::gossip_client::GossipClient::new(ch.clone());
+        let (tx, stream_rx) = mpsc::channel::<v1::GossipBatch>(PEER_QUEUE);
+        let call = client.stream(tokio_stream::wrappers::ReceiverStream::new(stream_rx));
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                b = rx.recv() => match b {
+                    Some(b) => if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(b) { break },
+                    None => return,
+                },
+                r = &mut call => {
+                    if let Err(e) = r {
+                        tracing::debug!(peer = id, error = %e, "gossip stream ended");
+                    }
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

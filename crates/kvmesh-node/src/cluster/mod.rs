@@ -1,0 +1,356 @@
+//! The router tier as a cluster: Raft (openraft 0.9, log and state machine in sled) for
+//! membership, the replica registry and configuration; gossip for shared bookings.
+//!
+//! - [`registry`]: the replicated state and its commands (the state machine's logic).
+//! - [`store`]: the sled-backed Raft log and state machine.
+//! - [`network`]: Raft RPCs over tonic, and injected faults.
+//! - [`service`]: the `kvmesh.v1` Raft, Cluster and Gossip gRPC services.
+//! - [`gossip`]: streaming this node's booking deltas to its peers.
+//! - [`follow`]: keeping the node's replica actors and policy in line with the registry.
+//!
+//! The data path never waits for Raft: every node follows every replica itself and routes on
+//! its own view; losing the leader or quorum freezes configuration changes only.
+
+pub mod follow;
+pub mod gossip;
+pub mod network;
+pub mod registry;
+pub mod service;
+pub mod store;
+
+use crate::config::{ClusterSection, ReplicaConfig};
+use kvmesh_proto::v1;
+use network::{Faults, Network};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
+use registry::{ClusterState, Command, CommandResult};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Cursor;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+openraft::declare_raft_types!(
+    /// kvmesh's Raft types: registry commands in the log, u64 node ids, gRPC addresses.
+    pub TypeConfig:
+        D = Command,
+        R = CommandResult,
+);
+
+/// Why a cluster operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// No leader is known (an election is running, or this side of a partition has no quorum).
+    #[error("no Raft leader reachable (election running or quorum lost): configuration is frozen, routing continues")]
+    NoLeader,
+    /// The command was committed but changed nothing, and why.
+    #[error("{0}")]
+    Rejected(String),
+    /// `init` on a node that already belongs to a cluster.
+    #[error("this node is already initialized (a cluster is bootstrapped once)")]
+    AlreadyInitialized,
+    /// The leader could not be reached to forward to it.
+    #[error("forwarding to the leader at {addr}: {error}")]
+    Forward {
+        /// The leader's address.
+        addr: String,
+        /// What went wrong.
+        error: String,
+    },
+    /// openraft's own error.
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+impl From<ClusterError> for tonic::Status {
+    fn from(e: ClusterError) -> Self {
+        let msg = e.to_string();
+        match e {
+            ClusterError::NoLeader | ClusterError::Forward { .. } => tonic::Status::unavailable(msg),
+            ClusterError::Rejected(_) | ClusterError::AlreadyInitialized => tonic::Status::failed_precondition(msg),
+            ClusterError::Raft(_) => tonic::Status::internal(msg),
+        }
+    }
+}
+
+/// This node's membership in the cluster.
+pub struct Cluster {
+    /// This node's id.
+    pub id: u64,
+    /// Its gRPC address as peers reach it.
+    pub addr: String,
+    /// The Raft instance.
+    pub raft: Raft<TypeConfig>,
+    /// The replicated state as applied here.
+    pub state: watch::Receiver<Arc<ClusterState>>,
+    /// Injected faults (tests, chaos).
+    pub faults: Arc<Faults>,
+    /// The `[cluster]` settings.
+    pub section: ClusterSection,
+    seed: (Vec<ReplicaConfig>, String),
+}
+
+impl Cluster {
+    /// Opens the store in `section.data_dir` and starts Raft. A node with stored state rejoins
+    /// its cluster by itself; a fresh one waits for `init` (or for a leader to add it).
+    ///
+    /// # Errors
+    /// A corrupt or unopenable store, or invalid Raft timings.
+    pub async fn start(
+        section: ClusterSection,
+        default_addr: String,
+        seed_replicas: Vec<ReplicaConfig>,
+        seed_policy: String,
+    ) -> anyhow::Result<Cluster> {
+        let (log_store, sm_store) = store::open(&section.data_dir)?;
+        let state = sm_store.subscribe();
+        let config = openraft::Config {
+            cluster_name: "kvmesh".into(),
+            heartbeat_interval: section.heartbeat_ms,
+            election_timeout_min: section.election_timeout_min_ms,
+            election_timeout_max: section.election_timeout_max_ms,
+            install_snapshot_timeout: 2000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(section.snapshot_every),
+            max_in_snapshot_log_to_keep: section.snapshot_every / 2,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| anyhow::anyhow!("cluster timings: {e}"))?;
+        let faults = Arc::new(Faults::default());
+        let raft = Raft::new(section.id, Arc::new(config), Network { faults: faults.clone() }, log_store, sm_store)
+            .await
+            .map_err(|e| anyhow::anyhow!("starting Raft: {e}"))?;
+        let addr = if section.addr.is_empty() { default_addr } else { section.addr.clone() };
+        Ok(Cluster { id: section.id, addr, raft, state, faults, section, seed: (seed_replicas, seed_policy) })
+    }
+
+    /// Bootstraps a fresh cluster with the configured peers as voters, waits for a leader and
+    /// seeds the registry from this node's configuration.
+    ///
+    /// # Errors
+    /// [`ClusterError::AlreadyInitialized`]; a leader not elected within 10 s.
+    pub async fn init(&self) -> Result<(), ClusterError> {
+        if self.raft.metrics().borrow().membership_config.nodes().next().is_some() {
+            return Err(ClusterError::AlreadyInitialized);
+        }
+        let mut members: BTreeMap<u64, BasicNode> = self
+            .section
+            .peer_map()
+            .map_err(ClusterError::Rejected)?
+            .into_iter()
+            .map(|(id, addr)| (id, BasicNode { addr }))
+            .collect();
+        members.entry(self.id).or_insert_with(|| BasicNode { addr: self.addr.clone() });
+        match self.raft.initialize(members).await {
+            Ok(()) => {}
+            Err(RaftError::APIError(_)) => return Err(ClusterError::AlreadyInitialized),
+            Err(e) => return Err(ClusterError::Raft(e.to_string())),
+        }
+        self.wait_for_leader(Duration::from_secs(10)).await?;
+        let seed = Command::Seed { replicas: self.seed.0.clone(), policy: self.seed.1.clone() };
+        match self.write(seed).await {
+            Ok(_) | Err(ClusterError::Rejected(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits until some leader is known.
+    ///
+    /// # Errors
+    /// [`ClusterError::NoLeader`] after `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<u64, ClusterError> {
+        let mut m = self.raft.metrics();
+        let found = tokio::time::timeout(timeout, async {
+            loop {
+                if let Some(l) = m.borrow().current_leader {
+                    return l;
+                }
+                if m.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+        .await;
+        found.map_err(|_| ClusterError::NoLeader)
+    }
+
+    /// The leader's id and address, if one is known.
+    pub fn leader(&self) -> Option<(u64, String)> {
+        let m = self.raft.metrics().borrow().clone();
+        let id = m.current_leader?;
+        let addr = m.membership_config.membership().get_node(&id).map(|n| n.addr.clone())?;
+        Some((id, addr))
+    }
+
+    /// Replicates `cmd` through the leader (forwarding it there from a follower) and returns
+    /// its result and log index once committed.
+    ///
+    /// # Errors
+    /// [`ClusterError::NoLeader`] without quorum, [`ClusterError::Rejected`] when the state
+    /// machine refused it (unknown replica, duplicate name, …).
+    pub async fn write(&self, cmd: Command) -> Result<(CommandResult, u64), ClusterError> {
+        if self.faults.isolated() {
+            return Err(ClusterError::NoLeader);
+        }
+        let (result, index) = match self.raft.client_write(cmd.clone()).await {
+            Ok(resp) => (resp.data, resp.log_id.index),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => match f.leader_node {
+                Some(node) if f.leader_id != Some(self.id) => forward_write(&node.addr, &cmd).await?,
+                _ => return Err(ClusterError::NoLeader),
+            },
+            Err(e) => return Err(ClusterError::Raft(e.to_string())),
+        };
+        match result.error {
+            Some(e) => Err(ClusterError::Rejected(e)),
+            None => Ok((result, index)),
+        }
+    }
+
+    /// Adds node `id` at `addr`: as a learner until it has caught up, then as a voter.
+    /// Forwarded to the leader.
+    ///
+    /// # Errors
+    /// No leader; openraft's refusal (e.g. a membership change already in progress).
+    pub async fn join(&self, id: u64, addr: String) -> Result<(), ClusterError> {
+        if let Some(leader) = self.forward_target()? {
+            let mut c = v1::cluster_client::ClusterClient::new(channel_to(&leader)?);
+            return c
+                .join(v1::JoinRequest { node_id: id, addr })
+                .await
+                .map(|_| ())
+                .map_err(|s| ClusterError::Forward { addr: leader, error: s.message().to_string() });
+        }
+        self.raft.add_learner(id, BasicNode { addr }, true).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let mut voters = self.voters();
+        voters.insert(id);
+        self.raft.change_membership(voters, false).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Removes node `id` from the cluster. Forwarded to the leader.
+    ///
+    /// # Errors
+    /// No leader; an unknown node; openraft's refusal.
+    pub async fn leave(&self, id: u64) -> Result<(), ClusterError> {
+        if let Some(leader) = self.forward_target()? {
+            let mut c = v1::cluster_client::ClusterClient::new(channel_to(&leader)?);
+            return c
+                .leave(v1::LeaveRequest { node_id: id })
+                .await
+                .map(|_| ())
+                .map_err(|s| ClusterError::Forward { addr: leader, error: s.message().to_string() });
+        }
+        let mut voters = self.voters();
+        if !voters.remove(&id) {
+            return Err(ClusterError::Rejected(format!("node {id} is not a voter")));
+        }
+        if voters.is_empty() {
+            return Err(ClusterError::Rejected("the last node cannot leave".into()));
+        }
+        self.raft.change_membership(voters, false).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
+        Ok(())
+    }
+
+    /// `None` when this node is the leader; the leader's address otherwise.
+    fn forward_target(&self) -> Result<Option<String>, ClusterError> {
+        if self.faults.isolated() {
+            return Err(ClusterError::NoLeader);
+        }
+        match self.leader() {
+            Some((id, _)) if id == self.id => Ok(None),
+            Some((_, addr)) => Ok(Some(addr)),
+            None => Err(ClusterError::NoLeader),
+        }
+    }
+
+    /// Current voter ids.
+    pub fn voters(&self) -> BTreeSet<u64> {
+        self.raft.metrics().borrow().membership_config.membership().voter_ids().collect()
+    }
+
+    /// Every member (voters and learners) with its address, this node included.
+    pub fn members(&self) -> BTreeMap<u64, String> {
+        let m = self.raft.metrics().borrow().clone();
+        let members: BTreeMap<u64, String> =
+            m.membership_config.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
+        if members.is_empty() {
+            // Not bootstrapped yet: the configured peers are the best guess (gossip starts early).
+            return self.section.peer_map().unwrap_or_default().into_iter().collect();
+        }
+        members
+    }
+
+    /// The cluster as this node sees it.
+    pub fn status(&self) -> v1::ClusterStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership().clone();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let state = match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        let last_log = m.last_log_index.unwrap_or(0);
+        let members = membership
+            .nodes()
+            .map(|(id, n)| v1::ClusterMember {
+                node_id: *id,
+                addr: n.addr.clone(),
+                role: if voters.contains(id) { "voter" } else { "learner" }.into(),
+                lag: m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(id))
+                    .map(|matched| last_log.saturating_sub(matched.map_or(0, |l| l.index))),
+                shared_bookings: 0,
+                gossip_age_s: None,
+            })
+            .collect();
+        let (leader_id, leader_addr) = match self.leader() {
+            Some((id, addr)) => (Some(id), addr),
+            None => (None, String::new()),
+        };
+        let cs = self.state.borrow().clone();
+        let initialized = membership.nodes().next().is_some();
+        v1::ClusterStatus {
+            node_id: self.id,
+            state: state.into(),
+            leader_id,
+            leader_addr,
+            term: m.current_term,
+            last_applied: m.last_applied.map_or(0, |l| l.index),
+            last_log_index: last_log,
+            members,
+            initialized,
+            policy: cs.policy.clone().unwrap_or_default(),
+            registry: cs
+                .replicas
+                .values()
+                .map(|e| v1::RegistryEntry {
+                    spec: Some(crate::grpc::to_spec(&e.config, 0)),
+                    state: e.state.as_str().into(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn channel_to(addr: &str) -> Result<tonic::transport::Channel, ClusterError> {
+    network::channel(addr).map_err(|e| ClusterError::Forward { addr: addr.into(), error: e.to_string() })
+}
+
+async fn forward_write(addr: &str, cmd: &Command) -> Result<(CommandResult, u64), ClusterError> {
+    let fwd = |error: String| ClusterError::Forward { addr: addr.to_string(), error };
+    let mut c = v1::cluster_client::ClusterClient::new(channel_to(addr)?);
+    let json = serde_json::to_vec(cmd).map_err(|e| fwd(e.to_string()))?;
+    let reply = c.write(v1::WriteRequest { command_json: json }).await.map_err(|s| match s.code() {
+        tonic::Code::FailedPrecondition => ClusterError::Rejected(s.message().to_string()),
+        tonic::Code::Unavailable if s.message().starts_with("no Raft leader") => ClusterError::NoLeader,
+        _ => fwd(s.message().to_string()),
+    })?;
+    let r = reply.into_inner();
+    let result: CommandResult = serde_json::from_slice(&r.result_json).map_err(|e| fwd(e.to_string()))?;
+    Ok((result, r.log_index))
+}

@@ -1,0 +1,163 @@
+//! Raft RPCs over tonic (openraft 0.9's `RaftNetwork`): each request and reply is openraft's
+//! own type as JSON inside a `kvmesh.v1.RaftPayload`. A peer that cannot be reached is
+//! `Unreachable` (openraft backs off and retries); injected faults act here and in the
+//! server ([`Faults`]).
+
+use super::TypeConfig;
+use kvmesh_proto::v1::{raft_client::RaftClient, RaftPayload};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use tonic::transport::{Channel, Endpoint};
+
+type NodeId = u64;
+
+/// Faults injected for tests and chaos scenarios (`Cluster.InjectFault`).
+#[derive(Debug, Default)]
+pub struct Faults {
+    isolated: AtomicBool,
+    gossip_drop_ppm: AtomicU32,
+}
+
+impl Faults {
+    /// Drop all Raft and gossip traffic to and from this node (a partition), or stop.
+    pub fn set(&self, isolate: bool, gossip_drop: f64) {
+        self.isolated.store(isolate, Ordering::Relaxed);
+        self.gossip_drop_ppm.store((gossip_drop.clamp(0.0, 1.0) * 1e6) as u32, Ordering::Relaxed);
+    }
+
+    /// Whether this node is cut off.
+    pub fn isolated(&self) -> bool {
+        self.isolated.load(Ordering::Relaxed)
+    }
+
+    /// Whether to drop one outgoing gossip batch, given a uniform draw in [0, 1).
+    pub fn drop_gossip(&self, draw: f64) -> bool {
+        self.isolated() || draw * 1e6 < self.gossip_drop_ppm.load(Ordering::Relaxed) as f64
+    }
+}
+
+/// A lazily connecting gRPC channel to `addr` (`host:port`).
+///
+/// # Errors
+/// An address that is not a valid URI authority.
+pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(std::time::Duration::from_millis(500))
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+/// Makes one [`PeerClient`] per Raft peer.
+#[derive(Clone)]
+pub struct Network {
+    /// Shared with the server side.
+    pub faults: Arc<Faults>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        PeerClient { target, node: node.clone(), client: None, faults: self.faults.clone() }
+    }
+}
+
+/// Sends Raft RPCs to one peer.
+pub struct PeerClient {
+    target: NodeId,
+    node: BasicNode,
+    client: Option<RaftClient<Channel>>,
+    faults: Arc<Faults>,
+}
+
+#[derive(Clone, Copy)]
+enum Rpc {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Transport(String);
+
+impl PeerClient {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        if self.faults.isolated() {
+            return Err(RPCError::Unreachable(Unreachable::new(&Transport("isolated by an injected fault".into()))));
+        }
+        let client = match &mut self.client {
+            Some(c) => c,
+            None => {
+                let ch = channel(&self.node.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+                self.client.insert(RaftClient::new(ch))
+            }
+        };
+        let json = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut request = tonic::Request::new(RaftPayload { json });
+        request.set_timeout(option.hard_ttl());
+        let reply = match rpc {
+            Rpc::Append => client.append_entries(request).await,
+            Rpc::Vote => client.vote(request).await,
+            Rpc::Snapshot => client.install_snapshot(request).await,
+        };
+        let reply = reply.map_err(|s| {
+            let e = Transport(format!("{}: {}", s.code(), s.message()));
+            match s.code() {
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                    RPCError::Unreachable(Unreachable::new(&e))
+                }
+                _ => RPCError::Network(NetworkError::new(&e)),
+            }
+        })?;
+        let result: Result<Resp, RaftError<NodeId, E>> =
+            serde_json::from_slice(&reply.into_inner().json).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(Rpc::Append, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>>
+    {
+        self.call(Rpc::Snapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(Rpc::Vote, &rpc, &option).await
+    }
+}

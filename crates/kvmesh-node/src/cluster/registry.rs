@@ -1,0 +1,235 @@
+//! The replicated state: the replica registry, the cluster's routing configuration, and the
+//! slots later capabilities fill (replication plan, scale decisions). Commands are Raft log
+//! entries; [`ClusterState::apply`] is the deterministic state machine every node runs.
+
+use crate::config::ReplicaConfig;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A replica's lifecycle in the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaState {
+    /// Registered, not yet serving (an engine still loading weights).
+    Starting,
+    /// Takes traffic.
+    Ready,
+    /// Takes no new requests; in-flight ones finish.
+    Draining,
+    /// Gone; kept so operators can see what was removed and when (by log index).
+    Removed,
+}
+
+impl ReplicaState {
+    /// Stable lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaState::Starting => "starting",
+            ReplicaState::Ready => "ready",
+            ReplicaState::Draining => "draining",
+            ReplicaState::Removed => "removed",
+        }
+    }
+}
+
+/// One registered replica.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegistryEntry {
+    /// How to reach and size it.
+    pub config: ReplicaConfig,
+    /// Its lifecycle state.
+    pub state: ReplicaState,
+    /// The log index of its last change.
+    pub changed_at: u64,
+}
+
+/// One replicated command (a Raft log entry's payload).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Command {
+    /// Fills an empty registry from the bootstrapping node's configuration (once).
+    Seed {
+        /// Its `[[replicas]]`.
+        replicas: Vec<ReplicaConfig>,
+        /// Its `node.policy`.
+        policy: String,
+    },
+    /// Registers a replica (ready). Fails if a live replica has the name.
+    AddReplica {
+        /// The replica.
+        config: ReplicaConfig,
+    },
+    /// Marks a replica removed.
+    RemoveReplica {
+        /// Its name.
+        name: String,
+    },
+    /// Sets a replica's state (drain, undrain, ready after a start).
+    SetReplicaState {
+        /// Its name.
+        name: String,
+        /// The new state.
+        state: ReplicaState,
+    },
+    /// Changes the routing policy on every node.
+    SetPolicy {
+        /// A policy name (`kvmesh policies`).
+        policy: String,
+    },
+    /// The hot-prefix replication plan (filled by the replication capability).
+    SetReplicationPlan {
+        /// The plan, as its owner encodes it.
+        plan: serde_json::Value,
+    },
+    /// One autoscaler decision (filled by the autoscaling capability); the last 100 are kept.
+    RecordScaleDecision {
+        /// The decision with its reason and inputs.
+        decision: serde_json::Value,
+    },
+}
+
+/// What a command did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CommandResult {
+    /// Why it changed nothing; `None`: applied.
+    pub error: Option<String>,
+}
+
+/// The replicated state.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// Whether the registry was seeded (before that, each node follows its own config file).
+    pub seeded: bool,
+    /// Replicas by name, removed ones included.
+    pub replicas: BTreeMap<String, RegistryEntry>,
+    /// The routing policy every node uses; `None`: each node's own `node.policy`.
+    pub policy: Option<String>,
+    /// The current hot-prefix replication plan.
+    pub replication_plan: Option<serde_json::Value>,
+    /// The latest autoscaler decisions, oldest first.
+    pub scale_decisions: Vec<serde_json::Value>,
+}
+
+impl ClusterState {
+    /// Applies `cmd` committed at log `index`. Deterministic: every node gets the same state.
+    pub fn apply(&mut self, cmd: &Command, index: u64) -> CommandResult {
+        let err = |e: String| CommandResult { error: Some(e) };
+        match cmd {
+            Command::Seed { replicas, policy } => {
+                if self.seeded {
+                    return err("the registry is already seeded".into());
+                }
+                self.seeded = true;
+                self.policy = Some(policy.clone());
+                for r in replicas {
+                    self.replicas.insert(
+                        r.name.clone(),
+                        RegistryEntry { config: r.clone(), state: ReplicaState::Ready, changed_at: index },
+                    );
+                }
+            }
+            Command::AddReplica { config } => {
+                if let Err(e) = config.validate() {
+                    return err(e);
+                }
+                if self.replicas.get(&config.name).is_some_and(|e| e.state != ReplicaState::Removed) {
+                    return err(format!("replica {:?} already exists", config.name));
+                }
+                self.seeded = true;
+                self.replicas.insert(
+                    config.name.clone(),
+                    RegistryEntry { config: config.clone(), state: ReplicaState::Ready, changed_at: index },
+                );
+            }
+            Command::RemoveReplica { name } => match self.replicas.get_mut(name) {
+                Some(e) if e.state != ReplicaState::Removed => {
+                    e.state = ReplicaState::Removed;
+                    e.changed_at = index;
+                }
+                _ => return err(format!("unknown replica {name:?}")),
+            },
+            Command::SetReplicaState { name, state } => match self.replicas.get_mut(name) {
+                Some(e) if e.state != ReplicaState::Removed => {
+                    e.state = *state;
+                    e.changed_at = index;
+                }
+                _ => return err(format!("unknown replica {name:?}")),
+            },
+            Command::SetPolicy { policy } => {
+                if let Err(e) = policy.parse::<kvmesh_core::PolicyKind>() {
+                    return err(e.to_string());
+                }
+                self.policy = Some(policy.clone());
+            }
+            Command::SetReplicationPlan { plan } => self.replication_plan = Some(plan.clone()),
+            Command::RecordScaleDecision { decision } => {
+                self.scale_decisions.push(decision.clone());
+                let excess = self.scale_decisions.len().saturating_sub(100);
+                self.scale_decisions.drain(..excess);
+            }
+        }
+        CommandResult::default()
+    }
+
+    /// Replicas every node should follow (not removed), by name.
+    pub fn live_replicas(&self) -> impl Iterator<Item = &RegistryEntry> {
+        self.replicas.values().filter(|e| e.state != ReplicaState::Removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(name: &str) -> ReplicaConfig {
+        ReplicaConfig {
+            name: name.into(),
+            http: format!("http://{name}:8000"),
+            kv_events: None,
+            replay: None,
+            kv_events_bind: false,
+            metrics_url: None,
+            capacity_blocks: 100,
+            engine: "vllm".into(),
+        }
+    }
+
+    #[test]
+    fn commands_build_the_registry() {
+        let mut s = ClusterState::default();
+        let seed = Command::Seed { replicas: vec![replica("a"), replica("b")], policy: "token_load".into() };
+        assert_eq!(s.apply(&seed, 1), CommandResult::default());
+        assert_eq!(s.apply(&seed, 2).error.as_deref(), Some("the registry is already seeded"));
+        assert_eq!(
+            s.apply(&Command::AddReplica { config: replica("a") }, 3).error.as_deref(),
+            Some("replica \"a\" already exists")
+        );
+        let drain = Command::SetReplicaState { name: "b".into(), state: ReplicaState::Draining };
+        assert_eq!(s.apply(&drain, 4), CommandResult::default());
+        assert_eq!(s.apply(&Command::RemoveReplica { name: "a".into() }, 5), CommandResult::default());
+        assert_eq!(
+            s.apply(&Command::RemoveReplica { name: "a".into() }, 6).error.as_deref(),
+            Some("unknown replica \"a\"")
+        );
+        // A removed name can be registered again.
+        assert_eq!(s.apply(&Command::AddReplica { config: replica("a") }, 7), CommandResult::default());
+        let live: Vec<(&str, ReplicaState, u64)> =
+            s.live_replicas().map(|e| (e.config.name.as_str(), e.state, e.changed_at)).collect();
+        assert_eq!(live, vec![("a", ReplicaState::Ready, 7), ("b", ReplicaState::Draining, 4)]);
+        assert!(s.apply(&Command::SetPolicy { policy: "fastest".into() }, 8).error.is_some());
+        assert_eq!(s.apply(&Command::SetPolicy { policy: "kv_cost".into() }, 9), CommandResult::default());
+        assert_eq!(s.policy.as_deref(), Some("kv_cost"));
+        for i in 0..105 {
+            s.apply(&Command::RecordScaleDecision { decision: serde_json::json!(i) }, 10 + i);
+        }
+        assert_eq!((s.scale_decisions.len(), s.scale_decisions[0].clone()), (100, serde_json::json!(5)));
+    }
+
+    #[test]
+    fn commands_have_a_stable_json_form() {
+        let cmd = Command::SetReplicaState { name: "vllm-0".into(), state: ReplicaState::Draining };
+        let json = serde_json::to_string(&cmd).unwrap();
+        assert_eq!(json, r#"{"op":"set_replica_state","name":"vllm-0","state":"draining"}"#);
+        assert_eq!(serde_json::from_str::<Command>(&json).unwrap(), cmd);
+    }
+}

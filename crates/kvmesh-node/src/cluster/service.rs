@@ -1,0 +1,151 @@
+//! The `kvmesh.v1` Raft, Cluster and Gossip services of one node.
+
+use super::registry::Command;
+use super::Cluster;
+use crate::state::Shared;
+use kvmesh_core::gossip::{Delta, NodeId, Summary};
+use kvmesh_proto::v1::{self, cluster_server, gossip_server, raft_server};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::sync::Arc;
+use tonic::{Request, Response, Status, Streaming};
+
+/// The handles the cluster services need.
+#[derive(Clone)]
+pub struct ClusterServices {
+    /// This node's cluster membership.
+    pub cluster: Arc<Cluster>,
+    /// Node state (gossip merges into its fleet).
+    pub shared: Arc<Shared>,
+}
+
+fn decode<T: DeserializeOwned>(p: v1::RaftPayload) -> Result<T, Status> {
+    serde_json::from_slice(&p.json).map_err(|e| Status::invalid_argument(format!("bad Raft payload: {e}")))
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Response<v1::RaftPayload>, Status> {
+    serde_json::to_vec(v)
+        .map(|json| Response::new(v1::RaftPayload { json }))
+        .map_err(|e| Status::internal(e.to_string()))
+}
+
+impl ClusterServices {
+    fn reachable(&self) -> Result<(), Status> {
+        if self.cluster.faults.isolated() {
+            return Err(Status::unavailable("isolated by an injected fault"));
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl raft_server::Raft for ClusterServices {
+    async fn append_entries(&self, r: Request<v1::RaftPayload>) -> Result<Response<v1::RaftPayload>, Status> {
+        self.reachable()?;
+        let result = self.cluster.raft.append_entries(decode(r.into_inner())?).await;
+        encode(&result)
+    }
+
+    async fn vote(&self, r: Request<v1::RaftPayload>) -> Result<Response<v1::RaftPayload>, Status> {
+        self.reachable()?;
+        let result = self.cluster.raft.vote(decode(r.into_inner())?).await;
+        encode(&result)
+    }
+
+    async fn install_snapshot(&self, r: Request<v1::RaftPayload>) -> Result<Response<v1::RaftPayload>, Status> {
+        self.reachable()?;
+        let result = self.cluster.raft.install_snapshot(decode(r.into_inner())?).await;
+        encode(&result)
+    }
+}
+
+impl ClusterServices {
+    fn status(&self) -> v1::ClusterStatus {
+        let mut s = self.cluster.status();
+        let now = self.shared.now();
+        let core = self.shared.core();
+        let peers: std::collections::BTreeMap<u64, (usize, f64)> =
+            core.remote.peers().map(|(n, live, heard)| (n.0, (live, now - heard))).collect();
+        for m in &mut s.members {
+            if let Some((live, age)) = peers.get(&m.node_id) {
+                m.shared_bookings = *live as u64;
+                m.gossip_age_s = Some(*age);
+            }
+        }
+        s
+    }
+}
+
+#[tonic::async_trait]
+impl cluster_server::Cluster for ClusterServices {
+    async fn init(&self, _: Request<v1::InitRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
+        self.cluster.init().await?;
+        Ok(Response::new(self.status()))
+    }
+
+    async fn join(&self, r: Request<v1::JoinRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
+        let r = r.into_inner();
+        if r.node_id == 0 || !r.addr.contains(':') {
+            return Err(Status::invalid_argument("node_id must be positive and addr host:port"));
+        }
+        self.cluster.join(r.node_id, r.addr).await?;
+        Ok(Response::new(self.status()))
+    }
+
+    async fn leave(&self, r: Request<v1::LeaveRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
+        self.cluster.leave(r.into_inner().node_id).await?;
+        Ok(Response::new(self.status()))
+    }
+
+    async fn status(&self, _: Request<v1::ClusterStatusRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
+        Ok(Response::new(self.status()))
+    }
+
+    async fn write(&self, r: Request<v1::WriteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
+        self.reachable()?;
+        let cmd: Command = serde_json::from_slice(&r.into_inner().command_json)
+            .map_err(|e| Status::invalid_argument(format!("bad command: {e}")))?;
+        let (result, log_index) = self.cluster.write(cmd).await.map_err(Status::from)?;
+        let result_json = serde_json::to_vec(&result).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(v1::WriteResponse { result_json, log_index }))
+    }
+
+    async fn inject_fault(&self, r: Request<v1::FaultRequest>) -> Result<Response<v1::FaultResponse>, Status> {
+        let r = r.into_inner();
+        if !(0.0..=1.0).contains(&r.gossip_drop) {
+            return Err(Status::invalid_argument("gossip_drop must be within 0..1"));
+        }
+        self.cluster.faults.set(r.isolate, r.gossip_drop);
+        tracing::warn!(isolate = r.isolate, gossip_drop = r.gossip_drop, "fault injected");
+        Ok(Response::new(v1::FaultResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl gossip_server::Gossip for ClusterServices {
+    async fn stream(&self, r: Request<Streaming<v1::GossipBatch>>) -> Result<Response<v1::GossipAck>, Status> {
+        let mut stream = r.into_inner();
+        while let Some(batch) = stream.message().await? {
+            if self.cluster.faults.isolated() {
+                continue;
+            }
+            let peer = NodeId(batch.node_id);
+            if batch.node_id == self.cluster.id {
+                return Err(Status::invalid_argument("a node does not gossip to itself (two nodes share an id?)"));
+            }
+            let deltas: Vec<Delta> = batch.deltas.into_iter().filter_map(|d| Delta::try_from(d).ok()).collect();
+            let summary = batch.summary.map(Summary::from);
+            let now = self.shared.now();
+            let mut core = self.shared.core();
+            let core = &mut *core;
+            if core.remote.observe_incarnation(&mut core.fleet, peer, batch.incarnation) {
+                tracing::info!(%peer, "peer restarted; its old bookings were released");
+            }
+            core.remote.apply(&mut core.fleet, peer, &deltas, now);
+            if let Some(s) = &summary {
+                core.remote.apply_summary(&mut core.fleet, peer, s, now);
+            }
+        }
+        Ok(Response::new(v1::GossipAck {}))
+    }
+}
