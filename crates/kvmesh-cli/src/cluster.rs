@@ -154,7 +154,7 @@ mod tests {
             render(&s),
             "node 2 is follower · leader 1 (10.0.0.1:50051) · term 3 · applied 12 / log 12\n\
              \x20 node  addr                   role        lag  bookings     gossip\n\
-             \x20    1  10.0.0.1:50051         voter         -         4  0.0s ago\n\
+             \x20    1  10.0.0.1:50051         voter         -         4   0.0s ago\n\
              registry (policy token_load):\n\
              \x20 vllm-0           draining   http://a:8000\n"
         );

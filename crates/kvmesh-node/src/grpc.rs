@@ -249,6 +249,8 @@ impl admin_server::Admin for Services {
         if let Some(c) = &self.cluster {
             let cmd = Command::SetReplicaState { name: name.clone(), state: ReplicaState::Draining };
             c.write(cmd).await.map_err(not_found_or)?;
+            // The follower task applies it too; doing it here makes the answer show it.
+            let _ = self.shared.set_draining(&name, true);
             return self.await_replica(&name).await;
         }
         self.shared.set_draining(&name, true).map_err(|e| GrpcStatus::not_found(e.to_string()))?;

@@ -114,16 +114,20 @@ impl Node {
         Ok(())
     }
 
-    /// Stops serving, stops every replica actor, and waits for the servers to end.
+    /// Stops serving, stops every replica actor, and waits (5 s at most) for the servers to
+    /// end. A cluster member stops Raft first, so the others elect a new leader at once
+    /// instead of waiting for this node's long-lived streams to close.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        let _ = self.supervisor.stop_and_wait(None, Some(std::time::Duration::from_secs(5))).await;
-        for t in self.tasks {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
-        }
-        // Raft last: its store flushes on every write, so nothing is lost on this path either.
         if let Some(c) = &self.cluster {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.raft.shutdown()).await;
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), c.raft.shutdown()).await;
+        }
+        let _ = self.supervisor.stop_and_wait(None, Some(std::time::Duration::from_secs(5))).await;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        for mut t in self.tasks {
+            if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
+                t.abort();
+            }
         }
     }
 }
@@ -231,8 +235,11 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         .context("gRPC reflection")?;
     let mut s2 = stopped;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
-    let cluster_services =
-        cluster.as_ref().map(|c| cluster::service::ClusterServices { cluster: c.clone(), shared: shared.clone() });
+    let cluster_services = cluster.as_ref().map(|c| cluster::service::ClusterServices {
+        cluster: c.clone(),
+        shared: shared.clone(),
+        stopped: s2.clone(),
+    });
     tasks.push(tokio::spawn(async move {
         use kvmesh_proto::v1::{cluster_server::ClusterServer, gossip_server::GossipServer, raft_server::RaftServer};
         let result = tonic::transport::Server::builder()

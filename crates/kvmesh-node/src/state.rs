@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 const GOSSIP_PREFIX_BLOCKS: usize = 512;
 /// Deltas waiting for the gossip sender before the oldest are dropped (summaries repair).
 const GOSSIP_MAX_PENDING: usize = 100_000;
+/// A peer that routed within this many seconds is deciding alongside this node (herding).
+const ACTIVE_PEER_WINDOW_S: f64 = 1.0;
 use std::time::Instant;
 
 /// What a replica is doing, as operators see it.
@@ -125,6 +127,8 @@ pub struct Core {
     pub outbox: Option<kvmesh_core::gossip::Outbox>,
     /// The peers' live bookings, merged into `fleet`.
     pub remote: kvmesh_core::gossip::RemoteBookings,
+    /// This node's id in its cluster (0 alone).
+    pub node_id: kvmesh_core::gossip::NodeId,
 }
 
 /// The node settings the request path reads, fixed at start (no lock).
@@ -195,7 +199,9 @@ impl Shared {
         let core = Core {
             fleet,
             policy: kind.build(),
-            rng: SmallRng::seed_from_u64(0x6b76_6d65_7368),
+            // Nodes of one cluster break ties differently: identical seeds would make every
+            // node send a burst's first requests to the same replica (case C12).
+            rng: SmallRng::seed_from_u64(0x6b76_6d65_7368 ^ config.cluster.as_ref().map_or(0, |c| c.id)),
             replicas: BTreeMap::new(),
             unhealthy_after: config.node.unhealthy_after.max(1),
             events_silent_s: config.node.events_silent_s,
@@ -206,6 +212,7 @@ impl Shared {
                 .filter(|c| c.gossip)
                 .map(|_| kvmesh_core::gossip::Outbox::new(GOSSIP_PREFIX_BLOCKS, GOSSIP_MAX_PENDING)),
             remote: kvmesh_core::gossip::RemoteBookings::new(FleetConfig::default().lease_s),
+            node_id: kvmesh_core::gossip::NodeId(config.cluster.as_ref().map_or(0, |c| c.id)),
         };
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(config.node.request_timeout_s.max(1)))
@@ -450,7 +457,9 @@ impl Core {
             self.sync_all(now);
             self.synced_at = now;
         }
-        let Core { fleet, policy, rng, .. } = self;
+        let Core { fleet, policy, rng, remote, node_id, .. } = self;
+        let (peers, rank) = remote.active_peers(*node_id, now, ACTIVE_PEER_WINDOW_S);
+        fleet.set_active_peers(peers, rank);
         let routed = fleet.route(policy.as_mut(), req, rng, now)?;
         // The core knows each replica's name (a binary search), the registry its endpoint.
         let id = routed.decision.replica;

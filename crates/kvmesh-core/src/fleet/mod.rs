@@ -148,6 +148,8 @@ pub struct Fleet {
     bookings: Bookings,
     next_id: u32,
     epoch: u64,
+    active_peers: u32,
+    peer_rank: u32,
     // Per-decision scratch, reused so routing does not allocate.
     sparse: Vec<(ReplicaId, Overlap)>,
     overlaps: Vec<Overlap>,
@@ -171,6 +173,8 @@ impl Fleet {
             replicas: Vec::new(),
             next_id: 0,
             epoch: 0,
+            active_peers: 0,
+            peer_rank: 0,
             sparse: Vec::new(),
             overlaps: Vec::new(),
             record_overlaps: Vec::new(),
@@ -336,6 +340,8 @@ impl Fleet {
             record_overlaps: if with_record { &self.record_overlaps } else { &[] },
             record: &self.record,
             expected_output_tokens: self.bookings.outputs().expect(req.max_tokens),
+            active_peers: self.active_peers,
+            peer_rank: self.peer_rank,
         };
         if view.routable().next().is_none() {
             return Err(Error::NoReplicaReady);
@@ -403,6 +409,14 @@ impl Fleet {
             self.bookings.set_prefill_rate(b.replica, rate / self.config.prefill_efficiency);
         }
         Ok(())
+    }
+
+    /// How many other router nodes are routing to these replicas now, and this router's rank
+    /// among them (see [`FleetView::active_peers`], [`FleetView::peer_rank`]); set from gossip
+    /// before each decision.
+    pub fn set_active_peers(&mut self, peers: u32, rank: u32) {
+        self.active_peers = peers;
+        self.peer_rank = rank.min(peers);
     }
 
     /// A shared booking's first token (one learned from another router node): its prefill

@@ -32,6 +32,12 @@ pub struct FleetView<'a> {
     pub record: &'a RoutingRecord,
     /// Expected output tokens of this request (see [`crate::load::OutputEstimator`]).
     pub expected_output_tokens: u32,
+    /// Other router nodes routing to the same replicas right now (heard from recently by
+    /// gossip), whose latest decisions this view may not include yet; 0 for a single router.
+    pub active_peers: u32,
+    /// This router's position (0..=`active_peers`) among itself and its active peers, by node
+    /// id: simultaneous deciders that see the same view take different ranks.
+    pub peer_rank: u32,
 }
 
 /// One replica's estimated cost for one request.

@@ -33,6 +33,8 @@ struct Peer {
     /// (a Book delayed past a summary that no longer lists it must not bring it back).
     summary_seq: u64,
     incarnation: u64,
+    /// When it last routed a request (its last Book delta arrived), node seconds.
+    last_book_at: f64,
 }
 
 /// This node's view of its peers' live bookings.
@@ -77,6 +79,7 @@ impl RemoteBookings {
                         continue;
                     };
                     if let Ok(local) = fleet.book(id, *spec, now) {
+                        p.last_book_at = now;
                         if !prefix.is_empty() {
                             fleet.record_prefix(id, prefix, now);
                         }
@@ -200,6 +203,23 @@ impl RemoteBookings {
             let _ = fleet.release(*local, None);
         }
         p.live.len()
+    }
+
+    /// Peers that routed a request within the last `window_s` seconds (the routers that may be
+    /// deciding at the same time as this one), and `me`'s rank among them and itself by node
+    /// id: the arguments of [`Fleet::set_active_peers`].
+    pub fn active_peers(&self, me: NodeId, now: f64, window_s: f64) -> (u32, u32) {
+        let mut active = 0;
+        let mut below = 0;
+        for (id, p) in &self.peers {
+            if p.last_book_at > 0.0 && now - p.last_book_at <= window_s {
+                active += 1;
+                if *id < me {
+                    below += 1;
+                }
+            }
+        }
+        (active, below)
     }
 
     /// `peer`'s live bookings as this node holds them.

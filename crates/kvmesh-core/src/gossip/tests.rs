@@ -234,3 +234,47 @@ proptest! {
         prop_assert_eq!(remote.live(PEER), out.live());
     }
 }
+
+/// Case C12 in the core: four routers with the same view decide at once. Each takes the
+/// replica at its own rank among the cheapest, so they spread instead of piling on one.
+#[test]
+fn simultaneous_routers_with_one_view_take_different_replicas() {
+    use crate::fleet::RouteRequest;
+    use crate::policy::PolicyKind;
+    use rand::SeedableRng;
+    let fleet = |n: usize| {
+        let mut f = Fleet::new(FleetConfig::default()).unwrap();
+        for i in 0..n {
+            f.add_replica(ReplicaSpec::new(format!("e{i}"), 100_000)).unwrap();
+        }
+        // One replica already busy: it is never among the four cheapest.
+        f.book(ReplicaId(5), spec(8000), 0.0).unwrap();
+        f
+    };
+    let tokens: Vec<u32> = (0..4096).collect();
+    let mut picks = Vec::new();
+    for rank in 0..4 {
+        let mut f = fleet(8);
+        f.set_active_peers(3, rank);
+        let req = RouteRequest::new(f.hasher(), &tokens, Some(64));
+        let mut policy = PolicyKind::TokenLoad.build();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        picks.push(f.route(policy.as_mut(), &req, &mut rng, 0.0).unwrap().decision.replica.0);
+    }
+    let mut distinct = picks.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "{picks:?}");
+    assert!(!picks.contains(&5), "{picks:?}");
+    // Without peers (or with peers unknown) the same view and seed give the same replica to
+    // all four: the herd that gossip and ranks prevent.
+    let mut alone = Vec::new();
+    for _ in 0..4 {
+        let mut f = fleet(8);
+        let req = RouteRequest::new(f.hasher(), &tokens, Some(64));
+        let mut policy = PolicyKind::TokenLoad.build();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        alone.push(f.route(policy.as_mut(), &req, &mut rng, 0.0).unwrap().decision.replica.0);
+    }
+    assert!(alone.windows(2).all(|w| w[0] == w[1]), "{alone:?}");
+}

@@ -93,6 +93,43 @@ impl TokenLoadPolicy {
     }
 }
 
+fn scores_of<'a>(fits: &'a [(usize, f64)], all: &'a [(usize, f64)]) -> &'a [(usize, f64)] {
+    if fits.is_empty() {
+        all
+    } else {
+        fits
+    }
+}
+
+/// With `k` other router nodes deciding at the same time, each sees the same "best"
+/// replica, and the gossip that would tell them about each other arrives only after they
+/// decided: all `k + 1` requests land on it together (herding, case C12). The best
+/// replica's true cost is then up to `k` of this request's prefills higher. So any of the
+/// `k + 1` cheapest replicas costing no more than that is as good, and each node picks
+/// one of them at random (nodes seed their randomness differently): the classic remedy for
+/// deciding on stale load (Mitzenmacher, "How useful is old information?", 2000).
+fn spread_among_peers(
+    scores: &[(usize, f64)],
+    estimates: &[(usize, crate::fleet::Estimate)],
+    near: &mut Vec<(usize, f64)>,
+    best: f64,
+    view: &FleetView<'_>,
+) -> Option<usize> {
+    let k = view.active_peers as usize;
+    let (best_i, _) = *scores.iter().find(|s| s.1 <= best)?;
+    let e = estimates.iter().find(|(i, _)| *i == best_i)?.1;
+    let s_per_token = view.replicas[best_i].profile(view.config.learn_prefill_rate).prefill_s_per_token;
+    let band = k as f64 * e.uncached_tokens as f64 * s_per_token;
+    near.clear();
+    near.extend(scores.iter().copied().filter(|s| s.1 <= best + band));
+    if near.len() <= 1 {
+        return None;
+    }
+    near.sort_by(|a, b| a.1.total_cmp(&b.1).then(view.replicas[a.0].name_key.cmp(&view.replicas[b.0].name_key)));
+    near.truncate(k + 1);
+    Some(near[view.peer_rank as usize % near.len()].0)
+}
+
 impl Policy for TokenLoadPolicy {
     fn name(&self) -> &'static str {
         "token_load"
@@ -131,6 +168,12 @@ impl Policy for TokenLoadPolicy {
         let (scores, reason) =
             if self.fits.is_empty() { (&self.all, Reason::NoKvHeadroom) } else { (&self.fits, Reason::LowestCost) };
         let best = scores.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
+        if view.active_peers > 0 {
+            let scores = scores_of(&self.fits, &self.all);
+            if let Some(i) = spread_among_peers(scores, &self.estimates, &mut self.near, best, view) {
+                return Ok(Decision::at(view, req, i, reason));
+            }
+        }
         let tolerance = self.params.near_equal_s.max(self.params.near_equal_rel * best);
         // Among near-equal replicas, the one routed to longest ago (a random one among exact
         // ties): the estimate cannot see a step already running, and rotating among equals

@@ -200,6 +200,14 @@ impl Cluster {
             },
             Err(e) => return Err(ClusterError::Raft(e.to_string())),
         };
+        // Read your writes: answer once this node's state machine has applied it too (a
+        // forwarded write commits on the leader first).
+        let mut m = self.raft.metrics();
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            m.wait_for(|m| m.last_applied.is_some_and(|l| l.index >= index)),
+        )
+        .await;
         match result.error {
             Some(e) => Err(ClusterError::Rejected(e)),
             None => Ok((result, index)),

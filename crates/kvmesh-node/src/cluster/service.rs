@@ -17,6 +17,8 @@ pub struct ClusterServices {
     pub cluster: Arc<Cluster>,
     /// Node state (gossip merges into its fleet).
     pub shared: Arc<Shared>,
+    /// Turns true when the node stops (long-lived gossip streams end then).
+    pub stopped: tokio::sync::watch::Receiver<bool>,
 }
 
 fn decode<T: DeserializeOwned>(p: v1::RaftPayload) -> Result<T, Status> {
@@ -125,7 +127,15 @@ impl cluster_server::Cluster for ClusterServices {
 impl gossip_server::Gossip for ClusterServices {
     async fn stream(&self, r: Request<Streaming<v1::GossipBatch>>) -> Result<Response<v1::GossipAck>, Status> {
         let mut stream = r.into_inner();
-        while let Some(batch) = stream.message().await? {
+        let mut stopped = self.stopped.clone();
+        loop {
+            let batch = tokio::select! {
+                b = stream.message() => match b? {
+                    Some(b) => b,
+                    None => break,
+                },
+                _ = stopped.wait_for(|s| *s) => break,
+            };
             if self.cluster.faults.isolated() {
                 continue;
             }

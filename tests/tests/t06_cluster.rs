@@ -1,0 +1,422 @@
+//! Router nodes as one cluster, in one process on loopback with engine-sims: Raft keeps the
+//! replica registry and policy (admin writes through any node, failover, restart from sled,
+//! a partitioned minority), and gossip shares bookings (case C12, loss).
+//!
+//! The multi-process versions with kill -9 live in `chaos/`.
+
+use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
+use kvmesh_node::config::{ClusterSection, NodeConfig, NodeSection, ReplicaConfig};
+use kvmesh_node::Node;
+use kvmesh_proto::v1;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+async fn engines(n: usize) -> Vec<EngineSim> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(kvmesh_engine_sim::start(EngineSimConfig { speed: 5.0, ..EngineSimConfig::default() }).await.unwrap());
+    }
+    out
+}
+
+fn replica(i: usize, e: &EngineSim) -> ReplicaConfig {
+    ReplicaConfig {
+        name: format!("e{i}"),
+        http: e.base_url(),
+        kv_events: Some(e.kv_events.clone()),
+        replay: Some(e.replay.clone()),
+        kv_events_bind: false,
+        metrics_url: None,
+        capacity_blocks: EngineSimConfig::default().profile.kv_blocks(16),
+        engine: "vllm".into(),
+    }
+}
+
+/// Free loopback ports for `n` nodes' gRPC servers (peers must know them before they bind).
+fn ports(n: usize) -> Vec<u16> {
+    let ls: Vec<std::net::TcpListener> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, gossip: bool) -> NodeConfig {
+    let section = NodeSection {
+        http: "127.0.0.1:0".parse().unwrap(),
+        grpc: format!("127.0.0.1:{}", ports[id as usize - 1]).parse().unwrap(),
+        scrape_interval_ms: 100,
+        ..NodeSection::default()
+    };
+    let cluster = ClusterSection {
+        id,
+        peers: ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect(),
+        data_dir: dir.join(format!("node{id}")),
+        gossip,
+        summary_interval_ms: 200,
+        snapshot_every: 20,
+        ..ClusterSection::default()
+    };
+    NodeConfig { node: section, replicas, cluster: Some(cluster) }
+}
+
+async fn start_all(ports: &[u16], dir: &Path, replicas: &[ReplicaConfig], gossip: bool) -> Vec<Node> {
+    let mut nodes = Vec::new();
+    for id in 1..=ports.len() as u64 {
+        nodes.push(kvmesh_node::start(config(id, ports, dir, replicas.to_vec(), gossip)).await.unwrap());
+    }
+    nodes
+}
+
+/// Waits until `ok` holds, polling; panics with `what` after 10 s. Returns the time it took.
+async fn eventually(what: &str, mut ok: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    t0.elapsed()
+}
+
+async fn grpc(node: &Node) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap()
+}
+
+fn leader_of(nodes: &[&Node]) -> Option<u64> {
+    nodes.iter().find_map(|n| {
+        let c = n.cluster.as_ref().unwrap();
+        c.leader().filter(|(id, _)| *id == c.id).map(|(id, _)| id)
+    })
+}
+
+fn has_replica(n: &Node, name: &str) -> bool {
+    n.shared.core().replicas.contains_key(name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(3).await;
+    let replicas: Vec<ReplicaConfig> = engines.iter().take(2).enumerate().map(|(i, e)| replica(i, e)).collect();
+    let ports = ports(3);
+    let nodes = start_all(&ports, dir.path(), &replicas, true).await;
+
+    // Bootstrap through node 2 (any node can take it); a second init is refused.
+    let mut c2 = v1::cluster_client::ClusterClient::new(grpc(&nodes[1]).await);
+    let status = c2.init(v1::InitRequest {}).await.unwrap().into_inner();
+    assert!(status.initialized);
+    assert_eq!(status.registry.iter().map(|e| e.state.as_str()).collect::<Vec<_>>(), vec!["ready", "ready"]);
+    let again = c2.init(v1::InitRequest {}).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::FailedPrecondition);
+    let all: Vec<&Node> = nodes.iter().collect();
+    eventually("every node applies the seed", || all.iter().all(|n| n.cluster.as_ref().unwrap().state.borrow().seeded))
+        .await;
+    let leader = leader_of(&all).expect("a leader");
+    let follower = nodes.iter().find(|n| n.cluster.as_ref().unwrap().id != leader).unwrap();
+
+    // Admin writes sent to a follower are forwarded, committed and followed by every node.
+    let mut admin = v1::admin_client::AdminClient::new(grpc(follower).await);
+    let spec = v1::ReplicaSpec {
+        name: "e2".into(),
+        http_endpoint: engines[2].base_url(),
+        kv_events_endpoint: engines[2].kv_events.clone(),
+        capacity_blocks: 1000,
+        ..Default::default()
+    };
+    let added = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()) }).await.unwrap().into_inner();
+    assert_eq!(added.spec.unwrap().name, "e2");
+    let dup = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec) }).await.unwrap_err();
+    assert_eq!(dup.code(), tonic::Code::AlreadyExists);
+    eventually("e2 on every node", || all.iter().all(|n| has_replica(n, "e2"))).await;
+    let drained = admin.drain_replica(v1::ReplicaRef { name: "e0".into() }).await.unwrap().into_inner();
+    assert_eq!(drained.status, v1::ReplicaStatus::Draining as i32);
+    let unknown = admin.drain_replica(v1::ReplicaRef { name: "nope".into() }).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    let mut cf = v1::cluster_client::ClusterClient::new(grpc(follower).await);
+    let set_policy = br#"{"op":"set_policy","policy":"kv_cost"}"#.to_vec();
+    cf.write(v1::WriteRequest { command_json: set_policy }).await.unwrap();
+    eventually("kv_cost on every node", || all.iter().all(|n| &*n.shared.policy_name() == "kv_cost")).await;
+    eventually("e0 draining on every node", || {
+        all.iter().all(|n| n.shared.core().replicas.get("e0").is_some_and(|r| r.draining))
+    })
+    .await;
+
+    // Lose the leader: the other two elect one and keep taking writes; nothing committed is lost.
+    let mut nodes = nodes;
+    let pos = nodes.iter().position(|n| n.cluster.as_ref().unwrap().id == leader).unwrap();
+    let old = nodes.remove(pos);
+    let t0 = Instant::now();
+    old.stop().await;
+    let rest: Vec<&Node> = nodes.iter().collect();
+    eventually("a new leader", || leader_of(&rest).is_some_and(|l| l != leader)).await;
+    let failover = t0.elapsed();
+    println!("new leader {:?} after {:.0} ms", leader_of(&rest), failover.as_secs_f64() * 1e3);
+    assert!(failover < Duration::from_secs(5), "failover took {failover:?}");
+    for n in &rest {
+        let s = n.cluster.as_ref().unwrap().state.borrow().clone();
+        assert_eq!(s.replicas.keys().collect::<Vec<_>>(), vec!["e0", "e1", "e2"]);
+        assert_eq!(s.policy.as_deref(), Some("kv_cost"));
+    }
+    let mut admin = v1::admin_client::AdminClient::new(grpc(rest[0]).await);
+    admin.remove_replica(v1::ReplicaRef { name: "e1".into() }).await.unwrap();
+    eventually("e1 gone from the survivors", || rest.iter().all(|n| !has_replica(n, "e1"))).await;
+    for n in nodes {
+        n.stop().await;
+    }
+
+    // Restart every node from its sled files: registry and policy come back without an init.
+    let nodes = start_all(&ports, dir.path(), &replicas, true).await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    eventually("a leader after the restart", || leader_of(&all).is_some()).await;
+    eventually("the registry restored on every node", || {
+        all.iter().all(|n| has_replica(n, "e2") && has_replica(n, "e0") && !has_replica(n, "e1"))
+    })
+    .await;
+    for n in &all {
+        assert_eq!(&*n.shared.policy_name(), "kv_cost");
+        let s = n.cluster.as_ref().unwrap().state.borrow().clone();
+        assert_eq!(s.replicas["e1"].state.as_str(), "removed");
+        assert_eq!(s.replicas["e0"].state.as_str(), "draining");
+    }
+    for n in nodes {
+        n.stop().await;
+    }
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_minority_keeps_routing_cannot_write_and_catches_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(3).await;
+    let replicas: Vec<ReplicaConfig> = engines.iter().take(2).enumerate().map(|(i, e)| replica(i, e)).collect();
+    let ports = ports(3);
+    let nodes = start_all(&ports, dir.path(), &replicas, true).await;
+    nodes[0].cluster.as_ref().unwrap().init().await.unwrap();
+    let all: Vec<&Node> = nodes.iter().collect();
+    eventually("seeded everywhere", || all.iter().all(|n| n.cluster.as_ref().unwrap().state.borrow().seeded)).await;
+    eventually("scraped everywhere", || {
+        all.iter().all(|n| n.shared.core().replicas.values().all(|r| r.engine.is_some()))
+    })
+    .await;
+
+    // Cut off a follower.
+    let leader = leader_of(&all).unwrap();
+    let cut = nodes.iter().find(|n| n.cluster.as_ref().unwrap().id != leader).unwrap();
+    let cut_cluster = cut.cluster.as_ref().unwrap();
+    cut_cluster.faults.set(true, 0.0);
+
+    // It still routes on its last registry…
+    let mut router = v1::router_client::RouterClient::new(grpc(cut).await);
+    let req = v1::RouteRequest {
+        prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: (0..256).collect() })),
+        max_tokens: Some(8),
+        ..Default::default()
+    };
+    let routed = router.route(req.clone()).await.unwrap().into_inner();
+    assert!(["e0", "e1"].contains(&routed.replica_id.as_str()), "{}", routed.replica_id);
+    router.release(v1::ReleaseRequest { booking_id: routed.booking_id, output_tokens: None }).await.unwrap();
+    // …but cannot change the configuration.
+    let mut admin_cut = v1::admin_client::AdminClient::new(grpc(cut).await);
+    let refused = admin_cut.remove_replica(v1::ReplicaRef { name: "e0".into() }).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+
+    // The majority commits a change meanwhile.
+    let majority: Vec<&Node> = nodes.iter().filter(|n| n.cluster.as_ref().unwrap().id != cut_cluster.id).collect();
+    let mut admin = v1::admin_client::AdminClient::new(grpc(majority[0]).await);
+    let spec = v1::ReplicaSpec {
+        name: "e2".into(),
+        http_endpoint: engines[2].base_url(),
+        capacity_blocks: 1000,
+        ..Default::default()
+    };
+    admin.add_replica(v1::AddReplicaRequest { spec: Some(spec) }).await.unwrap();
+    eventually("e2 on the majority", || majority.iter().all(|n| has_replica(n, "e2"))).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!has_replica(cut, "e2"), "an isolated node must not see the change");
+
+    // Heal: it catches up.
+    cut_cluster.faults.set(false, 0.0);
+    eventually("the healed node catches up", || has_replica(cut, "e2")).await;
+    let routed = router.route(req).await.unwrap().into_inner();
+    assert!(!routed.replica_id.is_empty());
+    for n in nodes {
+        n.stop().await;
+    }
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+/// Routes 16 requests through 4 nodes, 4 waves of one request per node at the same instant,
+/// 20 ms apart (a 4,096-token prefill takes ~70 ms on the H100 profile, so earlier waves are
+/// still queued): with `shared`, every prompt is one 4,032-token prefix plus its own 64 tokens;
+/// otherwise 4,096 tokens of its own. Returns each replica's booked uncached prefill tokens.
+async fn c12_burst(nodes: &[Node], replicas: usize, shared: bool, round: u32, gossip: bool) -> Vec<u64> {
+    let held_before = nodes[0].shared.core().fleet.bookings().len();
+    let mut clients = Vec::new();
+    for n in nodes {
+        clients.push(v1::router_client::RouterClient::new(grpc(n).await));
+    }
+    let mut booked = vec![0u64; replicas];
+    for wave in 0..4u32 {
+        let mut calls = Vec::new();
+        for (k, c) in clients.iter().enumerate() {
+            let own = 1_000_000 * (round + 1) + wave * 10_000 + k as u32 * 2_000;
+            let mut ids: Vec<u32> = if shared { (1..=4032).collect() } else { (own + 100..own + 4132).collect() };
+            ids.extend(own..own + 64);
+            let req = v1::RouteRequest {
+                prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids })),
+                max_tokens: Some(64),
+                ..Default::default()
+            };
+            let mut c = c.clone();
+            calls.push(tokio::spawn(async move { c.route(req).await.unwrap().into_inner() }));
+        }
+        for call in calls {
+            let r = call.await.unwrap();
+            let i: usize = r.replica_id.trim_start_matches('e').parse().unwrap();
+            booked[i] += r.uncached_tokens as u64;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The test's subject is what shared bookings do, not how fast a loaded 2-core CI
+        // machine delivers them: with gossip on, the next wave waits for delivery.
+        if gossip {
+            let want = held_before + 4 * (wave as usize + 1);
+            eventually("the wave's bookings shared", || {
+                nodes.iter().all(|n| n.shared.core().fleet.bookings().len() >= want)
+            })
+            .await;
+        }
+    }
+    booked
+}
+
+fn max_over_mean(load: &[u64]) -> f64 {
+    let mean = load.iter().sum::<u64>() as f64 / load.len() as f64;
+    *load.iter().max().unwrap() as f64 / mean
+}
+
+/// Case C12: four router nodes, eight replicas, 16-request bursts arriving at all nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
+    let engines = engines(8).await;
+    let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
+    // (max/mean booked load, total booked tokens) for [distinct, shared prefix] × [off, on].
+    let mut results = Vec::new();
+    for gossip in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let ports = ports(4);
+        let nodes = start_all(&ports, dir.path(), &replicas, gossip).await;
+        let all: Vec<&Node> = nodes.iter().collect();
+        eventually("scraped everywhere", || {
+            all.iter().all(|n| n.shared.core().replicas.values().all(|r| r.engine.is_some()))
+        })
+        .await;
+        if gossip {
+            eventually("every node hears every peer", || {
+                all.iter().all(|n| n.shared.core().remote.peers().count() == 3)
+            })
+            .await;
+        }
+        for (round, shared) in [false, true].into_iter().enumerate() {
+            let booked = c12_burst(&nodes, replicas.len(), shared, round as u32, gossip).await;
+            // With gossip every node holds all bookings, without only its own.
+            let want = if gossip { 16 } else { 4 } * (round + 1);
+            eventually("bookings shared", || all.iter().all(|n| n.shared.core().fleet.bookings().len() == want)).await;
+            let total: u64 = booked.iter().sum();
+            println!(
+                "C12 gossip={gossip} shared_prefix={shared}: booked tokens per replica {booked:?}, max/mean {:.2}, total {total}",
+                max_over_mean(&booked)
+            );
+            results.push((max_over_mean(&booked), total));
+        }
+        for n in nodes {
+            n.stop().await;
+        }
+    }
+    let [(distinct_off, _), (shared_off, shared_off_total), (distinct_on, _), (shared_on, shared_on_total)] =
+        results[..]
+    else {
+        unreachable!()
+    };
+    // Distinct prompts: pure load spreading. 16 over 8 replicas is 2 each (max/mean 1.0);
+    // only the first, simultaneous wave can collide.
+    assert!(distinct_on <= 1.5, "distinct prompts with gossip: max/mean {distinct_on:.2}");
+    assert!(distinct_on < distinct_off, "gossip {distinct_on:.2} vs none {distinct_off:.2}");
+    // One shared prefix: the first wave computes it wherever it lands (no node knows of the
+    // others yet); later waves join a replica that holds it, where the cache advantage
+    // outweighs the queue, instead of each node building its own pile.
+    assert!(shared_on_total <= shared_off_total, "booked tokens {shared_on_total} vs {shared_off_total}");
+    assert!(shared_on < shared_off, "gossip {shared_on:.2} vs none {shared_off:.2}");
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_bookings_converge_with_10_percent_of_gossip_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(2).await;
+    let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
+    let ports = ports(3);
+    let nodes = start_all(&ports, dir.path(), &replicas, true).await;
+    for n in &nodes {
+        n.cluster.as_ref().unwrap().faults.set(false, 0.1);
+    }
+    let mut clients = Vec::new();
+    for n in &nodes {
+        clients.push(v1::router_client::RouterClient::new(grpc(n).await));
+    }
+    // 300 bookings spread over the nodes; every other one released, a third of the rest at
+    // their first token.
+    let mut live = 0;
+    for i in 0..300u32 {
+        let c = &mut clients[i as usize % 3];
+        let req = v1::RouteRequest {
+            prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds {
+                ids: (i * 1000..i * 1000 + 100).collect(),
+            })),
+            max_tokens: Some(16),
+            ..Default::default()
+        };
+        let r = c.route(req).await.unwrap().into_inner();
+        if i % 2 == 0 {
+            c.release(v1::ReleaseRequest { booking_id: r.booking_id, output_tokens: Some(16) }).await.unwrap();
+        } else {
+            live += 1;
+            if i % 3 == 0 {
+                c.first_token(v1::FirstTokenRequest { booking_id: r.booking_id }).await.unwrap();
+            }
+        }
+        if i % 10 == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let all: Vec<&Node> = nodes.iter().collect();
+    let took = eventually("every node holds exactly the live bookings", || {
+        all.iter().all(|n| n.shared.core().fleet.bookings().len() == live)
+    })
+    .await;
+    println!("converged on {live} live bookings {:.0} ms after the last delta", took.as_secs_f64() * 1e3);
+    // And the same load per replica everywhere.
+    let loads: Vec<Vec<(u32, u32)>> = nodes
+        .iter()
+        .map(|n| {
+            let core = n.shared.core();
+            core.fleet
+                .replicas()
+                .iter()
+                .map(|r| {
+                    let l = core.fleet.bookings().load(r.id);
+                    (l.prefilling, l.decoding)
+                })
+                .collect()
+        })
+        .collect();
+    assert!(loads.windows(2).all(|w| w[0] == w[1]), "{loads:?}");
+    for n in nodes {
+        n.stop().await;
+    }
+    for e in engines {
+        e.stop().await;
+    }
+}
