@@ -42,6 +42,50 @@ pub enum Command {
     /// leader, term, members and their replication lag.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Add, remove or drain an engine replica through a node's admin API (in a cluster the
+    /// change goes through the Raft leader and every node follows it).
+    #[command(subcommand)]
+    Replica(ReplicaCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReplicaCommand {
+    /// Register a replica and start following it.
+    Add(ReplicaAddArgs),
+    /// Stop following a replica and forget its blocks and bookings.
+    Remove(ReplicaNameArgs),
+    /// Stop routing new requests to a replica; in-flight requests finish.
+    Drain(ReplicaNameArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReplicaAddArgs {
+    #[command(flatten)]
+    pub target: ClusterTarget,
+    /// Unique name, e.g. `vllm-0`.
+    #[arg(long)]
+    pub name: String,
+    /// Base URL of its OpenAI API, e.g. `http://10.0.0.7:8000`.
+    #[arg(long, value_name = "URL")]
+    pub http: String,
+    /// Its KV-event publisher, e.g. `tcp://10.0.0.7:5557`.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub kv_events: Option<String>,
+    /// Its replay endpoint, e.g. `tcp://10.0.0.7:5558`.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub replay: Option<String>,
+    /// KV-cache capacity, blocks.
+    #[arg(long, value_name = "BLOCKS")]
+    pub capacity_blocks: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplicaNameArgs {
+    #[command(flatten)]
+    pub target: ClusterTarget,
+    /// The replica's name.
+    #[arg(long)]
+    pub name: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -152,6 +196,10 @@ pub struct LoadtestArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// HTTP: retry a request once on the next URL when its connection is refused or reset
+    /// (what a client of a router tier does when one router dies).
+    #[arg(long)]
+    pub retry_once: bool,
 }
 
 #[derive(Debug, Args)]
@@ -210,6 +258,16 @@ pub struct ReplayArgs {
     /// Delay from an engine's KV event to the router applying it, milliseconds.
     #[arg(long, default_value_t = 0.0, value_name = "MS", allow_negative_numbers = true)]
     pub event_delay_ms: f64,
+    /// Router nodes sharing the replicas; requests arrive at them in turn. Each has its own
+    /// view; booking deltas reach the others after --gossip-delay-ms.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub routers: u32,
+    /// With --routers > 1: delay from a node's booking change to its peers, milliseconds.
+    #[arg(long, default_value_t = 5.0, value_name = "MS", allow_negative_numbers = true)]
+    pub gossip_delay_ms: f64,
+    /// With --routers > 1: nodes do not share bookings (each sees only its own).
+    #[arg(long)]
+    pub no_gossip: bool,
     /// Engine profile: h100, a100, or a JSON profile file (see kvmesh-sim engine docs).
     #[arg(long, default_value = "h100", value_name = "NAME|FILE")]
     pub profile: String,

@@ -22,6 +22,8 @@ struct Tally {
     latency: Option<Histogram<u64>>,
     ok: u64,
     errors: BTreeMap<String, u64>,
+    /// Requests retried once on the next URL after a refused or reset connection.
+    retried: u64,
 }
 
 impl Tally {
@@ -56,7 +58,7 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
     if args.json {
         let v = serde_json::json!({
             "mode": args.mode, "url": args.url, "offered_rps": args.rate, "achieved_rps": rps, "ok": tally.ok,
-            "errors": tally.errors, "dropped": dropped, "p50_ms": q(0.5), "p90_ms": q(0.9), "p99_ms": q(0.99),
+            "errors": tally.errors, "retried": tally.retried, "dropped": dropped, "p50_ms": q(0.5), "p90_ms": q(0.9), "p99_ms": q(0.99),
             "max_ms": h.max() as f64 / 1000.0, "seconds": elapsed,
         });
         println!("{v}");
@@ -74,6 +76,9 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
             q(0.99),
             h.max() as f64 / 1000.0
         );
+        if tally.retried > 0 {
+            println!("  retried on the next URL after a refused or reset connection: {}", tally.retried);
+        }
         if !tally.errors.is_empty() || dropped > 0 {
             println!("  errors {:?}, dropped (over --concurrency in flight) {dropped}", tally.errors);
         }
@@ -93,22 +98,41 @@ async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64, u64)> {
     let tally = Arc::new(Mutex::new(Tally::default()));
     let next = Arc::new(AtomicU64::new(0));
     let in_flight = Arc::new(AtomicU64::new(0));
+    let retried = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup);
     let end = measure_from + Duration::from_secs_f64(args.duration);
     let one = {
         let (client, urls, tally, max_tokens, prefixes) =
             (client.clone(), urls.clone(), tally.clone(), args.max_tokens, args.prefixes);
+        let (retry_once, retried) = (args.retry_once, retried.clone());
         move |i: u64| {
             let (client, url, tally) = (client.clone(), urls[i as usize % urls.len()].clone(), tally.clone());
+            let next_url = urls[(i as usize + 1) % urls.len()].clone();
+            let retried = retried.clone();
             async move {
                 let body = serde_json::json!({"model": "kvmesh-sim-llama-3-8b", "prompt": prompt(i, prefixes), "max_tokens": max_tokens});
                 let t = Instant::now();
-                let result = match client.post(&url).json(&body).send().await {
-                    Ok(r) if r.status().is_success() => r.bytes().await.map(|_| ()).map_err(|e| format!("body: {e}")),
-                    Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
-                    Err(e) => Err(if e.is_connect() { "connect".into() } else { "request".into() }),
+                let send = |url: String| {
+                    let (client, body) = (client.clone(), body.clone());
+                    async move {
+                        match client.post(&url).json(&body).send().await {
+                            Ok(r) if r.status().is_success() => {
+                                r.bytes().await.map(|_| ()).map_err(|e| format!("body: {e}"))
+                            }
+                            Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
+                            Err(e) => Err(if e.is_connect() { "connect".into() } else { "request".into() }),
+                        }
+                    }
                 };
+                let mut result = send(url).await;
+                // A client of a router tier retries a refused or reset connection once, on the
+                // next router (no response means the request never reached an engine's answer).
+                let transport = matches!(&result, Err(e) if e == "connect" || e == "request");
+                if retry_once && transport {
+                    result = send(next_url).await;
+                    retried.fetch_add(1, Ordering::Relaxed);
+                }
                 if t >= measure_from {
                     tally.lock().unwrap_or_else(|p| p.into_inner()).record(t.elapsed().as_micros() as u64, result);
                 }
@@ -156,8 +180,9 @@ async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64, u64)> {
         }
     }
     drop(one);
-    let tally =
+    let mut tally =
         Arc::try_unwrap(tally).map_err(|_| anyhow::anyhow!("tasks still running"))?.into_inner().unwrap_or_default();
+    tally.retried = retried.load(Ordering::Relaxed);
     Ok((tally, args.duration, dropped))
 }
 

@@ -8,6 +8,7 @@ mod cluster;
 mod loadtest;
 mod node;
 mod replay;
+mod replica;
 mod status;
 
 use clap::Parser;
@@ -22,6 +23,7 @@ fn main() -> ExitCode {
         cli::Command::Loadtest(args) => loadtest::run(&args),
         cli::Command::Status(args) => status::run(&args),
         cli::Command::Cluster(cmd) => cluster::run(&cmd),
+        cli::Command::Replica(cmd) => replica::run(&cmd),
         cli::Command::Policies => {
             cli::print_policies();
             Ok(())

@@ -10,7 +10,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kvmesh_node=info".into()),
         )
         .init();
-    let config = with_cluster_flags(NodeConfig::load(&args.config)?, args)?;
+    let config = with_cluster_flags(NodeConfig::read(&args.config)?, args)?;
     // A multi-thread runtime (one worker per core by default) so one slow handler cannot
     // stall event ingest. `--workers` caps it for machines whose cores other processes share
     // (tests/load/router_compare.sh measures both; on 2 shared cores 1 worker was no better).
@@ -32,7 +32,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
                 c.section.data_dir.display()
             );
         }
-        wait_for_stop(&node, &args.config).await;
+        wait_for_stop(&node, args).await;
         println!("kvmesh node: stopping");
         node.stop().await;
         Ok(())
@@ -43,10 +43,14 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
 /// variables) over the file's `[cluster]` section; `--id` alone makes a section.
 fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs) -> anyhow::Result<NodeConfig> {
     let any = args.id.is_some() || args.raft_addr.is_some() || args.peers.is_some() || args.data_dir.is_some();
-    if !any {
-        return Ok(config);
+    if any {
+        apply_cluster_flags(config.cluster.get_or_insert_with(Default::default), args);
     }
-    let c = config.cluster.get_or_insert_with(Default::default);
+    config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    Ok(config)
+}
+
+fn apply_cluster_flags(c: &mut kvmesh_node::config::ClusterSection, args: &NodeArgs) {
     if let Some(id) = args.id {
         c.id = id;
     }
@@ -59,12 +63,11 @@ fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs) -> anyhow::Result
     if let Some(d) = &args.data_dir {
         c.data_dir = d.clone();
     }
-    config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
-    Ok(config)
 }
 
 #[cfg(unix)]
-async fn wait_for_stop(node: &kvmesh_node::Node, path: &std::path::Path) {
+async fn wait_for_stop(node: &kvmesh_node::Node, args: &NodeArgs) {
+    let path = &args.config;
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut hup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup())) else {
         let _ = tokio::signal::ctrl_c().await;
@@ -74,7 +77,7 @@ async fn wait_for_stop(node: &kvmesh_node::Node, path: &std::path::Path) {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => return,
             _ = term.recv() => return,
-            _ = hup.recv() => match NodeConfig::load(path) {
+            _ = hup.recv() => match NodeConfig::read(path).and_then(|c| with_cluster_flags(c, args)) {
                 Ok(c) => match node.reload(&c).await {
                     Ok(()) => tracing::info!(config = %path.display(), "replicas reloaded"),
                     Err(e) => tracing::error!(error = %e, "reload failed; keeping the current replicas"),
@@ -86,6 +89,6 @@ async fn wait_for_stop(node: &kvmesh_node::Node, path: &std::path::Path) {
 }
 
 #[cfg(not(unix))]
-async fn wait_for_stop(_node: &kvmesh_node::Node, _path: &std::path::Path) {
+async fn wait_for_stop(_node: &kvmesh_node::Node, _args: &NodeArgs) {
     let _ = tokio::signal::ctrl_c().await;
 }

@@ -88,8 +88,8 @@ impl Default for ClusterSection {
             summary_interval_ms: 1000,
             peer_timeout_ms: 5000,
             heartbeat_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            election_timeout_min_ms: 300,
+            election_timeout_max_ms: 600,
             snapshot_every: 1000,
         }
     }
@@ -242,10 +242,18 @@ impl NodeConfig {
     /// The file cannot be read, is not valid TOML for this schema (with the line), or fails
     /// [`NodeConfig::validate`].
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-        let config: NodeConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let config = Self::read(path)?;
         config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         Ok(config)
+    }
+
+    /// Reads a TOML file without validating it (command-line flags complete it first).
+    ///
+    /// # Errors
+    /// The file cannot be read or is not valid TOML for this schema (with the line).
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
 
     /// Checks values and combinations.

@@ -45,6 +45,12 @@ pub struct Report {
     pub rate_scale: f64,
     /// KV-event delivery delay, seconds.
     pub event_delay_s: f64,
+    /// Router nodes.
+    pub routers: u32,
+    /// Whether they share bookings.
+    pub gossip: bool,
+    /// Their gossip delay, seconds.
+    pub gossip_delay_s: f64,
     /// Seeds run.
     pub seeds: Vec<u64>,
     /// TTFT SLO, seconds.
@@ -72,6 +78,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         event_delay_s: args.event_delay_ms / 1000.0,
         slo_ttft_s: args.slo_ttft,
         send_max_tokens: args.max_tokens_known,
+        routers: args.routers,
+        gossip: !args.no_gossip,
+        gossip_delay_s: args.gossip_delay_ms / 1000.0,
         ..SimConfig::default()
     };
     let floors = floors(trace, &profile.step(), args.block_size);
@@ -85,6 +94,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         profile: profile.name.clone(),
         rate_scale: args.rate_scale,
         event_delay_s: config.event_delay_s,
+        routers: config.routers,
+        gossip: config.gossip,
+        gossip_delay_s: config.gossip_delay_s,
         seeds,
         slo_ttft_s: args.slo_ttft,
         floors,
@@ -112,6 +124,12 @@ fn validate(args: &ReplayArgs) -> anyhow::Result<()> {
     }
     if args.replicas == 0 {
         bail!("--replicas must be at least 1");
+    }
+    if args.routers == 0 {
+        bail!("--routers must be at least 1");
+    }
+    if !(args.gossip_delay_ms.is_finite() && args.gossip_delay_ms >= 0.0) {
+        bail!("--gossip-delay-ms must be a non-negative number, got {}", args.gossip_delay_ms);
     }
     if args.block_size == 0 {
         bail!("--block-size must be at least 1 token");

@@ -54,8 +54,13 @@ fn secs(s: f64) -> String {
 fn header(r: &Report) -> String {
     let seeds =
         if r.seeds.len() == 1 { format!("seed {}", r.seeds[0]) } else { format!("mean of {} seeds", r.seeds.len()) };
+    let routers = match (r.routers, r.gossip) {
+        (1, _) => String::new(),
+        (n, true) => format!(", {n} router nodes (gossip delay {:.0} ms)", r.gossip_delay_s * 1e3),
+        (n, false) => format!(", {n} router nodes (no gossip)"),
+    };
     format!(
-        "{} — {} requests over {:.0} s on {} × {} replicas, rate scale {}, KV-event delay {:.0} ms, {seeds}\n\
+        "{} — {} requests over {:.0} s on {} × {} replicas, rate scale {}, KV-event delay {:.0} ms{routers}, {seeds}\n\
          floor p99 TTFT (no queueing): {} with nothing cached, {} with every reusable prefix cached; SLO {}\n",
         r.source,
         r.requests,

@@ -6,6 +6,11 @@
 //! emitted them, engine metrics polled every `metrics_interval_s`, and its own bookings (first
 //! token and completion as the proxied stream shows them). It never reads an engine's true
 //! state. Time is simulated; randomness comes from the run's seed, so a run replays exactly.
+//!
+//! With `routers` > 1, requests arrive at N router nodes in turn (a client-side round robin),
+//! each with its own fleet view fed by every engine's events, and each node's booking deltas
+//! reach the others `gossip_delay_s` later through kvmesh-core's gossip merge — the same code
+//! the node runs (no loss in the simulator, so no summaries).
 
 mod metrics;
 mod queue;
@@ -15,9 +20,12 @@ pub use metrics::{floors, Floors, RunMetrics};
 use crate::engine::{Engine, EngineProfile, EngineRequest};
 use crate::tokens::prompt_tokens;
 use crate::trace::Trace;
+use kvmesh_core::gossip::{Delta, NodeId, Outbox, RemoteBookings};
 use kvmesh_core::index::KvEvent;
-use kvmesh_core::load::{BookingId, EngineMetrics};
-use kvmesh_core::{BlockHasher, Fleet, FleetConfig, Namespace, Policy, ReplicaId, ReplicaSpec, RouteRequest};
+use kvmesh_core::load::{BookingId, BookingSpec, EngineMetrics};
+use kvmesh_core::{
+    BlockHasher, Fleet, FleetConfig, Namespace, Policy, PolicyKind, ReplicaId, ReplicaSpec, RouteRequest,
+};
 use queue::{Ev, Queue};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -42,6 +50,14 @@ pub struct SimConfig {
     /// Whether clients send `max_tokens` equal to the true output length (default false: the
     /// router estimates output length).
     pub send_max_tokens: bool,
+    /// Router nodes sharing the fleet. Default 1. Nodes after the first run the same policy
+    /// kind with its default parameters.
+    pub routers: u32,
+    /// Delay from a node's booking change to its peers applying it (gossip batching plus the
+    /// network), seconds. Default 0.005.
+    pub gossip_delay_s: f64,
+    /// Whether router nodes share bookings at all. Default true.
+    pub gossip: bool,
     /// Router settings (its block size is forced to `block_size`). The simulation's default
     /// lease is effectively infinite: every simulated request is released, and overloaded
     /// runs must not lose their queue from the router's view to lease expiry.
@@ -58,6 +74,9 @@ impl Default for SimConfig {
             metrics_interval_s: 1.0,
             slo_ttft_s: 5.0,
             send_max_tokens: false,
+            routers: 1,
+            gossip_delay_s: 0.005,
+            gossip: true,
             fleet: FleetConfig { lease_s: 1e9, ..FleetConfig::default() },
         }
     }
@@ -70,6 +89,8 @@ pub struct Outcome {
     pub arrival_s: f64,
     /// The replica it was routed to.
     pub replica: u32,
+    /// The router node that routed it.
+    pub router: u32,
     /// First token, seconds (NaN if never).
     pub first_token_s: f64,
     /// Completion, seconds (NaN if never).
@@ -97,7 +118,7 @@ pub struct Run {
     pub events: u64,
     /// Wall-clock seconds the simulation took.
     pub wall_s: f64,
-    /// The router's fleet at the end (bookings should be empty).
+    /// The first router's fleet at the end (bookings should be empty).
     pub fleet: Fleet,
 }
 
@@ -120,31 +141,54 @@ pub fn simulate(
     if !(config.event_delay_s.is_finite() && config.event_delay_s >= 0.0) {
         return Err(format!("KV-event delay must be a non-negative number of seconds, got {}", config.event_delay_s));
     }
+    if config.routers == 0 {
+        return Err("routers must be at least 1".into());
+    }
+    if !(config.gossip_delay_s.is_finite() && config.gossip_delay_s >= 0.0) {
+        return Err(format!("gossip delay must be a non-negative number of seconds, got {}", config.gossip_delay_s));
+    }
     let fleet_config = FleetConfig { block_size: config.block_size, ..config.fleet.clone() };
-    let mut fleet = Fleet::new(fleet_config).map_err(|e| e.to_string())?;
     let engine_ns = Namespace { model: "kvmesh-engine-sim".into(), ..Namespace::default() };
     let engine_hasher = BlockHasher::new(config.block_size, &engine_ns).map_err(|e| e.to_string())?;
     let mut engines = Vec::new();
-    let mut ids = Vec::new();
-    for r in 0..config.replicas {
-        let spec = ReplicaSpec {
-            name: format!("sim-{r}"),
-            capacity_blocks: config.profile.kv_blocks(config.block_size),
-            profile: config.profile.step(),
-            publishes_events: true,
+    let mut routers = Vec::new();
+    for k in 0..config.routers {
+        let mut fleet = Fleet::new(fleet_config.clone()).map_err(|e| e.to_string())?;
+        for r in 0..config.replicas {
+            let spec = ReplicaSpec {
+                name: format!("sim-{r}"),
+                capacity_blocks: config.profile.kv_blocks(config.block_size),
+                profile: config.profile.step(),
+                publishes_events: true,
+            };
+            let id = fleet.add_replica(spec).map_err(|e| e.to_string())?;
+            debug_assert_eq!(id.index(), r as usize);
+        }
+        let extra = if k == 0 {
+            None
+        } else {
+            let kind: PolicyKind = policy.name().parse().map_err(|e: kvmesh_core::Error| e.to_string())?;
+            Some(kind.build())
         };
-        ids.push(fleet.add_replica(spec).map_err(|e| e.to_string())?);
+        routers.push(Router {
+            fleet,
+            policy: extra,
+            rng: SmallRng::seed_from_u64(seed ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            outbox: (config.routers > 1 && config.gossip).then(|| Outbox::new(usize::MAX, usize::MAX)),
+            remote: RemoteBookings::new(1e9),
+        });
+    }
+    for _ in 0..config.replicas {
         engines.push(Engine::new(config.profile.clone(), engine_hasher));
     }
     let mut sim = Sim {
         config,
         trace,
-        fleet,
+        routers,
         engines,
-        ids,
-        rng: SmallRng::seed_from_u64(seed),
         queue: Queue::default(),
         in_flight: VecDeque::new(),
+        gossip_in_flight: VecDeque::new(),
         bookings: vec![None; trace.requests.len()],
         outcomes: Vec::with_capacity(trace.requests.len()),
         arrived: 0,
@@ -166,7 +210,18 @@ pub fn simulate(
             Ev::StepDone(r) => sim.step_done(r as usize, t),
             Ev::Deliver => {
                 if let Some((r, ev)) = sim.in_flight.pop_front() {
-                    sim.fleet.apply_event(sim.ids[r], &ev, t).map_err(|e| e.to_string())?;
+                    for router in &mut sim.routers {
+                        router.fleet.apply_event(ReplicaId(r as u32), &ev, t).map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+            Ev::Gossip => {
+                if let Some((from, deltas)) = sim.gossip_in_flight.pop_front() {
+                    for (k, router) in sim.routers.iter_mut().enumerate() {
+                        if k != from {
+                            router.remote.apply(&mut router.fleet, NodeId(from as u64), &deltas, t);
+                        }
+                    }
                 }
             }
             Ev::Tick => sim.tick(t),
@@ -179,20 +234,30 @@ pub fn simulate(
         events: sim.queue.processed(),
         wall_s: started.elapsed().as_secs_f64(),
         outcomes: sim.outcomes,
-        fleet: sim.fleet,
+        fleet: sim.routers.swap_remove(0).fleet,
     })
+}
+
+/// One router node of the simulation.
+struct Router {
+    fleet: Fleet,
+    /// `None`: the caller's policy (router 0).
+    policy: Option<Box<dyn Policy>>,
+    rng: SmallRng,
+    outbox: Option<Outbox>,
+    remote: RemoteBookings,
 }
 
 struct Sim<'a> {
     config: &'a SimConfig,
     trace: &'a Trace,
-    fleet: Fleet,
+    routers: Vec<Router>,
     engines: Vec<Engine>,
-    ids: Vec<ReplicaId>,
-    rng: SmallRng,
     queue: Queue,
     /// KV events emitted and not yet delivered, oldest first (the delay is constant).
     in_flight: VecDeque<(usize, KvEvent)>,
+    /// Booking deltas sent and not yet delivered, oldest first, with their sender.
+    gossip_in_flight: VecDeque<(usize, Vec<Delta>)>,
     bookings: Vec<Option<BookingId>>,
     outcomes: Vec<Outcome>,
     arrived: u64,
@@ -205,14 +270,36 @@ impl Sim<'_> {
         let req = &self.trace.requests[i];
         let tokens = prompt_tokens(req, i as u64, self.trace.block_tokens);
         let max_tokens = self.config.send_max_tokens.then_some(req.output_tokens.max(1));
-        let route = RouteRequest::new(self.fleet.hasher(), &tokens, max_tokens);
-        let routed = self.fleet.route(policy, &route, &mut self.rng, t).map_err(|e| e.to_string())?;
+        let k = i % self.routers.len();
+        let router = &mut self.routers[k];
+        let route = RouteRequest::new(router.fleet.hasher(), &tokens, max_tokens);
+        let (peers, rank) = router.remote.active_peers(NodeId(k as u64), t, 1.0);
+        router.fleet.set_active_peers(peers, rank);
+        let policy: &mut dyn Policy = match router.policy.as_mut() {
+            Some(p) => p.as_mut(),
+            None => policy,
+        };
+        let routed = router.fleet.route(policy, &route, &mut router.rng, t).map_err(|e| e.to_string())?;
         let r = routed.decision.replica.index();
+        if let Some(out) = router.outbox.as_mut() {
+            out.book(
+                routed.booking.0,
+                &format!("sim-{r}"),
+                router.fleet.bookings().get(routed.booking).map(|b| b.spec).unwrap_or(BookingSpec {
+                    uncached_prefill_tokens: 0,
+                    uncached_blocks: 0,
+                    expected_output_tokens: 0,
+                }),
+                &route.hashes,
+            );
+        }
+        self.send_gossip(k, t);
         self.bookings[i] = Some(routed.booking);
         debug_assert_eq!(self.outcomes.len(), i);
         self.outcomes.push(Outcome {
             arrival_s: t,
             replica: r as u32,
+            router: k as u32,
             first_token_s: f64::NAN,
             finish_s: f64::NAN,
             prompt_tokens: tokens.len() as u32,
@@ -253,8 +340,29 @@ impl Sim<'_> {
             let o = &mut self.outcomes[id as usize];
             o.rejected = true;
             if let Some(b) = self.bookings[id as usize].take() {
-                let _ = self.fleet.release(b, None);
+                let k = o.router as usize;
+                self.release(k, b, None, t);
             }
+        }
+    }
+
+    /// Ends booking `b` of router `k` and tells its peers.
+    fn release(&mut self, k: usize, b: BookingId, output_tokens: Option<u32>, t: f64) {
+        let router = &mut self.routers[k];
+        let _ = router.fleet.release(b, output_tokens);
+        if let Some(out) = router.outbox.as_mut() {
+            out.release(b.0, output_tokens);
+        }
+        self.send_gossip(k, t);
+    }
+
+    /// Sends router `k`'s pending booking deltas to its peers, arriving `gossip_delay_s` later.
+    fn send_gossip(&mut self, k: usize, t: f64) {
+        let Some(out) = self.routers[k].outbox.as_mut() else { return };
+        let deltas = out.take();
+        if !deltas.is_empty() {
+            self.gossip_in_flight.push_back((k, deltas));
+            self.queue.push(t + self.config.gossip_delay_s, Ev::Gossip);
         }
     }
 
@@ -262,7 +370,9 @@ impl Sim<'_> {
         let out = self.engines[r].finish_step();
         for ev in out.events {
             if self.config.event_delay_s <= 0.0 {
-                let _ = self.fleet.apply_event(self.ids[r], &ev, t);
+                for router in &mut self.routers {
+                    let _ = router.fleet.apply_event(ReplicaId(r as u32), &ev, t);
+                }
             } else {
                 self.in_flight.push_back((r, ev));
                 self.queue.push(t + self.config.event_delay_s, Ev::Deliver);
@@ -273,15 +383,22 @@ impl Sim<'_> {
             debug_assert!(o.first_token_s.is_nan(), "one first token per request");
             o.first_token_s = t;
             o.cached_tokens = cached;
+            let k = o.router as usize;
             if let Some(b) = self.bookings[id as usize] {
-                let _ = self.fleet.first_token(b, t);
+                let router = &mut self.routers[k];
+                let _ = router.fleet.first_token(b, t);
+                if let Some(out) = router.outbox.as_mut() {
+                    out.first_token(b.0);
+                }
+                self.send_gossip(k, t);
             }
         }
         for id in out.finished {
             let o = &mut self.outcomes[id as usize];
             o.finish_s = t;
+            let (k, output) = (o.router as usize, o.output_tokens);
             if let Some(b) = self.bookings[id as usize].take() {
-                let _ = self.fleet.release(b, Some(o.output_tokens));
+                self.release(k, b, Some(output), t);
             }
         }
         self.kick(r, t);
@@ -290,9 +407,14 @@ impl Sim<'_> {
     fn tick(&mut self, t: f64) {
         for (r, e) in self.engines.iter().enumerate() {
             let (running, waiting, kv_usage) = e.metrics();
-            let _ = self.fleet.report_metrics(self.ids[r], EngineMetrics { running, waiting, kv_usage, at: t });
+            for router in &mut self.routers {
+                let m = EngineMetrics { running, waiting, kv_usage, at: t };
+                let _ = router.fleet.report_metrics(ReplicaId(r as u32), m);
+            }
         }
-        self.fleet.expire(t);
+        for router in &mut self.routers {
+            router.fleet.expire(t);
+        }
         let more = (self.arrived as usize) < self.trace.requests.len() || self.engines.iter().any(Engine::has_work);
         if more {
             self.queue.push(t + self.config.metrics_interval_s, Ev::Tick);

@@ -11,8 +11,10 @@ pub(crate) enum Ev {
     Arrival(u32),
     /// Replica `r`'s step in flight ends.
     StepDone(u32),
-    /// The oldest KV event in flight reaches the router.
+    /// The oldest KV event in flight reaches the routers.
     Deliver,
+    /// The oldest batch of booking deltas in flight reaches the other routers.
+    Gossip,
     /// The router polls engine metrics and expires old state.
     Tick,
 }
