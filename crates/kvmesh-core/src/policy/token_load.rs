@@ -104,10 +104,15 @@ fn scores_of<'a>(fits: &'a [(usize, f64)], all: &'a [(usize, f64)]) -> &'a [(usi
 /// With `k` other router nodes deciding at the same time, each sees the same "best"
 /// replica, and the gossip that would tell them about each other arrives only after they
 /// decided: all `k + 1` requests land on it together (herding, case C12). The best
-/// replica's true cost is then up to `k` of this request's prefills higher. So any of the
-/// `k + 1` cheapest replicas costing no more than that is as good, and each node picks
-/// one of them at random (nodes seed their randomness differently): the classic remedy for
-/// deciding on stale load (Mitzenmacher, "How useful is old information?", 2000).
+/// replica's true cost is then up to `k` of this request's prefills higher, so any of the
+/// `k + 1` cheapest replicas costing no more than that, and caching as much of the prompt, is
+/// as good. Each node takes the one at its own rank among the active nodes, in an order every
+/// node computes alike (cost, then the replica's name hash): simultaneous deciders with the
+/// same view never collide, where independent random picks would (a birthday problem).
+/// Spreading among near-best choices is the known remedy for deciding on stale load
+/// (Mitzenmacher, "How useful is old information?", IEEE TPDS 2000). Measured in the
+/// simulator (BENCHMARKS.md, multi-router): it costs nothing at moderate load; its gain is in
+/// synchronized bursts, where only it can separate decisions gossip cannot reach in time.
 fn spread_among_peers(
     scores: &[(usize, f64)],
     estimates: &[(usize, crate::fleet::Estimate)],
@@ -120,8 +125,11 @@ fn spread_among_peers(
     let e = estimates.iter().find(|(i, _)| *i == best_i)?.1;
     let s_per_token = view.replicas[best_i].profile(view.config.learn_prefill_rate).prefill_s_per_token;
     let band = k as f64 * e.uncached_tokens as f64 * s_per_token;
+    // Only among replicas that cache as much of the prompt as the best: spreading must not
+    // throw a cache hit away (a replica holding the prefix keeps it, case C12's exception).
+    let cached_alike = |i: usize| estimates.iter().any(|(j, x)| *j == i && x.uncached_tokens == e.uncached_tokens);
     near.clear();
-    near.extend(scores.iter().copied().filter(|s| s.1 <= best + band));
+    near.extend(scores.iter().copied().filter(|s| s.1 <= best + band && cached_alike(s.0)));
     if near.len() <= 1 {
         return None;
     }

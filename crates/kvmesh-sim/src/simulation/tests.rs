@@ -150,3 +150,36 @@ fn floors_are_the_no_queue_prefill_times() {
     // With every reusable prefix cached, request 2 computes 4 tokens; p99 of {12, 4} is 12.
     close(f.p99_all_cached, 1e-3 + 12.0 * 1e-3);
 }
+
+#[test]
+fn routers_take_requests_in_turn_and_simultaneous_ones_do_not_collide() {
+    // Two routers, two replicas. Two warm-up requests (one per router) make each router know
+    // the other is active; then two unrelated prompts arrive at the same instant, one per
+    // router. Both see two idle replicas at equal cost; by rank, router 0 takes the first and
+    // router 1 the second, so neither waits: TTFT = one 1 ms step + 12 tokens × 1 ms.
+    let cfg = SimConfig { routers: 2, ..config(0.0) };
+    let t = trace(&[(0.0, &[1, 2, 3]), (0.0, &[4, 5, 6]), (1.0, &[7, 8, 9]), (1.0, &[10, 11, 12])]);
+    let r = run(&cfg, &t);
+    assert_eq!(r.outcomes.iter().map(|o| o.router).collect::<Vec<_>>(), vec![0, 1, 0, 1]);
+    let [c, d] = [r.outcomes[2], r.outcomes[3]];
+    assert_ne!(c.replica, d.replica);
+    close(c.first_token_s - c.arrival_s, 0.013);
+    close(d.first_token_s - d.arrival_s, 0.013);
+}
+
+#[test]
+fn four_routers_release_every_booking_everywhere() {
+    let reqs: Vec<(f64, Vec<u64>)> = (0..40).map(|i| (i as f64 * 0.002, vec![1, 2, 100 + i])).collect();
+    let refs: Vec<(f64, &[u64])> = reqs.iter().map(|(t, v)| (*t, v.as_slice())).collect();
+    let t = trace(&refs);
+    for gossip in [true, false] {
+        let cfg = SimConfig { routers: 4, gossip, ..config(0.0) };
+        let r = run(&cfg, &t);
+        assert_eq!(r.outcomes.iter().map(|o| o.router).collect::<Vec<_>>(), (0..40).map(|i| i % 4).collect::<Vec<_>>());
+        assert!(r.outcomes.iter().all(|o| o.finish_s.is_finite()));
+        assert!(r.fleet.bookings().is_empty(), "router 0 still holds {} bookings", r.fleet.bookings().len());
+    }
+    let bad = SimConfig { routers: 0, ..config(0.0) };
+    let mut p = PolicyKind::TokenLoad.build();
+    assert_eq!(simulate(&bad, &t, p.as_mut(), 7, &mut |_| {}).unwrap_err(), "routers must be at least 1");
+}
