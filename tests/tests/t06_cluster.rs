@@ -421,3 +421,63 @@ async fn shared_bookings_converge_with_10_percent_of_gossip_lost() {
         e.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(2).await;
+    let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
+    let all_ports = ports(4);
+    let ports3 = &all_ports[..3];
+    let mut nodes = start_all(ports3, dir.path(), &replicas, true).await;
+    nodes[0].cluster.as_ref().unwrap().init().await.unwrap();
+    let c1 = nodes[0].cluster.as_ref().unwrap().clone();
+    // 30 writes with snapshot_every = 20: a snapshot is taken and the log before it purged.
+    for i in 0..30 {
+        let policy = if i % 2 == 0 { "kv_cost" } else { "token_load" };
+        c1.write(kvmesh_node::cluster::registry::Command::SetPolicy { policy: policy.into() }).await.unwrap();
+    }
+    let all: Vec<&Node> = nodes.iter().collect();
+    eventually("a snapshot and a purged log on every node", || {
+        all.iter().all(|n| {
+            let m = n.cluster.as_ref().unwrap().raft.metrics().borrow().clone();
+            m.snapshot.is_some() && m.purged.is_some()
+        })
+    })
+    .await;
+
+    // Node 4 starts empty (no peers) and joins through a follower: it must be sent the
+    // snapshot (its missing log is purged), then becomes a voter.
+    let mut config4 = config(4, &all_ports, dir.path(), vec![], true);
+    config4.cluster.as_mut().unwrap().peers.clear();
+    let n4 = kvmesh_node::start(config4).await.unwrap();
+    let leader = leader_of(&all).unwrap();
+    let follower = nodes.iter().find(|n| n.cluster.as_ref().unwrap().id != leader).unwrap();
+    let mut cf = v1::cluster_client::ClusterClient::new(grpc(follower).await);
+    let status = cf
+        .join(v1::JoinRequest { node_id: 4, addr: format!("127.0.0.1:{}", all_ports[3]) })
+        .await
+        .unwrap()
+        .into_inner();
+    let roles: Vec<(u64, String)> = status.members.iter().map(|m| (m.node_id, m.role.clone())).collect();
+    assert_eq!(roles, vec![(1, "voter".into()), (2, "voter".into()), (3, "voter".into()), (4, "voter".into())]);
+    eventually("node 4 follows the registry and policy", || {
+        has_replica(&n4, "e0") && has_replica(&n4, "e1") && &*n4.shared.policy_name() == "token_load"
+    })
+    .await;
+    let m4 = n4.cluster.as_ref().unwrap().raft.metrics().borrow().clone();
+    assert!(m4.snapshot.is_some(), "node 4 caught up from a snapshot");
+
+    // And leaves again.
+    let status = cf.leave(v1::LeaveRequest { node_id: 4 }).await.unwrap().into_inner();
+    assert_eq!(status.members.iter().map(|m| m.node_id).collect::<Vec<_>>(), vec![1, 2, 3]);
+    let unknown = cf.leave(v1::LeaveRequest { node_id: 9 }).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::FailedPrecondition, "{unknown:?}");
+    n4.stop().await;
+    for n in nodes.drain(..) {
+        n.stop().await;
+    }
+    for e in engines {
+        e.stop().await;
+    }
+}

@@ -226,7 +226,7 @@ impl Cluster {
                 .join(v1::JoinRequest { node_id: id, addr })
                 .await
                 .map(|_| ())
-                .map_err(|s| ClusterError::Forward { addr: leader, error: s.message().to_string() });
+                .map_err(|s| from_forwarded(&leader, &s));
         }
         self.raft.add_learner(id, BasicNode { addr }, true).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
         let mut voters = self.voters();
@@ -246,7 +246,7 @@ impl Cluster {
                 .leave(v1::LeaveRequest { node_id: id })
                 .await
                 .map(|_| ())
-                .map_err(|s| ClusterError::Forward { addr: leader, error: s.message().to_string() });
+                .map_err(|s| from_forwarded(&leader, &s));
         }
         let mut voters = self.voters();
         if !voters.remove(&id) {
@@ -349,15 +349,20 @@ fn channel_to(addr: &str) -> Result<tonic::transport::Channel, ClusterError> {
     network::channel(addr).map_err(|e| ClusterError::Forward { addr: addr.into(), error: e.to_string() })
 }
 
+/// The leader's answer to a forwarded request, as this node's own error.
+fn from_forwarded(addr: &str, s: &tonic::Status) -> ClusterError {
+    match s.code() {
+        tonic::Code::FailedPrecondition => ClusterError::Rejected(s.message().to_string()),
+        tonic::Code::Unavailable if s.message().starts_with("no Raft leader") => ClusterError::NoLeader,
+        _ => ClusterError::Forward { addr: addr.to_string(), error: s.message().to_string() },
+    }
+}
+
 async fn forward_write(addr: &str, cmd: &Command) -> Result<(CommandResult, u64), ClusterError> {
     let fwd = |error: String| ClusterError::Forward { addr: addr.to_string(), error };
     let mut c = v1::cluster_client::ClusterClient::new(channel_to(addr)?);
     let json = serde_json::to_vec(cmd).map_err(|e| fwd(e.to_string()))?;
-    let reply = c.write(v1::WriteRequest { command_json: json }).await.map_err(|s| match s.code() {
-        tonic::Code::FailedPrecondition => ClusterError::Rejected(s.message().to_string()),
-        tonic::Code::Unavailable if s.message().starts_with("no Raft leader") => ClusterError::NoLeader,
-        _ => fwd(s.message().to_string()),
-    })?;
+    let reply = c.write(v1::WriteRequest { command_json: json }).await.map_err(|s| from_forwarded(addr, &s))?;
     let r = reply.into_inner();
     let result: CommandResult = serde_json::from_slice(&r.result_json).map_err(|e| fwd(e.to_string()))?;
     Ok((result, r.log_index))
