@@ -7,7 +7,7 @@ use kvmesh_node::config::NodeConfig;
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kvmesh_node=info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=error".into()),
         )
         .init();
     let config = with_cluster_flags(NodeConfig::read(&args.config)?, args)?;
