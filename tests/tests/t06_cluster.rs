@@ -481,3 +481,32 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
         e.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_metrics_are_valid_openmetrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(1).await;
+    let replicas = vec![replica(0, &engines[0])];
+    let ports = ports(3);
+    let nodes = start_all(&ports, dir.path(), &replicas, true).await;
+    nodes[0].cluster.as_ref().unwrap().init().await.unwrap();
+    let all: Vec<&Node> = nodes.iter().collect();
+    eventually("gossip heard from both peers", || all.iter().all(|n| n.shared.core().remote.peers().count() == 2))
+        .await;
+    let page = reqwest::get(format!("http://{}/metrics", nodes[1].http)).await.unwrap().text().await.unwrap();
+    let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
+    for family in
+        ["kvmesh_raft", "kvmesh_gossip_peer_bookings", "kvmesh_gossip_peer_age_seconds", "kvmesh_gossip_batches_sent"]
+    {
+        assert!(parsed.families.contains_key(family), "{family} missing:\n{page}");
+    }
+    let leader = leader_of(&all).unwrap();
+    assert!(page.contains(&format!("kvmesh_raft{{what=\"leader_id\"}} {leader}\n")), "{page}");
+    assert!(page.contains("kvmesh_raft{what=\"voters\"} 3\n"), "{page}");
+    for n in nodes {
+        n.stop().await;
+    }
+    for e in engines {
+        e.stop().await;
+    }
+}

@@ -161,7 +161,9 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             let c = cluster::Cluster::start(section, default_addr, replicas.clone(), config.node.policy.clone())
                 .await
                 .context("starting the cluster member")?;
-            Some(Arc::new(c))
+            let c = Arc::new(c);
+            let _ = shared.cluster.set(c.clone());
+            Some(c)
         }
         None => None,
     };

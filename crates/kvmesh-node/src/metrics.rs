@@ -42,6 +42,15 @@ pub struct Metrics {
     replica_bookings: Family<Labels, Gauge>,
     replica_kv_usage: Family<Labels, Gauge<f64, AtomicU64>>,
     replica_index_blocks: Family<Labels, Gauge>,
+    /// Gossip batches sent to peers.
+    pub gossip_sent: Counter,
+    /// Gossip batches not sent: a peer's queue was full, or an injected fault dropped them.
+    pub gossip_dropped: Counter,
+    /// Booking deltas received from peers.
+    pub gossip_deltas_received: Counter,
+    gossip_peer_bookings: Family<Labels, Gauge>,
+    gossip_peer_age: Family<Labels, Gauge<f64, AtomicU64>>,
+    raft: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -69,6 +78,12 @@ impl Metrics {
             replica_bookings: Family::default(),
             replica_kv_usage: Family::default(),
             replica_index_blocks: Family::default(),
+            gossip_sent: Counter::default(),
+            gossip_dropped: Counter::default(),
+            gossip_deltas_received: Counter::default(),
+            gossip_peer_bookings: Family::default(),
+            gossip_peer_age: Family::default(),
+            raft: Family::default(),
             registry: Registry::default(),
         };
         registry.register("decisions", "Routing decisions by policy and reason", m.decisions.clone());
@@ -105,6 +120,32 @@ impl Metrics {
             "Blocks the prefix index holds for the replica",
             m.replica_index_blocks.clone(),
         );
+        registry.register("gossip_batches_sent", "Gossip batches sent to peers", m.gossip_sent.clone());
+        registry.register(
+            "gossip_batches_dropped",
+            "Gossip batches not sent (peer queue full or injected fault); summaries repair them",
+            m.gossip_dropped.clone(),
+        );
+        registry.register(
+            "gossip_deltas_received",
+            "Booking deltas received from peers",
+            m.gossip_deltas_received.clone(),
+        );
+        registry.register(
+            "gossip_peer_bookings",
+            "A peer's live bookings as this node holds them",
+            m.gossip_peer_bookings.clone(),
+        );
+        registry.register(
+            "gossip_peer_age_seconds",
+            "Seconds since this node last heard a peer's gossip (gossip lag)",
+            m.gossip_peer_age.clone(),
+        );
+        registry.register(
+            "raft",
+            "Raft state of this node: term, leader_id (0: none), is_leader, last_applied_index, last_log_index, voters",
+            m.raft.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -137,6 +178,28 @@ impl Metrics {
                 m.replica_bookings.get_or_create(&l).set((load.prefilling + load.decoding) as i64);
                 m.replica_kv_usage.get_or_create(&l).set(r.engine.map_or(0.0, |e| e.kv_usage));
                 m.replica_index_blocks.get_or_create(&l).set(core.fleet.index().replica_blocks(r.id) as i64);
+            }
+        }
+        m.gossip_peer_bookings.clear();
+        m.gossip_peer_age.clear();
+        for (peer, live, heard) in shared.core().remote.peers() {
+            let l = vec![("peer", peer.0.to_string())];
+            m.gossip_peer_bookings.get_or_create(&l).set(live as i64);
+            m.gossip_peer_age.get_or_create(&l).set(now - heard);
+        }
+        if let Some(c) = shared.cluster.get() {
+            let r = c.raft.metrics().borrow().clone();
+            let membership = r.membership_config.membership();
+            let values = [
+                ("term", r.current_term as i64),
+                ("leader_id", r.current_leader.unwrap_or(0) as i64),
+                ("is_leader", (r.current_leader == Some(c.id)) as i64),
+                ("last_applied_index", r.last_applied.map_or(0, |l| l.index) as i64),
+                ("last_log_index", r.last_log_index.unwrap_or(0) as i64),
+                ("voters", membership.voter_ids().count() as i64),
+            ];
+            for (what, v) in values {
+                m.raft.get_or_create(&vec![("what", what.to_string())]).set(v);
             }
         }
         let mut out = String::new();

@@ -162,6 +162,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Upstream HTTP client.
     pub http: reqwest::Client,
+    /// This node's cluster membership, once started (metrics read it).
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
 }
 
 /// Why a replica could not be added.
@@ -236,6 +238,7 @@ impl Shared {
             core: Mutex::new(core),
             metrics: Metrics::new(),
             http,
+            cluster: std::sync::OnceLock::new(),
         })
     }
 

@@ -69,12 +69,17 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
             deltas: deltas.iter().map(v1::BookingDelta::from).collect(),
             summary: summary.as_ref().map(v1::BookingSummary::from),
         };
+        let m = &shared.metrics;
         for (_, tx) in peers.values() {
             if cluster.faults.drop_gossip(rng.random()) {
+                m.gossip_dropped.inc();
                 continue;
             }
             // Full: the peer is slow or down; the next summary repairs what this batch carried.
-            let _ = tx.try_send(batch.clone());
+            match tx.try_send(batch.clone()) {
+                Ok(()) => m.gossip_sent.inc(),
+                Err(_) => m.gossip_dropped.inc(),
+            };
         }
     }
 }

@@ -144,6 +144,7 @@ impl gossip_server::Gossip for ClusterServices {
                 return Err(Status::invalid_argument("a node does not gossip to itself (two nodes share an id?)"));
             }
             let deltas: Vec<Delta> = batch.deltas.into_iter().filter_map(|d| Delta::try_from(d).ok()).collect();
+            self.shared.metrics.gossip_deltas_received.inc_by(deltas.len() as u64);
             let summary = batch.summary.map(Summary::from);
             let now = self.shared.now();
             let mut core = self.shared.core();
