@@ -510,3 +510,59 @@ async fn cluster_metrics_are_valid_openmetrics() {
         e.stop().await;
     }
 }
+
+/// Case C11 across nodes: consistent hashing sends a key to the same replica whichever node
+/// routes it (every node registers the replicas from the same registry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c11_every_node_maps_a_key_to_the_same_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(4).await;
+    let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
+    let ports = ports(3);
+    let mut nodes = Vec::new();
+    for id in 1..=3u64 {
+        // Each node's file lists the replicas in a different order; the registry decides.
+        let mut mine = replicas.clone();
+        mine.rotate_left(id as usize);
+        let mut c = config(id, &ports, dir.path(), mine, true);
+        c.node.policy = "consistent_hash".into();
+        nodes.push(kvmesh_node::start(c).await.unwrap());
+    }
+    nodes[2].cluster.as_ref().unwrap().init().await.unwrap();
+    let all: Vec<&Node> = nodes.iter().collect();
+    eventually("seeded and scraped everywhere", || {
+        all.iter().all(|n| {
+            n.cluster.as_ref().unwrap().state.borrow().seeded
+                && n.shared.core().replicas.len() == 4
+                && n.shared.core().replicas.values().all(|r| r.engine.is_some())
+        })
+    })
+    .await;
+    let mut maps = Vec::new();
+    for n in &nodes {
+        let mut router = v1::router_client::RouterClient::new(grpc(n).await);
+        let mut map = Vec::new();
+        for key in 0..40 {
+            let req = v1::RouteRequest {
+                prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: vec![1, 2, 3] })),
+                session_key: Some(format!("user-{key}")),
+                ..Default::default()
+            };
+            let r = router.route(req).await.unwrap().into_inner();
+            router.release(v1::ReleaseRequest { booking_id: r.booking_id, output_tokens: None }).await.unwrap();
+            map.push(r.replica_id);
+        }
+        maps.push(map);
+    }
+    assert!(maps.windows(2).all(|w| w[0] == w[1]), "{maps:?}");
+    let mut used = maps[0].clone();
+    used.sort();
+    used.dedup();
+    assert!(used.len() >= 3, "40 keys over 4 replicas used only {used:?}");
+    for n in nodes {
+        n.stop().await;
+    }
+    for e in engines {
+        e.stop().await;
+    }
+}
