@@ -107,6 +107,20 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
     let text = sse.text().await.unwrap();
     assert_eq!(text.matches("data: ").count(), 6, "4 tokens, the finish chunk, [DONE]: {text}");
     assert!(text.trim_end().ends_with("data: [DONE]"));
+    // With stream_options.include_usage (vLLM, OpenAI), a usage chunk with no choices comes
+    // before [DONE]; the node passes it through and counts the engine's cached tokens.
+    let body = json!({"model": "m", "prompt": "hello there", "max_tokens": 3, "stream": true,
+        "stream_options": {"include_usage": true}});
+    let sse = client.post(format!("http://{}/v1/completions", node.http)).json(&body).send().await.unwrap();
+    let text = sse.text().await.unwrap();
+    let chunks: Vec<&str> = text.split("\n\n").filter(|c| c.starts_with("data: ")).collect();
+    assert_eq!(chunks.len(), 6, "3 tokens, the finish chunk, usage, [DONE]: {text}");
+    let usage: Value = serde_json::from_str(&chunks[4]["data: ".len()..]).unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(
+        (usage["usage"]["prompt_tokens"].as_u64(), usage["usage"]["completion_tokens"].as_u64()),
+        (Some(3), Some(3))
+    );
 
     // Kill the replica holding the prefix: the next request is served by another one.
     let i: usize = first[1..].parse().unwrap();

@@ -73,6 +73,8 @@ struct Parsed {
     tokens: Vec<u32>,
     max_tokens: u32,
     stream: bool,
+    /// `stream_options.include_usage`: a last chunk with the usage and no choices (vLLM, OpenAI).
+    include_usage: bool,
 }
 
 fn common(body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Response>> {
@@ -86,7 +88,13 @@ fn common(body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Response>> {
             None => return Err(Box::new(error(StatusCode::BAD_REQUEST, "max_tokens must be a positive integer"))),
         },
     };
-    Ok(Parsed { tokens, max_tokens, stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false) })
+    let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    Ok(Parsed {
+        tokens,
+        max_tokens,
+        stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        include_usage,
+    })
 }
 
 async fn completions(State(s): State<AppState>, Json(body): Json<Value>) -> Response {
@@ -142,6 +150,7 @@ async fn generate(s: AppState, p: Parsed, chat: bool) -> Response {
     let created = now_s();
     let model = s.model.clone();
     if p.stream {
+        let id_for_usage = id.clone();
         let chunk = move |delta: Option<&str>, finish: Option<&str>, first: bool| -> Bytes {
             let choice = if chat {
                 let delta = match (first, delta) {
@@ -157,15 +166,36 @@ async fn generate(s: AppState, p: Parsed, chat: bool) -> Response {
             let v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
             Bytes::from(format!("data: {v}\n\n"))
         };
+        let include_usage = p.include_usage;
+        let usage_chunk = {
+            let (id, model) = (id_for_usage, s.model.clone());
+            move |cached: u32, generated: u32| -> Bytes {
+                let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+                let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                    "total_tokens": prompt_tokens + generated as usize, "prompt_tokens_details": {"cached_tokens": cached}});
+                let v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [], "usage": usage});
+                Bytes::from(format!("data: {v}\n\n"))
+            }
+        };
         let stream = async_stream(move |emit| async move {
             // `emit` fails once the client has gone: stop, dropping `rx`, so the engine aborts
             // the request at its next token.
+            let (mut cached, mut generated) = (0u32, 0u32);
             while let Some(out) = rx.recv().await {
                 let sent = match out {
-                    Output::FirstToken { .. } => emit(chunk(Some(TOKEN_TEXT), None, true)),
-                    Output::Token => emit(chunk(Some(TOKEN_TEXT), None, false)),
+                    Output::FirstToken { cached_tokens } => {
+                        (cached, generated) = (cached_tokens, 1);
+                        emit(chunk(Some(TOKEN_TEXT), None, true))
+                    }
+                    Output::Token => {
+                        generated += 1;
+                        emit(chunk(Some(TOKEN_TEXT), None, false))
+                    }
                     Output::Done => {
                         emit(chunk(None, Some("length"), false));
+                        if include_usage {
+                            emit(usage_chunk(cached, generated));
+                        }
                         emit(Bytes::from_static(b"data: [DONE]\n\n"));
                         break;
                     }

@@ -150,6 +150,36 @@ pub struct NodeSection {
     /// (`kvmesh_core::prompt`), which match only engines using the same scheme
     /// (kvmesh-engine-sim).
     pub tokenizer: Option<std::path::PathBuf>,
+    /// The engines' step-time profile the token-load estimates use: `h100` or `a100`
+    /// (Llama-3-8B under vLLM; see `kvmesh_core::load::ReplicaProfile`).
+    pub engine_profile: String,
+    /// Time compression of the engines: step times are divided by this. 1 for real engines;
+    /// kvmesh-engine-sim's `--speed` for stand-in ones (`kvmesh demo` sets it).
+    pub engine_speed: f64,
+}
+
+impl NodeSection {
+    /// The step-time profile for token-load estimates, with `engine_speed` applied.
+    ///
+    /// # Errors
+    /// An unknown profile name or a non-positive speed.
+    pub fn replica_profile(&self) -> Result<kvmesh_core::load::ReplicaProfile, String> {
+        let base = match self.engine_profile.as_str() {
+            "h100" => kvmesh_core::load::ReplicaProfile::H100_LLAMA3_8B,
+            "a100" => kvmesh_core::load::ReplicaProfile::A100_LLAMA3_8B,
+            other => return Err(format!("node.engine_profile: unknown profile {other:?} (use h100 or a100)")),
+        };
+        if !(self.engine_speed.is_finite() && self.engine_speed > 0.0) {
+            return Err(format!("node.engine_speed must be a positive number, got {}", self.engine_speed));
+        }
+        let s = self.engine_speed;
+        Ok(kvmesh_core::load::ReplicaProfile {
+            prefill_s_per_token: base.prefill_s_per_token / s,
+            decode_s_per_token: base.decode_s_per_token / s,
+            step_overhead_s: base.step_overhead_s / s,
+            chunk_tokens: base.chunk_tokens,
+        })
+    }
 }
 
 impl Default for NodeSection {
@@ -168,6 +198,8 @@ impl Default for NodeSection {
             events_silent_s: 30.0,
             replay_timeout_ms: 1000,
             tokenizer: None,
+            engine_profile: "h100".into(),
+            engine_speed: 1.0,
         }
     }
 }
@@ -265,6 +297,7 @@ impl NodeConfig {
         if self.node.block_size == 0 {
             return Err("node.block_size must be positive".into());
         }
+        self.node.replica_profile()?;
         if self.node.scrape_interval_ms == 0 {
             return Err("node.scrape_interval_ms must be positive".into());
         }

@@ -144,6 +144,8 @@ pub struct Settings {
     pub block_size: u32,
     /// The routing core's block hasher (a copy), so requests are hashed outside the core lock.
     pub hasher: kvmesh_core::BlockHasher,
+    /// The engines' step-time profile (`node.engine_profile` at `node.engine_speed`).
+    pub profile: kvmesh_core::load::ReplicaProfile,
 }
 
 /// Shared by every task of the node.
@@ -226,6 +228,7 @@ impl Shared {
             overload_backoff_s: config.node.overload_backoff_ms as f64 / 1000.0,
             block_size: config.node.block_size,
             hasher: *core.fleet.hasher(),
+            profile: config.node.replica_profile().map_err(anyhow::Error::msg)?,
         };
         let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
         let policy_name = Mutex::new(Arc::from(config.node.policy.as_str()));
@@ -284,6 +287,7 @@ impl Shared {
         }
         let spec = ReplicaSpec {
             publishes_events: config.kv_events.is_some(),
+            profile: self.settings.profile,
             ..ReplicaSpec::new(config.name.clone(), config.capacity_blocks)
         };
         let id = core.fleet.add_replica(spec).map_err(|e| RegistryError::Invalid(e.to_string()))?;
