@@ -52,7 +52,7 @@ write_config() {
   {
     printf '[node]\nhttp = "127.0.0.1:%s"\ngrpc = "127.0.0.1:%s"\nscrape_interval_ms = 200\n' \
       $((BASE + 300 + i)) $((BASE + 400 + i))
-    printf '\n[cluster]\nsummary_interval_ms = 500\n'
+    printf '\n[cluster]\nsummary_interval_ms = 500\nallow_fault_injection = true\n'
     for e in $(seq 0 $((ENGINES - 2))); do
       # The last engine is added at runtime through the admin API.
       printf '\n[[replicas]]\nname = "e%s"\nhttp = "http://127.0.0.1:%s"\nkv_events = "tcp://127.0.0.1:%s"\nreplay = "tcp://127.0.0.1:%s"\ncapacity_blocks = 29375\n' \
@@ -70,7 +70,13 @@ start_node() {
   echo $! >"$WORK/node$i.pid"
 }
 
-kill_node() { kill -9 "$(cat "$WORK/node$1.pid")" 2>/dev/null || true; rm -f "$WORK/node$1.pid"; }
+# kill -9 node $1 and wait until the process is gone (its ports and sled lock are free).
+kill_node() {
+  local pid; pid="$(cat "$WORK/node$1.pid")"
+  kill -9 "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  rm -f "$WORK/node$1.pid"
+}
 
 # `kvmesh cluster status --json` of node $1, or nothing if it does not answer.
 status_json() { "$BIN/kvmesh" cluster status --grpc "$(grpc_of "$1")" --json 2>/dev/null || true; }

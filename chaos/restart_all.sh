@@ -10,8 +10,8 @@ log "killed every node"
 for i in $(seq 1 $NODES); do start_node "$i"; done
 for i in $(seq 1 $NODES); do wait_for 30 "node $i with a leader" has_leader "$i"; done
 for i in $(seq 1 $NODES); do
-  registry_has "$i" e0 draining || fail "node $i lost e0's draining state"
-  registry_has "$i" "e$((ENGINES - 1))" ready || fail "node $i lost the replica added at runtime"
+  wait_for 10 "node $i's e0 draining state back" registry_has "$i" e0 draining
+  wait_for 10 "node $i's runtime-added replica back" registry_has "$i" "e$((ENGINES - 1))" ready
 done
 start_load 30 8
 check_load

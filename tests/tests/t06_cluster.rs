@@ -52,6 +52,7 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
         gossip,
         summary_interval_ms: 200,
         snapshot_every: 20,
+        allow_fault_injection: true,
         ..ClusterSection::default()
     };
     NodeConfig { node: section, replicas, cluster: Some(cluster) }

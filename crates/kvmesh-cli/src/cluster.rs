@@ -64,6 +64,7 @@ fn status_json(s: &v1::ClusterStatus) -> serde_json::Value {
         "last_applied": s.last_applied,
         "last_log_index": s.last_log_index,
         "initialized": s.initialized,
+        "seeded": s.seeded,
         "policy": s.policy,
         "members": s.members.iter().map(|m| serde_json::json!({
             "node_id": m.node_id, "addr": m.addr, "role": m.role, "lag": m.lag,
@@ -91,7 +92,11 @@ pub fn render(s: &v1::ClusterStatus) -> String {
         s.term,
         s.last_applied,
         s.last_log_index,
-        if s.initialized { "" } else { " · NOT INITIALIZED (run `kvmesh cluster init`)" }
+        match (s.initialized, s.seeded) {
+            (true, true) => "",
+            (true, false) => " · registry NOT SEEDED (run `kvmesh cluster init` again)",
+            _ => " · NOT INITIALIZED (run `kvmesh cluster init`)",
+        }
     );
     let _ =
         writeln!(out, "{:>6}  {:<22} {:<8} {:>6} {:>9} {:>10}", "node", "addr", "role", "lag", "bookings", "gossip");
@@ -140,6 +145,7 @@ mod tests {
                 gossip_age_s: Some(0.02),
             }],
             initialized: true,
+            seeded: true,
             policy: "token_load".into(),
             registry: vec![v1::RegistryEntry {
                 spec: Some(v1::ReplicaSpec {

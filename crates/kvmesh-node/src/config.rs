@@ -74,6 +74,8 @@ pub struct ClusterSection {
     pub election_timeout_max_ms: u64,
     /// A snapshot is taken (and the log before it purged) after this many new log entries.
     pub snapshot_every: u64,
+    /// Accept `Cluster.InjectFault` (`kvmesh cluster fault`): tests and chaos runs only.
+    pub allow_fault_injection: bool,
 }
 
 impl Default for ClusterSection {
@@ -91,6 +93,7 @@ impl Default for ClusterSection {
             election_timeout_min_ms: 300,
             election_timeout_max_ms: 600,
             snapshot_every: 1000,
+            allow_fault_injection: false,
         }
     }
 }
@@ -311,6 +314,9 @@ impl NodeConfig {
             }
             if c.election_timeout_min_ms <= c.heartbeat_ms || c.election_timeout_max_ms <= c.election_timeout_min_ms {
                 return Err("cluster: need heartbeat_ms < election_timeout_min_ms < election_timeout_max_ms".into());
+            }
+            if c.peer_timeout_ms <= 2 * c.summary_interval_ms {
+                return Err("cluster: peer_timeout_ms must exceed twice summary_interval_ms (an idle peer is heard only through summaries)".into());
             }
             if c.gossip_interval_ms == 0 || c.summary_interval_ms == 0 || c.snapshot_every == 0 {
                 return Err(

@@ -250,9 +250,15 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             .add_service(RouterServer::new(services.clone()))
             .add_service(AdminServer::new(services.clone()))
             .add_service(EventsServer::new(services))
-            .add_optional_service(cluster_services.clone().map(RaftServer::new))
+            .add_optional_service(
+                cluster_services
+                    .clone()
+                    .map(|s| RaftServer::new(s).max_decoding_message_size(cluster::MAX_MESSAGE_BYTES)),
+            )
             .add_optional_service(cluster_services.clone().map(ClusterServer::new))
-            .add_optional_service(cluster_services.map(GossipServer::new))
+            .add_optional_service(
+                cluster_services.map(|s| GossipServer::new(s).max_decoding_message_size(cluster::MAX_MESSAGE_BYTES)),
+            )
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = s2.wait_for(|s| *s).await;
             })

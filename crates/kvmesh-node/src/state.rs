@@ -21,8 +21,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 const GOSSIP_PREFIX_BLOCKS: usize = 512;
 /// Deltas waiting for the gossip sender before the oldest are dropped (summaries repair).
 const GOSSIP_MAX_PENDING: usize = 100_000;
-/// A peer that routed within this many seconds is deciding alongside this node (herding).
-const ACTIVE_PEER_WINDOW_S: f64 = 1.0;
+/// How long an ended peer booking is remembered, seconds.
+const TOMBSTONE_S: f64 = 30.0;
+/// A peer that routed within this many seconds may be deciding alongside this node (herding):
+/// long enough that a burst after a quiet spell still finds its peers counted.
+const ACTIVE_PEER_WINDOW_S: f64 = 10.0;
 use std::time::Instant;
 
 /// What a replica is doing, as operators see it.
@@ -215,7 +218,9 @@ impl Shared {
                 .as_ref()
                 .filter(|c| c.gossip)
                 .map(|_| kvmesh_core::gossip::Outbox::new(GOSSIP_PREFIX_BLOCKS, GOSSIP_MAX_PENDING)),
-            remote: kvmesh_core::gossip::RemoteBookings::new(FleetConfig::default().lease_s),
+            // A peer's stream is ordered and summaries reject older deltas: tombstones only need
+            // to outlive a reconnect's reordering.
+            remote: kvmesh_core::gossip::RemoteBookings::new(TOMBSTONE_S),
             node_id: kvmesh_core::gossip::NodeId(config.cluster.as_ref().map_or(0, |c| c.id)),
         };
         let http = reqwest::Client::builder()
@@ -325,6 +330,10 @@ impl Shared {
         let mut core = self.core();
         let r = core.replicas.remove(name).ok_or_else(|| RegistryError::Unknown(name.into()))?;
         let _ = core.fleet.remove_replica(r.id);
+        // Its bookings went with it: tell the peers they ended.
+        if let Some(out) = core.outbox.as_mut() {
+            out.release_replica(name);
+        }
         drop(core);
         self.config.lock().unwrap_or_else(|p| p.into_inner()).replicas.retain(|c| c.name != name);
         Ok(())
@@ -501,11 +510,12 @@ impl Core {
     /// # Errors
     /// An unknown booking (already released or expired): nothing changes.
     pub fn release(&mut self, booking: BookingId, output_tokens: Option<u32>) -> Result<(), kvmesh_core::Error> {
-        self.fleet.release(booking, output_tokens)?;
+        // Peers hear of the end even when the fleet no longer holds the booking (its replica
+        // was removed, or its lease ran out first): a booking advertised must be ended.
         if let Some(out) = self.outbox.as_mut() {
             out.release(booking.0, output_tokens);
         }
-        Ok(())
+        self.fleet.release(booking, output_tokens)
     }
 
     /// Housekeeping at `now`: bookings past their lease end (and are announced as ended),

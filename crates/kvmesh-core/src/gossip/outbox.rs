@@ -67,9 +67,28 @@ impl Outbox {
         }
     }
 
+    /// Every local booking on `replica` ended at once (the replica was removed, its bookings
+    /// dropped with it); returns how many.
+    pub fn release_replica(&mut self, replica: &str) -> usize {
+        let gone: Vec<u64> = self.live.values().filter(|e| e.replica == replica).map(|e| e.booking).collect();
+        for b in &gone {
+            self.release(*b, None);
+        }
+        gone.len()
+    }
+
     /// Takes the deltas waiting to be sent, in sequence order.
     pub fn take(&mut self) -> Vec<Delta> {
         std::mem::take(&mut self.pending)
+    }
+
+    /// Takes at most `n` of the waiting deltas, oldest first.
+    pub fn take_at_most(&mut self, n: usize) -> Vec<Delta> {
+        if self.pending.len() <= n {
+            return self.take();
+        }
+        let rest = self.pending.split_off(n);
+        std::mem::replace(&mut self.pending, rest)
     }
 
     /// The live set as of the latest sequence number.

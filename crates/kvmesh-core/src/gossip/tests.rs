@@ -141,6 +141,20 @@ fn unknown_replicas_are_counted_not_booked() {
 }
 
 #[test]
+fn removing_a_replica_releases_its_bookings_to_peers() {
+    let mut out = Outbox::new(64, 1000);
+    out.book(1, "a", spec(100), &[]);
+    out.book(2, "b", spec(100), &[]);
+    out.book(3, "a", spec(100), &[]);
+    let _ = out.take();
+    assert_eq!(out.release_replica("a"), 2);
+    let kinds: Vec<(u64, bool)> =
+        out.take().iter().map(|d| (d.booking, matches!(d.kind, DeltaKind::Release { .. }))).collect();
+    assert_eq!(kinds, vec![(1, true), (3, true)]);
+    assert_eq!(out.summary().live.iter().map(|e| e.booking).collect::<Vec<_>>(), vec![2]);
+}
+
+#[test]
 fn the_outbox_caps_prefixes_and_pending_deltas() {
     let mut out = Outbox::new(2, 4);
     out.book(1, "a", spec(1), &[BlockHash(1), BlockHash(2), BlockHash(3)]);
@@ -152,7 +166,8 @@ fn the_outbox_caps_prefixes_and_pending_deltas() {
         out.book(b, "a", spec(1), &[]);
     }
     // 5 deltas into room for 4: the oldest two went, the summary still lists all six.
-    assert_eq!(out.take().iter().map(|d| d.seq).collect::<Vec<_>>(), vec![4, 5, 6]);
+    assert_eq!(out.take_at_most(2).iter().map(|d| d.seq).collect::<Vec<_>>(), vec![4, 5]);
+    assert_eq!(out.take_at_most(2).iter().map(|d| d.seq).collect::<Vec<_>>(), vec![6]);
     assert_eq!(out.dropped(), 2);
     assert_eq!(out.summary().live.len(), 6);
 }

@@ -107,8 +107,9 @@ fn scores_of<'a>(fits: &'a [(usize, f64)], all: &'a [(usize, f64)]) -> &'a [(usi
 /// replica's true cost is then up to `k` of this request's prefills higher, so any of the
 /// `k + 1` cheapest replicas costing no more than that, and caching as much of the prompt, is
 /// as good. Each node takes the one at its own rank among the active nodes, in an order every
-/// node computes alike (cost, then the replica's name hash): simultaneous deciders with the
-/// same view never collide, where independent random picks would (a birthday problem).
+/// node computes alike (cost, then the replica's name hash): simultaneous deciders whose views
+/// agree do not collide, where independent random picks would (a birthday problem); views
+/// that differ, or fewer candidates than deciders, can still pair some of them up.
 /// Spreading among near-best choices is the known remedy for deciding on stale load
 /// (Mitzenmacher, "How useful is old information?", IEEE TPDS 2000). Measured in the
 /// simulator (BENCHMARKS.md, multi-router): it costs nothing at moderate load; its gain is in

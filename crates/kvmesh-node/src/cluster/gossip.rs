@@ -17,6 +17,8 @@ use tokio::sync::{mpsc, watch};
 
 /// Batches queued per peer before new ones are dropped.
 const PEER_QUEUE: usize = 256;
+/// Deltas per batch (a Book with a long prefix is ~4 KiB); the rest go in the next tick.
+const MAX_DELTAS_PER_BATCH: usize = 2000;
 
 /// Runs the broadcaster until `stop` turns true.
 pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSection, mut stop: watch::Receiver<bool>) {
@@ -53,7 +55,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
                 core.remote.drop_peer(&mut core.fleet, n);
             }
             match core.outbox.as_mut() {
-                Some(out) => (out.take(), summary_due.then(|| out.summary())),
+                Some(out) => (out.take_at_most(MAX_DELTAS_PER_BATCH), summary_due.then(|| out.summary())),
                 None => return,
             }
         };
@@ -92,7 +94,8 @@ async fn peer_sender(id: u64, addr: String, mut rx: mpsc::Receiver<v1::GossipBat
         return;
     };
     loop {
-        let mut client = v1::gossip_client::GossipClient::new(ch.clone());
+        let mut client =
+            v1::gossip_client::GossipClient::new(ch.clone()).max_encoding_message_size(super::MAX_MESSAGE_BYTES);
         let (tx, stream_rx) = mpsc::channel::<v1::GossipBatch>(PEER_QUEUE);
         let call = client.stream(tokio_stream::wrappers::ReceiverStream::new(stream_rx));
         tokio::pin!(call);

@@ -110,6 +110,9 @@ impl Cluster {
             election_timeout_min: section.election_timeout_min_ms,
             election_timeout_max: section.election_timeout_max_ms,
             install_snapshot_timeout: 2000,
+            // JSON spells each snapshot byte as up to 4 characters: 1 MiB chunks stay far
+            // below MAX_MESSAGE_BYTES.
+            snapshot_max_chunk_size: 1 << 20,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(section.snapshot_every),
             max_in_snapshot_log_to_keep: section.snapshot_every / 2,
             ..Default::default()
@@ -117,7 +120,8 @@ impl Cluster {
         .validate()
         .map_err(|e| anyhow::anyhow!("cluster timings: {e}"))?;
         let faults = Arc::new(Faults::default());
-        let raft = Raft::new(section.id, Arc::new(config), Network { faults: faults.clone() }, log_store, sm_store)
+        let network = Network { faults: faults.clone(), backoff: Duration::from_millis(section.heartbeat_ms) };
+        let raft = Raft::new(section.id, Arc::new(config), network, log_store, sm_store)
             .await
             .map_err(|e| anyhow::anyhow!("starting Raft: {e}"))?;
         let addr = if section.addr.is_empty() { default_addr } else { section.addr.clone() };
@@ -131,7 +135,12 @@ impl Cluster {
     /// [`ClusterError::AlreadyInitialized`]; a leader not elected within 10 s.
     pub async fn init(&self) -> Result<(), ClusterError> {
         if self.raft.metrics().borrow().membership_config.nodes().next().is_some() {
-            return Err(ClusterError::AlreadyInitialized);
+            // A bootstrap that initialized Raft but never wrote the seed (no leader within the
+            // wait) is finished here; a seeded cluster is not bootstrapped twice.
+            if self.state.borrow().seeded {
+                return Err(ClusterError::AlreadyInitialized);
+            }
+            return self.seed().await;
         }
         let mut members: BTreeMap<u64, BasicNode> = self
             .section
@@ -143,9 +152,16 @@ impl Cluster {
         members.entry(self.id).or_insert_with(|| BasicNode { addr: self.addr.clone() });
         match self.raft.initialize(members).await {
             Ok(()) => {}
-            Err(RaftError::APIError(_)) => return Err(ClusterError::AlreadyInitialized),
+            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {
+                return Err(ClusterError::AlreadyInitialized)
+            }
             Err(e) => return Err(ClusterError::Raft(e.to_string())),
         }
+        self.seed().await
+    }
+
+    /// Writes the seed once a leader exists (a seeded registry refuses it: fine).
+    async fn seed(&self) -> Result<(), ClusterError> {
         self.wait_for_leader(Duration::from_secs(10)).await?;
         let seed = Command::Seed { replicas: self.seed.0.clone(), policy: self.seed.1.clone() };
         match self.write(seed).await {
@@ -189,16 +205,34 @@ impl Cluster {
     /// [`ClusterError::NoLeader`] without quorum, [`ClusterError::Rejected`] when the state
     /// machine refused it (unknown replica, duplicate name, …).
     pub async fn write(&self, cmd: Command) -> Result<(CommandResult, u64), ClusterError> {
-        if self.faults.isolated() {
-            return Err(ClusterError::NoLeader);
-        }
-        let (result, index) = match self.raft.client_write(cmd.clone()).await {
-            Ok(resp) => (resp.data, resp.log_id.index),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => match f.leader_node {
-                Some(node) if f.leader_id != Some(self.id) => forward_write(&node.addr, &cmd).await?,
+        self.write_from(cmd, false).await
+    }
+
+    /// [`Cluster::write`]; `forwarded` when another node sent it here believing this node
+    /// leads: it is not forwarded again (no loops between nodes with stale views).
+    ///
+    /// # Errors
+    /// As [`Cluster::write`]; [`ClusterError::NoLeader`] after 5 s without a commit (this side
+    /// of a partition has no quorum).
+    pub async fn write_from(&self, cmd: Command, forwarded: bool) -> Result<(CommandResult, u64), ClusterError> {
+        let limit = Duration::from_secs(5);
+        let written = tokio::time::timeout(limit, self.raft.client_write(cmd.clone())).await;
+        let (result, index) = match written {
+            Err(_) => return Err(ClusterError::NoLeader),
+            Ok(Ok(resp)) => (resp.data, resp.log_id.index),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => match f.leader_node {
+                Some(node) if !forwarded && f.leader_id != Some(self.id) => {
+                    if self.faults.isolated() {
+                        // An injected partition cuts this path like the real one would.
+                        return Err(ClusterError::NoLeader);
+                    }
+                    tokio::time::timeout(limit, forward_write(&node.addr, &cmd))
+                        .await
+                        .map_err(|_| ClusterError::NoLeader)??
+                }
                 _ => return Err(ClusterError::NoLeader),
             },
-            Err(e) => return Err(ClusterError::Raft(e.to_string())),
+            Ok(Err(e)) => return Err(ClusterError::Raft(e.to_string())),
         };
         // Read your writes: answer once this node's state machine has applied it too (a
         // forwarded write commits on the leader first).
@@ -221,17 +255,27 @@ impl Cluster {
     /// No leader; openraft's refusal (e.g. a membership change already in progress).
     pub async fn join(&self, id: u64, addr: String) -> Result<(), ClusterError> {
         if let Some(leader) = self.forward_target()? {
-            let mut c = v1::cluster_client::ClusterClient::new(channel_to(&leader)?);
-            return c
-                .join(v1::JoinRequest { node_id: id, addr })
-                .await
-                .map(|_| ())
-                .map_err(|s| from_forwarded(&leader, &s));
+            return forward_join(&leader, id, addr).await;
         }
-        self.raft.add_learner(id, BasicNode { addr }, true).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
-        let mut voters = self.voters();
-        voters.insert(id);
-        self.raft.change_membership(voters, false).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
+        // Blocks until the learner has caught up (R5: promote only then); a wrong address
+        // would block for ever.
+        let added = tokio::time::timeout(
+            Duration::from_secs(30),
+            self.raft.add_learner(id, BasicNode { addr: addr.clone() }, true),
+        )
+        .await
+        .map_err(|_| ClusterError::Rejected(format!("node {id} at {addr} did not catch up within 30 s")))?;
+        match added {
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => match f.leader_node {
+                Some(n) => return forward_join(&n.addr, id, addr).await,
+                None => return Err(ClusterError::NoLeader),
+            },
+            Err(e) => return Err(ClusterError::Raft(e.to_string())),
+            Ok(_) => {}
+        }
+        // AddVoterIds changes only this member: two joins at once cannot undo each other.
+        let change = openraft::ChangeMembers::AddVoterIds(BTreeSet::from([id]));
+        self.raft.change_membership(change, false).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
         Ok(())
     }
 
@@ -248,23 +292,22 @@ impl Cluster {
                 .map(|_| ())
                 .map_err(|s| from_forwarded(&leader, &s));
         }
-        let mut voters = self.voters();
-        if !voters.remove(&id) {
+        let voters = self.voters();
+        if !voters.contains(&id) {
             return Err(ClusterError::Rejected(format!("node {id} is not a voter")));
         }
-        if voters.is_empty() {
+        if voters.len() == 1 {
             return Err(ClusterError::Rejected("the last node cannot leave".into()));
         }
-        self.raft.change_membership(voters, false).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let change = openraft::ChangeMembers::RemoveVoters(BTreeSet::from([id]));
+        self.raft.change_membership(change, false).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
         Ok(())
     }
 
     /// `None` when this node is the leader; the leader's address otherwise.
     fn forward_target(&self) -> Result<Option<String>, ClusterError> {
-        if self.faults.isolated() {
-            return Err(ClusterError::NoLeader);
-        }
         match self.leader() {
+            Some((id, _)) if id != self.id && self.faults.isolated() => Err(ClusterError::NoLeader),
             Some((id, _)) if id == self.id => Ok(None),
             Some((_, addr)) => Ok(Some(addr)),
             None => Err(ClusterError::NoLeader),
@@ -332,6 +375,7 @@ impl Cluster {
             last_log_index: last_log,
             members,
             initialized,
+            seeded: cs.seeded,
             policy: cs.policy.clone().unwrap_or_default(),
             registry: cs
                 .replicas
@@ -345,14 +389,28 @@ impl Cluster {
     }
 }
 
+/// The largest Raft or gossip message a node accepts (tonic's default is 4 MiB): snapshot
+/// chunks travel as JSON and a delayed gossip batch at thousands of requests/s is large.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Metadata marking a write forwarded by another node.
+pub const FORWARDED: &str = "x-kvmesh-forwarded";
+
 fn channel_to(addr: &str) -> Result<tonic::transport::Channel, ClusterError> {
     network::channel(addr).map_err(|e| ClusterError::Forward { addr: addr.into(), error: e.to_string() })
+}
+
+async fn forward_join(leader: &str, id: u64, addr: String) -> Result<(), ClusterError> {
+    let mut c = v1::cluster_client::ClusterClient::new(channel_to(leader)?);
+    c.join(v1::JoinRequest { node_id: id, addr }).await.map(|_| ()).map_err(|s| from_forwarded(leader, &s))
 }
 
 /// The leader's answer to a forwarded request, as this node's own error.
 fn from_forwarded(addr: &str, s: &tonic::Status) -> ClusterError {
     match s.code() {
-        tonic::Code::FailedPrecondition => ClusterError::Rejected(s.message().to_string()),
+        tonic::Code::FailedPrecondition | tonic::Code::InvalidArgument => {
+            ClusterError::Rejected(s.message().to_string())
+        }
         tonic::Code::Unavailable if s.message().starts_with("no Raft leader") => ClusterError::NoLeader,
         _ => ClusterError::Forward { addr: addr.to_string(), error: s.message().to_string() },
     }
@@ -362,7 +420,9 @@ async fn forward_write(addr: &str, cmd: &Command) -> Result<(CommandResult, u64)
     let fwd = |error: String| ClusterError::Forward { addr: addr.to_string(), error };
     let mut c = v1::cluster_client::ClusterClient::new(channel_to(addr)?);
     let json = serde_json::to_vec(cmd).map_err(|e| fwd(e.to_string()))?;
-    let reply = c.write(v1::WriteRequest { command_json: json }).await.map_err(|s| from_forwarded(addr, &s))?;
+    let mut request = tonic::Request::new(v1::WriteRequest { command_json: json });
+    request.metadata_mut().insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    let reply = c.write(request).await.map_err(|s| from_forwarded(addr, &s))?;
     let r = reply.into_inner();
     let result: CommandResult = serde_json::from_slice(&r.result_json).map_err(|e| fwd(e.to_string()))?;
     Ok((result, r.log_index))

@@ -61,13 +61,17 @@ pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
 pub struct Network {
     /// Shared with the server side.
     pub faults: Arc<Faults>,
+    /// How long openraft waits after an unreachable peer before trying again. openraft's
+    /// default (500 ms) is longer than kvmesh's election timeout: a leader that backed off
+    /// from a follower after one reset connection would skip heartbeats and be deposed.
+    pub backoff: std::time::Duration,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        PeerClient { target, node: node.clone(), client: None, faults: self.faults.clone() }
+        PeerClient { target, node: node.clone(), client: None, faults: self.faults.clone(), backoff: self.backoff }
     }
 }
 
@@ -77,6 +81,7 @@ pub struct PeerClient {
     node: BasicNode,
     client: Option<RaftClient<Channel>>,
     faults: Arc<Faults>,
+    backoff: std::time::Duration,
 }
 
 #[derive(Clone, Copy)]
@@ -109,7 +114,7 @@ impl PeerClient {
             Some(c) => c,
             None => {
                 let ch = channel(&self.node.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-                self.client.insert(RaftClient::new(ch))
+                self.client.insert(RaftClient::new(ch).max_encoding_message_size(super::MAX_MESSAGE_BYTES))
             }
         };
         let json = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
@@ -122,10 +127,10 @@ impl PeerClient {
         };
         let reply = reply.map_err(|s| {
             let e = Transport(format!("{}: {}", s.code(), s.message()));
+            // Unreachable makes openraft back off; only a peer that cannot be reached at all
+            // (refused, down, cut off) deserves that. A timeout or a reset is retried at once.
             match s.code() {
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-                    RPCError::Unreachable(Unreachable::new(&e))
-                }
+                tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::new(&e)),
                 _ => RPCError::Network(NetworkError::new(&e)),
             }
         })?;
@@ -136,6 +141,10 @@ impl PeerClient {
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(std::iter::repeat(self.backoff))
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,

@@ -132,10 +132,14 @@ impl ClusterState {
                 if let Err(e) = config.validate() {
                     return err(e);
                 }
+                // Until the seed, every node follows its own file; a registry holding only this
+                // replica would make them all drop the rest.
+                if !self.seeded {
+                    return err("the registry is not seeded yet: run `kvmesh cluster init` first".into());
+                }
                 if self.replicas.get(&config.name).is_some_and(|e| e.state != ReplicaState::Removed) {
                     return err(format!("replica {:?} already exists", config.name));
                 }
-                self.seeded = true;
                 self.replicas.insert(
                     config.name.clone(),
                     RegistryEntry { config: config.clone(), state: ReplicaState::Ready, changed_at: index },
@@ -197,6 +201,11 @@ mod tests {
     #[test]
     fn commands_build_the_registry() {
         let mut s = ClusterState::default();
+        assert_eq!(
+            s.apply(&Command::AddReplica { config: replica("z") }, 0).error.as_deref(),
+            Some("the registry is not seeded yet: run `kvmesh cluster init` first")
+        );
+        assert!(!s.seeded && s.replicas.is_empty());
         let seed = Command::Seed { replicas: vec![replica("a"), replica("b")], policy: "token_load".into() };
         assert_eq!(s.apply(&seed, 1), CommandResult::default());
         assert_eq!(s.apply(&seed, 2).error.as_deref(), Some("the registry is already seeded"));

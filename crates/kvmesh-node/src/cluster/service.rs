@@ -104,15 +104,24 @@ impl cluster_server::Cluster for ClusterServices {
     }
 
     async fn write(&self, r: Request<v1::WriteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
-        self.reachable()?;
+        let forwarded = r.metadata().contains_key(super::FORWARDED);
+        if forwarded {
+            // Another node's write: an injected partition drops it like the network would.
+            self.reachable()?;
+        }
         let cmd: Command = serde_json::from_slice(&r.into_inner().command_json)
             .map_err(|e| Status::invalid_argument(format!("bad command: {e}")))?;
-        let (result, log_index) = self.cluster.write(cmd).await.map_err(Status::from)?;
+        let (result, log_index) = self.cluster.write_from(cmd, forwarded).await.map_err(Status::from)?;
         let result_json = serde_json::to_vec(&result).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(v1::WriteResponse { result_json, log_index }))
     }
 
     async fn inject_fault(&self, r: Request<v1::FaultRequest>) -> Result<Response<v1::FaultResponse>, Status> {
+        if !self.cluster.section.allow_fault_injection {
+            return Err(Status::permission_denied(
+                "fault injection is off on this node (set [cluster] allow_fault_injection = true, for tests only)",
+            ));
+        }
         let r = r.into_inner();
         if !(0.0..=1.0).contains(&r.gossip_drop) {
             return Err(Status::invalid_argument("gossip_drop must be within 0..1"));

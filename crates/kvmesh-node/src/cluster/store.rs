@@ -8,8 +8,10 @@
 //!   which deadlocks in sled 0.34).
 //! - Purge writes its marker before deleting entries, so a crash leaves no hole.
 //! - A snapshot install replaces the state machine and the stored snapshot in one batch.
-//! - The state machine is flushed after each applied batch and before a snapshot is built,
-//!   so the log is never purged past what the disk holds.
+//! - The state machine is flushed after each applied batch, so a snapshot (built from applied
+//!   state) never covers more than the disk holds; the snapshot builder stores only a snapshot
+//!   newer than the stored one and never writes the state (it runs beside `apply`).
+//! - fsyncs run on the blocking pool, not on the async workers.
 
 // openraft's trait methods return its `StorageError` (224 bytes); the helpers return the same.
 #![allow(clippy::result_large_err)]
@@ -54,6 +56,17 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
         return Err("checksum mismatch".into());
     }
     serde_json::from_slice(json).map_err(|e| e.to_string())
+}
+
+/// `Db::flush` (an fsync) off the async workers: a slow disk must not stall request handling
+/// or Raft heartbeats. Never `flush_async`, which deadlocks in sled 0.34.
+async fn flush(db: &sled::Db) -> StoreResult<()> {
+    let db = db.clone();
+    match tokio::task::spawn_blocking(move || db.flush()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(write_err(e)),
+        Err(e) => Err(write_err(e)),
+    }
 }
 
 fn io_err(e: impl std::fmt::Display) -> std::io::Error {
@@ -121,8 +134,8 @@ pub struct LogStore {
 }
 
 impl LogStore {
-    fn flush(&self) -> StoreResult<()> {
-        self.db.flush().map(|_| ()).map_err(write_err)
+    async fn flush(&self) -> StoreResult<()> {
+        flush(&self.db).await
     }
 
     fn meta_get<T: DeserializeOwned>(&self, key: &str) -> StoreResult<Option<T>> {
@@ -132,9 +145,9 @@ impl LogStore {
         }
     }
 
-    fn meta_put<T: Serialize>(&self, key: &str, v: &T) -> StoreResult<()> {
+    async fn meta_put<T: Serialize>(&self, key: &str, v: &T) -> StoreResult<()> {
         self.meta.insert(key, encode(v)).map_err(write_err)?;
-        self.flush()
+        self.flush().await
     }
 
     /// Whether this node was ever part of an initialized cluster (it has a vote or a log).
@@ -183,7 +196,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StoreResult<()> {
-        self.meta_put(VOTE, vote)
+        self.meta_put(VOTE, vote).await
     }
 
     async fn read_vote(&mut self) -> StoreResult<Option<Vote<NodeId>>> {
@@ -191,7 +204,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StoreResult<()> {
-        self.meta_put(COMMITTED, &committed)
+        // Advisory (openraft recomputes it from a quorum): written, flushed with the next write
+        // or by sled's 500 ms background flush, not fsynced on its own.
+        self.meta.insert(COMMITTED, encode(&committed)).map_err(write_err)?;
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> StoreResult<Option<LogId<NodeId>>> {
@@ -208,9 +224,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.insert(&e.log_id.index.to_be_bytes(), encode(&e));
         }
         self.log.apply_batch(batch).map_err(write_err)?;
-        let flushed = self.db.flush().map(|_| ()).map_err(io_err);
+        let flushed = flush(&self.db).await;
         let failed = flushed.as_ref().err().map(|e| e.to_string());
-        callback.log_io_completed(flushed);
+        callback.log_io_completed(flushed.map_err(io_err));
         match failed {
             Some(e) => Err(write_err(e)),
             None => Ok(()),
@@ -223,18 +239,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.remove(k.map_err(read_err)?);
         }
         self.log.apply_batch(batch).map_err(write_err)?;
-        self.flush()
+        self.flush().await
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
         // The marker first: a crash between the two steps leaves entries below it, not a hole.
-        self.meta_put(LAST_PURGED, &Some(log_id))?;
+        self.meta_put(LAST_PURGED, &Some(log_id)).await?;
         let mut batch = sled::Batch::default();
         for k in self.log.range(..=log_id.index.to_be_bytes()).keys() {
             batch.remove(k.map_err(read_err)?);
         }
         self.log.apply_batch(batch).map_err(write_err)?;
-        self.flush()
+        self.flush().await
     }
 }
 
@@ -268,9 +284,9 @@ impl StateMachineStore {
         self.tx.subscribe()
     }
 
-    fn persist(&self) -> StoreResult<()> {
+    async fn persist(&self) -> StoreResult<()> {
         self.sm.insert(STATE, encode(&self.data)).map_err(write_err)?;
-        self.db.flush().map(|_| ()).map_err(write_err)
+        flush(&self.db).await
     }
 }
 
@@ -290,12 +306,25 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             last_membership: self.data.last_membership.clone(),
             snapshot_id: self.id.clone(),
         };
-        let stored = StoredSnapshot { meta: meta.clone(), data: data.clone() };
-        let mut batch = sled::Batch::default();
-        batch.insert(SNAPSHOT, encode(&stored));
-        batch.insert(STATE, encode(&self.data));
-        self.sm.apply_batch(batch).map_err(write_err)?;
-        self.db.flush().map_err(write_err)?;
+        // The builder runs beside the state machine: `apply` already persisted this state (and
+        // maybe newer), and an installed snapshot may be newer than this one. Store it only if
+        // it is the newest, atomically, and never touch the state.
+        let stored = encode(&StoredSnapshot { meta: meta.clone(), data: data.clone() });
+        let mine = meta.last_log_id.map_or(0, |l| l.index);
+        loop {
+            let current = self.sm.get(SNAPSHOT).map_err(read_err)?;
+            if let Some(c) = &current {
+                let theirs = decode::<StoredSnapshot>(c).map_err(read_err)?.meta.last_log_id.map_or(0, |l| l.index);
+                if theirs >= mine {
+                    break;
+                }
+            }
+            match self.sm.compare_and_swap(SNAPSHOT, current, Some(stored.clone())).map_err(write_err)? {
+                Ok(()) => break,
+                Err(_) => continue,
+            }
+        }
+        flush(&self.db).await?;
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
 }
@@ -324,7 +353,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 }
             });
         }
-        self.persist()?;
+        self.persist().await?;
         self.tx.send_replace(Arc::new(self.data.state.clone()));
         Ok(out)
     }
@@ -358,7 +387,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         batch.insert(SNAPSHOT, encode(&stored));
         batch.insert(STATE, encode(&data));
         self.sm.apply_batch(batch).map_err(write_err)?;
-        self.db.flush().map_err(write_err)?;
+        flush(&self.db).await?;
         self.data = data;
         self.tx.send_replace(Arc::new(self.data.state.clone()));
         Ok(())

@@ -273,7 +273,7 @@ impl Sim<'_> {
         let k = i % self.routers.len();
         let router = &mut self.routers[k];
         let route = RouteRequest::new(router.fleet.hasher(), &tokens, max_tokens);
-        let (peers, rank) = router.remote.active_peers(NodeId(k as u64), t, 1.0);
+        let (peers, rank) = router.remote.active_peers(NodeId(k as u64), t, 10.0);
         router.fleet.set_active_peers(peers, rank);
         let policy: &mut dyn Policy = match router.policy.as_mut() {
             Some(p) => p.as_mut(),
