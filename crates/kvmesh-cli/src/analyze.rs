@@ -16,13 +16,17 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<()> {
             (t, path.display().to_string())
         }
         None => {
-            let w = Workload::default();
+            let (w, what) = match args.workload.as_str() {
+                "chat" => (Workload::default(), "generated multi-turn chat"),
+                "conversation" => (Workload::conversation(), "generated, fitted to the Mooncake conversation trace"),
+                other => bail!("unknown --workload {other:?}: use chat or conversation"),
+            };
             eprintln!(
                 "no --trace given: analyzing the built-in generated workload ({} multi-turn sessions, seed {}).\n\
                  For real traffic: kvmesh analyze --trace ../shared/traces/mooncake/conversation_trace.jsonl\n",
                 w.sessions, w.seed
             );
-            (w.generate(), "built-in workload (generated multi-turn chat, 512-token block ids)".to_string())
+            (w.generate(), format!("built-in workload `{}` ({what}, 512-token block ids)", args.workload))
         }
     };
     for e in trace.skipped.iter().take(SHOW_SKIPPED) {

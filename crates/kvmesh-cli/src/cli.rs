@@ -15,6 +15,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run a whole kvmesh tier on this machine and drive it with real traffic: 3 router nodes
+    /// (Raft, gossip, gRPC, ZMQ on loopback), 8 stand-in vLLM engines, streaming OpenAI
+    /// requests from a workload fitted to the Mooncake conversation trace (or --trace), with a
+    /// live view; then the same requests with round robin, a summary and report files.
+    Demo(DemoArgs),
     /// Summarise a serving trace: volume, rate, length percentiles, prefix reuse and how
     /// concentrated it is — what you need to pick a routing strategy.
     ///
@@ -46,6 +51,45 @@ pub enum Command {
     /// change goes through the Raft leader and every node follows it).
     #[command(subcommand)]
     Replica(ReplicaCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Engine replicas (kvmesh-engine-sim, Llama-3-8B on H100 profile).
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub replicas: usize,
+    /// Router nodes (3 or 5 form a Raft cluster; 1 runs a single node).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub nodes: usize,
+    /// The routing policy to show (`kvmesh policies`).
+    #[arg(long, default_value = "token_load", value_name = "NAME")]
+    pub policy: String,
+    /// Replay the same requests with this policy afterwards, for comparison (`none`: skip).
+    #[arg(long, default_value = "round_robin", value_name = "NAME")]
+    pub compare: String,
+    /// Time compression: engines run this many times faster than an H100 and requests arrive
+    /// this many times denser (the same load, sooner). Times are reported in engine seconds.
+    #[arg(long, default_value_t = 1.0, value_name = "X")]
+    pub speed: f64,
+    /// Mean arrival rate, requests per engine second (8 replicas tip over near 35).
+    #[arg(long, default_value_t = 22.0, value_name = "R")]
+    pub rate: f64,
+    /// About how many requests to send per policy.
+    #[arg(long, default_value_t = 600, value_name = "N")]
+    pub requests: usize,
+    /// A Mooncake JSONL or Azure LLM CSV trace to replay instead of the built-in workload
+    /// (e.g. ../shared/traces/mooncake/conversation_trace.jsonl; see README for downloads).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Where to write summary.md, summary.json and one CSV of requests per policy.
+    #[arg(long, default_value = "kvmesh-demo-report", value_name = "DIR")]
+    pub out: PathBuf,
+    /// Seed of the built-in workload.
+    #[arg(long, default_value_t = 1, value_name = "S")]
+    pub seed: u64,
+    /// No live view (progress lines only).
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -316,6 +360,10 @@ pub struct AnalyzeArgs {
     /// Fail (exit 1) if any line of the trace is malformed, instead of skipping it.
     #[arg(long)]
     pub strict: bool,
+    /// Without --trace: which built-in workload — `chat` (the replay default) or
+    /// `conversation` (fitted to the Mooncake conversation trace; `kvmesh demo`'s default).
+    #[arg(long, default_value = "chat", value_name = "NAME")]
+    pub workload: String,
 }
 
 /// `kvmesh policies`.

@@ -5,6 +5,7 @@
 mod analyze;
 mod cli;
 mod cluster;
+mod demo;
 mod loadtest;
 mod node;
 mod replay;
@@ -17,6 +18,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
+        cli::Command::Demo(args) => demo::run(&args),
         cli::Command::Analyze(args) => analyze::run(&args),
         cli::Command::Replay(args) => replay::run(&args),
         cli::Command::Node(args) => node::run(&args),

@@ -1,0 +1,136 @@
+//! `kvmesh demo`: a whole kvmesh tier on this machine, driven by real traffic, in about a
+//! minute per policy.
+//!
+//! - [`workload`]: the requests (fitted built-in workload or a trace), rescaled to the rate.
+//! - [`tier`]: engine-sims and a Raft cluster of router nodes, in this process, on loopback.
+//! - [`drive`]: streaming OpenAI completions through the nodes, measuring TTFT.
+//! - [`view`]: the live terminal view.
+//! - [`report`]: the summary table and the report files.
+//!
+//! Everything runs in this process, so Ctrl-C (or any error) tears it all down: no orphans.
+
+mod drive;
+mod report;
+mod tier;
+mod view;
+mod workload;
+
+use crate::cli::DemoArgs;
+use anyhow::Context;
+use drive::Live;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tier::{Tier, TierSpec};
+
+pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.replicas > 0 && args.nodes > 0, "--replicas and --nodes must be at least 1");
+    anyhow::ensure!(args.speed.is_finite() && args.speed > 0.0, "--speed must be a positive number");
+    anyhow::ensure!(
+        args.rate.is_finite() && args.rate > 0.0,
+        "--rate must be a positive number of requests per second"
+    );
+    anyhow::ensure!(args.requests > 0, "--requests must be at least 1");
+    let mut policies = vec![args.policy.clone()];
+    if args.compare != "none" && args.compare != args.policy {
+        policies.push(args.compare.clone());
+    }
+    for p in &policies {
+        p.parse::<kvmesh_core::PolicyKind>()?;
+    }
+    // Quiet logs: the live view is the output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "error,openraft=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let requests = workload::build(args.trace.as_deref(), args.requests, args.rate, args.seed)?;
+    let stats = kvmesh_sim::analyze::analyze(&requests.trace, 1);
+    let setup = format!(
+        "{} requests from {}; {} router nodes (Raft + gossip), {} kvmesh-engine-sim replicas (Llama-3-8B on H100 \
+         profile) at speed {}; {:.1} requests/s; prompts mean {:.0} tokens (p50 {}, p99 {}), outputs mean {:.0}; \
+         times in engine seconds",
+        requests.trace.requests.len(),
+        requests.source,
+        args.nodes,
+        args.replicas,
+        args.speed,
+        args.rate,
+        stats.input_tokens.mean,
+        stats.input_tokens.p50,
+        stats.input_tokens.p99,
+        stats.output_tokens.mean,
+    );
+    eprintln!("kvmesh demo: {setup}\n");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
+    let result = runtime.block_on(async {
+        let mut rows = Vec::new();
+        let mut runs = Vec::new();
+        for policy in &policies {
+            let data = tempfile::tempdir().context("a temporary directory for the Raft data")?;
+            let spec = TierSpec {
+                replicas: args.replicas,
+                nodes: args.nodes,
+                policy,
+                speed: args.speed,
+                data_dir: data.path(),
+            };
+            eprintln!("starting {} router nodes and {} engines for {policy} …", args.nodes, args.replicas);
+            let tier = Tier::start(&spec).await?;
+            let live = Arc::new(Mutex::new(Live::default()));
+            let mut view = view::View::new(policy, requests.trace.requests.len(), args.quiet);
+            let urls = tier.urls();
+            let sending = drive::run(&requests.trace, &urls, args.speed, live.clone());
+            tokio::pin!(sending);
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            let outcome = loop {
+                tokio::select! {
+                    out = &mut sending => break Some(out),
+                    _ = tick.tick() => view.update(&live, &tier),
+                    _ = tokio::signal::ctrl_c() => break None,
+                }
+            };
+            view.update(&live, &tier);
+            view.finish();
+            tier.stop().await;
+            let Some(outcomes) = outcome else {
+                eprintln!("\ninterrupted: every node and engine stopped, nothing left running");
+                return Ok(None);
+            };
+            let row = report::Row::of(policy, &outcomes);
+            eprintln!(
+                "{policy}: {} requests, {} errors, TTFT p99 {}",
+                row.requests,
+                row.errors,
+                report::secs(row.ttft_p99_s)
+            );
+            rows.push(row);
+            runs.push((policy.clone(), outcomes));
+        }
+        anyhow::Ok(Some((rows, runs)))
+    });
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    let Some((rows, runs)) = result? else {
+        std::process::exit(130);
+    };
+    println!("\n{}", report::table(&rows));
+    if let [a, b] = &rows[..] {
+        if a.ttft_p99_s > 0.0 && b.ttft_p99_s > 0.0 {
+            println!(
+                "{} p99 TTFT {} vs {} for {} ({:.2}×); hit rate {:.1}% vs {:.1}%",
+                a.policy,
+                report::secs(a.ttft_p99_s),
+                report::secs(b.ttft_p99_s),
+                b.policy,
+                b.ttft_p99_s / a.ttft_p99_s,
+                a.hit_rate * 100.0,
+                b.hit_rate * 100.0
+            );
+        }
+    }
+    let written = report::write(&args.out, &rows, &runs, &setup)?;
+    println!("reports written: {}", written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+    let failed: usize = rows.iter().map(|r| r.errors).sum();
+    anyhow::ensure!(failed == 0, "{failed} requests failed (see the CSV files)");
+    Ok(())
+}

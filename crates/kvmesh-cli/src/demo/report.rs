@@ -1,0 +1,194 @@
+//! The demo's summary: one row per policy, as a terminal table, Markdown and JSON, plus each
+//! request's outcome as CSV.
+
+use super::drive::Outcome;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+/// One policy's results. Times are engine seconds.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    /// The routing policy.
+    pub policy: String,
+    /// Requests sent.
+    pub requests: usize,
+    /// Requests that failed.
+    pub errors: usize,
+    /// TTFT percentiles, seconds.
+    pub ttft_p50_s: f64,
+    /// 90th.
+    pub ttft_p90_s: f64,
+    /// 99th.
+    pub ttft_p99_s: f64,
+    /// Mean end-to-end time, seconds.
+    pub e2e_mean_s: f64,
+    /// Cached prompt tokens ÷ prompt tokens, engine-reported.
+    pub hit_rate: f64,
+    /// Max ÷ mean requests per replica (1 = perfectly even).
+    pub replica_skew: f64,
+}
+
+/// Nearest-rank percentile of sorted `v` (0 when empty).
+pub fn pct(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+impl Row {
+    /// Summarises one run.
+    pub fn of(policy: &str, outcomes: &[Outcome]) -> Row {
+        let mut ttft: Vec<f64> = outcomes.iter().filter_map(|o| o.ttft_s).collect();
+        ttft.sort_by(f64::total_cmp);
+        let e2e: Vec<f64> = outcomes.iter().filter_map(|o| o.e2e_s).collect();
+        let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.error.is_none()).collect();
+        let prompt: u64 = ok.iter().map(|o| o.prompt_tokens as u64).sum();
+        let cached: u64 = ok.iter().map(|o| o.cached_tokens as u64).sum();
+        let mut per_replica = std::collections::BTreeMap::<&str, usize>::new();
+        for o in &ok {
+            *per_replica.entry(o.replica.as_str()).or_default() += 1;
+        }
+        let max = per_replica.values().copied().max().unwrap_or(0) as f64;
+        let mean = if per_replica.is_empty() { 0.0 } else { ok.len() as f64 / per_replica.len() as f64 };
+        Row {
+            policy: policy.to_string(),
+            requests: outcomes.len(),
+            errors: outcomes.len() - ok.len(),
+            ttft_p50_s: pct(&ttft, 0.5),
+            ttft_p90_s: pct(&ttft, 0.9),
+            ttft_p99_s: pct(&ttft, 0.99),
+            e2e_mean_s: if e2e.is_empty() { 0.0 } else { e2e.iter().sum::<f64>() / e2e.len() as f64 },
+            hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
+            replica_skew: if mean > 0.0 { max / mean } else { 0.0 },
+        }
+    }
+}
+
+/// Seconds as `123 ms` or `1.23 s`.
+pub fn secs(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+/// The rows as a terminal table.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = format!(
+        "{:<14} {:>8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}\n",
+        "policy", "requests", "errors", "TTFT p50", "TTFT p90", "TTFT p99", "E2E mean", "hit rate", "skew"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<14} {:>8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>8.1}% {:>8.2}",
+            r.policy,
+            r.requests,
+            r.errors,
+            secs(r.ttft_p50_s),
+            secs(r.ttft_p90_s),
+            secs(r.ttft_p99_s),
+            secs(r.e2e_mean_s),
+            r.hit_rate * 100.0,
+            r.replica_skew
+        );
+    }
+    out
+}
+
+/// The rows as Markdown, with a header saying what ran.
+pub fn markdown(rows: &[Row], setup: &str) -> String {
+    let mut out = format!("# kvmesh demo\n\n{setup}\n\n| policy | requests | errors | TTFT p50 | TTFT p90 | TTFT p99 | E2E mean | hit rate | skew |\n|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1} % | {:.2} |",
+            r.policy,
+            r.requests,
+            r.errors,
+            secs(r.ttft_p50_s),
+            secs(r.ttft_p90_s),
+            secs(r.ttft_p99_s),
+            secs(r.e2e_mean_s),
+            r.hit_rate * 100.0,
+            r.replica_skew
+        );
+    }
+    out
+}
+
+/// Writes `summary.md`, `summary.json` and `requests-<policy>.csv` into `dir`; returns the
+/// paths written.
+///
+/// # Errors
+/// The directory or a file cannot be written.
+pub fn write(dir: &Path, rows: &[Row], runs: &[(String, Vec<Outcome>)], setup: &str) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+    let mut written = Vec::new();
+    let md = dir.join("summary.md");
+    std::fs::write(&md, markdown(rows, setup))?;
+    written.push(md);
+    let json = dir.join("summary.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&serde_json::json!({"setup": setup, "results": rows}))?)?;
+    written.push(json);
+    for (policy, outcomes) in runs {
+        let csv = dir.join(format!("requests-{policy}.csv"));
+        let mut text = String::from("arrival_s,node,replica,ttft_s,e2e_s,prompt_tokens,cached_tokens,error\n");
+        for o in outcomes {
+            let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.6}"));
+            let _ = writeln!(
+                text,
+                "{:.6},{},{},{},{},{},{},{}",
+                o.arrival_s,
+                o.node,
+                o.replica,
+                f(o.ttft_s),
+                f(o.e2e_s),
+                o.prompt_tokens,
+                o.cached_tokens,
+                o.error.as_deref().unwrap_or("").replace(',', ";")
+            );
+        }
+        std::fs::write(&csv, text)?;
+        written.push(csv);
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn o(replica: &str, ttft: Option<f64>, prompt: u32, cached: u32) -> Outcome {
+        Outcome {
+            arrival_s: 0.0,
+            node: 1,
+            replica: replica.into(),
+            ttft_s: ttft,
+            e2e_s: ttft.map(|t| t + 1.0),
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            error: ttft.is_none().then(|| "HTTP 503".to_string()),
+        }
+    }
+
+    #[test]
+    fn a_row_summarises_exactly() {
+        let runs = [
+            o("e0", Some(0.1), 1000, 500),
+            o("e0", Some(0.2), 1000, 0),
+            o("e1", Some(0.4), 2000, 1000),
+            o("e1", None, 3000, 0),
+        ];
+        let r = Row::of("token_load", &runs);
+        assert_eq!((r.requests, r.errors), (4, 1));
+        assert_eq!((r.ttft_p50_s, r.ttft_p99_s), (0.2, 0.4));
+        assert!((r.hit_rate - 1500.0 / 4000.0).abs() < 1e-12);
+        assert!((r.e2e_mean_s - (1.1 + 1.2 + 1.4) / 3.0).abs() < 1e-12);
+        assert!((r.replica_skew - 2.0 / 1.5).abs() < 1e-12);
+        let t = table(&[r]);
+        assert!(t.lines().nth(1).unwrap().starts_with("token_load            4       1     200 ms"), "{t}");
+    }
+}

@@ -1,0 +1,142 @@
+//! The demo's serving tier, in this process: engine-sims and a Raft cluster of router nodes on
+//! loopback (real HTTP, gRPC, ZMQ and sled), torn down completely by [`Tier::stop`].
+
+use anyhow::Context;
+use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
+use kvmesh_node::config::{ClusterSection, NodeConfig, NodeSection, ReplicaConfig};
+use kvmesh_node::Node;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Engines and nodes.
+pub struct Tier {
+    /// The stand-in engines.
+    pub engines: Vec<EngineSim>,
+    /// The router nodes.
+    pub nodes: Vec<Node>,
+}
+
+/// What to start.
+pub struct TierSpec<'a> {
+    /// Engine replicas.
+    pub replicas: usize,
+    /// Router nodes (1 = no cluster).
+    pub nodes: usize,
+    /// Routing policy.
+    pub policy: &'a str,
+    /// Engine time compression.
+    pub speed: f64,
+    /// Raft data lives here.
+    pub data_dir: &'a Path,
+}
+
+/// Free loopback ports (peers must know each other's address before binding).
+fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let ls: Vec<std::net::TcpListener> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    Ok(ls.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.port()).collect())
+}
+
+impl Tier {
+    /// Starts the engines, then the nodes, bootstraps the cluster and waits until every node
+    /// has a leader and sees every replica ready.
+    ///
+    /// # Errors
+    /// A port or engine that does not come up, or a cluster without a leader after 20 s.
+    pub async fn start(spec: &TierSpec<'_>) -> anyhow::Result<Tier> {
+        let mut engines = Vec::new();
+        for _ in 0..spec.replicas {
+            let e = kvmesh_engine_sim::start(EngineSimConfig { speed: spec.speed, ..EngineSimConfig::default() })
+                .await
+                .context("starting an engine-sim")?;
+            engines.push(e);
+        }
+        let blocks = EngineSimConfig::default().profile.kv_blocks(16);
+        let replicas: Vec<ReplicaConfig> = engines
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ReplicaConfig {
+                name: format!("e{i}"),
+                http: e.base_url(),
+                kv_events: Some(e.kv_events.clone()),
+                replay: Some(e.replay.clone()),
+                kv_events_bind: false,
+                metrics_url: None,
+                capacity_blocks: blocks,
+                engine: "vllm".into(),
+            })
+            .collect();
+        let ports = free_ports(spec.nodes)?;
+        let peers: Vec<String> = ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect();
+        let mut nodes = Vec::new();
+        for (i, port) in ports.iter().enumerate() {
+            let node = NodeSection {
+                http: "127.0.0.1:0".parse()?,
+                grpc: format!("127.0.0.1:{port}").parse()?,
+                policy: spec.policy.to_string(),
+                scrape_interval_ms: 200,
+                engine_speed: spec.speed,
+                ..NodeSection::default()
+            };
+            let cluster = (spec.nodes > 1).then(|| ClusterSection {
+                id: i as u64 + 1,
+                peers: peers.clone(),
+                data_dir: spec.data_dir.join(format!("node{}", i + 1)),
+                ..ClusterSection::default()
+            });
+            let config = NodeConfig { node, replicas: replicas.clone(), cluster };
+            nodes.push(kvmesh_node::start(config).await.with_context(|| format!("starting router node {}", i + 1))?);
+        }
+        let tier = Tier { engines, nodes };
+        if let Some(c) = tier.nodes[0].cluster.as_ref() {
+            c.init().await.map_err(|e| anyhow::anyhow!("cluster init: {e}"))?;
+        }
+        let t0 = Instant::now();
+        while !tier.ready() {
+            anyhow::ensure!(t0.elapsed() < Duration::from_secs(20), "the tier did not become ready within 20 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(tier)
+    }
+
+    /// Every node knows a leader (in a cluster) and has every replica scraped.
+    fn ready(&self) -> bool {
+        self.nodes.iter().all(|n| {
+            let leader = n.cluster.as_ref().is_none_or(|c| c.leader().is_some());
+            let core = n.shared.core();
+            leader && core.replicas.len() == self.engines.len() && core.replicas.values().all(|r| r.engine.is_some())
+        })
+    }
+
+    /// The nodes' OpenAI base URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| format!("http://{}", n.http)).collect()
+    }
+
+    /// The leader's node id and the term, if a cluster.
+    pub fn leader(&self) -> Option<(u64, u64)> {
+        let c = self.nodes[0].cluster.as_ref()?;
+        let m = c.raft.metrics().borrow().clone();
+        Some((m.current_leader?, m.current_term))
+    }
+
+    /// Queued uncached prefill tokens per replica, as the first node sees them (its own and,
+    /// through gossip, the other nodes' bookings).
+    pub fn token_load(&self) -> Vec<(String, u64)> {
+        let core = self.nodes[0].shared.core();
+        core.replicas
+            .values()
+            .map(|r| (r.config.name.clone(), core.fleet.bookings().load(r.id).queued_prefill_tokens))
+            .collect()
+    }
+
+    /// Stops every node, then every engine.
+    pub async fn stop(self) {
+        for n in self.nodes {
+            n.stop().await;
+        }
+        for e in self.engines {
+            e.stop().await;
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The live terminal view while a run goes: progress, requests/s, TTFT p50/p99, hit rate,
+//! errors, the leader, and each replica's token load. Plain lines every 5 s when the output is
+//! not a terminal.
+
+use super::drive::Live;
+use super::report::{pct, secs};
+use super::tier::Tier;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The view of one run.
+pub struct View {
+    bars: Option<(MultiProgress, ProgressBar, ProgressBar, ProgressBar)>,
+    policy: String,
+    total: usize,
+    started: Instant,
+    last_plain: Instant,
+}
+
+impl View {
+    /// A view for `total` requests routed by `policy`.
+    pub fn new(policy: &str, total: usize, quiet: bool) -> View {
+        let bars = (!quiet && std::io::stderr().is_terminal()).then(|| {
+            let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(4));
+            let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> ");
+            let progress = multi.add(ProgressBar::new(total as u64).with_style(style).with_prefix(policy.to_string()));
+            let line = || {
+                multi.add(
+                    ProgressBar::new_spinner().with_style(
+                        ProgressStyle::with_template("{prefix:>12} {msg}")
+                            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                    ),
+                )
+            };
+            let (cluster, load) = (line().with_prefix("cluster"), line().with_prefix("token load"));
+            (multi, progress, cluster, load)
+        });
+        let now = Instant::now();
+        View { bars, policy: policy.to_string(), total, started: now, last_plain: now }
+    }
+
+    /// Redraws from the run's progress and the tier's state.
+    pub fn update(&mut self, live: &Arc<Mutex<Live>>, tier: &Tier) {
+        let (sent, done, stats) = {
+            let l = live.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ttft: Vec<f64> = l.done.iter().filter_map(|o| o.ttft_s).collect();
+            ttft.sort_by(f64::total_cmp);
+            let errors = l.done.iter().filter(|o| o.error.is_some()).count();
+            let prompt: u64 = l.done.iter().map(|o| o.prompt_tokens as u64).sum();
+            let cached: u64 = l.done.iter().map(|o| o.cached_tokens as u64).sum();
+            let hit = if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 };
+            (l.sent, l.done.len(), (pct(&ttft, 0.5), pct(&ttft, 0.99), hit, errors))
+        };
+        let rate = done as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+        let msg = format!(
+            "{rate:.1} req/s · TTFT p50 {} p99 {} · hit rate {:.0}% · errors {} · in flight {}",
+            secs(stats.0),
+            secs(stats.1),
+            stats.2 * 100.0,
+            stats.3,
+            sent - done
+        );
+        let leader = match tier.leader() {
+            Some((id, term)) => format!("{} router nodes · leader node {id} (term {term})", tier.nodes.len()),
+            None => format!("{} router node(s)", tier.nodes.len()),
+        };
+        let load: Vec<String> = tier
+            .token_load()
+            .into_iter()
+            .map(|(name, tokens)| {
+                format!(
+                    "{name} {}",
+                    if tokens >= 1000 { format!("{:.1}k", tokens as f64 / 1e3) } else { tokens.to_string() }
+                )
+            })
+            .collect();
+        match &self.bars {
+            Some((_, progress, cluster, token_load)) => {
+                progress.set_position(done as u64);
+                progress.set_message(msg);
+                cluster.set_message(leader);
+                token_load.set_message(format!("queued prefill tokens: {}", load.join(" · ")));
+            }
+            None => {
+                if self.last_plain.elapsed() >= Duration::from_secs(5) {
+                    self.last_plain = Instant::now();
+                    eprintln!("[{}] {done}/{} done · {msg} · {leader}", self.policy, self.total);
+                }
+            }
+        }
+    }
+
+    /// Removes the view from the terminal.
+    pub fn finish(self) {
+        if let Some((multi, a, b, c)) = self.bars {
+            for bar in [a, b, c] {
+                bar.finish_and_clear();
+            }
+            let _ = multi.clear();
+        }
+    }
+}
