@@ -31,6 +31,8 @@ async fn node(engines: &[EngineSim]) -> Node {
             metrics_url: None,
             capacity_blocks: blocks,
             engine: "vllm".into(),
+            model: None,
+            block_size: None,
         })
         .collect();
     let section = NodeSection {

@@ -26,6 +26,8 @@ fn replica(i: usize, e: &EngineSim, replay: bool) -> ReplicaConfig {
         metrics_url: None,
         capacity_blocks: 29_375,
         engine: "vllm".into(),
+        model: None,
+        block_size: None,
     }
 }
 

@@ -29,6 +29,8 @@ fn replica(i: usize, e: &EngineSim) -> ReplicaConfig {
         metrics_url: None,
         capacity_blocks: EngineSimConfig::default().profile.kv_blocks(16),
         engine: "vllm".into(),
+        model: None,
+        block_size: None,
     }
 }
 
@@ -131,7 +133,7 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
     let unknown = admin.drain_replica(v1::ReplicaRef { name: "nope".into() }).await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
     let mut cf = v1::cluster_client::ClusterClient::new(grpc(follower).await);
-    let set_policy = br#"{"op":"set_policy","policy":"kv_cost"}"#.to_vec();
+    let set_policy = br#"{"op":"set_policy","policy":"kv_cost","params":{"overlap_weight":2.0}}"#.to_vec();
     cf.write(v1::WriteRequest { command_json: set_policy }).await.unwrap();
     eventually("kv_cost on every node", || all.iter().all(|n| &*n.shared.policy_name() == "kv_cost")).await;
     eventually("e0 draining on every node", || {
@@ -154,6 +156,7 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
         let s = n.cluster.as_ref().unwrap().state.borrow().clone();
         assert_eq!(s.replicas.keys().collect::<Vec<_>>(), vec!["e0", "e1", "e2"]);
         assert_eq!(s.policy.as_deref(), Some("kv_cost"));
+        assert_eq!(s.policy_params.get("overlap_weight"), Some(&2.0));
     }
     let mut admin = v1::admin_client::AdminClient::new(grpc(rest[0]).await);
     admin.remove_replica(v1::ReplicaRef { name: "e1".into() }).await.unwrap();
@@ -436,7 +439,9 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
     // 30 writes with snapshot_every = 20: a snapshot is taken and the log before it purged.
     for i in 0..30 {
         let policy = if i % 2 == 0 { "kv_cost" } else { "token_load" };
-        c1.write(kvmesh_node::cluster::registry::Command::SetPolicy { policy: policy.into() }).await.unwrap();
+        let cmd =
+            kvmesh_node::cluster::registry::Command::SetPolicy { policy: policy.into(), params: Default::default() };
+        c1.write(cmd).await.unwrap();
     }
     let all: Vec<&Node> = nodes.iter().collect();
     eventually("a snapshot and a purged log on every node", || {

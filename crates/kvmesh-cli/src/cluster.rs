@@ -66,6 +66,7 @@ fn status_json(s: &v1::ClusterStatus) -> serde_json::Value {
         "initialized": s.initialized,
         "seeded": s.seeded,
         "policy": s.policy,
+        "policy_params": s.policy_params,
         "members": s.members.iter().map(|m| serde_json::json!({
             "node_id": m.node_id, "addr": m.addr, "role": m.role, "lag": m.lag,
             "shared_bookings": m.shared_bookings, "gossip_age_s": m.gossip_age_s,
@@ -113,7 +114,17 @@ pub fn render(s: &v1::ClusterStatus) -> String {
         );
     }
     if !s.registry.is_empty() {
-        let _ = writeln!(out, "registry (policy {}):", if s.policy.is_empty() { "per node" } else { &s.policy });
+        let params: Vec<String> = {
+            let mut p: Vec<(&String, &f64)> = s.policy_params.iter().collect();
+            p.sort_by(|a, b| a.0.cmp(b.0));
+            p.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+        };
+        let policy = match (s.policy.is_empty(), params.is_empty()) {
+            (true, _) => "per node".to_string(),
+            (false, true) => s.policy.clone(),
+            (false, false) => format!("{} {}", s.policy, params.join(" ")),
+        };
+        let _ = writeln!(out, "registry (policy {policy}):");
         for e in &s.registry {
             let spec = e.spec.clone().unwrap_or_default();
             let _ = writeln!(out, "  {:<16} {:<10} {}", spec.name, e.state, spec.http_endpoint);
@@ -147,6 +158,7 @@ mod tests {
             initialized: true,
             seeded: true,
             policy: "token_load".into(),
+            policy_params: Default::default(),
             registry: vec![v1::RegistryEntry {
                 spec: Some(v1::ReplicaSpec {
                     name: "vllm-0".into(),

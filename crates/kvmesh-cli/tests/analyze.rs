@@ -44,8 +44,15 @@ fn runs_on_the_built_in_workload_without_a_trace() {
     assert!(out.status.success());
     assert!(text(&out.stderr).starts_with("no --trace given: analyzing the built-in generated workload"));
     assert!(text(&out.stdout).starts_with(
-        "trace            built-in workload (generated multi-turn chat, 512-token block ids)\nrequests         1,064 "
+        "trace            built-in workload `chat` (generated multi-turn chat, 512-token block ids)\nrequests         1,064 "
     ));
+    // The demo's workload, fitted to the Mooncake conversation trace.
+    let out = kvmesh(&["analyze", "--workload", "conversation"]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("fitted to the Mooncake conversation trace"), "{stdout}");
+    assert!(stdout.contains("42.5%"), "{stdout}");
+    let out = kvmesh(&["analyze", "--workload", "agents"]);
+    assert!(text(&out.stderr).contains("unknown --workload \"agents\": use chat or conversation"));
 }
 
 #[test]

@@ -129,6 +129,9 @@ pub struct NodeSection {
     pub grpc: SocketAddr,
     /// Routing policy name.
     pub policy: String,
+    /// The policy's parameters by name (the fields of its `…Params` in kvmesh-core, e.g.
+    /// `{ move_weight = 0.5 }` for token_load); unset ones keep their defaults.
+    pub policy_params: std::collections::BTreeMap<String, f64>,
     /// Tokens per KV block.
     pub block_size: u32,
     /// Served model name; requests naming another model get 404. Empty: accept any.
@@ -162,6 +165,11 @@ pub struct NodeSection {
 }
 
 impl NodeSection {
+    /// `policy_params` as the list `PolicyKind::build_with` takes.
+    pub fn params(&self) -> Vec<(String, f64)> {
+        self.policy_params.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
     /// The step-time profile for token-load estimates, with `engine_speed` applied.
     ///
     /// # Errors
@@ -191,6 +199,7 @@ impl Default for NodeSection {
             http: SocketAddr::from(([0, 0, 0, 0], 8080)),
             grpc: SocketAddr::from(([0, 0, 0, 0], 50051)),
             policy: "token_load".into(),
+            policy_params: Default::default(),
             block_size: 16,
             model: String::new(),
             scrape_interval_ms: 1000,
@@ -232,6 +241,14 @@ pub struct ReplicaConfig {
     /// `vllm` or `sglang` (informational; both formats are read).
     #[serde(default = "default_engine")]
     pub engine: String,
+    /// The model it serves (informational, shown in the registry; requests are checked
+    /// against `node.model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Its KV block size (vLLM `--block-size`), tokens; when given it must equal
+    /// `node.block_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
 }
 
 fn default_engine() -> String {
@@ -296,7 +313,8 @@ impl NodeConfig {
     /// # Errors
     /// A message naming the field.
     pub fn validate(&self) -> Result<(), String> {
-        self.node.policy.parse::<PolicyKind>().map_err(|e| format!("node.policy: {e}"))?;
+        let kind = self.node.policy.parse::<PolicyKind>().map_err(|e| format!("node.policy: {e}"))?;
+        kind.build_with(&self.node.params()).map_err(|e| format!("node.policy_params: {e}"))?;
         if self.node.block_size == 0 {
             return Err("node.block_size must be positive".into());
         }
@@ -327,6 +345,12 @@ impl NodeConfig {
         let mut names = std::collections::HashSet::new();
         for r in &self.replicas {
             r.validate()?;
+            if let Some(b) = r.block_size.filter(|b| *b != self.node.block_size) {
+                return Err(format!(
+                    "replica {:?}: block_size {b} differs from node.block_size {}",
+                    r.name, self.node.block_size
+                ));
+            }
             if !names.insert(&r.name) {
                 return Err(format!("replica name {:?} appears twice", r.name));
             }
@@ -386,6 +410,18 @@ capacity_blocks = 100
         let c: NodeConfig = toml::from_str(&clustered.replace("3=c:3", "2=b:2")).unwrap();
         c.validate().unwrap();
         assert_eq!(c.cluster.unwrap().peer_map().unwrap().get(&2).map(String::as_str), Some("b:2"));
+        let c: NodeConfig =
+            toml::from_str(&EXAMPLE.replace("capacity_blocks = 100", "capacity_blocks = 100\nblock_size = 32"))
+                .unwrap();
+        assert_eq!(c.validate().unwrap_err(), "replica \"vllm-0\": block_size 32 differs from node.block_size 16");
+        let c: NodeConfig = toml::from_str(
+            &EXAMPLE.replace("policy = \"kv_cost\"", "policy = \"kv_cost\"\npolicy_params = { weight = 1.0 }"),
+        )
+        .unwrap();
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "node.policy_params: invalid policy_params: policy kv_cost has no parameter \"weight\""
+        );
         let typo = EXAMPLE.replace("capacity_blocks", "capacity");
         assert!(toml::from_str::<NodeConfig>(&typo).unwrap_err().to_string().contains("unknown field `capacity`"));
     }

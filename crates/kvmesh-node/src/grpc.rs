@@ -111,9 +111,9 @@ pub(crate) fn to_spec(c: &ReplicaConfig, block_size: u32) -> v1::ReplicaSpec {
         replay_endpoint: c.replay.clone().unwrap_or_default(),
         kv_events_bind: c.kv_events_bind,
         metrics_url: c.metrics(),
-        model: String::new(),
+        model: c.model.clone().unwrap_or_default(),
         engine: c.engine.clone(),
-        block_size,
+        block_size: c.block_size.unwrap_or(block_size),
         capacity_blocks: c.capacity_blocks,
     }
 }
@@ -129,6 +129,8 @@ pub(crate) fn from_spec(s: v1::ReplicaSpec) -> ReplicaConfig {
         metrics_url: opt(s.metrics_url),
         capacity_blocks: s.capacity_blocks,
         engine: opt(s.engine).unwrap_or_else(|| "vllm".into()),
+        model: opt(s.model),
+        block_size: (s.block_size != 0).then_some(s.block_size),
     }
 }
 

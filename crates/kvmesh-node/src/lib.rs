@@ -158,9 +158,14 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             } else {
                 grpc.to_string()
             };
-            let c = cluster::Cluster::start(section, default_addr, replicas.clone(), config.node.policy.clone())
-                .await
-                .context("starting the cluster member")?;
+            let c = cluster::Cluster::start(
+                section,
+                default_addr,
+                replicas.clone(),
+                (config.node.policy.clone(), config.node.policy_params.clone()),
+            )
+            .await
+            .context("starting the cluster member")?;
             let c = Arc::new(c);
             let _ = shared.cluster.set(c.clone());
             Some(c)

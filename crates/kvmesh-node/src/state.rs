@@ -159,8 +159,8 @@ pub struct Shared {
     pub settings: Settings,
     /// Prompt text → token ids.
     pub tokenizer: crate::tokenize::Tokenizer,
-    /// The routing policy's name (changes when the cluster's policy does).
-    policy_name: Mutex<Arc<str>>,
+    /// The routing policy's name and parameters (they change when the cluster's do).
+    policy_name: Mutex<(Arc<str>, std::collections::BTreeMap<String, f64>)>,
     started: Instant,
     core: Mutex<Core>,
     /// Prometheus metrics.
@@ -205,7 +205,7 @@ impl Shared {
         let fleet = Fleet::new(fleet_config).map_err(|e| anyhow::anyhow!("{e}"))?;
         let core = Core {
             fleet,
-            policy: kind.build(),
+            policy: kind.build_with(&config.node.params()).map_err(|e| anyhow::anyhow!("node.policy_params: {e}"))?,
             // Nodes of one cluster break ties differently: identical seeds would make every
             // node send a burst's first requests to the same replica (case C12).
             rng: SmallRng::seed_from_u64(0x6b76_6d65_7368 ^ config.cluster.as_ref().map_or(0, |c| c.id)),
@@ -236,7 +236,7 @@ impl Shared {
             profile: config.node.replica_profile().map_err(anyhow::Error::msg)?,
         };
         let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
-        let policy_name = Mutex::new(Arc::from(config.node.policy.as_str()));
+        let policy_name = Mutex::new((Arc::from(config.node.policy.as_str()), config.node.policy_params.clone()));
         Ok(Shared {
             config: Mutex::new(config),
             settings,
@@ -262,21 +262,24 @@ impl Shared {
 
     /// The routing policy's name.
     pub fn policy_name(&self) -> Arc<str> {
-        self.policy_name.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.policy_name.lock().unwrap_or_else(|p| p.into_inner()).0.clone()
     }
 
-    /// Switches the routing policy (the cluster changed it). A no-op for the current one.
+    /// Switches the routing policy and its parameters (the cluster changed them). A no-op
+    /// when both are current.
     ///
     /// # Errors
-    /// An unknown policy name.
-    pub fn set_policy(&self, name: &str) -> Result<(), String> {
-        if &*self.policy_name() == name {
+    /// An unknown policy name or parameter.
+    pub fn set_policy(&self, name: &str, params: &std::collections::BTreeMap<String, f64>) -> Result<(), String> {
+        let mut current = self.policy_name.lock().unwrap_or_else(|p| p.into_inner());
+        if &*current.0 == name && &current.1 == params {
             return Ok(());
         }
         let kind: PolicyKind = name.parse().map_err(|e| format!("{e}"))?;
-        self.core().policy = kind.build();
-        *self.policy_name.lock().unwrap_or_else(|p| p.into_inner()) = Arc::from(name);
-        tracing::info!(policy = name, "routing policy changed");
+        let list: Vec<(String, f64)> = params.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        self.core().policy = kind.build_with(&list).map_err(|e| e.to_string())?;
+        *current = (Arc::from(name), params.clone());
+        tracing::info!(policy = name, ?params, "routing policy changed");
         Ok(())
     }
 
@@ -286,6 +289,12 @@ impl Shared {
     /// [`RegistryError::Exists`] or [`RegistryError::Invalid`].
     pub fn add_replica(&self, config: ReplicaConfig) -> Result<ReplicaId, RegistryError> {
         config.validate().map_err(RegistryError::Invalid)?;
+        if let Some(b) = config.block_size.filter(|b| *b != self.settings.block_size) {
+            return Err(RegistryError::Invalid(format!(
+                "replica {:?}: block_size {b} differs from this node's {}",
+                config.name, self.settings.block_size
+            )));
+        }
         let mut core = self.core();
         if core.replicas.contains_key(&config.name) {
             return Err(RegistryError::Exists(config.name));

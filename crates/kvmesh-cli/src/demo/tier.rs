@@ -64,6 +64,8 @@ impl Tier {
                 metrics_url: None,
                 capacity_blocks: blocks,
                 engine: "vllm".into(),
+                model: None,
+                block_size: None,
             })
             .collect();
         let ports = free_ports(spec.nodes)?;

@@ -228,6 +228,121 @@ impl PolicyKind {
     }
 }
 
+impl PolicyKind {
+    /// The policy with some of its parameters set by name (the rest at their defaults): the
+    /// cluster's replicated policy configuration. Names are the fields of the policy's
+    /// `…Params` struct; whole-number parameters take integral values.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a name the policy does not have or a value out of range.
+    pub fn build_with(&self, params: &[(String, f64)]) -> Result<Box<dyn Policy>, Error> {
+        fn set(field: &mut f64, v: f64) {
+            *field = v;
+        }
+        fn set_u32(field: &mut u32, name: &str, v: f64) -> Result<(), Error> {
+            if !(v.fract() == 0.0 && (0.0..=u32::MAX as f64).contains(&v)) {
+                return Err(Error::InvalidConfig {
+                    field: "policy_params",
+                    reason: format!("{name} must be a whole number, got {v}"),
+                });
+            }
+            *field = v as u32;
+            Ok(())
+        }
+        let unknown = |name: &str| Error::InvalidConfig {
+            field: "policy_params",
+            reason: format!("policy {self} has no parameter {name:?}"),
+        };
+        for (name, v) in params {
+            if !v.is_finite() || *v < 0.0 {
+                return Err(Error::InvalidConfig {
+                    field: "policy_params",
+                    reason: format!("{name} must be a non-negative number, got {v}"),
+                });
+            }
+        }
+        Ok(match self {
+            PolicyKind::TokenLoad => {
+                let mut p = TokenLoadParams::default();
+                for (name, v) in params {
+                    match name.as_str() {
+                        "near_equal_s" => set(&mut p.near_equal_s, *v),
+                        "near_equal_rel" => set(&mut p.near_equal_rel, *v),
+                        "move_weight" => set(&mut p.move_weight, *v),
+                        "max_pressure" => set(&mut p.max_pressure, *v),
+                        "pressure_floor" => set(&mut p.pressure_floor, *v),
+                        "pending_prefix_s" => set(&mut p.pending_prefix_s, *v),
+                        other => return Err(unknown(other)),
+                    }
+                }
+                Box::new(TokenLoadPolicy::new(p))
+            }
+            PolicyKind::ConsistentHash => {
+                let mut p = ConsistentHashParams::default();
+                for (name, v) in params {
+                    match name.as_str() {
+                        "load_factor" => set(&mut p.load_factor, *v),
+                        "vnodes" => set_u32(&mut p.vnodes, name, *v)?,
+                        other => return Err(unknown(other)),
+                    }
+                }
+                Box::new(ConsistentHash::new(p))
+            }
+            PolicyKind::CacheAware => {
+                let mut p = CacheAwareParams::default();
+                for (name, v) in params {
+                    match name.as_str() {
+                        "cache_threshold" => set(&mut p.cache_threshold, *v),
+                        "balance_abs_threshold" => set_u32(&mut p.balance_abs_threshold, name, *v)?,
+                        "balance_rel_threshold" => set(&mut p.balance_rel_threshold, *v),
+                        other => return Err(unknown(other)),
+                    }
+                }
+                Box::new(CacheAware::new(p))
+            }
+            PolicyKind::PrefixAffinity => {
+                let mut p = PrefixAffinityParams::default();
+                for (name, v) in params {
+                    match name.as_str() {
+                        "imbalanced_threshold" => set_u32(&mut p.imbalanced_threshold, name, *v)?,
+                        "match_rate_threshold" => set(&mut p.match_rate_threshold, *v),
+                        other => return Err(unknown(other)),
+                    }
+                }
+                Box::new(PrefixAffinity::new(p))
+            }
+            PolicyKind::KvCost => {
+                let mut p = KvCostParams::default();
+                for (name, v) in params {
+                    match name.as_str() {
+                        "overlap_weight" => set(&mut p.overlap_weight, *v),
+                        other => return Err(unknown(other)),
+                    }
+                }
+                Box::new(KvCost::new(p))
+            }
+            PolicyKind::WeightedScorer => {
+                let mut p = WeightedScorerParams::default();
+                for (name, v) in params {
+                    match name.as_str() {
+                        "prefix_weight" => set(&mut p.prefix_weight, *v),
+                        "queue_weight" => set(&mut p.queue_weight, *v),
+                        "kv_weight" => set(&mut p.kv_weight, *v),
+                        other => return Err(unknown(other)),
+                    }
+                }
+                Box::new(WeightedScorer::new(p))
+            }
+            _ => {
+                if let Some((name, _)) = params.first() {
+                    return Err(unknown(name));
+                }
+                self.build()
+            }
+        })
+    }
+}
+
 impl fmt::Display for PolicyKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

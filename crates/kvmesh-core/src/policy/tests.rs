@@ -444,3 +444,22 @@ fn token_load_takes_turns_among_near_equal_replicas() {
     first.sort();
     assert_eq!(first, ids);
 }
+
+#[test]
+fn policies_take_named_parameters() {
+    let p = |k: PolicyKind, params: &[(&str, f64)]| {
+        let params: Vec<(String, f64)> = params.iter().map(|(n, v)| (n.to_string(), *v)).collect();
+        k.build_with(&params)
+    };
+    assert_eq!(
+        p(PolicyKind::TokenLoad, &[("move_weight", 0.5), ("near_equal_s", 0.002)]).unwrap().name(),
+        "token_load"
+    );
+    assert_eq!(p(PolicyKind::ConsistentHash, &[("vnodes", 64.0)]).unwrap().name(), "consistent_hash");
+    let err = |r: Result<Box<dyn Policy>, Error>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err(p(PolicyKind::TokenLoad, &[("speed", 1.0)])).contains("policy token_load has no parameter \"speed\""));
+    assert!(err(p(PolicyKind::ConsistentHash, &[("vnodes", 1.5)])).contains("vnodes must be a whole number, got 1.5"));
+    assert!(err(p(PolicyKind::KvCost, &[("overlap_weight", -1.0)])).contains("must be a non-negative number"));
+    assert!(err(p(PolicyKind::RoundRobin, &[("x", 1.0)])).contains("policy round_robin has no parameter \"x\""));
+    assert_eq!(p(PolicyKind::RoundRobin, &[]).unwrap().name(), "round_robin");
+}

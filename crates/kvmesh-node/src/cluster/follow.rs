@@ -54,7 +54,7 @@ async fn sync(shared: &Shared, supervisor: &ActorRef<SupervisorMsg>, state: &Clu
         let _ = shared.set_draining(&e.config.name, draining);
     }
     if let Some(p) = &state.policy {
-        if let Err(e) = shared.set_policy(p) {
+        if let Err(e) = shared.set_policy(p, &state.policy_params) {
             tracing::warn!(policy = %p, error = %e, "registry: policy not applied");
         }
     }

@@ -87,7 +87,7 @@ pub struct Cluster {
     pub faults: Arc<Faults>,
     /// The `[cluster]` settings.
     pub section: ClusterSection,
-    seed: (Vec<ReplicaConfig>, String),
+    seed: (Vec<ReplicaConfig>, String, BTreeMap<String, f64>),
 }
 
 impl Cluster {
@@ -100,7 +100,7 @@ impl Cluster {
         section: ClusterSection,
         default_addr: String,
         seed_replicas: Vec<ReplicaConfig>,
-        seed_policy: String,
+        seed_policy: (String, BTreeMap<String, f64>),
     ) -> anyhow::Result<Cluster> {
         let (log_store, sm_store) = store::open(&section.data_dir)?;
         let state = sm_store.subscribe();
@@ -125,7 +125,8 @@ impl Cluster {
             .await
             .map_err(|e| anyhow::anyhow!("starting Raft: {e}"))?;
         let addr = if section.addr.is_empty() { default_addr } else { section.addr.clone() };
-        Ok(Cluster { id: section.id, addr, raft, state, faults, section, seed: (seed_replicas, seed_policy) })
+        let seed = (seed_replicas, seed_policy.0, seed_policy.1);
+        Ok(Cluster { id: section.id, addr, raft, state, faults, section, seed })
     }
 
     /// Bootstraps a fresh cluster with the configured peers as voters, waits for a leader and
@@ -163,7 +164,8 @@ impl Cluster {
     /// Writes the seed once a leader exists (a seeded registry refuses it: fine).
     async fn seed(&self) -> Result<(), ClusterError> {
         self.wait_for_leader(Duration::from_secs(10)).await?;
-        let seed = Command::Seed { replicas: self.seed.0.clone(), policy: self.seed.1.clone() };
+        let seed =
+            Command::Seed { replicas: self.seed.0.clone(), policy: self.seed.1.clone(), params: self.seed.2.clone() };
         match self.write(seed).await {
             Ok(_) | Err(ClusterError::Rejected(_)) => Ok(()),
             Err(e) => Err(e),
@@ -377,6 +379,7 @@ impl Cluster {
             initialized,
             seeded: cs.seeded,
             policy: cs.policy.clone().unwrap_or_default(),
+            policy_params: cs.policy_params.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             registry: cs
                 .replicas
                 .values()

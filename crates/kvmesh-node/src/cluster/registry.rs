@@ -53,6 +53,9 @@ pub enum Command {
         replicas: Vec<ReplicaConfig>,
         /// Its `node.policy`.
         policy: String,
+        /// Its `node.policy_params`.
+        #[serde(default)]
+        params: BTreeMap<String, f64>,
     },
     /// Registers a replica (ready). Fails if a live replica has the name.
     AddReplica {
@@ -75,6 +78,9 @@ pub enum Command {
     SetPolicy {
         /// A policy name (`kvmesh policies`).
         policy: String,
+        /// Its parameters by name; unset ones keep their defaults.
+        #[serde(default)]
+        params: BTreeMap<String, f64>,
     },
     /// The hot-prefix replication plan (filled by the replication capability).
     SetReplicationPlan {
@@ -104,6 +110,9 @@ pub struct ClusterState {
     pub replicas: BTreeMap<String, RegistryEntry>,
     /// The routing policy every node uses; `None`: each node's own `node.policy`.
     pub policy: Option<String>,
+    /// Its parameters by name.
+    #[serde(default)]
+    pub policy_params: BTreeMap<String, f64>,
     /// The current hot-prefix replication plan.
     pub replication_plan: Option<serde_json::Value>,
     /// The latest autoscaler decisions, oldest first.
@@ -115,12 +124,16 @@ impl ClusterState {
     pub fn apply(&mut self, cmd: &Command, index: u64) -> CommandResult {
         let err = |e: String| CommandResult { error: Some(e) };
         match cmd {
-            Command::Seed { replicas, policy } => {
+            Command::Seed { replicas, policy, params } => {
                 if self.seeded {
                     return err("the registry is already seeded".into());
                 }
+                if let Err(e) = check_policy(policy, params) {
+                    return err(e);
+                }
                 self.seeded = true;
                 self.policy = Some(policy.clone());
+                self.policy_params = params.clone();
                 for r in replicas {
                     self.replicas.insert(
                         r.name.clone(),
@@ -159,11 +172,12 @@ impl ClusterState {
                 }
                 _ => return err(format!("unknown replica {name:?}")),
             },
-            Command::SetPolicy { policy } => {
-                if let Err(e) = policy.parse::<kvmesh_core::PolicyKind>() {
-                    return err(e.to_string());
+            Command::SetPolicy { policy, params } => {
+                if let Err(e) = check_policy(policy, params) {
+                    return err(e);
                 }
                 self.policy = Some(policy.clone());
+                self.policy_params = params.clone();
             }
             Command::SetReplicationPlan { plan } => self.replication_plan = Some(plan.clone()),
             Command::RecordScaleDecision { decision } => {
@@ -181,6 +195,13 @@ impl ClusterState {
     }
 }
 
+/// Whether `policy` with `params` can be built (so no node fails to apply it).
+fn check_policy(policy: &str, params: &BTreeMap<String, f64>) -> Result<(), String> {
+    let kind: kvmesh_core::PolicyKind = policy.parse().map_err(|e: kvmesh_core::Error| e.to_string())?;
+    let params: Vec<(String, f64)> = params.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    kind.build_with(&params).map(|_| ()).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +216,8 @@ mod tests {
             metrics_url: None,
             capacity_blocks: 100,
             engine: "vllm".into(),
+            model: None,
+            block_size: None,
         }
     }
 
@@ -206,7 +229,11 @@ mod tests {
             Some("the registry is not seeded yet: run `kvmesh cluster init` first")
         );
         assert!(!s.seeded && s.replicas.is_empty());
-        let seed = Command::Seed { replicas: vec![replica("a"), replica("b")], policy: "token_load".into() };
+        let seed = Command::Seed {
+            replicas: vec![replica("a"), replica("b")],
+            policy: "token_load".into(),
+            params: Default::default(),
+        };
         assert_eq!(s.apply(&seed, 1), CommandResult::default());
         assert_eq!(s.apply(&seed, 2).error.as_deref(), Some("the registry is already seeded"));
         assert_eq!(
@@ -225,9 +252,17 @@ mod tests {
         let live: Vec<(&str, ReplicaState, u64)> =
             s.live_replicas().map(|e| (e.config.name.as_str(), e.state, e.changed_at)).collect();
         assert_eq!(live, vec![("a", ReplicaState::Ready, 7), ("b", ReplicaState::Draining, 4)]);
-        assert!(s.apply(&Command::SetPolicy { policy: "fastest".into() }, 8).error.is_some());
-        assert_eq!(s.apply(&Command::SetPolicy { policy: "kv_cost".into() }, 9), CommandResult::default());
-        assert_eq!(s.policy.as_deref(), Some("kv_cost"));
+        let set = |policy: &str, params: &[(&str, f64)]| Command::SetPolicy {
+            policy: policy.into(),
+            params: params.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        };
+        assert!(s.apply(&set("fastest", &[]), 8).error.is_some());
+        assert_eq!(
+            s.apply(&set("kv_cost", &[("weight", 2.0)]), 8).error.as_deref(),
+            Some("invalid policy_params: policy kv_cost has no parameter \"weight\"")
+        );
+        assert_eq!(s.apply(&set("kv_cost", &[("overlap_weight", 2.0)]), 9), CommandResult::default());
+        assert_eq!((s.policy.as_deref(), s.policy_params.get("overlap_weight")), (Some("kv_cost"), Some(&2.0)));
         for i in 0..105 {
             s.apply(&Command::RecordScaleDecision { decision: serde_json::json!(i) }, 10 + i);
         }
@@ -240,5 +275,8 @@ mod tests {
         let json = serde_json::to_string(&cmd).unwrap();
         assert_eq!(json, r#"{"op":"set_replica_state","name":"vllm-0","state":"draining"}"#);
         assert_eq!(serde_json::from_str::<Command>(&json).unwrap(), cmd);
+        // Parameters are optional on the wire.
+        let set: Command = serde_json::from_str(r#"{"op":"set_policy","policy":"kv_cost"}"#).unwrap();
+        assert_eq!(set, Command::SetPolicy { policy: "kv_cost".into(), params: Default::default() });
     }
 }

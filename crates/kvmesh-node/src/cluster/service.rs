@@ -64,6 +64,11 @@ impl raft_server::Raft for ClusterServices {
 impl ClusterServices {
     fn status(&self) -> v1::ClusterStatus {
         let mut s = self.cluster.status();
+        for e in &mut s.registry {
+            if let Some(spec) = e.spec.as_mut().filter(|spec| spec.block_size == 0) {
+                spec.block_size = self.shared.settings.block_size;
+            }
+        }
         let now = self.shared.now();
         let core = self.shared.core();
         let peers: std::collections::BTreeMap<u64, (usize, f64)> =

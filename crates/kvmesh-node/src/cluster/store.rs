@@ -423,7 +423,7 @@ mod tests {
             assert!(!log.initialized());
             log.save_vote(&Vote::new(3, 2)).await.unwrap();
             let members = Membership::new(vec![BTreeSet::from([1, 2, 3])], None);
-            let seed = Command::Seed { replicas: vec![], policy: "kv_cost".into() };
+            let seed = Command::Seed { replicas: vec![], policy: "kv_cost".into(), params: Default::default() };
             let drain = Command::SetReplicaState { name: "x".into(), state: ReplicaState::Draining };
             let results = sm
                 .apply([

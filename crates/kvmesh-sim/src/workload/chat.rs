@@ -106,7 +106,8 @@ impl Workload {
                 pick <= 0.0
             });
             let sp = sp.unwrap_or(0) as u64;
-            let unique = rng.random::<f64>() < self.unique_share;
+            // No draw without unique sessions: the default workload's stream stays as it was.
+            let unique = self.unique_share > 0.0 && rng.random::<f64>() < self.unique_share;
             let mut ids: Vec<u64> = if unique {
                 Vec::new()
             } else {
