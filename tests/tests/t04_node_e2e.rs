@@ -41,7 +41,9 @@ async fn node(engines: &[EngineSim]) -> Node {
         scrape_interval_ms: 100,
         ..NodeSection::default()
     };
-    kvmesh_node::start(NodeConfig { node: section, replicas, cluster: None }).await.unwrap()
+    kvmesh_node::start(NodeConfig { node: section, replicas, cluster: None, security: Default::default() })
+        .await
+        .unwrap()
 }
 
 /// Waits until `ok` holds, polling; panics with `what` after 10 s.

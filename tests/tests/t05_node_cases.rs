@@ -39,7 +39,9 @@ async fn node(replicas: Vec<ReplicaConfig>, tweak: impl FnOnce(&mut NodeSection)
         ..NodeSection::default()
     };
     tweak(&mut section);
-    let node = kvmesh_node::start(NodeConfig { node: section, replicas, cluster: None }).await.unwrap();
+    let node = kvmesh_node::start(NodeConfig { node: section, replicas, cluster: None, security: Default::default() })
+        .await
+        .unwrap();
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
     node
 }

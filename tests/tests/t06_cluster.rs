@@ -57,7 +57,7 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
         allow_fault_injection: true,
         ..ClusterSection::default()
     };
-    NodeConfig { node: section, replicas, cluster: Some(cluster) }
+    NodeConfig { node: section, replicas, cluster: Some(cluster), security: Default::default() }
 }
 
 async fn start_all(ports: &[u16], dir: &Path, replicas: &[ReplicaConfig], gossip: bool) -> Vec<Node> {
@@ -565,6 +565,76 @@ async fn c11_every_node_maps_a_key_to_the_same_replica() {
     used.sort();
     used.dedup();
     assert!(used.len() >= 3, "40 keys over 4 replicas used only {used:?}");
+    for n in nodes {
+        n.stop().await;
+    }
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+/// `[security]`: admin calls need the admin token, nodes talk with the cluster token (Raft,
+/// gossip and forwarded writes keep working), and a missing or wrong token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_guard_admin_calls_and_nodes_still_talk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (admin_file, cluster_file) = (dir.path().join("admin-token"), dir.path().join("cluster-token"));
+    std::fs::write(&admin_file, "operator-secret\n").unwrap();
+    std::fs::write(&cluster_file, "node-secret").unwrap();
+    let engines = engines(2).await;
+    let replicas: Vec<ReplicaConfig> = engines.iter().take(1).enumerate().map(|(i, e)| replica(i, e)).collect();
+    let ports = ports(3);
+    let mut nodes = Vec::new();
+    for id in 1..=3u64 {
+        let mut c = config(id, &ports, dir.path(), replicas.clone(), true);
+        c.security.admin_token_file = Some(admin_file.clone());
+        c.security.cluster_token_file = Some(cluster_file.clone());
+        nodes.push(kvmesh_node::start(c).await.unwrap());
+    }
+    let bearer = |t: &str| tonic::metadata::MetadataValue::try_from(format!("Bearer {t}")).unwrap();
+    let mut c1 = v1::cluster_client::ClusterClient::new(grpc(&nodes[0]).await);
+    let refused = c1.init(v1::InitRequest {}).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    let mut wrong = tonic::Request::new(v1::InitRequest {});
+    wrong.metadata_mut().insert("authorization", bearer("node-secret"));
+    assert_eq!(
+        c1.init(wrong).await.unwrap_err().code(),
+        tonic::Code::Unauthenticated,
+        "the node token is not an admin token"
+    );
+    let mut init = tonic::Request::new(v1::InitRequest {});
+    init.metadata_mut().insert("authorization", bearer("operator-secret"));
+    c1.init(init).await.unwrap();
+    // Raft and gossip run with the cluster token.
+    let all: Vec<&Node> = nodes.iter().collect();
+    eventually("seeded everywhere and gossip heard", || {
+        all.iter()
+            .all(|n| n.cluster.as_ref().unwrap().state.borrow().seeded && n.shared.core().remote.peers().count() == 2)
+    })
+    .await;
+    // An admin write through a follower is forwarded with the cluster token.
+    let leader = leader_of(&all).unwrap();
+    let follower = nodes.iter().find(|n| n.cluster.as_ref().unwrap().id != leader).unwrap();
+    let mut admin = v1::admin_client::AdminClient::new(grpc(follower).await);
+    let spec = v1::ReplicaSpec {
+        name: "e1".into(),
+        http_endpoint: engines[1].base_url(),
+        capacity_blocks: 100,
+        ..Default::default()
+    };
+    let denied = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()) }).await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::Unauthenticated);
+    let mut add = tonic::Request::new(v1::AddReplicaRequest { spec: Some(spec) });
+    add.metadata_mut().insert("authorization", bearer("operator-secret"));
+    admin.add_replica(add).await.unwrap();
+    eventually("e1 on every node", || all.iter().all(|n| has_replica(n, "e1"))).await;
+    assert_eq!(admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    // Raft RPCs without the cluster token are refused.
+    let mut raft = v1::raft_client::RaftClient::new(grpc(&nodes[0]).await);
+    let vote = raft.vote(v1::RaftPayload { json: b"{}".to_vec() }).await.unwrap_err();
+    assert_eq!(vote.code(), tonic::Code::Unauthenticated);
+    // Status stays readable.
+    c1.status(v1::ClusterStatusRequest {}).await.unwrap();
     for n in nodes {
         n.stop().await;
     }

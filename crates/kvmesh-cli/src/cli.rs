@@ -155,6 +155,10 @@ pub struct ClusterTarget {
     /// A member's gRPC address.
     #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL", env = "KVMESH_GRPC")]
     pub grpc: String,
+    /// A file holding the admin token, for nodes with `[security] admin_token_file`
+    /// (the environment variable KVMESH_ADMIN_TOKEN takes precedence).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -204,6 +208,9 @@ pub struct StatusArgs {
     /// The node's gRPC address.
     #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL")]
     pub grpc: String,
+    /// A file holding the admin token (KVMESH_ADMIN_TOKEN takes precedence).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

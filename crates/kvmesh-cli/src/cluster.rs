@@ -10,19 +10,26 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
     runtime.block_on(async {
         match cmd {
             ClusterCommand::Init(t) => {
-                let status = client(t).await?.init(v1::InitRequest {}).await.context("Cluster.Init")?.into_inner();
+                let status =
+                    client(t).await?.init(authed(t, v1::InitRequest {})?).await.context("Cluster.Init")?.into_inner();
                 println!("cluster initialized");
                 print!("{}", render(&status));
             }
             ClusterCommand::Join(a) => {
                 let req = v1::JoinRequest { node_id: a.id, addr: a.addr.clone() };
-                let status = client(&a.target).await?.join(req).await.context("Cluster.Join")?.into_inner();
+                let status =
+                    client(&a.target).await?.join(authed(&a.target, req)?).await.context("Cluster.Join")?.into_inner();
                 println!("node {} joined", a.id);
                 print!("{}", render(&status));
             }
             ClusterCommand::Leave(a) => {
                 let req = v1::LeaveRequest { node_id: a.id };
-                let status = client(&a.target).await?.leave(req).await.context("Cluster.Leave")?.into_inner();
+                let status = client(&a.target)
+                    .await?
+                    .leave(authed(&a.target, req)?)
+                    .await
+                    .context("Cluster.Leave")?
+                    .into_inner();
                 println!("node {} left", a.id);
                 print!("{}", render(&status));
             }
@@ -37,12 +44,35 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
             }
             ClusterCommand::Fault(a) => {
                 let req = v1::FaultRequest { isolate: a.isolate, gossip_drop: a.gossip_drop };
-                client(&a.target).await?.inject_fault(req).await.context("Cluster.InjectFault")?;
+                client(&a.target).await?.inject_fault(authed(&a.target, req)?).await.context("Cluster.InjectFault")?;
                 println!("fault set: isolate={} gossip_drop={}", a.isolate, a.gossip_drop);
             }
         }
         anyhow::Ok(())
     })
+}
+
+/// The admin token: KVMESH_ADMIN_TOKEN, else `--token-file`, else none.
+pub fn admin_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<kvmesh_node::auth::Secret>> {
+    if let Ok(v) = std::env::var("KVMESH_ADMIN_TOKEN") {
+        return kvmesh_node::auth::Secret::new(&v).map(Some).map_err(|e| anyhow::anyhow!("KVMESH_ADMIN_TOKEN: {e}"));
+    }
+    match file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            kvmesh_node::auth::Secret::new(&text).map(Some).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))
+        }
+        None => Ok(None),
+    }
+}
+
+/// `msg` as a request carrying the admin token, if one is given.
+pub fn authed<T>(t: &ClusterTarget, msg: T) -> anyhow::Result<tonic::Request<T>> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(s) = admin_token(t.token_file.as_deref())? {
+        s.attach(r.metadata_mut());
+    }
+    Ok(r)
 }
 
 async fn client(t: &ClusterTarget) -> anyhow::Result<v1::cluster_client::ClusterClient<tonic::transport::Channel>> {

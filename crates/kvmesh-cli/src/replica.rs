@@ -1,6 +1,7 @@
 //! `kvmesh replica add|remove|drain`: a node's admin API (`kvmesh.v1.Admin`) from the shell.
 
 use crate::cli::{ClusterTarget, ReplicaCommand};
+use crate::cluster::authed;
 use anyhow::Context;
 use kvmesh_proto::v1;
 
@@ -19,7 +20,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                 };
                 admin(&a.target)
                     .await?
-                    .add_replica(v1::AddReplicaRequest { spec: Some(spec) })
+                    .add_replica(authed(&a.target, v1::AddReplicaRequest { spec: Some(spec) })?)
                     .await
                     .context("Admin.AddReplica")?;
                 println!("replica {} added", a.name);
@@ -27,7 +28,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
             ReplicaCommand::Remove(a) => {
                 admin(&a.target)
                     .await?
-                    .remove_replica(v1::ReplicaRef { name: a.name.clone() })
+                    .remove_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
                     .await
                     .context("Admin.RemoveReplica")?;
                 println!("replica {} removed", a.name);
@@ -35,7 +36,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
             ReplicaCommand::Drain(a) => {
                 admin(&a.target)
                     .await?
-                    .drain_replica(v1::ReplicaRef { name: a.name.clone() })
+                    .drain_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
                     .await
                     .context("Admin.DrainReplica")?;
                 println!("replica {} draining", a.name);

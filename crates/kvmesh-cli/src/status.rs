@@ -12,7 +12,11 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("connecting to the node at {} (is `kvmesh node` running?)", args.grpc))?;
         let mut admin = v1::admin_client::AdminClient::new(channel);
-        let list = admin.list_replicas(v1::ListReplicasRequest {}).await.context("Admin.ListReplicas")?;
+        let mut request = tonic::Request::new(v1::ListReplicasRequest {});
+        if let Some(t) = crate::cluster::admin_token(args.token_file.as_deref())? {
+            t.attach(request.metadata_mut());
+        }
+        let list = admin.list_replicas(request).await.context("Admin.ListReplicas")?;
         anyhow::Ok(list.into_inner().replicas)
     })?;
     if args.json {

@@ -43,6 +43,13 @@ pub struct NodeConfig {
     /// Cluster membership; absent: a single node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterSection>,
+    /// Bearer tokens for the admin and cluster-internal gRPC; absent: open.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub security: crate::auth::SecuritySection,
+}
+
+fn is_default(s: &crate::auth::SecuritySection) -> bool {
+    *s == crate::auth::SecuritySection::default()
 }
 
 /// `[cluster]`: Raft between router nodes and shared bookings.

@@ -142,6 +142,10 @@ fn not_found_or(e: ClusterError) -> GrpcStatus {
 }
 
 impl Services {
+    fn admin_auth(&self, meta: &tonic::metadata::MetadataMap) -> Result<(), GrpcStatus> {
+        crate::auth::check(meta, &[&self.shared.tokens.admin])
+    }
+
     /// A replica committed through Raft, once this node's follower has applied it (2 s).
     async fn await_replica(&self, name: &str) -> Result<Response<v1::Replica>, GrpcStatus> {
         for _ in 0..200 {
@@ -194,13 +198,15 @@ impl Services {
 impl admin_server::Admin for Services {
     async fn list_replicas(
         &self,
-        _: Request<v1::ListReplicasRequest>,
+        request: Request<v1::ListReplicasRequest>,
     ) -> Result<Response<v1::ListReplicasResponse>, GrpcStatus> {
+        self.admin_auth(request.metadata())?;
         let names: Vec<String> = self.shared.core().replicas.keys().cloned().collect();
         Ok(Response::new(v1::ListReplicasResponse { replicas: names.iter().filter_map(|n| self.replica(n)).collect() }))
     }
 
     async fn add_replica(&self, request: Request<v1::AddReplicaRequest>) -> Result<Response<v1::Replica>, GrpcStatus> {
+        self.admin_auth(request.metadata())?;
         let spec = request.into_inner().spec.ok_or_else(|| GrpcStatus::invalid_argument("spec is required"))?;
         let block_size = self.shared.core().fleet.config().block_size;
         if spec.block_size != 0 && spec.block_size != block_size {
@@ -235,6 +241,7 @@ impl admin_server::Admin for Services {
         &self,
         request: Request<v1::ReplicaRef>,
     ) -> Result<Response<v1::RemoveReplicaResponse>, GrpcStatus> {
+        self.admin_auth(request.metadata())?;
         let name = request.into_inner().name;
         if let Some(c) = &self.cluster {
             c.write(Command::RemoveReplica { name }).await.map_err(not_found_or)?;
@@ -247,6 +254,7 @@ impl admin_server::Admin for Services {
     }
 
     async fn drain_replica(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
+        self.admin_auth(request.metadata())?;
         let name = request.into_inner().name;
         if let Some(c) = &self.cluster {
             let cmd = Command::SetReplicaState { name: name.clone(), state: ReplicaState::Draining };
@@ -261,8 +269,9 @@ impl admin_server::Admin for Services {
 
     async fn get_config(
         &self,
-        _: Request<v1::GetConfigRequest>,
+        request: Request<v1::GetConfigRequest>,
     ) -> Result<Response<v1::GetConfigResponse>, GrpcStatus> {
+        self.admin_auth(request.metadata())?;
         let toml = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).to_toml();
         Ok(Response::new(v1::GetConfigResponse { toml }))
     }
@@ -274,6 +283,9 @@ impl events_server::Events for Services {
         &self,
         request: Request<Streaming<v1::PublishRequest>>,
     ) -> Result<Response<v1::PublishResponse>, GrpcStatus> {
+        // Event pushers (engine sidecars) hold the cluster token, or an operator's.
+        let t = &self.shared.tokens;
+        crate::auth::check(request.metadata(), &[&t.cluster, &t.admin])?;
         let mut stream = request.into_inner();
         let mut summary = v1::PublishResponse::default();
         while let Some(batch) = stream.message().await? {

@@ -8,12 +8,14 @@
 //! - [`grpc`]: `kvmesh.v1` Router, Admin and Events services, gRPC health and reflection.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`tokenize`]: prompt text → token ids (the model's tokenizer, or kvmesh's approximate ids).
+//! - [`auth`]: bearer tokens for the admin and cluster-internal gRPC (`[security]`).
 //! - [`cluster`]: with a `[cluster]` section, Raft (openraft + sled) for membership, the
 //!   replica registry and configuration, and gossip for shared bookings.
 //!
 //! A single node is complete on its own; a cluster of 3 or 5 adds availability and shared
 //! load without putting Raft on the request path.
 
+pub mod auth;
 pub mod cluster;
 pub mod config;
 pub mod grpc;
@@ -163,6 +165,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
                 default_addr,
                 replicas.clone(),
                 (config.node.policy.clone(), config.node.policy_params.clone()),
+                shared.tokens.cluster.clone(),
             )
             .await
             .context("starting the cluster member")?;

@@ -169,6 +169,8 @@ pub struct Shared {
     pub http: reqwest::Client,
     /// This node's cluster membership, once started (metrics read it).
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// Bearer tokens (`[security]`).
+    pub tokens: crate::auth::Tokens,
 }
 
 /// Why a replica could not be added.
@@ -237,6 +239,7 @@ impl Shared {
         };
         let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
         let policy_name = Mutex::new((Arc::from(config.node.policy.as_str()), config.node.policy_params.clone()));
+        let config_security = config.security.clone();
         Ok(Shared {
             config: Mutex::new(config),
             settings,
@@ -247,6 +250,7 @@ impl Shared {
             metrics: Metrics::new(),
             http,
             cluster: std::sync::OnceLock::new(),
+            tokens: crate::auth::Tokens::load(&config_security)?,
         })
     }
 

@@ -86,7 +86,7 @@ impl Tier {
                 data_dir: spec.data_dir.join(format!("node{}", i + 1)),
                 ..ClusterSection::default()
             });
-            let config = NodeConfig { node, replicas: replicas.clone(), cluster };
+            let config = NodeConfig { node, replicas: replicas.clone(), cluster, security: Default::default() };
             nodes.push(kvmesh_node::start(config).await.with_context(|| format!("starting router node {}", i + 1))?);
         }
         let tier = Tier { engines, nodes };

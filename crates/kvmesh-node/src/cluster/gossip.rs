@@ -40,7 +40,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
         for (id, addr) in &members {
             if *id != cluster.id && !peers.contains_key(id) {
                 let (tx, rx) = mpsc::channel(PEER_QUEUE);
-                tokio::spawn(peer_sender(*id, addr.clone(), rx));
+                tokio::spawn(peer_sender(*id, addr.clone(), rx, cluster.token.clone()));
                 peers.insert(*id, (addr.clone(), tx));
             }
         }
@@ -88,7 +88,12 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
 
 /// Keeps one `Gossip.Stream` call open to a peer and forwards its batches, reconnecting after
 /// errors. Ends when the broadcaster drops the peer's queue.
-async fn peer_sender(id: u64, addr: String, mut rx: mpsc::Receiver<v1::GossipBatch>) {
+async fn peer_sender(
+    id: u64,
+    addr: String,
+    mut rx: mpsc::Receiver<v1::GossipBatch>,
+    token: Option<crate::auth::Secret>,
+) {
     let Ok(ch) = channel(&addr) else {
         tracing::error!(peer = id, %addr, "bad gossip address");
         return;
@@ -97,7 +102,11 @@ async fn peer_sender(id: u64, addr: String, mut rx: mpsc::Receiver<v1::GossipBat
         let mut client =
             v1::gossip_client::GossipClient::new(ch.clone()).max_encoding_message_size(super::MAX_MESSAGE_BYTES);
         let (tx, stream_rx) = mpsc::channel::<v1::GossipBatch>(PEER_QUEUE);
-        let call = client.stream(tokio_stream::wrappers::ReceiverStream::new(stream_rx));
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(stream_rx));
+        if let Some(t) = &token {
+            t.attach(request.metadata_mut());
+        }
+        let call = client.stream(request);
         tokio::pin!(call);
         loop {
             tokio::select! {

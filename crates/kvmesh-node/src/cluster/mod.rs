@@ -87,6 +87,8 @@ pub struct Cluster {
     pub faults: Arc<Faults>,
     /// The `[cluster]` settings.
     pub section: ClusterSection,
+    /// The token this node presents to the others (`[security] cluster_token_file`).
+    pub token: Option<crate::auth::Secret>,
     seed: (Vec<ReplicaConfig>, String, BTreeMap<String, f64>),
 }
 
@@ -101,6 +103,7 @@ impl Cluster {
         default_addr: String,
         seed_replicas: Vec<ReplicaConfig>,
         seed_policy: (String, BTreeMap<String, f64>),
+        token: Option<crate::auth::Secret>,
     ) -> anyhow::Result<Cluster> {
         let (log_store, sm_store) = store::open(&section.data_dir)?;
         let state = sm_store.subscribe();
@@ -120,13 +123,17 @@ impl Cluster {
         .validate()
         .map_err(|e| anyhow::anyhow!("cluster timings: {e}"))?;
         let faults = Arc::new(Faults::default());
-        let network = Network { faults: faults.clone(), backoff: Duration::from_millis(section.heartbeat_ms) };
+        let network = Network {
+            faults: faults.clone(),
+            backoff: Duration::from_millis(section.heartbeat_ms),
+            token: token.clone(),
+        };
         let raft = Raft::new(section.id, Arc::new(config), network, log_store, sm_store)
             .await
             .map_err(|e| anyhow::anyhow!("starting Raft: {e}"))?;
         let addr = if section.addr.is_empty() { default_addr } else { section.addr.clone() };
         let seed = (seed_replicas, seed_policy.0, seed_policy.1);
-        Ok(Cluster { id: section.id, addr, raft, state, faults, section, seed })
+        Ok(Cluster { id: section.id, addr, raft, state, faults, section, token, seed })
     }
 
     /// Bootstraps a fresh cluster with the configured peers as voters, waits for a leader and
@@ -228,7 +235,7 @@ impl Cluster {
                         // An injected partition cuts this path like the real one would.
                         return Err(ClusterError::NoLeader);
                     }
-                    tokio::time::timeout(limit, forward_write(&node.addr, &cmd))
+                    tokio::time::timeout(limit, forward_write(&node.addr, &cmd, &self.token))
                         .await
                         .map_err(|_| ClusterError::NoLeader)??
                 }
@@ -257,7 +264,7 @@ impl Cluster {
     /// No leader; openraft's refusal (e.g. a membership change already in progress).
     pub async fn join(&self, id: u64, addr: String) -> Result<(), ClusterError> {
         if let Some(leader) = self.forward_target()? {
-            return forward_join(&leader, id, addr).await;
+            return forward_join(&leader, id, addr, &self.token).await;
         }
         // Blocks until the learner has caught up (R5: promote only then); a wrong address
         // would block for ever.
@@ -269,7 +276,7 @@ impl Cluster {
         .map_err(|_| ClusterError::Rejected(format!("node {id} at {addr} did not catch up within 30 s")))?;
         match added {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => match f.leader_node {
-                Some(n) => return forward_join(&n.addr, id, addr).await,
+                Some(n) => return forward_join(&n.addr, id, addr, &self.token).await,
                 None => return Err(ClusterError::NoLeader),
             },
             Err(e) => return Err(ClusterError::Raft(e.to_string())),
@@ -403,9 +410,18 @@ fn channel_to(addr: &str) -> Result<tonic::transport::Channel, ClusterError> {
     network::channel(addr).map_err(|e| ClusterError::Forward { addr: addr.into(), error: e.to_string() })
 }
 
-async fn forward_join(leader: &str, id: u64, addr: String) -> Result<(), ClusterError> {
+async fn forward_join(
+    leader: &str,
+    id: u64,
+    addr: String,
+    token: &Option<crate::auth::Secret>,
+) -> Result<(), ClusterError> {
     let mut c = v1::cluster_client::ClusterClient::new(channel_to(leader)?);
-    c.join(v1::JoinRequest { node_id: id, addr }).await.map(|_| ()).map_err(|s| from_forwarded(leader, &s))
+    let mut request = tonic::Request::new(v1::JoinRequest { node_id: id, addr });
+    if let Some(t) = token {
+        t.attach(request.metadata_mut());
+    }
+    c.join(request).await.map(|_| ()).map_err(|s| from_forwarded(leader, &s))
 }
 
 /// The leader's answer to a forwarded request, as this node's own error.
@@ -419,12 +435,19 @@ fn from_forwarded(addr: &str, s: &tonic::Status) -> ClusterError {
     }
 }
 
-async fn forward_write(addr: &str, cmd: &Command) -> Result<(CommandResult, u64), ClusterError> {
+async fn forward_write(
+    addr: &str,
+    cmd: &Command,
+    token: &Option<crate::auth::Secret>,
+) -> Result<(CommandResult, u64), ClusterError> {
     let fwd = |error: String| ClusterError::Forward { addr: addr.to_string(), error };
     let mut c = v1::cluster_client::ClusterClient::new(channel_to(addr)?);
     let json = serde_json::to_vec(cmd).map_err(|e| fwd(e.to_string()))?;
     let mut request = tonic::Request::new(v1::WriteRequest { command_json: json });
     request.metadata_mut().insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    if let Some(t) = token {
+        t.attach(request.metadata_mut());
+    }
     let reply = c.write(request).await.map_err(|s| from_forwarded(addr, &s))?;
     let r = reply.into_inner();
     let result: CommandResult = serde_json::from_slice(&r.result_json).map_err(|e| fwd(e.to_string()))?;

@@ -65,13 +65,22 @@ pub struct Network {
     /// default (500 ms) is longer than kvmesh's election timeout: a leader that backed off
     /// from a follower after one reset connection would skip heartbeats and be deposed.
     pub backoff: std::time::Duration,
+    /// The token presented to the other nodes.
+    pub token: Option<crate::auth::Secret>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        PeerClient { target, node: node.clone(), client: None, faults: self.faults.clone(), backoff: self.backoff }
+        PeerClient {
+            target,
+            node: node.clone(),
+            client: None,
+            faults: self.faults.clone(),
+            backoff: self.backoff,
+            token: self.token.clone(),
+        }
     }
 }
 
@@ -82,6 +91,7 @@ pub struct PeerClient {
     client: Option<RaftClient<Channel>>,
     faults: Arc<Faults>,
     backoff: std::time::Duration,
+    token: Option<crate::auth::Secret>,
 }
 
 #[derive(Clone, Copy)]
@@ -120,6 +130,9 @@ impl PeerClient {
         let json = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut request = tonic::Request::new(RaftPayload { json });
         request.set_timeout(option.hard_ttl());
+        if let Some(t) = &self.token {
+            t.attach(request.metadata_mut());
+        }
         let reply = match rpc {
             Rpc::Append => client.append_entries(request).await,
             Rpc::Vote => client.vote(request).await,

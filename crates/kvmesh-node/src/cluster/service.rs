@@ -32,6 +32,21 @@ fn encode<T: Serialize>(v: &T) -> Result<Response<v1::RaftPayload>, Status> {
 }
 
 impl ClusterServices {
+    /// Node-to-node calls: the cluster token.
+    fn peer_auth(&self, meta: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        crate::auth::check(meta, &[&self.cluster.token])
+    }
+
+    /// Operators' calls: the admin token.
+    fn admin_auth(&self, meta: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        crate::auth::check(meta, &[&self.shared.tokens.admin])
+    }
+
+    /// Calls an operator makes or a node forwards: either token.
+    fn admin_or_peer_auth(&self, meta: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        crate::auth::check(meta, &[&self.shared.tokens.admin, &self.cluster.token])
+    }
+
     fn reachable(&self) -> Result<(), Status> {
         if self.cluster.faults.isolated() {
             return Err(Status::unavailable("isolated by an injected fault"));
@@ -43,18 +58,21 @@ impl ClusterServices {
 #[tonic::async_trait]
 impl raft_server::Raft for ClusterServices {
     async fn append_entries(&self, r: Request<v1::RaftPayload>) -> Result<Response<v1::RaftPayload>, Status> {
+        self.peer_auth(r.metadata())?;
         self.reachable()?;
         let result = self.cluster.raft.append_entries(decode(r.into_inner())?).await;
         encode(&result)
     }
 
     async fn vote(&self, r: Request<v1::RaftPayload>) -> Result<Response<v1::RaftPayload>, Status> {
+        self.peer_auth(r.metadata())?;
         self.reachable()?;
         let result = self.cluster.raft.vote(decode(r.into_inner())?).await;
         encode(&result)
     }
 
     async fn install_snapshot(&self, r: Request<v1::RaftPayload>) -> Result<Response<v1::RaftPayload>, Status> {
+        self.peer_auth(r.metadata())?;
         self.reachable()?;
         let result = self.cluster.raft.install_snapshot(decode(r.into_inner())?).await;
         encode(&result)
@@ -85,12 +103,14 @@ impl ClusterServices {
 
 #[tonic::async_trait]
 impl cluster_server::Cluster for ClusterServices {
-    async fn init(&self, _: Request<v1::InitRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
+    async fn init(&self, r: Request<v1::InitRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
+        self.admin_auth(r.metadata())?;
         self.cluster.init().await?;
         Ok(Response::new(self.status()))
     }
 
     async fn join(&self, r: Request<v1::JoinRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
+        self.admin_or_peer_auth(r.metadata())?;
         let r = r.into_inner();
         if r.node_id == 0 || !r.addr.contains(':') {
             return Err(Status::invalid_argument("node_id must be positive and addr host:port"));
@@ -100,6 +120,7 @@ impl cluster_server::Cluster for ClusterServices {
     }
 
     async fn leave(&self, r: Request<v1::LeaveRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
+        self.admin_or_peer_auth(r.metadata())?;
         self.cluster.leave(r.into_inner().node_id).await?;
         Ok(Response::new(self.status()))
     }
@@ -109,6 +130,7 @@ impl cluster_server::Cluster for ClusterServices {
     }
 
     async fn write(&self, r: Request<v1::WriteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
+        self.admin_or_peer_auth(r.metadata())?;
         let forwarded = r.metadata().contains_key(super::FORWARDED);
         if forwarded {
             // Another node's write: an injected partition drops it like the network would.
@@ -122,6 +144,7 @@ impl cluster_server::Cluster for ClusterServices {
     }
 
     async fn inject_fault(&self, r: Request<v1::FaultRequest>) -> Result<Response<v1::FaultResponse>, Status> {
+        self.admin_auth(r.metadata())?;
         if !self.cluster.section.allow_fault_injection {
             return Err(Status::permission_denied(
                 "fault injection is off on this node (set [cluster] allow_fault_injection = true, for tests only)",
@@ -140,6 +163,7 @@ impl cluster_server::Cluster for ClusterServices {
 #[tonic::async_trait]
 impl gossip_server::Gossip for ClusterServices {
     async fn stream(&self, r: Request<Streaming<v1::GossipBatch>>) -> Result<Response<v1::GossipAck>, Status> {
+        self.peer_auth(r.metadata())?;
         let mut stream = r.into_inner();
         let mut stopped = self.stopped.clone();
         loop {

@@ -1,0 +1,141 @@
+//! Bearer tokens for the gRPC surfaces that change things: the operator's (`Admin`, the
+//! writes of `Cluster`) and the nodes' own (`Raft`, `Gossip`, forwarded writes).
+//!
+//! Tokens come from files or environment variables, never from the config file itself, and
+//! never reach a log (`Secret`'s `Debug` is redacted). Comparison takes the same time whatever
+//! the token. Without a configured token a surface is open (a trusted network, tests).
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::Status;
+
+/// `[security]` in the node's config.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecuritySection {
+    /// File holding the operators' token (Admin writes, cluster init/join/leave/write/fault);
+    /// the environment variable `KVMESH_ADMIN_TOKEN` overrides it.
+    pub admin_token_file: Option<PathBuf>,
+    /// File holding the token nodes present to each other (Raft, gossip, forwarded writes);
+    /// `KVMESH_CLUSTER_TOKEN` overrides it. Every node of a cluster needs the same one.
+    pub cluster_token_file: Option<PathBuf>,
+}
+
+/// A token, redacted in `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl Secret {
+    /// A token from a string (trimmed).
+    ///
+    /// # Errors
+    /// An empty token, or one that cannot be sent as a header value.
+    pub fn new(token: &str) -> Result<Secret, String> {
+        let t = token.trim();
+        if t.is_empty() {
+            return Err("the token is empty".into());
+        }
+        if MetadataValue::try_from(format!("Bearer {t}")).is_err() {
+            return Err("the token has characters a header cannot carry".into());
+        }
+        Ok(Secret(t.to_string()))
+    }
+
+    /// Equal to `other`, in time independent of where they differ.
+    fn matches(&self, other: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), other.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+
+    /// Puts `authorization: Bearer <token>` on an outgoing request's metadata.
+    pub fn attach(&self, meta: &mut MetadataMap) {
+        if let Ok(v) = MetadataValue::try_from(format!("Bearer {}", self.0)) {
+            meta.insert("authorization", v);
+        }
+    }
+}
+
+/// The node's tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    /// Operators'.
+    pub admin: Option<Secret>,
+    /// Nodes'.
+    pub cluster: Option<Secret>,
+}
+
+fn load(env: &str, file: &Option<PathBuf>) -> anyhow::Result<Option<Secret>> {
+    if let Ok(v) = std::env::var(env) {
+        return Secret::new(&v).map(Some).map_err(|e| anyhow::anyhow!("{env}: {e}"));
+    }
+    match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("reading the token file {}: {e}", path.display()))?;
+            Secret::new(&text).map(Some).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        }
+        None => Ok(None),
+    }
+}
+
+impl Tokens {
+    /// Reads the tokens `section` names (environment variables first).
+    ///
+    /// # Errors
+    /// An unreadable file or an empty or unsendable token.
+    pub fn load(section: &SecuritySection) -> anyhow::Result<Tokens> {
+        Ok(Tokens {
+            admin: load("KVMESH_ADMIN_TOKEN", &section.admin_token_file)?,
+            cluster: load("KVMESH_CLUSTER_TOKEN", &section.cluster_token_file)?,
+        })
+    }
+}
+
+/// Accepts a request carrying one of `accepted` as its bearer token; with none configured
+/// (every entry `None`), accepts any request.
+///
+/// # Errors
+/// `UNAUTHENTICATED` with what is missing.
+pub fn check(meta: &MetadataMap, accepted: &[&Option<Secret>]) -> Result<(), Status> {
+    let configured: Vec<&Secret> = accepted.iter().filter_map(|s| s.as_ref()).collect();
+    if configured.is_empty() {
+        return Ok(());
+    }
+    let presented =
+        meta.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).ok_or_else(
+            || Status::unauthenticated("this call needs `authorization: Bearer <token>` (see [security])"),
+        )?;
+    if configured.iter().any(|s| s.matches(presented.trim())) {
+        Ok(())
+    } else {
+        Err(Status::unauthenticated("the bearer token is not accepted here"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_checked_and_never_printed() {
+        let admin = Some(Secret::new("s3cret\n").unwrap());
+        let cluster = Some(Secret::new("node-token").unwrap());
+        assert_eq!(format!("{:?}", admin), "Some(Secret(<redacted>))");
+        let mut meta = MetadataMap::new();
+        assert_eq!(check(&meta, &[&None]).map_err(|s| s.code()), Ok(()));
+        assert_eq!(check(&meta, &[&admin]).unwrap_err().code(), tonic::Code::Unauthenticated);
+        admin.as_ref().unwrap().attach(&mut meta);
+        assert!(check(&meta, &[&admin]).is_ok());
+        assert!(check(&meta, &[&None, &admin]).is_ok());
+        assert_eq!(check(&meta, &[&cluster]).unwrap_err().message(), "the bearer token is not accepted here");
+        assert!(check(&meta, &[&cluster, &admin]).is_ok());
+        assert_eq!(Secret::new("  ").unwrap_err(), "the token is empty");
+    }
+}
