@@ -318,3 +318,15 @@ async fn c03_an_unknown_parent_marks_the_replica_and_rebuilds_it() {
     node.stop().await;
     e.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_over_the_limit_are_refused_before_any_work() {
+    let e = engine(16, Faults::default()).await;
+    let node = node(vec![replica(0, &e, true)], |s| s.max_prompt_tokens = 64).await;
+    // 64 tokens of 4 bytes pass, 65 do not.
+    assert_eq!(send_text(&node, "abcd".repeat(64)).await, 200);
+    assert_eq!(send_text(&node, "abcd".repeat(65)).await, 413);
+    assert_eq!(node.shared.core().fleet.bookings().len(), 0);
+    node.stop().await;
+    e.stop().await;
+}

@@ -166,6 +166,9 @@ pub struct NodeSection {
     /// The engines' step-time profile the token-load estimates use: `h100` or `a100`
     /// (Llama-3-8B under vLLM; see `kvmesh_core::load::ReplicaProfile`).
     pub engine_profile: String,
+    /// Longest prompt the proxy routes, tokens; longer ones get 413 before any work (the
+    /// request body itself is capped at 64 MiB).
+    pub max_prompt_tokens: u32,
     /// Time compression of the engines: step times are divided by this. 1 for real engines;
     /// kvmesh-engine-sim's `--speed` for stand-in ones (`kvmesh demo` sets it).
     pub engine_speed: f64,
@@ -218,6 +221,7 @@ impl Default for NodeSection {
             replay_timeout_ms: 1000,
             tokenizer: None,
             engine_profile: "h100".into(),
+            max_prompt_tokens: 1 << 20,
             engine_speed: 1.0,
         }
     }

@@ -40,6 +40,13 @@ impl router_server::Router for Services {
             Some(v1::route_request::Prompt::Text(t)) if !t.is_empty() => self.shared.tokenizer.encode(&t),
             _ => return Err(GrpcStatus::invalid_argument("set token_ids or text to a non-empty prompt")),
         };
+        let limit = self.shared.settings.max_prompt_tokens;
+        if tokens.len() > limit as usize {
+            return Err(GrpcStatus::invalid_argument(format!(
+                "the prompt has {} tokens; this router accepts at most {limit} (node.max_prompt_tokens)",
+                tokens.len()
+            )));
+        }
         let now = self.shared.now();
         let t0 = std::time::Instant::now();
         // Hash before taking the core lock: a long prompt is microseconds of work.

@@ -219,6 +219,14 @@ async fn forward(
             );
         }
     }
+    let limit = shared.settings.max_prompt_tokens;
+    if tokens.len() > limit as usize {
+        shared.metrics.request("too_long");
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the prompt has {} tokens; this router accepts at most {limit} (node.max_prompt_tokens)", tokens.len()),
+        );
+    }
     let max_tokens = max_tokens.map(|n| n.min(u32::MAX as u64) as u32);
     let mut last_failure = String::from("no replica is ready");
     // Hashed once, outside the core lock.

@@ -149,6 +149,8 @@ pub struct Settings {
     pub hasher: kvmesh_core::BlockHasher,
     /// The engines' step-time profile (`node.engine_profile` at `node.engine_speed`).
     pub profile: kvmesh_core::load::ReplicaProfile,
+    /// Longest prompt routed, tokens.
+    pub max_prompt_tokens: u32,
 }
 
 /// Shared by every task of the node.
@@ -236,6 +238,7 @@ impl Shared {
             block_size: config.node.block_size,
             hasher: *core.fleet.hasher(),
             profile: config.node.replica_profile().map_err(anyhow::Error::msg)?,
+            max_prompt_tokens: config.node.max_prompt_tokens,
         };
         let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
         let policy_name = Mutex::new((Arc::from(config.node.policy.as_str()), config.node.policy_params.clone()));
