@@ -37,8 +37,9 @@ pub enum Command {
     /// gRPC Router/Admin/Events API, one actor per replica following its KV events and
     /// metrics. SIGHUP reloads the replica list from the config file.
     Node(NodeArgs),
-    /// Show a running node's replicas over gRPC: status, engine load, router-side token load,
-    /// index and event counts.
+    /// Show a running node over gRPC: its cluster (leader, term, members, lag), its replicas
+    /// (status, engine load, router-side token load, index and event counts) and its latest
+    /// routing decisions with their reasons.
     Status(StatusArgs),
     /// Load-test a router or an engine: open-loop HTTP completions at a fixed rate (or
     /// closed-loop saturation), latency p50/p99; or gRPC `Route` calls per second.
@@ -211,6 +212,9 @@ pub struct StatusArgs {
     /// A file holding the admin token (KVMESH_ADMIN_TOKEN takes precedence).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// How many of the latest routing decisions to list (0: none).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub decisions: u32,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

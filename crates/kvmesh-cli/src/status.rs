@@ -1,4 +1,6 @@
-//! `kvmesh status`: a node's replicas, readable in a terminal (gRPC `Admin.ListReplicas`).
+//! `kvmesh status`: a node's cluster (leader, term, members), replicas and latest routing
+//! decisions, readable in a terminal (gRPC `Cluster.Status`, `Admin.ListReplicas`,
+//! `Admin.RecentDecisions`).
 
 use crate::cli::StatusArgs;
 use anyhow::Context;
@@ -6,26 +8,85 @@ use kvmesh_proto::v1;
 
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let replicas = runtime.block_on(async {
+    let token = crate::cluster::admin_token(args.token_file.as_deref())?;
+    let authed = |msg| {
+        let mut r = tonic::Request::new(msg);
+        if let Some(t) = &token {
+            t.attach(r.metadata_mut());
+        }
+        r
+    };
+    let (cluster, replicas, decisions) = runtime.block_on(async {
         let channel = tonic::transport::Channel::from_shared(args.grpc.clone())?
             .connect()
             .await
             .with_context(|| format!("connecting to the node at {} (is `kvmesh node` running?)", args.grpc))?;
-        let mut admin = v1::admin_client::AdminClient::new(channel);
-        let mut request = tonic::Request::new(v1::ListReplicasRequest {});
-        if let Some(t) = crate::cluster::admin_token(args.token_file.as_deref())? {
-            t.attach(request.metadata_mut());
-        }
-        let list = admin.list_replicas(request).await.context("Admin.ListReplicas")?;
-        anyhow::Ok(list.into_inner().replicas)
+        let mut admin = v1::admin_client::AdminClient::new(channel.clone());
+        let list = admin.list_replicas(authed(v1::ListReplicasRequest {})).await.context("Admin.ListReplicas")?;
+        // A single node has no Cluster service; an older node no RecentDecisions: both optional.
+        let cluster = v1::cluster_client::ClusterClient::new(channel)
+            .status(v1::ClusterStatusRequest {})
+            .await
+            .ok()
+            .map(|s| s.into_inner());
+        let decisions = if args.json || args.decisions == 0 {
+            Vec::new()
+        } else {
+            let mut admin = admin.clone();
+            let req = authed_decisions(&token, args.decisions);
+            admin.recent_decisions(req).await.map(|r| r.into_inner().decisions).unwrap_or_default()
+        };
+        anyhow::Ok((cluster, list.into_inner().replicas, decisions))
     })?;
     if args.json {
         let rows: Vec<serde_json::Value> = replicas.iter().map(row_json).collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
+    if let Some(c) = &cluster {
+        let text = crate::cluster::render(c);
+        // The header and the members; the registry repeats what the replica table shows.
+        let members: Vec<&str> = text.lines().take_while(|l| !l.starts_with("registry")).collect();
+        println!("{}\n", members.join("\n"));
+    }
     print!("{}", render(&replicas));
+    if !decisions.is_empty() {
+        println!("\n{}", render_decisions(&decisions));
+    }
     Ok(())
+}
+
+fn authed_decisions(
+    token: &Option<kvmesh_node::auth::Secret>,
+    limit: u32,
+) -> tonic::Request<v1::RecentDecisionsRequest> {
+    let mut r = tonic::Request::new(v1::RecentDecisionsRequest { limit });
+    if let Some(t) = token {
+        t.attach(r.metadata_mut());
+    }
+    r
+}
+
+/// The latest decisions, newest first.
+fn render_decisions(ds: &[v1::RecentDecision]) -> String {
+    let mut out = format!(
+        "last decisions (newest first)\n{:>8}  {:<5} {:<16} {:<18} {:>8} {:>8} {:>9} {:>10}\n",
+        "ago", "via", "replica", "reason", "prompt", "overlap", "uncached", "est. TTFT"
+    );
+    for d in ds {
+        out.push_str(&format!(
+            "{:>7.1}s  {:<5} {:<16} {:<18} {:>8} {:>8} {:>9} {:>8.0}ms\n",
+            d.age_s,
+            d.via,
+            d.replica,
+            d.reason,
+            d.prompt_tokens,
+            d.overlap_blocks,
+            d.uncached_tokens,
+            d.estimated_ttft_s * 1e3
+        ));
+    }
+    out.trim_end().to_string()
 }
 
 fn status_name(raw: i32) -> &'static str {
@@ -94,6 +155,25 @@ fn render(replicas: &[v1::Replica]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decisions_render_newest_first_with_their_reason() {
+        let d = v1::RecentDecision {
+            age_s: 0.25,
+            via: "http".into(),
+            replica: "vllm-3".into(),
+            reason: "lowest_cost".into(),
+            prompt_tokens: 4096,
+            overlap_blocks: 200,
+            uncached_tokens: 896,
+            estimated_ttft_s: 0.0215,
+        };
+        let text = render_decisions(&[d]);
+        assert_eq!(
+            text.lines().nth(2).unwrap(),
+            "    0.2s  http  vllm-3           lowest_cost            4096      200       896       22ms"
+        );
+    }
 
     #[test]
     fn the_table_shows_status_load_and_events() {

@@ -67,6 +67,16 @@ impl router_server::Router for Services {
             ])
             .inc();
         let d = routed.decision;
+        self.shared.record_decision(crate::state::DecisionRecord {
+            at: now,
+            via: "grpc",
+            replica: name.clone(),
+            reason: d.reason.as_str(),
+            prompt_tokens: tokens.len() as u32,
+            overlap_blocks: d.overlap_blocks,
+            uncached_tokens: d.uncached_tokens,
+            estimated_ttft_s: d.estimated_ttft_s,
+        });
         Ok(Response::new(v1::RouteResponse {
             replica_id: name,
             endpoint: url,
@@ -272,6 +282,34 @@ impl admin_server::Admin for Services {
         }
         self.shared.set_draining(&name, true).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name))
+    }
+
+    async fn recent_decisions(
+        &self,
+        request: Request<v1::RecentDecisionsRequest>,
+    ) -> Result<Response<v1::RecentDecisionsResponse>, GrpcStatus> {
+        self.admin_auth(request.metadata())?;
+        let n = match request.into_inner().limit {
+            0 => 20,
+            n => n.min(64) as usize,
+        };
+        let now = self.shared.now();
+        let decisions = self
+            .shared
+            .recent_decisions(n)
+            .into_iter()
+            .map(|d| v1::RecentDecision {
+                age_s: now - d.at,
+                via: d.via.into(),
+                replica: d.replica,
+                reason: d.reason.into(),
+                prompt_tokens: d.prompt_tokens,
+                overlap_blocks: d.overlap_blocks,
+                uncached_tokens: d.uncached_tokens,
+                estimated_ttft_s: d.estimated_ttft_s,
+            })
+            .collect();
+        Ok(Response::new(v1::RecentDecisionsResponse { decisions }))
     }
 
     async fn get_config(

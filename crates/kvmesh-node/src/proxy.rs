@@ -224,7 +224,10 @@ async fn forward(
         shared.metrics.request("too_long");
         return error(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the prompt has {} tokens; this router accepts at most {limit} (node.max_prompt_tokens)", tokens.len()),
+            format!(
+                "the prompt has {} tokens; this router accepts at most {limit} (node.max_prompt_tokens)",
+                tokens.len()
+            ),
         );
     }
     let max_tokens = max_tokens.map(|n| n.min(u32::MAX as u64) as u32);
@@ -254,6 +257,16 @@ async fn forward(
         m.predicted_cached_tokens.inc_by((tokens.len() as u64).saturating_sub(routed.decision.uncached_tokens as u64));
         tracing::debug!(replica = %name, reason = routed.decision.reason.as_str(), overlap_blocks = routed.decision.overlap_blocks,
             estimated_ttft_s = routed.decision.estimated_ttft_s, "routed");
+        shared.record_decision(crate::state::DecisionRecord {
+            at: now,
+            via: "http",
+            replica: name.clone(),
+            reason: routed.decision.reason.as_str(),
+            prompt_tokens: tokens.len() as u32,
+            overlap_blocks: routed.decision.overlap_blocks,
+            uncached_tokens: routed.decision.uncached_tokens,
+            estimated_ttft_s: routed.decision.estimated_ttft_s,
+        });
         let mut booking = Booking {
             shared: shared.clone(),
             id: Some(routed.booking),

@@ -173,7 +173,33 @@ pub struct Shared {
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// Bearer tokens (`[security]`).
     pub tokens: crate::auth::Tokens,
+    /// The latest routing decisions, newest last (`kvmesh status`).
+    decisions: Mutex<std::collections::VecDeque<DecisionRecord>>,
 }
+
+/// One routing decision as operators see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecisionRecord {
+    /// Node seconds.
+    pub at: f64,
+    /// `http` or `grpc`.
+    pub via: &'static str,
+    /// The chosen replica.
+    pub replica: String,
+    /// The policy's reason.
+    pub reason: &'static str,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Leading blocks the replica held.
+    pub overlap_blocks: u32,
+    /// Tokens it must compute.
+    pub uncached_tokens: u32,
+    /// The estimated TTFT there, seconds.
+    pub estimated_ttft_s: f64,
+}
+
+/// Decisions kept for `kvmesh status`.
+const DECISIONS_KEPT: usize = 64;
 
 /// Why a replica could not be added.
 #[derive(Debug, thiserror::Error)]
@@ -254,6 +280,7 @@ impl Shared {
             http,
             cluster: std::sync::OnceLock::new(),
             tokens: crate::auth::Tokens::load(&config_security)?,
+            decisions: Mutex::new(std::collections::VecDeque::with_capacity(DECISIONS_KEPT)),
         })
     }
 
@@ -265,6 +292,20 @@ impl Shared {
     /// The routing core, locked. Keep the guard for one short, I/O-free section.
     pub fn core(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Remembers a decision for `kvmesh status` (the last 64).
+    pub fn record_decision(&self, d: DecisionRecord) {
+        let mut q = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() == DECISIONS_KEPT {
+            q.pop_front();
+        }
+        q.push_back(d);
+    }
+
+    /// The latest `n` decisions, newest first.
+    pub fn recent_decisions(&self, n: usize) -> Vec<DecisionRecord> {
+        self.decisions.lock().unwrap_or_else(|p| p.into_inner()).iter().rev().take(n).cloned().collect()
     }
 
     /// The routing policy's name.
