@@ -439,7 +439,10 @@ mod tests {
             assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(3));
             log.purge(LogId::new(CommittedLeaderId::new(1, 1), 3)).await.unwrap();
         }
-        let (mut log, mut sm) = open(dir.path()).unwrap();
+        // sled's background flusher may hold the file lock a moment after the drop.
+        let (mut log, mut sm) = (0..100)
+            .find_map(|_| open(dir.path()).map_err(|_| std::thread::sleep(std::time::Duration::from_millis(20))).ok())
+            .expect("the store reopens");
         assert!(log.initialized());
         assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(3, 2)));
         let state = log.get_log_state().await.unwrap();
@@ -458,13 +461,29 @@ mod tests {
         drop(open(dir.path()).unwrap());
         {
             // What a torn write or a flipped bit leaves: a value whose checksum does not match.
-            let db = sled::open(dir.path().join("raft.sled")).unwrap();
+            // sled's background flusher may hold the file lock a moment after the drop.
+            let db = (0..100)
+                .find_map(|_| {
+                    sled::open(dir.path().join("raft.sled"))
+                        .map_err(|_| std::thread::sleep(std::time::Duration::from_millis(20)))
+                        .ok()
+                })
+                .expect("the store reopens");
             let mut bad = encode(&serde_json::json!({"vote": 1}));
             bad[6] ^= 0x20;
             db.open_tree("meta").unwrap().insert(VOTE, bad).unwrap();
             db.flush().unwrap();
         }
-        let err = open(dir.path()).err().expect("a corrupt store must not open").to_string();
+        let err = (0..100)
+            .map(|_| open(dir.path()).err().expect("a corrupt store must not open").to_string())
+            .find(|e| {
+                let locked = e.contains("lock");
+                if locked {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                !locked
+            })
+            .expect("the store opens past the lock");
         assert!(err.contains("is corrupt (meta key") && err.contains("checksum mismatch"), "{err}");
         assert!(err.contains("kvmesh cluster leave"), "{err}");
     }
