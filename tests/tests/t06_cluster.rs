@@ -397,27 +397,32 @@ async fn shared_bookings_converge_with_10_percent_of_gossip_lost() {
         }
     }
     let all: Vec<&Node> = nodes.iter().collect();
-    let took = eventually("every node holds exactly the live bookings", || {
-        all.iter().all(|n| n.shared.core().fleet.bookings().len() == live)
+    // Per node: per replica (prefilling, decoding).
+    let loads = || -> Vec<Vec<(u32, u32)>> {
+        all.iter()
+            .map(|n| {
+                let core = n.shared.core();
+                core.fleet
+                    .replicas()
+                    .iter()
+                    .map(|r| {
+                        let l = core.fleet.bookings().load(r.id);
+                        (l.prefilling, l.decoding)
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    // Every node holds exactly the live bookings, with the same load per replica everywhere
+    // (first tokens included).
+    let took = eventually("every node holds exactly the live bookings, alike", || {
+        all.iter().all(|n| n.shared.core().fleet.bookings().len() == live) && loads().windows(2).all(|w| w[0] == w[1])
     })
     .await;
     println!("converged on {live} live bookings {:.0} ms after the last delta", took.as_secs_f64() * 1e3);
-    // And the same load per replica everywhere.
-    let loads: Vec<Vec<(u32, u32)>> = nodes
-        .iter()
-        .map(|n| {
-            let core = n.shared.core();
-            core.fleet
-                .replicas()
-                .iter()
-                .map(|r| {
-                    let l = core.fleet.bookings().load(r.id);
-                    (l.prefilling, l.decoding)
-                })
-                .collect()
-        })
-        .collect();
-    assert!(loads.windows(2).all(|w| w[0] == w[1]), "{loads:?}");
+    let l = loads();
+    let decoding: u32 = l[0].iter().map(|x| x.1).sum();
+    assert_eq!(decoding, 50, "every third of the 150 live bookings had its first token: {l:?}");
     for n in nodes {
         n.stop().await;
     }
