@@ -277,6 +277,14 @@ pub struct NodeArgs {
     /// Cluster: the Raft store's directory; `[cluster] data_dir`.
     #[arg(long, value_name = "DIR", env = "KVMESH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Log lines as `text` or `json` (one object per line). The level comes from RUST_LOG
+    /// (default `info`).
+    #[arg(long, default_value = "text", value_name = "FORMAT", env = "KVMESH_LOG_FORMAT")]
+    pub log_format: String,
+    /// Export trace spans (one per request: decision, upstream call, first token, completion)
+    /// with OpenTelemetry OTLP over gRPC to this collector, e.g. `http://otel-collector:4317`.
+    #[arg(long, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Args)]

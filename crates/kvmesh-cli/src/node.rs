@@ -5,11 +5,7 @@ use anyhow::Context;
 use kvmesh_node::config::NodeConfig;
 
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=error".into()),
-        )
-        .init();
+    let format: kvmesh_node::telemetry::LogFormat = args.log_format.parse().map_err(anyhow::Error::msg)?;
     let config = with_cluster_flags(NodeConfig::read(&args.config)?, args)?;
     // A multi-thread runtime (one worker per core by default) so one slow handler cannot
     // stall event ingest. `--workers` caps it for machines whose cores other processes share
@@ -22,6 +18,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     runtime.block_on(async {
+        // Inside the runtime: the OTLP batch exporter runs on it.
+        let telemetry =
+            kvmesh_node::telemetry::Telemetry::init(format, args.otlp_endpoint.as_deref(), "info,openraft=error")?;
         let node = kvmesh_node::start(config).await?;
         println!("kvmesh node: OpenAI API and /metrics on http://{}, gRPC on {}", node.http, node.grpc);
         if let Some(c) = &node.cluster {
@@ -35,6 +34,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         wait_for_stop(&node, args).await;
         println!("kvmesh node: stopping");
         node.stop().await;
+        telemetry.shutdown().await;
         Ok(())
     })
 }

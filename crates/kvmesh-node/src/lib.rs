@@ -7,6 +7,7 @@
 //! - [`proxy`]: the OpenAI-compatible HTTP proxy, `/health`, `/metrics`.
 //! - [`grpc`]: `kvmesh.v1` Router, Admin and Events services, gRPC health and reflection.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`telemetry`]: logs (text or JSON) and OpenTelemetry OTLP trace export.
 //! - [`tokenize`]: prompt text → token ids (the model's tokenizer, or kvmesh's approximate ids).
 //! - [`auth`]: bearer tokens for the admin and cluster-internal gRPC (`[security]`).
 //! - [`cluster`]: with a `[cluster]` section, Raft (openraft + sled) for membership, the
@@ -23,6 +24,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod replica;
 pub mod state;
+pub mod telemetry;
 pub mod tokenize;
 
 use anyhow::Context;

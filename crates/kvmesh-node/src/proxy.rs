@@ -24,6 +24,7 @@ use serde_json::json;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
+use tracing::Instrument;
 
 /// The proxy's routes (plus `/health` and `/metrics`).
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -55,6 +56,9 @@ struct Booking {
     id: Option<BookingId>,
     replica: String,
     first_token_seen: bool,
+    /// The request's span: it ends when the booking does (a streamed answer outlives the
+    /// handler).
+    span: tracing::Span,
 }
 
 impl Booking {
@@ -63,6 +67,7 @@ impl Booking {
             if let Some(id) = self.id {
                 let now = self.shared.now();
                 let _ = self.shared.core().first_token(id, now);
+                self.span.in_scope(|| tracing::debug!(replica = %self.replica, "first token"));
             }
         }
     }
@@ -79,6 +84,8 @@ impl Booking {
             }
             drop(core);
             self.shared.metrics.request(outcome);
+            self.span.record("outcome", outcome);
+            self.span.in_scope(|| tracing::debug!(replica = %self.replica, outcome, output_tokens, "complete"));
         }
     }
 }
@@ -234,7 +241,21 @@ async fn forward(
     let mut last_failure = String::from("no replica is ready");
     // Hashed once, outside the core lock.
     let req = RouteRequest::new(&shared.settings.hasher, &tokens, max_tokens);
-    for _attempt in 0..=retries {
+    let span = tracing::info_span!(
+        "request",
+        path,
+        prompt_tokens = tokens.len(),
+        policy = %shared.policy_name(),
+        replica = tracing::field::Empty,
+        reason = tracing::field::Empty,
+        overlap_blocks = tracing::field::Empty,
+        uncached_tokens = tracing::field::Empty,
+        estimated_ttft_s = tracing::field::Empty,
+        attempts = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    for attempt in 0..=retries {
+        span.record("attempts", attempt + 1);
         let t0 = Instant::now();
         let now = shared.now();
         let (routed, name, url) = {
@@ -267,13 +288,27 @@ async fn forward(
             uncached_tokens: routed.decision.uncached_tokens,
             estimated_ttft_s: routed.decision.estimated_ttft_s,
         });
+        span.record("replica", name.as_str());
+        span.record("reason", routed.decision.reason.as_str());
+        span.record("overlap_blocks", routed.decision.overlap_blocks);
+        span.record("uncached_tokens", routed.decision.uncached_tokens);
+        span.record("estimated_ttft_s", routed.decision.estimated_ttft_s);
         let mut booking = Booking {
             shared: shared.clone(),
             id: Some(routed.booking),
             replica: name.clone(),
             first_token_seen: false,
+            span: span.clone(),
         };
-        let sent = shared.http.post(format!("{url}{path}")).headers(headers.clone()).body(body.clone()).send().await;
+        let upstream = tracing::info_span!(parent: &span, "upstream", replica = %name, attempt = attempt + 1);
+        let sent = shared
+            .http
+            .post(format!("{url}{path}"))
+            .headers(headers.clone())
+            .body(body.clone())
+            .send()
+            .instrument(upstream)
+            .await;
         let resp = match sent {
             Ok(r) => r,
             Err(e) if e.is_connect() => {
@@ -330,6 +365,7 @@ async fn forward(
         return with_replica(with_content_type(StatusCode::OK, ct, Body::from(bytes)), &name);
     }
     shared.metrics.request("no_replica");
+    span.record("outcome", "no_replica");
     error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}; no other replica could take the request"))
 }
 

@@ -1,0 +1,92 @@
+//! Logs and traces: `tracing` everywhere; output as text or JSON lines, and spans exported
+//! with OpenTelemetry OTLP (gRPC) when an endpoint is configured.
+//!
+//! Per request the proxy opens a `request` span (route decision with its reason, overlap and
+//! estimated TTFT, the chosen replica, the outcome) with an `upstream` child span for each
+//! attempt at an engine, and `first_token` / `complete` events. Pitfalls handled here (see
+//! `../shared/LIBRARIES.md` §5): the batch exporter needs a multi-thread tokio runtime (the node
+//! has one); OpenTelemetry's own logs are kept out of the OTel layer (re-entrancy), and the
+//! provider is shut down off the async workers with a timeout.
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for log shippers).
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("unknown log format {other:?}: use text or json")),
+        }
+    }
+}
+
+/// Keeps the trace exporter alive; [`Telemetry::shutdown`] flushes it.
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Installs the global subscriber: `RUST_LOG`-style `filter` (default `default_filter`),
+    /// logs in `format`, and spans to `otlp_endpoint` (e.g. `http://otel-collector:4317`) when
+    /// given. Call from inside the node's multi-thread tokio runtime.
+    ///
+    /// # Errors
+    /// A bad endpoint URL, or a subscriber already installed.
+    pub fn init(format: LogFormat, otlp_endpoint: Option<&str>, default_filter: &str) -> anyhow::Result<Telemetry> {
+        let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+        let fmt = match format {
+            LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
+            LogFormat::Json => tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).boxed(),
+        };
+        let (otel, provider) = match otlp_endpoint {
+            Some(endpoint) => {
+                let exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(endpoint)
+                    .build()
+                    .map_err(|e| anyhow::anyhow!("OTLP exporter for {endpoint}: {e}"))?;
+                let provider = SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(opentelemetry_sdk::Resource::builder().with_service_name("kvmesh-node").build())
+                    .build();
+                let tracer = provider.tracer("kvmesh-node");
+                // OpenTelemetry logs through `tracing` itself: never feed those back into it.
+                let no_otel_internals =
+                    tracing_subscriber::filter::filter_fn(|m| !m.target().starts_with("opentelemetry"));
+                let layer = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(no_otel_internals);
+                (Some(layer), Some(provider))
+            }
+            None => (None, None),
+        };
+        tracing_subscriber::registry()
+            .with(fmt.with_filter(filter()))
+            .with(otel.map(|l| l.with_filter(filter())))
+            .try_init()
+            .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
+        Ok(Telemetry { provider })
+    }
+
+    /// Flushes and stops the exporter (at most 5 s).
+    pub async fn shutdown(self) {
+        if let Some(p) = self.provider {
+            let _ =
+                tokio::task::spawn_blocking(move || p.shutdown_with_timeout(std::time::Duration::from_secs(5))).await;
+        }
+    }
+}
