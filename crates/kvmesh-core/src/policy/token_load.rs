@@ -107,9 +107,10 @@ fn scores_of<'a>(fits: &'a [(usize, f64)], all: &'a [(usize, f64)]) -> &'a [(usi
 /// replica's true cost is then up to `k` of this request's prefills higher, so any of the
 /// `k + 1` cheapest replicas costing no more than that, and caching as much of the prompt, is
 /// as good. Each node takes the one at its own rank among the active nodes, in an order every
-/// node computes alike (cost, then the replica's name hash): simultaneous deciders whose views
-/// agree do not collide, where independent random picks would (a birthday problem); views
-/// that differ, or fewer candidates than deciders, can still pair some of them up.
+/// node computes alike (cost in steps of one prefill of this request, then the replica's name
+/// hash): simultaneous deciders whose views agree do not collide, where independent random
+/// picks would (a birthday problem); views that differ across a step, or fewer candidates
+/// than deciders, can still pair some of them up.
 /// Spreading among near-best choices is the known remedy for deciding on stale load
 /// (Mitzenmacher, "How useful is old information?", IEEE TPDS 2000). Measured in the
 /// simulator (BENCHMARKS.md, multi-router): it costs nothing at moderate load; its gain is in
@@ -134,7 +135,13 @@ fn spread_among_peers(
     if near.len() <= 1 {
         return None;
     }
-    near.sort_by(|a, b| a.1.total_cmp(&b.1).then(view.replicas[a.0].name_key.cmp(&view.replicas[b.0].name_key)));
+    // Nodes see the same bookings a few ms apart (each drains a peer's booking from when it
+    // arrived), so near-equal costs can sort differently on each node and two ranks meet on
+    // one replica. Costs within one of this request's prefills of each other count as equal
+    // and go by name: the order, and so the ranks, agree.
+    let unit = (e.uncached_tokens as f64 * s_per_token).max(1e-3);
+    let key = |c: &(usize, f64)| (((c.1 - best) / unit).floor() as i64, view.replicas[c.0].name_key);
+    near.sort_by_key(key);
     near.truncate(k + 1);
     Some(near[view.peer_rank as usize % near.len()].0)
 }
