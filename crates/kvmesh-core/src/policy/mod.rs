@@ -272,6 +272,7 @@ impl PolicyKind {
                         "max_pressure" => set(&mut p.max_pressure, *v),
                         "pressure_floor" => set(&mut p.pressure_floor, *v),
                         "pending_prefix_s" => set(&mut p.pending_prefix_s, *v),
+                        "peer_order_step_s" => set(&mut p.peer_order_step_s, *v),
                         other => return Err(unknown(other)),
                     }
                 }

@@ -61,6 +61,10 @@ pub struct TokenLoadParams {
     /// delay, count as cached there before its KV events confirm them (0 turns it off).
     /// Default 2.
     pub pending_prefix_s: f64,
+    /// With other router nodes active: costs closer than this count as equal when the nodes
+    /// order candidates for their ranks (about how far apart their views of one booking are:
+    /// gossip batching plus the network), seconds. Default 0.01.
+    pub peer_order_step_s: f64,
 }
 
 impl Default for TokenLoadParams {
@@ -72,6 +76,7 @@ impl Default for TokenLoadParams {
             max_pressure: 8.0,
             pressure_floor: 1.0,
             pending_prefix_s: 2.0,
+            peer_order_step_s: 0.01,
         }
     }
 }
@@ -107,8 +112,7 @@ fn scores_of<'a>(fits: &'a [(usize, f64)], all: &'a [(usize, f64)]) -> &'a [(usi
 /// replica's true cost is then up to `k` of this request's prefills higher, so any of the
 /// `k + 1` cheapest replicas costing no more than that, and caching as much of the prompt, is
 /// as good. Each node takes the one at its own rank among the active nodes, in an order every
-/// node computes alike (cost in steps of one prefill of this request, then the replica's name
-/// hash): simultaneous deciders whose views agree do not collide, where independent random
+/// node computes alike (cost in steps of `peer_order_step_s`, then the replica's name hash): simultaneous deciders whose views agree do not collide, where independent random
 /// picks would (a birthday problem); views that differ across a step, or fewer candidates
 /// than deciders, can still pair some of them up.
 /// Spreading among near-best choices is the known remedy for deciding on stale load
@@ -116,6 +120,7 @@ fn scores_of<'a>(fits: &'a [(usize, f64)], all: &'a [(usize, f64)]) -> &'a [(usi
 /// simulator (BENCHMARKS.md, multi-router): it costs nothing at moderate load; its gain is in
 /// synchronized bursts, where only it can separate decisions gossip cannot reach in time.
 fn spread_among_peers(
+    params: &TokenLoadParams,
     scores: &[(usize, f64)],
     estimates: &[(usize, crate::fleet::Estimate)],
     near: &mut Vec<(usize, f64)>,
@@ -137,9 +142,10 @@ fn spread_among_peers(
     }
     // Nodes see the same bookings a few ms apart (each drains a peer's booking from when it
     // arrived), so near-equal costs can sort differently on each node and two ranks meet on
-    // one replica. Costs within one of this request's prefills of each other count as equal
-    // and go by name: the order, and so the ranks, agree.
-    let unit = (e.uncached_tokens as f64 * s_per_token).max(1e-3);
+    // one replica. Costs are compared in steps of `peer_order_step_s` (about that skew), equal
+    // steps going by name: the order, and so the ranks, agree. A coarser step (one prefill)
+    // was measured: it cost 25 % of p99 TTFT in the 4-router simulation (BENCHMARKS.md).
+    let unit = params.peer_order_step_s.max(1e-6);
     let key = |c: &(usize, f64)| (((c.1 - best) / unit).floor() as i64, view.replicas[c.0].name_key);
     near.sort_by_key(key);
     near.truncate(k + 1);
@@ -186,7 +192,7 @@ impl Policy for TokenLoadPolicy {
         let best = scores.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
         if view.active_peers > 0 {
             let scores = scores_of(&self.fits, &self.all);
-            if let Some(i) = spread_among_peers(scores, &self.estimates, &mut self.near, best, view) {
+            if let Some(i) = spread_among_peers(&self.params, scores, &self.estimates, &mut self.near, best, view) {
                 return Ok(Decision::at(view, req, i, reason));
             }
         }
