@@ -1,0 +1,88 @@
+//! docs/configuration.md is generated from the node's config types: every key of `[node]`,
+//! `[[replicas]]`, `[cluster]` and `[security]` with its default and its doc comment, read from
+//! the sources. This test fails when the file is stale; `KVMESH_BLESS=1 cargo test -p
+//! kvmesh-tests --test t09_config_reference` rewrites it.
+
+use kvmesh_node::auth::SecuritySection;
+use kvmesh_node::config::{ClusterSection, NodeSection};
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `(field, doc)` of `pub struct name` in `source`, in order; doc comments joined.
+fn fields(source: &str, name: &str) -> Vec<(String, String)> {
+    let start = source.find(&format!("pub struct {name} {{")).unwrap_or_else(|| panic!("struct {name} not found"));
+    let body = &source[start..];
+    let body = &body[..body.find("\n}").unwrap()];
+    let mut out = Vec::new();
+    let mut doc: Vec<String> = Vec::new();
+    for line in body.lines().skip(1) {
+        let t = line.trim();
+        if let Some(d) = t.strip_prefix("///") {
+            doc.push(d.trim().to_string());
+        } else if let Some(rest) = t.strip_prefix("pub ") {
+            let field = rest.split(':').next().unwrap().trim().to_string();
+            out.push((field, doc.join(" ")));
+            doc.clear();
+        } else if !t.starts_with("#[") {
+            doc.clear();
+        }
+    }
+    out
+}
+
+fn defaults<T: serde::Serialize>(v: &T) -> toml::Table {
+    toml::from_str(&toml::to_string(v).unwrap()).unwrap()
+}
+
+fn section(out: &mut String, title: &str, fields: &[(String, String)], defaults: Option<&toml::Table>) {
+    out.push_str(&format!("\n## `{title}`\n\n| key | default | meaning |\n|---|---|---|\n"));
+    for (key, doc) in fields {
+        let default = match defaults {
+            Some(d) => d.get(key).map_or("(none)".to_string(), |v| format!("`{v}`")),
+            None => "—".to_string(),
+        };
+        out.push_str(&format!("| `{key}` | {default} | {} |\n", doc.replace('|', "\\|")));
+    }
+}
+
+fn generate() -> String {
+    let config = std::fs::read_to_string(root().join("crates/kvmesh-node/src/config.rs")).unwrap();
+    let auth = std::fs::read_to_string(root().join("crates/kvmesh-node/src/auth.rs")).unwrap();
+    let mut out = String::from(
+        "# kvmesh node configuration reference\n\n\
+         Generated from the config types in `crates/kvmesh-node/src/config.rs` and `auth.rs` by\n\
+         `tests/tests/t09_config_reference.rs` (`KVMESH_BLESS=1 cargo test -p kvmesh-tests --test\n\
+         t09_config_reference` after changing them). `kvmesh node --config FILE` reads TOML; unknown\n\
+         keys are errors. Cluster keys can also come from flags and environment variables (`--id`/\n\
+         `KVMESH_NODE_ID`, `--raft-addr`/`KVMESH_RAFT_ADDR`, `--peers`/`KVMESH_PEERS`, `--data-dir`/\n\
+         `KVMESH_DATA_DIR`), tokens from `KVMESH_ADMIN_TOKEN` and `KVMESH_CLUSTER_TOKEN`.\n",
+    );
+    section(&mut out, "[node]", &fields(&config, "NodeSection"), Some(&defaults(&NodeSection::default())));
+    out.push_str("\nOne `[[replicas]]` table per engine replica; `name`, `http` and `capacity_blocks` are required.\n");
+    section(&mut out, "[[replicas]]", &fields(&config, "ReplicaConfig"), None);
+    section(&mut out, "[cluster]", &fields(&config, "ClusterSection"), Some(&defaults(&ClusterSection::default())));
+    section(&mut out, "[security]", &fields(&auth, "SecuritySection"), Some(&defaults(&SecuritySection::default())));
+    out
+}
+
+#[test]
+fn the_configuration_reference_is_current() {
+    let path = root().join("docs/configuration.md");
+    let fresh = generate();
+    if std::env::var_os("KVMESH_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &fresh).unwrap();
+    }
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        current == fresh,
+        "docs/configuration.md is stale: run KVMESH_BLESS=1 cargo test -p kvmesh-tests --test t09_config_reference"
+    );
+    // Every key documented.
+    for line in fresh.lines().filter(|l| l.starts_with("| `")) {
+        assert!(!line.ends_with("|  |"), "undocumented key: {line}");
+    }
+}
