@@ -35,7 +35,9 @@ pub enum Command {
     Policies,
     /// Run a router node in front of vLLM / SGLang replicas: OpenAI-compatible HTTP proxy,
     /// gRPC Router/Admin/Events API, one actor per replica following its KV events and
-    /// metrics. SIGHUP reloads the replica list from the config file.
+    /// metrics. With --id and --peers (or a [cluster] section) it is one of 3 or 5 nodes that
+    /// share the replica registry through Raft and their load through gossip. SIGHUP reloads
+    /// the replica list from the config file (a single node, or a cluster not yet seeded).
     Node(NodeArgs),
     /// Show a running node over gRPC: its cluster (leader, term, members, lag), its replicas
     /// (status, engine load, router-side token load, index and event counts) and its latest
