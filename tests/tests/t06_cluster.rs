@@ -660,11 +660,27 @@ async fn tokens_guard_admin_calls_and_nodes_still_talk() {
     let mut raft = v1::raft_client::RaftClient::new(grpc(&nodes[0]).await);
     let vote = raft.vote(v1::RaftPayload { json: b"{}".to_vec() }).await.unwrap_err();
     assert_eq!(vote.code(), tonic::Code::Unauthenticated);
+    // The nodes' token is not an operator's: a write carrying it, not forwarded, is refused.
+    let mut cw = v1::cluster_client::ClusterClient::new(grpc(follower).await);
+    let mut write =
+        tonic::Request::new(v1::WriteRequest { command_json: br#"{"op":"set_policy","policy":"kv_cost"}"#.to_vec() });
+    write.metadata_mut().insert("authorization", bearer("node-secret"));
+    assert_eq!(cw.write(write).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    // A leave sent to a follower is forwarded with the nodes' token: the leader answers on the
+    // merits (node 9 is not a member), not with UNAUTHENTICATED.
+    let mut leave = tonic::Request::new(v1::LeaveRequest { node_id: 9 });
+    leave.metadata_mut().insert("authorization", bearer("operator-secret"));
+    assert_eq!(cw.leave(leave).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
     // Status stays readable.
     c1.status(v1::ClusterStatusRequest {}).await.unwrap();
     for n in nodes {
         n.stop().await;
     }
+    // An admin token without a cluster token would leave Raft open: the node refuses to start.
+    let mut c = config(1, &ports, dir.path(), vec![], true);
+    c.security.admin_token_file = Some(admin_file.clone());
+    let err = kvmesh_node::start(c).await.err().expect("refused").to_string();
+    assert!(err.contains("set cluster_token_file"), "{err}");
     for e in engines {
         e.stop().await;
     }

@@ -4,7 +4,7 @@
 //! kvmesh-tests --test t09_config_reference` rewrites it.
 
 use kvmesh_node::auth::SecuritySection;
-use kvmesh_node::config::{ClusterSection, NodeSection};
+use kvmesh_node::config::{ClusterSection, NodeSection, ReplicaConfig};
 use std::path::PathBuf;
 
 fn root() -> PathBuf {
@@ -37,12 +37,13 @@ fn defaults<T: serde::Serialize>(v: &T) -> toml::Table {
     toml::from_str(&toml::to_string(v).unwrap()).unwrap()
 }
 
-fn section(out: &mut String, title: &str, fields: &[(String, String)], defaults: Option<&toml::Table>) {
+fn section(out: &mut String, title: &str, fields: &[(String, String)], defaults: &toml::Table, required: &[&str]) {
     out.push_str(&format!("\n## `{title}`\n\n| key | default | meaning |\n|---|---|---|\n"));
     for (key, doc) in fields {
-        let default = match defaults {
-            Some(d) => d.get(key).map_or("(none)".to_string(), |v| format!("`{v}`")),
-            None => "—".to_string(),
+        let default = if required.contains(&key.as_str()) {
+            "required".to_string()
+        } else {
+            defaults.get(key).map_or("(none)".to_string(), |v| format!("`{v}`"))
         };
         out.push_str(&format!("| `{key}` | {default} | {} |\n", doc.replace('|', "\\|")));
     }
@@ -60,11 +61,13 @@ fn generate() -> String {
          `KVMESH_NODE_ID`, `--raft-addr`/`KVMESH_RAFT_ADDR`, `--peers`/`KVMESH_PEERS`, `--data-dir`/\n\
          `KVMESH_DATA_DIR`), tokens from `KVMESH_ADMIN_TOKEN` and `KVMESH_CLUSTER_TOKEN`.\n",
     );
-    section(&mut out, "[node]", &fields(&config, "NodeSection"), Some(&defaults(&NodeSection::default())));
-    out.push_str("\nOne `[[replicas]]` table per engine replica; `name`, `http` and `capacity_blocks` are required.\n");
-    section(&mut out, "[[replicas]]", &fields(&config, "ReplicaConfig"), None);
-    section(&mut out, "[cluster]", &fields(&config, "ClusterSection"), Some(&defaults(&ClusterSection::default())));
-    section(&mut out, "[security]", &fields(&auth, "SecuritySection"), Some(&defaults(&SecuritySection::default())));
+    section(&mut out, "[node]", &fields(&config, "NodeSection"), &defaults(&NodeSection::default()), &[]);
+    out.push_str("\nOne `[[replicas]]` table per engine replica.\n");
+    let minimal: ReplicaConfig = toml::from_str("name = \"x\"\nhttp = \"http://x\"\ncapacity_blocks = 1").unwrap();
+    let required = ["name", "http", "capacity_blocks"];
+    section(&mut out, "[[replicas]]", &fields(&config, "ReplicaConfig"), &defaults(&minimal), &required);
+    section(&mut out, "[cluster]", &fields(&config, "ClusterSection"), &defaults(&ClusterSection::default()), &[]);
+    section(&mut out, "[security]", &fields(&auth, "SecuritySection"), &defaults(&SecuritySection::default()), &[]);
     out
 }
 

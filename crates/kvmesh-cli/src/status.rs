@@ -17,7 +17,8 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         r
     };
     let (cluster, replicas, decisions) = runtime.block_on(async {
-        let channel = tonic::transport::Channel::from_shared(args.grpc.clone())?
+        let url = if args.grpc.contains("://") { args.grpc.clone() } else { format!("http://{}", args.grpc) };
+        let channel = tonic::transport::Channel::from_shared(url)?
             .connect()
             .await
             .with_context(|| format!("connecting to the node at {} (is `kvmesh node` running?)", args.grpc))?;

@@ -14,12 +14,16 @@ use tonic::Status;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SecuritySection {
-    /// File holding the operators' token (Admin writes, cluster init/join/leave/write/fault);
-    /// the environment variable `KVMESH_ADMIN_TOKEN` overrides it.
+    /// File holding the operators' token (every Admin call, cluster init/join/leave/write/
+    /// fault); the environment variable `KVMESH_ADMIN_TOKEN` overrides it. In a cluster it
+    /// needs `cluster_token_file` too.
     pub admin_token_file: Option<PathBuf>,
     /// File holding the token nodes present to each other (Raft, gossip, forwarded writes);
     /// `KVMESH_CLUSTER_TOKEN` overrides it. Every node of a cluster needs the same one.
     pub cluster_token_file: Option<PathBuf>,
+    /// File holding the token of KV-event pushers (`Events.Publish`, engine sidecars);
+    /// `KVMESH_EVENTS_TOKEN` overrides it. Without it only the admin token can push.
+    pub events_token_file: Option<PathBuf>,
 }
 
 /// A token, redacted in `Debug`.
@@ -48,10 +52,15 @@ impl Secret {
         Ok(Secret(t.to_string()))
     }
 
-    /// Equal to `other`, in time independent of where they differ.
+    /// Equal to `other`, in time that depends only on the presented token's length (not on
+    /// where they differ, nor on this token's length).
     fn matches(&self, other: &str) -> bool {
         let (a, b) = (self.0.as_bytes(), other.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        let mut diff = (a.len() ^ b.len()) as u64;
+        for (i, y) in b.iter().enumerate() {
+            diff |= (a.get(i).copied().unwrap_or(0) ^ y) as u64;
+        }
+        diff == 0
     }
 
     /// Puts `authorization: Bearer <token>` on an outgoing request's metadata.
@@ -69,6 +78,8 @@ pub struct Tokens {
     pub admin: Option<Secret>,
     /// Nodes'.
     pub cluster: Option<Secret>,
+    /// Event pushers'.
+    pub events: Option<Secret>,
 }
 
 fn load(env: &str, file: &Option<PathBuf>) -> anyhow::Result<Option<Secret>> {
@@ -94,6 +105,7 @@ impl Tokens {
         Ok(Tokens {
             admin: load("KVMESH_ADMIN_TOKEN", &section.admin_token_file)?,
             cluster: load("KVMESH_CLUSTER_TOKEN", &section.cluster_token_file)?,
+            events: load("KVMESH_EVENTS_TOKEN", &section.events_token_file)?,
         })
     }
 }
@@ -112,7 +124,9 @@ pub fn check(meta: &MetadataMap, accepted: &[&Option<Secret>]) -> Result<(), Sta
         meta.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).ok_or_else(
             || Status::unauthenticated("this call needs `authorization: Bearer <token>` (see [security])"),
         )?;
-    if configured.iter().any(|s| s.matches(presented.trim())) {
+    // Every configured token is compared (no early exit on a match).
+    let matched = configured.iter().fold(false, |acc, s| s.matches(presented.trim()) | acc);
+    if matched {
         Ok(())
     } else {
         Err(Status::unauthenticated("the bearer token is not accepted here"))

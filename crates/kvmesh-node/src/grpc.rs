@@ -328,9 +328,10 @@ impl events_server::Events for Services {
         &self,
         request: Request<Streaming<v1::PublishRequest>>,
     ) -> Result<Response<v1::PublishResponse>, GrpcStatus> {
-        // Event pushers (engine sidecars) hold the cluster token, or an operator's.
+        // Event pushers (engine sidecars) hold the events token (or an operator's): not the
+        // nodes' token, which would let a sidecar talk Raft.
         let t = &self.shared.tokens;
-        crate::auth::check(request.metadata(), &[&t.cluster, &t.admin])?;
+        crate::auth::check(request.metadata(), &[&t.events, &t.admin])?;
         let mut stream = request.into_inner();
         let mut summary = v1::PublishResponse::default();
         while let Some(batch) = stream.message().await? {

@@ -154,6 +154,12 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     let grpc_listener =
         tokio::net::TcpListener::bind(grpc_addr).await.with_context(|| format!("binding gRPC {grpc_addr}"))?;
     let grpc = grpc_listener.local_addr()?;
+    if config.cluster.is_some() && shared.tokens.admin.is_some() && shared.tokens.cluster.is_none() {
+        anyhow::bail!(
+            "[security]: an admin token without a cluster token would leave Raft and gossip open to anyone who can \
+             reach the gRPC port; set cluster_token_file (or KVMESH_CLUSTER_TOKEN) too"
+        );
+    }
     let cluster = match config.cluster.clone() {
         Some(section) => {
             let default_addr = if grpc.ip().is_unspecified() {

@@ -67,7 +67,7 @@ impl Booking {
             if let Some(id) = self.id {
                 let now = self.shared.now();
                 let _ = self.shared.core().first_token(id, now);
-                self.span.in_scope(|| tracing::debug!(replica = %self.replica, "first token"));
+                self.span.in_scope(|| tracing::info!(replica = %self.replica, "first token"));
             }
         }
     }
@@ -85,7 +85,7 @@ impl Booking {
             drop(core);
             self.shared.metrics.request(outcome);
             self.span.record("outcome", outcome);
-            self.span.in_scope(|| tracing::debug!(replica = %self.replica, outcome, output_tokens, "complete"));
+            self.span.in_scope(|| tracing::info!(replica = %self.replica, outcome, output_tokens, "complete"));
         }
     }
 }

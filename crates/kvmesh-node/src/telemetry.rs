@@ -66,17 +66,20 @@ impl Telemetry {
                     .with_resource(opentelemetry_sdk::Resource::builder().with_service_name("kvmesh-node").build())
                     .build();
                 let tracer = provider.tracer("kvmesh-node");
-                // OpenTelemetry logs through `tracing` itself: never feed those back into it.
-                let no_otel_internals =
-                    tracing_subscriber::filter::filter_fn(|m| !m.target().starts_with("opentelemetry"));
-                let layer = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(no_otel_internals);
+                // Only kvmesh's own spans and events, at info and above whatever RUST_LOG says:
+                // the request spans are the point, and the exporter's own transport (tonic,
+                // h2, hyper) and OpenTelemetry's logs must never feed back into it.
+                let ours = tracing_subscriber::filter::filter_fn(|m| {
+                    m.target().starts_with("kvmesh") && *m.level() <= tracing::Level::INFO
+                });
+                let layer = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(ours);
                 (Some(layer), Some(provider))
             }
             None => (None, None),
         };
         tracing_subscriber::registry()
             .with(fmt.with_filter(filter()))
-            .with(otel.map(|l| l.with_filter(filter())))
+            .with(otel)
             .try_init()
             .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
         Ok(Telemetry { provider })

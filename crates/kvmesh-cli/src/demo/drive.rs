@@ -39,10 +39,11 @@ pub struct Live {
 }
 
 /// Sends every request of `trace` through `urls` in turn at `arrival / speed` wall seconds.
+/// Dropping the future aborts every request in flight.
 pub async fn run(trace: &Trace, urls: &[String], speed: f64, live: Arc<Mutex<Live>>) -> Vec<Outcome> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap_or_default();
     let start = Instant::now();
-    let mut tasks = Vec::with_capacity(trace.requests.len());
+    let mut tasks = tokio::task::JoinSet::new();
     for (i, r) in trace.requests.iter().enumerate() {
         let at = start + Duration::from_secs_f64(r.arrival_s / speed);
         tokio::time::sleep_until(at.into()).await;
@@ -58,26 +59,38 @@ pub async fn run(trace: &Trace, urls: &[String], speed: f64, live: Arc<Mutex<Liv
         let url = format!("{}/v1/completions", urls[node]);
         let (client, live, arrival_s) = (client.clone(), live.clone(), r.arrival_s);
         live.lock().unwrap_or_else(|p| p.into_inner()).sent += 1;
-        tasks.push(tokio::spawn(async move {
-            let mut o = one(&client, &url, body, speed).await;
+        tasks.spawn(async move {
+            // TTFT counts from the scheduled arrival: a late send is the system's delay too.
+            let mut o = one(&client, &url, body, speed, at).await;
             o.arrival_s = arrival_s;
             o.node = node + 1;
             o.prompt_tokens = tokens.len() as u32;
             live.lock().unwrap_or_else(|p| p.into_inner()).done.push(o.clone());
             o
-        }));
+        });
     }
     let mut out = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        if let Ok(o) = t.await {
-            out.push(o);
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok(o) => out.push(o),
+            // A request task that panicked is a failed request, not a missing one.
+            Err(e) => out.push(Outcome {
+                arrival_s: f64::NAN,
+                node: 0,
+                replica: String::new(),
+                ttft_s: None,
+                e2e_s: None,
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                error: Some(format!("client task failed: {e}")),
+            }),
         }
     }
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
     out
 }
 
-async fn one(client: &reqwest::Client, url: &str, body: serde_json::Value, speed: f64) -> Outcome {
+async fn one(client: &reqwest::Client, url: &str, body: serde_json::Value, speed: f64, t0: Instant) -> Outcome {
     let mut o = Outcome {
         arrival_s: 0.0,
         node: 0,
@@ -88,7 +101,6 @@ async fn one(client: &reqwest::Client, url: &str, body: serde_json::Value, speed
         cached_tokens: 0,
         error: None,
     };
-    let t0 = Instant::now();
     let mut resp = match client.post(url).json(&body).send().await {
         Ok(r) if r.status().is_success() => r,
         Ok(r) => {

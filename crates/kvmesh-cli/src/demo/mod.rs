@@ -22,6 +22,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tier::{Tier, TierSpec};
 
+/// Resolves on Ctrl-C or SIGTERM; false if neither can be listened for.
+async fn stop_signal() -> bool {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            return tokio::select! {
+                r = tokio::signal::ctrl_c() => r.is_ok(),
+                _ = term.recv() => true,
+            };
+        }
+    }
+    tokio::signal::ctrl_c().await.is_ok()
+}
+
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.replicas > 0 && args.nodes > 0, "--replicas and --nodes must be at least 1");
     anyhow::ensure!(args.speed.is_finite() && args.speed > 0.0, "--speed must be a positive number");
@@ -64,6 +79,24 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     eprintln!("kvmesh demo: {setup}\n");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     let result = runtime.block_on(async {
+        // One listener for the whole demo (Ctrl-C, or SIGTERM: a shell's background jobs
+        // ignore SIGINT); a second signal exits at once.
+        let (cancel_tx, cancel) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            if stop_signal().await {
+                let _ = cancel_tx.send(true);
+                eprintln!("\nstopping (Ctrl-C again to quit at once) …");
+                if stop_signal().await {
+                    std::process::exit(130);
+                }
+            }
+        });
+        let cancelled = || {
+            let mut c = cancel.clone();
+            async move {
+                let _ = c.wait_for(|v| *v).await;
+            }
+        };
         let mut rows = Vec::new();
         let mut runs = Vec::new();
         for policy in &policies {
@@ -76,28 +109,33 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
                 data_dir: data.path(),
             };
             eprintln!("starting {} router nodes and {} engines for {policy} …", args.nodes, args.replicas);
-            let tier = Tier::start(&spec).await?;
+            let tier = tokio::select! {
+                t = Tier::start(&spec) => t?,
+                _ = cancelled() => return Ok((rows, runs, true)),
+            };
+            let names = tier.replica_names();
             let live = Arc::new(Mutex::new(Live::default()));
-            let mut view = view::View::new(policy, requests.trace.requests.len(), args.quiet);
+            let mut view = view::View::new(policy, requests.trace.requests.len(), args.speed, args.quiet);
             let urls = tier.urls();
-            let sending = drive::run(&requests.trace, &urls, args.speed, live.clone());
-            tokio::pin!(sending);
+            // Boxed so it can be dropped (aborting its requests) before the tier stops.
+            let mut sending = Box::pin(drive::run(&requests.trace, &urls, args.speed, live.clone()));
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             let outcome = loop {
                 tokio::select! {
                     out = &mut sending => break Some(out),
                     _ = tick.tick() => view.update(&live, &tier),
-                    _ = tokio::signal::ctrl_c() => break None,
+                    _ = cancelled() => break None,
                 }
             };
+            // Dropping the sender aborts its requests in flight before the tier stops.
+            drop(sending);
             view.update(&live, &tier);
             view.finish();
             tier.stop().await;
             let Some(outcomes) = outcome else {
-                eprintln!("\ninterrupted: every node and engine stopped, nothing left running");
-                return Ok(None);
+                return Ok((rows, runs, true));
             };
-            let row = report::Row::of(policy, &outcomes);
+            let row = report::Row::of(policy, &outcomes, &names);
             eprintln!(
                 "{policy}: {} requests, {} errors, TTFT p99 {}",
                 row.requests,
@@ -107,12 +145,21 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             rows.push(row);
             runs.push((policy.clone(), outcomes));
         }
-        anyhow::Ok(Some((rows, runs)))
+        anyhow::Ok((rows, runs, false))
     });
     runtime.shutdown_timeout(Duration::from_secs(2));
-    let Some((rows, runs)) = result? else {
+    let (rows, runs, interrupted) = result?;
+    if interrupted {
+        eprintln!("interrupted: every node and engine stopped, nothing left running");
+        if !rows.is_empty() {
+            let written = report::write(&args.out, &rows, &runs, &setup)?;
+            eprintln!(
+                "reports of the finished runs: {}",
+                written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            );
+        }
         std::process::exit(130);
-    };
+    }
     println!("\n{}", report::table(&rows));
     if let [a, b] = &rows[..] {
         if a.ttft_p99_s > 0.0 && b.ttft_p99_s > 0.0 {

@@ -37,15 +37,17 @@ pub fn pct(v: &[f64], q: f64) -> f64 {
 }
 
 impl Row {
-    /// Summarises one run.
-    pub fn of(policy: &str, outcomes: &[Outcome]) -> Row {
+    /// Summarises one run over `replicas` (their names: a replica that served nothing
+    /// counts in the skew's mean).
+    pub fn of(policy: &str, outcomes: &[Outcome], replicas: &[String]) -> Row {
         let mut ttft: Vec<f64> = outcomes.iter().filter_map(|o| o.ttft_s).collect();
         ttft.sort_by(f64::total_cmp);
         let e2e: Vec<f64> = outcomes.iter().filter_map(|o| o.e2e_s).collect();
         let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.error.is_none()).collect();
         let prompt: u64 = ok.iter().map(|o| o.prompt_tokens as u64).sum();
         let cached: u64 = ok.iter().map(|o| o.cached_tokens as u64).sum();
-        let mut per_replica = std::collections::BTreeMap::<&str, usize>::new();
+        let mut per_replica: std::collections::BTreeMap<&str, usize> =
+            replicas.iter().map(|r| (r.as_str(), 0)).collect();
         for o in &ok {
             *per_replica.entry(o.replica.as_str()).or_default() += 1;
         }
@@ -182,13 +184,18 @@ mod tests {
             o("e1", Some(0.4), 2000, 1000),
             o("e1", None, 3000, 0),
         ];
-        let r = Row::of("token_load", &runs);
+        let names: Vec<String> = ["e0", "e1", "e2"].iter().map(|s| s.to_string()).collect();
+        let r = Row::of("token_load", &runs, &names);
         assert_eq!((r.requests, r.errors), (4, 1));
         assert_eq!((r.ttft_p50_s, r.ttft_p99_s), (0.2, 0.4));
         assert!((r.hit_rate - 1500.0 / 4000.0).abs() < 1e-12);
         assert!((r.e2e_mean_s - (1.1 + 1.2 + 1.4) / 3.0).abs() < 1e-12);
-        assert!((r.replica_skew - 2.0 / 1.5).abs() < 1e-12);
+        // 3 served requests over 3 replicas (e2 idle): mean 1, max 2.
+        assert!((r.replica_skew - 2.0).abs() < 1e-12);
         let t = table(&[r]);
         assert!(t.lines().nth(1).unwrap().starts_with("token_load            4       1     200 ms"), "{t}");
+        // A policy that sends everything to one of them is not "even".
+        let one = [o("e0", Some(0.1), 10, 0), o("e0", Some(0.1), 10, 0)];
+        assert!((Row::of("x", &one, &names).replica_skew - 3.0).abs() < 1e-12);
     }
 }

@@ -132,13 +132,20 @@ impl Tier {
             .collect()
     }
 
-    /// Stops every node, then every engine.
+    /// Stops every node (all at once), then every engine.
     pub async fn stop(self) {
+        let mut stopping = tokio::task::JoinSet::new();
         for n in self.nodes {
-            n.stop().await;
+            stopping.spawn(n.stop());
         }
+        while stopping.join_next().await.is_some() {}
         for e in self.engines {
             e.stop().await;
         }
+    }
+
+    /// The replicas' names.
+    pub fn replica_names(&self) -> Vec<String> {
+        (0..self.engines.len()).map(|i| format!("e{i}")).collect()
     }
 }

@@ -15,13 +15,14 @@ pub struct View {
     bars: Option<(MultiProgress, ProgressBar, ProgressBar, ProgressBar)>,
     policy: String,
     total: usize,
+    speed: f64,
     started: Instant,
     last_plain: Instant,
 }
 
 impl View {
     /// A view for `total` requests routed by `policy`.
-    pub fn new(policy: &str, total: usize, quiet: bool) -> View {
+    pub fn new(policy: &str, total: usize, speed: f64, quiet: bool) -> View {
         let bars = (!quiet && std::io::stderr().is_terminal()).then(|| {
             let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(4));
             let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")
@@ -40,7 +41,7 @@ impl View {
             (multi, progress, cluster, load)
         });
         let now = Instant::now();
-        View { bars, policy: policy.to_string(), total, started: now, last_plain: now }
+        View { bars, policy: policy.to_string(), total, speed, started: now, last_plain: now }
     }
 
     /// Redraws from the run's progress and the tier's state.
@@ -50,14 +51,16 @@ impl View {
             let mut ttft: Vec<f64> = l.done.iter().filter_map(|o| o.ttft_s).collect();
             ttft.sort_by(f64::total_cmp);
             let errors = l.done.iter().filter(|o| o.error.is_some()).count();
-            let prompt: u64 = l.done.iter().map(|o| o.prompt_tokens as u64).sum();
-            let cached: u64 = l.done.iter().map(|o| o.cached_tokens as u64).sum();
+            let ok = || l.done.iter().filter(|o| o.error.is_none());
+            let prompt: u64 = ok().map(|o| o.prompt_tokens as u64).sum();
+            let cached: u64 = ok().map(|o| o.cached_tokens as u64).sum();
             let hit = if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 };
             (l.sent, l.done.len(), (pct(&ttft, 0.5), pct(&ttft, 0.99), hit, errors))
         };
-        let rate = done as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+        // Engine seconds, like --rate and every other figure.
+        let rate = done as f64 / (self.started.elapsed().as_secs_f64() * self.speed).max(1e-3);
         let msg = format!(
-            "{rate:.1} req/s · TTFT p50 {} p99 {} · hit rate {:.0}% · errors {} · in flight {}",
+            "{rate:.1} req/s · TTFT (completed) p50 {} p99 {} · hit rate {:.0}% · errors {} · in flight {}",
             secs(stats.0),
             secs(stats.1),
             stats.2 * 100.0,

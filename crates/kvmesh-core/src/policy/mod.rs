@@ -239,6 +239,29 @@ impl PolicyKind {
         fn set(field: &mut f64, v: f64) {
             *field = v;
         }
+        // Ranges outside which a policy stops routing sensibly (an empty hash ring, a bound of
+        // zero, a ring too large to build under the core lock).
+        let range = |name: &str, v: f64, lo: f64, hi: f64| -> Result<(), Error> {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(Error::InvalidConfig {
+                    field: "policy_params",
+                    reason: format!("{name} must be within {lo}..={hi}, got {v}"),
+                })
+            }
+        };
+        for (name, v) in params {
+            match name.as_str() {
+                "vnodes" => range(name, *v, 1.0, 4096.0)?,
+                "load_factor" => range(name, *v, 1.0, 100.0)?,
+                "cache_threshold" | "balance_rel_threshold" | "match_rate_threshold" | "near_equal_rel" => {
+                    range(name, *v, 0.0, 10.0)?
+                }
+                "near_equal_s" | "pending_prefix_s" | "peer_order_step_s" => range(name, *v, 0.0, 600.0)?,
+                _ => {}
+            }
+        }
         fn set_u32(field: &mut u32, name: &str, v: f64) -> Result<(), Error> {
             if !(v.fract() == 0.0 && (0.0..=u32::MAX as f64).contains(&v)) {
                 return Err(Error::InvalidConfig {

@@ -460,6 +460,9 @@ fn policies_take_named_parameters() {
     assert!(err(p(PolicyKind::TokenLoad, &[("speed", 1.0)])).contains("policy token_load has no parameter \"speed\""));
     assert!(err(p(PolicyKind::ConsistentHash, &[("vnodes", 1.5)])).contains("vnodes must be a whole number, got 1.5"));
     assert!(err(p(PolicyKind::KvCost, &[("overlap_weight", -1.0)])).contains("must be a non-negative number"));
+    assert!(err(p(PolicyKind::ConsistentHash, &[("vnodes", 0.0)])).contains("vnodes must be within 1..=4096, got 0"));
+    assert!(err(p(PolicyKind::ConsistentHash, &[("vnodes", 4e9)])).contains("vnodes must be within 1..=4096"));
+    assert!(err(p(PolicyKind::ConsistentHash, &[("load_factor", 0.0)])).contains("load_factor must be within 1..=100"));
     assert!(err(p(PolicyKind::RoundRobin, &[("x", 1.0)])).contains("policy round_robin has no parameter \"x\""));
     assert_eq!(p(PolicyKind::RoundRobin, &[]).unwrap().name(), "round_robin");
 }

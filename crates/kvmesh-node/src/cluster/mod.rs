@@ -295,11 +295,9 @@ impl Cluster {
     pub async fn leave(&self, id: u64) -> Result<(), ClusterError> {
         if let Some(leader) = self.forward_target()? {
             let mut c = v1::cluster_client::ClusterClient::new(channel_to(&leader)?);
-            return c
-                .leave(v1::LeaveRequest { node_id: id })
-                .await
-                .map(|_| ())
-                .map_err(|s| from_forwarded(&leader, &s));
+            let mut request = tonic::Request::new(v1::LeaveRequest { node_id: id });
+            mark_forwarded(request.metadata_mut(), &self.token);
+            return c.leave(request).await.map(|_| ()).map_err(|s| from_forwarded(&leader, &s));
         }
         let voters = self.voters();
         if !voters.contains(&id) {
@@ -406,6 +404,15 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Metadata marking a write forwarded by another node.
 pub const FORWARDED: &str = "x-kvmesh-forwarded";
 
+/// Marks a request as forwarded by a node and signs it with the nodes' token (the leader
+/// accepts the nodes' token on writes only with this mark).
+fn mark_forwarded(meta: &mut tonic::metadata::MetadataMap, token: &Option<crate::auth::Secret>) {
+    meta.insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    if let Some(t) = token {
+        t.attach(meta);
+    }
+}
+
 fn channel_to(addr: &str) -> Result<tonic::transport::Channel, ClusterError> {
     network::channel(addr).map_err(|e| ClusterError::Forward { addr: addr.into(), error: e.to_string() })
 }
@@ -418,9 +425,7 @@ async fn forward_join(
 ) -> Result<(), ClusterError> {
     let mut c = v1::cluster_client::ClusterClient::new(channel_to(leader)?);
     let mut request = tonic::Request::new(v1::JoinRequest { node_id: id, addr });
-    if let Some(t) = token {
-        t.attach(request.metadata_mut());
-    }
+    mark_forwarded(request.metadata_mut(), token);
     c.join(request).await.map(|_| ()).map_err(|s| from_forwarded(leader, &s))
 }
 
@@ -444,10 +449,7 @@ async fn forward_write(
     let mut c = v1::cluster_client::ClusterClient::new(channel_to(addr)?);
     let json = serde_json::to_vec(cmd).map_err(|e| fwd(e.to_string()))?;
     let mut request = tonic::Request::new(v1::WriteRequest { command_json: json });
-    request.metadata_mut().insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
-    if let Some(t) = token {
-        t.attach(request.metadata_mut());
-    }
+    mark_forwarded(request.metadata_mut(), token);
     let reply = c.write(request).await.map_err(|s| from_forwarded(addr, &s))?;
     let r = reply.into_inner();
     let result: CommandResult = serde_json::from_slice(&r.result_json).map_err(|e| fwd(e.to_string()))?;

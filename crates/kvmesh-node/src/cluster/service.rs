@@ -42,9 +42,14 @@ impl ClusterServices {
         crate::auth::check(meta, &[&self.shared.tokens.admin])
     }
 
-    /// Calls an operator makes or a node forwards: either token.
+    /// Calls an operator makes (the admin token) or a node forwards (marked forwarded, with
+    /// the nodes' token): the nodes' token alone is not an operator's credential.
     fn admin_or_peer_auth(&self, meta: &tonic::metadata::MetadataMap) -> Result<(), Status> {
-        crate::auth::check(meta, &[&self.shared.tokens.admin, &self.cluster.token])
+        if meta.contains_key(super::FORWARDED) {
+            crate::auth::check(meta, &[&self.shared.tokens.admin, &self.cluster.token])
+        } else {
+            crate::auth::check(meta, &[&self.shared.tokens.admin])
+        }
     }
 
     fn reachable(&self) -> Result<(), Status> {
