@@ -54,16 +54,7 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
 
 /// The admin token: KVMESH_ADMIN_TOKEN, else `--token-file`, else none.
 pub fn admin_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<kvmesh_node::auth::Secret>> {
-    if let Ok(v) = std::env::var("KVMESH_ADMIN_TOKEN") {
-        return kvmesh_node::auth::Secret::new(&v).map(Some).map_err(|e| anyhow::anyhow!("KVMESH_ADMIN_TOKEN: {e}"));
-    }
-    match file {
-        Some(f) => {
-            let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-            kvmesh_node::auth::Secret::new(&text).map(Some).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))
-        }
-        None => Ok(None),
-    }
+    kvmesh_node::auth::load("KVMESH_ADMIN_TOKEN", &file.map(|f| f.to_path_buf()))
 }
 
 /// `msg` as a request carrying the admin token, if one is given.

@@ -82,7 +82,11 @@ pub struct Tokens {
     pub events: Option<Secret>,
 }
 
-fn load(env: &str, file: &Option<PathBuf>) -> anyhow::Result<Option<Secret>> {
+/// The token in environment variable `env`, else in `file`, else none.
+///
+/// # Errors
+/// An unreadable file or an empty or unsendable token.
+pub fn load(env: &str, file: &Option<PathBuf>) -> anyhow::Result<Option<Secret>> {
     if let Ok(v) = std::env::var(env) {
         return Secret::new(&v).map(Some).map_err(|e| anyhow::anyhow!("{env}: {e}"));
     }

@@ -29,6 +29,22 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
+impl Outcome {
+    /// A request that got nothing: no replica, no tokens, `error`.
+    fn failed(error: String) -> Outcome {
+        Outcome {
+            arrival_s: 0.0,
+            node: 0,
+            replica: String::new(),
+            ttft_s: None,
+            e2e_s: None,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            error: Some(error),
+        }
+    }
+}
+
 /// Progress shared with the live view.
 #[derive(Debug, Default)]
 pub struct Live {
@@ -74,16 +90,7 @@ pub async fn run(trace: &Trace, urls: &[String], speed: f64, live: Arc<Mutex<Liv
         match done {
             Ok(o) => out.push(o),
             // A request task that panicked is a failed request, not a missing one.
-            Err(e) => out.push(Outcome {
-                arrival_s: f64::NAN,
-                node: 0,
-                replica: String::new(),
-                ttft_s: None,
-                e2e_s: None,
-                prompt_tokens: 0,
-                cached_tokens: 0,
-                error: Some(format!("client task failed: {e}")),
-            }),
+            Err(e) => out.push(Outcome { arrival_s: f64::NAN, ..Outcome::failed(format!("client task failed: {e}")) }),
         }
     }
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
@@ -91,16 +98,7 @@ pub async fn run(trace: &Trace, urls: &[String], speed: f64, live: Arc<Mutex<Liv
 }
 
 async fn one(client: &reqwest::Client, url: &str, body: serde_json::Value, speed: f64, t0: Instant) -> Outcome {
-    let mut o = Outcome {
-        arrival_s: 0.0,
-        node: 0,
-        replica: String::new(),
-        ttft_s: None,
-        e2e_s: None,
-        prompt_tokens: 0,
-        cached_tokens: 0,
-        error: None,
-    };
+    let mut o = Outcome { error: None, ..Outcome::failed(String::new()) };
     let mut resp = match client.post(url).json(&body).send().await {
         Ok(r) if r.status().is_success() => r,
         Ok(r) => {

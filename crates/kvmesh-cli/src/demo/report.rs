@@ -76,47 +76,45 @@ pub fn secs(s: f64) -> String {
     }
 }
 
+/// A row's cells, in the column order of [`HEADER`].
+fn cells(r: &Row) -> [String; 9] {
+    [
+        r.policy.clone(),
+        r.requests.to_string(),
+        r.errors.to_string(),
+        secs(r.ttft_p50_s),
+        secs(r.ttft_p90_s),
+        secs(r.ttft_p99_s),
+        secs(r.e2e_mean_s),
+        format!("{:.1}%", r.hit_rate * 100.0),
+        format!("{:.2}", r.replica_skew),
+    ]
+}
+
+const HEADER: [&str; 9] =
+    ["policy", "requests", "errors", "TTFT p50", "TTFT p90", "TTFT p99", "E2E mean", "hit rate", "skew"];
+
 /// The rows as a terminal table.
 pub fn table(rows: &[Row]) -> String {
-    let mut out = format!(
-        "{:<14} {:>8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}\n",
-        "policy", "requests", "errors", "TTFT p50", "TTFT p90", "TTFT p99", "E2E mean", "hit rate", "skew"
-    );
+    let line = |c: [&str; 9]| {
+        format!(
+            "{:<14} {:>8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}\n",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
+        )
+    };
+    let mut out = line(HEADER);
     for r in rows {
-        let _ = writeln!(
-            out,
-            "{:<14} {:>8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>8.1}% {:>8.2}",
-            r.policy,
-            r.requests,
-            r.errors,
-            secs(r.ttft_p50_s),
-            secs(r.ttft_p90_s),
-            secs(r.ttft_p99_s),
-            secs(r.e2e_mean_s),
-            r.hit_rate * 100.0,
-            r.replica_skew
-        );
+        let c = cells(r);
+        out.push_str(&line(c.each_ref().map(String::as_str)));
     }
     out
 }
 
 /// The rows as Markdown, with a header saying what ran.
 pub fn markdown(rows: &[Row], setup: &str) -> String {
-    let mut out = format!("# kvmesh demo\n\n{setup}\n\n| policy | requests | errors | TTFT p50 | TTFT p90 | TTFT p99 | E2E mean | hit rate | skew |\n|---|---|---|---|---|---|---|---|---|\n");
+    let mut out = format!("# kvmesh demo\n\n{setup}\n\n| {} |\n|{}\n", HEADER.join(" | "), "---|".repeat(9));
     for r in rows {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.1} % | {:.2} |",
-            r.policy,
-            r.requests,
-            r.errors,
-            secs(r.ttft_p50_s),
-            secs(r.ttft_p90_s),
-            secs(r.ttft_p99_s),
-            secs(r.e2e_mean_s),
-            r.hit_rate * 100.0,
-            r.replica_skew
-        );
+        let _ = writeln!(out, "| {} |", cells(r).join(" | "));
     }
     out
 }
