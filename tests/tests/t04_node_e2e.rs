@@ -237,6 +237,10 @@ async fn replicas_are_added_drained_and_removed_at_runtime() {
         let (status, replica, _) = complete(&client, &node, &format!("drained {q}")).await;
         assert_eq!((status, replica.as_str()), (200, "e1"), "nothing goes to the draining replica");
     }
+    let back = admin.undrain_replica(v1::ReplicaRef { name: "e0".into() }).await.unwrap().into_inner();
+    assert_ne!(back.status, v1::ReplicaStatus::Draining as i32);
+    let unknown = admin.undrain_replica(v1::ReplicaRef { name: "nope".into() }).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
     admin.remove_replica(v1::ReplicaRef { name: "e1".into() }).await.unwrap();
     let missing = admin.remove_replica(v1::ReplicaRef { name: "e1".into() }).await.unwrap_err();
     assert_eq!(missing.code(), tonic::Code::NotFound);

@@ -103,6 +103,8 @@ pub enum ReplicaCommand {
     Remove(ReplicaNameArgs),
     /// Stop routing new requests to a replica; in-flight requests finish.
     Drain(ReplicaNameArgs),
+    /// Put a drained replica back into rotation.
+    Undrain(ReplicaNameArgs),
 }
 
 #[derive(Debug, Args)]
@@ -267,10 +269,17 @@ pub struct NodeArgs {
     /// Runtime worker threads (default: one per core).
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
+    /// HTTP listen address; overrides `[node] http` (several nodes on one host share a file).
+    #[arg(long, value_name = "HOST:PORT", env = "KVMESH_HTTP")]
+    pub http: Option<std::net::SocketAddr>,
+    /// gRPC listen address; overrides `[node] grpc`.
+    #[arg(long, value_name = "HOST:PORT", env = "KVMESH_GRPC_LISTEN")]
+    pub grpc: Option<std::net::SocketAddr>,
     /// Cluster: this node's Raft id (> 0); sets or overrides `[cluster] id`.
     #[arg(long, value_name = "N", env = "KVMESH_NODE_ID")]
     pub id: Option<u64>,
-    /// Cluster: this node's gRPC address as peers reach it (`host:port`); `[cluster] addr`.
+    /// Cluster: this node's gRPC address as peers reach it (`host:port`; default its gRPC
+    /// listen address); `[cluster] addr`.
     #[arg(long, value_name = "HOST:PORT", env = "KVMESH_RAFT_ADDR")]
     pub raft_addr: Option<String>,
     /// Cluster: the initial voters, `id=host:port,...` (this node included); `[cluster] peers`.

@@ -39,9 +39,15 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Applies `--id`, `--raft-addr`, `--peers` and `--data-dir` (or their environment
-/// variables) over the file's `[cluster]` section; `--id` alone makes a section.
+/// Applies `--http`, `--grpc`, `--id`, `--raft-addr`, `--peers` and `--data-dir` (or their
+/// environment variables) over the file; `--id` alone makes a `[cluster]` section.
 fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs) -> anyhow::Result<NodeConfig> {
+    if let Some(a) = args.http {
+        config.node.http = a;
+    }
+    if let Some(a) = args.grpc {
+        config.node.grpc = a;
+    }
     let any = args.id.is_some() || args.raft_addr.is_some() || args.peers.is_some() || args.data_dir.is_some();
     if any {
         apply_cluster_flags(config.cluster.get_or_insert_with(Default::default), args);

@@ -41,6 +41,14 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     .context("Admin.DrainReplica")?;
                 println!("replica {} draining", a.name);
             }
+            ReplicaCommand::Undrain(a) => {
+                admin(&a.target)
+                    .await?
+                    .undrain_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
+                    .await
+                    .context("Admin.UndrainReplica")?;
+                println!("replica {} back in rotation", a.name);
+            }
         }
         anyhow::Ok(())
     })

@@ -284,6 +284,20 @@ impl admin_server::Admin for Services {
         self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name))
     }
 
+    async fn undrain_replica(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
+        self.admin_auth(request.metadata())?;
+        let name = request.into_inner().name;
+        if let Some(c) = &self.cluster {
+            let cmd = Command::SetReplicaState { name: name.clone(), state: ReplicaState::Ready };
+            c.write(cmd).await.map_err(not_found_or)?;
+            // The follower task applies it too; doing it here makes the answer show it.
+            let _ = self.shared.set_draining(&name, false);
+            return self.await_replica(&name).await;
+        }
+        self.shared.set_draining(&name, false).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
+        self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name))
+    }
+
     async fn recent_decisions(
         &self,
         request: Request<v1::RecentDecisionsRequest>,

@@ -99,8 +99,8 @@ impl Node {
         config.validate().map_err(anyhow::Error::msg)?;
         if self.cluster.as_ref().is_some_and(|c| c.state.borrow().seeded) {
             anyhow::bail!(
-                "this node follows the cluster's replica registry; change replicas with the admin API \
-                 (`kvmesh status`, Admin.AddReplica/RemoveReplica), not the config file"
+                "this node follows the cluster's replica registry; change replicas with `kvmesh replica \
+                 add|remove|drain|undrain` (the Admin API), not the config file"
             );
         }
         let current: Vec<config::ReplicaConfig> =

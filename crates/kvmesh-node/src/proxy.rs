@@ -59,6 +59,9 @@ struct Booking {
     /// The request's span: it ends when the booking does (a streamed answer outlives the
     /// handler).
     span: tracing::Span,
+    /// Prompt tokens: a request too short to fill a KV block makes the engine publish no
+    /// event, so its success says nothing about the event stream.
+    prompt_tokens: u32,
 }
 
 impl Booking {
@@ -77,7 +80,9 @@ impl Booking {
             let now = self.shared.now();
             let mut core = self.shared.core();
             let _ = core.release(id, output_tokens);
-            if outcome == "ok" {
+            let filled_a_block =
+                self.prompt_tokens as u64 + output_tokens.unwrap_or(0) as u64 >= self.shared.settings.block_size as u64;
+            if outcome == "ok" && filled_a_block {
                 if let Some(r) = core.replicas.get_mut(&self.replica) {
                     r.last_served_at = Some(now);
                 }
@@ -299,6 +304,7 @@ async fn forward(
             replica: name.clone(),
             first_token_seen: false,
             span: span.clone(),
+            prompt_tokens: tokens.len() as u32,
         };
         let upstream = tracing::info_span!(parent: &span, "upstream", replica = %name, attempt = attempt + 1);
         let sent = shared

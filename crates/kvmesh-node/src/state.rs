@@ -94,8 +94,11 @@ pub struct Replica {
     pub last_seq: Option<u64>,
     /// Node time of the last KV-event message.
     pub last_event_at: Option<f64>,
-    /// Node time of the last response it served.
+    /// Node time of the last response it served that filled at least one KV block (so its
+    /// engine should have published an event).
     pub last_served_at: Option<f64>,
+    /// Node time it was registered.
+    pub added_at: f64,
     /// A gap or restart was found and the replica is being resynced.
     pub resyncing: bool,
     /// Its blocks must be rebuilt, and why (the ingest task takes this): `recovery` — it came
@@ -364,6 +367,7 @@ impl Shared {
             last_seq: None,
             last_event_at: None,
             last_served_at: None,
+            added_at: self.now(),
             resyncing: false,
             resync_requested: None,
             last_resync_at: None,
@@ -432,7 +436,8 @@ impl Core {
         }
         if r.config.kv_events.is_some() {
             let serving = r.last_served_at.is_some_and(|t| now - t < self.events_silent_s);
-            let silent = r.last_event_at.is_none_or(|t| now - t > self.events_silent_s);
+            // Silence counts from its last event, or from its registration if none came yet.
+            let silent = now - r.last_event_at.unwrap_or(r.added_at) > self.events_silent_s;
             if serving && silent {
                 return Status::NoEvents;
             }
