@@ -159,6 +159,19 @@ fn not_found_or(e: ClusterError) -> GrpcStatus {
 }
 
 impl Services {
+    /// Drains or undrains `name`: through Raft in a cluster, locally otherwise.
+    async fn set_draining(&self, name: String, draining: bool) -> Result<Response<v1::Replica>, GrpcStatus> {
+        if let Some(c) = &self.cluster {
+            let state = if draining { ReplicaState::Draining } else { ReplicaState::Ready };
+            c.write(Command::SetReplicaState { name: name.clone(), state }).await.map_err(not_found_or)?;
+            // The follower task applies it too; doing it here makes the answer show it.
+            let _ = self.shared.set_draining(&name, draining);
+            return self.await_replica(&name).await;
+        }
+        self.shared.set_draining(&name, draining).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
+        self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name))
+    }
+
     fn admin_auth(&self, meta: &tonic::metadata::MetadataMap) -> Result<(), GrpcStatus> {
         crate::auth::check(meta, &[&self.shared.tokens.admin])
     }
@@ -272,30 +285,12 @@ impl admin_server::Admin for Services {
 
     async fn drain_replica(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
         self.admin_auth(request.metadata())?;
-        let name = request.into_inner().name;
-        if let Some(c) = &self.cluster {
-            let cmd = Command::SetReplicaState { name: name.clone(), state: ReplicaState::Draining };
-            c.write(cmd).await.map_err(not_found_or)?;
-            // The follower task applies it too; doing it here makes the answer show it.
-            let _ = self.shared.set_draining(&name, true);
-            return self.await_replica(&name).await;
-        }
-        self.shared.set_draining(&name, true).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
-        self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name))
+        self.set_draining(request.into_inner().name, true).await
     }
 
     async fn undrain_replica(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
         self.admin_auth(request.metadata())?;
-        let name = request.into_inner().name;
-        if let Some(c) = &self.cluster {
-            let cmd = Command::SetReplicaState { name: name.clone(), state: ReplicaState::Ready };
-            c.write(cmd).await.map_err(not_found_or)?;
-            // The follower task applies it too; doing it here makes the answer show it.
-            let _ = self.shared.set_draining(&name, false);
-            return self.await_replica(&name).await;
-        }
-        self.shared.set_draining(&name, false).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
-        self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name))
+        self.set_draining(request.into_inner().name, false).await
     }
 
     async fn recent_decisions(

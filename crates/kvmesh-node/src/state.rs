@@ -548,9 +548,7 @@ impl Core {
             .map(|r| (r.config.name.clone(), r.config.http.trim_end_matches('/').to_string()))
             .ok_or(kvmesh_core::Error::UnknownReplica(id))?;
         if let Some(out) = self.outbox.as_mut() {
-            if let Some(b) = self.fleet.bookings().get(routed.booking) {
-                out.book(routed.booking.0, &name, b.spec, &req.hashes);
-            }
+            out.routed(&self.fleet, &routed, &req.hashes);
         }
         Ok((routed, name, url))
     }

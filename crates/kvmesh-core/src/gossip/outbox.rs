@@ -1,6 +1,7 @@
 //! A node's own booking deltas, waiting to be sent, and its live set for summaries.
 
 use super::{Delta, DeltaKind, Summary, SummaryEntry};
+use crate::fleet::{Fleet, Routed};
 use crate::ids::BlockHash;
 use crate::load::BookingSpec;
 use std::collections::BTreeMap;
@@ -48,6 +49,16 @@ impl Outbox {
         let prefix = prefix[..prefix.len().min(self.max_prefix_blocks)].to_vec();
         self.live.insert(booking, SummaryEntry { booking, replica: replica.to_string(), spec, first_token: false });
         self.push(booking, DeltaKind::Book { replica: replica.to_string(), spec, prefix });
+    }
+
+    /// `routed` was just booked in `fleet` for a prompt with block hashes `prefix`: announces
+    /// it with the replica's name and the booking's spec (nothing if the fleet no longer has
+    /// either).
+    pub fn routed(&mut self, fleet: &Fleet, routed: &Routed, prefix: &[BlockHash]) {
+        let name = fleet.replica(routed.decision.replica).map(|r| r.spec.name.as_str());
+        if let (Some(name), Some(b)) = (name, fleet.bookings().get(routed.booking)) {
+            self.book(routed.booking.0, name, b.spec, prefix);
+        }
     }
 
     /// A local booking's first token arrived (ignored for an unknown booking).

@@ -151,7 +151,8 @@ impl LogStore {
     }
 
     /// Whether this node was ever part of an initialized cluster (it has a vote or a log).
-    pub fn initialized(&self) -> bool {
+    #[cfg(test)]
+    fn initialized(&self) -> bool {
         self.meta.contains_key(VOTE).unwrap_or(false) || !self.log.is_empty()
     }
 }

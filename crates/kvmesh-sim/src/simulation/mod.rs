@@ -22,7 +22,7 @@ use crate::tokens::prompt_tokens;
 use crate::trace::Trace;
 use kvmesh_core::gossip::{Delta, NodeId, Outbox, RemoteBookings};
 use kvmesh_core::index::KvEvent;
-use kvmesh_core::load::{BookingId, BookingSpec, EngineMetrics};
+use kvmesh_core::load::{BookingId, EngineMetrics};
 use kvmesh_core::{
     BlockHasher, Fleet, FleetConfig, Namespace, Policy, PolicyKind, ReplicaId, ReplicaSpec, RouteRequest,
 };
@@ -282,16 +282,7 @@ impl Sim<'_> {
         let routed = router.fleet.route(policy, &route, &mut router.rng, t).map_err(|e| e.to_string())?;
         let r = routed.decision.replica.index();
         if let Some(out) = router.outbox.as_mut() {
-            out.book(
-                routed.booking.0,
-                &format!("sim-{r}"),
-                router.fleet.bookings().get(routed.booking).map(|b| b.spec).unwrap_or(BookingSpec {
-                    uncached_prefill_tokens: 0,
-                    uncached_blocks: 0,
-                    expected_output_tokens: 0,
-                }),
-                &route.hashes,
-            );
+            out.routed(&router.fleet, &routed, &route.hashes);
         }
         self.send_gossip(k, t);
         self.bookings[i] = Some(routed.booking);
