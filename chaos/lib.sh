@@ -5,6 +5,7 @@
 #   CHAOS_DURATION    seconds of load per scenario (default 8; run.sh --long sets 120)
 #   CHAOS_PORT_BASE   first port used (default 29000; ~450 ports above it)
 #   CHAOS_KEEP        set to keep the work directory (logs, sled data) after the run
+#   CHAOS_EXTRA_TOML  extra TOML appended to every node's config (a scenario sets it)
 set -euo pipefail
 
 BIN="${KVMESH_BIN:-target/debug}"
@@ -53,6 +54,7 @@ write_config() {
     printf '[node]\nhttp = "127.0.0.1:%s"\ngrpc = "127.0.0.1:%s"\nscrape_interval_ms = 200\n' \
       $((BASE + 300 + i)) $((BASE + 400 + i))
     printf '\n[cluster]\nsummary_interval_ms = 500\nallow_fault_injection = true\n'
+    printf '\n%s\n' "${CHAOS_EXTRA_TOML:-}"
     for e in $(seq 0 $((ENGINES - 2))); do
       # The last engine is added at runtime through the admin API.
       printf '\n[[replicas]]\nname = "e%s"\nhttp = "http://127.0.0.1:%s"\nkv_events = "tcp://127.0.0.1:%s"\nreplay = "tcp://127.0.0.1:%s"\ncapacity_blocks = 29375\n' \
@@ -121,9 +123,10 @@ setup_cluster() {
 }
 
 # Load through every node's OpenAI endpoint, clients retrying once on a refused or reset
-# connection. Args: rate max_tokens. Writes $WORK/load.json.
+# connection. Args: rate max_tokens [distinct system prompts, default 8]. Writes $WORK/load.json.
 start_load() {
   "$BIN/kvmesh" loadtest --url "$(all_http)" --rate "$1" --max-tokens "$2" --duration "$DURATION" --warmup 0 \
+    --prefixes "${3:-8}" \
     --concurrency 256 --retry-once --json >"$WORK/load.json" 2>"$WORK/load.log" &
   echo $! >"$WORK/load.pid"
 }

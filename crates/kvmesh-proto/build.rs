@@ -4,8 +4,13 @@
 use prost::Message;
 use std::path::PathBuf;
 
-const PROTOS: &[&str] =
-    &["kvmesh/v1/router.proto", "kvmesh/v1/admin.proto", "kvmesh/v1/events.proto", "kvmesh/v1/cluster.proto"];
+const PROTOS: &[&str] = &[
+    "kvmesh/v1/router.proto",
+    "kvmesh/v1/admin.proto",
+    "kvmesh/v1/events.proto",
+    "kvmesh/v1/cluster.proto",
+    "kvmesh/v1/replication.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");

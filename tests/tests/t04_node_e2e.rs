@@ -41,9 +41,15 @@ async fn node(engines: &[EngineSim]) -> Node {
         scrape_interval_ms: 100,
         ..NodeSection::default()
     };
-    kvmesh_node::start(NodeConfig { node: section, replicas, cluster: None, security: Default::default() })
-        .await
-        .unwrap()
+    kvmesh_node::start(NodeConfig {
+        node: section,
+        replicas,
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+    })
+    .await
+    .unwrap()
 }
 
 /// Waits until `ok` holds, polling; panics with `what` after 10 s.

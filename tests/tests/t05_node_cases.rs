@@ -39,9 +39,15 @@ async fn node(replicas: Vec<ReplicaConfig>, tweak: impl FnOnce(&mut NodeSection)
         ..NodeSection::default()
     };
     tweak(&mut section);
-    let node = kvmesh_node::start(NodeConfig { node: section, replicas, cluster: None, security: Default::default() })
-        .await
-        .unwrap();
+    let node = kvmesh_node::start(NodeConfig {
+        node: section,
+        replicas,
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+    })
+    .await
+    .unwrap();
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
     node
 }

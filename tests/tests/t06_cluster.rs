@@ -57,7 +57,13 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
         allow_fault_injection: true,
         ..ClusterSection::default()
     };
-    NodeConfig { node: section, replicas, cluster: Some(cluster), security: Default::default() }
+    NodeConfig {
+        node: section,
+        replicas,
+        cluster: Some(cluster),
+        security: Default::default(),
+        replication: Default::default(),
+    }
 }
 
 async fn start_all(ports: &[u16], dir: &Path, replicas: &[ReplicaConfig], gossip: bool) -> Vec<Node> {

@@ -76,9 +76,15 @@ async fn request_spans_reach_an_otlp_collector() {
         grpc: "127.0.0.1:0".parse().unwrap(),
         ..NodeSection::default()
     };
-    let node = kvmesh_node::start(NodeConfig { node: section, replicas, cluster: None, security: Default::default() })
-        .await
-        .unwrap();
+    let node = kvmesh_node::start(NodeConfig {
+        node: section,
+        replicas,
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+    })
+    .await
+    .unwrap();
     let client = reqwest::Client::new();
     for stream in [false, true] {
         let r = client

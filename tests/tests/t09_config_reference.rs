@@ -1,10 +1,10 @@
 //! docs/configuration.md is generated from the node's config types: every key of `[node]`,
-//! `[[replicas]]`, `[cluster]` and `[security]` with its default and its doc comment, read from
+//! `[[replicas]]`, `[cluster]`, `[security]` and `[replication]` with its default and its doc comment, read from
 //! the sources. This test fails when the file is stale; `KVMESH_BLESS=1 cargo test -p
 //! kvmesh-tests --test t09_config_reference` rewrites it.
 
 use kvmesh_node::auth::SecuritySection;
-use kvmesh_node::config::{ClusterSection, NodeSection, ReplicaConfig};
+use kvmesh_node::config::{ClusterSection, NodeSection, ReplicaConfig, ReplicationSection};
 use std::path::PathBuf;
 
 fn root() -> PathBuf {
@@ -68,6 +68,8 @@ fn generate() -> String {
     section(&mut out, "[[replicas]]", &fields(&config, "ReplicaConfig"), &defaults(&minimal), &required);
     section(&mut out, "[cluster]", &fields(&config, "ClusterSection"), &defaults(&ClusterSection::default()), &[]);
     section(&mut out, "[security]", &fields(&auth, "SecuritySection"), &defaults(&SecuritySection::default()), &[]);
+    let replication = defaults(&ReplicationSection::default());
+    section(&mut out, "[replication]", &fields(&config, "ReplicationSection"), &replication, &[]);
     out
 }
 

@@ -40,8 +40,9 @@ pub enum Command {
     /// the replica list from the config file (a single node, or a cluster not yet seeded).
     Node(NodeArgs),
     /// Show a running node over gRPC: its cluster (leader, term, members, lag), its replicas
-    /// (status, engine load, router-side token load, index and event counts) and its latest
-    /// routing decisions with their reasons.
+    /// (status, engine load, router-side token load, index and event counts), its hot prefixes
+    /// and replication plan (when `[replication]` is on) and its latest routing decisions with
+    /// their reasons.
     Status(StatusArgs),
     /// Load-test a router or an engine: open-loop HTTP completions at a fixed rate (or
     /// closed-loop saturation), latency p50/p99; or gRPC `Route` calls per second.
@@ -54,6 +55,52 @@ pub enum Command {
     /// change goes through the Raft leader and every node follows it).
     #[command(subcommand)]
     Replica(ReplicaCommand),
+    /// Hot prefixes and their replication plan (`[replication]` on the nodes): show what is
+    /// hot, where it is held and warmed, or plan a prefix by hand.
+    #[command(subcommand)]
+    Replication(ReplicationCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReplicationCommand {
+    /// The hottest prefixes (all nodes' counts) and the committed plan with each target's
+    /// warm-up state.
+    Status(ReplicationStatusArgs),
+    /// Plan a prefix by hand: pinned for `cooldown_s`, warmed on --replicas (or on
+    /// `min_replicas` chosen by load). Give the prefix as --hash (from `status`), --text or
+    /// --token-ids.
+    Trigger(ReplicationTriggerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReplicationStatusArgs {
+    #[command(flatten)]
+    pub target: ClusterTarget,
+    /// Hot prefixes to list.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub limit: u32,
+    /// Print the hot prefixes and the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[group(id = "prefix", required = true, multiple = false)]
+pub struct ReplicationTriggerArgs {
+    #[command(flatten)]
+    pub target: ClusterTarget,
+    /// A hot prefix's hash, as `kvmesh replication status` lists it.
+    #[arg(long, group = "prefix")]
+    pub hash: Option<u64>,
+    /// The prefix as text (tokenized by the node).
+    #[arg(long, group = "prefix")]
+    pub text: Option<String>,
+    /// The prefix as comma-separated token ids.
+    #[arg(long, group = "prefix", value_delimiter = ',', value_name = "IDS")]
+    pub token_ids: Option<Vec<u32>>,
+    /// Replicas to warm, comma-separated (default: chosen by load).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub replicas: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -93,6 +140,10 @@ pub struct DemoArgs {
     /// No live view (progress lines only).
     #[arg(long)]
     pub quiet: bool,
+    /// Turn on hot-prefix replication in the tier (`[replication]`, its times divided by
+    /// --speed) for the shown policy; the live view shows the plan.
+    #[arg(long)]
+    pub replication: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -303,16 +354,21 @@ pub struct ReplayArgs {
     /// Trace file: Mooncake `*.jsonl`, Azure LLM `*.csv`, or kvmesh JSONL (`arrival_s` lines).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Built-in scenario instead of a trace: shared-0, shared-50, shared-90, hot-prompt, zipf,
+    /// Built-in scenario instead of a trace: shared-0, shared-50, shared-90, hot-prompt, hot-rotating, zipf,
     /// bursts, chat. Default when no --trace: chat.
     #[arg(long, value_name = "NAME")]
     pub scenario: Option<String>,
     /// Engine replicas.
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub replicas: u32,
-    /// Comma-separated policies (default: all). See `kvmesh policies`.
+    /// Comma-separated policies (default: all). See `kvmesh policies`. A `+replication`
+    /// suffix (`token_load+replication`) runs the policy with hot-prefix replication.
     #[arg(long, value_name = "LIST")]
     pub policies: Option<String>,
+    /// Also run `token_load+replication`: hot-prefix detection, a replication plan and
+    /// warm-ups (see kvmesh_core::replication), with its default settings.
+    #[arg(long)]
+    pub replication: bool,
     /// First seed (policy tie-breaks and scenario generation).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

@@ -10,6 +10,7 @@ mod loadtest;
 mod node;
 mod replay;
 mod replica;
+mod replication;
 mod status;
 
 use clap::Parser;
@@ -26,6 +27,7 @@ fn main() -> ExitCode {
         cli::Command::Status(args) => status::run(&args),
         cli::Command::Cluster(cmd) => cluster::run(&cmd),
         cli::Command::Replica(cmd) => replica::run(&cmd),
+        cli::Command::Replication(cmd) => replication::run(&cmd),
         cli::Command::Policies => {
             cli::print_policies();
             Ok(())

@@ -1,5 +1,6 @@
-//! `kvmesh status`: a node's cluster (leader, term, members), replicas and latest routing
-//! decisions, readable in a terminal (gRPC `Cluster.Status`, `Admin.ListReplicas`,
+//! `kvmesh status`: a node's cluster (leader, term, members), replicas, hot prefixes and their
+//! replication plan, and latest routing decisions, readable in a terminal (gRPC
+//! `Cluster.Status`, `Admin.ListReplicas`, `Replication.ListHotPrefixes`/`GetPlan`,
 //! `Admin.RecentDecisions`).
 
 use crate::cli::StatusArgs;
@@ -16,13 +17,21 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         }
         r
     };
-    let (cluster, replicas, decisions) = runtime.block_on(async {
+    let (cluster, replicas, decisions, replication) = runtime.block_on(async {
         let url = if args.grpc.contains("://") { args.grpc.clone() } else { format!("http://{}", args.grpc) };
         let channel = tonic::transport::Channel::from_shared(url)?
             .connect()
             .await
             .with_context(|| format!("connecting to the node at {} (is `kvmesh node` running?)", args.grpc))?;
         let mut admin = v1::admin_client::AdminClient::new(channel.clone());
+        let mut rep = v1::replication_client::ReplicationClient::new(channel.clone());
+        // Older nodes have no Replication service; nodes with it off show nothing.
+        let replication = match rep.list_hot_prefixes(v1::ListHotPrefixesRequest { limit: 5 }).await {
+            Ok(hot) if hot.get_ref().enabled => {
+                rep.get_plan(v1::GetPlanRequest {}).await.ok().map(|plan| (hot.into_inner(), plan.into_inner()))
+            }
+            _ => None,
+        };
         let list = admin.list_replicas(authed(v1::ListReplicasRequest {})).await.context("Admin.ListReplicas")?;
         // A single node has no Cluster service; an older node no RecentDecisions: both optional.
         let cluster = v1::cluster_client::ClusterClient::new(channel)
@@ -37,7 +46,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
             let req = authed_decisions(&token, args.decisions);
             admin.recent_decisions(req).await.map(|r| r.into_inner().decisions).unwrap_or_default()
         };
-        anyhow::Ok((cluster, list.into_inner().replicas, decisions))
+        anyhow::Ok((cluster, list.into_inner().replicas, decisions, replication))
     })?;
     if args.json {
         let rows: Vec<serde_json::Value> = replicas.iter().map(row_json).collect();
@@ -51,6 +60,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         println!("{}\n", members.join("\n"));
     }
     print!("{}", render(&replicas));
+    if let Some((hot, plan)) = &replication {
+        print!("\n{}", crate::replication::render(hot, plan, crate::replication::unix_now()));
+    }
     if !decisions.is_empty() {
         println!("\n{}", render_decisions(&decisions));
     }

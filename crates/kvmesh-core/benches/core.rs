@@ -179,6 +179,35 @@ fn bench_apply(c: &mut Criterion) {
     g.finish();
 }
 
+/// Replication: counting one routed 4,096-token request in the hot-prefix sketch (on every
+/// decision when `[replication]` is on), and one leader planning round at 128 replicas.
+fn bench_replication(c: &mut Criterion) {
+    use kvmesh_core::replication::{plan_round, PrefixSketch, ReplicationConfig, ReplicationPlan, SketchConfig};
+    let mut g = c.benchmark_group("replication");
+    let (f, tokens) = fleet(128);
+    let hashes = f.hasher().hash_blocks(&tokens);
+    // A sketch in steady state: full of other prompts' prefixes, this one recurring.
+    let mut sketch = PrefixSketch::new(SketchConfig::default(), BS);
+    for i in 0..4096u32 {
+        let other: Vec<u32> = (0..1024).map(|t| i.wrapping_mul(7919) ^ (t << 12)).collect();
+        sketch.observe(i as f64 * 0.001, &f.hasher().hash_blocks(&other), Some(&other), 1000.0);
+        sketch.observe(i as f64 * 0.001, &hashes, Some(&tokens), 1000.0);
+    }
+    let mut t = 4.096;
+    g.bench_function("sketch_observe_4096_tokens", |b| {
+        b.iter(|| {
+            t += 1e-4;
+            sketch.observe(t, black_box(&hashes), Some(&tokens), 1000.0)
+        })
+    });
+    let report = sketch.report(t, 16);
+    let config = ReplicationConfig::default();
+    g.bench_function("plan_round_128_replicas", |b| {
+        b.iter(|| plan_round(&config, t, black_box(&report), &f, &ReplicationPlan::default()))
+    });
+    g.finish();
+}
+
 /// Timed single decisions: p50 and p99 in microseconds.
 fn report_percentiles() {
     println!("\nper-decision latency (token_load, hash + index query + score, 20,000 decisions):");
@@ -227,6 +256,7 @@ fn main() {
     bench_decision(&mut c);
     bench_parts(&mut c);
     bench_apply(&mut c);
+    bench_replication(&mut c);
     c.final_summary();
     if std::env::args().any(|a| a == "--bench") {
         report_percentiles();

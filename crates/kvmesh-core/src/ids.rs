@@ -28,7 +28,8 @@ impl fmt::Display for ReplicaId {
 ///
 /// Equal `BlockHash`es mean equal whole prefixes up to and including the block, within one
 /// namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
 pub struct BlockHash(pub u64);
 
 /// The engine's own opaque id for a block, as carried by its KV events.

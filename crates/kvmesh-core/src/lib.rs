@@ -7,6 +7,7 @@
 //!   engine metrics, step-time profiles and the TTFT estimate.
 //! - [`policy`]: every routing [`Policy`], ours (`token_load`) and the published anchors.
 //! - [`fleet`]: the [`Fleet`] that ties them together and the per-decision [`FleetView`].
+//! - [`replication`]: hot-prefix detection, the replication plan, warm-ups.
 //! - [`prompt`]: approximate token ids and chat rendering for routers without a tokenizer.
 //!
 //! No async runtime, no I/O, no clock and no RNG of its own: time (`now`, seconds on the
@@ -46,6 +47,7 @@ mod overlap;
 pub mod policy;
 pub mod prompt;
 pub mod record;
+pub mod replication;
 
 pub use error::Error;
 pub use fleet::{Fleet, FleetConfig, FleetView, ReplicaSpec, ReplicaState, ReplicaStatus, RouteRequest, Routed};

@@ -56,7 +56,7 @@ impl router_server::Router for Services {
             req = req.with_key(hasher.sequence_key(&approximate_tokens(key)));
         }
         let mut core = self.shared.core();
-        let (routed, name, url) = core.route(&req, now).map_err(|e| GrpcStatus::unavailable(e.to_string()))?;
+        let (routed, name, url) = core.route(&req, &tokens, now).map_err(|e| GrpcStatus::unavailable(e.to_string()))?;
         drop(core);
         let m = &self.shared.metrics;
         m.decision_latency.observe(t0.elapsed().as_secs_f64());

@@ -23,6 +23,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod proxy;
 pub mod replica;
+pub mod replication;
 pub mod state;
 pub mod telemetry;
 pub mod tokenize;
@@ -242,7 +243,10 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             stopped.clone(),
         )));
     }
+    tasks.push(tokio::spawn(replication::run(shared.clone(), cluster.clone(), stopped.clone())));
     let services = grpc::Services { shared: shared.clone(), supervisor: supervisor.clone(), cluster: cluster.clone() };
+    let replication_service =
+        replication::service::ReplicationService { shared: shared.clone(), cluster: cluster.clone() };
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RouterServer<grpc::Services>>().await;
     health_reporter.set_serving::<AdminServer<grpc::Services>>().await;
@@ -266,6 +270,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             .add_service(RouterServer::new(services.clone()))
             .add_service(AdminServer::new(services.clone()))
             .add_service(EventsServer::new(services))
+            .add_service(kvmesh_proto::v1::replication_server::ReplicationServer::new(replication_service))
             .add_optional_service(
                 cluster_services
                     .clone()

@@ -51,6 +51,12 @@ pub struct Metrics {
     gossip_peer_bookings: Family<Labels, Gauge>,
     gossip_peer_age: Family<Labels, Gauge<f64, AtomicU64>>,
     raft: Family<Labels, Gauge>,
+    /// Warm-ups by result: `sent` (the engine answered), `failed`, `transferred` (the
+    /// transfer sidecar accepted it).
+    pub replication_warmups: Family<Labels, Counter>,
+    replication: Family<Labels, Gauge>,
+    replication_targets: Family<Labels, Gauge>,
+    replication_top_share: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -84,6 +90,10 @@ impl Metrics {
             gossip_peer_bookings: Family::default(),
             gossip_peer_age: Family::default(),
             raft: Family::default(),
+            replication_warmups: Family::default(),
+            replication: Family::default(),
+            replication_targets: Family::default(),
+            replication_top_share: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("decisions", "Routing decisions by policy and reason", m.decisions.clone());
@@ -146,6 +156,26 @@ impl Metrics {
             "Raft state of this node: term, leader_id (0: none), is_leader, last_applied_index, last_log_index, voters",
             m.raft.clone(),
         );
+        registry.register(
+            "replication_warmups",
+            "Replication warm-ups by result (sent, failed, transferred)",
+            m.replication_warmups.clone(),
+        );
+        registry.register(
+            "replication_plan",
+            "The committed replication plan: version, prefixes, planned_blocks (KV blocks on targets)",
+            m.replication.clone(),
+        );
+        registry.register(
+            "replication_targets",
+            "Replication targets by state (pending, warming, confirmed, failed)",
+            m.replication_targets.clone(),
+        );
+        registry.register(
+            "replication_top_prefix_load_share",
+            "Token-load share of the hottest prefix this node knows of, 0 to 1",
+            m.replication_top_share.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -201,6 +231,27 @@ impl Metrics {
             for (what, v) in values {
                 m.raft.get_or_create(&vec![("what", what.to_string())]).set(v);
             }
+        }
+        if shared.replication.enabled() {
+            let plan = shared.replication.plan();
+            for (what, v) in [
+                ("version", plan.version),
+                ("prefixes", plan.prefixes.len() as u64),
+                ("planned_blocks", plan.planned_blocks()),
+            ] {
+                m.replication.get_or_create(&vec![("what", what.to_string())]).set(v as i64);
+            }
+            let counts = plan.target_counts();
+            for (state, n) in ["pending", "warming", "confirmed", "failed"].into_iter().zip(counts) {
+                m.replication_targets.get_or_create(&vec![("state", state.to_string())]).set(n as i64);
+            }
+            let hot = shared.replication.hot(shared);
+            let top = hot.prefixes.iter().map(|p| p.load_tokens_per_s).fold(0.0, f64::max);
+            m.replication_top_share.set(if hot.total_load_tokens_per_s > 0.0 {
+                top / hot.total_load_tokens_per_s
+            } else {
+                0.0
+            });
         }
         let mut out = String::new();
         let _ = encode(&mut out, &m.registry);

@@ -265,7 +265,7 @@ async fn forward(
         let now = shared.now();
         let (routed, name, url) = {
             let mut core = shared.core();
-            match core.route(&req, now) {
+            match core.route(&req, &tokens, now) {
                 Ok(r) => r,
                 Err(e) => {
                     drop(core);

@@ -135,6 +135,8 @@ pub struct Core {
     pub remote: kvmesh_core::gossip::RemoteBookings,
     /// This node's id in its cluster (0 alone).
     pub node_id: kvmesh_core::gossip::NodeId,
+    /// This node's hot-prefix counts (replication on).
+    pub sketch: Option<kvmesh_core::replication::PrefixSketch>,
 }
 
 /// The node settings the request path reads, fixed at start (no lock).
@@ -178,6 +180,8 @@ pub struct Shared {
     pub tokens: crate::auth::Tokens,
     /// The latest routing decisions, newest last (`kvmesh status`).
     decisions: Mutex<std::collections::VecDeque<DecisionRecord>>,
+    /// Hot-prefix replication.
+    pub replication: crate::replication::Replication,
 }
 
 /// One routing decision as operators see it.
@@ -255,6 +259,9 @@ impl Shared {
             // to outlive a reconnect's reordering.
             remote: kvmesh_core::gossip::RemoteBookings::new(TOMBSTONE_S),
             node_id: kvmesh_core::gossip::NodeId(config.cluster.as_ref().map_or(0, |c| c.id)),
+            sketch: config.replication.enabled.then(|| {
+                kvmesh_core::replication::PrefixSketch::new(config.replication.core().sketch, config.node.block_size)
+            }),
         };
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(config.node.request_timeout_s.max(1)))
@@ -272,6 +279,7 @@ impl Shared {
         let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
         let policy_name = Mutex::new((Arc::from(config.node.policy.as_str()), config.node.policy_params.clone()));
         let config_security = config.security.clone();
+        let replication = crate::replication::Replication::new(config.replication.clone());
         Ok(Shared {
             config: Mutex::new(config),
             settings,
@@ -284,6 +292,7 @@ impl Shared {
             cluster: std::sync::OnceLock::new(),
             tokens: crate::auth::Tokens::load(&config_security)?,
             decisions: Mutex::new(std::collections::VecDeque::with_capacity(DECISIONS_KEPT)),
+            replication,
         })
     }
 
@@ -295,6 +304,20 @@ impl Shared {
     /// The routing core, locked. Keep the guard for one short, I/O-free section.
     pub fn core(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This node's hottest `top` prefixes (empty with replication off).
+    pub fn own_report(&self, top: usize) -> kvmesh_core::replication::SketchReport {
+        let now = self.now();
+        self.core().sketch.as_ref().map(|s| s.report(now, top)).unwrap_or_default()
+    }
+
+    /// Routes by a committed replication plan from now on, and publishes it (watchers, metrics).
+    pub fn apply_plan(&self, plan: kvmesh_core::replication::ReplicationPlan) {
+        let grace = self.replication.section.grace_ttl_s;
+        let now = self.now();
+        self.core().fleet.set_replication_plan(&plan, grace, now);
+        self.replication.publish(plan);
     }
 
     /// Remembers a decision for `kvmesh status` (the last 64).
@@ -523,11 +546,17 @@ impl Core {
         Some(outcome)
     }
 
-    /// Routes one request; returns the booking, the replica's name and its base URL.
+    /// Routes one request; returns the booking, the replica's name and its base URL. `tokens`
+    /// (the prompt) feed the hot-prefix sketch.
     ///
     /// # Errors
     /// The core's error (no replica ready, …).
-    pub fn route(&mut self, req: &RouteRequest, now: f64) -> Result<(Routed, String, String), kvmesh_core::Error> {
+    pub fn route(
+        &mut self,
+        req: &RouteRequest,
+        tokens: &[u32],
+        now: f64,
+    ) -> Result<(Routed, String, String), kvmesh_core::Error> {
         // Status changes on events, scrapes and failures re-sync their replica at once; only
         // the passing of time (an overload mark or event silence running out) needs a sweep,
         // and a sweep every 10 ms is plenty.
@@ -549,6 +578,11 @@ impl Core {
             .ok_or(kvmesh_core::Error::UnknownReplica(id))?;
         if let Some(out) = self.outbox.as_mut() {
             out.routed(&self.fleet, &routed, &req.hashes);
+        }
+        if let Some(sketch) = self.sketch.as_mut() {
+            let output = self.fleet.bookings().get(routed.booking).map_or(0, |b| b.spec.expected_output_tokens);
+            let load = routed.decision.uncached_tokens as f64 + output as f64;
+            sketch.observe(now, &req.hashes, Some(tokens), load);
         }
         Ok((routed, name, url))
     }

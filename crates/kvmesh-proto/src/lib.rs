@@ -4,12 +4,14 @@
 //! - [`v1`]: the `kvmesh.v1` package — `Router`, `Admin` and `Events` services, their clients
 //!   (`v1::router_client::RouterClient`, …) and servers (`v1::router_server::RouterServer`, …).
 //! - [`FILE_DESCRIPTOR_SET`]: the compiled descriptors, for gRPC server reflection.
-//! - [`convert`]: wire messages ↔ core types; [`gossip`]: booking deltas ↔ core gossip types.
+//! - [`convert`]: wire messages ↔ core types; [`gossip`]: booking deltas ↔ core gossip types;
+//!   [`replication`]: hot-prefix reports and the replication plan.
 
 #![forbid(unsafe_code)]
 
 pub mod convert;
 pub mod gossip;
+pub mod replication;
 
 /// The `kvmesh.v1` package, generated from `proto/kvmesh/v1/*.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

@@ -101,12 +101,14 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         let mut runs = Vec::new();
         for policy in &policies {
             let data = tempfile::tempdir().context("a temporary directory for the Raft data")?;
+            let spec_replication = args.replication && *policy == policies[0];
             let spec = TierSpec {
                 replicas: args.replicas,
                 nodes: args.nodes,
                 policy,
                 speed: args.speed,
                 data_dir: data.path(),
+                replication: spec_replication,
             };
             eprintln!("starting {} router nodes and {} engines for {policy} …", args.nodes, args.replicas);
             let tier = tokio::select! {
@@ -135,15 +137,16 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             let Some(outcomes) = outcome else {
                 return Ok((rows, runs, true));
             };
-            let row = report::Row::of(policy, &outcomes, &names);
+            let label = if spec_replication { format!("{policy}+replication") } else { policy.clone() };
+            let row = report::Row::of(&label, &outcomes, &names);
             eprintln!(
-                "{policy}: {} requests, {} errors, TTFT p99 {}",
+                "{label}: {} requests, {} errors, TTFT p99 {}",
                 row.requests,
                 row.errors,
                 report::secs(row.ttft_p99_s)
             );
             rows.push(row);
-            runs.push((policy.clone(), outcomes));
+            runs.push((label, outcomes));
         }
         anyhow::Ok((rows, runs, false))
     });

@@ -28,6 +28,24 @@ pub struct TierSpec<'a> {
     pub speed: f64,
     /// Raft data lives here.
     pub data_dir: &'a Path,
+    /// Hot-prefix replication on.
+    pub replication: bool,
+}
+
+/// `[replication]` for the demo: on when asked, its times compressed like the engines'.
+fn replication_section(spec: &TierSpec<'_>) -> kvmesh_node::config::ReplicationSection {
+    let d = kvmesh_node::config::ReplicationSection::default();
+    let s = spec.speed.max(1e-3);
+    kvmesh_node::config::ReplicationSection {
+        enabled: spec.replication,
+        interval_ms: ((d.interval_ms as f64 / s) as u64).max(20),
+        cooldown_s: d.cooldown_s / s,
+        grace_ttl_s: d.grace_ttl_s / s,
+        warm_timeout_s: d.warm_timeout_s / s,
+        half_life_s: d.half_life_s / s,
+        min_requests_per_s: d.min_requests_per_s * s,
+        ..d
+    }
 }
 
 /// Free loopback ports (peers must know each other's address before binding).
@@ -86,7 +104,13 @@ impl Tier {
                 data_dir: spec.data_dir.join(format!("node{}", i + 1)),
                 ..ClusterSection::default()
             });
-            let config = NodeConfig { node, replicas: replicas.clone(), cluster, security: Default::default() };
+            let config = NodeConfig {
+                node,
+                replicas: replicas.clone(),
+                cluster,
+                security: Default::default(),
+                replication: replication_section(spec),
+            };
             nodes.push(kvmesh_node::start(config).await.with_context(|| format!("starting router node {}", i + 1))?);
         }
         let tier = Tier { engines, nodes };
@@ -130,6 +154,12 @@ impl Tier {
             .values()
             .map(|r| (r.config.name.clone(), core.fleet.bookings().load(r.id).queued_prefill_tokens))
             .collect()
+    }
+
+    /// The committed replication plan, when replication is on.
+    pub fn replication_plan(&self) -> Option<std::sync::Arc<kvmesh_core::replication::ReplicationPlan>> {
+        let shared = &self.nodes[0].shared;
+        shared.replication.enabled().then(|| shared.replication.plan())
     }
 
     /// Stops every node (all at once), then every engine.

@@ -67,10 +67,19 @@ impl View {
             stats.3,
             sent - done
         );
-        let leader = match tier.leader() {
+        let mut leader = match tier.leader() {
             Some((id, term)) => format!("{} router nodes · leader node {id} (term {term})", tier.nodes.len()),
             None => format!("{} router node(s)", tier.nodes.len()),
         };
+        if let Some(plan) = tier.replication_plan() {
+            let [pending, warming, confirmed, _] = plan.target_counts();
+            leader.push_str(&format!(
+                " · replication plan v{}: {} hot prefix(es), targets {confirmed} confirmed / {} warming",
+                plan.version,
+                plan.prefixes.len(),
+                pending + warming
+            ));
+        }
         let load: Vec<String> = tier
             .token_load()
             .into_iter()

@@ -8,11 +8,36 @@ use anyhow::{bail, Context};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use kvmesh_core::PolicyKind;
 use kvmesh_sim::engine::EngineProfile;
-use kvmesh_sim::simulation::{floors, simulate, Floors, RunMetrics, SimConfig};
+use kvmesh_sim::simulation::{floors, simulate, Floors, ReplicationConfig, RunMetrics, SimConfig};
 use kvmesh_sim::trace::{self, Trace};
 use kvmesh_sim::workload::arrivals;
 use kvmesh_sim::workload::scenarios::{Scenario, ScenarioParams};
 use std::sync::Mutex;
+
+/// A policy, with or without hot-prefix replication.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Variant {
+    kind: PolicyKind,
+    replication: bool,
+}
+
+impl Variant {
+    /// `token_load` or `token_load+replication`.
+    fn parse(s: &str) -> anyhow::Result<Variant> {
+        let s = s.trim();
+        let (name, replication) = match s.strip_suffix("+replication") {
+            Some(name) => (name, true),
+            None => (s, false),
+        };
+        Ok(Variant { kind: name.parse()?, replication })
+    }
+}
+
+impl std::fmt::Display for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.kind, if self.replication { "+replication" } else { "" })
+    }
+}
 
 /// One policy's results over the seeds.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -64,10 +89,14 @@ pub struct Report {
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     validate(args)?;
     let profile = EngineProfile::resolve(&args.profile).map_err(anyhow::Error::msg)?;
-    let policies: Vec<PolicyKind> = match &args.policies {
-        None => PolicyKind::ALL.to_vec(),
-        Some(list) => list.split(',').map(|p| p.parse::<PolicyKind>()).collect::<Result<_, _>>()?,
+    let mut policies: Vec<Variant> = match &args.policies {
+        None => PolicyKind::ALL.iter().map(|&kind| Variant { kind, replication: false }).collect(),
+        Some(list) => list.split(',').map(Variant::parse).collect::<anyhow::Result<_>>()?,
     };
+    let with_replication = Variant { kind: PolicyKind::TokenLoad, replication: true };
+    if args.replication && !policies.contains(&with_replication) {
+        policies.push(with_replication);
+    }
     let seeds: Vec<u64> = (args.seed..args.seed + args.seeds as u64).collect();
     let (traces, source) = load(args, &seeds)?;
     let trace = &traces[0];
@@ -192,7 +221,7 @@ fn load(args: &ReplayArgs, seeds: &[u64]) -> anyhow::Result<(Vec<Trace>, String)
 fn run_all(
     config: &SimConfig,
     traces: &[Trace],
-    policies: &[PolicyKind],
+    policies: &[Variant],
     seeds: &[u64],
     args: &ReplayArgs,
 ) -> anyhow::Result<Vec<PolicyResult>> {
@@ -223,7 +252,11 @@ fn run_all(
                 let bar = bars.add(ProgressBar::new(trace.requests.len() as u64));
                 bar.set_style(style.clone());
                 bar.set_prefix(format!("{} seed {}", policies[p], seeds[s]));
-                let mut policy = policies[p].build();
+                let mut policy = policies[p].kind.build();
+                let config = &SimConfig {
+                    replication: policies[p].replication.then(ReplicationConfig::default),
+                    ..config.clone()
+                };
                 match simulate(config, trace, policy.as_mut(), seeds[s], &mut |n| bar.set_position(n)) {
                     Ok(run) => {
                         let metrics = RunMetrics::of(&run, config);

@@ -95,6 +95,7 @@ pub fn table(r: &Report) -> String {
     for row in &rows {
         let _ = writeln!(out, "{}", line(row));
     }
+    out.push_str(&replication_notes(r));
     let wall: f64 = r.results.iter().flat_map(|p| p.per_seed.iter().map(|m| m.wall_s)).sum();
     let events: u64 = r.results.iter().flat_map(|p| p.per_seed.iter().map(|m| m.events)).sum();
     let _ = writeln!(
@@ -114,6 +115,25 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(out, "|{}", "---|".repeat(COLUMNS.len()));
     for row in rows(r) {
         let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
+    out.push_str(&replication_notes(r));
+    out
+}
+
+/// One line per replicated policy: warm-ups and the KV memory spent on replicas.
+fn replication_notes(r: &Report) -> String {
+    let mut out = String::new();
+    for p in r.results.iter().filter(|p| p.policy.ends_with("+replication")) {
+        let m = &p.mean;
+        let _ = writeln!(
+            out,
+            "\n{}: {} warm-ups prefilling {} tokens; KV on replicated prefixes {:.2} % of the fleet's on average, {:.2} % at peak",
+            p.policy,
+            m.warmups,
+            m.warm_tokens,
+            100.0 * m.replicated_kv_mean,
+            100.0 * m.replicated_kv_peak
+        );
     }
     out
 }

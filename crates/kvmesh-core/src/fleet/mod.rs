@@ -28,6 +28,7 @@ use crate::load::{BookingId, BookingSpec, Bookings, EngineMetrics};
 use crate::overlap::Overlap;
 use crate::policy::{Decision, Policy};
 use crate::record::RoutingRecord;
+use crate::replication::ReplicationPlan;
 use rand::RngCore;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -150,6 +151,8 @@ pub struct Fleet {
     epoch: u64,
     active_peers: u32,
     peer_rank: u32,
+    /// Planned replication targets treated as holding their prefix until a deadline.
+    planned: Vec<PlannedWarm>,
     // Per-decision scratch, reused so routing does not allocate.
     sparse: Vec<(ReplicaId, Overlap)>,
     overlaps: Vec<Overlap>,
@@ -175,6 +178,7 @@ impl Fleet {
             epoch: 0,
             active_peers: 0,
             peer_rank: 0,
+            planned: Vec::new(),
             sparse: Vec::new(),
             overlaps: Vec::new(),
             record_overlaps: Vec::new(),
@@ -453,6 +457,36 @@ impl Fleet {
         self.bookings.expire(now)
     }
 
+    /// Replicas whose KV events show every block of `chain` (a prompt's leading block
+    /// hashes) in GPU memory, sorted by id.
+    pub fn holders(&self, chain: &[BlockHash]) -> Vec<ReplicaId> {
+        let mut sparse = Vec::new();
+        self.index.overlaps(chain, &mut sparse);
+        sparse.into_iter().filter(|(_, o)| o.gpu as usize >= chain.len()).map(|(id, _)| id).collect()
+    }
+
+    /// Routes by a committed replication plan from `now` (seconds on this fleet's clock): each
+    /// target of a planned prefix whose warm-up was sent counts as holding it for
+    /// `grace_ttl_s` after this fleet first saw it sent, after which only its KV events count
+    /// (a pending target, waiting for the rate limit, is not warm). Unknown replica names are
+    /// skipped (the registry may be ahead of this node).
+    pub fn set_replication_plan(&mut self, plan: &ReplicationPlan, grace_ttl_s: f64, now: f64) {
+        let mut next = Vec::with_capacity(plan.prefixes.len());
+        for p in &plan.prefixes {
+            let old = self.planned.iter().find(|w| w.hash == p.hash && w.depth == p.depth_blocks);
+            let mut targets = Vec::new();
+            for t in p.targets.iter().filter(|t| t.state.is_sent()) {
+                let Some(r) = self.replica_by_name(&t.replica) else { continue };
+                let seen = old.and_then(|w| w.targets.iter().find(|(id, _)| *id == r.id)).map(|&(_, until)| until);
+                targets.push((r.id, seen.unwrap_or(now + grace_ttl_s)));
+            }
+            if !targets.is_empty() && p.depth_blocks > 0 {
+                next.push(PlannedWarm { hash: p.hash, depth: p.depth_blocks, targets });
+            }
+        }
+        self.planned = next;
+    }
+
     fn pos(&self, id: ReplicaId) -> Option<usize> {
         self.replicas.binary_search_by_key(&id, |r| r.id).ok()
     }
@@ -498,7 +532,29 @@ impl Fleet {
             self.record.overlaps_within(&req.hashes, now, window, &mut self.sparse);
             scatter(&self.sparse, &self.replicas, |p, o| self.overlaps[p].gpu = self.overlaps[p].gpu.max(o.gpu));
         }
+        // Planned replication targets: warm-ups are on their way (see `set_replication_plan`).
+        for w in &self.planned {
+            let d = w.depth as usize;
+            if req.hashes.len() < d || req.hashes[d - 1] != w.hash {
+                continue;
+            }
+            for &(id, until) in &w.targets {
+                if now < until {
+                    if let Ok(p) = self.replicas.binary_search_by_key(&id, |r| r.id) {
+                        self.overlaps[p].gpu = self.overlaps[p].gpu.max(w.depth);
+                    }
+                }
+            }
+        }
     }
+}
+
+/// A planned prefix's targets and until when each counts as holding it, seconds.
+#[derive(Debug, Clone)]
+struct PlannedWarm {
+    hash: BlockHash,
+    depth: u32,
+    targets: Vec<(ReplicaId, f64)>,
 }
 
 /// Calls `set(position, overlap)` for each `(replica, overlap)` of `sparse` (sorted by id)

@@ -167,7 +167,8 @@ impl Estimator<'_, '_> {
         let r = &view.replicas[i];
         let profile = if view.config.learn_prefill_rate { r.profile(true) } else { r.spec.profile };
         let queued = load.queued_prefill_at(view.now, profile.prefill_s_per_token);
-        let ttft_s = profile.ttft(queued + uncached, load.decoding);
+        let slot_wait = profile.slot_wait(load.outstanding(), load.decoding, view.expected_output_tokens);
+        let ttft_s = profile.ttft(queued + uncached, load.decoding) + slot_wait;
         let free = r.spec.capacity_blocks as i64 - view.kv_used_blocks(i) as i64;
         Estimate {
             uncached_tokens: uncached as u32,

@@ -25,6 +25,9 @@ pub struct ReplicaProfile {
     pub step_overhead_s: f64,
     /// C: prefill token budget per step (chunked prefill), tokens.
     pub chunk_tokens: u32,
+    /// Most sequences the engine runs at once (vLLM `--max-num-seqs`, SGLang
+    /// `--max-running-requests`); a request beyond them waits for one to finish.
+    pub max_num_seqs: u32,
 }
 
 impl Default for ReplicaProfile {
@@ -34,20 +37,24 @@ impl Default for ReplicaProfile {
 }
 
 impl ReplicaProfile {
-    /// Llama-3-8B, one H100, vLLM: β0 5.75 ms, β1 17.25 µs, β2 6.0 µs, chunk 8,192.
+    /// Llama-3-8B, one H100, vLLM: β0 5.75 ms, β1 17.25 µs, β2 6.0 µs, chunk 8,192, 256
+    /// sequences.
     pub const H100_LLAMA3_8B: ReplicaProfile = ReplicaProfile {
         prefill_s_per_token: 17.25e-6,
         decode_s_per_token: 6.0e-6,
         step_overhead_s: 5.75e-3,
         chunk_tokens: 8192,
+        max_num_seqs: 256,
     };
 
-    /// Llama-3-8B, one A100, vLLM: β0 16.4 ms, β1 47.8 µs, β2 18.2 µs, chunk 8,192.
+    /// Llama-3-8B, one A100, vLLM: β0 16.4 ms, β1 47.8 µs, β2 18.2 µs, chunk 8,192, 256
+    /// sequences.
     pub const A100_LLAMA3_8B: ReplicaProfile = ReplicaProfile {
         prefill_s_per_token: 47.8e-6,
         decode_s_per_token: 18.2e-6,
         step_overhead_s: 16.4e-3,
         chunk_tokens: 8192,
+        max_num_seqs: 256,
     };
 
     /// Checks every field is finite and positive.
@@ -71,6 +78,9 @@ impl ReplicaProfile {
                 reason: "must be at least 1 token, got 0".into(),
             });
         }
+        if self.max_num_seqs == 0 {
+            return Err(Error::InvalidConfig { field: "max_num_seqs", reason: "must be at least 1, got 0".into() });
+        }
         Ok(())
     }
 
@@ -92,9 +102,37 @@ impl ReplicaProfile {
     }
 }
 
+impl ReplicaProfile {
+    /// Estimated seconds a new request waits for a sequence slot on a replica running
+    /// `outstanding` requests (prefilling and decoding) of which `decoding` decode, each
+    /// expected to produce `output_tokens`: 0 below `max_num_seqs`; past it, each request
+    /// ahead beyond the cap waits for one to finish. With `D` sequences whose remaining decode
+    /// times spread evenly over one whole decode `T = output_tokens · (β0 + β2·D)`, one
+    /// finishes every `T / (D + 1)` on average.
+    #[inline]
+    pub fn slot_wait(&self, outstanding: u32, decoding: u32, output_tokens: u32) -> f64 {
+        let over = (outstanding + 1).saturating_sub(self.max_num_seqs);
+        if over == 0 {
+            return 0.0;
+        }
+        let d = decoding.max(1) as f64;
+        let whole = output_tokens.max(1) as f64 * (self.step_overhead_s + self.decode_s_per_token * d);
+        over as f64 * whole / (d + 1.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_batch_makes_new_requests_wait_for_slots() {
+        let p = ReplicaProfile::H100_LLAMA3_8B;
+        assert_eq!(p.slot_wait(255, 200, 300), 0.0, "the 256th sequence still fits");
+        // 2 over the cap, 255 decoding, 300 output tokens each: 2 · 300 · (5.75 ms + 255 · 6 µs) / 256.
+        let want = 2.0 * 300.0 * (5.75e-3 + 6.0e-6 * 255.0) / 256.0;
+        assert!((p.slot_wait(257, 255, 300) - want).abs() < 1e-12);
+    }
 
     #[test]
     fn ttft_follows_the_step_model() {

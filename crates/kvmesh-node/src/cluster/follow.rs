@@ -1,6 +1,6 @@
 //! Keeps this node in line with the replicated state: its replica actors follow the registry
 //! (once seeded; before that, the node's own `[[replicas]]`), draining follows the registry's
-//! state, and the policy follows the cluster's.
+//! state, and the policy and the replication plan follow the cluster's.
 
 use super::registry::{ClusterState, ReplicaState};
 use crate::config::ReplicaConfig;
@@ -52,6 +52,13 @@ async fn sync(shared: &Shared, supervisor: &ActorRef<SupervisorMsg>, state: &Clu
         // A starting replica is not routed to either: it cannot serve yet.
         let draining = e.state != ReplicaState::Ready;
         let _ = shared.set_draining(&e.config.name, draining);
+    }
+    if let Some(plan) = &state.replication_plan {
+        match serde_json::from_value::<kvmesh_core::replication::ReplicationPlan>(plan.clone()) {
+            Ok(plan) if plan.version != shared.replication.plan().version => shared.apply_plan(plan),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "registry: replication plan not understood"),
+        }
     }
     if let Some(p) = &state.policy {
         if let Err(e) = shared.set_policy(p, &state.policy_params) {

@@ -29,6 +29,8 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
     let summary_every = Duration::from_millis(section.summary_interval_ms);
     let mut last_summary = tokio::time::Instant::now() - summary_every;
     let mut peers: BTreeMap<u64, (String, mpsc::Sender<v1::GossipBatch>)> = BTreeMap::new();
+    let report_every = Duration::from_millis(shared.replication.section.interval_ms);
+    let mut last_report = tokio::time::Instant::now() - report_every;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -59,7 +61,11 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
                 None => return,
             }
         };
-        if deltas.is_empty() && summary.is_none() {
+        let hot = (shared.replication.enabled() && last_report.elapsed() >= report_every).then(|| {
+            last_report = tokio::time::Instant::now();
+            v1::HotPrefixReport::from(&shared.own_report(shared.replication.section.report_top).for_gossip())
+        });
+        if deltas.is_empty() && summary.is_none() && hot.is_none() {
             continue;
         }
         if summary.is_some() {
@@ -70,6 +76,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
             incarnation,
             deltas: deltas.iter().map(v1::BookingDelta::from).collect(),
             summary: summary.as_ref().map(v1::BookingSummary::from),
+            hot,
         };
         let m = &shared.metrics;
         for (_, tx) in peers.values() {

@@ -82,10 +82,19 @@ pub enum Command {
         #[serde(default)]
         params: BTreeMap<String, f64>,
     },
-    /// The hot-prefix replication plan (filled by the replication capability).
+    /// The hot-prefix replication plan (`kvmesh_core::replication::ReplicationPlan` as JSON).
+    /// With `base_version` it is a compare-and-set: refused unless the committed plan is still
+    /// at that version, and committed as version `base_version + 1` — so a writer working from
+    /// an older plan (a deposed leader, a trigger racing a planning round) never overwrites a
+    /// newer one. Without it (an operator's raw write), refused unless its `version` is newer.
+    /// A prefix the committed plan already has may leave out its `tokens`: they are copied
+    /// over, so each entry carries a prefix's token ids once.
     SetReplicationPlan {
         /// The plan, as its owner encodes it.
         plan: serde_json::Value,
+        /// The committed version this plan was computed from.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        base_version: Option<u64>,
     },
     /// One autoscaler decision (filled by the autoscaling capability); the last 100 are kept.
     RecordScaleDecision {
@@ -179,7 +188,12 @@ impl ClusterState {
                 self.policy = Some(policy.clone());
                 self.policy_params = params.clone();
             }
-            Command::SetReplicationPlan { plan } => self.replication_plan = Some(plan.clone()),
+            Command::SetReplicationPlan { plan, base_version } => {
+                match merge_plan(self.replication_plan.as_ref(), plan, *base_version) {
+                    Ok(plan) => self.replication_plan = Some(plan),
+                    Err(e) => return err(e),
+                }
+            }
             Command::RecordScaleDecision { decision } => {
                 self.scale_decisions.push(decision.clone());
                 let excess = self.scale_decisions.len().saturating_sub(100);
@@ -193,6 +207,49 @@ impl ClusterState {
     pub fn live_replicas(&self) -> impl Iterator<Item = &RegistryEntry> {
         self.replicas.values().filter(|e| e.state != ReplicaState::Removed)
     }
+}
+
+/// The plan `new` would make of the committed `current` (see
+/// [`Command::SetReplicationPlan`]), or why it is refused.
+fn merge_plan(
+    current: Option<&serde_json::Value>,
+    new: &serde_json::Value,
+    base_version: Option<u64>,
+) -> Result<serde_json::Value, String> {
+    let version = |p: &serde_json::Value| p.get("version").and_then(serde_json::Value::as_u64);
+    let current_version = current.and_then(version).unwrap_or(0);
+    let mut plan = new.clone();
+    match base_version {
+        Some(base) if base != current_version => {
+            return Err(format!(
+                "stale replication plan: computed from v{base}, the committed plan is v{current_version}"
+            ))
+        }
+        Some(_) => plan["version"] = (current_version + 1).into(),
+        None => {
+            let v = version(new).unwrap_or(0);
+            if current.is_some() && v <= current_version {
+                return Err(format!("stale replication plan: version {v} is not newer than {current_version}"));
+            }
+        }
+    }
+    let key = |p: &serde_json::Value| (p.get("hash").cloned(), p.get("depth_blocks").cloned());
+    let known: Vec<&serde_json::Value> = current
+        .and_then(|c| c.get("prefixes"))
+        .and_then(|p| p.as_array())
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
+    if let Some(prefixes) = plan.get_mut("prefixes").and_then(|p| p.as_array_mut()) {
+        for p in prefixes {
+            let has_tokens = p.get("tokens").and_then(|t| t.as_array()).is_some_and(|t| !t.is_empty());
+            if !has_tokens {
+                if let Some(old) = known.iter().find(|o| key(o) == key(p)).and_then(|o| o.get("tokens")) {
+                    p["tokens"] = old.clone();
+                }
+            }
+        }
+    }
+    Ok(plan)
 }
 
 /// Whether `policy` with `params` can be built (so no node fails to apply it).
@@ -267,6 +324,37 @@ mod tests {
             s.apply(&Command::RecordScaleDecision { decision: serde_json::json!(i) }, 10 + i);
         }
         assert_eq!((s.scale_decisions.len(), s.scale_decisions[0].clone()), (100, serde_json::json!(5)));
+    }
+
+    #[test]
+    fn plan_writes_are_compare_and_set_and_carry_token_ids_once() {
+        let mut s = ClusterState::default();
+        let set = |plan: serde_json::Value, base: Option<u64>| Command::SetReplicationPlan { plan, base_version: base };
+        let prefix = |tokens: Option<Vec<u32>>| {
+            let mut p = serde_json::json!({"hash": 7, "depth_blocks": 4, "targets": []});
+            if let Some(t) = tokens {
+                p["tokens"] = t.into();
+            }
+            p
+        };
+        // From v0: committed as v1 whatever version the writer put in.
+        let first = serde_json::json!({"version": 5, "prefixes": [prefix(Some(vec![1, 2, 3]))]});
+        assert_eq!(s.apply(&set(first, Some(0)), 1).error, None);
+        assert_eq!(s.replication_plan.as_ref().unwrap()["version"], 1);
+        // A writer still on v0 is refused; the next from v1 may leave the known ids out.
+        let racing = serde_json::json!({"version": 9, "prefixes": []});
+        let refused = s.apply(&set(racing, Some(0)), 2).error.unwrap();
+        assert_eq!(refused, "stale replication plan: computed from v0, the committed plan is v1");
+        let next = serde_json::json!({"version": 2, "prefixes": [prefix(None)]});
+        assert_eq!(s.apply(&set(next, Some(1)), 3).error, None);
+        let plan = s.replication_plan.clone().unwrap();
+        assert_eq!(
+            (plan["version"].as_u64(), plan["prefixes"][0]["tokens"].clone()),
+            (Some(2), serde_json::json!([1, 2, 3]))
+        );
+        // An operator's raw write must be newer.
+        let raw = serde_json::json!({"version": 2, "prefixes": []});
+        assert_eq!(s.apply(&set(raw, None), 4).error.unwrap(), "stale replication plan: version 2 is not newer than 2");
     }
 
     #[test]

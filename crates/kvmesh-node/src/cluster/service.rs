@@ -189,6 +189,12 @@ impl gossip_server::Gossip for ClusterServices {
             let deltas: Vec<Delta> = batch.deltas.into_iter().filter_map(|d| Delta::try_from(d).ok()).collect();
             self.shared.metrics.gossip_deltas_received.inc_by(deltas.len() as u64);
             let summary = batch.summary.map(Summary::from);
+            if let Some(hot) = batch.hot {
+                if self.shared.replication.enabled() {
+                    let bs = self.shared.settings.block_size;
+                    self.shared.replication.store_report(batch.node_id, hot.into(), bs);
+                }
+            }
             let now = self.shared.now();
             let mut core = self.shared.core();
             let core = &mut *core;

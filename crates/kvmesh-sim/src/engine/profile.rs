@@ -108,6 +108,7 @@ impl EngineProfile {
             decode_s_per_token: self.decode_s_per_token,
             step_overhead_s: self.step_overhead_s,
             chunk_tokens: self.chunk_tokens,
+            max_num_seqs: self.max_batch,
         }
     }
 

@@ -39,6 +39,15 @@ pub struct RunMetrics {
     pub load_mean: f64,
     /// Requests whose TTFT exceeded the SLO (or that never got a first token).
     pub slo_violations: u64,
+    /// Warm-up requests replication sent (0 without replication).
+    pub warmups: u64,
+    /// Tokens those warm-ups prefilled.
+    pub warm_tokens: u64,
+    /// KV memory the replication plan placed on targets, mean over the run, share of the
+    /// fleet's KV capacity.
+    pub replicated_kv_mean: f64,
+    /// The same at its peak.
+    pub replicated_kv_peak: f64,
     /// Simulated events processed.
     pub events: u64,
     /// Wall-clock seconds.
@@ -97,6 +106,12 @@ impl RunMetrics {
             load_max: run.load_max_mean.0,
             load_mean: run.load_max_mean.1,
             slo_violations: late as u64,
+            warmups: run.replication.map_or(0, |r| r.warmups),
+            warm_tokens: run.replication.map_or(0, |r| r.warm_tokens),
+            replicated_kv_mean: run.replication.map_or(0.0, |r| r.planned_blocks_mean / r.fleet_blocks.max(1) as f64),
+            replicated_kv_peak: run
+                .replication
+                .map_or(0.0, |r| r.planned_blocks_peak as f64 / r.fleet_blocks.max(1) as f64),
             events: run.events,
             wall_s: run.wall_s,
         }
@@ -123,6 +138,10 @@ impl RunMetrics {
             load_max: avg(|m| m.load_max),
             load_mean: avg(|m| m.load_mean),
             slo_violations: avg_u(|m| m.slo_violations),
+            warmups: avg_u(|m| m.warmups),
+            warm_tokens: avg_u(|m| m.warm_tokens),
+            replicated_kv_mean: avg(|m| m.replicated_kv_mean),
+            replicated_kv_peak: avg(|m| m.replicated_kv_peak),
             events: avg_u(|m| m.events),
             wall_s: avg(|m| m.wall_s),
         }

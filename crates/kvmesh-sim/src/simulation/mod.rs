@@ -15,6 +15,7 @@
 mod metrics;
 mod queue;
 
+pub use kvmesh_core::replication::ReplicationConfig;
 pub use metrics::{floors, Floors, RunMetrics};
 
 use crate::engine::{Engine, EngineProfile, EngineRequest};
@@ -23,12 +24,14 @@ use crate::trace::Trace;
 use kvmesh_core::gossip::{Delta, NodeId, Outbox, RemoteBookings};
 use kvmesh_core::index::KvEvent;
 use kvmesh_core::load::{BookingId, EngineMetrics};
+use kvmesh_core::replication::{plan_round, warm_round, PrefixSketch, ReplicationPlan, SketchReport, WarmLimiter};
 use kvmesh_core::{
-    BlockHasher, Fleet, FleetConfig, Namespace, Policy, PolicyKind, ReplicaId, ReplicaSpec, RouteRequest,
+    BlockHash, BlockHasher, Fleet, FleetConfig, Namespace, Policy, PolicyKind, ReplicaId, ReplicaSpec, RouteRequest,
 };
 use queue::{Ev, Queue};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -58,6 +61,10 @@ pub struct SimConfig {
     pub gossip_delay_s: f64,
     /// Whether router nodes share bookings at all. Default true.
     pub gossip: bool,
+    /// Hot-prefix replication: router 0 plays the Raft leader — each tick it merges every
+    /// node's sketch, plans, and sends warm-ups (prefill-only requests of `max_tokens` 1) to
+    /// the engines; every node routes by the plan. `None` (default): no replication.
+    pub replication: Option<ReplicationConfig>,
     /// Router settings (its block size is forced to `block_size`). The simulation's default
     /// lease is effectively infinite: every simulated request is released, and overloaded
     /// runs must not lose their queue from the router's view to lease expiry.
@@ -77,6 +84,7 @@ impl Default for SimConfig {
             routers: 1,
             gossip_delay_s: 0.005,
             gossip: true,
+            replication: None,
             fleet: FleetConfig { lease_s: 1e9, ..FleetConfig::default() },
         }
     }
@@ -120,6 +128,25 @@ pub struct Run {
     pub wall_s: f64,
     /// The first router's fleet at the end (bookings should be empty).
     pub fleet: Fleet,
+    /// What replication did, when enabled.
+    pub replication: Option<ReplicationStats>,
+}
+
+/// What replication did in one run.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct ReplicationStats {
+    /// Distinct prefixes ever planned.
+    pub prefixes_planned: u64,
+    /// Warm-up requests sent.
+    pub warmups: u64,
+    /// Tokens the warm-ups prefilled.
+    pub warm_tokens: u64,
+    /// KV blocks the plan placed on targets, mean over ticks from the first arrival.
+    pub planned_blocks_mean: f64,
+    /// The most KV blocks the plan placed on targets at once.
+    pub planned_blocks_peak: u64,
+    /// The fleet's KV capacity, blocks (for shares).
+    pub fleet_blocks: u64,
 }
 
 /// Simulates `trace` through `policy` with `seed`. `progress(n)` is called as requests arrive.
@@ -176,12 +203,27 @@ pub fn simulate(
             rng: SmallRng::seed_from_u64(seed ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
             outbox: (config.routers > 1 && config.gossip).then(|| Outbox::new(usize::MAX, usize::MAX)),
             remote: RemoteBookings::new(1e9),
+            sketch: config.replication.as_ref().map(|c| PrefixSketch::new(c.sketch, config.block_size)),
         });
     }
     for _ in 0..config.replicas {
         engines.push(Engine::new(config.profile.clone(), engine_hasher));
     }
+    if let Some(c) = &config.replication {
+        c.validate().map_err(|e| e.to_string())?;
+    }
+    let fleet_blocks = config.profile.kv_blocks(config.block_size) * config.replicas as u64;
     let mut sim = Sim {
+        replication: config.replication.clone().map(|config| Replicator {
+            config,
+            plan: ReplicationPlan::default(),
+            limiter: WarmLimiter::default(),
+            warm: HashMap::new(),
+            next_warm: trace.requests.len() as u64,
+            planned: Vec::new(),
+            block_ticks: (0.0, 0),
+            stats: ReplicationStats { fleet_blocks, ..ReplicationStats::default() },
+        }),
         config,
         trace,
         routers,
@@ -199,6 +241,9 @@ pub fn simulate(
         sim.queue.push(r.arrival_s, Ev::Arrival(i as u32));
     }
     sim.queue.push(0.0, Ev::Tick);
+    if sim.replication.is_some() {
+        sim.queue.push(0.0, Ev::Replicate);
+    }
     while let Some((t, ev)) = sim.queue.pop() {
         match ev {
             Ev::Arrival(i) => {
@@ -225,6 +270,12 @@ pub fn simulate(
                 }
             }
             Ev::Tick => sim.tick(t),
+            Ev::Replicate => {
+                sim.replicate(t);
+                if let Some(r) = sim.replication.as_ref().filter(|_| sim.more()) {
+                    sim.queue.push(t + r.config.interval_s, Ev::Replicate);
+                }
+            }
         }
     }
     progress(sim.arrived);
@@ -234,6 +285,10 @@ pub fn simulate(
         events: sim.queue.processed(),
         wall_s: started.elapsed().as_secs_f64(),
         outcomes: sim.outcomes,
+        replication: sim.replication.as_ref().map(|r| {
+            let (sum, ticks) = r.block_ticks;
+            ReplicationStats { planned_blocks_mean: sum / ticks.max(1) as f64, ..r.stats }
+        }),
         fleet: sim.routers.swap_remove(0).fleet,
     })
 }
@@ -246,6 +301,24 @@ struct Router {
     rng: SmallRng,
     outbox: Option<Outbox>,
     remote: RemoteBookings,
+    /// This node's hot-prefix counts (replication only).
+    sketch: Option<PrefixSketch>,
+}
+
+/// The leader's replication state (router 0).
+struct Replicator {
+    config: ReplicationConfig,
+    plan: ReplicationPlan,
+    limiter: WarmLimiter,
+    /// Warm-up engine request id → its booking on router 0.
+    warm: HashMap<u64, BookingId>,
+    /// Engine request ids from here on are warm-ups (trace requests come first).
+    next_warm: u64,
+    /// Every (hash, depth) ever planned.
+    planned: Vec<(BlockHash, u32)>,
+    /// Sum of planned blocks over ticks, and the ticks counted.
+    block_ticks: (f64, u64),
+    stats: ReplicationStats,
 }
 
 struct Sim<'a> {
@@ -263,6 +336,7 @@ struct Sim<'a> {
     arrived: u64,
     load_sum: (f64, f64),
     rejected: Vec<u64>,
+    replication: Option<Replicator>,
 }
 
 impl Sim<'_> {
@@ -281,6 +355,11 @@ impl Sim<'_> {
         };
         let routed = router.fleet.route(policy, &route, &mut router.rng, t).map_err(|e| e.to_string())?;
         let r = routed.decision.replica.index();
+        if let Some(sketch) = router.sketch.as_mut() {
+            let load = routed.decision.uncached_tokens as f64
+                + router.fleet.bookings().get(routed.booking).map_or(0.0, |b| b.spec.expected_output_tokens as f64);
+            sketch.observe(t, &route.hashes, Some(&tokens), load);
+        }
         if let Some(out) = router.outbox.as_mut() {
             out.routed(&router.fleet, &routed, &route.hashes);
         }
@@ -328,6 +407,9 @@ impl Sim<'_> {
             }
         }
         for id in std::mem::take(&mut self.rejected) {
+            if self.warm_done(id) {
+                continue;
+            }
             let o = &mut self.outcomes[id as usize];
             o.rejected = true;
             if let Some(b) = self.bookings[id as usize].take() {
@@ -370,6 +452,9 @@ impl Sim<'_> {
             }
         }
         for (id, cached) in out.first_tokens {
+            if id >= self.trace.requests.len() as u64 {
+                continue; // a warm-up: its end releases it
+            }
             let o = &mut self.outcomes[id as usize];
             debug_assert!(o.first_token_s.is_nan(), "one first token per request");
             o.first_token_s = t;
@@ -385,6 +470,9 @@ impl Sim<'_> {
             }
         }
         for id in out.finished {
+            if self.warm_done(id) {
+                continue;
+            }
             let o = &mut self.outcomes[id as usize];
             o.finish_s = t;
             let (k, output) = (o.router as usize, o.output_tokens);
@@ -406,9 +494,75 @@ impl Sim<'_> {
         for router in &mut self.routers {
             router.fleet.expire(t);
         }
-        let more = (self.arrived as usize) < self.trace.requests.len() || self.engines.iter().any(Engine::has_work);
-        if more {
+        if self.more() {
             self.queue.push(t + self.config.metrics_interval_s, Ev::Tick);
+        }
+    }
+}
+
+impl Sim<'_> {
+    /// Whether requests are still to arrive or engines still work.
+    fn more(&self) -> bool {
+        (self.arrived as usize) < self.trace.requests.len() || self.engines.iter().any(Engine::has_work)
+    }
+
+    /// Whether engine request `id` is a warm-up; if so, ends its booking on router 0.
+    fn warm_done(&mut self, id: u64) -> bool {
+        if id < self.trace.requests.len() as u64 {
+            return false;
+        }
+        if let Some(b) = self.replication.as_mut().and_then(|r| r.warm.remove(&id)) {
+            let _ = self.routers[0].fleet.release(b, Some(1));
+        }
+        true
+    }
+
+    /// The leader's replication round at `t`: plan from every node's sketch (cut as the node
+    /// gossips it: 16 prefixes, token ids on the hottest 4), warm, and let every node route by
+    /// the plan.
+    fn replicate(&mut self, t: f64) {
+        let Some(rep) = self.replication.as_mut() else { return };
+        let reports: Vec<SketchReport> =
+            self.routers.iter().filter_map(|r| r.sketch.as_ref()).map(|s| s.report(t, 16).for_gossip()).collect();
+        let merged = SketchReport::merge(&reports);
+        let leader = &mut self.routers[0].fleet;
+        rep.plan = plan_round(&rep.config, t, &merged, leader, &rep.plan);
+        let (warmups, _) = warm_round(&rep.config, t, leader, &mut rep.plan, &mut rep.limiter);
+        for p in &rep.plan.prefixes {
+            if !rep.planned.contains(&(p.hash, p.depth_blocks)) {
+                rep.planned.push((p.hash, p.depth_blocks));
+                rep.stats.prefixes_planned += 1;
+            }
+        }
+        if self.arrived > 0 {
+            let blocks = rep.plan.planned_blocks();
+            rep.block_ticks.0 += blocks as f64;
+            rep.block_ticks.1 += 1;
+            rep.stats.planned_blocks_peak = rep.stats.planned_blocks_peak.max(blocks);
+        }
+        let mut kicks = Vec::new();
+        for w in warmups {
+            let Some(r) = leader.replica_by_name(&w.replica).map(|r| r.id) else { continue };
+            let spec = kvmesh_core::load::BookingSpec {
+                uncached_prefill_tokens: w.tokens.len() as u32,
+                uncached_blocks: w.depth_blocks,
+                expected_output_tokens: 1,
+            };
+            let Ok(booking) = leader.book(r, spec, t) else { continue };
+            let id = rep.next_warm;
+            rep.next_warm += 1;
+            rep.warm.insert(id, booking);
+            rep.stats.warmups += 1;
+            rep.stats.warm_tokens += w.tokens.len() as u64;
+            self.engines[r.index()].enqueue(EngineRequest { id, tokens: w.tokens.clone(), output_tokens: 1 });
+            kicks.push(r.index());
+        }
+        let grace = rep.config.grace_ttl_s;
+        for router in &mut self.routers {
+            router.fleet.set_replication_plan(&rep.plan, grace, t);
+        }
+        for r in kicks {
+            self.kick(r, t);
         }
     }
 }

@@ -17,6 +17,8 @@ pub(crate) enum Ev {
     Gossip,
     /// The router polls engine metrics and expires old state.
     Tick,
+    /// The leader's replication round (replication only).
+    Replicate,
 }
 
 #[derive(Debug)]

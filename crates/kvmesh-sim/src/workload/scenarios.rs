@@ -9,6 +9,7 @@
 //! |---|---|
 //! | `shared-0`, `shared-50`, `shared-90` | 4,096-token prompts whose first 0 / 50 / 90 % (rounded to 512-token blocks) is one of 8 system prompts, the rest unique |
 //! | `hot-prompt` | 60 % of requests start with one 3,072-token system prompt, 40 % with one of 200 others; 1,024 unique tokens each (case C13) |
+//! | `hot-rotating` | as `hot-prompt`, but the hot prompt is replaced by a new one every 20 s: a hot prompt appears suddenly (case C13 with the appearance; what replication is for) |
 //! | `zipf` | 3,072-token documents drawn from 1,000 with Zipf popularity (s = 1.1), then 1,024 unique tokens |
 //! | `bursts` | agent traffic: bursts of 64 requests within 1 s sharing one 3,072-token context, bursts every `64 / rate` s on average; peak concurrency far above the mean rate |
 //! | `chat` | multi-turn sessions ([`super::Workload`]) |
@@ -20,6 +21,9 @@ use rand::{Rng, SeedableRng};
 use std::fmt;
 use std::str::FromStr;
 
+/// `hot-rotating`: seconds each hot prompt stays hot.
+pub const HOT_PERIOD_S: f64 = 20.0;
+
 /// A scenario by name.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scenario {
@@ -30,6 +34,8 @@ pub enum Scenario {
     },
     /// One prompt carries 60 % of traffic.
     HotPrompt,
+    /// One prompt carries 60 % of traffic, a new one every 20 s.
+    HotRotating,
     /// Zipf document popularity.
     Zipf,
     /// Agent bursts.
@@ -58,7 +64,8 @@ impl Default for ScenarioParams {
 
 impl Scenario {
     /// Every scenario name.
-    pub const NAMES: [&'static str; 7] = ["shared-0", "shared-50", "shared-90", "hot-prompt", "zipf", "bursts", "chat"];
+    pub const NAMES: [&'static str; 8] =
+        ["shared-0", "shared-50", "shared-90", "hot-prompt", "hot-rotating", "zipf", "bursts", "chat"];
 
     /// Generates the scenario's trace.
     pub fn generate(&self, p: &ScenarioParams) -> Trace {
@@ -95,6 +102,21 @@ impl Scenario {
                     g.advance(p.rate);
                     let mut ids =
                         if g.rng.random_bool(0.6) { hot.clone() } else { others[g.rng.random_range(0..200)].clone() };
+                    ids.extend(g.ids(2));
+                    g.push(ids, 8 * BLOCK_TOKENS);
+                }
+            }
+            Scenario::HotRotating => {
+                let mut hot = (0u64, g.ids(6));
+                let others: Vec<Vec<u64>> = (0..200).map(|_| g.ids(6)).collect();
+                for _ in 0..p.requests {
+                    g.advance(p.rate);
+                    let period = (g.t / HOT_PERIOD_S) as u64;
+                    if period != hot.0 {
+                        hot = (period, g.ids(6));
+                    }
+                    let mut ids =
+                        if g.rng.random_bool(0.6) { hot.1.clone() } else { others[g.rng.random_range(0..200)].clone() };
                     ids.extend(g.ids(2));
                     g.push(ids, 8 * BLOCK_TOKENS);
                 }
@@ -187,6 +209,7 @@ impl FromStr for Scenario {
             "shared-50" => Scenario::Shared { percent: 50 },
             "shared-90" => Scenario::Shared { percent: 90 },
             "hot-prompt" => Scenario::HotPrompt,
+            "hot-rotating" => Scenario::HotRotating,
             "zipf" => Scenario::Zipf,
             "bursts" => Scenario::Bursts,
             "chat" => Scenario::Chat,
@@ -200,6 +223,7 @@ impl fmt::Display for Scenario {
         match self {
             Scenario::Shared { percent } => write!(f, "shared-{percent}"),
             Scenario::HotPrompt => f.write_str("hot-prompt"),
+            Scenario::HotRotating => f.write_str("hot-rotating"),
             Scenario::Zipf => f.write_str("zipf"),
             Scenario::Bursts => f.write_str("bursts"),
             Scenario::Chat => f.write_str("chat"),
@@ -211,6 +235,7 @@ impl fmt::Display for Scenario {
 mod tests {
     use super::*;
     use crate::analyze::analyze;
+    use std::collections::HashMap;
 
     fn gen(name: &str) -> Trace {
         name.parse::<Scenario>().unwrap().generate(&ScenarioParams { requests: 1000, rate: 10.0, seed: 3 })
@@ -234,6 +259,28 @@ mod tests {
         let first = t.requests.iter().filter(|r| r.block_ids[0] == 0).count();
         assert!((560..=640).contains(&first), "{first}");
         assert_eq!(t.requests.len(), 1000);
+    }
+
+    #[test]
+    fn the_rotating_hot_prompt_changes_every_period() {
+        let t = Scenario::HotRotating.generate(&ScenarioParams { requests: 3500, rate: 50.0, seed: 1 });
+        // Per 20 s period: the most common first block, and its share of the period's requests.
+        let mut periods: Vec<HashMap<u64, usize>> = Vec::new();
+        for r in &t.requests {
+            let k = (r.arrival_s / HOT_PERIOD_S) as usize;
+            periods.resize_with(periods.len().max(k + 1), HashMap::new);
+            *periods[k].entry(r.block_ids[0]).or_default() += 1;
+        }
+        let mut hot_ids = Vec::new();
+        for p in &periods[..periods.len() - 1] {
+            let (&id, &n) = p.iter().max_by_key(|(_, &n)| n).unwrap();
+            let share = n as f64 / p.values().sum::<usize>() as f64;
+            assert!((0.55..0.65).contains(&share), "{share}");
+            hot_ids.push(id);
+        }
+        assert_eq!(hot_ids.len(), 3);
+        hot_ids.dedup();
+        assert_eq!(hot_ids.len(), 3, "a new hot prompt each period");
     }
 
     #[test]

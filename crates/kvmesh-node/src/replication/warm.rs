@@ -1,0 +1,146 @@
+//! Sending one warm-up: the transfer sidecar first when one is configured, else (or when it
+//! refuses) a prefill-only OpenAI completion with `max_tokens: 1` and the prefix's token ids
+//! as the prompt — vLLM and SGLang accept token-id prompts unmodified. The warm-up is booked
+//! on the target while it runs, so routing sees its prefill. Its success is judged later, by
+//! the target's KV events (`kvmesh_core::replication::warm_round`).
+
+use super::WarmFailure;
+use crate::state::Shared;
+use kvmesh_core::load::BookingSpec;
+use kvmesh_core::replication::Warmup;
+use kvmesh_proto::v1;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::UnboundedSender<WarmFailure>) {
+    let section = &shared.replication.section;
+    let now = shared.now();
+    let (target_url, model, holder, booking) = {
+        let mut core = shared.core();
+        let Some(id) = core.fleet.replica_by_name(&w.replica).map(|r| r.id) else {
+            let _ = failed.send(failure(&w, "the replica is no longer registered".into()));
+            return;
+        };
+        let url = core.replicas.get(&w.replica).map(|r| r.config.http.trim_end_matches('/').to_string());
+        let model = core.replicas.get(&w.replica).and_then(|r| r.config.model.clone());
+        let chain = core.fleet.hasher().hash_blocks(&w.tokens);
+        let holder = core.fleet.holders(&chain).into_iter().find_map(|h| {
+            let name = core.fleet.replica(h)?.spec.name.clone();
+            let url = core.replicas.get(&name)?.config.http.trim_end_matches('/').to_string();
+            Some((name, url))
+        });
+        let spec = BookingSpec {
+            uncached_prefill_tokens: w.tokens.len() as u32,
+            uncached_blocks: w.depth_blocks,
+            expected_output_tokens: 1,
+        };
+        let booking = core.fleet.book(id, spec, now).ok();
+        (url.unwrap_or_default(), model.unwrap_or_else(|| shared.settings.model.clone()), holder, booking)
+    };
+    // The whole send ends before the round that would retry it: the transfer and the prefill
+    // share 90 % of `warm_timeout_s`.
+    let transfer_first = !section.transfer_endpoint.is_empty();
+    let budget = section.warm_timeout_s * 0.9;
+    let timeout = Duration::from_secs_f64(if transfer_first { budget / 2.0 } else { budget });
+    let mut result = Err("no attempt".to_string());
+    if transfer_first {
+        match transfer(&section.transfer_endpoint, &w, &model, holder.as_ref(), &target_url, timeout).await {
+            Ok(()) => {
+                shared.metrics.replication_warmups.get_or_create(&vec![("result", "transferred".into())]).inc();
+                tracing::info!(replica = %w.replica, prefix = w.hash.0, "replication: transfer started by the sidecar");
+                result = Ok(());
+            }
+            Err(e) => {
+                tracing::warn!(replica = %w.replica, error = %e, "replication: transfer refused; warming with a prefill")
+            }
+        }
+    }
+    if result.is_err() {
+        result = prefill(&shared, &w, &model, &target_url, timeout).await;
+        let label = if result.is_ok() { "sent" } else { "failed" };
+        shared.metrics.replication_warmups.get_or_create(&vec![("result", label.into())]).inc();
+    }
+    if let Some(b) = booking {
+        let _ = shared.core().fleet.release(b, Some(1));
+    }
+    match result {
+        Ok(()) => {
+            tracing::debug!(replica = %w.replica, prefix = w.hash.0, tokens = w.tokens.len(), "replication: warm-up done")
+        }
+        Err(reason) => {
+            let _ = failed.send(failure(&w, reason));
+        }
+    }
+}
+
+fn failure(w: &Warmup, reason: String) -> WarmFailure {
+    WarmFailure { hash: w.hash, depth_blocks: w.depth_blocks, replica: w.replica.clone(), attempt: w.attempt, reason }
+}
+
+/// POST `{url}/v1/completions` with the prefix as token ids and `max_tokens: 1`.
+async fn prefill(shared: &Shared, w: &Warmup, model: &str, url: &str, timeout: Duration) -> Result<(), String> {
+    let mut body = serde_json::json!({
+        "prompt": &*w.tokens,
+        "max_tokens": 1,
+        "temperature": 0,
+        "stream": false,
+    });
+    // Without a configured model name the engine serves its default (vLLM allows no `model`).
+    if !model.is_empty() {
+        body["model"] = model.into();
+    }
+    let resp = shared
+        .http
+        .post(format!("{url}/v1/completions"))
+        .timeout(timeout)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("warm-up request to {url}: {}", crate::error_chain(&e)))?;
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(());
+    }
+    let text = resp.text().await.unwrap_or_default();
+    Err(format!("the engine answered {status}: {}", text.chars().take(200).collect::<String>()))
+}
+
+/// Asks the sidecar at `endpoint` to copy the prefix from a holder to the target.
+async fn transfer(
+    endpoint: &str,
+    w: &Warmup,
+    model: &str,
+    from: Option<&(String, String)>,
+    to_url: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let (from_replica, from_endpoint) = from.cloned().ok_or("no replica holds the prefix to copy from")?;
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        .map_err(|e| format!("transfer_endpoint {endpoint:?}: {e}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(timeout)
+        .connect()
+        .await
+        .map_err(|e| format!("connecting to the transfer sidecar {endpoint}: {}", crate::error_chain(&e)))?;
+    let req = v1::TransferRequest {
+        hash: w.hash.0,
+        depth_blocks: w.depth_blocks,
+        token_ids: w.tokens.to_vec(),
+        model: model.to_string(),
+        from_replica,
+        from_endpoint,
+        to_replica: w.replica.clone(),
+        to_endpoint: to_url.to_string(),
+    };
+    let resp = v1::replication_transfer_client::ReplicationTransferClient::new(channel)
+        .transfer(req)
+        .await
+        .map_err(|e| format!("transfer sidecar: {}", e.message()))?
+        .into_inner();
+    if resp.accepted {
+        Ok(())
+    } else {
+        Err(format!("the transfer sidecar declined: {}", resp.detail))
+    }
+}
