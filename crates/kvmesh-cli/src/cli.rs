@@ -208,7 +208,8 @@ pub enum ClusterCommand {
 
 #[derive(Debug, Args)]
 pub struct ClusterTarget {
-    /// A member's gRPC address.
+    /// A member's gRPC address; `https://` for nodes serving TLS (trusting the PEM CA in
+    /// KVMESH_CA_FILE; with mTLS, KVMESH_TLS_CERT_FILE and KVMESH_TLS_KEY_FILE are the client's).
     #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL", env = "KVMESH_GRPC")]
     pub grpc: String,
     /// A file holding the admin token, for nodes with `[security] admin_token_file`
@@ -261,7 +262,7 @@ pub struct FaultArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The node's gRPC address.
+    /// The node's gRPC address (`https://` for TLS: see `kvmesh cluster status --help`).
     #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL")]
     pub grpc: String,
     /// A file holding the admin token (KVMESH_ADMIN_TOKEN takes precedence).

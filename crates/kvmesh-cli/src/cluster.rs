@@ -67,11 +67,7 @@ pub fn authed<T>(t: &ClusterTarget, msg: T) -> anyhow::Result<tonic::Request<T>>
 }
 
 async fn client(t: &ClusterTarget) -> anyhow::Result<v1::cluster_client::ClusterClient<tonic::transport::Channel>> {
-    let url = if t.grpc.contains("://") { t.grpc.clone() } else { format!("http://{}", t.grpc) };
-    let channel = tonic::transport::Channel::from_shared(url.clone())?
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {url} (is `kvmesh node` running with a [cluster] section?)"))?;
+    let channel = crate::connect::channel(&t.grpc, "is `kvmesh node` running with a [cluster] section?").await?;
     Ok(v1::cluster_client::ClusterClient::new(channel))
 }
 

@@ -9,7 +9,6 @@
 //!   node; reports Route calls/s and Route latency.
 
 use crate::cli::LoadtestArgs;
-use anyhow::Context;
 use hdrhistogram::Histogram;
 use kvmesh_proto::v1;
 use std::collections::BTreeMap;
@@ -191,12 +190,7 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64, u64)> {
     // connection task.
     let mut channels = Vec::new();
     for _ in 0..args.concurrency.clamp(1, 4) {
-        channels.push(
-            tonic::transport::Channel::from_shared(args.url.clone())?
-                .connect()
-                .await
-                .with_context(|| format!("connecting to {}", args.url))?,
-        );
+        channels.push(crate::connect::channel(&args.url, "is the node's gRPC port there?").await?);
     }
     let tally = Arc::new(Mutex::new(Tally::default()));
     let next = Arc::new(AtomicU64::new(0));

@@ -5,6 +5,7 @@
 mod analyze;
 mod cli;
 mod cluster;
+mod connect;
 mod demo;
 mod loadtest;
 mod node;

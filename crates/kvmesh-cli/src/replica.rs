@@ -55,10 +55,6 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
 }
 
 async fn admin(t: &ClusterTarget) -> anyhow::Result<v1::admin_client::AdminClient<tonic::transport::Channel>> {
-    let url = if t.grpc.contains("://") { t.grpc.clone() } else { format!("http://{}", t.grpc) };
-    let channel = tonic::transport::Channel::from_shared(url.clone())?
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {url} (is `kvmesh node` running?)"))?;
+    let channel = crate::connect::channel(&t.grpc, "is `kvmesh node` running?").await?;
     Ok(v1::admin_client::AdminClient::new(channel))
 }

@@ -53,11 +53,7 @@ pub(crate) fn unix_now() -> f64 {
 async fn client(
     t: &ClusterTarget,
 ) -> anyhow::Result<v1::replication_client::ReplicationClient<tonic::transport::Channel>> {
-    let url = if t.grpc.contains("://") { t.grpc.clone() } else { format!("http://{}", t.grpc) };
-    let channel = tonic::transport::Channel::from_shared(url.clone())?
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {url} (is `kvmesh node` running?)"))?;
+    let channel = crate::connect::channel(&t.grpc, "is `kvmesh node` running?").await?;
     Ok(v1::replication_client::ReplicationClient::new(channel))
 }
 

@@ -18,11 +18,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         r
     };
     let (cluster, replicas, decisions, replication) = runtime.block_on(async {
-        let url = if args.grpc.contains("://") { args.grpc.clone() } else { format!("http://{}", args.grpc) };
-        let channel = tonic::transport::Channel::from_shared(url)?
-            .connect()
-            .await
-            .with_context(|| format!("connecting to the node at {} (is `kvmesh node` running?)", args.grpc))?;
+        let channel = crate::connect::channel(&args.grpc, "is `kvmesh node` running?").await?;
         let mut admin = v1::admin_client::AdminClient::new(channel.clone());
         let mut rep = v1::replication_client::ReplicationClient::new(channel.clone());
         // Older nodes have no Replication service; nodes with it off show nothing.

@@ -24,6 +24,18 @@ pub struct SecuritySection {
     /// File holding the token of KV-event pushers (`Events.Publish`, engine sidecars);
     /// `KVMESH_EVENTS_TOKEN` overrides it. Without it only the admin token can push.
     pub events_token_file: Option<PathBuf>,
+    /// PEM certificate chain this node serves TLS with, on the HTTP and the gRPC port (with
+    /// `tls_key_file`). Absent: plain text.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA bundle this node trusts for other nodes' certificates (Raft, gossip, forwarded
+    /// writes dial peers over TLS when `tls_cert_file` is set; peers are verified against it)
+    /// and, with `tls_client_auth`, for clients' certificates.
+    pub tls_ca_file: Option<PathBuf>,
+    /// mTLS on the gRPC port: every client (other nodes, the CLI, gateways) must present a
+    /// certificate signed by `tls_ca_file`; nodes present their own `tls_cert_file`.
+    pub tls_client_auth: bool,
 }
 
 /// A token, redacted in `Debug`.

@@ -26,6 +26,7 @@ pub mod replica;
 pub mod replication;
 pub mod state;
 pub mod telemetry;
+pub mod tls;
 pub mod tokenize;
 
 use anyhow::Context;
@@ -148,6 +149,10 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     let mut initial = config.clone();
     initial.replicas.clear();
     let shared = Arc::new(Shared::new(initial)?);
+    let tls = tls::Tls::load(&config.security)?;
+    if tls.is_some() && config.cluster.is_some() && config.security.tls_ca_file.is_none() {
+        anyhow::bail!("[security] a cluster serving TLS needs tls_ca_file: the CA its nodes verify each other with");
+    }
     // Ports first: a bind failure must not leave replica actors running.
     let http_listener =
         tokio::net::TcpListener::bind(http_addr).await.with_context(|| format!("binding HTTP {http_addr}"))?;
@@ -175,6 +180,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
                 replicas.clone(),
                 (config.node.policy.clone(), config.node.policy_params.clone()),
                 shared.tokens.cluster.clone(),
+                tls.as_ref().map(|t| t.client.clone()),
             )
             .await
             .context("starting the cluster member")?;
@@ -224,12 +230,18 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     }));
     let app = proxy::router(shared.clone());
     let mut s1 = stopped.clone();
+    let http_tls = tls.as_ref().map(|t| t.http.clone());
     tasks.push(tokio::spawn(async move {
-        let _ = axum::serve(http_listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = s1.wait_for(|s| *s).await;
-            })
-            .await;
+        let shutdown = async move {
+            let _ = s1.wait_for(|s| *s).await;
+        };
+        let _ = match http_tls {
+            Some(acceptor) => match tls::TlsListener::new(http_listener, acceptor) {
+                Ok(l) => axum::serve(l, app).with_graceful_shutdown(shutdown).await,
+                Err(e) => Err(e),
+            },
+            None => axum::serve(http_listener, app).with_graceful_shutdown(shutdown).await,
+        };
     }));
     if let Some(c) = &cluster {
         let section = c.section.clone();
@@ -262,9 +274,20 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         shared: shared.clone(),
         stopped: s2.clone(),
     });
+    let grpc_tls = tls.as_ref().map(|t| t.grpc.clone());
     tasks.push(tokio::spawn(async move {
         use kvmesh_proto::v1::{cluster_server::ClusterServer, gossip_server::GossipServer, raft_server::RaftServer};
-        let result = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(t) = grpc_tls {
+            builder = match builder.tls_config(t) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!(error = %e, "gRPC TLS configuration");
+                    return;
+                }
+            };
+        }
+        let result = builder
             .add_service(health)
             .add_service(reflection)
             .add_service(RouterServer::new(services.clone()))

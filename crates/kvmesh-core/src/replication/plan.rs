@@ -26,7 +26,8 @@ pub struct PlannedPrefix {
     /// machine copies them over.)
     #[serde(default = "no_tokens")]
     pub tokens: Arc<[u32]>,
-    /// Its share of the fleet's token load at the last planning round, in [0, 1].
+    /// Its share of the fleet's token load when the plan last changed, in [0, 1] (a share change
+    /// alone does not make a new plan version).
     pub load_share: f64,
     /// Replicas that should hold it (holders before the plan plus targets), at least
     /// `min_replicas`.

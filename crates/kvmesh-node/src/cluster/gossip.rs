@@ -42,7 +42,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
         for (id, addr) in &members {
             if *id != cluster.id && !peers.contains_key(id) {
                 let (tx, rx) = mpsc::channel(PEER_QUEUE);
-                tokio::spawn(peer_sender(*id, addr.clone(), rx, cluster.token.clone()));
+                tokio::spawn(peer_sender(*id, addr.clone(), rx, cluster.token.clone(), cluster.tls.clone()));
                 peers.insert(*id, (addr.clone(), tx));
             }
         }
@@ -100,8 +100,9 @@ async fn peer_sender(
     addr: String,
     mut rx: mpsc::Receiver<v1::GossipBatch>,
     token: Option<crate::auth::Secret>,
+    tls: Option<tonic::transport::ClientTlsConfig>,
 ) {
-    let Ok(ch) = channel(&addr) else {
+    let Ok(ch) = channel(&addr, tls.as_ref()) else {
         tracing::error!(peer = id, %addr, "bad gossip address");
         return;
     };

@@ -89,6 +89,8 @@ pub struct Cluster {
     pub section: ClusterSection,
     /// The token this node presents to the others (`[security] cluster_token_file`).
     pub token: Option<crate::auth::Secret>,
+    /// TLS to the other nodes, when `[security] tls_cert_file` is set.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
     seed: (Vec<ReplicaConfig>, String, BTreeMap<String, f64>),
 }
 
@@ -104,6 +106,7 @@ impl Cluster {
         seed_replicas: Vec<ReplicaConfig>,
         seed_policy: (String, BTreeMap<String, f64>),
         token: Option<crate::auth::Secret>,
+        tls: Option<tonic::transport::ClientTlsConfig>,
     ) -> anyhow::Result<Cluster> {
         let (log_store, sm_store) = store::open(&section.data_dir)?;
         let state = sm_store.subscribe();
@@ -127,13 +130,14 @@ impl Cluster {
             faults: faults.clone(),
             backoff: Duration::from_millis(section.heartbeat_ms),
             token: token.clone(),
+            tls: tls.clone(),
         };
         let raft = Raft::new(section.id, Arc::new(config), network, log_store, sm_store)
             .await
             .map_err(|e| anyhow::anyhow!("starting Raft: {e}"))?;
         let addr = if section.addr.is_empty() { default_addr } else { section.addr.clone() };
         let seed = (seed_replicas, seed_policy.0, seed_policy.1);
-        Ok(Cluster { id: section.id, addr, raft, state, faults, section, token, seed })
+        Ok(Cluster { id: section.id, addr, raft, state, faults, section, token, tls, seed })
     }
 
     /// Bootstraps a fresh cluster with the configured peers as voters, waits for a leader and
@@ -235,7 +239,7 @@ impl Cluster {
                         // An injected partition cuts this path like the real one would.
                         return Err(ClusterError::NoLeader);
                     }
-                    tokio::time::timeout(limit, forward_write(&node.addr, &cmd, &self.token))
+                    tokio::time::timeout(limit, forward_write(&node.addr, &cmd, &self.token, self.tls.as_ref()))
                         .await
                         .map_err(|_| ClusterError::NoLeader)??
                 }
@@ -264,7 +268,7 @@ impl Cluster {
     /// No leader; openraft's refusal (e.g. a membership change already in progress).
     pub async fn join(&self, id: u64, addr: String) -> Result<(), ClusterError> {
         if let Some(leader) = self.forward_target()? {
-            return forward_join(&leader, id, addr, &self.token).await;
+            return forward_join(&leader, id, addr, &self.token, self.tls.as_ref()).await;
         }
         // Blocks until the learner has caught up (R5: promote only then); a wrong address
         // would block for ever.
@@ -276,7 +280,7 @@ impl Cluster {
         .map_err(|_| ClusterError::Rejected(format!("node {id} at {addr} did not catch up within 30 s")))?;
         match added {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => match f.leader_node {
-                Some(n) => return forward_join(&n.addr, id, addr, &self.token).await,
+                Some(n) => return forward_join(&n.addr, id, addr, &self.token, self.tls.as_ref()).await,
                 None => return Err(ClusterError::NoLeader),
             },
             Err(e) => return Err(ClusterError::Raft(e.to_string())),
@@ -294,7 +298,7 @@ impl Cluster {
     /// No leader; an unknown node; openraft's refusal.
     pub async fn leave(&self, id: u64) -> Result<(), ClusterError> {
         if let Some(leader) = self.forward_target()? {
-            let mut c = v1::cluster_client::ClusterClient::new(channel_to(&leader)?);
+            let mut c = v1::cluster_client::ClusterClient::new(channel_to(&leader, self.tls.as_ref())?);
             let mut request = tonic::Request::new(v1::LeaveRequest { node_id: id });
             mark_forwarded(request.metadata_mut(), &self.token);
             return c.leave(request).await.map(|_| ()).map_err(|s| from_forwarded(&leader, &s));
@@ -413,8 +417,11 @@ fn mark_forwarded(meta: &mut tonic::metadata::MetadataMap, token: &Option<crate:
     }
 }
 
-fn channel_to(addr: &str) -> Result<tonic::transport::Channel, ClusterError> {
-    network::channel(addr).map_err(|e| ClusterError::Forward { addr: addr.into(), error: e.to_string() })
+fn channel_to(
+    addr: &str,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
+) -> Result<tonic::transport::Channel, ClusterError> {
+    network::channel(addr, tls).map_err(|e| ClusterError::Forward { addr: addr.into(), error: e.to_string() })
 }
 
 async fn forward_join(
@@ -422,8 +429,9 @@ async fn forward_join(
     id: u64,
     addr: String,
     token: &Option<crate::auth::Secret>,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
 ) -> Result<(), ClusterError> {
-    let mut c = v1::cluster_client::ClusterClient::new(channel_to(leader)?);
+    let mut c = v1::cluster_client::ClusterClient::new(channel_to(leader, tls)?);
     let mut request = tonic::Request::new(v1::JoinRequest { node_id: id, addr });
     mark_forwarded(request.metadata_mut(), token);
     c.join(request).await.map(|_| ()).map_err(|s| from_forwarded(leader, &s))
@@ -444,9 +452,10 @@ async fn forward_write(
     addr: &str,
     cmd: &Command,
     token: &Option<crate::auth::Secret>,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
 ) -> Result<(CommandResult, u64), ClusterError> {
     let fwd = |error: String| ClusterError::Forward { addr: addr.to_string(), error };
-    let mut c = v1::cluster_client::ClusterClient::new(channel_to(addr)?);
+    let mut c = v1::cluster_client::ClusterClient::new(channel_to(addr, tls)?);
     let json = serde_json::to_vec(cmd).map_err(|e| fwd(e.to_string()))?;
     let mut request = tonic::Request::new(v1::WriteRequest { command_json: json });
     mark_forwarded(request.metadata_mut(), token);

@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 type NodeId = u64;
 
@@ -49,11 +49,15 @@ impl Faults {
 ///
 /// # Errors
 /// An address that is not a valid URI authority.
-pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+pub fn channel(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<Channel, tonic::transport::Error> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
         .connect_timeout(std::time::Duration::from_millis(500))
-        .tcp_nodelay(true)
-        .connect_lazy())
+        .tcp_nodelay(true);
+    if let Some(t) = tls {
+        endpoint = endpoint.tls_config(t.clone())?;
+    }
+    Ok(endpoint.connect_lazy())
 }
 
 /// Makes one [`PeerClient`] per Raft peer.
@@ -67,6 +71,8 @@ pub struct Network {
     pub backoff: std::time::Duration,
     /// The token presented to the other nodes.
     pub token: Option<crate::auth::Secret>,
+    /// TLS to the other nodes (`[security] tls_*`).
+    pub tls: Option<ClientTlsConfig>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -80,6 +86,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             faults: self.faults.clone(),
             backoff: self.backoff,
             token: self.token.clone(),
+            tls: self.tls.clone(),
         }
     }
 }
@@ -92,6 +99,7 @@ pub struct PeerClient {
     faults: Arc<Faults>,
     backoff: std::time::Duration,
     token: Option<crate::auth::Secret>,
+    tls: Option<ClientTlsConfig>,
 }
 
 #[derive(Clone, Copy)]
@@ -123,7 +131,8 @@ impl PeerClient {
         let client = match &mut self.client {
             Some(c) => c,
             None => {
-                let ch = channel(&self.node.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+                let ch = channel(&self.node.addr, self.tls.as_ref())
+                    .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
                 self.client.insert(RaftClient::new(ch).max_encoding_message_size(super::MAX_MESSAGE_BYTES))
             }
         };

@@ -1,0 +1,54 @@
+//! One way to reach a node's gRPC port from the CLI: `host:port` or `http://host:port` in
+//! plain text, `https://host:port` over TLS, trusting the PEM CA in `KVMESH_CA_FILE` and, for
+//! nodes with `[security] tls_client_auth`, presenting the client certificate and key in
+//! `KVMESH_TLS_CERT_FILE` / `KVMESH_TLS_KEY_FILE`.
+
+use anyhow::Context;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// `addr` as a URL (`http://` added when it has no scheme).
+pub fn url(addr: &str) -> String {
+    if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+fn env_file(var: &str) -> anyhow::Result<Option<Vec<u8>>> {
+    match std::env::var_os(var) {
+        Some(path) => {
+            std::fs::read(&path).map(Some).with_context(|| format!("{var}: reading {}", path.to_string_lossy()))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The TLS a CLI client uses for `https://` URLs.
+///
+/// # Errors
+/// An https URL without `KVMESH_CA_FILE`, an unreadable file, or a certificate without its key.
+pub fn tls() -> anyhow::Result<ClientTlsConfig> {
+    let ca = env_file("KVMESH_CA_FILE")?
+        .context("an https:// node needs KVMESH_CA_FILE: the PEM CA that signed the node's certificate")?;
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+    match (env_file("KVMESH_TLS_CERT_FILE")?, env_file("KVMESH_TLS_KEY_FILE")?) {
+        (Some(cert), Some(key)) => tls = tls.identity(Identity::from_pem(cert, key)),
+        (None, None) => {}
+        _ => anyhow::bail!("KVMESH_TLS_CERT_FILE and KVMESH_TLS_KEY_FILE go together"),
+    }
+    Ok(tls)
+}
+
+/// Connects to the node at `addr`; `hint` ends the error message when it fails.
+///
+/// # Errors
+/// A bad URL, TLS settings, or a node that does not answer.
+pub async fn channel(addr: &str, hint: &str) -> anyhow::Result<Channel> {
+    let url = url(addr);
+    let mut endpoint = Endpoint::from_shared(url.clone()).with_context(|| format!("{url:?} is not a URL"))?;
+    if url.starts_with("https://") {
+        endpoint = endpoint.tls_config(tls()?)?;
+    }
+    endpoint.connect().await.with_context(|| format!("connecting to {url} ({hint})"))
+}
