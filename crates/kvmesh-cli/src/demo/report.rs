@@ -96,9 +96,11 @@ const HEADER: [&str; 9] =
 
 /// The rows as a terminal table.
 pub fn table(rows: &[Row]) -> String {
+    // The policy column fits its longest name (`token_load+replication`).
+    let w = rows.iter().map(|r| r.policy.len()).chain([14]).max().unwrap_or(14);
     let line = |c: [&str; 9]| {
         format!(
-            "{:<14} {:>8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}\n",
+            "{:<w$} {:>8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}\n",
             c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
         )
     };
