@@ -11,6 +11,15 @@ use kvmesh_proto::v1;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// The tests of this file run one at a time: each starts several nodes, and C12 measures
+/// routing among simultaneous deciders, which other tests' nodes on the same two cores would
+/// skew by tens of milliseconds.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
+}
+
 async fn engines(n: usize) -> Vec<EngineSim> {
     let mut out = Vec::new();
     for _ in 0..n {
@@ -101,6 +110,7 @@ fn has_replica(n: &Node, name: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart() {
+    let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(3).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().take(2).enumerate().map(|(i, e)| replica(i, e)).collect();
@@ -195,6 +205,7 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_minority_keeps_routing_cannot_write_and_catches_up() {
+    let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(3).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().take(2).enumerate().map(|(i, e)| replica(i, e)).collect();
@@ -326,6 +337,7 @@ fn max_over_mean(load: &[u64]) -> f64 {
 /// Case C12: four router nodes, eight replicas, 16-request bursts arriving at all nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
+    let _serial = serial().await;
     let engines = engines(8).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
     // (max/mean booked load, total booked tokens, same-wave collisions) for
@@ -384,6 +396,7 @@ async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_bookings_converge_with_10_percent_of_gossip_lost() {
+    let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(2).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
@@ -458,6 +471,7 @@ async fn shared_bookings_converge_with_10_percent_of_gossip_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
+    let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(2).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
@@ -520,6 +534,7 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_metrics_are_valid_openmetrics() {
+    let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(1).await;
     let replicas = vec![replica(0, &engines[0])];
@@ -551,6 +566,7 @@ async fn cluster_metrics_are_valid_openmetrics() {
 /// routes it (every node registers the replicas from the same registry).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c11_every_node_maps_a_key_to_the_same_replica() {
+    let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(4).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
@@ -610,6 +626,7 @@ async fn c11_every_node_maps_a_key_to_the_same_replica() {
 /// gossip and forwarded writes keep working), and a missing or wrong token is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_guard_admin_calls_and_nodes_still_talk() {
+    let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
     let (admin_file, cluster_file) = (dir.path().join("admin-token"), dir.path().join("cluster-token"));
     std::fs::write(&admin_file, "operator-secret\n").unwrap();

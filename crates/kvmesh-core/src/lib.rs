@@ -7,6 +7,7 @@
 //!   engine metrics, step-time profiles and the TTFT estimate.
 //! - [`policy`]: every routing [`Policy`], ours (`token_load`) and the published anchors.
 //! - [`fleet`]: the [`Fleet`] that ties them together and the per-decision [`FleetView`].
+//! - [`autoscale`]: the cold-start-aware autoscaling policy and its baselines.
 //! - [`replication`]: hot-prefix detection, the replication plan, warm-ups.
 //! - [`prompt`]: approximate token ids and chat rendering for routers without a tokenizer.
 //!
@@ -36,6 +37,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod autoscale;
 pub mod error;
 pub mod fleet;
 pub mod gossip;

@@ -1,0 +1,232 @@
+//! The policies: kvmesh's cold-start-aware one and the two baselines.
+
+use super::{replicas_for, AutoscaleConfig, PoolInputs, ScaleDecision, ScalePolicy, ScaleReason};
+use std::collections::VecDeque;
+
+/// Load samples over a window: (time, tokens per second).
+#[derive(Debug, Clone, Default)]
+struct Window {
+    samples: VecDeque<(f64, f64)>,
+}
+
+impl Window {
+    fn push(&mut self, now: f64, v: f64, keep_s: f64) {
+        self.samples.push_back((now, v.max(0.0)));
+        while self.samples.front().is_some_and(|&(t, _)| now - t > keep_s) {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Mean of the samples within the last `span_s`.
+    fn mean(&self, now: f64, span_s: f64) -> f64 {
+        let (sum, n) = self
+            .samples
+            .iter()
+            .filter(|&&(t, _)| now - t <= span_s)
+            .fold((0.0, 0u32), |(s, n), &(_, v)| (s + v, n + 1));
+        if n == 0 {
+            0.0
+        } else {
+            sum / f64::from(n)
+        }
+    }
+}
+
+fn decision(inputs: &PoolInputs, desired: u32, reason: ScaleReason, forecast: f64, panic: bool) -> ScaleDecision {
+    ScaleDecision {
+        at: inputs.now,
+        desired,
+        reason,
+        ready: inputs.ready,
+        starting: inputs.starting.len() as u32,
+        forecast_tokens_per_s: forecast,
+        capacity_tokens_per_s: inputs.capacity_tokens_per_s,
+        panic,
+    }
+}
+
+/// kvmesh's policy (see the module docs): Holt forecast over the cold start, panic window,
+/// starting replicas counted, delayed scale-down.
+#[derive(Debug, Clone)]
+pub struct ColdStartAware {
+    config: AutoscaleConfig,
+    level: Option<f64>,
+    trend: f64,
+    window: Window,
+    panic_until: f64,
+    below_since: Option<f64>,
+}
+
+impl ColdStartAware {
+    /// A policy with `config`.
+    pub fn new(config: AutoscaleConfig) -> Self {
+        ColdStartAware {
+            config,
+            level: None,
+            trend: 0.0,
+            window: Window::default(),
+            panic_until: f64::NEG_INFINITY,
+            below_since: None,
+        }
+    }
+
+    /// The smoothed load `horizon_s` ahead, tokens per second (never below 0).
+    fn forecast(&mut self, demand: f64, horizon_s: f64) -> f64 {
+        let (a, b) = (self.config.level_smoothing, self.config.trend_smoothing);
+        let level = match self.level {
+            None => demand,
+            Some(l) => {
+                let next = a * demand + (1.0 - a) * (l + self.trend);
+                self.trend = b * (next - l) + (1.0 - b) * self.trend;
+                next
+            }
+        };
+        self.level = Some(level);
+        let steps = (horizon_s / self.config.interval_s).ceil().min(1e6) as i32;
+        let phi = self.config.trend_damping;
+        let ahead = if phi >= 1.0 { f64::from(steps) } else { phi * (1.0 - phi.powi(steps)) / (1.0 - phi) };
+        // A falling trend is not trusted to keep falling for a whole cold start: the pool
+        // shrinks on the delayed path instead.
+        (level + self.trend.max(0.0) * ahead).max(0.0)
+    }
+}
+
+impl ScalePolicy for ColdStartAware {
+    fn name(&self) -> &'static str {
+        "kvmesh"
+    }
+
+    fn decide(&mut self, inputs: &PoolInputs) -> ScaleDecision {
+        let c = &self.config;
+        let now = inputs.now;
+        self.window.push(now, inputs.demand_tokens_per_s, c.stable_window_s.max(c.panic_window_s));
+        let horizon = inputs.cold_start_s.max(c.interval_s);
+        let smoothed = self.forecast(inputs.demand_tokens_per_s, horizon);
+        let c = &self.config;
+        // Starting replicas are capacity on its way: they are counted, never asked for again.
+        let on_hand = inputs.ready + inputs.starting.len() as u32;
+        let burst = self.window.mean(now, c.panic_window_s);
+        let burst_need = replicas_for(c, burst, inputs.capacity_tokens_per_s);
+        if f64::from(burst_need) >= c.panic_ratio * f64::from(on_hand.max(1)) {
+            self.panic_until = now + c.panic_hold_s;
+        }
+        let panic = now < self.panic_until;
+        let forecast = if panic { smoothed.max(burst) } else { smoothed };
+        let need = replicas_for(c, forecast, inputs.capacity_tokens_per_s);
+        if need > on_hand {
+            self.below_since = None;
+            let reason = if panic && burst >= smoothed { ScaleReason::Burst } else { ScaleReason::ScaleUp };
+            return decision(inputs, need, reason, forecast, panic);
+        }
+        if need == on_hand || panic {
+            self.below_since = None;
+            let reason = if need == on_hand { ScaleReason::Hold } else { ScaleReason::HoldDown };
+            return decision(inputs, on_hand, reason, forecast, panic);
+        }
+        let since = *self.below_since.get_or_insert(now);
+        if now - since >= c.scale_down_delay_s {
+            self.below_since = None;
+            return decision(inputs, need, ScaleReason::ScaleDown, forecast, panic);
+        }
+        decision(inputs, on_hand, ScaleReason::HoldDown, forecast, panic)
+    }
+}
+
+/// Baseline: a utilisation threshold on the ready replicas, as a CPU-style horizontal
+/// autoscaler. Above `reactive_high` it adds the replicas the ready ones lack for the target
+/// utilisation on top of the pool; below `reactive_low` (for `scale_down_delay_s`) it removes
+/// the excess. It does not count starting replicas: while new ones start, the ready ones stay
+/// hot and it asks again (the cascade of case C19).
+#[derive(Debug, Clone)]
+pub struct Reactive {
+    config: AutoscaleConfig,
+    below_since: Option<f64>,
+}
+
+impl Reactive {
+    /// A baseline with `config`.
+    pub fn new(config: AutoscaleConfig) -> Self {
+        Reactive { config, below_since: None }
+    }
+}
+
+impl ScalePolicy for Reactive {
+    fn name(&self) -> &'static str {
+        "reactive"
+    }
+
+    fn decide(&mut self, inputs: &PoolInputs) -> ScaleDecision {
+        let c = &self.config;
+        let ready = inputs.ready.max(1);
+        let on_hand = inputs.ready + inputs.starting.len() as u32;
+        let util =
+            inputs.demand_tokens_per_s / (f64::from(ready) * inputs.capacity_tokens_per_s).max(f64::MIN_POSITIVE);
+        let need = replicas_for(c, inputs.demand_tokens_per_s, inputs.capacity_tokens_per_s);
+        let demand = inputs.demand_tokens_per_s;
+        if util > c.reactive_high {
+            self.below_since = None;
+            let add = need.saturating_sub(inputs.ready);
+            let desired = (on_hand + add).min(c.max_replicas);
+            return decision(inputs, desired, ScaleReason::ScaleUp, demand, false);
+        }
+        if util < c.reactive_low && need < on_hand {
+            let since = *self.below_since.get_or_insert(inputs.now);
+            if inputs.now - since >= c.scale_down_delay_s {
+                self.below_since = None;
+                return decision(inputs, need, ScaleReason::ScaleDown, demand, false);
+            }
+            return decision(inputs, on_hand, ScaleReason::HoldDown, demand, false);
+        }
+        self.below_since = None;
+        decision(inputs, on_hand, ScaleReason::Hold, demand, false)
+    }
+}
+
+/// Baseline: Knative's autoscaler (KPA) — desired from the stable window's mean load, from the
+/// panic window's when that needs `panic_ratio` × the ready replicas (then no scale-down for
+/// `panic_hold_s`). It sizes on ready replicas only and ignores the cold start.
+#[derive(Debug, Clone)]
+pub struct Knative {
+    config: AutoscaleConfig,
+    window: Window,
+    panic_until: f64,
+}
+
+impl Knative {
+    /// A baseline with `config`.
+    pub fn new(config: AutoscaleConfig) -> Self {
+        Knative { config, window: Window::default(), panic_until: f64::NEG_INFINITY }
+    }
+}
+
+impl ScalePolicy for Knative {
+    fn name(&self) -> &'static str {
+        "knative"
+    }
+
+    fn decide(&mut self, inputs: &PoolInputs) -> ScaleDecision {
+        let c = &self.config;
+        let now = inputs.now;
+        self.window.push(now, inputs.demand_tokens_per_s, c.stable_window_s);
+        let stable = self.window.mean(now, c.stable_window_s);
+        let burst = self.window.mean(now, c.panic_window_s);
+        let on_hand = inputs.ready + inputs.starting.len() as u32;
+        let burst_need = replicas_for(c, burst, inputs.capacity_tokens_per_s);
+        if f64::from(burst_need) >= c.panic_ratio * f64::from(inputs.ready.max(1)) {
+            self.panic_until = now + c.panic_hold_s;
+        }
+        let panic = now < self.panic_until;
+        let stable_need = replicas_for(c, stable, inputs.capacity_tokens_per_s);
+        if panic {
+            let desired = burst_need.max(stable_need).max(on_hand);
+            let reason = if desired > on_hand { ScaleReason::Burst } else { ScaleReason::Hold };
+            return decision(inputs, desired, reason, burst.max(stable), true);
+        }
+        let reason = match stable_need.cmp(&on_hand) {
+            std::cmp::Ordering::Greater => ScaleReason::ScaleUp,
+            std::cmp::Ordering::Less => ScaleReason::ScaleDown,
+            std::cmp::Ordering::Equal => ScaleReason::Hold,
+        };
+        decision(inputs, stable_need, reason, stable, false)
+    }
+}

@@ -1,0 +1,115 @@
+//! Autoscaling tests: no cascade while replicas start (case C19), bursts, delayed scale-down,
+//! the trend, and the baselines' behaviour the policy is measured against.
+
+use super::*;
+
+/// 10,000 tokens/s per replica, 70 % target: 7,000 tokens/s per replica.
+const CAP: f64 = 10_000.0;
+
+fn inputs(now: f64, demand: f64, ready: u32, starting: Vec<f64>) -> PoolInputs {
+    PoolInputs { now, demand_tokens_per_s: demand, capacity_tokens_per_s: CAP, ready, starting, cold_start_s: 60.0 }
+}
+
+/// Evaluates `policy` every 2 s for `secs` at a constant `demand`; started replicas never
+/// become ready (a cold start longer than the run). Returns each decision's `desired`.
+fn run_cold(policy: &mut dyn ScalePolicy, ready: u32, demand: f64, secs: u32) -> Vec<u32> {
+    let mut starting: Vec<f64> = Vec::new();
+    let mut out = Vec::new();
+    for k in 0..=secs / 2 {
+        let now = f64::from(k) * 2.0;
+        let d = policy.decide(&inputs(now, demand, ready, starting.clone()));
+        let on_hand = ready + starting.len() as u32;
+        for _ in on_hand..d.desired {
+            starting.push(now);
+        }
+        out.push(d.desired);
+    }
+    out
+}
+
+#[test]
+fn starting_replicas_count_so_there_is_no_cascade() {
+    // Load jumps to 56,000 tokens/s on 4 ready replicas: 8 needed at 70 %.
+    let mut kvmesh = ColdStartAware::new(AutoscaleConfig::default());
+    let desired = run_cold(&mut kvmesh, 4, 56_000.0, 40);
+    assert_eq!(desired[0], 8);
+    assert!(desired.iter().all(|&d| d == 8), "kvmesh kept asking: {desired:?}");
+    // The reactive baseline reads the same hot ready replicas every time and adds again.
+    let mut reactive = Reactive::new(AutoscaleConfig::default());
+    let desired = run_cold(&mut reactive, 4, 56_000.0, 40);
+    assert_eq!(&desired[..4], &[8, 12, 16, 20]);
+    assert_eq!(*desired.last().unwrap(), 64, "capped at max_replicas");
+}
+
+#[test]
+fn a_burst_scales_at_once_and_holds_the_pool() {
+    let config = AutoscaleConfig::default();
+    let mut p = ColdStartAware::new(config.clone());
+    // A quiet minute on 2 replicas.
+    for k in 0..30 {
+        let d = p.decide(&inputs(f64::from(k) * 2.0, 7_000.0, 2, vec![]));
+        assert_eq!((d.desired, d.reason), (2, ScaleReason::HoldDown), "one replica would do, but not before 120 s");
+    }
+    // 140,000 tokens/s arrive: the 6 s panic window's mean, (3 · 7,000 + 140,000) / 4, needs
+    // 6 ≥ 2 × 2 replicas: panic, and the pool grows at once.
+    let d = p.decide(&inputs(60.0, 140_000.0, 2, vec![]));
+    assert!(d.panic);
+    assert_eq!((d.desired, d.reason), (BURST_DESIRED, ScaleReason::ScaleUp));
+    // The burst ends: no scale-down while the panic holds (until 120 s), nor for 120 s after.
+    let mut shrank = None;
+    for k in 1..200 {
+        let now = 60.0 + f64::from(k) * 2.0;
+        let d = p.decide(&inputs(now, 7_000.0, BURST_DESIRED, vec![]));
+        if d.reason == ScaleReason::ScaleDown {
+            shrank = Some((now, d.desired));
+            break;
+        }
+        assert_eq!(d.desired, BURST_DESIRED, "shrank early at {now}: {d:?}");
+    }
+    assert_eq!(shrank, Some((240.0, 1)));
+}
+
+/// The damped-trend forecast of the spike above: level 73,500 + trend 6,650 × (0.9 + … + 0.9³⁰).
+const BURST_DESIRED: u32 = 19;
+
+#[test]
+fn a_rising_trend_is_forecast_over_the_cold_start() {
+    let mut p = ColdStartAware::new(AutoscaleConfig::default());
+    let mut last = None;
+    // Load rises by 1,000 tokens/s every 2 s from 7,000.
+    for k in 0..20 {
+        let demand = 7_000.0 + 1_000.0 * f64::from(k);
+        last = Some(p.decide(&inputs(f64::from(k) * 2.0, demand, 4, vec![])));
+    }
+    let d = last.unwrap();
+    // Now at 26,000 tokens/s, which 4 replicas serve at 70 %; the damped trend looks ahead
+    // to ~33,400 and asks for the 5th before the load gets there (a cold start later).
+    assert!(d.forecast_tokens_per_s > 33_000.0 && d.forecast_tokens_per_s < 34_000.0, "{d:?}");
+    assert_eq!((d.desired, d.reason), (5, ScaleReason::ScaleUp));
+}
+
+#[test]
+fn knative_sizes_on_its_windows() {
+    let mut k = Knative::new(AutoscaleConfig::default());
+    for i in 0..30 {
+        k.decide(&inputs(f64::from(i) * 2.0, 14_000.0, 2, vec![]));
+    }
+    let d = k.decide(&inputs(60.0, 14_000.0, 2, vec![]));
+    assert_eq!((d.desired, d.reason, d.panic), (2, ScaleReason::Hold, false));
+    // A burst: the 6 s panic window (4 samples) needs ⌈(3·14,000 + 70,000) / 4 / 7,000⌉ = 4 ≥
+    // 2 × 2 ready: panic, sized on it (the 60 s window alone would say 3).
+    let d = k.decide(&inputs(62.0, 70_000.0, 2, vec![]));
+    assert_eq!((d.desired, d.reason, d.panic), (4, ScaleReason::Burst, true));
+}
+
+#[test]
+fn config_ranges_are_checked() {
+    assert!(AutoscaleConfig::default().validate().is_ok());
+    let bad = AutoscaleConfig { min_replicas: 8, max_replicas: 4, ..AutoscaleConfig::default() };
+    assert_eq!(
+        bad.validate().unwrap_err().to_string(),
+        "invalid max_replicas: must be positive and at least min_replicas (8), got 4"
+    );
+    let bad = AutoscaleConfig { target_utilisation: 0.0, ..AutoscaleConfig::default() };
+    assert_eq!(bad.validate().unwrap_err().to_string(), "invalid target_utilisation: must be in (0, 1], got 0");
+}
