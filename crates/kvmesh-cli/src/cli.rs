@@ -370,6 +370,25 @@ pub struct ReplayArgs {
     /// warm-ups (see kvmesh_core::replication), with its default settings.
     #[arg(long)]
     pub replication: bool,
+    /// Replicas that scale: run each listed autoscaler (kvmesh, reactive, knative, oracle;
+    /// `all`) over a pool of up to --replicas, starting with --initial-replicas; one row per
+    /// (policy, autoscaler), with SLO attainment and GPU-seconds. Policies default to
+    /// token_load. Work in progress: the autoscalers are not tuned yet.
+    #[arg(long, value_name = "LIST")]
+    pub autoscale: Option<String>,
+    /// With --autoscale: seconds from adding a replica to its serving.
+    #[arg(long, default_value_t = 60.0, value_name = "S")]
+    pub cold_start: f64,
+    /// With --autoscale: replicas ready at the start.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub initial_replicas: u32,
+    /// With --autoscale: fewest replicas the autoscalers keep.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub min_replicas: u32,
+    /// Rate steps: the trace's span in equal parts, each replayed this many times faster
+    /// (after --rate-scale), e.g. `1,2,1` doubles the rate in the middle third.
+    #[arg(long, value_name = "LIST")]
+    pub rate_steps: Option<String>,
     /// First seed (policy tie-breaks and scenario generation).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

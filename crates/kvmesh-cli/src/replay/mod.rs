@@ -6,19 +6,23 @@ mod render;
 use crate::cli::ReplayArgs;
 use anyhow::{bail, Context};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use kvmesh_core::autoscale::AutoscaleConfig;
 use kvmesh_core::PolicyKind;
 use kvmesh_sim::engine::EngineProfile;
-use kvmesh_sim::simulation::{floors, simulate, Floors, ReplicationConfig, RunMetrics, SimConfig};
+use kvmesh_sim::simulation::{
+    floors, simulate, Autoscaler, Floors, ReplicationConfig, RunMetrics, ScalingConfig, SimConfig,
+};
 use kvmesh_sim::trace::{self, Trace};
 use kvmesh_sim::workload::arrivals;
 use kvmesh_sim::workload::scenarios::{Scenario, ScenarioParams};
 use std::sync::Mutex;
 
-/// A policy, with or without hot-prefix replication.
+/// A policy, with or without hot-prefix replication, on a fixed or an autoscaled pool.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Variant {
     kind: PolicyKind,
     replication: bool,
+    autoscaler: Option<Autoscaler>,
 }
 
 impl Variant {
@@ -29,13 +33,17 @@ impl Variant {
             Some(name) => (name, true),
             None => (s, false),
         };
-        Ok(Variant { kind: name.parse()?, replication })
+        Ok(Variant { kind: name.parse()?, replication, autoscaler: None })
     }
 }
 
 impl std::fmt::Display for Variant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}{}", self.kind, if self.replication { "+replication" } else { "" })
+        write!(f, "{}{}", self.kind, if self.replication { "+replication" } else { "" })?;
+        match self.autoscaler {
+            Some(a) => write!(f, "/{a}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -89,11 +97,23 @@ pub struct Report {
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     validate(args)?;
     let profile = EngineProfile::resolve(&args.profile).map_err(anyhow::Error::msg)?;
-    let mut policies: Vec<Variant> = match &args.policies {
-        None => PolicyKind::ALL.iter().map(|&kind| Variant { kind, replication: false }).collect(),
-        Some(list) => list.split(',').map(Variant::parse).collect::<anyhow::Result<_>>()?,
+    let mut policies: Vec<Variant> = match (&args.policies, &args.autoscale) {
+        (None, None) => {
+            PolicyKind::ALL.iter().map(|&kind| Variant { kind, replication: false, autoscaler: None }).collect()
+        }
+        (None, Some(_)) => vec![Variant { kind: PolicyKind::TokenLoad, replication: false, autoscaler: None }],
+        (Some(list), _) => list.split(',').map(Variant::parse).collect::<anyhow::Result<_>>()?,
     };
-    let with_replication = Variant { kind: PolicyKind::TokenLoad, replication: true };
+    if let Some(list) = &args.autoscale {
+        let scalers: Vec<Autoscaler> = if list.trim() == "all" {
+            Autoscaler::ALL.to_vec()
+        } else {
+            list.split(',').map(|a| a.parse::<Autoscaler>()).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?
+        };
+        policies =
+            policies.iter().flat_map(|v| scalers.iter().map(move |&a| Variant { autoscaler: Some(a), ..*v })).collect();
+    }
+    let with_replication = Variant { kind: PolicyKind::TokenLoad, replication: true, autoscaler: None };
     if args.replication && !policies.contains(&with_replication) {
         policies.push(with_replication);
     }
@@ -166,6 +186,15 @@ fn validate(args: &ReplayArgs) -> anyhow::Result<()> {
     if !(args.event_delay_ms.is_finite() && args.event_delay_ms >= 0.0) {
         bail!("--event-delay-ms must be a non-negative number, got {}", args.event_delay_ms);
     }
+    if !(args.cold_start.is_finite() && args.cold_start >= 0.0) {
+        bail!("--cold-start must be non-negative seconds, got {}", args.cold_start);
+    }
+    if args.autoscale.is_some() && (args.min_replicas > args.replicas || args.initial_replicas > args.replicas) {
+        bail!("--min-replicas and --initial-replicas must not exceed --replicas (the pool's largest size)");
+    }
+    if args.autoscale.is_some() && (args.min_replicas == 0 || args.initial_replicas == 0) {
+        bail!("--min-replicas and --initial-replicas must be at least 1: a pool with no replica serves nothing");
+    }
     if !(args.slo_ttft.is_finite() && args.slo_ttft > 0.0) {
         bail!("--slo-ttft must be a positive number of seconds, got {}", args.slo_ttft);
     }
@@ -206,6 +235,13 @@ fn load(args: &ReplayArgs, seeds: &[u64]) -> anyhow::Result<(Vec<Trace>, String)
             arrivals::spread_buckets(&mut trace);
         }
         arrivals::scale_rate(&mut trace, args.rate_scale).map_err(anyhow::Error::msg)?;
+        if let Some(steps) = &args.rate_steps {
+            let factors: Vec<f64> = steps
+                .split(',')
+                .map(|f| f.trim().parse::<f64>().map_err(|_| anyhow::anyhow!("--rate-steps: {f:?} is not a number")))
+                .collect::<anyhow::Result<_>>()?;
+            arrivals::rate_steps(&mut trace, &factors).map_err(|e| anyhow::anyhow!("--rate-steps: {e}"))?;
+        }
         if let (Some(n), Some(_)) = (args.requests, &args.trace) {
             arrivals::truncate(&mut trace, n);
         }
@@ -255,6 +291,17 @@ fn run_all(
                 let mut policy = policies[p].kind.build();
                 let config = &SimConfig {
                     replication: policies[p].replication.then(ReplicationConfig::default),
+                    scaling: policies[p].autoscaler.map(|autoscaler| ScalingConfig {
+                        autoscaler,
+                        policy: AutoscaleConfig {
+                            min_replicas: args.min_replicas,
+                            max_replicas: args.replicas,
+                            cold_start_s: args.cold_start,
+                            ..AutoscaleConfig::default()
+                        },
+                        cold_start_s: args.cold_start,
+                        initial: args.initial_replicas,
+                    }),
                     ..config.clone()
                 };
                 match simulate(config, trace, policy.as_mut(), seeds[s], &mut |n| bar.set_position(n)) {

@@ -120,9 +120,30 @@ pub fn markdown(r: &Report) -> String {
     out
 }
 
-/// One line per replicated policy: warm-ups and the KV memory spent on replicas.
+/// One line per replicated policy: warm-ups and the KV memory spent on replicas; one per
+/// autoscaled row: SLO attainment, GPU-seconds (against the oracle's) and replicas.
 fn replication_notes(r: &Report) -> String {
     let mut out = String::new();
+    let oracle = r.results.iter().find(|p| p.policy.ends_with("/oracle")).map(|p| p.mean.gpu_seconds);
+    let scaled: Vec<_> = r.results.iter().filter(|p| p.policy.contains('/')).collect();
+    if !scaled.is_empty() {
+        let _ = writeln!(out, "\nautoscaling (SLO: TTFT ≤ {})", secs(r.slo_ttft_s));
+    }
+    for p in scaled {
+        let m = &p.mean;
+        let vs =
+            oracle.filter(|o| *o > 0.0).map_or(String::new(), |o| format!(" ({:.2}× the oracle's)", m.gpu_seconds / o));
+        let _ = writeln!(
+            out,
+            "  {:<24} SLO attainment {:>6.2} %  GPU-seconds {:>9.0}{vs}  replicas max {} (largest ask {})  scale-ups {}",
+            p.policy,
+            100.0 * m.slo_attainment,
+            m.gpu_seconds,
+            m.max_replicas,
+            m.max_desired,
+            m.scale_ups
+        );
+    }
     for p in r.results.iter().filter(|p| p.policy.ends_with("+replication")) {
         let m = &p.mean;
         let _ = writeln!(

@@ -48,6 +48,18 @@ pub struct RunMetrics {
     pub replicated_kv_mean: f64,
     /// The same at its peak.
     pub replicated_kv_peak: f64,
+    /// Share of requests whose TTFT met the SLO (completed requests over the SLO, and
+    /// requests never served, count against it).
+    pub slo_attainment: f64,
+    /// GPU-seconds the pool ran (scaling only: every replica from being added to released;
+    /// without scaling, every replica over the run).
+    pub gpu_seconds: f64,
+    /// Replicas added by the autoscaler.
+    pub scale_ups: u64,
+    /// The most replicas running at once.
+    pub max_replicas: u32,
+    /// The largest count any autoscaling decision asked for.
+    pub max_desired: u32,
     /// Simulated events processed.
     pub events: u64,
     /// Wall-clock seconds.
@@ -106,6 +118,11 @@ impl RunMetrics {
             load_max: run.load_max_mean.0,
             load_mean: run.load_max_mean.1,
             slo_violations: late as u64,
+            slo_attainment: 1.0 - late as f64 / run.outcomes.len().max(1) as f64,
+            gpu_seconds: run.scaling.map_or(span * config.replicas as f64, |s| s.gpu_seconds),
+            scale_ups: run.scaling.map_or(0, |s| s.scale_ups),
+            max_replicas: run.scaling.map_or(config.replicas, |s| s.max_replicas),
+            max_desired: run.scaling.map_or(config.replicas, |s| s.max_desired),
             warmups: run.replication.map_or(0, |r| r.warmups),
             warm_tokens: run.replication.map_or(0, |r| r.warm_tokens),
             replicated_kv_mean: run.replication.map_or(0.0, |r| r.planned_blocks_mean / r.fleet_blocks.max(1) as f64),
@@ -138,6 +155,11 @@ impl RunMetrics {
             load_max: avg(|m| m.load_max),
             load_mean: avg(|m| m.load_mean),
             slo_violations: avg_u(|m| m.slo_violations),
+            slo_attainment: avg(|m| m.slo_attainment),
+            gpu_seconds: avg(|m| m.gpu_seconds),
+            scale_ups: avg_u(|m| m.scale_ups),
+            max_replicas: avg_u(|m| u64::from(m.max_replicas)) as u32,
+            max_desired: avg_u(|m| u64::from(m.max_desired)) as u32,
             warmups: avg_u(|m| m.warmups),
             warm_tokens: avg_u(|m| m.warm_tokens),
             replicated_kv_mean: avg(|m| m.replicated_kv_mean),

@@ -14,9 +14,11 @@
 
 mod metrics;
 mod queue;
+mod scaling;
 
 pub use kvmesh_core::replication::ReplicationConfig;
 pub use metrics::{floors, Floors, RunMetrics};
+pub use scaling::{Autoscaler, ScalingConfig, ScalingStats};
 
 use crate::engine::{Engine, EngineProfile, EngineRequest};
 use crate::tokens::prompt_tokens;
@@ -65,6 +67,9 @@ pub struct SimConfig {
     /// node's sketch, plans, and sends warm-ups (prefill-only requests of `max_tokens` 1) to
     /// the engines; every node routes by the plan. `None` (default): no replication.
     pub replication: Option<ReplicationConfig>,
+    /// Replicas that scale: `replicas` is then the pool's largest size, and an autoscaler keeps
+    /// some of them running (see `scaling`). `None` (default): all run all along.
+    pub scaling: Option<ScalingConfig>,
     /// Router settings (its block size is forced to `block_size`). The simulation's default
     /// lease is effectively infinite: every simulated request is released, and overloaded
     /// runs must not lose their queue from the router's view to lease expiry.
@@ -85,6 +90,7 @@ impl Default for SimConfig {
             gossip_delay_s: 0.005,
             gossip: true,
             replication: None,
+            scaling: None,
             fleet: FleetConfig { lease_s: 1e9, ..FleetConfig::default() },
         }
     }
@@ -130,6 +136,11 @@ pub struct Run {
     pub fleet: Fleet,
     /// What replication did, when enabled.
     pub replication: Option<ReplicationStats>,
+    /// What scaling did, when enabled.
+    pub scaling: Option<ScalingStats>,
+    /// Token load the first router booked in each metrics interval, tokens per second (what an
+    /// oracle autoscaler is told ahead of time).
+    pub booked_load: Vec<f64>,
 }
 
 /// What replication did in one run.
@@ -213,7 +224,43 @@ pub fn simulate(
         c.validate().map_err(|e| e.to_string())?;
     }
     let fleet_blocks = config.profile.kv_blocks(config.block_size) * config.replicas as u64;
+    if let Some(sc) = &config.scaling {
+        sc.policy.validate().map_err(|e| e.to_string())?;
+        if !(sc.cold_start_s.is_finite() && sc.cold_start_s >= 0.0) {
+            return Err(format!("cold start must be non-negative seconds, got {}", sc.cold_start_s));
+        }
+    }
+    let block_tokens = trace.block_tokens.unwrap_or(crate::trace::mooncake::BLOCK_TOKENS);
+    // The oracle is told the load ahead: what the router books on the whole pool, from a
+    // first pass without scaling (the same arrivals, seed and policy kind).
+    let oracle_load = match &config.scaling {
+        Some(sc) if sc.autoscaler == Autoscaler::Oracle => {
+            let fixed = SimConfig { scaling: None, ..config.clone() };
+            let kind: PolicyKind = policy.name().parse().map_err(|e: kvmesh_core::Error| e.to_string())?;
+            let first = simulate(&fixed, trace, kind.build().as_mut(), seed, &mut |_| {})?;
+            Some(first.booked_load)
+        }
+        _ => None,
+    };
     let mut sim = Sim {
+        scaler: config.scaling.clone().map(|sc| {
+            // Until a full-load step is measured: a replica prefilling whole chunks, derated
+            // for the decode steps that share them (0.6 of the prefill-only rate).
+            let p = config.profile.step();
+            let chunk = f64::from(p.chunk_tokens);
+            let prior = 0.6 * chunk / (p.step_overhead_s + p.prefill_s_per_token * chunk);
+            scaling::Scaler::new(
+                sc,
+                config.replicas as usize,
+                prior,
+                trace,
+                block_tokens,
+                oracle_load.clone(),
+                config.metrics_interval_s,
+            )
+        }),
+        saturated: vec![None; config.replicas as usize],
+        booked: (0.0, Vec::new()),
         replication: config.replication.clone().map(|config| Replicator {
             config,
             plan: ReplicationPlan::default(),
@@ -241,6 +288,15 @@ pub fn simulate(
         sim.queue.push(r.arrival_s, Ev::Arrival(i as u32));
     }
     sim.queue.push(0.0, Ev::Tick);
+    if let Some(sc) = sim.scaler.as_ref() {
+        let off: Vec<usize> = (0..sc.slots.len()).filter(|&r| !sc.routable(r)).collect();
+        for router in &mut sim.routers {
+            for &r in &off {
+                let _ = router.fleet.set_status(ReplicaId(r as u32), kvmesh_core::ReplicaStatus::Draining);
+            }
+        }
+        sim.queue.push(0.0, Ev::Autoscale);
+    }
     if sim.replication.is_some() {
         sim.queue.push(0.0, Ev::Replicate);
     }
@@ -270,6 +326,13 @@ pub fn simulate(
                 }
             }
             Ev::Tick => sim.tick(t),
+            Ev::Autoscale => {
+                sim.autoscale(t);
+                if let Some(sc) = sim.scaler.as_ref().filter(|_| sim.more()) {
+                    sim.queue.push(t + sc.config.policy.interval_s, Ev::Autoscale);
+                }
+            }
+            Ev::Ready(r) => sim.replica_ready(r as usize, t),
             Ev::Replicate => {
                 sim.replicate(t);
                 if let Some(r) = sim.replication.as_ref().filter(|_| sim.more()) {
@@ -280,6 +343,7 @@ pub fn simulate(
     }
     progress(sim.arrived);
     let n = sim.arrived.max(1) as f64;
+    let end = sim.outcomes.iter().map(|o| o.finish_s).filter(|f| f.is_finite()).fold(0.0, f64::max);
     Ok(Run {
         load_max_mean: (sim.load_sum.0 / n, sim.load_sum.1 / n),
         events: sim.queue.processed(),
@@ -289,6 +353,8 @@ pub fn simulate(
             let (sum, ticks) = r.block_ticks;
             ReplicationStats { planned_blocks_mean: sum / ticks.max(1) as f64, ..r.stats }
         }),
+        scaling: sim.scaler.as_mut().map(|sc| sc.finish(end)),
+        booked_load: std::mem::take(&mut sim.booked.1),
         fleet: sim.routers.swap_remove(0).fleet,
     })
 }
@@ -336,7 +402,12 @@ struct Sim<'a> {
     arrived: u64,
     load_sum: (f64, f64),
     rejected: Vec<u64>,
+    /// Token load booked since the last tick, tokens; and the per-tick rates so far.
+    booked: (f64, Vec<f64>),
     replication: Option<Replicator>,
+    scaler: Option<scaling::Scaler>,
+    /// Per replica: the duration of the step in flight when it started with requests waiting.
+    saturated: Vec<Option<f64>>,
 }
 
 impl Sim<'_> {
@@ -355,6 +426,12 @@ impl Sim<'_> {
         };
         let routed = router.fleet.route(policy, &route, &mut router.rng, t).map_err(|e| e.to_string())?;
         let r = routed.decision.replica.index();
+        let load = routed.decision.uncached_tokens as f64
+            + router.fleet.bookings().get(routed.booking).map_or(0.0, |b| b.spec.expected_output_tokens as f64);
+        self.booked.0 += load;
+        if let Some(sc) = self.scaler.as_mut() {
+            sc.booked += load;
+        }
         if let Some(sketch) = router.sketch.as_mut() {
             let load = routed.decision.uncached_tokens as f64
                 + router.fleet.bookings().get(routed.booking).map_or(0.0, |b| b.spec.expected_output_tokens as f64);
@@ -395,7 +472,9 @@ impl Sim<'_> {
             return;
         }
         loop {
+            let waiting = self.engines[r].metrics().1 > 0;
             if let Some(d) = self.engines[r].start_step(&mut self.rejected) {
+                self.saturated[r] = waiting.then_some(d);
                 self.queue.push(t + d, Ev::StepDone(r as u32));
                 break;
             }
@@ -441,6 +520,10 @@ impl Sim<'_> {
 
     fn step_done(&mut self, r: usize, t: f64) {
         let out = self.engines[r].finish_step();
+        if let (Some(d), Some(sc)) = (self.saturated[r].take(), self.scaler.as_mut()) {
+            let tokens = out.prefill_tokens + (out.decoded.len() + out.first_tokens.len()) as u64;
+            sc.saturated_step(r, tokens as f64, d);
+        }
         for ev in out.events {
             if self.config.event_delay_s <= 0.0 {
                 for router in &mut self.routers {
@@ -481,9 +564,18 @@ impl Sim<'_> {
             }
         }
         self.kick(r, t);
+        if !self.engines[r].has_work() {
+            if let Some(sc) = self.scaler.as_mut() {
+                sc.release(r, t);
+            }
+        }
     }
 
     fn tick(&mut self, t: f64) {
+        if t > 0.0 {
+            let rate = std::mem::take(&mut self.booked.0) / self.config.metrics_interval_s;
+            self.booked.1.push(rate);
+        }
         for (r, e) in self.engines.iter().enumerate() {
             let (running, waiting, kv_usage) = e.metrics();
             for router in &mut self.routers {
@@ -501,6 +593,35 @@ impl Sim<'_> {
 }
 
 impl Sim<'_> {
+    /// The autoscaler's evaluation at `t`: start and drain replicas.
+    fn autoscale(&mut self, t: f64) {
+        let Some(sc) = self.scaler.as_mut() else { return };
+        let (start, drain) = sc.evaluate(t);
+        let cold = sc.config.cold_start_s;
+        for r in start {
+            self.queue.push(t + cold, Ev::Ready(r as u32));
+        }
+        for r in drain {
+            for router in &mut self.routers {
+                let _ = router.fleet.set_status(ReplicaId(r as u32), kvmesh_core::ReplicaStatus::Draining);
+            }
+            if !self.engines[r].has_work() {
+                if let Some(sc) = self.scaler.as_mut() {
+                    sc.release(r, t);
+                }
+            }
+        }
+    }
+
+    /// Replica `r`'s cold start may have ended at `t`.
+    fn replica_ready(&mut self, r: usize, t: f64) {
+        if self.scaler.as_mut().is_some_and(|sc| sc.ready(r, t)) {
+            for router in &mut self.routers {
+                let _ = router.fleet.set_status(ReplicaId(r as u32), kvmesh_core::ReplicaStatus::Ready);
+            }
+        }
+    }
+
     /// Whether requests are still to arrive or engines still work.
     fn more(&self) -> bool {
         (self.arrived as usize) < self.trace.requests.len() || self.engines.iter().any(Engine::has_work)

@@ -19,6 +19,10 @@ pub(crate) enum Ev {
     Tick,
     /// The leader's replication round (replication only).
     Replicate,
+    /// The autoscaler's evaluation (scaling only).
+    Autoscale,
+    /// Replica `r`'s cold start ends (scaling only).
+    Ready(u32),
 }
 
 #[derive(Debug)]

@@ -209,3 +209,42 @@ fn replication_warms_a_hot_prompt_that_appears_and_spends_the_kv_it_reports() {
 
 /// Warm-ups sent in the 3,000-request hot-rotating run above (seeded: exact).
 const WARMUPS: u64 = 11;
+
+#[test]
+fn an_autoscaled_pool_starts_replicas_after_their_cold_start_and_counts_gpu_time() {
+    use crate::workload::scenarios::{Scenario, ScenarioParams};
+    use kvmesh_core::autoscale::AutoscaleConfig;
+    // 30 s at 10 req/s, then 30 s at 40 req/s (rate steps 1, 4).
+    let mut t = Scenario::Shared { percent: 50 }.generate(&ScenarioParams { requests: 1500, rate: 10.0, seed: 3 });
+    crate::workload::arrivals::truncate(&mut t, 300);
+    let mut burst = Scenario::Shared { percent: 50 }.generate(&ScenarioParams { requests: 1200, rate: 40.0, seed: 4 });
+    for r in &mut burst.requests {
+        r.arrival_s += 30.0;
+    }
+    t.requests.retain(|r| r.arrival_s < 30.0);
+    t.requests.extend(burst.requests);
+    let run = |autoscaler| {
+        let scaling = ScalingConfig {
+            autoscaler,
+            policy: AutoscaleConfig { max_replicas: 16, cold_start_s: 20.0, ..AutoscaleConfig::default() },
+            cold_start_s: 20.0,
+            initial: 2,
+        };
+        let config = SimConfig { replicas: 16, scaling: Some(scaling), ..SimConfig::default() };
+        let r = simulate(&config, &t, PolicyKind::TokenLoad.build().as_mut(), 1, &mut |_| {}).unwrap();
+        let m = RunMetrics::of(&r, &config);
+        (r.scaling.unwrap(), m, r.outcomes.iter().all(|o| o.finish_s.is_finite()), r.fleet.bookings().is_empty())
+    };
+    let (kvmesh, km, done, clean) = run(Autoscaler::Kvmesh);
+    assert!(done && clean, "every request served and released");
+    let (reactive, rm, _, _) = run(Autoscaler::Reactive);
+    // Both scale up for the step; the reactive baseline, blind to its starting replicas while
+    // the ready ones stay hot for 20 s, asks for more than kvmesh does.
+    assert!(kvmesh.scale_ups > 0 && reactive.scale_ups > 0);
+    assert!(kvmesh.max_desired <= reactive.max_desired, "kvmesh {kvmesh:?} vs reactive {reactive:?}");
+    // GPU time: at least the two initial replicas over the run, at most the whole pool.
+    let span = t.requests.last().unwrap().arrival_s;
+    assert!(km.gpu_seconds >= 2.0 * span && km.gpu_seconds <= 16.0 * (span + 60.0), "{}", km.gpu_seconds);
+    assert!(rm.gpu_seconds >= 2.0 * span);
+    assert!(km.slo_attainment > 0.0 && km.slo_attainment <= 1.0);
+}

@@ -51,6 +51,35 @@ pub fn scale_rate(trace: &mut Trace, scale: f64) -> Result<(), String> {
     Ok(())
 }
 
+/// Rate steps: splits the trace's span into `factors.len()` equal parts (by arrival time) and
+/// replays part `i` `factors[i]` times as fast, parts back to back — e.g. `[1, 2, 1]` doubles
+/// the rate for the middle third. Arrival times stay increasing.
+///
+/// # Errors
+/// A message for no factors or a factor that is not a positive number.
+pub fn rate_steps(trace: &mut Trace, factors: &[f64]) -> Result<(), String> {
+    if factors.is_empty() {
+        return Err("rate steps need at least one factor".into());
+    }
+    if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+        return Err(format!("rate steps must be positive numbers, got {f}"));
+    }
+    let span = trace.requests.last().map_or(0.0, |r| r.arrival_s).max(f64::MIN_POSITIVE);
+    let part = span / factors.len() as f64;
+    // Where each part starts after the earlier parts were compressed.
+    let mut starts = Vec::with_capacity(factors.len());
+    let mut at = 0.0;
+    for f in factors {
+        starts.push(at);
+        at += part / f;
+    }
+    for r in &mut trace.requests {
+        let i = ((r.arrival_s / part) as usize).min(factors.len() - 1);
+        r.arrival_s = starts[i] + (r.arrival_s - i as f64 * part) / factors[i];
+    }
+    Ok(())
+}
+
 /// Keeps the first `n` requests.
 pub fn truncate(trace: &mut Trace, n: usize) {
     trace.requests.truncate(n);
@@ -71,6 +100,16 @@ mod tests {
 
     fn times(t: &Trace) -> Vec<f64> {
         t.requests.iter().map(|r| r.arrival_s).collect()
+    }
+
+    #[test]
+    fn rate_steps_compress_each_part_by_its_factor() {
+        let mut t = trace(&[0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0]);
+        // Parts of 20 s: [0, 20) at 1×, [20, 40) at 2×, [40, 60] at 1×.
+        rate_steps(&mut t, &[1.0, 2.0, 1.0]).unwrap();
+        assert_eq!(times(&t), vec![0.0, 10.0, 20.0, 25.0, 30.0, 40.0, 50.0]);
+        assert!(rate_steps(&mut t, &[1.0, 0.0]).is_err());
+        assert!(rate_steps(&mut t, &[]).is_err());
     }
 
     #[test]

@@ -1,0 +1,364 @@
+//! Replicas that scale: a pool of up to `SimConfig::replicas` engines of which an autoscaling
+//! policy keeps some running. A replica the policy adds costs GPU time from that moment but
+//! serves only after `cold_start_s`; one it removes is drained (no new requests) and released
+//! once idle. The router routes only to ready replicas.
+//!
+//! The policy sees what a real one would: the token load the router booked over the last
+//! interval, each ready replica's measured capacity (tokens it served per second of steps it
+//! ran with requests waiting, i.e. at full load; the profile's estimate until one is
+//! measured), the pool's ready and starting replicas, and the cold start measured from the
+//! starts so far. The oracle sees the trace's future load instead.
+
+use crate::trace::Trace;
+use kvmesh_core::autoscale::{
+    AutoscaleConfig, ColdStartAware, Knative, PoolInputs, Reactive, ScaleDecision, ScalePolicy,
+};
+use std::fmt;
+use std::str::FromStr;
+
+/// Which autoscaler runs the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Autoscaler {
+    /// kvmesh's cold-start-aware policy.
+    Kvmesh,
+    /// A utilisation threshold on ready replicas.
+    Reactive,
+    /// Knative-style stable and panic windows.
+    Knative,
+    /// Knows the load one cold start ahead.
+    Oracle,
+}
+
+impl Autoscaler {
+    /// Every autoscaler.
+    pub const ALL: [Autoscaler; 4] =
+        [Autoscaler::Kvmesh, Autoscaler::Reactive, Autoscaler::Knative, Autoscaler::Oracle];
+}
+
+impl fmt::Display for Autoscaler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Autoscaler::Kvmesh => "kvmesh",
+            Autoscaler::Reactive => "reactive",
+            Autoscaler::Knative => "knative",
+            Autoscaler::Oracle => "oracle",
+        })
+    }
+}
+
+impl FromStr for Autoscaler {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "kvmesh" => Ok(Autoscaler::Kvmesh),
+            "reactive" => Ok(Autoscaler::Reactive),
+            "knative" => Ok(Autoscaler::Knative),
+            "oracle" => Ok(Autoscaler::Oracle),
+            other => Err(format!("unknown autoscaler {other:?}; known: kvmesh, reactive, knative, oracle")),
+        }
+    }
+}
+
+/// Scaling settings of one simulation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScalingConfig {
+    /// The autoscaler.
+    pub autoscaler: Autoscaler,
+    /// Its settings (bounds, windows, target utilisation).
+    pub policy: AutoscaleConfig,
+    /// Seconds from adding a replica to its serving, seconds (the truth the simulator applies;
+    /// policies learn it from the starts they see).
+    pub cold_start_s: f64,
+    /// Replicas ready at the start.
+    pub initial: u32,
+}
+
+/// One replica's place in the pool.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Slot {
+    /// Not running (no GPU).
+    Off,
+    /// Added at `since`; serves from `ready_at`.
+    Starting { since: f64, ready_at: f64 },
+    /// Serving since `since` (GPU time counts from `gpu_since`).
+    Ready { gpu_since: f64 },
+    /// No new requests; released when idle.
+    Draining { gpu_since: f64 },
+}
+
+/// What scaling did in one run.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct ScalingStats {
+    /// GPU-seconds: every replica's time from being added to being released.
+    pub gpu_seconds: f64,
+    /// Replicas added.
+    pub scale_ups: u64,
+    /// Replicas drained.
+    pub scale_downs: u64,
+    /// The most replicas running (starting, ready or draining) at once.
+    pub max_replicas: u32,
+    /// The largest `desired` any decision asked for.
+    pub max_desired: u32,
+    /// Decisions taken.
+    pub decisions: u64,
+}
+
+/// The pool, its policy and its measurements.
+pub(crate) struct Scaler {
+    pub config: ScalingConfig,
+    policy: Option<Box<dyn ScalePolicy>>,
+    pub slots: Vec<Slot>,
+    /// Token load booked since the last evaluation, tokens.
+    pub booked: f64,
+    last_eval: f64,
+    /// Tokens served and seconds stepped at full load, per replica, since the last evaluation.
+    pub served: Vec<(f64, f64)>,
+    capacity: f64,
+    starts: Vec<f64>,
+    /// The oracle's load per interval, tokens per second.
+    future: Vec<f64>,
+    pub stats: ScalingStats,
+    pub decisions: Vec<ScaleDecision>,
+}
+
+impl Scaler {
+    /// A pool of `n` replicas, `initial` of them ready, with `capacity_prior` tokens per second
+    /// per replica until one is measured.
+    /// `known_load`: the oracle's load per `known_every_s`, tokens per second (else estimated
+    /// from the trace).
+    pub fn new(
+        config: ScalingConfig,
+        n: usize,
+        capacity_prior: f64,
+        trace: &Trace,
+        block_tokens: u32,
+        known_load: Option<Vec<f64>>,
+        known_every_s: f64,
+    ) -> Self {
+        let p = config.policy.clone();
+        let policy: Option<Box<dyn ScalePolicy>> = match config.autoscaler {
+            Autoscaler::Kvmesh => Some(Box::new(ColdStartAware::new(p))),
+            Autoscaler::Reactive => Some(Box::new(Reactive::new(p))),
+            Autoscaler::Knative => Some(Box::new(Knative::new(p))),
+            Autoscaler::Oracle => None,
+        };
+        let initial = (config.initial as usize).min(n);
+        let slots = (0..n).map(|i| if i < initial { Slot::Ready { gpu_since: 0.0 } } else { Slot::Off }).collect();
+        let future = match known_load {
+            Some(load) => regrid(&load, known_every_s, config.policy.interval_s),
+            None => future_load(trace, config.policy.interval_s, block_tokens),
+        };
+        Scaler {
+            policy,
+            slots,
+            booked: 0.0,
+            last_eval: 0.0,
+            served: vec![(0.0, 0.0); n],
+            capacity: capacity_prior,
+            starts: Vec::new(),
+            future,
+            stats: ScalingStats::default(),
+            decisions: Vec::new(),
+            config,
+        }
+    }
+
+    /// Whether replica `r` takes new requests.
+    pub fn routable(&self, r: usize) -> bool {
+        matches!(self.slots[r], Slot::Ready { .. })
+    }
+
+    /// Replica `r` finished a step of `secs` serving `tokens` with requests waiting.
+    pub fn saturated_step(&mut self, r: usize, tokens: f64, secs: f64) {
+        let s = &mut self.served[r];
+        s.0 += tokens;
+        s.1 += secs;
+    }
+
+    /// One evaluation at `now`: returns the replicas to start (indices) and to drain.
+    pub fn evaluate(&mut self, now: f64) -> (Vec<usize>, Vec<usize>) {
+        let span = (now - self.last_eval).max(1e-9);
+        self.last_eval = now;
+        let demand = std::mem::take(&mut self.booked) / span;
+        // Measured capacity: tokens per second of full-load steps, over replicas that ran any.
+        let (tokens, secs) = self.served.iter().fold((0.0, 0.0), |(t, s), &(a, b)| (t + a, s + b));
+        self.served.iter_mut().for_each(|s| *s = (0.0, 0.0));
+        if secs >= 0.5 {
+            // A slow moving average: one burst's mix does not redefine a replica.
+            self.capacity = 0.8 * self.capacity + 0.2 * (tokens / secs);
+        }
+        let ready = self.slots.iter().filter(|s| matches!(s, Slot::Ready { .. })).count() as u32;
+        let starting: Vec<f64> = self
+            .slots
+            .iter()
+            .filter_map(|s| if let Slot::Starting { since, .. } = s { Some(*since) } else { None })
+            .collect();
+        let cold_start_s = if self.starts.is_empty() {
+            self.config.policy.cold_start_s
+        } else {
+            self.starts.iter().sum::<f64>() / self.starts.len() as f64
+        };
+        let inputs = PoolInputs {
+            now,
+            demand_tokens_per_s: demand,
+            capacity_tokens_per_s: self.capacity,
+            ready,
+            starting,
+            cold_start_s,
+        };
+        let decision = match self.policy.as_mut() {
+            Some(p) => p.decide(&inputs),
+            None => self.oracle(&inputs),
+        };
+        self.stats.decisions += 1;
+        self.stats.max_desired = self.stats.max_desired.max(decision.desired);
+        let on_hand = (inputs.ready + inputs.starting.len() as u32) as usize;
+        let want = decision.desired as usize;
+        let mut start = Vec::new();
+        let mut drain = Vec::new();
+        if want > on_hand {
+            for (r, s) in self.slots.iter_mut().enumerate() {
+                if start.len() + on_hand >= want {
+                    break;
+                }
+                if *s == Slot::Off {
+                    *s = Slot::Starting { since: now, ready_at: now + self.config.cold_start_s };
+                    start.push(r);
+                }
+            }
+            self.stats.scale_ups += start.len() as u64;
+        } else if want < on_hand {
+            // Cancel starts first (newest first), then drain the newest ready replicas.
+            let mut excess = on_hand - want;
+            for s in self.slots.iter_mut().rev() {
+                if excess == 0 {
+                    break;
+                }
+                if let Slot::Starting { since, .. } = *s {
+                    self.stats.gpu_seconds += now - since;
+                    *s = Slot::Off;
+                    excess -= 1;
+                }
+            }
+            for (r, s) in self.slots.iter_mut().enumerate().rev() {
+                if excess == 0 {
+                    break;
+                }
+                if let Slot::Ready { gpu_since } = *s {
+                    *s = Slot::Draining { gpu_since };
+                    drain.push(r);
+                    excess -= 1;
+                }
+            }
+            self.stats.scale_downs += drain.len() as u64;
+        }
+        self.decisions.push(decision);
+        self.note_running();
+        (start, drain)
+    }
+
+    /// Replica `r`'s cold start ended at `now`; returns whether it is now ready (a start that
+    /// was cancelled is not).
+    pub fn ready(&mut self, r: usize, now: f64) -> bool {
+        match self.slots[r] {
+            Slot::Starting { since, ready_at } if (ready_at - now).abs() < 1e-6 => {
+                self.slots[r] = Slot::Ready { gpu_since: since };
+                self.starts.push(now - since);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A draining replica ran out of work at `now`: release it.
+    pub fn release(&mut self, r: usize, now: f64) {
+        if let Slot::Draining { gpu_since } = self.slots[r] {
+            self.stats.gpu_seconds += now - gpu_since;
+            self.slots[r] = Slot::Off;
+        }
+    }
+
+    /// Ends the run at `now`: every running replica's GPU time is counted.
+    pub fn finish(&mut self, now: f64) -> ScalingStats {
+        for s in &mut self.slots {
+            match *s {
+                Slot::Starting { since, .. } => self.stats.gpu_seconds += now - since,
+                Slot::Ready { gpu_since } | Slot::Draining { gpu_since } => self.stats.gpu_seconds += now - gpu_since,
+                Slot::Off => {}
+            }
+            *s = Slot::Off;
+        }
+        self.stats
+    }
+
+    fn note_running(&mut self) {
+        let running = self.slots.iter().filter(|s| **s != Slot::Off).count() as u32;
+        self.stats.max_replicas = self.stats.max_replicas.max(running);
+    }
+
+    /// The oracle: sized for the most load from now to one cold start plus the stable window
+    /// ahead (it knows its bursts coming and holds for them), with no other delay.
+    fn oracle(&self, inputs: &PoolInputs) -> ScaleDecision {
+        let c = &self.config.policy;
+        let k = |t: f64| (t / c.interval_s).max(0.0) as usize;
+        let (from, to) = (k(inputs.now), k(inputs.now + self.config.cold_start_s + c.stable_window_s));
+        let load = self.future.iter().skip(from).take(to + 1 - from).copied().fold(0.0, f64::max);
+        let per = inputs.capacity_tokens_per_s * c.target_utilisation;
+        let desired = ((load / per.max(f64::MIN_POSITIVE)).ceil().min(f64::from(c.max_replicas)) as u32)
+            .clamp(c.min_replicas, c.max_replicas);
+        ScaleDecision {
+            at: inputs.now,
+            desired,
+            reason: kvmesh_core::autoscale::ScaleReason::Hold,
+            ready: inputs.ready,
+            starting: inputs.starting.len() as u32,
+            forecast_tokens_per_s: load,
+            capacity_tokens_per_s: inputs.capacity_tokens_per_s,
+            panic: false,
+        }
+    }
+}
+
+/// `load` sampled every `from_s` (sample `k` covers `(k·from_s, (k+1)·from_s]`) as means over
+/// intervals of `to_s`.
+fn regrid(load: &[f64], from_s: f64, to_s: f64) -> Vec<f64> {
+    let span = load.len() as f64 * from_s;
+    let n = (span / to_s).ceil() as usize;
+    (0..n)
+        .map(|k| {
+            let (a, b) = (k as f64 * to_s, (k + 1) as f64 * to_s);
+            let picked: Vec<f64> = load
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| {
+                    let t = (*i as f64 + 1.0) * from_s;
+                    t > a && t <= b
+                })
+                .map(|(_, &v)| v)
+                .collect();
+            if picked.is_empty() {
+                0.0
+            } else {
+                picked.iter().sum::<f64>() / picked.len() as f64
+            }
+        })
+        .collect()
+}
+
+/// The trace's token load per interval, tokens per second: each request's prompt (less the
+/// share its prefix blocks already seen would save) plus its output, by arrival.
+fn future_load(trace: &Trace, interval_s: f64, block_tokens: u32) -> Vec<f64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out: Vec<f64> = Vec::new();
+    for r in &trace.requests {
+        let k = (r.arrival_s / interval_s).max(0.0) as usize;
+        if out.len() <= k {
+            out.resize(k + 1, 0.0);
+        }
+        let cached = r.block_ids.iter().take_while(|id| seen.contains(*id)).count() as u64 * u64::from(block_tokens);
+        seen.extend(r.block_ids.iter().copied());
+        let uncached = u64::from(r.input_tokens).saturating_sub(cached).max(1);
+        out[k] += (uncached + u64::from(r.output_tokens)) as f64 / interval_s;
+    }
+    out
+}
