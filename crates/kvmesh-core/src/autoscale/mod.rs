@@ -10,8 +10,9 @@
 //!   evaluation,
 //!   plus a short panic window in the style of Knative's autoscaler — when the last few
 //!   seconds need twice the capacity on hand, the burst wins over the smoothed forecast.
-//! - **Size**: `desired = ⌈forecast ÷ (capacity per replica × target utilisation)⌉`, within
-//!   `[min_replicas, max_replicas]`.
+//! - **Size**: `desired = ⌈(forecast + backlog ÷ backlog_drain_s) ÷ (capacity per replica ×
+//!   target utilisation)⌉`, within `[min_replicas, max_replicas]`: a pool that fell behind
+//!   while replicas started sizes for its queue too.
 //! - **No cascade**: replicas that are starting count as capacity already on its way, so a
 //!   pool waiting for its new replicas does not ask for them again.
 //! - **Scale down** only after the forecast has stayed below the pool for
@@ -67,6 +68,10 @@ pub struct AutoscaleConfig {
     /// `trend·φ/(1−φ)`, so one spike does not project a cold start's worth of growth.
     /// Default 0.9.
     pub trend_damping: f64,
+    /// The prefill backlog queued on the pool should drain within this long once the forecast
+    /// capacity is there, seconds: `queued_tokens / backlog_drain_s` is added to the forecast
+    /// (a pool that fell behind during a cold start sizes for its backlog too). Default 30.
+    pub backlog_drain_s: f64,
     /// The reactive baseline scales up above this utilisation of its ready replicas. Default 0.8.
     pub reactive_high: f64,
     /// … and down below this one. Default 0.4.
@@ -86,6 +91,7 @@ impl Default for AutoscaleConfig {
             panic_ratio: 2.0,
             panic_hold_s: 60.0,
             scale_down_delay_s: 120.0,
+            backlog_drain_s: 30.0,
             level_smoothing: 0.5,
             trend_smoothing: 0.1,
             trend_damping: 0.9,
@@ -109,6 +115,7 @@ impl AutoscaleConfig {
             ("panic_window_s", self.panic_window_s),
             ("panic_hold_s", self.panic_hold_s),
             ("scale_down_delay_s", self.scale_down_delay_s),
+            ("backlog_drain_s", self.backlog_drain_s),
             ("panic_ratio", self.panic_ratio),
         ] {
             if !(v.is_finite() && v > 0.0) {
@@ -156,6 +163,8 @@ pub struct PoolInputs {
     /// Seconds a start takes in this pool (measured from real starts; else the configured
     /// default).
     pub cold_start_s: f64,
+    /// Prefill tokens queued on the pool's replicas and not yet computed, tokens.
+    pub queued_tokens: f64,
 }
 
 /// Why a decision is what it is.

@@ -76,7 +76,8 @@ impl ColdStartAware {
         let level = match self.level {
             None => demand,
             Some(l) => {
-                let next = a * demand + (1.0 - a) * (l + self.trend);
+                // Load is never negative: neither is the level a falling trend leads to.
+                let next = (a * demand + (1.0 - a) * (l + self.trend)).max(0.0);
                 self.trend = b * (next - l) + (1.0 - b) * self.trend;
                 next
             }
@@ -111,7 +112,8 @@ impl ScalePolicy for ColdStartAware {
             self.panic_until = now + c.panic_hold_s;
         }
         let panic = now < self.panic_until;
-        let forecast = if panic { smoothed.max(burst) } else { smoothed };
+        let backlog = inputs.queued_tokens.max(0.0) / c.backlog_drain_s;
+        let forecast = if panic { smoothed.max(burst) } else { smoothed } + backlog;
         let need = replicas_for(c, forecast, inputs.capacity_tokens_per_s);
         if need > on_hand {
             self.below_since = None;

@@ -7,7 +7,15 @@ use super::*;
 const CAP: f64 = 10_000.0;
 
 fn inputs(now: f64, demand: f64, ready: u32, starting: Vec<f64>) -> PoolInputs {
-    PoolInputs { now, demand_tokens_per_s: demand, capacity_tokens_per_s: CAP, ready, starting, cold_start_s: 60.0 }
+    PoolInputs {
+        now,
+        demand_tokens_per_s: demand,
+        capacity_tokens_per_s: CAP,
+        ready,
+        starting,
+        cold_start_s: 60.0,
+        queued_tokens: 0.0,
+    }
 }
 
 /// Evaluates `policy` every 2 s for `secs` at a constant `demand`; started replicas never
@@ -86,6 +94,15 @@ fn a_rising_trend_is_forecast_over_the_cold_start() {
     // to ~33,400 and asks for the 5th before the load gets there (a cold start later).
     assert!(d.forecast_tokens_per_s > 33_000.0 && d.forecast_tokens_per_s < 34_000.0, "{d:?}");
     assert_eq!((d.desired, d.reason), (5, ScaleReason::ScaleUp));
+}
+
+#[test]
+fn a_backlog_is_sized_for_too() {
+    let mut p = ColdStartAware::new(AutoscaleConfig::default());
+    // 14,000 tokens/s needs 2 replicas; 630,000 queued tokens to drain in 30 s add 21,000/s: 5.
+    let d = p.decide(&PoolInputs { queued_tokens: 630_000.0, ..inputs(0.0, 14_000.0, 2, vec![]) });
+    assert_eq!((d.desired, d.reason), (5, ScaleReason::ScaleUp));
+    assert_eq!(d.forecast_tokens_per_s, 35_000.0);
 }
 
 #[test]

@@ -595,8 +595,9 @@ impl Sim<'_> {
 impl Sim<'_> {
     /// The autoscaler's evaluation at `t`: start and drain replicas.
     fn autoscale(&mut self, t: f64) {
+        let queued: u64 = self.engines.iter().map(Engine::pending_prefill).sum();
         let Some(sc) = self.scaler.as_mut() else { return };
-        let (start, drain) = sc.evaluate(t);
+        let (start, drain) = sc.evaluate(t, queued as f64);
         let cold = sc.config.cold_start_s;
         for r in start {
             self.queue.push(t + cold, Ev::Ready(r as u32));

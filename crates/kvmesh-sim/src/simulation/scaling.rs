@@ -176,10 +176,12 @@ impl Scaler {
     }
 
     /// One evaluation at `now`: returns the replicas to start (indices) and to drain.
-    pub fn evaluate(&mut self, now: f64) -> (Vec<usize>, Vec<usize>) {
-        let span = (now - self.last_eval).max(1e-9);
+    pub fn evaluate(&mut self, now: f64, queued_tokens: f64) -> (Vec<usize>, Vec<usize>) {
+        let span = now - self.last_eval;
         self.last_eval = now;
-        let demand = std::mem::take(&mut self.booked) / span;
+        // The first evaluation (at 0) has no interval behind it to measure.
+        let booked = std::mem::take(&mut self.booked);
+        let demand = if span > 1e-6 { booked / span } else { 0.0 };
         // Measured capacity: tokens per second of full-load steps, over replicas that ran any.
         let (tokens, secs) = self.served.iter().fold((0.0, 0.0), |(t, s), &(a, b)| (t + a, s + b));
         self.served.iter_mut().for_each(|s| *s = (0.0, 0.0));
@@ -205,6 +207,7 @@ impl Scaler {
             ready,
             starting,
             cold_start_s,
+            queued_tokens,
         };
         let decision = match self.policy.as_mut() {
             Some(p) => p.decide(&inputs),
