@@ -299,12 +299,13 @@ impl Scaler {
         self.stats.max_replicas = self.stats.max_replicas.max(running);
     }
 
-    /// The oracle: sized for the most load from now to one cold start plus the stable window
-    /// ahead (it knows its bursts coming and holds for them), with no other delay.
+    /// The oracle: sized for the most load from now to two cold starts ahead — what it adds
+    /// now serves a cold start from now, and releasing a replica it will need again within a
+    /// cold start would cost a restart — with no other delay.
     fn oracle(&self, inputs: &PoolInputs) -> ScaleDecision {
         let c = &self.config.policy;
         let k = |t: f64| (t / c.interval_s).max(0.0) as usize;
-        let (from, to) = (k(inputs.now), k(inputs.now + self.config.cold_start_s + c.stable_window_s));
+        let (from, to) = (k(inputs.now), k(inputs.now + 2.0 * self.config.cold_start_s));
         let load = self.future.iter().skip(from).take(to + 1 - from).copied().fold(0.0, f64::max);
         let per = inputs.capacity_tokens_per_s * c.target_utilisation;
         let desired = ((load / per.max(f64::MIN_POSITIVE)).ceil().min(f64::from(c.max_replicas)) as u32)
