@@ -10,6 +10,8 @@ const PROTOS: &[&str] = &[
     "kvmesh/v1/events.proto",
     "kvmesh/v1/cluster.proto",
     "kvmesh/v1/replication.proto",
+    "kvmesh/v1/autoscaler.proto",
+    "externalscaler/externalscaler.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

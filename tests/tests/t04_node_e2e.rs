@@ -47,6 +47,7 @@ async fn node(engines: &[EngineSim]) -> Node {
         cluster: None,
         security: Default::default(),
         replication: Default::default(),
+        autoscaler: Default::default(),
     })
     .await
     .unwrap()

@@ -45,6 +45,7 @@ async fn node(replicas: Vec<ReplicaConfig>, tweak: impl FnOnce(&mut NodeSection)
         cluster: None,
         security: Default::default(),
         replication: Default::default(),
+        autoscaler: Default::default(),
     })
     .await
     .unwrap();

@@ -72,6 +72,7 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
         cluster: Some(cluster),
         security: Default::default(),
         replication: Default::default(),
+        autoscaler: Default::default(),
     }
 }
 

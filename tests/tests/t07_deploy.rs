@@ -50,3 +50,25 @@ fn the_router_tier_manifest_is_consistent() {
     config.validate().unwrap();
     assert_eq!(config.node.block_size, 16);
 }
+
+#[test]
+fn the_keda_scaled_object_points_at_kvmesh() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/keda/scaledobject.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let so: Value =
+        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text).map(|v| serde_json::to_value(v).unwrap()).unwrap();
+    assert_eq!(so["apiVersion"].as_str(), Some("keda.sh/v1alpha1"));
+    assert_eq!(so["kind"].as_str(), Some("ScaledObject"));
+    let trigger = &so["spec"]["triggers"][0];
+    assert_eq!(trigger["type"].as_str(), Some("external-push"));
+    // The client Service of router-tier.yaml, on its gRPC port; the tier's default pool.
+    assert_eq!(trigger["metadata"]["scalerAddress"].as_str(), Some("kvmesh.default.svc.cluster.local:50051"));
+    assert_eq!(
+        trigger["metadata"]["pool"].as_str(),
+        Some(kvmesh_node::config::AutoscalerSection::default().pool.as_str())
+    );
+    let docs = documents();
+    let svc = find(&docs, "Service", "kvmesh");
+    let grpc = svc["spec"]["ports"].as_array().unwrap().iter().any(|p| p["port"].as_u64() == Some(50051));
+    assert!(grpc, "the client Service exposes gRPC 50051");
+}

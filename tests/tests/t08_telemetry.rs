@@ -82,6 +82,7 @@ async fn request_spans_reach_an_otlp_collector() {
         cluster: None,
         security: Default::default(),
         replication: Default::default(),
+        autoscaler: Default::default(),
     })
     .await
     .unwrap();

@@ -116,8 +116,14 @@ fn holders(node: &Node) -> Vec<String> {
 async fn a_hot_prompt_is_planned_warmed_spread_and_retired() {
     let engines = engines(4).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
-    let config =
-        NodeConfig { node: section(), replicas, cluster: None, security: Default::default(), replication: fast() };
+    let config = NodeConfig {
+        node: section(),
+        replicas,
+        cluster: None,
+        security: Default::default(),
+        replication: fast(),
+        autoscaler: Default::default(),
+    };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
 
@@ -219,7 +225,14 @@ async fn the_grpc_service_lists_watches_and_triggers_through_a_transfer_sidecar(
         cooldown_s: 60.0,
         ..fast()
     };
-    let config = NodeConfig { node: section(), replicas, cluster: None, security: Default::default(), replication };
+    let config = NodeConfig {
+        node: section(),
+        replicas,
+        cluster: None,
+        security: Default::default(),
+        replication,
+        autoscaler: Default::default(),
+    };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
     let ch = tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap();
@@ -311,7 +324,14 @@ fn cluster_config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfi
         summary_interval_ms: 200,
         ..ClusterSection::default()
     };
-    NodeConfig { node, replicas, cluster: Some(cluster), security: Default::default(), replication: fast() }
+    NodeConfig {
+        node,
+        replicas,
+        cluster: Some(cluster),
+        security: Default::default(),
+        replication: fast(),
+        autoscaler: Default::default(),
+    }
 }
 
 fn leader(nodes: &[&Node]) -> Option<u64> {

@@ -131,6 +131,7 @@ async fn a_node_serves_https_and_grpc_over_tls_and_refuses_plain_text() {
         cluster: None,
         security: security(&p, false),
         replication: Default::default(),
+        autoscaler: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     assert_eq!(https_completion(node.http, &p.ca).await, "HTTP/1.1 200 OK");
@@ -169,6 +170,7 @@ async fn a_cluster_runs_raft_over_mtls_and_refuses_clients_without_a_certificate
             cluster: Some(cluster),
             security: security(&p, true),
             replication: Default::default(),
+            autoscaler: Default::default(),
         };
         nodes.push(kvmesh_node::start(config).await.unwrap());
     }
@@ -200,8 +202,14 @@ async fn half_configured_tls_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let p = pki(dir.path());
     let start = |security: SecuritySection| async move {
-        let config =
-            NodeConfig { node: section(), replicas: vec![], cluster: None, security, replication: Default::default() };
+        let config = NodeConfig {
+            node: section(),
+            replicas: vec![],
+            cluster: None,
+            security,
+            replication: Default::default(),
+            autoscaler: Default::default(),
+        };
         kvmesh_node::start(config).await.err().map(|e| format!("{e:#}"))
     };
     let only_cert = SecuritySection { tls_key_file: None, ..security(&p, false) };

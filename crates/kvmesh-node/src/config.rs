@@ -49,6 +49,81 @@ pub struct NodeConfig {
     /// Hot-prefix detection and partial KV replication; off unless `enabled`.
     #[serde(default)]
     pub replication: ReplicationSection,
+    /// The tier's autoscaler; off unless `enabled`.
+    #[serde(default)]
+    pub autoscaler: AutoscalerSection,
+}
+
+/// `[autoscaler]`: the Raft leader (a single node: itself) decides how many replicas the
+/// pool should have (`kvmesh_core::autoscale`: cold-start-aware, no cascade) and commits each
+/// decision with its reason and inputs; `kvmesh.v1.Autoscaler` and KEDA's external-scaler
+/// protocol serve them to an actuator. kvmesh does not start or stop engines itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AutoscalerSection {
+    /// Decide and serve decisions.
+    pub enabled: bool,
+    /// The pool's name in decisions and the KEDA metric.
+    pub pool: String,
+    /// Seconds between decisions.
+    pub interval_s: f64,
+    /// Fewest replicas.
+    pub min_replicas: u32,
+    /// Most replicas.
+    pub max_replicas: u32,
+    /// Seconds a new replica takes to serve (until starts are measured from replicas
+    /// registered `starting` that turn `ready`).
+    pub cold_start_s: f64,
+    /// Utilisation each replica should run at, in (0, 1].
+    pub target_utilisation: f64,
+    /// What one replica serves at full load, tokens per second; 0: estimated from the engine
+    /// profile (0.6 × its whole-chunk prefill rate, the simulator's prior).
+    pub capacity_tokens_per_s: f64,
+    /// The forecast must stay below the pool this long before it shrinks, seconds.
+    pub scale_down_delay_s: f64,
+}
+
+impl Default for AutoscalerSection {
+    fn default() -> Self {
+        let c = kvmesh_core::autoscale::AutoscaleConfig::default();
+        AutoscalerSection {
+            enabled: false,
+            pool: "default".into(),
+            interval_s: c.interval_s,
+            min_replicas: c.min_replicas,
+            max_replicas: c.max_replicas,
+            cold_start_s: c.cold_start_s,
+            target_utilisation: c.target_utilisation,
+            capacity_tokens_per_s: 0.0,
+            scale_down_delay_s: c.scale_down_delay_s,
+        }
+    }
+}
+
+impl AutoscalerSection {
+    /// The core's settings.
+    pub fn core(&self) -> kvmesh_core::autoscale::AutoscaleConfig {
+        kvmesh_core::autoscale::AutoscaleConfig {
+            interval_s: self.interval_s,
+            min_replicas: self.min_replicas,
+            max_replicas: self.max_replicas,
+            cold_start_s: self.cold_start_s,
+            target_utilisation: self.target_utilisation,
+            scale_down_delay_s: self.scale_down_delay_s,
+            ..kvmesh_core::autoscale::AutoscaleConfig::default()
+        }
+    }
+
+    /// Checks ranges.
+    ///
+    /// # Errors
+    /// A message naming the `autoscaler.` key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.capacity_tokens_per_s.is_finite() && self.capacity_tokens_per_s >= 0.0) {
+            return Err(format!("autoscaler.capacity_tokens_per_s must be ≥ 0, got {}", self.capacity_tokens_per_s));
+        }
+        self.core().validate().map_err(|e| format!("autoscaler.{e}").replace("autoscaler.invalid ", "autoscaler."))
+    }
 }
 
 /// `[replication]`: hot-prefix detection and partial KV replication (see
@@ -476,6 +551,7 @@ impl NodeConfig {
             return Err("node.scrape_interval_ms must be positive".into());
         }
         self.replication.validate()?;
+        self.autoscaler.validate()?;
         if let Some(c) = &self.cluster {
             if c.id == 0 {
                 return Err("cluster.id must be positive".into());

@@ -17,6 +17,7 @@
 //! load without putting Raft on the request path.
 
 pub mod auth;
+pub mod autoscaler;
 pub mod cluster;
 pub mod config;
 pub mod grpc;
@@ -256,6 +257,8 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         )));
     }
     tasks.push(tokio::spawn(replication::run(shared.clone(), cluster.clone(), stopped.clone())));
+    tasks.push(tokio::spawn(autoscaler::run(shared.clone(), cluster.clone(), stopped.clone())));
+    let autoscaler_service = autoscaler::service::AutoscalerService { shared: shared.clone() };
     let services = grpc::Services { shared: shared.clone(), supervisor: supervisor.clone(), cluster: cluster.clone() };
     let replication_service =
         replication::service::ReplicationService { shared: shared.clone(), cluster: cluster.clone() };
@@ -294,6 +297,10 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             .add_service(AdminServer::new(services.clone()))
             .add_service(EventsServer::new(services))
             .add_service(kvmesh_proto::v1::replication_server::ReplicationServer::new(replication_service))
+            .add_service(kvmesh_proto::v1::autoscaler_server::AutoscalerServer::new(autoscaler_service.clone()))
+            .add_service(kvmesh_proto::externalscaler::external_scaler_server::ExternalScalerServer::new(
+                autoscaler_service,
+            ))
             .add_optional_service(
                 cluster_services
                     .clone()

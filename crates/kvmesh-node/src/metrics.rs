@@ -57,6 +57,7 @@ pub struct Metrics {
     replication: Family<Labels, Gauge>,
     replication_targets: Family<Labels, Gauge>,
     replication_top_share: Gauge<f64, AtomicU64>,
+    autoscaler: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -94,6 +95,7 @@ impl Metrics {
             replication: Family::default(),
             replication_targets: Family::default(),
             replication_top_share: Gauge::default(),
+            autoscaler: Family::default(),
             registry: Registry::default(),
         };
         registry.register("decisions", "Routing decisions by policy and reason", m.decisions.clone());
@@ -176,6 +178,11 @@ impl Metrics {
             "Token-load share of the hottest prefix this node knows of, 0 to 1",
             m.replication_top_share.clone(),
         );
+        registry.register(
+            "autoscaler_decision",
+            "The latest committed autoscaler decision: desired_replicas, ready, starting, demand_tokens_per_s, forecast_tokens_per_s, capacity_tokens_per_s, panic (0/1), at_unix_seconds",
+            m.autoscaler.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -252,6 +259,20 @@ impl Metrics {
             } else {
                 0.0
             });
+        }
+        if let Some(d) = shared.autoscaler.latest() {
+            for (what, v) in [
+                ("desired_replicas", f64::from(d.desired_replicas)),
+                ("ready", f64::from(d.ready)),
+                ("starting", f64::from(d.starting)),
+                ("demand_tokens_per_s", d.demand_tokens_per_s),
+                ("forecast_tokens_per_s", d.forecast_tokens_per_s),
+                ("capacity_tokens_per_s", d.capacity_tokens_per_s),
+                ("panic", f64::from(u8::from(d.panic))),
+                ("at_unix_seconds", d.at),
+            ] {
+                m.autoscaler.get_or_create(&vec![("what", what.to_string())]).set(v);
+            }
         }
         let mut out = String::new();
         let _ = encode(&mut out, &m.registry);

@@ -137,6 +137,9 @@ pub struct Core {
     pub node_id: kvmesh_core::gossip::NodeId,
     /// This node's hot-prefix counts (replication on).
     pub sketch: Option<kvmesh_core::replication::PrefixSketch>,
+    /// Token load booked since start by this node and (through gossip) its peers: uncached
+    /// prompt plus expected output tokens. The autoscaler's demand is its rate.
+    pub booked_tokens: f64,
 }
 
 /// The node settings the request path reads, fixed at start (no lock).
@@ -182,6 +185,8 @@ pub struct Shared {
     decisions: Mutex<std::collections::VecDeque<DecisionRecord>>,
     /// Hot-prefix replication.
     pub replication: crate::replication::Replication,
+    /// The autoscaler's decisions.
+    pub autoscaler: crate::autoscaler::Autoscaling,
 }
 
 /// One routing decision as operators see it.
@@ -259,6 +264,7 @@ impl Shared {
             // to outlive a reconnect's reordering.
             remote: kvmesh_core::gossip::RemoteBookings::new(TOMBSTONE_S),
             node_id: kvmesh_core::gossip::NodeId(config.cluster.as_ref().map_or(0, |c| c.id)),
+            booked_tokens: 0.0,
             sketch: config.replication.enabled.then(|| {
                 kvmesh_core::replication::PrefixSketch::new(config.replication.core().sketch, config.node.block_size)
             }),
@@ -280,6 +286,7 @@ impl Shared {
         let policy_name = Mutex::new((Arc::from(config.node.policy.as_str()), config.node.policy_params.clone()));
         let config_security = config.security.clone();
         let replication = crate::replication::Replication::new(config.replication.clone());
+        let autoscaler = crate::autoscaler::Autoscaling::new(config.autoscaler.clone());
         Ok(Shared {
             config: Mutex::new(config),
             settings,
@@ -293,6 +300,7 @@ impl Shared {
             tokens: crate::auth::Tokens::load(&config_security)?,
             decisions: Mutex::new(std::collections::VecDeque::with_capacity(DECISIONS_KEPT)),
             replication,
+            autoscaler,
         })
     }
 
@@ -579,9 +587,10 @@ impl Core {
         if let Some(out) = self.outbox.as_mut() {
             out.routed(&self.fleet, &routed, &req.hashes);
         }
+        let output = self.fleet.bookings().get(routed.booking).map_or(0, |b| b.spec.expected_output_tokens);
+        let load = routed.decision.uncached_tokens as f64 + output as f64;
+        self.booked_tokens += load;
         if let Some(sketch) = self.sketch.as_mut() {
-            let output = self.fleet.bookings().get(routed.booking).map_or(0, |b| b.spec.expected_output_tokens);
-            let load = routed.decision.uncached_tokens as f64 + output as f64;
             sketch.observe(now, &req.hashes, Some(tokens), load);
         }
         Ok((routed, name, url))

@@ -19,6 +19,12 @@ pub mod v1 {
     tonic::include_proto!("kvmesh.v1");
 }
 
+/// KEDA's external scaler protocol (`proto/externalscaler/externalscaler.proto`).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod externalscaler {
+    tonic::include_proto!("externalscaler");
+}
+
 /// The encoded `FileDescriptorSet` of every kvmesh proto (serve it with tonic-reflection so
 /// `grpcurl` can list and call the services without the `.proto` files).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kvmesh_descriptor.bin"));

@@ -110,6 +110,7 @@ impl Tier {
                 cluster,
                 security: Default::default(),
                 replication: replication_section(spec),
+                autoscaler: Default::default(),
             };
             nodes.push(kvmesh_node::start(config).await.with_context(|| format!("starting router node {}", i + 1))?);
         }

@@ -60,6 +60,7 @@ async fn sync(shared: &Shared, supervisor: &ActorRef<SupervisorMsg>, state: &Clu
             Err(e) => tracing::warn!(error = %e, "registry: replication plan not understood"),
         }
     }
+    shared.autoscaler.follow(&state.scale_decisions);
     if let Some(p) = &state.policy {
         if let Err(e) = shared.set_policy(p, &state.policy_params) {
             tracing::warn!(policy = %p, error = %e, "registry: policy not applied");

@@ -202,6 +202,12 @@ impl gossip_server::Gossip for ClusterServices {
                 tracing::info!(%peer, "peer restarted; its old bookings were released");
             }
             core.remote.apply(&mut core.fleet, peer, &deltas, now);
+            for d in &deltas {
+                if let kvmesh_core::gossip::DeltaKind::Book { spec, .. } = &d.kind {
+                    core.booked_tokens +=
+                        f64::from(spec.uncached_prefill_tokens) + f64::from(spec.expected_output_tokens);
+                }
+            }
             if let Some(s) = &summary {
                 core.remote.apply_summary(&mut core.fleet, peer, s, now);
             }

@@ -1,0 +1,216 @@
+//! The tier's autoscaler on a node (`[autoscaler]`, `kvmesh_core::autoscale`).
+//!
+//! The Raft leader (a single node: itself) evaluates every `interval_s`:
+//! - demand: the rate of token load booked across the tier (this node's routing and, through
+//!   gossip, every peer's);
+//! - capacity per replica: `capacity_tokens_per_s`, or the engine profile's estimate;
+//! - ready replicas (routable), starting ones (registered `starting`, with the time this node
+//!   first saw them so), the router-side prefill backlog, and the cold start measured from the
+//!   starts it saw end (`starting` → `ready`).
+//!
+//! It commits a decision (a `RecordScaleDecision` Raft entry with reason and inputs; the last
+//! 100 are kept) whenever the desired count changes, and every 30 s otherwise. Every node
+//! follows the committed decisions and serves them (`service`): `kvmesh.v1.Autoscaler` and
+//! KEDA's external-scaler protocol. The counts are absolute and count starting replicas, so a
+//! new leader continues without scaling twice.
+
+pub mod service;
+
+use crate::cluster::registry::{Command, ReplicaState};
+use crate::cluster::Cluster;
+use crate::config::AutoscalerSection;
+use crate::state::Shared;
+use kvmesh_core::autoscale::{ColdStartAware, PoolInputs, ScalePolicy};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// A decision re-committed unchanged after this long, seconds: watchers see the policy alive.
+const REFRESH_S: f64 = 30.0;
+
+/// One committed decision, as stored in Raft and served.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The pool.
+    pub pool: String,
+    /// Replicas the pool should have, ready and starting together.
+    pub desired_replicas: u32,
+    /// `hold`, `scale_up`, `burst`, `scale_down`, `hold_down`.
+    pub reason: String,
+    /// Ready replicas at the decision.
+    pub ready: u32,
+    /// Starting replicas at the decision.
+    pub starting: u32,
+    /// Token load sized for, tokens per second.
+    pub forecast_tokens_per_s: f64,
+    /// Token load measured over the last interval, tokens per second.
+    pub demand_tokens_per_s: f64,
+    /// Capacity per replica assumed, tokens per second.
+    pub capacity_tokens_per_s: f64,
+    /// Whether the panic window ruled.
+    pub panic: bool,
+    /// Unix seconds.
+    pub at: f64,
+}
+
+/// A node's view of the decisions.
+pub struct Autoscaling {
+    /// The settings.
+    pub section: AutoscalerSection,
+    decisions: watch::Sender<Arc<Vec<Decision>>>,
+}
+
+impl Autoscaling {
+    /// State for `section`.
+    pub fn new(section: AutoscalerSection) -> Self {
+        Autoscaling { section, decisions: watch::channel(Arc::new(Vec::new())).0 }
+    }
+
+    /// Whether the autoscaler runs.
+    pub fn enabled(&self) -> bool {
+        self.section.enabled
+    }
+
+    /// The latest decision.
+    pub fn latest(&self) -> Option<Decision> {
+        self.decisions.borrow().last().cloned()
+    }
+
+    /// Follows the committed decisions.
+    pub fn watch(&self) -> watch::Receiver<Arc<Vec<Decision>>> {
+        self.decisions.subscribe()
+    }
+
+    /// Takes the decisions committed in Raft (JSON; entries it cannot read are skipped).
+    pub fn follow(&self, committed: &[serde_json::Value]) {
+        let parsed: Vec<Decision> = committed.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
+        self.decisions.send_if_modified(|d| {
+            let changed = **d != parsed;
+            if changed {
+                *d = Arc::new(parsed);
+            }
+            changed
+        });
+    }
+
+    /// A single node's own decision.
+    fn record_local(&self, decision: Decision) {
+        self.decisions.send_modify(|d| {
+            let mut v = (**d).clone();
+            v.push(decision);
+            let excess = v.len().saturating_sub(100);
+            v.drain(..excess);
+            *d = Arc::new(v);
+        });
+    }
+}
+
+/// The leader's loop (see the module docs). Ends when `stop` turns true.
+pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: watch::Receiver<bool>) {
+    let section = shared.autoscaler.section.clone();
+    if !section.enabled {
+        return;
+    }
+    let mut policy = ColdStartAware::new(section.core());
+    let capacity = if section.capacity_tokens_per_s > 0.0 {
+        section.capacity_tokens_per_s
+    } else {
+        // The simulator's prior: 0.6 of a replica's whole-chunk prefill rate.
+        let p = shared.settings.profile;
+        let chunk = f64::from(p.chunk_tokens);
+        0.6 * chunk / (p.step_overhead_s + p.prefill_s_per_token * chunk)
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(section.interval_s));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut starting_since: BTreeMap<String, f64> = BTreeMap::new();
+    let mut starts: Vec<f64> = Vec::new();
+    let mut last = (Instant::now(), shared.core().booked_tokens);
+    let mut committed: Option<(u32, f64)> = None;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let now = crate::replication::unix_now();
+        // Replicas registered `starting`: since when (as this node saw it), and measured
+        // starts when they turn ready.
+        if let Some(c) = &cluster {
+            let state = c.state.borrow().clone();
+            for e in state.live_replicas() {
+                let name = &e.config.name;
+                match e.state {
+                    ReplicaState::Starting => {
+                        starting_since.entry(name.clone()).or_insert(now);
+                    }
+                    _ => {
+                        if let Some(since) = starting_since.remove(name) {
+                            starts.push(now - since);
+                        }
+                    }
+                }
+            }
+            starting_since.retain(|n, _| state.replicas.get(n).is_some_and(|e| e.state == ReplicaState::Starting));
+        }
+        let leads = cluster.as_ref().is_none_or(|c| c.leader().is_some_and(|(id, _)| id == c.id));
+        let (booked, ready, queued) = {
+            let core = shared.core();
+            let ready = core.fleet.replicas().iter().filter(|r| r.routable()).count() as u32;
+            let queued: u64 = core.fleet.bookings().loads().iter().map(|l| l.queued_prefill_tokens).sum();
+            (core.booked_tokens, ready, queued)
+        };
+        let dt = last.0.elapsed().as_secs_f64().max(1e-3);
+        let demand = (booked - last.1).max(0.0) / dt;
+        last = (Instant::now(), booked);
+        if !leads {
+            continue;
+        }
+        let cold_start_s =
+            if starts.is_empty() { section.cold_start_s } else { starts.iter().sum::<f64>() / starts.len() as f64 };
+        let inputs = PoolInputs {
+            now,
+            demand_tokens_per_s: demand,
+            capacity_tokens_per_s: capacity,
+            ready,
+            starting: starting_since.values().copied().collect(),
+            cold_start_s,
+            queued_tokens: queued as f64,
+        };
+        let d = policy.decide(&inputs);
+        let decision = Decision {
+            pool: section.pool.clone(),
+            desired_replicas: d.desired,
+            reason: d.reason.as_str().into(),
+            ready: d.ready,
+            starting: d.starting,
+            forecast_tokens_per_s: d.forecast_tokens_per_s,
+            demand_tokens_per_s: demand,
+            capacity_tokens_per_s: d.capacity_tokens_per_s,
+            panic: d.panic,
+            at: now,
+        };
+        let due = committed.is_none_or(|(desired, at)| desired != d.desired || now - at >= REFRESH_S);
+        if !due {
+            continue;
+        }
+        match &cluster {
+            None => shared.autoscaler.record_local(decision),
+            Some(c) => {
+                let json = match serde_json::to_value(&decision) {
+                    Ok(j) => j,
+                    Err(_) => continue,
+                };
+                if let Err(e) = c.write(Command::RecordScaleDecision { decision: json }).await {
+                    tracing::warn!(error = %e, "autoscaler: decision not committed; the next evaluation decides again");
+                    continue;
+                }
+            }
+        }
+        if committed.is_none_or(|(desired, _)| desired != d.desired) {
+            tracing::info!(pool = %section.pool, desired = d.desired, reason = d.reason.as_str(), ready, starting = d.starting,
+                demand_tokens_per_s = demand, forecast_tokens_per_s = d.forecast_tokens_per_s, "autoscaler: decision");
+        }
+        committed = Some((d.desired, now));
+    }
+}

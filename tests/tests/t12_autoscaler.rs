@@ -1,0 +1,209 @@
+//! The tier's autoscaler end to end: load through a node makes the leader decide, the decision
+//! reaches `kvmesh.v1.Autoscaler` and a KEDA external-scaler client (the proto KEDA speaks),
+//! and in a 3-node cluster decisions are Raft entries every node serves, counting a replica
+//! registered `starting` as capacity on its way, and surviving the leader.
+
+use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
+use kvmesh_node::config::{AutoscalerSection, ClusterSection, NodeConfig, NodeSection, ReplicaConfig};
+use kvmesh_node::Node;
+use kvmesh_proto::externalscaler as keda;
+use kvmesh_proto::v1;
+use std::time::{Duration, Instant};
+
+async fn engines(n: usize) -> Vec<EngineSim> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(
+            kvmesh_engine_sim::start(EngineSimConfig { speed: 20.0, ..EngineSimConfig::default() }).await.unwrap(),
+        );
+    }
+    out
+}
+
+fn replica(i: usize, e: &EngineSim) -> ReplicaConfig {
+    ReplicaConfig {
+        name: format!("e{i}"),
+        http: e.base_url(),
+        kv_events: Some(e.kv_events.clone()),
+        replay: None,
+        kv_events_bind: false,
+        metrics_url: None,
+        capacity_blocks: 29_375,
+        engine: "vllm".into(),
+        model: None,
+        block_size: None,
+    }
+}
+
+/// Decides every 100 ms; a replica serves 2,000 tokens/s (so a little load needs more).
+fn autoscaler() -> AutoscalerSection {
+    AutoscalerSection {
+        enabled: true,
+        interval_s: 0.1,
+        capacity_tokens_per_s: 2_000.0,
+        max_replicas: 8,
+        ..AutoscalerSection::default()
+    }
+}
+
+fn section() -> NodeSection {
+    NodeSection {
+        http: "127.0.0.1:0".parse().unwrap(),
+        grpc: "127.0.0.1:0".parse().unwrap(),
+        scrape_interval_ms: 100,
+        ..NodeSection::default()
+    }
+}
+
+async fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// 20 routed requests of ~1,000 tokens each through gRPC `Router.Route` (booked, not served).
+async fn load(node: &Node) {
+    let ch = tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap();
+    let mut router = v1::router_client::RouterClient::new(ch);
+    for i in 0..20u32 {
+        let ids: Vec<u32> = (i * 10_000..i * 10_000 + 1_000).collect();
+        let req = v1::RouteRequest {
+            prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids })),
+            max_tokens: Some(16),
+            ..Default::default()
+        };
+        router.route(req).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
+    let engines = engines(2).await;
+    let replicas = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
+    let config = NodeConfig {
+        node: section(),
+        replicas,
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+        autoscaler: autoscaler(),
+    };
+    let node = kvmesh_node::start(config).await.unwrap();
+    eventually("both replicas ready", || {
+        node.shared.core().fleet.replicas().iter().filter(|r| r.routable()).count() == 2
+    })
+    .await;
+    let ch = tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap();
+    let mut api = v1::autoscaler_client::AutoscalerClient::new(ch.clone());
+    let mut keda = keda::external_scaler_client::ExternalScalerClient::new(ch);
+    let mut watch = {
+        eventually("a first decision", || node.shared.autoscaler.latest().is_some()).await;
+        api.watch_decisions(v1::AutoscalerRequest { pool: String::new() }).await.unwrap().into_inner()
+    };
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!((first.pool.as_str(), first.ready), ("default", 2));
+
+    // ~17,000 tokens of load in a moment: far more than 2 replicas × 2,000 tokens/s.
+    load(&node).await;
+    eventually("a scale-up", || node.shared.autoscaler.latest().is_some_and(|d| d.desired_replicas > 2)).await;
+    let d = api.get_recommendation(v1::AutoscalerRequest { pool: "default".into() }).await.unwrap().into_inner();
+    assert!(d.desired_replicas > 2 && d.desired_replicas <= 8, "{d:?}");
+    assert!(["scale_up", "burst"].contains(&d.reason.as_str()), "{d:?}");
+    assert!(d.demand_tokens_per_s > 0.0 && d.capacity_tokens_per_s == 2_000.0);
+    // The watch saw a change.
+    let next = watch.message().await.unwrap().unwrap();
+    assert_ne!(next, first);
+
+    // KEDA: one metric, target 1 per replica, valued at the desired count; active.
+    let so = keda::ScaledObjectRef { name: "vllm".into(), namespace: "llm".into(), ..Default::default() };
+    let spec = keda.get_metric_spec(so.clone()).await.unwrap().into_inner();
+    assert_eq!(spec.metric_specs.len(), 1);
+    assert_eq!(
+        (spec.metric_specs[0].metric_name.as_str(), spec.metric_specs[0].target_size),
+        ("kvmesh-desired-replicas", 1)
+    );
+    let req =
+        keda::GetMetricsRequest { scaled_object_ref: Some(so.clone()), metric_name: "kvmesh-desired-replicas".into() };
+    let m = keda.get_metrics(req).await.unwrap().into_inner();
+    let latest = node.shared.autoscaler.latest().unwrap();
+    assert!(
+        m.metric_values[0].metric_value >= 3
+            && m.metric_values[0].metric_value <= i64::from(latest.desired_replicas.max(8))
+    );
+    assert!(keda.is_active(so.clone()).await.unwrap().into_inner().result);
+    let mut stream = keda.stream_is_active(so).await.unwrap().into_inner();
+    assert!(stream.message().await.unwrap().unwrap().result);
+    // The decision is on the metrics page.
+    let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+    assert!(page.contains("kvmesh_autoscaler_decision{what=\"desired_replicas\"}"), "{page}");
+    // Unknown pools and metrics are clear errors.
+    let e = api.get_recommendation(v1::AutoscalerRequest { pool: "gpu-b".into() }).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (tonic::Code::NotFound, "unknown pool \"gpu-b\"; this tier's is \"default\""));
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(3).await;
+    let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
+    let ls: Vec<std::net::TcpListener> = (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let ports: Vec<u16> = ls.iter().map(|l| l.local_addr().unwrap().port()).collect();
+    drop(ls);
+    let mut nodes = Vec::new();
+    for id in 1..=3u64 {
+        let node = NodeSection { grpc: format!("127.0.0.1:{}", ports[id as usize - 1]).parse().unwrap(), ..section() };
+        let cluster = ClusterSection {
+            id,
+            peers: ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect(),
+            data_dir: dir.path().join(format!("node{id}")),
+            ..ClusterSection::default()
+        };
+        let config = NodeConfig {
+            node,
+            replicas: replicas.clone(),
+            cluster: Some(cluster),
+            security: Default::default(),
+            replication: Default::default(),
+            autoscaler: autoscaler(),
+        };
+        nodes.push(kvmesh_node::start(config).await.unwrap());
+    }
+    nodes[0].cluster.as_ref().unwrap().init().await.unwrap();
+    // e2 is a replica still starting: not routed to, counted as capacity on its way.
+    let starting = br#"{"op":"set_replica_state","name":"e2","state":"starting"}"#.to_vec();
+    let ch =
+        tonic::transport::Channel::from_shared(format!("http://{}", nodes[0].grpc)).unwrap().connect().await.unwrap();
+    v1::cluster_client::ClusterClient::new(ch).write(v1::WriteRequest { command_json: starting }).await.unwrap();
+    let committed = |n: &Node| n.cluster.as_ref().unwrap().state.borrow().scale_decisions.len();
+    eventually("decisions in Raft on every node", || nodes.iter().all(|n| committed(n) > 0)).await;
+    eventually("e2 counted as starting", || {
+        nodes.iter().all(|n| n.shared.autoscaler.latest().is_some_and(|d| d.starting == 1 && d.ready == 2))
+    })
+    .await;
+    load(&nodes[1]).await;
+    eventually("a scale-up every node serves", || {
+        nodes.iter().all(|n| n.shared.autoscaler.latest().is_some_and(|d| d.desired_replicas > 3))
+    })
+    .await;
+    let before = nodes[0].shared.autoscaler.latest().unwrap();
+    // The desired count includes e2: asked once, not again while it starts.
+    let leader = nodes.iter().position(|n| {
+        let c = n.cluster.as_ref().unwrap();
+        c.leader().is_some_and(|(id, _)| id == c.id)
+    });
+    let old = nodes.remove(leader.expect("a leader"));
+    let killed_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    old.stop().await;
+    // The new leader continues from the committed decisions: it commits its own, and none
+    // asks for more than the load needs (no second scale-up for the same load).
+    eventually("the new leader decides", || nodes[0].shared.autoscaler.latest().is_some_and(|d| d.at > killed_at))
+        .await;
+    let after = nodes[0].shared.autoscaler.latest().unwrap();
+    assert!(after.desired_replicas <= before.desired_replicas.max(3), "{before:?} then {after:?}");
+    for n in nodes {
+        n.stop().await;
+    }
+}
