@@ -17,7 +17,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         }
         r
     };
-    let (cluster, replicas, decisions, replication) = runtime.block_on(async {
+    let (cluster, replicas, decisions, replication, scale) = runtime.block_on(async {
         let channel = crate::connect::channel(&args.grpc, "is `kvmesh node` running?").await?;
         let mut admin = v1::admin_client::AdminClient::new(channel.clone());
         let mut rep = v1::replication_client::ReplicationClient::new(channel.clone());
@@ -30,7 +30,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         };
         let list = admin.list_replicas(authed(v1::ListReplicasRequest {})).await.context("Admin.ListReplicas")?;
         // A single node has no Cluster service; an older node no RecentDecisions: both optional.
-        let cluster = v1::cluster_client::ClusterClient::new(channel)
+        let cluster = v1::cluster_client::ClusterClient::new(channel.clone())
             .status(v1::ClusterStatusRequest {})
             .await
             .ok()
@@ -42,7 +42,13 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
             let req = authed_decisions(&token, args.decisions);
             admin.recent_decisions(req).await.map(|r| r.into_inner().decisions).unwrap_or_default()
         };
-        anyhow::Ok((cluster, list.into_inner().replicas, decisions, replication))
+        // Nodes without the autoscaler (or older ones) show nothing.
+        let scale = v1::autoscaler_client::AutoscalerClient::new(channel.clone())
+            .get_recommendation(v1::AutoscalerRequest { pool: String::new() })
+            .await
+            .ok()
+            .map(|r| r.into_inner());
+        anyhow::Ok((cluster, list.into_inner().replicas, decisions, replication, scale))
     })?;
     if args.json {
         let rows: Vec<serde_json::Value> = replicas.iter().map(row_json).collect();
@@ -56,6 +62,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         println!("{}\n", members.join("\n"));
     }
     print!("{}", render(&replicas));
+    if let Some(d) = &scale {
+        println!("\n{}", render_scale(d));
+    }
     if let Some((hot, plan)) = &replication {
         print!("\n{}", crate::replication::render(hot, plan, crate::replication::unix_now()));
     }
@@ -74,6 +83,22 @@ fn authed_decisions(
         t.attach(r.metadata_mut());
     }
     r
+}
+
+/// The autoscaler's latest decision, one line.
+fn render_scale(d: &v1::ScaleDecision) -> String {
+    format!(
+        "autoscaler (pool {}): {} replicas wanted ({}{}) · {} ready, {} starting · load {:.0} tokens/s, sized for {:.0} at {:.0} per replica",
+        d.pool,
+        d.desired_replicas,
+        d.reason,
+        if d.panic { ", panic" } else { "" },
+        d.ready,
+        d.starting,
+        d.demand_tokens_per_s,
+        d.forecast_tokens_per_s,
+        d.capacity_tokens_per_s
+    )
 }
 
 /// The latest decisions, newest first.
@@ -163,6 +188,26 @@ fn render(replicas: &[v1::Replica]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_autoscaler_line_reads_at_a_glance() {
+        let d = v1::ScaleDecision {
+            pool: "default".into(),
+            desired_replicas: 6,
+            reason: "burst".into(),
+            ready: 4,
+            starting: 2,
+            demand_tokens_per_s: 81_234.4,
+            forecast_tokens_per_s: 95_000.0,
+            capacity_tokens_per_s: 33_000.0,
+            panic: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            render_scale(&d),
+            "autoscaler (pool default): 6 replicas wanted (burst, panic) · 4 ready, 2 starting · load 81234 tokens/s, sized for 95000 at 33000 per replica"
+        );
+    }
+
     use super::*;
 
     #[test]
