@@ -203,7 +203,10 @@ async fn client_errors_pass_through_and_all_down_is_a_clear_503() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 503);
     let body: Value = r.json().await.unwrap();
-    assert!(body["error"]["message"].as_str().unwrap().contains("unreachable"), "{body}");
+    // Stopping engines may still answer 503 for a moment instead of refusing connections:
+    // either way the client learns why, and no replica is left to try.
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("unreachable") || msg.contains("no replica is ready"), "{body}");
     let health = client.get(format!("http://{}/health", node.http)).send().await.unwrap();
     assert_eq!(health.status().as_u16(), 503);
     assert!(node.shared.core().fleet.bookings().is_empty());

@@ -137,6 +137,8 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
     assert!(stream.message().await.unwrap().unwrap().result);
     // The decision is on the metrics page.
     let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+    let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
+    assert!(parsed.families.contains_key("kvmesh_autoscaler_decision"), "{page}");
     assert!(page.contains("kvmesh_autoscaler_decision{what=\"desired_replicas\"}"), "{page}");
     // Unknown pools and metrics are clear errors.
     let e = api.get_recommendation(v1::AutoscalerRequest { pool: "gpu-b".into() }).await.unwrap_err();

@@ -145,6 +145,11 @@ pub struct DemoArgs {
     /// --speed) for the shown policy; the live view shows the plan.
     #[arg(long)]
     pub replication: bool,
+    /// Turn on the tier's autoscaler (`[autoscaler]`, its times divided by --speed) for the
+    /// shown policy: the live view shows its recommendation for the engine pool (the demo's
+    /// engines stay as they are: kvmesh recommends, an actuator such as KEDA acts).
+    #[arg(long)]
+    pub autoscale: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -109,6 +109,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
                 speed: args.speed,
                 data_dir: data.path(),
                 replication: spec_replication,
+                autoscale: args.autoscale && *policy == policies[0],
             };
             eprintln!("starting {} router nodes and {} engines for {policy} …", args.nodes, args.replicas);
             let tier = tokio::select! {

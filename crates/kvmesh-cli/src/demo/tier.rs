@@ -30,6 +30,8 @@ pub struct TierSpec<'a> {
     pub data_dir: &'a Path,
     /// Hot-prefix replication on.
     pub replication: bool,
+    /// The autoscaler on.
+    pub autoscale: bool,
 }
 
 /// `[replication]` for the demo: on when asked, its times compressed like the engines'.
@@ -110,7 +112,14 @@ impl Tier {
                 cluster,
                 security: Default::default(),
                 replication: replication_section(spec),
-                autoscaler: Default::default(),
+                autoscaler: kvmesh_node::config::AutoscalerSection {
+                    enabled: spec.autoscale,
+                    interval_s: 2.0 / spec.speed.max(1e-3),
+                    cold_start_s: 60.0 / spec.speed.max(1e-3),
+                    scale_down_delay_s: 120.0 / spec.speed.max(1e-3),
+                    max_replicas: 4 * spec.replicas as u32,
+                    ..Default::default()
+                },
             };
             nodes.push(kvmesh_node::start(config).await.with_context(|| format!("starting router node {}", i + 1))?);
         }
@@ -155,6 +164,11 @@ impl Tier {
             .values()
             .map(|r| (r.config.name.clone(), core.fleet.bookings().load(r.id).queued_prefill_tokens))
             .collect()
+    }
+
+    /// The autoscaler's latest decision, when it is on.
+    pub fn scale_decision(&self) -> Option<kvmesh_node::autoscaler::Decision> {
+        self.nodes[0].shared.autoscaler.latest()
     }
 
     /// The committed replication plan, when replication is on.

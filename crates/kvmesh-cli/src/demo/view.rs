@@ -71,6 +71,14 @@ impl View {
             Some((id, term)) => format!("{} router nodes · leader node {id} (term {term})", tier.nodes.len()),
             None => format!("{} router node(s)", tier.nodes.len()),
         };
+        if let Some(d) = tier.scale_decision() {
+            leader.push_str(&format!(
+                " · autoscaler: {} engines wanted ({}, load {:.0}k tokens/s)",
+                d.desired_replicas,
+                d.reason,
+                d.demand_tokens_per_s / 1e3
+            ));
+        }
         if let Some(plan) = tier.replication_plan() {
             let [pending, warming, confirmed, _] = plan.target_counts();
             leader.push_str(&format!(

@@ -9,7 +9,8 @@
 //!   starts it saw end (`starting` → `ready`).
 //!
 //! It commits a decision (a `RecordScaleDecision` Raft entry with reason and inputs; the last
-//! 100 are kept) whenever the desired count changes, and every 30 s otherwise. Every node
+//! 100 are kept) whenever the desired count or the pool's ready and starting counts change,
+//! and every 30 s otherwise. Every node
 //! follows the committed decisions and serves them (`service`): `kvmesh.v1.Autoscaler` and
 //! KEDA's external-scaler protocol. The counts are absolute and count starting replicas, so a
 //! new leader continues without scaling twice.
@@ -127,7 +128,8 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     let mut starting_since: BTreeMap<String, f64> = BTreeMap::new();
     let mut starts: Vec<f64> = Vec::new();
     let mut last = (Instant::now(), shared.core().booked_tokens);
-    let mut committed: Option<(u32, f64)> = None;
+    // What the last committed decision said: (desired, ready, starting, at).
+    let mut committed: Option<(u32, u32, u32, f64)> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -190,7 +192,9 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             panic: d.panic,
             at: now,
         };
-        let due = committed.is_none_or(|(desired, at)| desired != d.desired || now - at >= REFRESH_S);
+        let due = committed.is_none_or(|(desired, ready, starting, at)| {
+            (desired, ready, starting) != (d.desired, d.ready, d.starting) || now - at >= REFRESH_S
+        });
         if !due {
             continue;
         }
@@ -207,10 +211,10 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
                 }
             }
         }
-        if committed.is_none_or(|(desired, _)| desired != d.desired) {
+        if committed.is_none_or(|(desired, ..)| desired != d.desired) {
             tracing::info!(pool = %section.pool, desired = d.desired, reason = d.reason.as_str(), ready, starting = d.starting,
                 demand_tokens_per_s = demand, forecast_tokens_per_s = d.forecast_tokens_per_s, "autoscaler: decision");
         }
-        committed = Some((d.desired, now));
+        committed = Some((d.desired, d.ready, d.starting, now));
     }
 }
