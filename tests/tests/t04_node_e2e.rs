@@ -48,6 +48,7 @@ async fn node(engines: &[EngineSim]) -> Node {
         security: Default::default(),
         replication: Default::default(),
         autoscaler: Default::default(),
+        admission: Default::default(),
     })
     .await
     .unwrap()

@@ -46,6 +46,7 @@ async fn node(replicas: Vec<ReplicaConfig>, tweak: impl FnOnce(&mut NodeSection)
         security: Default::default(),
         replication: Default::default(),
         autoscaler: Default::default(),
+        admission: Default::default(),
     })
     .await
     .unwrap();

@@ -73,6 +73,7 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
         security: Default::default(),
         replication: Default::default(),
         autoscaler: Default::default(),
+        admission: Default::default(),
     }
 }
 

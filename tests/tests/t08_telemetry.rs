@@ -83,6 +83,7 @@ async fn request_spans_reach_an_otlp_collector() {
         security: Default::default(),
         replication: Default::default(),
         autoscaler: Default::default(),
+        admission: Default::default(),
     })
     .await
     .unwrap();

@@ -1,10 +1,12 @@
 //! docs/configuration.md is generated from the node's config types: every key of `[node]`,
-//! `[[replicas]]`, `[cluster]`, `[security]`, `[replication]` and `[autoscaler]` with its default and its doc comment, read from
+//! `[[replicas]]`, `[cluster]`, `[security]`, `[replication]`, `[autoscaler]` and `[admission]` with its default and its doc comment, read from
 //! the sources. This test fails when the file is stale; `KVMESH_BLESS=1 cargo test -p
 //! kvmesh-tests --test t09_config_reference` rewrites it.
 
 use kvmesh_node::auth::SecuritySection;
-use kvmesh_node::config::{AutoscalerSection, ClusterSection, NodeSection, ReplicaConfig, ReplicationSection};
+use kvmesh_node::config::{
+    AdmissionSection, AutoscalerSection, ClusterSection, NodeSection, ReplicaConfig, ReplicationSection,
+};
 use std::path::PathBuf;
 
 fn root() -> PathBuf {
@@ -72,6 +74,8 @@ fn generate() -> String {
     section(&mut out, "[replication]", &fields(&config, "ReplicationSection"), &replication, &[]);
     let autoscaler = defaults(&AutoscalerSection::default());
     section(&mut out, "[autoscaler]", &fields(&config, "AutoscalerSection"), &autoscaler, &[]);
+    let admission = defaults(&AdmissionSection::default());
+    section(&mut out, "[admission]", &fields(&config, "AdmissionSection"), &admission, &[]);
     out
 }
 

@@ -123,6 +123,7 @@ async fn a_hot_prompt_is_planned_warmed_spread_and_retired() {
         security: Default::default(),
         replication: fast(),
         autoscaler: Default::default(),
+        admission: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
@@ -241,6 +242,7 @@ async fn the_grpc_service_lists_watches_and_triggers_through_a_transfer_sidecar(
         security: Default::default(),
         replication,
         autoscaler: Default::default(),
+        admission: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
@@ -340,6 +342,7 @@ fn cluster_config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfi
         security: Default::default(),
         replication: fast(),
         autoscaler: Default::default(),
+        admission: Default::default(),
     }
 }
 

@@ -132,6 +132,7 @@ async fn a_node_serves_https_and_grpc_over_tls_and_refuses_plain_text() {
         security: security(&p, false),
         replication: Default::default(),
         autoscaler: Default::default(),
+        admission: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     assert_eq!(https_completion(node.http, &p.ca).await, "HTTP/1.1 200 OK");
@@ -171,6 +172,7 @@ async fn a_cluster_runs_raft_over_mtls_and_refuses_clients_without_a_certificate
             security: security(&p, true),
             replication: Default::default(),
             autoscaler: Default::default(),
+            admission: Default::default(),
         };
         nodes.push(kvmesh_node::start(config).await.unwrap());
     }
@@ -209,6 +211,7 @@ async fn half_configured_tls_is_a_clear_error() {
             security,
             replication: Default::default(),
             autoscaler: Default::default(),
+            admission: Default::default(),
         };
         kvmesh_node::start(config).await.err().map(|e| format!("{e:#}"))
     };

@@ -1,7 +1,8 @@
 //! The tier's autoscaler end to end: load through a node makes the leader decide, the decision
 //! reaches `kvmesh.v1.Autoscaler` and a KEDA external-scaler client (the proto KEDA speaks),
 //! and in a 3-node cluster decisions are Raft entries every node serves, counting a replica
-//! registered `starting` as capacity on its way, and surviving the leader.
+//! registered `starting` as capacity on its way, and surviving the leader; while capacity is
+//! short, admission control queues requests and refuses the excess with 429 `Retry-After`.
 
 use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
 use kvmesh_node::config::{AutoscalerSection, ClusterSection, NodeConfig, NodeSection, ReplicaConfig};
@@ -89,6 +90,7 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
         security: Default::default(),
         replication: Default::default(),
         autoscaler: autoscaler(),
+        admission: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("both replicas ready", || {
@@ -170,6 +172,7 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
             security: Default::default(),
             replication: Default::default(),
             autoscaler: autoscaler(),
+            admission: Default::default(),
         };
         nodes.push(kvmesh_node::start(config).await.unwrap());
     }
@@ -208,4 +211,50 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
     for n in nodes {
         n.stop().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
+    use kvmesh_node::config::AdmissionSection;
+    let engines = engines(1).await;
+    // The router believes the replica holds 40 blocks of KV: one 480-token request (30 blocks
+    // plus its output) at a time.
+    let replicas = vec![ReplicaConfig { capacity_blocks: 40, ..replica(0, &engines[0]) }];
+    let config = NodeConfig {
+        node: section(),
+        replicas,
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+        autoscaler: Default::default(),
+        admission: AdmissionSection { enabled: true, queue_limit: 2, max_wait_s: 10.0 },
+    };
+    let node = kvmesh_node::start(config).await.unwrap();
+    eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
+    let http = node.http;
+    let send = |i: usize| async move {
+        let body = serde_json::json!({"model": "m", "prompt": format!("{i:04}").repeat(480), "max_tokens": 16});
+        let r = reqwest::Client::new().post(format!("http://{http}/v1/completions")).json(&body).send().await.unwrap();
+        let retry = r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+        (r.status().as_u16(), retry)
+    };
+    let calls: Vec<_> = (0..6).map(|i| tokio::spawn(send(i))).collect();
+    let mut results = Vec::new();
+    for c in calls {
+        results.push(c.await.unwrap());
+    }
+    let ok = results.iter().filter(|(s, _)| *s == 200).count();
+    let refused: Vec<_> = results.iter().filter(|(s, _)| *s == 429).collect();
+    // One runs, two wait and run after it, the rest are refused at once with Retry-After.
+    assert_eq!((ok, refused.len()), (3, 3), "{results:?}");
+    assert!(
+        refused.iter().all(|(_, r)| r.as_deref().is_some_and(|v| v.parse::<u64>().is_ok_and(|s| s >= 1))),
+        "{results:?}"
+    );
+    // Every admitted request was released; nothing waits.
+    assert!(node.shared.core().fleet.bookings().is_empty());
+    assert_eq!(node.shared.admission.depth(), 0);
+    let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+    assert!(page.contains("kvmesh_requests_total{outcome=\"queue_full\"} 3"), "{page}");
+    node.stop().await;
 }

@@ -52,6 +52,43 @@ pub struct NodeConfig {
     /// The tier's autoscaler; off unless `enabled`.
     #[serde(default)]
     pub autoscaler: AutoscalerSection,
+    /// Admission control while capacity is short; off unless `enabled`.
+    #[serde(default)]
+    pub admission: AdmissionSection,
+}
+
+/// `[admission]`: while capacity is short — no replica with KV headroom for a request, or
+/// every one at `node.max_num_seqs` — requests wait in a bounded queue and are routed as
+/// capacity frees (smallest token load first); beyond the bound or after `max_wait_s`: 429
+/// with `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionSection {
+    /// Queue requests while capacity is short instead of sending them to full replicas.
+    pub enabled: bool,
+    /// Requests that may wait at once on this node; beyond, 429.
+    pub queue_limit: usize,
+    /// Longest a request waits before 429, seconds.
+    pub max_wait_s: f64,
+}
+
+impl Default for AdmissionSection {
+    fn default() -> Self {
+        AdmissionSection { enabled: false, queue_limit: 256, max_wait_s: 30.0 }
+    }
+}
+
+impl AdmissionSection {
+    /// Checks ranges.
+    ///
+    /// # Errors
+    /// A message naming the `admission.` key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.max_wait_s.is_finite() && self.max_wait_s > 0.0) {
+            return Err(format!("admission.max_wait_s must be positive seconds, got {}", self.max_wait_s));
+        }
+        Ok(())
+    }
 }
 
 /// `[autoscaler]`: the Raft leader (a single node: itself) decides how many replicas the
@@ -552,6 +589,7 @@ impl NodeConfig {
         }
         self.replication.validate()?;
         self.autoscaler.validate()?;
+        self.admission.validate()?;
         if let Some(c) = &self.cluster {
             if c.id == 0 {
                 return Err("cluster.id must be positive".into());

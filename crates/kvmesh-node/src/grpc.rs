@@ -101,10 +101,9 @@ impl router_server::Router for Services {
 
     async fn release(&self, request: Request<v1::ReleaseRequest>) -> Result<Response<v1::ReleaseResponse>, GrpcStatus> {
         let r = request.into_inner();
-        self.shared
-            .core()
-            .release(BookingId(r.booking_id), r.output_tokens)
-            .map_err(|e| GrpcStatus::not_found(e.to_string()))?;
+        let released = self.shared.core().release(BookingId(r.booking_id), r.output_tokens);
+        self.shared.admission.capacity_freed();
+        released.map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         Ok(Response::new(v1::ReleaseResponse {}))
     }
 }

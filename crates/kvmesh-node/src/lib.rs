@@ -16,6 +16,7 @@
 //! A single node is complete on its own; a cluster of 3 or 5 adds availability and shared
 //! load without putting Raft on the request path.
 
+pub mod admission;
 pub mod auth;
 pub mod autoscaler;
 pub mod cluster;

@@ -58,6 +58,7 @@ pub struct Metrics {
     replication_targets: Family<Labels, Gauge>,
     replication_top_share: Gauge<f64, AtomicU64>,
     autoscaler: Family<Labels, Gauge<f64, AtomicU64>>,
+    admission_queue: Gauge,
 }
 
 impl Default for Metrics {
@@ -96,6 +97,7 @@ impl Metrics {
             replication_targets: Family::default(),
             replication_top_share: Gauge::default(),
             autoscaler: Family::default(),
+            admission_queue: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("decisions", "Routing decisions by policy and reason", m.decisions.clone());
@@ -183,6 +185,11 @@ impl Metrics {
             "The latest committed autoscaler decision: desired_replicas, ready, starting, demand_tokens_per_s, forecast_tokens_per_s, capacity_tokens_per_s, panic (0/1), at_unix_seconds",
             m.autoscaler.clone(),
         );
+        registry.register(
+            "admission_queue_depth",
+            "Requests waiting for capacity in the admission queue (refusals count in kvmesh_requests_total{outcome=\"queue_full\"})",
+            m.admission_queue.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -260,6 +267,7 @@ impl Metrics {
                 0.0
             });
         }
+        m.admission_queue.set(shared.admission.depth() as i64);
         if let Some(d) = shared.autoscaler.latest() {
             for (what, v) in [
                 ("desired_replicas", f64::from(d.desired_replicas)),

@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::json;
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 /// The proxy's routes (plus `/health` and `/metrics`).
@@ -64,6 +64,15 @@ struct Booking {
     prompt_tokens: u32,
 }
 
+/// Wakes the admission queue's next waiter when dropped (after the booking's release).
+struct WakeOnDrop<'a>(&'a Shared);
+
+impl Drop for WakeOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.admission.capacity_freed();
+    }
+}
+
 impl Booking {
     fn first_token(&mut self) {
         if !std::mem::replace(&mut self.first_token_seen, true) {
@@ -77,6 +86,8 @@ impl Booking {
 
     fn release(&mut self, output_tokens: Option<u32>, outcome: &'static str) {
         if let Some(id) = self.id.take() {
+            // Whatever happens below, a queued request may fit now.
+            let _wake = WakeOnDrop(&self.shared);
             let now = self.shared.now();
             let mut core = self.shared.core();
             let _ = core.release(id, output_tokens);
@@ -259,18 +270,49 @@ async fn forward(
         attempts = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
+    let mut admission_deadline: Option<tokio::time::Instant> = None;
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
-        let t0 = Instant::now();
-        let now = shared.now();
-        let (routed, name, url) = {
-            let mut core = shared.core();
-            match core.route(&req, &tokens, now) {
-                Ok(r) => r,
+        let mut t0 = Instant::now();
+        let mut now = shared.now();
+        let (routed, name, url) = loop {
+            // The core's lock lives in this block only: the handler's future must stay Send.
+            let decided = {
+                let mut core = shared.core();
+                match core.route(&req, &tokens, now) {
+                    Err(e) => Err(e),
+                    Ok(routed) => {
+                        // Capacity short: wait in the admission queue rather than pile onto a
+                        // full replica.
+                        let max_seqs = shared.settings.profile.max_num_seqs;
+                        if shared.admission.section.enabled && core.capacity_short(&routed.0, max_seqs) {
+                            let _ = core.release(routed.0.booking, None);
+                            let load =
+                                u64::from(routed.0.decision.uncached_tokens) + u64::from(max_tokens.unwrap_or(0));
+                            Ok(Err(load))
+                        } else {
+                            Ok(Ok(routed))
+                        }
+                    }
+                }
+            };
+            match decided {
                 Err(e) => {
-                    drop(core);
                     shared.metrics.request("no_replica");
                     return error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}: {e}"));
+                }
+                Ok(Ok(routed)) => break routed,
+                Ok(Err(load)) => {
+                    let deadline = *admission_deadline.get_or_insert_with(|| {
+                        tokio::time::Instant::now() + Duration::from_secs_f64(shared.admission.section.max_wait_s)
+                    });
+                    if let Err(why) = shared.admission.wait(load, deadline).await {
+                        shared.metrics.request("queue_full");
+                        span.record("outcome", "queue_full");
+                        return too_many(&shared, why);
+                    }
+                    t0 = Instant::now();
+                    now = shared.now();
                 }
             }
         };
@@ -373,6 +415,21 @@ async fn forward(
     shared.metrics.request("no_replica");
     span.record("outcome", "no_replica");
     error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}; no other replica could take the request"))
+}
+
+/// 429 with `Retry-After`: capacity is short and the admission queue is full, or the request
+/// waited `max_wait_s`.
+fn too_many(shared: &Shared, why: crate::admission::Refused) -> Response {
+    let after = shared.admission.retry_after_s();
+    let why = match why {
+        crate::admission::Refused::QueueFull => "the admission queue is full",
+        crate::admission::Refused::Timeout => "the request waited the admission limit",
+    };
+    let mut r = error(StatusCode::TOO_MANY_REQUESTS, format!("capacity is short ({why}); retry after {after} s"));
+    if let Ok(v) = HeaderValue::from_str(&after.to_string()) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
 }
 
 /// The `usage` of an OpenAI response (the output-length estimate and the engine-reported hit

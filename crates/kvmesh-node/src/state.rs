@@ -187,6 +187,8 @@ pub struct Shared {
     pub replication: crate::replication::Replication,
     /// The autoscaler's decisions.
     pub autoscaler: crate::autoscaler::Autoscaling,
+    /// Admission control.
+    pub admission: crate::admission::Admission,
 }
 
 /// One routing decision as operators see it.
@@ -287,6 +289,7 @@ impl Shared {
         let config_security = config.security.clone();
         let replication = crate::replication::Replication::new(config.replication.clone());
         let autoscaler = crate::autoscaler::Autoscaling::new(config.autoscaler.clone());
+        let admission = crate::admission::Admission::new(config.admission.clone());
         Ok(Shared {
             config: Mutex::new(config),
             settings,
@@ -301,6 +304,7 @@ impl Shared {
             decisions: Mutex::new(std::collections::VecDeque::with_capacity(DECISIONS_KEPT)),
             replication,
             autoscaler,
+            admission,
         })
     }
 
@@ -594,6 +598,22 @@ impl Core {
             sketch.observe(now, &req.hashes, Some(tokens), load);
         }
         Ok((routed, name, url))
+    }
+
+    /// Whether capacity is short for a request just routed with `routed`: no replica had KV
+    /// headroom for it, or every routable replica runs `max_num_seqs` requests or more.
+    pub fn capacity_short(&self, routed: &Routed, max_num_seqs: u32) -> bool {
+        if routed.decision.reason == kvmesh_core::Reason::NoKvHeadroom {
+            return true;
+        }
+        let loads = self.fleet.bookings().loads();
+        let mut routable = self.fleet.replicas().iter().filter(|r| r.routable()).peekable();
+        routable.peek().is_some()
+            && routable.all(|r| {
+                // This request is booked already: it does not count against its replica.
+                let own = u32::from(r.id == routed.decision.replica);
+                loads.get(r.id.index()).map_or(0, |l| l.outstanding()).saturating_sub(own) >= max_num_seqs
+            })
     }
 
     /// A booking's first token arrived.

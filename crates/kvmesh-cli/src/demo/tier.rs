@@ -120,6 +120,7 @@ impl Tier {
                     max_replicas: 4 * spec.replicas as u32,
                     ..Default::default()
                 },
+                admission: Default::default(),
             };
             nodes.push(kvmesh_node::start(config).await.with_context(|| format!("starting router node {}", i + 1))?);
         }
