@@ -21,7 +21,7 @@ pub fn run(cmd: &ReplicationCommand) -> anyhow::Result<()> {
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&json(&hot, &plan))?);
                 } else {
-                    print!("{}", render(&hot, &plan, crate::replication::unix_now()));
+                    print!("{}", render(&hot, &plan, kvmesh_node::replication::unix_now()));
                 }
             }
             ReplicationCommand::Trigger(a) => {
@@ -39,15 +39,11 @@ pub fn run(cmd: &ReplicationCommand) -> anyhow::Result<()> {
                     .map_err(|s| anyhow::anyhow!("Replication.Trigger: {}", s.message()))?
                     .into_inner();
                 println!("plan version {} committed", plan.version);
-                print!("{}", render_plan(&plan, crate::replication::unix_now()));
+                print!("{}", render_plan(&plan, kvmesh_node::replication::unix_now()));
             }
         }
         anyhow::Ok(())
     })
-}
-
-pub(crate) fn unix_now() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 async fn client(

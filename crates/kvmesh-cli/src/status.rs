@@ -66,7 +66,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         println!("\n{}", render_scale(d));
     }
     if let Some((hot, plan)) = &replication {
-        print!("\n{}", crate::replication::render(hot, plan, crate::replication::unix_now()));
+        print!("\n{}", crate::replication::render(hot, plan, kvmesh_node::replication::unix_now()));
     }
     if !decisions.is_empty() {
         println!("\n{}", render_decisions(&decisions));

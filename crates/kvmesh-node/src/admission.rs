@@ -52,22 +52,12 @@ pub struct Admission {
     pub section: AdmissionSection,
     waiting: Mutex<BinaryHeap<Waiter>>,
     seq: AtomicU64,
-    /// Requests refused with 429, since start.
-    pub refused: AtomicU64,
-    /// Requests that waited and were then routed, since start.
-    pub admitted_after_wait: AtomicU64,
 }
 
 impl Admission {
     /// A queue for `section`.
     pub fn new(section: AdmissionSection) -> Self {
-        Admission {
-            section,
-            waiting: Mutex::new(BinaryHeap::new()),
-            seq: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
-            admitted_after_wait: AtomicU64::new(0),
-        }
+        Admission { section, waiting: Mutex::new(BinaryHeap::new()), seq: AtomicU64::new(0) }
     }
 
     /// Requests waiting now.
@@ -84,7 +74,6 @@ impl Admission {
     /// `deadline`.
     pub async fn wait(&self, load: u64, deadline: tokio::time::Instant) -> Result<(), Refused> {
         if tokio::time::Instant::now() >= deadline {
-            self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Refused::Timeout);
         }
         let (tx, rx) = oneshot::channel();
@@ -93,7 +82,6 @@ impl Admission {
             // Waiters whose request went away (woken or timed out) do not count.
             w.retain(|(_, _, tx)| !tx.0.is_closed());
             if w.len() >= self.section.queue_limit {
-                self.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(Refused::QueueFull);
             }
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);

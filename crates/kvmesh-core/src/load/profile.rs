@@ -103,6 +103,14 @@ impl ReplicaProfile {
 }
 
 impl ReplicaProfile {
+    /// What a replica serves at full load before any is measured, tokens per second: whole
+    /// prefill chunks, derated to 0.6 for the decode steps that share them — the autoscaler's
+    /// prior until replicas are measured at full load (H100 profile: 33,423 tokens/s).
+    pub fn full_load_tokens_per_s_prior(&self) -> f64 {
+        let chunk = f64::from(self.chunk_tokens);
+        0.6 * chunk / (self.step_overhead_s + self.prefill_s_per_token * chunk)
+    }
+
     /// Estimated seconds a new request waits for a sequence slot on a replica running
     /// `outstanding` requests (prefilling and decoding) of which `decoding` decode, each
     /// expected to produce `output_tokens`: 0 below `max_num_seqs`; past it, each request
@@ -124,6 +132,14 @@ impl ReplicaProfile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_full_load_prior_is_whole_chunks_derated() {
+        // 0.6 · 8,192 / (5.75 ms + 17.25 µs · 8,192).
+        let p = ReplicaProfile::H100_LLAMA3_8B;
+        assert!((p.full_load_tokens_per_s_prior() - 0.6 * 8192.0 / (5.75e-3 + 17.25e-6 * 8192.0)).abs() < 1e-9);
+        assert_eq!(p.full_load_tokens_per_s_prior().round(), 33_423.0);
+    }
 
     #[test]
     fn a_full_batch_makes_new_requests_wait_for_slots() {

@@ -118,10 +118,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     let capacity = if section.capacity_tokens_per_s > 0.0 {
         section.capacity_tokens_per_s
     } else {
-        // The simulator's prior: 0.6 of a replica's whole-chunk prefill rate.
-        let p = shared.settings.profile;
-        let chunk = f64::from(p.chunk_tokens);
-        0.6 * chunk / (p.step_overhead_s + p.prefill_s_per_token * chunk)
+        shared.settings.profile.full_load_tokens_per_s_prior()
     };
     let mut tick = tokio::time::interval(Duration::from_secs_f64(section.interval_s));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -124,8 +124,9 @@ pub(crate) struct WarmFailure {
     pub reason: String,
 }
 
-/// Seconds since the Unix epoch: plan timestamps must mean the same on every node and leader.
-pub(crate) fn unix_now() -> f64 {
+/// Seconds since the Unix epoch: plan and decision timestamps must mean the same on every node
+/// and leader (and to the CLI that shows their age).
+pub fn unix_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
@@ -177,9 +178,10 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         let warmups = {
             let core = shared.core();
             plan = plan_round(&config, now, &merged, &core.fleet, &plan);
-            warm_round(&config, now, &core.fleet, &mut plan, &mut limiter).0
+            let warmups = warm_round(&config, now, &core.fleet, &mut plan, &mut limiter).0;
+            limiter.retain(|name| core.fleet.replica_by_name(name).is_some());
+            warmups
         };
-        limiter.retain(|name| shared.core().fleet.replica_by_name(name).is_some());
         if plan.version != committed.version {
             if let Err(e) = commit(&shared, cluster.as_deref(), &committed, plan.clone()).await {
                 tracing::warn!(error = %e, "replication: plan not committed; the next round starts from the committed one");

@@ -230,7 +230,6 @@ pub fn simulate(
             return Err(format!("cold start must be non-negative seconds, got {}", sc.cold_start_s));
         }
     }
-    let block_tokens = trace.block_tokens.unwrap_or(crate::trace::mooncake::BLOCK_TOKENS);
     // The oracle is told the load ahead: what the router books on the whole pool, from a
     // first pass without scaling (the same arrivals, seed and policy kind).
     let oracle_load = match &config.scaling {
@@ -238,26 +237,14 @@ pub fn simulate(
             let fixed = SimConfig { scaling: None, ..config.clone() };
             let kind: PolicyKind = policy.name().parse().map_err(|e: kvmesh_core::Error| e.to_string())?;
             let first = simulate(&fixed, trace, kind.build().as_mut(), seed, &mut |_| {})?;
-            Some(first.booked_load)
+            first.booked_load
         }
-        _ => None,
+        _ => Vec::new(),
     };
     let mut sim = Sim {
         scaler: config.scaling.clone().map(|sc| {
-            // Until a full-load step is measured: a replica prefilling whole chunks, derated
-            // for the decode steps that share them (0.6 of the prefill-only rate).
-            let p = config.profile.step();
-            let chunk = f64::from(p.chunk_tokens);
-            let prior = 0.6 * chunk / (p.step_overhead_s + p.prefill_s_per_token * chunk);
-            scaling::Scaler::new(
-                sc,
-                config.replicas as usize,
-                prior,
-                trace,
-                block_tokens,
-                oracle_load.clone(),
-                config.metrics_interval_s,
-            )
+            let prior = config.profile.step().full_load_tokens_per_s_prior();
+            scaling::Scaler::new(sc, config.replicas as usize, prior, &oracle_load, config.metrics_interval_s)
         }),
         saturated: vec![None; config.replicas as usize],
         booked: (0.0, Vec::new()),

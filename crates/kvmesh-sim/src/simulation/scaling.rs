@@ -7,9 +7,9 @@
 //! interval, each ready replica's measured capacity (tokens it served per second of steps it
 //! ran with requests waiting, i.e. at full load; the profile's estimate until one is
 //! measured), the pool's ready and starting replicas, and the cold start measured from the
-//! starts so far. The oracle sees the trace's future load instead.
+//! starts so far. The oracle is told the load ahead instead (from a first pass of the same
+//! run on the whole pool).
 
-use crate::trace::Trace;
 use kvmesh_core::autoscale::{
     AutoscaleConfig, ColdStartAware, Knative, PoolInputs, Reactive, ScaleDecision, ScalePolicy,
 };
@@ -118,23 +118,14 @@ pub(crate) struct Scaler {
     /// The oracle's load per interval, tokens per second.
     future: Vec<f64>,
     pub stats: ScalingStats,
-    pub decisions: Vec<ScaleDecision>,
 }
 
 impl Scaler {
     /// A pool of `n` replicas, `initial` of them ready, with `capacity_prior` tokens per second
     /// per replica until one is measured.
-    /// `known_load`: the oracle's load per `known_every_s`, tokens per second (else estimated
-    /// from the trace).
-    pub fn new(
-        config: ScalingConfig,
-        n: usize,
-        capacity_prior: f64,
-        trace: &Trace,
-        block_tokens: u32,
-        known_load: Option<Vec<f64>>,
-        known_every_s: f64,
-    ) -> Self {
+    /// `known_load`: what the oracle is told, the load per `known_every_s`, tokens per second
+    /// (empty for the other autoscalers).
+    pub fn new(config: ScalingConfig, n: usize, capacity_prior: f64, known_load: &[f64], known_every_s: f64) -> Self {
         let p = config.policy.clone();
         let policy: Option<Box<dyn ScalePolicy>> = match config.autoscaler {
             Autoscaler::Kvmesh => Some(Box::new(ColdStartAware::new(p))),
@@ -144,10 +135,7 @@ impl Scaler {
         };
         let initial = (config.initial as usize).min(n);
         let slots = (0..n).map(|i| if i < initial { Slot::Ready { gpu_since: 0.0 } } else { Slot::Off }).collect();
-        let future = match known_load {
-            Some(load) => regrid(&load, known_every_s, config.policy.interval_s),
-            None => future_load(trace, config.policy.interval_s, block_tokens),
-        };
+        let future = regrid(known_load, known_every_s, config.policy.interval_s);
         Scaler {
             policy,
             slots,
@@ -158,7 +146,6 @@ impl Scaler {
             starts: Vec::new(),
             future,
             stats: ScalingStats::default(),
-            decisions: Vec::new(),
             config,
         }
     }
@@ -255,7 +242,6 @@ impl Scaler {
             }
             self.stats.scale_downs += drain.len() as u64;
         }
-        self.decisions.push(decision);
         self.note_running();
         (start, drain)
     }
@@ -347,22 +333,4 @@ fn regrid(load: &[f64], from_s: f64, to_s: f64) -> Vec<f64> {
             }
         })
         .collect()
-}
-
-/// The trace's token load per interval, tokens per second: each request's prompt (less the
-/// share its prefix blocks already seen would save) plus its output, by arrival.
-fn future_load(trace: &Trace, interval_s: f64, block_tokens: u32) -> Vec<f64> {
-    let mut seen = std::collections::HashSet::new();
-    let mut out: Vec<f64> = Vec::new();
-    for r in &trace.requests {
-        let k = (r.arrival_s / interval_s).max(0.0) as usize;
-        if out.len() <= k {
-            out.resize(k + 1, 0.0);
-        }
-        let cached = r.block_ids.iter().take_while(|id| seen.contains(*id)).count() as u64 * u64::from(block_tokens);
-        seen.extend(r.block_ids.iter().copied());
-        let uncached = u64::from(r.input_tokens).saturating_sub(cached).max(1);
-        out[k] += (uncached + u64::from(r.output_tokens)) as f64 / interval_s;
-    }
-    out
 }
