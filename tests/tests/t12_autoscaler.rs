@@ -145,6 +145,14 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
     // Unknown pools and metrics are clear errors.
     let e = api.get_recommendation(v1::AutoscalerRequest { pool: "gpu-b".into() }).await.unwrap_err();
     assert_eq!((e.code(), e.message()), (tonic::Code::NotFound, "unknown pool \"gpu-b\"; this tier's is \"default\""));
+    // A single node keeps its decisions itself (log index 0), and has no registry for
+    // starting replicas.
+    let log = api.list_decisions(v1::AutoscalerRequest::default()).await.unwrap().into_inner().decisions;
+    assert!(!log.is_empty() && log.iter().all(|d| d.log_index == 0), "{log:?}");
+    let ch = tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap();
+    let e =
+        v1::admin_client::AdminClient::new(ch).mark_starting(v1::ReplicaRef { name: "e0".into() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     node.stop().await;
 }
 
@@ -178,10 +186,14 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
     }
     nodes[0].cluster.as_ref().unwrap().init().await.unwrap();
     // e2 is a replica still starting: not routed to, counted as capacity on its way.
-    let starting = br#"{"op":"set_replica_state","name":"e2","state":"starting"}"#.to_vec();
     let ch =
         tonic::transport::Channel::from_shared(format!("http://{}", nodes[0].grpc)).unwrap().connect().await.unwrap();
-    v1::cluster_client::ClusterClient::new(ch).write(v1::WriteRequest { command_json: starting }).await.unwrap();
+    let e2 = v1::admin_client::AdminClient::new(ch.clone())
+        .mark_starting(v1::ReplicaRef { name: "e2".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(e2.spec.map(|s| s.name).as_deref(), Some("e2"));
     let committed = |n: &Node| n.cluster.as_ref().unwrap().state.borrow().scale_decisions.len();
     eventually("decisions in Raft on every node", || nodes.iter().all(|n| committed(n) > 0)).await;
     eventually("e2 counted as starting", || {
@@ -202,12 +214,37 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
     let old = nodes.remove(leader.expect("a leader"));
     let killed_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     old.stop().await;
-    // The new leader continues from the committed decisions: it commits its own, and none
-    // asks for more than the load needs (no second scale-up for the same load).
-    eventually("the new leader decides", || nodes[0].shared.autoscaler.latest().is_some_and(|d| d.at > killed_at))
-        .await;
-    let after = nodes[0].shared.autoscaler.latest().unwrap();
-    assert!(after.desired_replicas <= before.desired_replicas.max(3), "{before:?} then {after:?}");
+    eventually("a new leader", || {
+        nodes.iter().any(|n| {
+            let c = n.cluster.as_ref().unwrap();
+            c.leader().is_some_and(|(id, _)| id == c.id)
+        })
+    })
+    .await;
+    // The scale-up goes on: e2 has loaded. The new leader commits that (the pool changed),
+    // continuing from the last committed decision: the same count, not a second scale-up.
+    let ch =
+        tonic::transport::Channel::from_shared(format!("http://{}", nodes[0].grpc)).unwrap().connect().await.unwrap();
+    v1::admin_client::AdminClient::new(ch.clone()).undrain_replica(v1::ReplicaRef { name: "e2".into() }).await.unwrap();
+    eventually("the new leader decides with e2 ready", || {
+        nodes[0].shared.autoscaler.latest().is_some_and(|d| d.at > killed_at && d.starting == 0)
+    })
+    .await;
+    let log = v1::autoscaler_client::AutoscalerClient::new(ch)
+        .list_decisions(v1::AutoscalerRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .decisions;
+    let first_new = log.iter().position(|d| d.at > killed_at).expect("a decision after the kill");
+    let last_old = &log[first_new - 1];
+    assert!(last_old.desired_replicas >= before.desired_replicas, "{last_old:?} after {before:?}");
+    assert!(log[first_new..].iter().all(|d| d.desired_replicas == last_old.desired_replicas), "{log:?}");
+    // The audit log: each decision once, by its Raft log index, in order.
+    let indices: Vec<u64> = log.iter().map(|d| d.log_index).collect();
+    assert!(indices.len() >= 2 && indices[0] > 0, "{indices:?}");
+    assert!(indices.windows(2).all(|w| w[0] < w[1]), "{indices:?}");
+
     for n in nodes {
         n.stop().await;
     }

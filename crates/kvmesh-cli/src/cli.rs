@@ -59,6 +59,30 @@ pub enum Command {
     /// hot, where it is held and warmed, or plan a prefix by hand.
     #[command(subcommand)]
     Replication(ReplicationCommand),
+    /// The tier's autoscaler (`[autoscaler]` on the nodes): its committed decisions, each
+    /// with its reason and inputs.
+    #[command(subcommand)]
+    Autoscaler(AutoscalerCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AutoscalerCommand {
+    /// The committed decisions the node keeps (the last 100), oldest first: Raft log index,
+    /// time, replicas wanted, reason, the pool's ready and starting replicas, the load
+    /// measured and sized for, and the capacity per replica assumed.
+    Decisions(AutoscalerDecisionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AutoscalerDecisionsArgs {
+    #[command(flatten)]
+    pub target: ClusterTarget,
+    /// The pool (default: the tier's).
+    #[arg(long, default_value = "")]
+    pub pool: String,
+    /// Print the decisions as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -160,8 +184,13 @@ pub enum ReplicaCommand {
     Remove(ReplicaNameArgs),
     /// Stop routing new requests to a replica; in-flight requests finish.
     Drain(ReplicaNameArgs),
-    /// Put a drained replica back into rotation.
+    /// Put a drained or starting replica into rotation (ready).
+    #[command(visible_alias = "ready")]
     Undrain(ReplicaNameArgs),
+    /// Mark a registered replica as starting (a new engine still loading): not routed to,
+    /// counted by the autoscaler as capacity on its way; `kvmesh replica ready` when it
+    /// serves, and its cold start is measured. Needs a cluster.
+    Starting(ReplicaNameArgs),
 }
 
 #[derive(Debug, Args)]
@@ -378,10 +407,25 @@ pub struct ReplayArgs {
     pub replication: bool,
     /// Replicas that scale: run each listed autoscaler (kvmesh, reactive, knative, oracle;
     /// `all`) over a pool of up to --replicas, starting with --initial-replicas; one row per
-    /// (policy, autoscaler), with SLO attainment and GPU-seconds. Policies default to
-    /// token_load. Work in progress: the autoscalers are not tuned yet.
+    /// (policy, autoscaler), with SLO attainment (share of requests with TTFT within
+    /// --slo-ttft) and GPU-seconds (from adding each replica to releasing it). Policies
+    /// default to token_load.
     #[arg(long, value_name = "LIST")]
     pub autoscale: Option<String>,
+    /// Admission control on every run, as a node's `[admission]` with its defaults: a request
+    /// that finds no replica with room (no KV headroom, or every replica at max_num_seqs)
+    /// waits at the router — at most 256 at once, for at most 30 s, else it is refused and
+    /// counted late — and is routed as capacity frees, smallest token load first.
+    #[arg(long)]
+    pub admission: bool,
+    /// With --autoscale: the utilisation every autoscaler sizes replicas for, in (0, 1].
+    #[arg(long, default_value_t = 0.7, value_name = "U")]
+    pub target_utilisation: f64,
+    /// With --autoscale: write every autoscaling decision to this CSV (policy, seed, time,
+    /// demand, forecast, capacity, desired, ready, starting, queued tokens), to plot replicas
+    /// against load.
+    #[arg(long, value_name = "FILE")]
+    pub scale_csv: Option<std::path::PathBuf>,
     /// With --autoscale: seconds from adding a replica to its serving.
     #[arg(long, default_value_t = 60.0, value_name = "S")]
     pub cold_start: f64,

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod analyze;
+mod autoscaler;
 mod cli;
 mod cluster;
 mod connect;
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
         cli::Command::Cluster(cmd) => cluster::run(&cmd),
         cli::Command::Replica(cmd) => replica::run(&cmd),
         cli::Command::Replication(cmd) => replication::run(&cmd),
+        cli::Command::Autoscaler(cmd) => autoscaler::run(&cmd),
         cli::Command::Policies => {
             cli::print_policies();
             Ok(())

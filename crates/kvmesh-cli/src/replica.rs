@@ -49,6 +49,14 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     .context("Admin.UndrainReplica")?;
                 println!("replica {} back in rotation", a.name);
             }
+            ReplicaCommand::Starting(a) => {
+                admin(&a.target)
+                    .await?
+                    .mark_starting(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
+                    .await
+                    .map_err(|s| anyhow::anyhow!("Admin.MarkStarting: {}", s.message()))?;
+                println!("replica {} starting: not routed to, counted by the autoscaler", a.name);
+            }
         }
         anyhow::Ok(())
     })

@@ -116,7 +116,8 @@ pub struct AutoscalerSection {
     /// What one replica serves at full load, tokens per second; 0: estimated from the engine
     /// profile (0.6 × its whole-chunk prefill rate, the simulator's prior).
     pub capacity_tokens_per_s: f64,
-    /// The forecast must stay below the pool this long before it shrinks, seconds.
+    /// The pool shrinks only to the largest need of this last window, seconds; 0: one cold
+    /// start (measured), the break-even of keeping an idle replica against restarting it.
     pub scale_down_delay_s: f64,
 }
 

@@ -292,6 +292,20 @@ impl admin_server::Admin for Services {
         self.set_draining(request.into_inner().name, false).await
     }
 
+    async fn mark_starting(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
+        self.admin_auth(request.metadata())?;
+        let name = request.into_inner().name;
+        let Some(c) = &self.cluster else {
+            return Err(GrpcStatus::failed_precondition(
+                "starting replicas live in the cluster's registry: this node runs without [cluster]",
+            ));
+        };
+        c.write(Command::SetReplicaState { name: name.clone(), state: ReplicaState::Starting })
+            .await
+            .map_err(not_found_or)?;
+        self.await_replica(&name).await
+    }
+
     async fn recent_decisions(
         &self,
         request: Request<v1::RecentDecisionsRequest>,

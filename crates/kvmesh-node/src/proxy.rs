@@ -284,8 +284,7 @@ async fn forward(
                     Ok(routed) => {
                         // Capacity short: wait in the admission queue rather than pile onto a
                         // full replica.
-                        let max_seqs = shared.settings.profile.max_num_seqs;
-                        if shared.admission.section.enabled && core.capacity_short(&routed.0, max_seqs) {
+                        if shared.admission.section.enabled && core.capacity_short(&routed.0) {
                             let _ = core.release(routed.0.booking, None);
                             let load =
                                 u64::from(routed.0.decision.uncached_tokens) + u64::from(max_tokens.unwrap_or(0));

@@ -600,20 +600,10 @@ impl Core {
         Ok((routed, name, url))
     }
 
-    /// Whether capacity is short for a request just routed with `routed`: no replica had KV
-    /// headroom for it, or every routable replica runs `max_num_seqs` requests or more.
-    pub fn capacity_short(&self, routed: &Routed, max_num_seqs: u32) -> bool {
-        if routed.decision.reason == kvmesh_core::Reason::NoKvHeadroom {
-            return true;
-        }
-        let loads = self.fleet.bookings().loads();
-        let mut routable = self.fleet.replicas().iter().filter(|r| r.routable()).peekable();
-        routable.peek().is_some()
-            && routable.all(|r| {
-                // This request is booked already: it does not count against its replica.
-                let own = u32::from(r.id == routed.decision.replica);
-                loads.get(r.id.index()).map_or(0, |l| l.outstanding()).saturating_sub(own) >= max_num_seqs
-            })
+    /// Whether capacity is short for a request just routed with `routed` (see
+    /// [`kvmesh_core::Fleet::capacity_short`]).
+    pub fn capacity_short(&self, routed: &Routed) -> bool {
+        self.fleet.capacity_short(&routed.decision, true)
     }
 
     /// A booking's first token arrived.

@@ -116,7 +116,8 @@ impl Tier {
                     enabled: spec.autoscale,
                     interval_s: 2.0 / spec.speed.max(1e-3),
                     cold_start_s: 60.0 / spec.speed.max(1e-3),
-                    scale_down_delay_s: 120.0 / spec.speed.max(1e-3),
+                    // 0: one (sped-up) cold start.
+                    scale_down_delay_s: 0.0,
                     max_replicas: 4 * spec.replicas as u32,
                     ..Default::default()
                 },

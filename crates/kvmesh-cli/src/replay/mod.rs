@@ -10,7 +10,7 @@ use kvmesh_core::autoscale::AutoscaleConfig;
 use kvmesh_core::PolicyKind;
 use kvmesh_sim::engine::EngineProfile;
 use kvmesh_sim::simulation::{
-    floors, simulate, Autoscaler, Floors, ReplicationConfig, RunMetrics, ScalingConfig, SimConfig,
+    floors, simulate, AdmissionConfig, Autoscaler, Floors, ReplicationConfig, RunMetrics, ScalingConfig, SimConfig,
 };
 use kvmesh_sim::trace::{self, Trace};
 use kvmesh_sim::workload::arrivals;
@@ -130,6 +130,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         routers: args.routers,
         gossip: !args.no_gossip,
         gossip_delay_s: args.gossip_delay_ms / 1000.0,
+        admission: args.admission.then(AdmissionConfig::default),
         ..SimConfig::default()
     };
     let floors = floors(trace, &profile.step(), args.block_size);
@@ -253,6 +254,25 @@ fn load(args: &ReplayArgs, seeds: &[u64]) -> anyhow::Result<(Vec<Trace>, String)
     Ok((traces, source))
 }
 
+/// Columns of `--scale-csv`: token loads in tokens per second, times in seconds.
+const SCALE_CSV_HEADER: &str =
+    "policy,seed,at_s,demand_tokens_per_s,forecast_tokens_per_s,capacity_tokens_per_s,desired,ready,starting,queued_tokens";
+
+/// One `--scale-csv` row (with its newline).
+fn scale_row(policy: &str, seed: u64, p: &kvmesh_sim::simulation::ScalePoint) -> String {
+    format!(
+        "{policy},{seed},{:09.1},{:.0},{:.0},{:.0},{},{},{},{:.0}\n",
+        p.at,
+        p.demand_tokens_per_s,
+        p.forecast_tokens_per_s,
+        p.capacity_tokens_per_s,
+        p.desired,
+        p.ready,
+        p.starting,
+        p.queued_tokens
+    )
+}
+
 /// Runs every (policy, seed) pair on `--jobs` threads, with a progress bar each.
 fn run_all(
     config: &SimConfig,
@@ -274,6 +294,7 @@ fn run_all(
         .progress_chars("=> ");
     let workers = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let timelines: Mutex<Vec<String>> = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..workers.min(jobs.len()) {
             scope.spawn(|| loop {
@@ -297,6 +318,7 @@ fn run_all(
                             min_replicas: args.min_replicas,
                             max_replicas: args.replicas,
                             cold_start_s: args.cold_start,
+                            target_utilisation: args.target_utilisation,
                             ..AutoscaleConfig::default()
                         },
                         cold_start_s: args.cold_start,
@@ -307,6 +329,11 @@ fn run_all(
                 match simulate(config, trace, policy.as_mut(), seeds[s], &mut |n| bar.set_position(n)) {
                     Ok(run) => {
                         let metrics = RunMetrics::of(&run, config);
+                        if args.scale_csv.is_some() {
+                            let label = policies[p].to_string();
+                            let mut rows = timelines.lock().expect("timelines");
+                            rows.extend(run.scale_timeline.iter().map(|pt| scale_row(&label, seeds[s], pt)));
+                        }
                         let mut ttfts: Vec<f64> = run
                             .outcomes
                             .iter()
@@ -324,6 +351,12 @@ fn run_all(
     });
     if let Some(e) = errors.into_inner().expect("errors").into_iter().next() {
         bail!("simulation failed: {e}");
+    }
+    if let Some(path) = &args.scale_csv {
+        let mut rows = timelines.into_inner().expect("timelines");
+        rows.sort();
+        let csv = format!("{SCALE_CSV_HEADER}\n{}", rows.join(""));
+        std::fs::write(path, csv).with_context(|| format!("writing {}", path.display()))?;
     }
     let done = done.into_inner().expect("results");
     Ok(policies

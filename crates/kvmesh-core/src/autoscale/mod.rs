@@ -10,14 +10,18 @@
 //!   evaluation,
 //!   plus a short panic window in the style of Knative's autoscaler — when the last few
 //!   seconds need twice the capacity on hand, the burst wins over the smoothed forecast.
-//! - **Size**: `desired = ⌈(forecast + backlog ÷ backlog_drain_s) ÷ (capacity per replica ×
-//!   target utilisation)⌉`, within `[min_replicas, max_replicas]`: a pool that fell behind
-//!   while replicas started sizes for its queue too.
+//! - **Size**: `need = max(⌈forecast ÷ (capacity per replica × target utilisation)⌉,
+//!   ⌈(forecast + backlog ÷ backlog_drain_s) ÷ capacity per replica⌉)`, within
+//!   `[min_replicas, max_replicas]`: the headroom below full load drains a backlog first, and
+//!   a pool that fell behind while replicas started sizes for its queue when that is not
+//!   enough.
 //! - **No cascade**: replicas that are starting count as capacity already on its way, so a
 //!   pool waiting for its new replicas does not ask for them again.
-//! - **Scale down** only after the forecast has stayed below the pool for
-//!   `scale_down_delay_s`, never while panicking; the caller drains the extra replicas (stop
-//!   routing to them, wait for their requests, then release them).
+//! - **Scale down** only to the largest need of the last cold start (`scale_down_delay_s`),
+//!   never while panicking: an idle replica costs less than a restart's cold start for that
+//!   long (the ski-rental break-even), so a dip shorter than a cold start keeps the pool. The
+//!   caller drains the extra replicas (stop routing to them, wait for their requests, then
+//!   release them).
 //!
 //! The baselines it is measured against (they do not count starting replicas):
 //! [`Reactive`] (a utilisation threshold, as a CPU-style horizontal autoscaler) and [`Knative`]
@@ -57,7 +61,11 @@ pub struct AutoscaleConfig {
     pub panic_ratio: f64,
     /// A panic lasts at least this long, seconds (no scale down meanwhile). Default 60.
     pub panic_hold_s: f64,
-    /// The forecast must stay below the pool this long before it shrinks, seconds. Default 120.
+    /// kvmesh's policy shrinks the pool only to the largest need of this last window, seconds;
+    /// 0 (default): one cold start of the pool. That is the break-even of keeping an idle
+    /// replica against restarting it (the ski-rental rule: an idle spell shorter than a cold
+    /// start costs less than the restart's cold start), so a dip shorter than a cold start
+    /// keeps the pool. The reactive baseline waits `stable_window_s` instead.
     pub scale_down_delay_s: f64,
     /// Holt's level smoothing per evaluation, in (0, 1]. Default 0.5.
     pub level_smoothing: f64,
@@ -68,9 +76,10 @@ pub struct AutoscaleConfig {
     /// `trend·φ/(1−φ)`, so one spike does not project a cold start's worth of growth.
     /// Default 0.9.
     pub trend_damping: f64,
-    /// The prefill backlog queued on the pool should drain within this long once the forecast
-    /// capacity is there, seconds: `queued_tokens / backlog_drain_s` is added to the forecast
-    /// (a pool that fell behind during a cold start sizes for its backlog too). Default 30.
+    /// The prefill backlog queued on the pool should drain within this long, seconds: the pool
+    /// is also sized so that at full load it serves the forecast plus `queued_tokens /
+    /// backlog_drain_s` (a pool that fell behind during a cold start sizes for its backlog
+    /// too; the headroom below full load drains it first). Default 30.
     pub backlog_drain_s: f64,
     /// The reactive baseline scales up above this utilisation of its ready replicas. Default 0.8.
     pub reactive_high: f64,
@@ -90,7 +99,7 @@ impl Default for AutoscaleConfig {
             panic_window_s: 6.0,
             panic_ratio: 2.0,
             panic_hold_s: 60.0,
-            scale_down_delay_s: 120.0,
+            scale_down_delay_s: 0.0,
             backlog_drain_s: 30.0,
             level_smoothing: 0.5,
             trend_smoothing: 0.1,
@@ -114,13 +123,15 @@ impl AutoscaleConfig {
             ("stable_window_s", self.stable_window_s),
             ("panic_window_s", self.panic_window_s),
             ("panic_hold_s", self.panic_hold_s),
-            ("scale_down_delay_s", self.scale_down_delay_s),
             ("backlog_drain_s", self.backlog_drain_s),
             ("panic_ratio", self.panic_ratio),
         ] {
             if !(v.is_finite() && v > 0.0) {
                 return bad(field, format!("must be positive, got {v}"));
             }
+        }
+        if !(self.scale_down_delay_s.is_finite() && self.scale_down_delay_s >= 0.0) {
+            return bad("scale_down_delay_s", format!("must be ≥ 0 seconds, got {}", self.scale_down_delay_s));
         }
         for (field, v) in [
             ("target_utilisation", self.target_utilisation),
@@ -226,8 +237,13 @@ pub trait ScalePolicy: std::fmt::Debug + Send {
 
 /// Replicas needed to serve `load` at `utilisation` of `capacity` each, within the config's
 /// bounds; 0 capacity needs the most.
-fn replicas_for(config: &AutoscaleConfig, load: f64, capacity: f64) -> u32 {
-    let per = capacity * config.target_utilisation;
+fn replicas_at(config: &AutoscaleConfig, load: f64, capacity: f64, utilisation: f64) -> u32 {
+    let per = capacity * utilisation;
     let n = if per > 0.0 && per.is_finite() { (load.max(0.0) / per).ceil() } else { f64::from(config.max_replicas) };
     (n.min(f64::from(config.max_replicas)) as u32).clamp(config.min_replicas, config.max_replicas)
+}
+
+/// [`replicas_at`] the target utilisation.
+fn replicas_for(config: &AutoscaleConfig, load: f64, capacity: f64) -> u32 {
+    replicas_at(config, load, capacity, config.target_utilisation)
 }

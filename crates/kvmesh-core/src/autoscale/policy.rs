@@ -1,6 +1,6 @@
 //! The policies: kvmesh's cold-start-aware one and the two baselines.
 
-use super::{replicas_for, AutoscaleConfig, PoolInputs, ScaleDecision, ScalePolicy, ScaleReason};
+use super::{replicas_at, replicas_for, AutoscaleConfig, PoolInputs, ScaleDecision, ScalePolicy, ScaleReason};
 use std::collections::VecDeque;
 
 /// Load samples over a window: (time, tokens per second).
@@ -46,7 +46,7 @@ fn decision(inputs: &PoolInputs, desired: u32, reason: ScaleReason, forecast: f6
 }
 
 /// kvmesh's policy (see the module docs): Holt forecast over the cold start, panic window,
-/// starting replicas counted, delayed scale-down.
+/// starting replicas counted, scale-down to the largest need of the last cold start.
 #[derive(Debug, Clone)]
 pub struct ColdStartAware {
     config: AutoscaleConfig,
@@ -54,7 +54,8 @@ pub struct ColdStartAware {
     trend: f64,
     window: Window,
     panic_until: f64,
-    below_since: Option<f64>,
+    /// Each evaluation's need, as (time, replicas), over the scale-down window.
+    needs: VecDeque<(f64, u32)>,
 }
 
 impl ColdStartAware {
@@ -66,8 +67,15 @@ impl ColdStartAware {
             trend: 0.0,
             window: Window::default(),
             panic_until: f64::NEG_INFINITY,
-            below_since: None,
+            needs: VecDeque::new(),
         }
+    }
+
+    /// Continues from a decision committed elsewhere (a previous Raft leader's): the pool is
+    /// held at `desired` replicas or more for a scale-down window from `now`, as if this
+    /// policy had decided it.
+    pub fn resume(&mut self, now: f64, desired: u32) {
+        self.needs.push_back((now, desired));
     }
 
     /// The smoothed load `horizon_s` ahead, tokens per second (never below 0).
@@ -112,32 +120,37 @@ impl ScalePolicy for ColdStartAware {
             self.panic_until = now + c.panic_hold_s;
         }
         let panic = now < self.panic_until;
+        let forecast = if panic { smoothed.max(burst) } else { smoothed };
         let backlog = inputs.queued_tokens.max(0.0) / c.backlog_drain_s;
-        let forecast = if panic { smoothed.max(burst) } else { smoothed } + backlog;
-        let need = replicas_for(c, forecast, inputs.capacity_tokens_per_s);
-        if need > on_hand {
-            self.below_since = None;
-            let reason = if panic && burst >= smoothed { ScaleReason::Burst } else { ScaleReason::ScaleUp };
-            return decision(inputs, need, reason, forecast, panic);
+        let cap = inputs.capacity_tokens_per_s;
+        let need = replicas_for(c, forecast, cap).max(replicas_at(c, forecast + backlog, cap, 1.0));
+        // Shrink only to the largest need of the last window (one cold start by default).
+        let window = if c.scale_down_delay_s > 0.0 { c.scale_down_delay_s } else { inputs.cold_start_s };
+        if self.needs.is_empty() {
+            // No history yet: the pool as it is counts as needed for a window.
+            self.needs.push_back((now, on_hand));
         }
-        if need == on_hand || panic {
-            self.below_since = None;
-            let reason = if need == on_hand { ScaleReason::Hold } else { ScaleReason::HoldDown };
-            return decision(inputs, on_hand, reason, forecast, panic);
+        self.needs.push_back((now, need));
+        while self.needs.front().is_some_and(|&(t, _)| now - t > window) {
+            self.needs.pop_front();
         }
-        let since = *self.below_since.get_or_insert(now);
-        if now - since >= c.scale_down_delay_s {
-            self.below_since = None;
-            return decision(inputs, need, ScaleReason::ScaleDown, forecast, panic);
-        }
-        decision(inputs, on_hand, ScaleReason::HoldDown, forecast, panic)
+        let held = self.needs.iter().map(|&(_, n)| n).max().unwrap_or(need);
+        let desired = if panic { held.max(on_hand) } else { held };
+        let reason = match desired.cmp(&on_hand) {
+            std::cmp::Ordering::Greater if panic && burst >= smoothed => ScaleReason::Burst,
+            std::cmp::Ordering::Greater => ScaleReason::ScaleUp,
+            std::cmp::Ordering::Less => ScaleReason::ScaleDown,
+            std::cmp::Ordering::Equal if need < on_hand => ScaleReason::HoldDown,
+            std::cmp::Ordering::Equal => ScaleReason::Hold,
+        };
+        decision(inputs, desired, reason, forecast + backlog, panic)
     }
 }
 
 /// Baseline: a utilisation threshold on the ready replicas, as a CPU-style horizontal
 /// autoscaler. Above `reactive_high` it adds the replicas the ready ones lack for the target
-/// utilisation on top of the pool; below `reactive_low` (for `scale_down_delay_s`) it removes
-/// the excess. It does not count starting replicas: while new ones start, the ready ones stay
+/// utilisation on top of the pool; below `reactive_low` (for `stable_window_s`, as a
+/// horizontal autoscaler's stabilisation window) it removes the excess. It does not count starting replicas: while new ones start, the ready ones stay
 /// hot and it asks again (the cascade of case C19).
 #[derive(Debug, Clone)]
 pub struct Reactive {
@@ -173,7 +186,7 @@ impl ScalePolicy for Reactive {
         }
         if util < c.reactive_low && need < on_hand {
             let since = *self.below_since.get_or_insert(inputs.now);
-            if inputs.now - since >= c.scale_down_delay_s {
+            if inputs.now - since >= c.stable_window_s {
                 self.below_since = None;
                 return decision(inputs, need, ScaleReason::ScaleDown, demand, false);
             }
@@ -192,12 +205,14 @@ pub struct Knative {
     config: AutoscaleConfig,
     window: Window,
     panic_until: f64,
+    /// The first evaluation: no scale-down before a whole stable window is seen.
+    since: Option<f64>,
 }
 
 impl Knative {
     /// A baseline with `config`.
     pub fn new(config: AutoscaleConfig) -> Self {
-        Knative { config, window: Window::default(), panic_until: f64::NEG_INFINITY }
+        Knative { config, window: Window::default(), panic_until: f64::NEG_INFINITY, since: None }
     }
 }
 
@@ -218,7 +233,10 @@ impl ScalePolicy for Knative {
             self.panic_until = now + c.panic_hold_s;
         }
         let panic = now < self.panic_until;
-        let stable_need = replicas_for(c, stable, inputs.capacity_tokens_per_s);
+        let mut stable_need = replicas_for(c, stable, inputs.capacity_tokens_per_s);
+        if now - *self.since.get_or_insert(now) < c.stable_window_s {
+            stable_need = stable_need.max(on_hand);
+        }
         if panic {
             let desired = burst_need.max(stable_need).max(on_hand);
             let reason = if desired > on_hand { ScaleReason::Burst } else { ScaleReason::Hold };

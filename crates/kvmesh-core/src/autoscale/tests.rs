@@ -63,22 +63,31 @@ fn a_burst_scales_at_once_and_holds_the_pool() {
     let d = p.decide(&inputs(60.0, 140_000.0, 2, vec![]));
     assert!(d.panic);
     assert_eq!((d.desired, d.reason), (BURST_DESIRED, ScaleReason::ScaleUp));
-    // The burst ends: no scale-down while the panic holds (until 120 s), nor for 120 s after.
-    let mut shrank = None;
+    // The burst ends: no scale-down while the panic holds (until 120 s), nor while the need
+    // of the last cold start (60 s) was higher; then the pool follows that need down.
+    let mut shrinks = Vec::new();
+    let mut on_hand = BURST_DESIRED;
     for k in 1..200 {
         let now = 60.0 + f64::from(k) * 2.0;
-        let d = p.decide(&inputs(now, 7_000.0, BURST_DESIRED, vec![]));
+        let d = p.decide(&inputs(now, 7_000.0, on_hand, vec![]));
         if d.reason == ScaleReason::ScaleDown {
-            shrank = Some((now, d.desired));
-            break;
+            shrinks.push((now, d.desired));
+        } else {
+            assert_eq!(d.desired, on_hand, "grew after the burst at {now}: {d:?}");
         }
-        assert_eq!(d.desired, BURST_DESIRED, "shrank early at {now}: {d:?}");
+        assert!(now > 120.0 || d.desired == BURST_DESIRED, "shrank during the panic at {now}: {d:?}");
+        on_hand = d.desired;
     }
-    assert_eq!(shrank, Some((240.0, 1)));
+    assert_eq!(shrinks.first().map(|s| s.0), Some(122.0));
+    assert_eq!(shrinks.last(), Some(&(SHRUNK_AT, 1)));
+    assert!(shrinks.windows(2).all(|w| w[1].1 < w[0].1), "shrinks only: {shrinks:?}");
 }
 
 /// The damped-trend forecast of the spike above: level 73,500 + trend 6,650 × (0.9 + … + 0.9³⁰).
 const BURST_DESIRED: u32 = 19;
+/// When the pool is back to one replica after the burst: the forecast (level smoothing 0.5 per
+/// evaluation) needs one replica again from 74 s, and the window keeps 60 s of needs.
+const SHRUNK_AT: f64 = 134.0;
 
 #[test]
 fn a_rising_trend_is_forecast_over_the_cold_start() {
@@ -99,9 +108,10 @@ fn a_rising_trend_is_forecast_over_the_cold_start() {
 #[test]
 fn a_backlog_is_sized_for_too() {
     let mut p = ColdStartAware::new(AutoscaleConfig::default());
-    // 14,000 tokens/s needs 2 replicas; 630,000 queued tokens to drain in 30 s add 21,000/s: 5.
+    // 14,000 tokens/s needs 2 replicas at 70 %; 630,000 queued tokens to drain in 30 s add
+    // 21,000/s, which at full load (10,000 per replica) take ⌈35,000 / 10,000⌉ = 4.
     let d = p.decide(&PoolInputs { queued_tokens: 630_000.0, ..inputs(0.0, 14_000.0, 2, vec![]) });
-    assert_eq!((d.desired, d.reason), (5, ScaleReason::ScaleUp));
+    assert_eq!((d.desired, d.reason), (4, ScaleReason::ScaleUp));
     assert_eq!(d.forecast_tokens_per_s, 35_000.0);
 }
 
@@ -129,4 +139,52 @@ fn config_ranges_are_checked() {
     );
     let bad = AutoscaleConfig { target_utilisation: 0.0, ..AutoscaleConfig::default() };
     assert_eq!(bad.validate().unwrap_err().to_string(), "invalid target_utilisation: must be in (0, 1], got 0");
+}
+
+#[test]
+fn a_dip_shorter_than_a_cold_start_keeps_the_pool() {
+    let mut p = ColdStartAware::new(AutoscaleConfig::default());
+    // 35,000 tokens/s on 5 replicas (7,000 each at 70 %) for two minutes.
+    for k in 0..60 {
+        let d = p.decide(&inputs(f64::from(k) * 2.0, 35_000.0, 5, vec![]));
+        assert_eq!(d.desired, 5);
+    }
+    // The load halves for 50 s, less than the 60 s cold start: the pool stays.
+    for k in 60..85 {
+        let d = p.decide(&inputs(f64::from(k) * 2.0, 17_500.0, 5, vec![]));
+        assert_eq!((d.desired, d.reason), (5, ScaleReason::HoldDown), "at {}", k * 2);
+    }
+    // A cold start after the last need for 5 (118 s) it shrinks, at 180 s, following the
+    // smoothed forecast down to what the lower load needs (3).
+    let shrunk: Vec<u32> =
+        (85..100).map(|k| p.decide(&inputs(f64::from(k) * 2.0, 17_500.0, 5, vec![])).desired).collect();
+    assert_eq!(shrunk, [5, 5, 5, 5, 5, 4, 4, 3, 3, 3, 3, 3, 3, 3, 3]);
+}
+
+#[test]
+fn a_new_leader_resumes_from_the_committed_decision() {
+    // A fresh policy (a node that just became Raft leader) told the last committed count
+    // holds it for a window although its own forecast, without history, needs fewer.
+    let mut p = ColdStartAware::new(AutoscaleConfig::default());
+    p.resume(100.0, 9);
+    let d = p.decide(&inputs(100.0, 35_000.0, 6, vec![90.0, 95.0, 99.0]));
+    assert_eq!((d.desired, d.starting), (9, 3));
+    assert_eq!(d.reason, ScaleReason::HoldDown);
+    // …and lets it go a cold start later.
+    let d = p.decide(&inputs(162.0, 35_000.0, 9, vec![]));
+    assert_eq!((d.desired, d.reason), (5, ScaleReason::ScaleDown));
+}
+
+#[test]
+fn the_scale_down_window_defaults_to_the_cold_start() {
+    let mut short = ColdStartAware::new(AutoscaleConfig { scale_down_delay_s: 10.0, ..AutoscaleConfig::default() });
+    short.decide(&inputs(0.0, 35_000.0, 5, vec![]));
+    // 12 s later the load fell to 7,000: with a 10 s window the pool shrinks to what the
+    // smoothed forecast, (7,000 + 35,000) / 2, needs; the default (the 60 s cold start) holds.
+    assert_eq!(short.decide(&inputs(12.0, 7_000.0, 5, vec![])).desired, 3);
+    let mut default = ColdStartAware::new(AutoscaleConfig::default());
+    default.decide(&inputs(0.0, 35_000.0, 5, vec![]));
+    assert_eq!(default.decide(&inputs(12.0, 7_000.0, 5, vec![])).desired, 5);
+    let bad = AutoscaleConfig { scale_down_delay_s: -1.0, ..AutoscaleConfig::default() };
+    assert_eq!(bad.validate().unwrap_err().to_string(), "invalid scale_down_delay_s: must be ≥ 0 seconds, got -1");
 }

@@ -371,20 +371,58 @@ impl Fleet {
         now: f64,
     ) -> Result<Routed, Error> {
         let decision = self.decide(policy, req, rng, now)?;
+        self.book_decision(policy, req, decision, now)
+    }
+
+    /// Books `decision`, made by [`Fleet::decide`] for `req` on this fleet, at `now` (what
+    /// [`Fleet::route`] does after deciding; apart for a caller that checks the decision
+    /// first, as admission control does).
+    ///
+    /// # Errors
+    /// [`Error::UnknownReplica`] when the chosen replica is gone or no longer routable.
+    pub fn book_decision(
+        &mut self,
+        policy: &dyn Policy,
+        req: &RouteRequest,
+        decision: Decision,
+        now: f64,
+    ) -> Result<Routed, Error> {
+        let p = self
+            .pos(decision.replica)
+            .filter(|&p| self.replicas[p].routable())
+            .ok_or(Error::UnknownReplica(decision.replica))?;
         let spec = BookingSpec {
             uncached_prefill_tokens: decision.uncached_tokens,
             uncached_blocks: decision.uncached_blocks,
             expected_output_tokens: self.bookings.outputs().expect(req.max_tokens),
         };
         let booking = self.bookings.book(decision.replica, spec, now);
-        // `decide` checked the replica is registered and routable.
-        let r = self.pos(decision.replica).map(|p| &mut self.replicas[p]).expect("validated by decide");
+        let r = &mut self.replicas[p];
         r.last_routed_at = Some(now);
         let approx = r.overlap_source() == OverlapSource::Approximate;
         if policy.uses_record() || policy.pending_prefix_s().is_some() || approx {
             self.record.record(decision.replica, &req.hashes, now);
         }
         Ok(Routed { decision, booking })
+    }
+
+    /// Whether capacity is short for `decision`: no replica had KV headroom for the request
+    /// (reason [`Reason::NoKvHeadroom`]), or every routable replica already carries its
+    /// profile's `max_num_seqs` requests or more. `booked`: the request is booked on the
+    /// chosen replica already, and its own booking does not count. This is the trigger of
+    /// admission control (wait rather than pile onto full replicas).
+    pub fn capacity_short(&self, decision: &Decision, booked: bool) -> bool {
+        if decision.reason == crate::policy::Reason::NoKvHeadroom {
+            return true;
+        }
+        let loads = self.bookings.loads();
+        let mut routable = self.replicas.iter().filter(|r| r.routable()).peekable();
+        routable.peek().is_some()
+            && routable.all(|r| {
+                let own = u32::from(booked && r.id == decision.replica);
+                let outstanding = loads.get(r.id.index()).map_or(0, |l| l.outstanding()).saturating_sub(own);
+                outstanding >= r.spec.profile.max_num_seqs
+            })
     }
 
     /// Books load on `replica` directly, outside a decision (a booking learned from another

@@ -1,6 +1,8 @@
 //! The tier's autoscaler on a node (`[autoscaler]`, `kvmesh_core::autoscale`).
 //!
-//! The Raft leader (a single node: itself) evaluates every `interval_s`:
+//! Every node evaluates the policy every `interval_s` on the same tier-wide inputs, so a
+//! follower's forecast is warm when it becomes leader; only the Raft leader (a single node:
+//! itself) commits. The inputs:
 //! - demand: the rate of token load booked across the tier (this node's routing and, through
 //!   gossip, every peer's);
 //! - capacity per replica: `capacity_tokens_per_s`, or the engine profile's estimate;
@@ -13,7 +15,9 @@
 //! and every 30 s otherwise. Every node
 //! follows the committed decisions and serves them (`service`): `kvmesh.v1.Autoscaler` and
 //! KEDA's external-scaler protocol. The counts are absolute and count starting replicas, so a
-//! new leader continues without scaling twice.
+//! new leader continues without scaling twice; it also resumes from the last committed
+//! decision (holding its count for a scale-down window, and committing only what changes),
+//! so a leader change neither loses nor repeats a decision.
 
 pub mod service;
 
@@ -54,6 +58,9 @@ pub struct Decision {
     pub panic: bool,
     /// Unix seconds.
     pub at: f64,
+    /// The Raft log index of its entry (0 on a single node).
+    #[serde(default)]
+    pub log_index: u64,
 }
 
 /// A node's view of the decisions.
@@ -77,6 +84,11 @@ impl Autoscaling {
     /// The latest decision.
     pub fn latest(&self) -> Option<Decision> {
         self.decisions.borrow().last().cloned()
+    }
+
+    /// The decisions kept (the last 100), oldest first.
+    pub fn all(&self) -> Arc<Vec<Decision>> {
+        self.decisions.borrow().clone()
     }
 
     /// Follows the committed decisions.
@@ -127,6 +139,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     let mut last = (Instant::now(), shared.core().booked_tokens);
     // What the last committed decision said: (desired, ready, starting, at).
     let mut committed: Option<(u32, u32, u32, f64)> = None;
+    let mut led = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -162,9 +175,6 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         let dt = last.0.elapsed().as_secs_f64().max(1e-3);
         let demand = (booked - last.1).max(0.0) / dt;
         last = (Instant::now(), booked);
-        if !leads {
-            continue;
-        }
         let cold_start_s =
             if starts.is_empty() { section.cold_start_s } else { starts.iter().sum::<f64>() / starts.len() as f64 };
         let inputs = PoolInputs {
@@ -176,6 +186,20 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             cold_start_s,
             queued_tokens: queued as f64,
         };
+        if !leads {
+            // Shadow the leader: the same inputs keep this node's forecast warm.
+            policy.decide(&inputs);
+            led = false;
+            continue;
+        }
+        if !led {
+            // Leading from here: continue from the last committed decision.
+            if let Some(last) = shared.autoscaler.latest() {
+                policy.resume(now, last.desired_replicas);
+                committed = Some((last.desired_replicas, last.ready, last.starting, last.at));
+            }
+            led = true;
+        }
         let d = policy.decide(&inputs);
         let decision = Decision {
             pool: section.pool.clone(),
@@ -188,6 +212,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             capacity_tokens_per_s: d.capacity_tokens_per_s,
             panic: d.panic,
             at: now,
+            log_index: 0,
         };
         let due = committed.is_none_or(|(desired, ready, starting, at)| {
             (desired, ready, starting) != (d.desired, d.ready, d.starting) || now - at >= REFRESH_S

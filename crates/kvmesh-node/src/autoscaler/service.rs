@@ -33,7 +33,7 @@ fn message(d: &Decision) -> v1::ScaleDecision {
         capacity_tokens_per_s: d.capacity_tokens_per_s,
         panic: d.panic,
         at: d.at,
-        log_index: 0,
+        log_index: d.log_index,
     }
 }
 
@@ -95,6 +95,15 @@ impl Autoscaler for AutoscalerService {
     ) -> Result<Response<v1::ScaleDecision>, Status> {
         self.check_pool(&r.into_inner().pool)?;
         Ok(Response::new(message(&self.latest()?)))
+    }
+
+    async fn list_decisions(
+        &self,
+        r: Request<v1::AutoscalerRequest>,
+    ) -> Result<Response<v1::ScaleDecisionList>, Status> {
+        self.check_pool(&r.into_inner().pool)?;
+        let decisions = self.shared.autoscaler.all().iter().map(message).collect();
+        Ok(Response::new(v1::ScaleDecisionList { decisions }))
     }
 
     type WatchDecisionsStream = Stream2<v1::ScaleDecision>;

@@ -195,7 +195,13 @@ impl ClusterState {
                 }
             }
             Command::RecordScaleDecision { decision } => {
-                self.scale_decisions.push(decision.clone());
+                // The entry's log index identifies the decision in audits (and shows that a
+                // new leader neither lost nor repeated one).
+                let mut decision = decision.clone();
+                if let Some(d) = decision.as_object_mut() {
+                    d.insert("log_index".into(), index.into());
+                }
+                self.scale_decisions.push(decision);
                 let excess = self.scale_decisions.len().saturating_sub(100);
                 self.scale_decisions.drain(..excess);
             }

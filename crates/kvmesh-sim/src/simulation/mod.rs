@@ -18,7 +18,7 @@ mod scaling;
 
 pub use kvmesh_core::replication::ReplicationConfig;
 pub use metrics::{floors, Floors, RunMetrics};
-pub use scaling::{Autoscaler, ScalingConfig, ScalingStats};
+pub use scaling::{Autoscaler, ScalePoint, ScalingConfig, ScalingStats};
 
 use crate::engine::{Engine, EngineProfile, EngineRequest};
 use crate::tokens::prompt_tokens;
@@ -33,6 +33,8 @@ use kvmesh_core::{
 use queue::{Ev, Queue};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -70,6 +72,12 @@ pub struct SimConfig {
     /// Replicas that scale: `replicas` is then the pool's largest size, and an autoscaler keeps
     /// some of them running (see `scaling`). `None` (default): all run all along.
     pub scaling: Option<ScalingConfig>,
+    /// Admission control while capacity is short, as a router node's `[admission]`: a request
+    /// that finds no replica with room waits at the router and is routed as capacity frees,
+    /// smallest token load first; beyond the queue bound or after the longest wait it is
+    /// refused (429 on a node; an SLO miss here). `None` (default): every request is routed
+    /// on arrival.
+    pub admission: Option<AdmissionConfig>,
     /// Router settings (its block size is forced to `block_size`). The simulation's default
     /// lease is effectively infinite: every simulated request is released, and overloaded
     /// runs must not lose their queue from the router's view to lease expiry.
@@ -91,8 +99,24 @@ impl Default for SimConfig {
             gossip: true,
             replication: None,
             scaling: None,
+            admission: None,
             fleet: FleetConfig { lease_s: 1e9, ..FleetConfig::default() },
         }
+    }
+}
+
+/// Admission control's settings (a router node's `[admission]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdmissionConfig {
+    /// Requests that may wait at once; more are refused. Default 256.
+    pub queue_limit: usize,
+    /// Longest wait before a request is refused, seconds. Default 30.
+    pub max_wait_s: f64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig { queue_limit: 256, max_wait_s: 30.0 }
     }
 }
 
@@ -117,7 +141,8 @@ pub struct Outcome {
     pub output_tokens: u32,
     /// The router's estimated TTFT at the decision, seconds.
     pub estimated_ttft_s: f64,
-    /// The engine could never serve it (prompt larger than its KV cache).
+    /// Never served: the engine could not (prompt larger than its KV cache), or admission
+    /// control refused it.
     pub rejected: bool,
 }
 
@@ -138,6 +163,8 @@ pub struct Run {
     pub replication: Option<ReplicationStats>,
     /// What scaling did, when enabled.
     pub scaling: Option<ScalingStats>,
+    /// Every autoscaling decision, when scaling.
+    pub scale_timeline: Vec<ScalePoint>,
     /// Token load the first router booked in each metrics interval, tokens per second (what an
     /// oracle autoscaler is told ahead of time).
     pub booked_load: Vec<f64>,
@@ -170,6 +197,22 @@ pub fn simulate(
     policy: &mut dyn Policy,
     seed: u64,
     progress: &mut dyn FnMut(u64),
+) -> Result<Run, String> {
+    run(config, trace, policy, seed, progress, None)
+}
+
+/// Passes of the oracle autoscaler over its own pool before the one measured: 2 bring its
+/// known load within a few per cent of what it then books (measured on the Mooncake traces).
+const ORACLE_PASSES: usize = 2;
+
+/// [`simulate`], with the oracle's known load given (`known_load`) or to be found.
+fn run(
+    config: &SimConfig,
+    trace: &Trace,
+    policy: &mut dyn Policy,
+    seed: u64,
+    progress: &mut dyn FnMut(u64),
+    known_load: Option<Vec<f64>>,
 ) -> Result<Run, String> {
     let started = Instant::now();
     config.profile.validate()?;
@@ -230,14 +273,19 @@ pub fn simulate(
             return Err(format!("cold start must be non-negative seconds, got {}", sc.cold_start_s));
         }
     }
-    // The oracle is told the load ahead: what the router books on the whole pool, from a
-    // first pass without scaling (the same arrivals, seed and policy kind).
-    let oracle_load = match &config.scaling {
-        Some(sc) if sc.autoscaler == Autoscaler::Oracle => {
-            let fixed = SimConfig { scaling: None, ..config.clone() };
+    // The oracle is told the load ahead. What the router books depends on the pool (a
+    // smaller pool caches less), so the load comes from runs of the oracle itself: a first
+    // pass on the whole pool, then oracle passes each told the previous one's load.
+    let oracle_load = match (&config.scaling, known_load) {
+        (_, Some(load)) => load,
+        (Some(sc), None) if sc.autoscaler == Autoscaler::Oracle => {
             let kind: PolicyKind = policy.name().parse().map_err(|e: kvmesh_core::Error| e.to_string())?;
-            let first = simulate(&fixed, trace, kind.build().as_mut(), seed, &mut |_| {})?;
-            first.booked_load
+            let fixed = SimConfig { scaling: None, ..config.clone() };
+            let mut load = simulate(&fixed, trace, kind.build().as_mut(), seed, &mut |_| {})?.booked_load;
+            for _ in 0..ORACLE_PASSES {
+                load = run(config, trace, kind.build().as_mut(), seed, &mut |_| {}, Some(load))?.booked_load;
+            }
+            load
         }
         _ => Vec::new(),
     };
@@ -270,6 +318,9 @@ pub fn simulate(
         arrived: 0,
         load_sum: (0.0, 0.0),
         rejected: Vec::new(),
+        waiting: BinaryHeap::new(),
+        counted: vec![false; trace.requests.len()],
+        demand: vec![0; trace.requests.len()],
     };
     for (i, r) in trace.requests.iter().enumerate() {
         sim.queue.push(r.arrival_s, Ev::Arrival(i as u32));
@@ -295,7 +346,12 @@ pub fn simulate(
                     progress(sim.arrived);
                 }
             }
-            Ev::StepDone(r) => sim.step_done(r as usize, t),
+            Ev::StepDone(r) => {
+                sim.step_done(r as usize, t);
+                if !sim.waiting.is_empty() {
+                    sim.admit_waiting(policy, t)?;
+                }
+            }
             Ev::Deliver => {
                 if let Some((r, ev)) = sim.in_flight.pop_front() {
                     for router in &mut sim.routers {
@@ -312,7 +368,12 @@ pub fn simulate(
                     }
                 }
             }
-            Ev::Tick => sim.tick(t),
+            Ev::Tick => {
+                sim.tick(t);
+                if !sim.waiting.is_empty() {
+                    sim.admit_waiting(policy, t)?;
+                }
+            }
             Ev::Autoscale => {
                 sim.autoscale(t);
                 if let Some(sc) = sim.scaler.as_ref().filter(|_| sim.more()) {
@@ -341,6 +402,7 @@ pub fn simulate(
             ReplicationStats { planned_blocks_mean: sum / ticks.max(1) as f64, ..r.stats }
         }),
         scaling: sim.scaler.as_mut().map(|sc| sc.finish(end)),
+        scale_timeline: sim.scaler.as_mut().map(|sc| std::mem::take(&mut sc.timeline)).unwrap_or_default(),
         booked_load: std::mem::take(&mut sim.booked.1),
         fleet: sim.routers.swap_remove(0).fleet,
     })
@@ -395,10 +457,87 @@ struct Sim<'a> {
     scaler: Option<scaling::Scaler>,
     /// Per replica: the duration of the step in flight when it started with requests waiting.
     saturated: Vec<Option<f64>>,
+    /// Admission control's queue: (token load, request), smallest load first.
+    waiting: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Per request: whether its token load was counted as demand, and how much it was.
+    counted: Vec<bool>,
+    demand: Vec<u64>,
 }
 
 impl Sim<'_> {
     fn arrive(&mut self, policy: &mut dyn Policy, i: usize, t: f64) -> Result<(), String> {
+        debug_assert_eq!(self.outcomes.len(), i);
+        let req = &self.trace.requests[i];
+        self.outcomes.push(Outcome {
+            arrival_s: t,
+            replica: u32::MAX,
+            router: (i % self.routers.len()) as u32,
+            first_token_s: f64::NAN,
+            finish_s: f64::NAN,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            output_tokens: req.output_tokens.max(1),
+            estimated_ttft_s: f64::NAN,
+            rejected: false,
+        });
+        self.arrived += 1;
+        let loads = self.engines.iter().map(|e| e.pending_prefill() as f64);
+        let (max, sum) = loads.fold((0.0f64, 0.0), |(m, s), l| (m.max(l), s + l));
+        self.load_sum.0 += max;
+        self.load_sum.1 += sum / self.engines.len() as f64;
+        // Behind others waiting, or with capacity short: wait (admission control).
+        let routed = self.waiting.is_empty() && self.dispatch(policy, i, t, true)?;
+        if !routed {
+            // Only admission control defers a request.
+            let adm = self.config.admission.unwrap_or_default();
+            if !self.counted[i] {
+                self.count_demand(policy, i, t)?;
+            }
+            if self.waiting.len() >= adm.queue_limit {
+                self.outcomes[i].rejected = true;
+            } else {
+                self.waiting.push(Reverse((self.demand[i], i as u32)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Token load request `i` brings (uncached prefill plus expected output, as the router
+    /// estimates it at `t`), counted once as demand for the autoscaler.
+    fn count_demand(&mut self, policy: &mut dyn Policy, i: usize, t: f64) -> Result<(), String> {
+        let route = self.route_request(i);
+        let n = self.routers.len();
+        let router = &mut self.routers[i % n];
+        let policy: &mut dyn Policy = match router.policy.as_mut() {
+            Some(p) => p.as_mut(),
+            None => policy,
+        };
+        let decision = router.fleet.decide(policy, &route, &mut router.rng, t).map_err(|e| e.to_string())?;
+        let load = decision.uncached_tokens as f64 + router.fleet.bookings().outputs().expect(route.max_tokens) as f64;
+        self.note_demand(i, load);
+        Ok(())
+    }
+
+    fn note_demand(&mut self, i: usize, load: f64) {
+        if !std::mem::replace(&mut self.counted[i], true) {
+            self.demand[i] = load as u64;
+            self.booked.0 += load;
+            if let Some(sc) = self.scaler.as_mut() {
+                sc.booked += load;
+            }
+        }
+    }
+
+    fn route_request(&self, i: usize) -> RouteRequest {
+        let req = &self.trace.requests[i];
+        let tokens = prompt_tokens(req, i as u64, self.trace.block_tokens);
+        let max_tokens = self.config.send_max_tokens.then_some(req.output_tokens.max(1));
+        RouteRequest::new(self.routers[i % self.routers.len()].fleet.hasher(), &tokens, max_tokens)
+    }
+
+    /// Routes request `i` at `t` and hands it to its engine; with admission control only when
+    /// capacity is not short (see [`Fleet::capacity_short`]). Returns whether it was routed.
+    fn dispatch(&mut self, policy: &mut dyn Policy, i: usize, t: f64, first: bool) -> Result<bool, String> {
         let req = &self.trace.requests[i];
         let tokens = prompt_tokens(req, i as u64, self.trace.block_tokens);
         let max_tokens = self.config.send_max_tokens.then_some(req.output_tokens.max(1));
@@ -411,45 +550,51 @@ impl Sim<'_> {
             Some(p) => p.as_mut(),
             None => policy,
         };
-        let routed = router.fleet.route(policy, &route, &mut router.rng, t).map_err(|e| e.to_string())?;
-        let r = routed.decision.replica.index();
-        let load = routed.decision.uncached_tokens as f64
-            + router.fleet.bookings().get(routed.booking).map_or(0.0, |b| b.spec.expected_output_tokens as f64);
-        self.booked.0 += load;
-        if let Some(sc) = self.scaler.as_mut() {
-            sc.booked += load;
+        let decision = router.fleet.decide(policy, &route, &mut router.rng, t).map_err(|e| e.to_string())?;
+        let load = decision.uncached_tokens as f64 + router.fleet.bookings().outputs().expect(max_tokens) as f64;
+        if self.config.admission.is_some() && router.fleet.capacity_short(&decision, false) {
+            if first {
+                self.note_demand(i, load);
+            }
+            return Ok(false);
         }
+        let routed = router.fleet.book_decision(policy, &route, decision, t).map_err(|e| e.to_string())?;
+        let r = routed.decision.replica.index();
         if let Some(sketch) = router.sketch.as_mut() {
-            let load = routed.decision.uncached_tokens as f64
-                + router.fleet.bookings().get(routed.booking).map_or(0.0, |b| b.spec.expected_output_tokens as f64);
             sketch.observe(t, &route.hashes, Some(&tokens), load);
         }
         if let Some(out) = router.outbox.as_mut() {
             out.routed(&router.fleet, &routed, &route.hashes);
         }
+        self.note_demand(i, load);
         self.send_gossip(k, t);
         self.bookings[i] = Some(routed.booking);
-        debug_assert_eq!(self.outcomes.len(), i);
-        self.outcomes.push(Outcome {
-            arrival_s: t,
-            replica: r as u32,
-            router: k as u32,
-            first_token_s: f64::NAN,
-            finish_s: f64::NAN,
-            prompt_tokens: tokens.len() as u32,
-            cached_tokens: 0,
-            output_tokens: req.output_tokens.max(1),
-            estimated_ttft_s: routed.decision.estimated_ttft_s,
-            rejected: false,
-        });
-        self.arrived += 1;
-        let loads = self.engines.iter().map(|e| e.pending_prefill() as f64);
-        let (max, sum) = loads.fold((0.0f64, 0.0), |(m, s), l| (m.max(l), s + l));
-        self.load_sum.0 += max;
-        self.load_sum.1 += sum / self.engines.len() as f64;
+        let o = &mut self.outcomes[i];
+        o.replica = r as u32;
+        o.prompt_tokens = tokens.len() as u32;
+        o.estimated_ttft_s = routed.decision.estimated_ttft_s;
         let er = EngineRequest { id: i as u64, tokens: tokens.into(), output_tokens: req.output_tokens.max(1) };
         self.engines[r].enqueue(er);
         self.kick(r, t);
+        Ok(true)
+    }
+
+    /// Admission control at `t`: routes waiting requests, smallest token load first, while
+    /// capacity is not short; refuses those past `max_wait_s`.
+    fn admit_waiting(&mut self, policy: &mut dyn Policy, t: f64) -> Result<(), String> {
+        let Some(adm) = self.config.admission else { return Ok(()) };
+        let outcomes = &mut self.outcomes;
+        self.waiting.retain(|&Reverse((_, i))| {
+            let o = &mut outcomes[i as usize];
+            o.rejected = t - o.arrival_s > adm.max_wait_s;
+            !o.rejected
+        });
+        while let Some(&Reverse((_, i))) = self.waiting.peek() {
+            if !self.dispatch(policy, i as usize, t, false)? {
+                break;
+            }
+            self.waiting.pop();
+        }
         Ok(())
     }
 
@@ -612,7 +757,9 @@ impl Sim<'_> {
 
     /// Whether requests are still to arrive or engines still work.
     fn more(&self) -> bool {
-        (self.arrived as usize) < self.trace.requests.len() || self.engines.iter().any(Engine::has_work)
+        (self.arrived as usize) < self.trace.requests.len()
+            || self.engines.iter().any(Engine::has_work)
+            || !self.waiting.is_empty()
     }
 
     /// Whether engine request `id` is a warm-up; if so, ends its booking on router 0.

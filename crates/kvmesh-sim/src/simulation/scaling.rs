@@ -7,8 +7,8 @@
 //! interval, each ready replica's measured capacity (tokens it served per second of steps it
 //! ran with requests waiting, i.e. at full load; the profile's estimate until one is
 //! measured), the pool's ready and starting replicas, and the cold start measured from the
-//! starts so far. The oracle is told the load ahead instead (from a first pass of the same
-//! run on the whole pool).
+//! starts so far. The oracle is told the load ahead instead: what its own pool books, from
+//! earlier passes of the same run (see `simulate`).
 
 use kvmesh_core::autoscale::{
     AutoscaleConfig, ColdStartAware, Knative, PoolInputs, Reactive, ScaleDecision, ScalePolicy,
@@ -118,6 +118,29 @@ pub(crate) struct Scaler {
     /// The oracle's load per interval, tokens per second.
     future: Vec<f64>,
     pub stats: ScalingStats,
+    /// Every decision, in order.
+    pub timeline: Vec<ScalePoint>,
+}
+
+/// One evaluation of the pool, for plots and audits.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct ScalePoint {
+    /// Seconds.
+    pub at: f64,
+    /// Token load booked over the last interval, tokens per second.
+    pub demand_tokens_per_s: f64,
+    /// What the decision sized for, tokens per second.
+    pub forecast_tokens_per_s: f64,
+    /// Capacity per replica it assumed, tokens per second.
+    pub capacity_tokens_per_s: f64,
+    /// Replicas asked for.
+    pub desired: u32,
+    /// Replicas serving before the decision.
+    pub ready: u32,
+    /// Replicas starting before the decision.
+    pub starting: u32,
+    /// Prefill tokens queued on the engines, tokens.
+    pub queued_tokens: f64,
 }
 
 impl Scaler {
@@ -146,6 +169,7 @@ impl Scaler {
             starts: Vec::new(),
             future,
             stats: ScalingStats::default(),
+            timeline: Vec::new(),
             config,
         }
     }
@@ -200,6 +224,16 @@ impl Scaler {
             Some(p) => p.decide(&inputs),
             None => self.oracle(&inputs),
         };
+        self.timeline.push(ScalePoint {
+            at: now,
+            demand_tokens_per_s: demand,
+            forecast_tokens_per_s: decision.forecast_tokens_per_s,
+            capacity_tokens_per_s: decision.capacity_tokens_per_s,
+            desired: decision.desired,
+            ready: inputs.ready,
+            starting: inputs.starting.len() as u32,
+            queued_tokens,
+        });
         self.stats.decisions += 1;
         self.stats.max_desired = self.stats.max_desired.max(decision.desired);
         let on_hand = (inputs.ready + inputs.starting.len() as u32) as usize;
@@ -285,13 +319,15 @@ impl Scaler {
         self.stats.max_replicas = self.stats.max_replicas.max(running);
     }
 
-    /// The oracle: sized for the most load from now to two cold starts ahead — what it adds
-    /// now serves a cold start from now, and releasing a replica it will need again within a
-    /// cold start would cost a restart — with no other delay.
+    /// The oracle: sized for the most load from now to one cold start ahead. A replica it adds
+    /// now serves a cold start from now, exactly when the load that needs it arrives; one it
+    /// will need again within a cold start it keeps, since idling that gap costs less than the
+    /// restart's cold start, and any other it releases at once. For a known need this is the
+    /// least GPU time (the ski-rental break-even, with no uncertainty).
     fn oracle(&self, inputs: &PoolInputs) -> ScaleDecision {
         let c = &self.config.policy;
         let k = |t: f64| (t / c.interval_s).max(0.0) as usize;
-        let (from, to) = (k(inputs.now), k(inputs.now + 2.0 * self.config.cold_start_s));
+        let (from, to) = (k(inputs.now), k(inputs.now + self.config.cold_start_s));
         let load = self.future.iter().skip(from).take(to + 1 - from).copied().fold(0.0, f64::max);
         let per = inputs.capacity_tokens_per_s * c.target_utilisation;
         let desired = ((load / per.max(f64::MIN_POSITIVE)).ceil().min(f64::from(c.max_replicas)) as u32)

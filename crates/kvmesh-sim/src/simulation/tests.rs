@@ -233,6 +233,10 @@ fn an_autoscaled_pool_starts_replicas_after_their_cold_start_and_counts_gpu_time
         let config = SimConfig { replicas: 16, scaling: Some(scaling), ..SimConfig::default() };
         let r = simulate(&config, &t, PolicyKind::TokenLoad.build().as_mut(), 1, &mut |_| {}).unwrap();
         let m = RunMetrics::of(&r, &config);
+        // One timeline point per decision, in time order, every 2 s.
+        let at: Vec<f64> = r.scale_timeline.iter().map(|p| p.at).collect();
+        assert_eq!(at.len() as u64, r.scaling.unwrap().decisions);
+        assert!(at.windows(2).all(|w| (w[1] - w[0] - 2.0).abs() < 1e-9), "{at:?}");
         (r.scaling.unwrap(), m, r.outcomes.iter().all(|o| o.finish_s.is_finite()), r.fleet.bookings().is_empty())
     };
     let (kvmesh, km, done, clean) = run(Autoscaler::Kvmesh);
@@ -247,4 +251,41 @@ fn an_autoscaled_pool_starts_replicas_after_their_cold_start_and_counts_gpu_time
     assert!(km.gpu_seconds >= 2.0 * span && km.gpu_seconds <= 16.0 * (span + 60.0), "{}", km.gpu_seconds);
     assert!(rm.gpu_seconds >= 2.0 * span);
     assert!(km.slo_attainment > 0.0 && km.slo_attainment <= 1.0);
+}
+
+/// Three prompts on one replica whose KV holds 1,024 blocks: A (700 blocks) runs; B (400)
+/// does not fit beside it and waits at the router; C (200), arriving behind B, waits too.
+fn admission_run(queue_limit: Option<usize>) -> Run {
+    let ids = |from: u64, n: u64| (from..from + n).collect::<Vec<u64>>();
+    let (a, b, c) = (ids(0, 700), ids(1_000, 400), ids(2_000, 200));
+    let t = trace(&[(0.0, &a), (0.01, &b), (0.02, &c)]);
+    let admission = queue_limit.map(|queue_limit| AdmissionConfig { queue_limit, max_wait_s: 30.0 });
+    let cfg = SimConfig { replicas: 1, admission, ..config(0.0) };
+    run(&cfg, &t)
+}
+
+#[test]
+fn admission_control_holds_requests_while_kv_is_short_and_routes_the_smallest_first() {
+    let r = admission_run(Some(256));
+    let [a, b, c] = [r.outcomes[0], r.outcomes[1], r.outcomes[2]];
+    assert!(r.outcomes.iter().all(|o| !o.rejected && o.finish_s.is_finite()), "{:?}", r.outcomes);
+    // B and C start only once A is done, and C (smaller) before B although B came first.
+    assert!(b.first_token_s > a.finish_s && c.first_token_s > a.finish_s, "{a:?} {b:?} {c:?}");
+    assert!(c.first_token_s < b.first_token_s, "{b:?} {c:?}");
+    assert!(r.fleet.bookings().is_empty());
+    // Without admission control all three pile onto the replica and its queue serves them in
+    // arrival order: B before C.
+    let r = admission_run(None);
+    let [b, c] = [r.outcomes[1], r.outcomes[2]];
+    assert!(b.first_token_s < c.first_token_s, "{b:?} {c:?}");
+}
+
+#[test]
+fn admission_control_refuses_beyond_its_queue_and_counts_it_late() {
+    let r = admission_run(Some(1));
+    let rejected: Vec<bool> = r.outcomes.iter().map(|o| o.rejected).collect();
+    assert_eq!(rejected, [false, false, true]);
+    let m = RunMetrics::of(&r, &SimConfig { replicas: 1, ..config(0.0) });
+    assert_eq!((m.rejected, m.slo_violations), (1, 1));
+    assert!(r.fleet.bookings().is_empty());
 }

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Kill -9 the Raft leader in the middle of a scale-up.
+# Load: steady traffic through every node that needs more replicas than the pool has (the
+# autoscaler assumes a small capacity per replica); e3 is registered `starting` (an engine
+# still loading), as an actuator would after the first scale-up.
+# Safety: the decision log survives the kill — every decision committed before it is in the
+# new leader's log at the same Raft index with the same count (none lost); the new leader's
+# decisions neither repeat an index nor ask again for what was asked: when e3 turns ready
+# the new leader commits that, at the same count (the load is the same).
+# Heal: the killed node restarts from its sled files with the same log.
+export CHAOS_EXTRA_TOML='[autoscaler]
+enabled = true
+interval_s = 0.5
+cold_start_s = 120
+capacity_tokens_per_s = 300
+max_replicas = 32'
+source "$(dirname "$0")/lib.sh"
+
+# `kvmesh autoscaler decisions --json` of node $1 piped through a Python expression on it (d).
+decisions() { "$BIN/kvmesh" autoscaler decisions --grpc "http://$(grpc_of "$1")" --json 2>/dev/null | json "$2"; }
+scaled_up() { decisions "$1" "any(x['reason'] in ('scale_up','burst') and x['starting']==1 for x in d)" | grep -q True; }
+
+setup_cluster
+"$BIN/kvmesh" replica starting --grpc "http://$(grpc_of 1)" --name e3 >/dev/null || fail "marking e3 starting"
+start_load 40 8
+wait_for 20 "a scale-up counting e3 as starting" scaled_up 1
+old="$(leader_seen_by 1)"
+[ -n "$old" ] || fail "no leader before the kill"
+survivor=$(( old % NODES + 1 ))
+before="$(decisions "$survivor" "[(x['log_index'], x['desired_replicas']) for x in d]")"
+last="$(decisions "$survivor" "d[-1]['desired_replicas']")"
+log "decisions before the kill (log index, desired): $before; killing leader $old"
+killed_at="$(date +%s.%N)"
+kill_node "$old"
+t0=$(date +%s%N)
+new=""
+while [ -z "$new" ] || [ "$new" = "$old" ]; do
+  new="$(leader_seen_by "$survivor")"
+  [ $(( ($(date +%s%N) - t0) / 1000000 )) -lt 10000 ] || fail "no new leader 10 s after killing node $old"
+  sleep 0.02
+done
+log "node $new leads after $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+# The scale-up goes on: e3 finishes loading. The new leader must commit that (the pool's
+# counts changed) and still want the same count — e3 was part of it, not a reason to ask again.
+"$BIN/kvmesh" replica ready --grpc "http://$(grpc_of "$new")" --name e3 >/dev/null || fail "marking e3 ready"
+e3_ready() { decisions "$new" "any(x['at'] > $killed_at and x['starting'] == 0 for x in d)" | grep -q True; }
+wait_for 10 "the new leader's decision with e3 ready" e3_ready
+sleep 1
+after="$(decisions "$new" "[(x['log_index'], x['desired_replicas'], x['at'], x['starting']) for x in d]")"
+log "decisions after: $after"
+python3 - "$before" "$after" "$killed_at" "$last" <<'EOF' || fail "the decision log broke across the leader change"
+import ast, sys
+before, after = ast.literal_eval(sys.argv[1]), ast.literal_eval(sys.argv[2])
+killed_at, last = float(sys.argv[3]), int(sys.argv[4])
+kept = {(i, n) for i, n, _, _ in after}
+lost = [b for b in before if b not in kept]
+assert not lost, f"decisions lost: {lost}"
+indices = [i for i, *_ in after]
+assert indices == sorted(set(indices)), f"a log index repeats or goes back: {indices}"
+new = [(i, n, s) for i, n, at, s in after if at > killed_at]
+# The new leader continues from the last decision: the same count for the same load, not
+# a second scale-up on top of it, once e3 turned from starting to ready.
+assert new and new[-1][2] == 0, f"the new leader did not commit e3 ready: {new}"
+assert all(n == last for _, n, _ in new), f"the new leader changed {last} to {[n for _, n, _ in new]}"
+print(f"{len(before)} decisions kept; the new leader committed {len(new)}, all at {last} replicas")
+EOF
+check_load
+start_node "$old"
+wait_for 20 "node $old back with a leader" has_leader "$old"
+same_log() { [ "$(decisions "$old" "[x['log_index'] for x in d]")" = "$(decisions "$new" "[x['log_index'] for x in d]")" ]; }
+wait_for 10 "node $old holding the same decision log" same_log
+log "PASS: leader $old killed mid-scale-up at $last replicas wanted; node $new continued without losing or repeating a decision"

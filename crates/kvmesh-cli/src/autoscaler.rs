@@ -1,0 +1,105 @@
+//! `kvmesh autoscaler decisions`: a node's `kvmesh.v1.Autoscaler` audit log from the shell.
+
+use crate::cli::AutoscalerCommand;
+use anyhow::Context;
+use kvmesh_proto::v1;
+use std::fmt::Write as _;
+
+pub fn run(cmd: &AutoscalerCommand) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        match cmd {
+            AutoscalerCommand::Decisions(a) => {
+                let channel = crate::connect::channel(&a.target.grpc, "is `kvmesh node` running?").await?;
+                let list = v1::autoscaler_client::AutoscalerClient::new(channel)
+                    .list_decisions(v1::AutoscalerRequest { pool: a.pool.clone() })
+                    .await
+                    .map_err(|s| anyhow::anyhow!("Autoscaler.ListDecisions: {}", s.message()))
+                    .context("reading the decisions")?
+                    .into_inner();
+                if a.json {
+                    let rows: Vec<serde_json::Value> = list.decisions.iter().map(json).collect();
+                    println!("{}", serde_json::to_string_pretty(&rows)?);
+                } else {
+                    print!("{}", render(&list.decisions, kvmesh_node::replication::unix_now()));
+                }
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
+fn json(d: &v1::ScaleDecision) -> serde_json::Value {
+    serde_json::json!({
+        "log_index": d.log_index,
+        "at": d.at,
+        "pool": d.pool,
+        "desired_replicas": d.desired_replicas,
+        "reason": d.reason,
+        "panic": d.panic,
+        "ready": d.ready,
+        "starting": d.starting,
+        "demand_tokens_per_s": d.demand_tokens_per_s,
+        "forecast_tokens_per_s": d.forecast_tokens_per_s,
+        "capacity_tokens_per_s": d.capacity_tokens_per_s,
+    })
+}
+
+/// One line per decision, oldest first; `now` in Unix seconds for the ages.
+fn render(ds: &[v1::ScaleDecision], now: f64) -> String {
+    if ds.is_empty() {
+        return "no decision yet (the first comes after one interval, from the Raft leader)\n".into();
+    }
+    let mut out = format!(
+        "{:>9} {:>8}  {:>7}  {:<16} {:>5} {:>8} {:>14} {:>14} {:>14}\n",
+        "log index", "ago", "desired", "reason", "ready", "starting", "demand tok/s", "sized for", "per replica"
+    );
+    for d in ds {
+        let reason = if d.panic { format!("{} (panic)", d.reason) } else { d.reason.clone() };
+        let _ = writeln!(
+            out,
+            "{:>9} {:>7.0}s  {:>7}  {:<16} {:>5} {:>8} {:>14.0} {:>14.0} {:>14.0}",
+            d.log_index,
+            (now - d.at).max(0.0),
+            d.desired_replicas,
+            reason,
+            d.ready,
+            d.starting,
+            d.demand_tokens_per_s,
+            d.forecast_tokens_per_s,
+            d.capacity_tokens_per_s
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_read_as_an_audit_log() {
+        let d = v1::ScaleDecision {
+            pool: "default".into(),
+            desired_replicas: 6,
+            reason: "burst".into(),
+            ready: 4,
+            starting: 2,
+            forecast_tokens_per_s: 95_000.0,
+            demand_tokens_per_s: 81_234.4,
+            capacity_tokens_per_s: 33_000.0,
+            panic: true,
+            at: 1_000.0,
+            log_index: 42,
+        };
+        assert_eq!(
+            render(std::slice::from_ref(&d), 1_012.0),
+            concat!(
+                "log index      ago  desired  reason           ready starting   demand tok/s      sized for    per replica\n",
+                "       42      12s        6  burst (panic)        4        2          81234          95000          33000\n",
+            )
+        );
+        assert_eq!(json(&d)["log_index"], 42);
+        assert!(render(&[], 0.0).starts_with("no decision yet"));
+    }
+}
