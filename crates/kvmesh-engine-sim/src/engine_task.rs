@@ -162,7 +162,8 @@ fn publish_stats(engine: &Engine, stats: &Mutex<Stats>, step: Option<(u64, u64, 
     s.waiting = waiting;
     s.kv_usage = kv_usage;
     if let Some((prefill, generated, hits, finished)) = step {
-        s.prompt_tokens_total += prefill;
+        // As vLLM counts it: whole prompts, cached tokens included (vllm/v1/metrics/stats.py).
+        s.prompt_tokens_total += prefill + hits;
         s.generation_tokens_total += generated;
         s.prefix_cache_hits_total += hits;
         s.requests_total += finished;

@@ -76,6 +76,32 @@ pub fn parse_engine_metrics(text: &str, at: f64) -> Result<(Dialect, EngineMetri
     Ok((dialect, EngineMetrics { running: count(&running), waiting: count(&waiting), kv_usage, at }))
 }
 
+/// Tokens the engine has served so far — computed prefill plus decode, the unit of token
+/// load — from its counters: vLLM `vllm:prompt_tokens_total` (whole prompts, cached tokens
+/// included, vllm/v1/metrics/stats.py) `− vllm:prefix_cache_hits_total + vllm:generation_tokens_total`;
+/// SGLang `sglang:prompt_tokens_total − sglang:cached_tokens_total +
+/// sglang:generation_tokens_total`. Summed over the page's series (data-parallel ranks).
+/// `None` when the page lacks the prompt or generation counter or is not Prometheus text.
+pub fn parse_served_tokens(text: &str) -> Option<f64> {
+    let parsed = std::panic::catch_unwind(|| openmetrics_parser::prometheus::parse_prometheus(text)).ok()?.ok()?;
+    let total = |names: &[&str]| names.iter().find_map(|n| values(&parsed, n)).map(|v| v.iter().sum::<f64>());
+    let (prompt, hits, generation) = if parsed.families.contains_key(VLLM.running) {
+        (
+            total(&["vllm:prompt_tokens_total", "vllm:prompt_tokens"])?,
+            total(&["vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"]).unwrap_or(0.0),
+            total(&["vllm:generation_tokens_total", "vllm:generation_tokens"])?,
+        )
+    } else {
+        (
+            total(&["sglang:prompt_tokens_total"])?,
+            total(&["sglang:cached_tokens_total"]).unwrap_or(0.0),
+            total(&["sglang:generation_tokens_total"])?,
+        )
+    };
+    let served = prompt - hits + generation;
+    (served.is_finite() && served >= 0.0).then_some(served)
+}
+
 /// Every finite gauge (or untyped) sample of `name`; `None` when the family is absent or has
 /// no usable sample.
 fn values(parsed: &MetricsExposition<PrometheusType, PrometheusValue>, name: &str) -> Option<Vec<f64>> {

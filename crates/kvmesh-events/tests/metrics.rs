@@ -96,3 +96,30 @@ proptest! {
         let _ = parse_engine_metrics(&text, 0.0);
     }
 }
+
+#[test]
+fn served_tokens_are_computed_prefill_plus_decode_over_all_engines() {
+    let vllm = r#"# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0"} 1.0
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0"} 10000.0
+vllm:prompt_tokens_total{engine="1"} 5000.0
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0"} 4000.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0"} 700.0
+vllm:generation_tokens_total{engine="1"} 300.0
+"#;
+    // 15,000 prompt tokens, 4,000 of them cached, and 1,000 generated.
+    assert_eq!(kvmesh_events::parse_served_tokens(vllm), Some(12_000.0));
+    let sglang = format!(
+        "{SGLANG}# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total 900.0\n\
+         # TYPE sglang:cached_tokens_total counter\nsglang:cached_tokens_total 100.0\n\
+         # TYPE sglang:generation_tokens_total counter\nsglang:generation_tokens_total 50.0\n"
+    );
+    assert_eq!(kvmesh_events::parse_served_tokens(&sglang), Some(850.0));
+    // Without the counters (or not a metrics page at all): nothing measured.
+    assert_eq!(kvmesh_events::parse_served_tokens(VLLM_OLD), None);
+    assert_eq!(kvmesh_events::parse_served_tokens(VLLM_TWO_ENGINES), None);
+    assert_eq!(kvmesh_events::parse_served_tokens("{{{"), None);
+}

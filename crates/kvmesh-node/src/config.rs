@@ -113,8 +113,9 @@ pub struct AutoscalerSection {
     pub cold_start_s: f64,
     /// Utilisation each replica should run at, in (0, 1].
     pub target_utilisation: f64,
-    /// What one replica serves at full load, tokens per second; 0: estimated from the engine
-    /// profile (0.6 × its whole-chunk prefill rate, the simulator's prior).
+    /// What one replica serves at full load, tokens per second; 0: measured from the engines'
+    /// served-token counters (vLLM prompt − prefix-cache hits + generation tokens) while they
+    /// have requests waiting, and estimated from the engine profile until then.
     pub capacity_tokens_per_s: f64,
     /// The pool shrinks only to the largest need of this last window, seconds; 0: one cold
     /// start (measured), the break-even of keeping an idle replica against restarting it.

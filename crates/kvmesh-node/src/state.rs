@@ -431,6 +431,7 @@ impl Shared {
             out.release_replica(name);
         }
         drop(core);
+        self.autoscaler.forget(name);
         self.config.lock().unwrap_or_else(|p| p.into_inner()).replicas.retain(|c| c.name != name);
         Ok(())
     }

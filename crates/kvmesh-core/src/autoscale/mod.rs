@@ -31,10 +31,12 @@
 //! as booked) and capacity in the same unit per replica. Pure: the caller passes `now` and the
 //! measurements; every decision carries its reason and inputs so it can be logged and audited.
 
+mod capacity;
 mod policy;
 #[cfg(test)]
 mod tests;
 
+pub use capacity::CapacityMeter;
 pub use policy::{ColdStartAware, Knative, Reactive};
 
 use crate::error::Error;

@@ -5,7 +5,9 @@
 //! itself) commits. The inputs:
 //! - demand: the rate of token load booked across the tier (this node's routing and, through
 //!   gossip, every peer's);
-//! - capacity per replica: `capacity_tokens_per_s`, or the engine profile's estimate;
+//! - capacity per replica: `capacity_tokens_per_s`, else measured from the engines' served-token
+//!   counters while they had requests waiting (`CapacityMeter`), else the engine profile's
+//!   estimate;
 //! - ready replicas (routable), starting ones (registered `starting`, with the time this node
 //!   first saw them so), the router-side prefill backlog, and the cold start measured from the
 //!   starts it saw end (`starting` → `ready`).
@@ -25,7 +27,7 @@ use crate::cluster::registry::{Command, ReplicaState};
 use crate::cluster::Cluster;
 use crate::config::AutoscalerSection;
 use crate::state::Shared;
-use kvmesh_core::autoscale::{ColdStartAware, PoolInputs, ScalePolicy};
+use kvmesh_core::autoscale::{CapacityMeter, ColdStartAware, PoolInputs, ScalePolicy};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -63,17 +65,47 @@ pub struct Decision {
     pub log_index: u64,
 }
 
-/// A node's view of the decisions.
+/// A node's view of the decisions, and the replicas' measured capacity.
 pub struct Autoscaling {
     /// The settings.
     pub section: AutoscalerSection,
     decisions: watch::Sender<Arc<Vec<Decision>>>,
+    capacity: std::sync::Mutex<CapacityMeter>,
 }
 
 impl Autoscaling {
     /// State for `section`.
     pub fn new(section: AutoscalerSection) -> Self {
-        Autoscaling { section, decisions: watch::channel(Arc::new(Vec::new())).0 }
+        Autoscaling {
+            section,
+            decisions: watch::channel(Arc::new(Vec::new())).0,
+            capacity: std::sync::Mutex::new(CapacityMeter::default()),
+        }
+    }
+
+    /// A scrape of replica `name` at `at` (seconds): the tokens its engine served so far and
+    /// its waiting requests (see [`CapacityMeter::observe`]).
+    pub fn observe_served(&self, name: &str, served_tokens: f64, waiting: u32, at: f64) {
+        self.meter().observe(name, served_tokens, waiting, at);
+    }
+
+    /// Forgets a removed replica's measurements.
+    pub fn forget(&self, name: &str) {
+        self.meter().forget(name);
+    }
+
+    /// What one replica serves at full load, tokens per second: `capacity_tokens_per_s` when
+    /// set; else the mean measured from the engines' counters while they had requests waiting;
+    /// else `prior` (the engine profile's estimate).
+    pub fn capacity_tokens_per_s(&self, prior: f64) -> f64 {
+        if self.section.capacity_tokens_per_s > 0.0 {
+            return self.section.capacity_tokens_per_s;
+        }
+        self.meter().per_replica().unwrap_or(prior)
+    }
+
+    fn meter(&self) -> std::sync::MutexGuard<'_, CapacityMeter> {
+        self.capacity.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether the autoscaler runs.
@@ -127,11 +159,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         return;
     }
     let mut policy = ColdStartAware::new(section.core());
-    let capacity = if section.capacity_tokens_per_s > 0.0 {
-        section.capacity_tokens_per_s
-    } else {
-        shared.settings.profile.full_load_tokens_per_s_prior()
-    };
+    let prior = shared.settings.profile.full_load_tokens_per_s_prior();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(section.interval_s));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut starting_since: BTreeMap<String, f64> = BTreeMap::new();
@@ -180,7 +208,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         let inputs = PoolInputs {
             now,
             demand_tokens_per_s: demand,
-            capacity_tokens_per_s: capacity,
+            capacity_tokens_per_s: shared.autoscaler.capacity_tokens_per_s(prior),
             ready,
             starting: starting_since.values().copied().collect(),
             cold_start_s,
@@ -238,5 +266,26 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
                 demand_tokens_per_s = demand, forecast_tokens_per_s = d.forecast_tokens_per_s, "autoscaler: decision");
         }
         committed = Some((d.desired, d.ready, d.starting, now));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_is_configured_else_measured_else_the_prior() {
+        let a = Autoscaling::new(AutoscalerSection::default());
+        assert_eq!(a.capacity_tokens_per_s(33_423.0), 33_423.0);
+        // Two scrapes 2 s apart, both with a queue: 90,000 tokens served.
+        a.observe_served("e0", 10_000.0, 4, 100.0);
+        a.observe_served("e0", 100_000.0, 2, 102.0);
+        assert_eq!(a.capacity_tokens_per_s(33_423.0), 45_000.0);
+        a.forget("e0");
+        assert_eq!(a.capacity_tokens_per_s(33_423.0), 33_423.0);
+        let fixed = Autoscaling::new(AutoscalerSection { capacity_tokens_per_s: 2_000.0, ..Default::default() });
+        fixed.observe_served("e0", 10_000.0, 4, 100.0);
+        fixed.observe_served("e0", 100_000.0, 2, 102.0);
+        assert_eq!(fixed.capacity_tokens_per_s(33_423.0), 2_000.0);
     }
 }
