@@ -13,12 +13,19 @@ const WEIGHT: f64 = 0.2;
 /// Shortest gap between scrapes that measures, seconds (shorter ones are mostly noise).
 const MIN_GAP_S: f64 = 0.5;
 
+/// One replica's measurements.
+#[derive(Debug, Clone, Copy, Default)]
+struct Replica {
+    /// Where the current run of scrapes with a queue began: (served tokens, time).
+    run: Option<(f64, f64)>,
+    /// The moving average, tokens per second.
+    avg: Option<f64>,
+}
+
 /// Per-replica capacity measurements, tokens per second.
 #[derive(Debug, Clone, Default)]
 pub struct CapacityMeter {
-    /// Per replica: where the current run of scrapes with a queue began (served tokens, time),
-    /// and the moving average.
-    replicas: BTreeMap<String, (Option<(f64, f64)>, Option<f64>)>,
+    replicas: BTreeMap<String, Replica>,
 }
 
 impl CapacityMeter {
@@ -30,7 +37,7 @@ impl CapacityMeter {
         if !served_tokens.is_finite() || served_tokens < 0.0 || !at.is_finite() {
             return;
         }
-        let (run, avg) = self.replicas.entry(replica.to_string()).or_insert((None, None));
+        let Replica { run, avg } = self.replicas.entry(replica.to_string()).or_default();
         if waiting == 0 {
             *run = None;
             return;
@@ -55,13 +62,13 @@ impl CapacityMeter {
 
     /// A replica's measured capacity, tokens per second; `None` before it was measured.
     pub fn of(&self, replica: &str) -> Option<f64> {
-        self.replicas.get(replica).and_then(|e| e.1)
+        self.replicas.get(replica).and_then(|e| e.avg)
     }
 
     /// Mean measured capacity over the replicas measured, tokens per second; `None` before
     /// any was.
     pub fn per_replica(&self) -> Option<f64> {
-        let measured: Vec<f64> = self.replicas.values().filter_map(|e| e.1).collect();
+        let measured: Vec<f64> = self.replicas.values().filter_map(|e| e.avg).collect();
         (!measured.is_empty()).then(|| measured.iter().sum::<f64>() / measured.len() as f64)
     }
 }
