@@ -310,7 +310,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     metric(
         "vllm:prompt_tokens_total",
         "counter",
-        "Number of prefill tokens processed.",
+        "Number of prefill tokens processed (whole prompts, cached tokens included).",
         format!("{}.0", st.prompt_tokens_total),
     );
     metric(

@@ -65,6 +65,11 @@ impl Admission {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
+    /// The token load of the requests waiting now, tokens.
+    pub fn waiting_load(&self) -> u64 {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|w| (w.0).0).sum()
+    }
+
     /// Waits until capacity may have freed (a booking ended, or 250 ms passed), as one of at
     /// most `queue_limit` waiters; `load` (tokens) orders who is woken first. `deadline` is
     /// when the request's wait ends.

@@ -303,6 +303,8 @@ impl admin_server::Admin for Services {
         c.write(Command::SetReplicaState { name: name.clone(), state: ReplicaState::Starting })
             .await
             .map_err(not_found_or)?;
+        // The follower task applies it too; doing it here makes the answer show it.
+        let _ = self.shared.set_draining(&name, true);
         self.await_replica(&name).await
     }
 

@@ -63,7 +63,8 @@ pub struct AutoscaleConfig {
     pub panic_ratio: f64,
     /// A panic lasts at least this long, seconds (no scale down meanwhile). Default 60.
     pub panic_hold_s: f64,
-    /// kvmesh's policy shrinks the pool only to the largest need of this last window, seconds;
+    /// kvmesh's policy shrinks the pool only to the largest need of this last window, seconds
+    /// (needs exactly this old still count, so a need lasts until the first evaluation after);
     /// 0 (default): one cold start of the pool. That is the break-even of keeping an idle
     /// replica against restarting it (the ski-rental rule: an idle spell shorter than a cold
     /// start costs less than the restart's cold start), so a dip shorter than a cold start

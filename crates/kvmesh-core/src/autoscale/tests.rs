@@ -165,12 +165,17 @@ fn a_dip_shorter_than_a_cold_start_keeps_the_pool() {
 fn a_new_leader_resumes_from_the_committed_decision() {
     // A fresh policy (a node that just became Raft leader) told the last committed count
     // holds it for a window although its own forecast, without history, needs fewer.
+    // The old leader asked for 9; 6 are ready and 1 has started so far (7 on hand), and the
+    // load needs 5.
     let mut p = ColdStartAware::new(AutoscaleConfig::default());
     p.resume(100.0, 9);
-    let d = p.decide(&inputs(100.0, 35_000.0, 6, vec![90.0, 95.0, 99.0]));
-    assert_eq!((d.desired, d.starting), (9, 3));
-    assert_eq!(d.reason, ScaleReason::HoldDown);
-    // …and lets it go a cold start later.
+    let d = p.decide(&inputs(100.0, 35_000.0, 6, vec![99.0]));
+    assert_eq!((d.desired, d.starting), (9, 1));
+    assert_eq!(d.reason, ScaleReason::ScaleUp);
+    // Without it, a fresh policy would hold only what is on hand.
+    let d = ColdStartAware::new(AutoscaleConfig::default()).decide(&inputs(100.0, 35_000.0, 6, vec![99.0]));
+    assert_eq!(d.desired, 7);
+    // …and lets it go a cold start (and an interval) later.
     let d = p.decide(&inputs(162.0, 35_000.0, 9, vec![]));
     assert_eq!((d.desired, d.reason), (5, ScaleReason::ScaleDown));
 }

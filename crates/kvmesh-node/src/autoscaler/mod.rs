@@ -167,7 +167,10 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     let mut last = (Instant::now(), shared.core().booked_tokens);
     // What the last committed decision said: (desired, ready, starting, at).
     let mut committed: Option<(u32, u32, u32, f64)> = None;
-    let mut led = false;
+    // The newest committed decision seen (its Raft index), and when this node's own last one
+    // was made (to tell its own entries from another leader's).
+    let mut seen_index = 0u64;
+    let mut own_at: Option<f64> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -194,10 +197,13 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             starting_since.retain(|n, _| state.replicas.get(n).is_some_and(|e| e.state == ReplicaState::Starting));
         }
         let leads = cluster.as_ref().is_none_or(|c| c.leader().is_some_and(|(id, _)| id == c.id));
+        let held = shared.admission.waiting_load();
         let (booked, ready, queued) = {
             let core = shared.core();
             let ready = core.fleet.replicas().iter().filter(|r| r.routable()).count() as u32;
             let queued: u64 = core.fleet.bookings().loads().iter().map(|l| l.queued_prefill_tokens).sum();
+            // Requests held by admission control are a backlog too.
+            let queued = queued + held;
             (core.booked_tokens, ready, queued)
         };
         let dt = last.0.elapsed().as_secs_f64().max(1e-3);
@@ -217,16 +223,16 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         if !leads {
             // Shadow the leader: the same inputs keep this node's forecast warm.
             policy.decide(&inputs);
-            led = false;
             continue;
         }
-        if !led {
-            // Leading from here: continue from the last committed decision.
-            if let Some(last) = shared.autoscaler.latest() {
+        // Continue from any decision committed by another leader (this node's first as leader,
+        // or one it applies only now: a new leader may not have applied the last entries yet).
+        if let Some(last) = shared.autoscaler.latest().filter(|l| l.log_index > seen_index) {
+            seen_index = last.log_index;
+            if own_at != Some(last.at) {
                 policy.resume(now, last.desired_replicas);
                 committed = Some((last.desired_replicas, last.ready, last.starting, last.at));
             }
-            led = true;
         }
         let d = policy.decide(&inputs);
         let decision = Decision {
@@ -266,6 +272,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
                 demand_tokens_per_s = demand, forecast_tokens_per_s = d.forecast_tokens_per_s, "autoscaler: decision");
         }
         committed = Some((d.desired, d.ready, d.starting, now));
+        own_at = Some(now);
     }
 }
 

@@ -380,7 +380,12 @@ fn run(
                     sim.queue.push(t + sc.config.policy.interval_s, Ev::Autoscale);
                 }
             }
-            Ev::Ready(r) => sim.replica_ready(r as usize, t),
+            Ev::Ready(r) => {
+                sim.replica_ready(r as usize, t);
+                if !sim.waiting.is_empty() {
+                    sim.admit_waiting(policy, t)?;
+                }
+            }
             Ev::Replicate => {
                 sim.replicate(t);
                 if let Some(r) = sim.replication.as_ref().filter(|_| sim.more()) {
@@ -497,6 +502,8 @@ impl Sim<'_> {
                 self.outcomes[i].rejected = true;
             } else {
                 self.waiting.push(Reverse((self.demand[i], i as u32)));
+                // It may fit now, ahead of those waiting (smallest first).
+                self.admit_waiting(policy, t)?;
             }
         }
         Ok(())
@@ -727,7 +734,9 @@ impl Sim<'_> {
 impl Sim<'_> {
     /// The autoscaler's evaluation at `t`: start and drain replicas.
     fn autoscale(&mut self, t: f64) {
-        let queued: u64 = self.engines.iter().map(Engine::pending_prefill).sum();
+        // Prefill queued on the engines and the token load waiting at the router.
+        let waiting: u64 = self.waiting.iter().map(|Reverse((load, _))| load).sum();
+        let queued: u64 = self.engines.iter().map(Engine::pending_prefill).sum::<u64>() + waiting;
         let Some(sc) = self.scaler.as_mut() else { return };
         let (start, drain) = sc.evaluate(t, queued as f64);
         let cold = sc.config.cold_start_s;
