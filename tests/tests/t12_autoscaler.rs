@@ -300,3 +300,45 @@ async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
     assert!(page.contains("kvmesh_requests_total{outcome=\"queue_full\"} 3"), "{page}");
     node.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_per_replica_is_measured_from_the_engine_while_requests_wait() {
+    // One sequence at a time, 0.1 ms per prefill token: a replica that queues at once.
+    let profile = kvmesh_sim::engine::EngineProfile {
+        max_batch: 1,
+        prefill_s_per_token: 1e-4,
+        ..kvmesh_sim::engine::EngineProfile::h100()
+    };
+    let engine =
+        kvmesh_engine_sim::start(EngineSimConfig { speed: 1.0, profile, ..EngineSimConfig::default() }).await.unwrap();
+    let config = NodeConfig {
+        node: section(),
+        replicas: vec![replica(0, &engine)],
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+        autoscaler: AutoscalerSection { capacity_tokens_per_s: 0.0, ..autoscaler() },
+        admission: Default::default(),
+    };
+    let node = kvmesh_node::start(config).await.unwrap();
+    eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
+    // The profile's estimate until the engine has been seen busy.
+    assert_eq!(node.shared.autoscaler.capacity_tokens_per_s(-1.0), -1.0);
+    let http = node.http;
+    let calls: Vec<_> = (0..24)
+        .map(|i| {
+            tokio::spawn(async move {
+                let body = serde_json::json!({"model": "m", "prompt": format!("{i:04} ").repeat(400), "max_tokens": 4});
+                reqwest::Client::new().post(format!("http://{http}/v1/completions")).json(&body).send().await.unwrap()
+            })
+        })
+        .collect();
+    for c in calls {
+        assert_eq!(c.await.unwrap().status(), 200);
+    }
+    let measured = node.shared.autoscaler.capacity_tokens_per_s(-1.0);
+    // Each request: ~500 prompt tokens in one 5.75 + 50 ms step, then 3 decode steps of ~5.8 ms:
+    // ~6,900 tokens/s while the queue lasts (6,300 measured here; scrape edges cost a little).
+    assert!((4_000.0..9_000.0).contains(&measured), "measured {measured} tokens/s");
+    node.stop().await;
+}
