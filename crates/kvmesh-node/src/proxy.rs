@@ -284,7 +284,7 @@ async fn forward(
                     Ok(routed) => {
                         // Capacity short: wait in the admission queue rather than pile onto a
                         // full replica.
-                        if shared.admission.section.enabled && core.capacity_short(&routed.0) {
+                        if shared.admission.section.enabled && core.fleet.capacity_short(&routed.0.decision, true) {
                             let _ = core.release(routed.0.booking, None);
                             let load =
                                 u64::from(routed.0.decision.uncached_tokens) + u64::from(max_tokens.unwrap_or(0));

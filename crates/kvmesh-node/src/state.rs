@@ -601,12 +601,6 @@ impl Core {
         Ok((routed, name, url))
     }
 
-    /// Whether capacity is short for a request just routed with `routed` (see
-    /// [`kvmesh_core::Fleet::capacity_short`]).
-    pub fn capacity_short(&self, routed: &Routed) -> bool {
-        self.fleet.capacity_short(&routed.decision, true)
-    }
-
     /// A booking's first token arrived.
     ///
     /// # Errors

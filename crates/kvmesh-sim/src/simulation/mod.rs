@@ -319,8 +319,7 @@ fn run(
         load_sum: (0.0, 0.0),
         rejected: Vec::new(),
         waiting: BinaryHeap::new(),
-        counted: vec![false; trace.requests.len()],
-        demand: vec![0; trace.requests.len()],
+        demand: vec![None; trace.requests.len()],
     };
     for (i, r) in trace.requests.iter().enumerate() {
         sim.queue.push(r.arrival_s, Ev::Arrival(i as u32));
@@ -348,9 +347,7 @@ fn run(
             }
             Ev::StepDone(r) => {
                 sim.step_done(r as usize, t);
-                if !sim.waiting.is_empty() {
-                    sim.admit_waiting(policy, t)?;
-                }
+                sim.admit_waiting(policy, t)?;
             }
             Ev::Deliver => {
                 if let Some((r, ev)) = sim.in_flight.pop_front() {
@@ -370,9 +367,7 @@ fn run(
             }
             Ev::Tick => {
                 sim.tick(t);
-                if !sim.waiting.is_empty() {
-                    sim.admit_waiting(policy, t)?;
-                }
+                sim.admit_waiting(policy, t)?;
             }
             Ev::Autoscale => {
                 sim.autoscale(t);
@@ -382,9 +377,7 @@ fn run(
             }
             Ev::Ready(r) => {
                 sim.replica_ready(r as usize, t);
-                if !sim.waiting.is_empty() {
-                    sim.admit_waiting(policy, t)?;
-                }
+                sim.admit_waiting(policy, t)?;
             }
             Ev::Replicate => {
                 sim.replicate(t);
@@ -464,9 +457,8 @@ struct Sim<'a> {
     saturated: Vec<Option<f64>>,
     /// Admission control's queue: (token load, request), smallest load first.
     waiting: BinaryHeap<Reverse<(u64, u32)>>,
-    /// Per request: whether its token load was counted as demand, and how much it was.
-    counted: Vec<bool>,
-    demand: Vec<u64>,
+    /// Per request: its token load once counted as demand, tokens.
+    demand: Vec<Option<u64>>,
 }
 
 impl Sim<'_> {
@@ -491,17 +483,19 @@ impl Sim<'_> {
         self.load_sum.0 += max;
         self.load_sum.1 += sum / self.engines.len() as f64;
         // Behind others waiting, or with capacity short: wait (admission control).
-        let routed = self.waiting.is_empty() && self.dispatch(policy, i, t, true)?;
+        let routed = self.waiting.is_empty() && self.dispatch(policy, i, t)?;
         if !routed {
             // Only admission control defers a request.
             let adm = self.config.admission.unwrap_or_default();
-            if !self.counted[i] {
-                self.count_demand(policy, i, t)?;
-            }
+            let load = match self.demand[i] {
+                Some(load) => load,
+                None => self.decide_for(policy, i, t)?.3,
+            };
+            self.note_demand(i, load);
             if self.waiting.len() >= adm.queue_limit {
                 self.outcomes[i].rejected = true;
             } else {
-                self.waiting.push(Reverse((self.demand[i], i as u32)));
+                self.waiting.push(Reverse((load, i as u32)));
                 // It may fit now, ahead of those waiting (smallest first).
                 self.admit_waiting(policy, t)?;
             }
@@ -509,42 +503,26 @@ impl Sim<'_> {
         Ok(())
     }
 
-    /// Token load request `i` brings (uncached prefill plus expected output, as the router
-    /// estimates it at `t`), counted once as demand for the autoscaler.
-    fn count_demand(&mut self, policy: &mut dyn Policy, i: usize, t: f64) -> Result<(), String> {
-        let route = self.route_request(i);
-        let n = self.routers.len();
-        let router = &mut self.routers[i % n];
-        let policy: &mut dyn Policy = match router.policy.as_mut() {
-            Some(p) => p.as_mut(),
-            None => policy,
-        };
-        let decision = router.fleet.decide(policy, &route, &mut router.rng, t).map_err(|e| e.to_string())?;
-        let load = decision.uncached_tokens as f64 + router.fleet.bookings().outputs().expect(route.max_tokens) as f64;
-        self.note_demand(i, load);
-        Ok(())
-    }
-
-    fn note_demand(&mut self, i: usize, load: f64) {
-        if !std::mem::replace(&mut self.counted[i], true) {
-            self.demand[i] = load as u64;
-            self.booked.0 += load;
+    /// Counts request `i`'s token load as demand for the autoscaler, once.
+    fn note_demand(&mut self, i: usize, load: u64) {
+        if self.demand[i].is_none() {
+            self.demand[i] = Some(load);
+            self.booked.0 += load as f64;
             if let Some(sc) = self.scaler.as_mut() {
-                sc.booked += load;
+                sc.booked += load as f64;
             }
         }
     }
 
-    fn route_request(&self, i: usize) -> RouteRequest {
-        let req = &self.trace.requests[i];
-        let tokens = prompt_tokens(req, i as u64, self.trace.block_tokens);
-        let max_tokens = self.config.send_max_tokens.then_some(req.output_tokens.max(1));
-        RouteRequest::new(self.routers[i % self.routers.len()].fleet.hasher(), &tokens, max_tokens)
-    }
-
-    /// Routes request `i` at `t` and hands it to its engine; with admission control only when
-    /// capacity is not short (see [`Fleet::capacity_short`]). Returns whether it was routed.
-    fn dispatch(&mut self, policy: &mut dyn Policy, i: usize, t: f64, first: bool) -> Result<bool, String> {
+    /// Request `i`'s routing decision at `t` by its router (nothing booked): its prompt
+    /// tokens, route request, decision, and token load (uncached prefill plus expected
+    /// output, tokens).
+    fn decide_for(
+        &mut self,
+        policy: &mut dyn Policy,
+        i: usize,
+        t: f64,
+    ) -> Result<(Vec<u32>, RouteRequest, kvmesh_core::policy::Decision, u64), String> {
         let req = &self.trace.requests[i];
         let tokens = prompt_tokens(req, i as u64, self.trace.block_tokens);
         let max_tokens = self.config.send_max_tokens.then_some(req.output_tokens.max(1));
@@ -558,30 +536,42 @@ impl Sim<'_> {
             None => policy,
         };
         let decision = router.fleet.decide(policy, &route, &mut router.rng, t).map_err(|e| e.to_string())?;
-        let load = decision.uncached_tokens as f64 + router.fleet.bookings().outputs().expect(max_tokens) as f64;
+        let load =
+            u64::from(decision.uncached_tokens) + u64::from(router.fleet.bookings().outputs().expect(max_tokens));
+        Ok((tokens, route, decision, load))
+    }
+
+    /// Routes request `i` at `t` and hands it to its engine; with admission control only when
+    /// capacity is not short (see [`Fleet::capacity_short`]). Returns whether it was routed.
+    fn dispatch(&mut self, policy: &mut dyn Policy, i: usize, t: f64) -> Result<bool, String> {
+        let (tokens, route, decision, load) = self.decide_for(policy, i, t)?;
+        // Counted on its first decision, routed or not: demand is what arrives.
+        self.note_demand(i, load);
+        let k = i % self.routers.len();
+        let router = &mut self.routers[k];
         if self.config.admission.is_some() && router.fleet.capacity_short(&decision, false) {
-            if first {
-                self.note_demand(i, load);
-            }
             return Ok(false);
         }
+        let policy: &mut dyn Policy = match router.policy.as_mut() {
+            Some(p) => p.as_mut(),
+            None => policy,
+        };
         let routed = router.fleet.book_decision(policy, &route, decision, t).map_err(|e| e.to_string())?;
         let r = routed.decision.replica.index();
         if let Some(sketch) = router.sketch.as_mut() {
-            sketch.observe(t, &route.hashes, Some(&tokens), load);
+            sketch.observe(t, &route.hashes, Some(&tokens), load as f64);
         }
         if let Some(out) = router.outbox.as_mut() {
             out.routed(&router.fleet, &routed, &route.hashes);
         }
-        self.note_demand(i, load);
         self.send_gossip(k, t);
         self.bookings[i] = Some(routed.booking);
         let o = &mut self.outcomes[i];
         o.replica = r as u32;
         o.prompt_tokens = tokens.len() as u32;
         o.estimated_ttft_s = routed.decision.estimated_ttft_s;
-        let er = EngineRequest { id: i as u64, tokens: tokens.into(), output_tokens: req.output_tokens.max(1) };
-        self.engines[r].enqueue(er);
+        let output_tokens = self.trace.requests[i].output_tokens.max(1);
+        self.engines[r].enqueue(EngineRequest { id: i as u64, tokens: tokens.into(), output_tokens });
         self.kick(r, t);
         Ok(true)
     }
@@ -589,7 +579,7 @@ impl Sim<'_> {
     /// Admission control at `t`: routes waiting requests, smallest token load first, while
     /// capacity is not short; refuses those past `max_wait_s`.
     fn admit_waiting(&mut self, policy: &mut dyn Policy, t: f64) -> Result<(), String> {
-        let Some(adm) = self.config.admission else { return Ok(()) };
+        let Some(adm) = self.config.admission.filter(|_| !self.waiting.is_empty()) else { return Ok(()) };
         let outcomes = &mut self.outcomes;
         self.waiting.retain(|&Reverse((_, i))| {
             let o = &mut outcomes[i as usize];
@@ -597,7 +587,7 @@ impl Sim<'_> {
             !o.rejected
         });
         while let Some(&Reverse((_, i))) = self.waiting.peek() {
-            if !self.dispatch(policy, i as usize, t, false)? {
+            if !self.dispatch(policy, i as usize, t)? {
                 break;
             }
             self.waiting.pop();
