@@ -309,9 +309,14 @@ async fn c12_burst(
             picked.push(i);
         }
         waves.push(picked);
-        tokio::time::sleep(Duration::from_millis(20)).await;
         // The test's subject is what shared bookings do, not how fast a loaded 2-core CI
-        // machine delivers them: with gossip on, the next wave waits for delivery.
+        // machine delivers them. Each node drains a peer's booking from when it arrived, so
+        // while prefill is queued two nodes' views differ by the delivery skew, and on a
+        // loaded machine that skew can reorder near-equal replicas (a CI run met one pair in
+        // wave 2). So the next wave starts once this one's prefill has drained everywhere
+        // (the deepest queue a wave can leave: 4 × 4,160 tokens at 17.25 µs / 0.95 ≈ 0.3 s)
+        // and, with gossip on, once its bookings are delivered: views then agree exactly.
+        tokio::time::sleep(Duration::from_millis(350)).await;
         if gossip {
             let want = held_before + 4 * (wave as usize + 1);
             eventually("the wave's bookings shared", || {
@@ -378,15 +383,19 @@ async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
             n.stop().await;
         }
     }
-    let [(_, _, _), (_, shared_off_total, _), (_, _, distinct_on), (_, shared_on_total, _)] = &results[..] else {
+    let [(off_balance, _, _), (_, shared_off_total, _), (on_balance, _, distinct_on), (_, shared_on_total, _)] =
+        &results[..]
+    else {
         unreachable!()
     };
     // Distinct prompts: the first wave is blind (no node knows yet that the others route), but
     // once nodes know each other a simultaneous wave splits over distinct replicas: the same
-    // view, different ranks. (Views can differ by a few ms of queue drain, so on a loaded
-    // machine one pair in the later waves may still meet.)
-    assert_eq!(distinct_on[1], 0, "wave 1 collided with gossip: {distinct_on:?}");
-    assert!(distinct_on[1..].iter().sum::<usize>() <= 1, "waves after the first collided: {distinct_on:?}");
+    // view, different ranks.
+    assert_eq!(distinct_on[1..], [0, 0, 0], "waves after the first collided with gossip: {distinct_on:?}");
+    // Later waves fill the replicas with the fewest bookings first (the blind wave can stack
+    // at most 3 on one replica: 3 × 4,096 tokens against a mean of 8,192), where nodes blind
+    // to each other stack up to 4.
+    assert!(*on_balance <= 1.5 && on_balance < off_balance, "max/mean {on_balance} with gossip, {off_balance} without");
     // One shared prefix: the first wave computes it wherever it lands; later waves join a
     // replica that holds it, where the cache advantage outweighs the queue — the case's
     // exception — so the prefix is never computed again.

@@ -112,7 +112,8 @@ fn scores_of<'a>(fits: &'a [(usize, f64)], all: &'a [(usize, f64)]) -> &'a [(usi
 /// replica's true cost is then up to `k` of this request's prefills higher, so any of the
 /// `k + 1` cheapest replicas costing no more than that, and caching as much of the prompt, is
 /// as good. Each node takes the one at its own rank among the active nodes, in an order every
-/// node computes alike (cost in steps of `peer_order_step_s`, then the replica's name hash): simultaneous deciders whose views agree do not collide, where independent random
+/// node computes alike (cost in steps of `peer_order_step_s`, then live bookings, then the
+/// replica's name hash): simultaneous deciders whose views agree do not collide, where independent random
 /// picks would (a birthday problem); views that differ across a step, or fewer candidates
 /// than deciders, can still pair some of them up.
 /// Spreading among near-best choices is the known remedy for deciding on stale load
@@ -145,8 +146,13 @@ fn spread_among_peers(
     // one replica. Costs are compared in steps of `peer_order_step_s` (about that skew), equal
     // steps going by name: the order, and so the ranks, agree. A coarser step (one prefill)
     // was measured: it cost 25 % of p99 TTFT in the 4-router simulation (BENCHMARKS.md).
+    // Within a step, fewer live bookings first: a count every node agrees on once gossip has
+    // delivered, where the name alone would send every lightly loaded wave to the same
+    // `k + 1` replicas.
     let unit = params.peer_order_step_s.max(1e-6);
-    let key = |c: &(usize, f64)| (((c.1 - best) / unit).floor() as i64, view.replicas[c.0].name_key);
+    let key = |c: &(usize, f64)| {
+        (((c.1 - best) / unit).floor() as i64, view.load(c.0).outstanding(), view.replicas[c.0].name_key)
+    };
     near.sort_by_key(key);
     near.truncate(k + 1);
     Some(near[view.peer_rank as usize % near.len()].0)
