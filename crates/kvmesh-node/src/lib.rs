@@ -242,7 +242,15 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
                 Ok(l) => axum::serve(l, app).with_graceful_shutdown(shutdown).await,
                 Err(e) => Err(e),
             },
-            None => axum::serve(http_listener, app).with_graceful_shutdown(shutdown).await,
+            // No Nagle on client connections: streamed tokens leave as the engine sends them
+            // (what nginx and Envoy do for proxied traffic).
+            None => {
+                use axum::serve::ListenerExt;
+                let listener = http_listener.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+            }
         };
     }));
     if let Some(c) = &cluster {

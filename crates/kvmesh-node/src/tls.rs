@@ -126,6 +126,7 @@ impl TlsListener {
                         continue;
                     }
                 };
+                let _ = stream.set_nodelay(true);
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream));
