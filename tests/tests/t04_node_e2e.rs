@@ -2,65 +2,18 @@
 //! repeated prefixes stick to the replica that holds them, a killed engine is routed around,
 //! streams pass through, the gRPC API answers, and every booking is released.
 
-use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
-use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
+mod common;
+
+use common::{engines, eventually, replica, section, single};
+use kvmesh_engine_sim::EngineSim;
 use kvmesh_node::Node;
 use kvmesh_proto::v1;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-async fn engines(n: usize) -> Vec<EngineSim> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(kvmesh_engine_sim::start(EngineSimConfig { speed: 5.0, ..EngineSimConfig::default() }).await.unwrap());
-    }
-    out
-}
-
 async fn node(engines: &[EngineSim]) -> Node {
-    let blocks = EngineSimConfig::default().profile.kv_blocks(16);
-    let replicas = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| ReplicaConfig {
-            name: format!("e{i}"),
-            http: e.base_url(),
-            kv_events: Some(e.kv_events.clone()),
-            replay: Some(e.replay.clone()),
-            kv_events_bind: false,
-            metrics_url: None,
-            capacity_blocks: blocks,
-            engine: "vllm".into(),
-            model: None,
-            block_size: None,
-        })
-        .collect();
-    let section = NodeSection {
-        http: "127.0.0.1:0".parse().unwrap(),
-        grpc: "127.0.0.1:0".parse().unwrap(),
-        scrape_interval_ms: 100,
-        ..NodeSection::default()
-    };
-    kvmesh_node::start(NodeConfig {
-        node: section,
-        replicas,
-        cluster: None,
-        security: Default::default(),
-        replication: Default::default(),
-        autoscaler: Default::default(),
-        admission: Default::default(),
-    })
-    .await
-    .unwrap()
-}
-
-/// Waits until `ok` holds, polling; panics with `what` after 10 s.
-async fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let replicas = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
+    kvmesh_node::start(single(section(), replicas)).await.unwrap()
 }
 
 async fn complete(client: &reqwest::Client, node: &Node, prompt: &str) -> (u16, String, Value) {
@@ -82,7 +35,7 @@ fn index_blocks(node: &Node, name: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_end() {
-    let mut engines = engines(4).await;
+    let mut engines = engines(4, 5.0).await;
     let node = node(&engines).await;
     // Every replica scraped once: the node sees them all.
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
@@ -176,7 +129,7 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_errors_pass_through_and_all_down_is_a_clear_503() {
-    let engines = engines(2).await;
+    let engines = engines(2, 5.0).await;
     let node = node(&engines).await;
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
     let client = reqwest::Client::new();
@@ -216,7 +169,7 @@ async fn client_errors_pass_through_and_all_down_is_a_clear_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_are_added_drained_and_removed_at_runtime() {
-    let engines = engines(2).await;
+    let engines = engines(2, 5.0).await;
     let node = node(&engines[..1]).await;
     let channel =
         tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap();
@@ -277,7 +230,7 @@ async fn replicas_are_added_drained_and_removed_at_runtime() {
 async fn a_failed_replica_actor_is_restarted_alone_and_reload_syncs_the_replica_list() {
     use kvmesh_node::replica::actor::ReplicaMsg;
     use kvmesh_node::replica::SupervisorMsg;
-    let engines = engines(2).await;
+    let engines = engines(2, 5.0).await;
     let node = node(&engines).await;
     let children = || async { ractor::call!(node.supervisor, SupervisorMsg::Children).unwrap() };
     let before = children().await;

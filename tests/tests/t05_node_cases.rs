@@ -3,12 +3,14 @@
 //! block-size mismatch (C04), leaked bookings on client disconnect (C14), partial health for
 //! `/v1/models` (C17), overload marks that expire (C18); and the metrics page parses.
 
+mod common;
+
+use common::eventually;
 use kvmesh_engine_sim::{EngineSim, EngineSimConfig, Faults};
-use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
+use kvmesh_node::config::{NodeSection, ReplicaConfig};
 use kvmesh_node::state::Status;
 use kvmesh_node::Node;
 use serde_json::json;
-use std::time::{Duration, Instant};
 
 async fn engine(block_size: u32, faults: Faults) -> EngineSim {
     kvmesh_engine_sim::start(EngineSimConfig { speed: 5.0, block_size, faults, ..EngineSimConfig::default() })
@@ -17,49 +19,15 @@ async fn engine(block_size: u32, faults: Faults) -> EngineSim {
 }
 
 fn replica(i: usize, e: &EngineSim, replay: bool) -> ReplicaConfig {
-    ReplicaConfig {
-        name: format!("e{i}"),
-        http: e.base_url(),
-        kv_events: Some(e.kv_events.clone()),
-        replay: replay.then(|| e.replay.clone()),
-        kv_events_bind: false,
-        metrics_url: None,
-        capacity_blocks: 29_375,
-        engine: "vllm".into(),
-        model: None,
-        block_size: None,
-    }
+    ReplicaConfig { replay: replay.then(|| e.replay.clone()), ..common::replica(i, e) }
 }
 
 async fn node(replicas: Vec<ReplicaConfig>, tweak: impl FnOnce(&mut NodeSection)) -> Node {
-    let mut section = NodeSection {
-        http: "127.0.0.1:0".parse().unwrap(),
-        grpc: "127.0.0.1:0".parse().unwrap(),
-        scrape_interval_ms: 50,
-        ..NodeSection::default()
-    };
+    let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
     tweak(&mut section);
-    let node = kvmesh_node::start(NodeConfig {
-        node: section,
-        replicas,
-        cluster: None,
-        security: Default::default(),
-        replication: Default::default(),
-        autoscaler: Default::default(),
-        admission: Default::default(),
-    })
-    .await
-    .unwrap();
+    let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
     node
-}
-
-async fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A prompt of exactly `blocks` full 16-token blocks (4 bytes per approximate token) that

@@ -4,7 +4,9 @@
 //!
 //! The multi-process versions with kill -9 live in `chaos/`.
 
-use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
+mod common;
+
+use common::{engines, eventually, grpc, ports, replica};
 use kvmesh_node::config::{ClusterSection, NodeConfig, NodeSection, ReplicaConfig};
 use kvmesh_node::Node;
 use kvmesh_proto::v1;
@@ -18,35 +20,6 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     SERIAL.lock().await
-}
-
-async fn engines(n: usize) -> Vec<EngineSim> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(kvmesh_engine_sim::start(EngineSimConfig { speed: 5.0, ..EngineSimConfig::default() }).await.unwrap());
-    }
-    out
-}
-
-fn replica(i: usize, e: &EngineSim) -> ReplicaConfig {
-    ReplicaConfig {
-        name: format!("e{i}"),
-        http: e.base_url(),
-        kv_events: Some(e.kv_events.clone()),
-        replay: Some(e.replay.clone()),
-        kv_events_bind: false,
-        metrics_url: None,
-        capacity_blocks: EngineSimConfig::default().profile.kv_blocks(16),
-        engine: "vllm".into(),
-        model: None,
-        block_size: None,
-    }
-}
-
-/// Free loopback ports for `n` nodes' gRPC servers (peers must know them before they bind).
-fn ports(n: usize) -> Vec<u16> {
-    let ls: Vec<std::net::TcpListener> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
 fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, gossip: bool) -> NodeConfig {
@@ -85,20 +58,6 @@ async fn start_all(ports: &[u16], dir: &Path, replicas: &[ReplicaConfig], gossip
     nodes
 }
 
-/// Waits until `ok` holds, polling; panics with `what` after 10 s. Returns the time it took.
-async fn eventually(what: &str, mut ok: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    t0.elapsed()
-}
-
-async fn grpc(node: &Node) -> tonic::transport::Channel {
-    tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap()
-}
-
 fn leader_of(nodes: &[&Node]) -> Option<u64> {
     nodes.iter().find_map(|n| {
         let c = n.cluster.as_ref().unwrap();
@@ -114,13 +73,13 @@ fn has_replica(n: &Node, name: &str) -> bool {
 async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart() {
     let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(3).await;
+    let engines = engines(3, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().take(2).enumerate().map(|(i, e)| replica(i, e)).collect();
     let ports = ports(3);
     let nodes = start_all(&ports, dir.path(), &replicas, true).await;
 
     // Bootstrap through node 2 (any node can take it); a second init is refused.
-    let mut c2 = v1::cluster_client::ClusterClient::new(grpc(&nodes[1]).await);
+    let mut c2 = v1::cluster_client::ClusterClient::new(grpc(&nodes[1].grpc).await);
     let status = c2.init(v1::InitRequest {}).await.unwrap().into_inner();
     assert!(status.initialized);
     assert_eq!(status.registry.iter().map(|e| e.state.as_str()).collect::<Vec<_>>(), vec!["ready", "ready"]);
@@ -133,7 +92,7 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
     let follower = nodes.iter().find(|n| n.cluster.as_ref().unwrap().id != leader).unwrap();
 
     // Admin writes sent to a follower are forwarded, committed and followed by every node.
-    let mut admin = v1::admin_client::AdminClient::new(grpc(follower).await);
+    let mut admin = v1::admin_client::AdminClient::new(grpc(follower.grpc).await);
     let spec = v1::ReplicaSpec {
         name: "e2".into(),
         http_endpoint: engines[2].base_url(),
@@ -150,7 +109,7 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
     assert_eq!(drained.status, v1::ReplicaStatus::Draining as i32);
     let unknown = admin.drain_replica(v1::ReplicaRef { name: "nope".into() }).await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
-    let mut cf = v1::cluster_client::ClusterClient::new(grpc(follower).await);
+    let mut cf = v1::cluster_client::ClusterClient::new(grpc(follower.grpc).await);
     let set_policy = br#"{"op":"set_policy","policy":"kv_cost","params":{"overlap_weight":2.0}}"#.to_vec();
     cf.write(v1::WriteRequest { command_json: set_policy }).await.unwrap();
     eventually("kv_cost on every node", || all.iter().all(|n| &*n.shared.policy_name() == "kv_cost")).await;
@@ -176,7 +135,7 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
         assert_eq!(s.policy.as_deref(), Some("kv_cost"));
         assert_eq!(s.policy_params.get("overlap_weight"), Some(&2.0));
     }
-    let mut admin = v1::admin_client::AdminClient::new(grpc(rest[0]).await);
+    let mut admin = v1::admin_client::AdminClient::new(grpc(rest[0].grpc).await);
     admin.remove_replica(v1::ReplicaRef { name: "e1".into() }).await.unwrap();
     eventually("e1 gone from the survivors", || rest.iter().all(|n| !has_replica(n, "e1"))).await;
     for n in nodes {
@@ -209,7 +168,7 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
 async fn a_partitioned_minority_keeps_routing_cannot_write_and_catches_up() {
     let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(3).await;
+    let engines = engines(3, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().take(2).enumerate().map(|(i, e)| replica(i, e)).collect();
     let ports = ports(3);
     let nodes = start_all(&ports, dir.path(), &replicas, true).await;
@@ -228,7 +187,7 @@ async fn a_partitioned_minority_keeps_routing_cannot_write_and_catches_up() {
     cut_cluster.faults.set(true, 0.0);
 
     // It still routes on its last registry…
-    let mut router = v1::router_client::RouterClient::new(grpc(cut).await);
+    let mut router = v1::router_client::RouterClient::new(grpc(cut.grpc).await);
     let req = v1::RouteRequest {
         prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: (0..256).collect() })),
         max_tokens: Some(8),
@@ -238,13 +197,13 @@ async fn a_partitioned_minority_keeps_routing_cannot_write_and_catches_up() {
     assert!(["e0", "e1"].contains(&routed.replica_id.as_str()), "{}", routed.replica_id);
     router.release(v1::ReleaseRequest { booking_id: routed.booking_id, output_tokens: None }).await.unwrap();
     // …but cannot change the configuration.
-    let mut admin_cut = v1::admin_client::AdminClient::new(grpc(cut).await);
+    let mut admin_cut = v1::admin_client::AdminClient::new(grpc(cut.grpc).await);
     let refused = admin_cut.remove_replica(v1::ReplicaRef { name: "e0".into() }).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
 
     // The majority commits a change meanwhile.
     let majority: Vec<&Node> = nodes.iter().filter(|n| n.cluster.as_ref().unwrap().id != cut_cluster.id).collect();
-    let mut admin = v1::admin_client::AdminClient::new(grpc(majority[0]).await);
+    let mut admin = v1::admin_client::AdminClient::new(grpc(majority[0].grpc).await);
     let spec = v1::ReplicaSpec {
         name: "e2".into(),
         http_endpoint: engines[2].base_url(),
@@ -283,7 +242,7 @@ async fn c12_burst(
     let held_before = nodes[0].shared.core().fleet.bookings().len();
     let mut clients = Vec::new();
     for n in nodes {
-        clients.push(v1::router_client::RouterClient::new(grpc(n).await));
+        clients.push(v1::router_client::RouterClient::new(grpc(n.grpc).await));
     }
     let mut booked = vec![0u64; replicas];
     let mut waves = Vec::new();
@@ -345,7 +304,7 @@ fn max_over_mean(load: &[u64]) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
     let _serial = serial().await;
-    let engines = engines(8).await;
+    let engines = engines(8, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
     // (max/mean booked load, total booked tokens, same-wave collisions) for
     // [distinct, shared prefix] × [gossip off, on].
@@ -409,7 +368,7 @@ async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
 async fn shared_bookings_converge_with_10_percent_of_gossip_lost() {
     let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(2).await;
+    let engines = engines(2, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
     let ports = ports(3);
     let nodes = start_all(&ports, dir.path(), &replicas, true).await;
@@ -418,7 +377,7 @@ async fn shared_bookings_converge_with_10_percent_of_gossip_lost() {
     }
     let mut clients = Vec::new();
     for n in &nodes {
-        clients.push(v1::router_client::RouterClient::new(grpc(n).await));
+        clients.push(v1::router_client::RouterClient::new(grpc(n.grpc).await));
     }
     // 300 bookings spread over the nodes; every other one released, a third of the rest at
     // their first token.
@@ -484,7 +443,7 @@ async fn shared_bookings_converge_with_10_percent_of_gossip_lost() {
 async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
     let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(2).await;
+    let engines = engines(2, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
     let all_ports = ports(4);
     let ports3 = &all_ports[..3];
@@ -514,7 +473,7 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
     let n4 = kvmesh_node::start(config4).await.unwrap();
     let leader = leader_of(&all).unwrap();
     let follower = nodes.iter().find(|n| n.cluster.as_ref().unwrap().id != leader).unwrap();
-    let mut cf = v1::cluster_client::ClusterClient::new(grpc(follower).await);
+    let mut cf = v1::cluster_client::ClusterClient::new(grpc(follower.grpc).await);
     let status = cf
         .join(v1::JoinRequest { node_id: 4, addr: format!("127.0.0.1:{}", all_ports[3]) })
         .await
@@ -547,7 +506,7 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
 async fn cluster_metrics_are_valid_openmetrics() {
     let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(1).await;
+    let engines = engines(1, 5.0).await;
     let replicas = vec![replica(0, &engines[0])];
     let ports = ports(3);
     let nodes = start_all(&ports, dir.path(), &replicas, true).await;
@@ -579,7 +538,7 @@ async fn cluster_metrics_are_valid_openmetrics() {
 async fn c11_every_node_maps_a_key_to_the_same_replica() {
     let _serial = serial().await;
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(4).await;
+    let engines = engines(4, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
     let ports = ports(3);
     let mut nodes = Vec::new();
@@ -609,7 +568,7 @@ async fn c11_every_node_maps_a_key_to_the_same_replica() {
         // Bounded-load hashing moves a key off a loaded replica: let the previous node's
         // releases reach every node first, so all decide on the same (empty) load.
         eventually("no booking anywhere", || all.iter().all(|n| n.shared.core().fleet.bookings().is_empty())).await;
-        let mut router = v1::router_client::RouterClient::new(grpc(n).await);
+        let mut router = v1::router_client::RouterClient::new(grpc(n.grpc).await);
         let mut map = Vec::new();
         for key in 0..40 {
             let req = v1::RouteRequest {
@@ -645,7 +604,7 @@ async fn tokens_guard_admin_calls_and_nodes_still_talk() {
     let (admin_file, cluster_file) = (dir.path().join("admin-token"), dir.path().join("cluster-token"));
     std::fs::write(&admin_file, "operator-secret\n").unwrap();
     std::fs::write(&cluster_file, "node-secret").unwrap();
-    let engines = engines(2).await;
+    let engines = engines(2, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().take(1).enumerate().map(|(i, e)| replica(i, e)).collect();
     let ports = ports(3);
     let mut nodes = Vec::new();
@@ -656,7 +615,7 @@ async fn tokens_guard_admin_calls_and_nodes_still_talk() {
         nodes.push(kvmesh_node::start(c).await.unwrap());
     }
     let bearer = |t: &str| tonic::metadata::MetadataValue::try_from(format!("Bearer {t}")).unwrap();
-    let mut c1 = v1::cluster_client::ClusterClient::new(grpc(&nodes[0]).await);
+    let mut c1 = v1::cluster_client::ClusterClient::new(grpc(&nodes[0].grpc).await);
     let refused = c1.init(v1::InitRequest {}).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
     let mut wrong = tonic::Request::new(v1::InitRequest {});
@@ -679,7 +638,7 @@ async fn tokens_guard_admin_calls_and_nodes_still_talk() {
     // An admin write through a follower is forwarded with the cluster token.
     let leader = leader_of(&all).unwrap();
     let follower = nodes.iter().find(|n| n.cluster.as_ref().unwrap().id != leader).unwrap();
-    let mut admin = v1::admin_client::AdminClient::new(grpc(follower).await);
+    let mut admin = v1::admin_client::AdminClient::new(grpc(follower.grpc).await);
     let spec = v1::ReplicaSpec {
         name: "e1".into(),
         http_endpoint: engines[1].base_url(),
@@ -694,11 +653,11 @@ async fn tokens_guard_admin_calls_and_nodes_still_talk() {
     eventually("e1 on every node", || all.iter().all(|n| has_replica(n, "e1"))).await;
     assert_eq!(admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
     // Raft RPCs without the cluster token are refused.
-    let mut raft = v1::raft_client::RaftClient::new(grpc(&nodes[0]).await);
+    let mut raft = v1::raft_client::RaftClient::new(grpc(&nodes[0].grpc).await);
     let vote = raft.vote(v1::RaftPayload { json: b"{}".to_vec() }).await.unwrap_err();
     assert_eq!(vote.code(), tonic::Code::Unauthenticated);
     // The nodes' token is not an operator's: a write carrying it, not forwarded, is refused.
-    let mut cw = v1::cluster_client::ClusterClient::new(grpc(follower).await);
+    let mut cw = v1::cluster_client::ClusterClient::new(grpc(follower.grpc).await);
     let mut write =
         tonic::Request::new(v1::WriteRequest { command_json: br#"{"op":"set_policy","policy":"kv_cost"}"#.to_vec() });
     write.metadata_mut().insert("authorization", bearer("node-secret"));

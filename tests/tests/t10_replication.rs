@@ -5,7 +5,10 @@
 //! 3-node cluster the plan commits through Raft, every node routes by it, and it survives a
 //! leader kill. The multi-process kill -9 version is `chaos/replication_leader_kill.sh`.
 
-use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
+mod common;
+
+use common::{engines, eventually_within, ports, replica, section};
+use kvmesh_engine_sim::EngineSim;
 use kvmesh_node::config::{ClusterSection, NodeConfig, NodeSection, ReplicaConfig, ReplicationSection};
 use kvmesh_node::Node;
 use kvmesh_proto::v1;
@@ -13,29 +16,6 @@ use serde_json::json;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-async fn engines(n: usize) -> Vec<EngineSim> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(kvmesh_engine_sim::start(EngineSimConfig { speed: 5.0, ..EngineSimConfig::default() }).await.unwrap());
-    }
-    out
-}
-
-fn replica(i: usize, e: &EngineSim) -> ReplicaConfig {
-    ReplicaConfig {
-        name: format!("e{i}"),
-        http: e.base_url(),
-        kv_events: Some(e.kv_events.clone()),
-        replay: Some(e.replay.clone()),
-        kv_events_bind: false,
-        metrics_url: None,
-        capacity_blocks: EngineSimConfig::default().profile.kv_blocks(16),
-        engine: "vllm".into(),
-        model: None,
-        block_size: None,
-    }
-}
 
 /// Fast settings for tests: plan every 100 ms, counts with a 1 s half-life, cool after 1 s.
 fn fast() -> ReplicationSection {
@@ -47,15 +27,6 @@ fn fast() -> ReplicationSection {
         warm_timeout_s: 3.0,
         warm_share: 1.0,
         ..ReplicationSection::default()
-    }
-}
-
-fn section() -> NodeSection {
-    NodeSection {
-        http: "127.0.0.1:0".parse().unwrap(),
-        grpc: "127.0.0.1:0".parse().unwrap(),
-        scrape_interval_ms: 100,
-        ..NodeSection::default()
     }
 }
 
@@ -78,15 +49,6 @@ async fn send_to(http: std::net::SocketAddr, prompt: String) -> u16 {
     let body = json!({"model": "m", "prompt": prompt, "max_tokens": 2});
     let r = reqwest::Client::new().post(format!("http://{http}/v1/completions")).json(&body).send().await;
     r.map_or(0, |r| r.status().as_u16())
-}
-
-async fn eventually(what: &str, secs: u64, mut ok: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < Duration::from_secs(secs), "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    t0.elapsed()
 }
 
 fn plan(node: &Node) -> Arc<kvmesh_core::replication::ReplicationPlan> {
@@ -114,7 +76,7 @@ fn holders(node: &Node) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_prompt_is_planned_warmed_spread_and_retired() {
-    let engines = engines(4).await;
+    let engines = engines(4, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
     let config = NodeConfig {
         node: section(),
@@ -126,20 +88,20 @@ async fn a_hot_prompt_is_planned_warmed_spread_and_retired() {
         admission: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
-    eventually("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually_within("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
 
     // The hot prompt appears: one request after another, all on the first holder by affinity.
     for i in 0..12 {
         assert_eq!(send(&node, hot(i)).await, 200);
     }
     // The plan: the prompt carries all the load on 4 replicas: 1.0 · 4 / 0.7 → all 4.
-    eventually("the hot prompt planned", 10, || !plan(&node).prefixes.is_empty()).await;
+    eventually_within("the hot prompt planned", 10, || !plan(&node).prefixes.is_empty()).await;
     let p = plan(&node).prefixes[0].clone();
     assert_eq!(p.depth_blocks, 32, "the ladder depth matching the shared prompt exactly");
     assert_eq!(p.want_replicas, 4);
     assert_eq!(p.holders.len() + p.targets.len(), 4);
     // Warm-ups land: every target's own KV events show the 32 blocks.
-    eventually("targets confirmed by their KV events", 10, || confirmed(&node) == p.targets.len()).await;
+    eventually_within("targets confirmed by their KV events", 10, || confirmed(&node) == p.targets.len()).await;
     assert_eq!(holders(&node), vec!["e0", "e1", "e2", "e3"]);
 
     // Traffic spreads: 16 concurrent hot requests land on more than one replica, each cached.
@@ -216,7 +178,7 @@ impl v1::replication_transfer_server::ReplicationTransfer for Sidecar {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grpc_service_lists_watches_and_triggers_through_a_transfer_sidecar() {
-    let engines = engines(3).await;
+    let engines = engines(3, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
     let sidecar = Sidecar::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -245,7 +207,7 @@ async fn the_grpc_service_lists_watches_and_triggers_through_a_transfer_sidecar(
         admission: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
-    eventually("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually_within("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
     let ch = tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap();
     let mut client = v1::replication_client::ReplicationClient::new(ch);
 
@@ -321,11 +283,6 @@ async fn served(engines: &[EngineSim]) -> u64 {
     total
 }
 
-fn ports(n: usize) -> Vec<u16> {
-    let ls: Vec<std::net::TcpListener> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
-}
-
 fn cluster_config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>) -> NodeConfig {
     let node = NodeSection { grpc: format!("127.0.0.1:{}", ports[id as usize - 1]).parse().unwrap(), ..section() };
     let cluster = ClusterSection {
@@ -356,7 +313,7 @@ fn leader(nodes: &[&Node]) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plan_commits_through_raft_and_survives_a_leader_kill() {
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(4).await;
+    let engines = engines(4, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
     let ports = ports(3);
     let mut nodes = Vec::new();
@@ -367,8 +324,11 @@ async fn the_plan_commits_through_raft_and_survives_a_leader_kill() {
         tonic::transport::Channel::from_shared(format!("http://{}", nodes[0].grpc)).unwrap().connect().await.unwrap();
     v1::cluster_client::ClusterClient::new(ch).init(v1::InitRequest {}).await.unwrap();
     let all: Vec<&Node> = nodes.iter().collect();
-    eventually("a leader", 10, || leader(&all).is_some()).await;
-    eventually("seeded everywhere", 10, || all.iter().all(|n| n.cluster.as_ref().unwrap().state.borrow().seeded)).await;
+    eventually_within("a leader", 10, || leader(&all).is_some()).await;
+    eventually_within("seeded everywhere", 10, || {
+        all.iter().all(|n| n.cluster.as_ref().unwrap().state.borrow().seeded)
+    })
+    .await;
 
     // Hot traffic arrives at the two followers: the leader plans from their gossiped counts.
     let first = leader(&all).unwrap();
@@ -376,8 +336,8 @@ async fn the_plan_commits_through_raft_and_survives_a_leader_kill() {
     for i in 0..12 {
         assert_eq!(send(followers[i % 2], hot(i)).await, 200);
     }
-    eventually("the plan on every node", 10, || all.iter().all(|n| !plan(n).prefixes.is_empty())).await;
-    eventually("targets confirmed", 10, || {
+    eventually_within("the plan on every node", 10, || all.iter().all(|n| !plan(n).prefixes.is_empty())).await;
+    eventually_within("targets confirmed", 10, || {
         let p = plan(&nodes[0]);
         !p.prefixes[0].targets.is_empty() && confirmed(&nodes[0]) == p.prefixes[0].targets.len()
     })
@@ -395,7 +355,7 @@ async fn the_plan_commits_through_raft_and_survives_a_leader_kill() {
     let old = nodes.remove(idx);
     old.stop().await;
     let rest: Vec<&Node> = nodes.iter().collect();
-    eventually("a new leader", 10, || leader(&rest).is_some_and(|l| l != first)).await;
+    eventually_within("a new leader", 10, || leader(&rest).is_some_and(|l| l != first)).await;
     let new_leader = rest.iter().find(|n| Some(n.cluster.as_ref().unwrap().id) == leader(&rest)).unwrap();
     let survived = plan(new_leader);
     assert_eq!(survived.prefixes[0].hash, committed.prefixes[0].hash);

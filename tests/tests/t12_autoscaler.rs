@@ -4,37 +4,14 @@
 //! registered `starting` as capacity on its way, and surviving the leader; while capacity is
 //! short, admission control queues requests and refuses the excess with 429 `Retry-After`.
 
-use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
+mod common;
+
+use common::{engines, eventually, replica, section};
+use kvmesh_engine_sim::EngineSimConfig;
 use kvmesh_node::config::{AutoscalerSection, ClusterSection, NodeConfig, NodeSection, ReplicaConfig};
 use kvmesh_node::Node;
 use kvmesh_proto::externalscaler as keda;
 use kvmesh_proto::v1;
-use std::time::{Duration, Instant};
-
-async fn engines(n: usize) -> Vec<EngineSim> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(
-            kvmesh_engine_sim::start(EngineSimConfig { speed: 20.0, ..EngineSimConfig::default() }).await.unwrap(),
-        );
-    }
-    out
-}
-
-fn replica(i: usize, e: &EngineSim) -> ReplicaConfig {
-    ReplicaConfig {
-        name: format!("e{i}"),
-        http: e.base_url(),
-        kv_events: Some(e.kv_events.clone()),
-        replay: None,
-        kv_events_bind: false,
-        metrics_url: None,
-        capacity_blocks: 29_375,
-        engine: "vllm".into(),
-        model: None,
-        block_size: None,
-    }
-}
 
 /// Decides every 100 ms; a replica serves 2,000 tokens/s (so a little load needs more).
 fn autoscaler() -> AutoscalerSection {
@@ -44,23 +21,6 @@ fn autoscaler() -> AutoscalerSection {
         capacity_tokens_per_s: 2_000.0,
         max_replicas: 8,
         ..AutoscalerSection::default()
-    }
-}
-
-fn section() -> NodeSection {
-    NodeSection {
-        http: "127.0.0.1:0".parse().unwrap(),
-        grpc: "127.0.0.1:0".parse().unwrap(),
-        scrape_interval_ms: 100,
-        ..NodeSection::default()
-    }
-}
-
-async fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -81,7 +41,7 @@ async fn load(node: &Node) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
-    let engines = engines(2).await;
+    let engines = engines(2, 20.0).await;
     let replicas = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
     let config = NodeConfig {
         node: section(),
@@ -159,7 +119,7 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_leader() {
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(3).await;
+    let engines = engines(3, 20.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
     let ls: Vec<std::net::TcpListener> = (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     let ports: Vec<u16> = ls.iter().map(|l| l.local_addr().unwrap().port()).collect();
@@ -258,7 +218,7 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
     use kvmesh_node::config::AdmissionSection;
-    let engines = engines(1).await;
+    let engines = engines(1, 20.0).await;
     // The router believes the replica holds 40 blocks of KV: one 480-token request (30 blocks
     // plus its output) at a time.
     let replicas = vec![ReplicaConfig { capacity_blocks: 40, ..replica(0, &engines[0]) }];

@@ -62,6 +62,17 @@ pub enum ClusterError {
     Raft(String),
 }
 
+/// How often a write retries while no leader is reachable.
+const RETRY_EVERY: Duration = Duration::from_millis(50);
+
+/// One write attempt's outcome.
+enum Attempt {
+    /// Committed, refused for good, or out of time.
+    Done(Result<(CommandResult, u64), ClusterError>),
+    /// Not sent: no leader is known or it refused the connection; worth another try.
+    NoLeaderYet(ClusterError),
+}
+
 impl From<ClusterError> for tonic::Status {
     fn from(e: ClusterError) -> Self {
         let msg = e.to_string();
@@ -224,28 +235,26 @@ impl Cluster {
     /// [`Cluster::write`]; `forwarded` when another node sent it here believing this node
     /// leads: it is not forwarded again (no loops between nodes with stale views).
     ///
+    /// During a failover the write waits for the next leader instead of failing at once:
+    /// while no leader is known (an election is running), or the leader this node knew
+    /// refuses connections (it just died), it retries every 50 ms within the 5 s limit.
+    ///
     /// # Errors
     /// As [`Cluster::write`]; [`ClusterError::NoLeader`] after 5 s without a commit (this side
     /// of a partition has no quorum).
     pub async fn write_from(&self, cmd: Command, forwarded: bool) -> Result<(CommandResult, u64), ClusterError> {
-        let limit = Duration::from_secs(5);
-        let written = tokio::time::timeout(limit, self.raft.client_write(cmd.clone())).await;
-        let (result, index) = match written {
-            Err(_) => return Err(ClusterError::NoLeader),
-            Ok(Ok(resp)) => (resp.data, resp.log_id.index),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => match f.leader_node {
-                Some(node) if !forwarded && f.leader_id != Some(self.id) => {
-                    if self.faults.isolated() {
-                        // An injected partition cuts this path like the real one would.
-                        return Err(ClusterError::NoLeader);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let (result, index) = loop {
+            match self.write_once(&cmd, forwarded, deadline).await {
+                Attempt::Done(r) => break r?,
+                Attempt::NoLeaderYet(e) => {
+                    if tokio::time::Instant::now() + RETRY_EVERY >= deadline {
+                        return Err(e);
                     }
-                    tokio::time::timeout(limit, forward_write(&node.addr, &cmd, &self.token, self.tls.as_ref()))
-                        .await
-                        .map_err(|_| ClusterError::NoLeader)??
+                    tracing::debug!(error = %e, "no reachable leader yet; retrying the write");
+                    tokio::time::sleep(RETRY_EVERY).await;
                 }
-                _ => return Err(ClusterError::NoLeader),
-            },
-            Ok(Err(e)) => return Err(ClusterError::Raft(e.to_string())),
+            }
         };
         // Read your writes: answer once this node's state machine has applied it too (a
         // forwarded write commits on the leader first).
@@ -258,6 +267,33 @@ impl Cluster {
         match result.error {
             Some(e) => Err(ClusterError::Rejected(e)),
             None => Ok((result, index)),
+        }
+    }
+
+    /// One try of [`Cluster::write_from`], within `deadline`.
+    async fn write_once(&self, cmd: &Command, forwarded: bool, deadline: tokio::time::Instant) -> Attempt {
+        let written = tokio::time::timeout_at(deadline, self.raft.client_write(cmd.clone())).await;
+        let forward_to = match written {
+            Err(_) => return Attempt::Done(Err(ClusterError::NoLeader)),
+            Ok(Ok(resp)) => return Attempt::Done(Ok((resp.data, resp.log_id.index))),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => match f.leader_node {
+                Some(node) if !forwarded && f.leader_id != Some(self.id) => node.addr,
+                // An election is running: nothing was sent anywhere.
+                None if !forwarded => return Attempt::NoLeaderYet(ClusterError::NoLeader),
+                _ => return Attempt::Done(Err(ClusterError::NoLeader)),
+            },
+            Ok(Err(e)) => return Attempt::Done(Err(ClusterError::Raft(e.to_string()))),
+        };
+        if self.faults.isolated() {
+            // An injected partition cuts this path like the real one would.
+            return Attempt::Done(Err(ClusterError::NoLeader));
+        }
+        match tokio::time::timeout_at(deadline, forward_write(&forward_to, cmd, &self.token, self.tls.as_ref())).await {
+            Err(_) => Attempt::Done(Err(ClusterError::NoLeader)),
+            // Refused before it was sent: safe to send again once a new leader is known.
+            Ok(Err(Forwarded::Refused(e))) => Attempt::NoLeaderYet(e),
+            Ok(Err(Forwarded::Failed(e))) => Attempt::Done(Err(e)),
+            Ok(Ok(r)) => Attempt::Done(Ok(r)),
         }
     }
 
@@ -448,19 +484,71 @@ fn from_forwarded(addr: &str, s: &tonic::Status) -> ClusterError {
     }
 }
 
+/// Why a forwarded write failed.
+enum Forwarded {
+    /// The leader refused the connection: nothing was sent.
+    Refused(ClusterError),
+    /// Anything else (the write may or may not have been applied).
+    Failed(ClusterError),
+}
+
 async fn forward_write(
     addr: &str,
     cmd: &Command,
     token: &Option<crate::auth::Secret>,
     tls: Option<&tonic::transport::ClientTlsConfig>,
-) -> Result<(CommandResult, u64), ClusterError> {
-    let fwd = |error: String| ClusterError::Forward { addr: addr.to_string(), error };
-    let mut c = v1::cluster_client::ClusterClient::new(channel_to(addr, tls)?);
+) -> Result<(CommandResult, u64), Forwarded> {
+    let fwd = |error: String| Forwarded::Failed(ClusterError::Forward { addr: addr.to_string(), error });
+    let mut c = v1::cluster_client::ClusterClient::new(channel_to(addr, tls).map_err(Forwarded::Failed)?);
     let json = serde_json::to_vec(cmd).map_err(|e| fwd(e.to_string()))?;
     let mut request = tonic::Request::new(v1::WriteRequest { command_json: json });
     mark_forwarded(request.metadata_mut(), token);
-    let reply = c.write(request).await.map_err(|s| from_forwarded(addr, &s))?;
+    let reply = c.write(request).await.map_err(|s| {
+        let e = from_forwarded(addr, &s);
+        if connection_refused(&s) {
+            Forwarded::Refused(e)
+        } else {
+            Forwarded::Failed(e)
+        }
+    })?;
     let r = reply.into_inner();
     let result: CommandResult = serde_json::from_slice(&r.result_json).map_err(|e| fwd(e.to_string()))?;
     Ok((result, r.log_index))
+}
+
+/// Whether `s` reports a refused TCP connection (somewhere in its source chain).
+fn connection_refused(s: &tonic::Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(e) = source {
+        if e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused) {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_forward_to_a_closed_port_is_refused_and_a_bad_reply_is_not() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let cmd = Command::RemoveReplica { name: "e0".into() };
+        let refused = forward_write(&closed.to_string(), &cmd, &None, None).await;
+        assert!(matches!(refused, Err(Forwarded::Refused(ClusterError::Forward { .. }))));
+        // Something listens but does not speak gRPC: the write may have been read, so it is
+        // not retried.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                use tokio::io::AsyncWriteExt;
+                let _ = s.write_all(b"HTTP/1.1 500 nope\r\n\r\n").await;
+            }
+        });
+        let failed = forward_write(&addr.to_string(), &cmd, &None, None).await;
+        assert!(matches!(failed, Err(Forwarded::Failed(_))));
+    }
 }

@@ -1,0 +1,87 @@
+//! What the node-level tests share: engine-sims on loopback, replica entries pointing at them,
+//! a node section on free loopback ports, free ports for cluster peers, and polling for a
+//! condition with a deadline.
+
+// Each test file uses its own subset.
+#![allow(dead_code)]
+
+use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
+use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
+use std::time::{Duration, Instant};
+
+/// `n` engine-sims, `speed` times faster than the H100 profile's step times.
+pub async fn engines(n: usize, speed: f64) -> Vec<EngineSim> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(kvmesh_engine_sim::start(EngineSimConfig { speed, ..EngineSimConfig::default() }).await.unwrap());
+    }
+    out
+}
+
+/// Replica `e{i}` for engine-sim `e`: its KV events and replay socket, and the default
+/// profile's KV capacity in 16-token blocks.
+pub fn replica(i: usize, e: &EngineSim) -> ReplicaConfig {
+    ReplicaConfig {
+        name: format!("e{i}"),
+        http: e.base_url(),
+        kv_events: Some(e.kv_events.clone()),
+        replay: Some(e.replay.clone()),
+        kv_events_bind: false,
+        metrics_url: None,
+        capacity_blocks: EngineSimConfig::default().profile.kv_blocks(16),
+        engine: "vllm".into(),
+        model: None,
+        block_size: None,
+    }
+}
+
+/// A node section on free loopback ports (HTTP and gRPC), scraping engines every 100 ms.
+pub fn section() -> NodeSection {
+    NodeSection {
+        http: "127.0.0.1:0".parse().unwrap(),
+        grpc: "127.0.0.1:0".parse().unwrap(),
+        scrape_interval_ms: 100,
+        ..NodeSection::default()
+    }
+}
+
+/// A single node (no cluster) with `section` in front of `replicas`, every other section at
+/// its default.
+pub fn single(section: NodeSection, replicas: Vec<ReplicaConfig>) -> NodeConfig {
+    NodeConfig {
+        node: section,
+        replicas,
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+        autoscaler: Default::default(),
+        admission: Default::default(),
+    }
+}
+
+/// Free loopback ports for `n` nodes' gRPC servers (peers must know them before they bind).
+pub fn ports(n: usize) -> Vec<u16> {
+    let ls: Vec<std::net::TcpListener> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+/// Waits until `ok` holds, polling every 10 ms; panics with `what` after 10 s. Returns the
+/// time it took.
+pub async fn eventually(what: &str, ok: impl FnMut() -> bool) -> Duration {
+    eventually_within(what, 10, ok).await
+}
+
+/// [`eventually`] with a deadline of `secs` seconds.
+pub async fn eventually_within(what: &str, secs: u64, mut ok: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < Duration::from_secs(secs), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    t0.elapsed()
+}
+
+/// A gRPC channel to a node's gRPC address.
+pub async fn grpc(addr: impl std::fmt::Display) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap()
+}
