@@ -229,9 +229,9 @@ async fn a_partitioned_minority_keeps_routing_cannot_write_and_catches_up() {
 }
 
 /// Routes 16 requests through 4 nodes, 4 waves of one request per node at the same instant,
-/// 20 ms apart (a 4,096-token prefill takes ~70 ms on the H100 profile, so earlier waves are
-/// still queued): with `shared`, every prompt is one 4,032-token prefix plus its own 64 tokens;
-/// otherwise 4,096 tokens of its own. Returns each replica's booked uncached prefill tokens.
+/// each wave once the last one's prefill has drained: with `shared`, every prompt is one
+/// 4,032-token prefix plus its own 64 tokens; otherwise 4,096 tokens of its own. Returns each
+/// replica's booked uncached prefill tokens and the replicas each wave went to.
 async fn c12_burst(
     nodes: &[Node],
     replicas: usize,
@@ -336,25 +336,28 @@ async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
                  total {total}; replicas per wave {waves:?}, same-wave collisions {per_wave:?}",
                 max_over_mean(&booked)
             );
-            results.push((max_over_mean(&booked), total, per_wave));
+            results.push((total, per_wave, waves));
         }
         for n in nodes {
             n.stop().await;
         }
     }
-    let [(off_balance, _, _), (_, shared_off_total, _), (on_balance, _, distinct_on), (_, shared_on_total, _)] =
-        &results[..]
-    else {
+    let [_, (shared_off_total, _, _), (_, distinct_on, waves_on), (shared_on_total, _, _)] = &results[..] else {
         unreachable!()
     };
     // Distinct prompts: the first wave is blind (no node knows yet that the others route), but
     // once nodes know each other a simultaneous wave splits over distinct replicas: the same
     // view, different ranks.
     assert_eq!(distinct_on[1..], [0, 0, 0], "waves after the first collided with gossip: {distinct_on:?}");
-    // Later waves fill the replicas with the fewest bookings first (the blind wave can stack
-    // at most 3 on one replica: 3 × 4,096 tokens against a mean of 8,192), where nodes blind
-    // to each other stack up to 4.
-    assert!(*on_balance <= 1.5 && on_balance < off_balance, "max/mean {on_balance} with gossip, {off_balance} without");
+    // Later waves fill the replicas with the fewest bookings first: 16 requests on 8 replicas
+    // end at most 2 on one, unless the blind wave stacked more there.
+    let per_replica = |waves: &[Vec<usize>]| {
+        let mut n = vec![0usize; replicas.len()];
+        waves.iter().flatten().for_each(|&i| n[i] += 1);
+        n.into_iter().max().unwrap()
+    };
+    let (most, blind) = (per_replica(waves_on), per_replica(&waves_on[..1]));
+    assert!(most <= blind.max(2), "{most} requests on one replica after waves {waves_on:?}");
     // One shared prefix: the first wave computes it wherever it lands; later waves join a
     // replica that holds it, where the cache advantage outweighs the queue — the case's
     // exception — so the prefix is never computed again.

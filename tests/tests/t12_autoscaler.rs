@@ -42,7 +42,7 @@ async fn load(node: &Node) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
     let engines = engines(2, 20.0).await;
-    let replicas = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
+    let replicas = engines.iter().enumerate().map(|(i, e)| ReplicaConfig { replay: None, ..replica(i, e) }).collect();
     let config = NodeConfig {
         node: section(),
         replicas,
@@ -120,7 +120,8 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
 async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_leader() {
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(3, 20.0).await;
-    let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
+    let replicas: Vec<ReplicaConfig> =
+        engines.iter().enumerate().map(|(i, e)| ReplicaConfig { replay: None, ..replica(i, e) }).collect();
     let ls: Vec<std::net::TcpListener> = (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     let ports: Vec<u16> = ls.iter().map(|l| l.local_addr().unwrap().port()).collect();
     drop(ls);
@@ -221,7 +222,7 @@ async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
     let engines = engines(1, 20.0).await;
     // The router believes the replica holds 40 blocks of KV: one 480-token request (30 blocks
     // plus its output) at a time.
-    let replicas = vec![ReplicaConfig { capacity_blocks: 40, ..replica(0, &engines[0]) }];
+    let replicas = vec![ReplicaConfig { capacity_blocks: 40, replay: None, ..replica(0, &engines[0]) }];
     let config = NodeConfig {
         node: section(),
         replicas,
@@ -273,7 +274,7 @@ async fn capacity_per_replica_is_measured_from_the_engine_while_requests_wait() 
         kvmesh_engine_sim::start(EngineSimConfig { speed: 1.0, profile, ..EngineSimConfig::default() }).await.unwrap();
     let config = NodeConfig {
         node: section(),
-        replicas: vec![replica(0, &engine)],
+        replicas: vec![ReplicaConfig { replay: None, ..replica(0, &engine) }],
         cluster: None,
         security: Default::default(),
         replication: Default::default(),

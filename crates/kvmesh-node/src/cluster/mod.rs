@@ -249,7 +249,7 @@ impl Cluster {
                 Attempt::Done(r) => break r?,
                 Attempt::NoLeaderYet(e) => {
                     if tokio::time::Instant::now() + RETRY_EVERY >= deadline {
-                        return Err(e);
+                        return Err(ClusterError::NoLeader);
                     }
                     tracing::debug!(error = %e, "no reachable leader yet; retrying the write");
                     tokio::time::sleep(RETRY_EVERY).await;
@@ -272,6 +272,11 @@ impl Cluster {
 
     /// One try of [`Cluster::write_from`], within `deadline`.
     async fn write_once(&self, cmd: &Command, forwarded: bool, deadline: tokio::time::Instant) -> Attempt {
+        if self.faults.isolated() {
+            // An injected partition cuts this node off like the real one would: no leader is
+            // reachable, and waiting will not change that.
+            return Attempt::Done(Err(ClusterError::NoLeader));
+        }
         let written = tokio::time::timeout_at(deadline, self.raft.client_write(cmd.clone())).await;
         let forward_to = match written {
             Err(_) => return Attempt::Done(Err(ClusterError::NoLeader)),
@@ -284,10 +289,6 @@ impl Cluster {
             },
             Ok(Err(e)) => return Attempt::Done(Err(ClusterError::Raft(e.to_string()))),
         };
-        if self.faults.isolated() {
-            // An injected partition cuts this path like the real one would.
-            return Attempt::Done(Err(ClusterError::NoLeader));
-        }
         match tokio::time::timeout_at(deadline, forward_write(&forward_to, cmd, &self.token, self.tls.as_ref())).await {
             Err(_) => Attempt::Done(Err(ClusterError::NoLeader)),
             // Refused before it was sent: safe to send again once a new leader is known.
