@@ -1,6 +1,6 @@
 //! Trace export: a node with an OTLP endpoint sends one `request` span per proxied request
-//! (with the decision: replica, reason, overlap, estimate, outcome) and an `upstream` child per
-//! attempt, over real OTLP/gRPC to a collector (a minimal one, in this test).
+//! (with the decision: replica, reason, overlap, estimate, outcome, and its `first token` and
+//! `complete` events) and an `upstream` child per attempt, over real OTLP/gRPC to a collector (a minimal one, in this test).
 //!
 //! Alone in its test binary: the subscriber it installs is process-global.
 
@@ -120,6 +120,9 @@ async fn request_spans_reach_an_otlp_collector() {
         assert_eq!(attr(r, "prompt_tokens").as_deref(), Some("7"));
         assert_eq!(attr(r, "path").as_deref(), Some("/v1/completions"));
         assert!(attr(r, "estimated_ttft_s").is_some());
+        // The per-request events ride on it (debug in the log, exported all the same).
+        let events: Vec<&str> = r.events.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(events, ["first token", "complete"]);
         // Its upstream call is a child span.
         let children: Vec<&Span> = spans.iter().filter(|s| s.parent_span_id == r.span_id).collect();
         assert_eq!(children.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["upstream"]);

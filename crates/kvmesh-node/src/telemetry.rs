@@ -66,11 +66,15 @@ impl Telemetry {
                     .with_resource(opentelemetry_sdk::Resource::builder().with_service_name("kvmesh-node").build())
                     .build();
                 let tracer = provider.tracer("kvmesh-node");
-                // Only kvmesh's own spans and events, at info and above whatever RUST_LOG says:
-                // the request spans are the point, and the exporter's own transport (tonic,
-                // h2, hyper) and OpenTelemetry's logs must never feed back into it.
+                // Only kvmesh's own spans and events, at info and above whatever RUST_LOG says,
+                // plus the proxy's per-request events (debug in the log: one line each per
+                // request is too many there, but they belong on the request span): the request
+                // spans are the point, and the exporter's own transport (tonic, h2, hyper) and
+                // OpenTelemetry's logs must never feed back into it.
                 let ours = tracing_subscriber::filter::filter_fn(|m| {
-                    m.target().starts_with("kvmesh") && *m.level() <= tracing::Level::INFO
+                    m.target().starts_with("kvmesh")
+                        && (*m.level() <= tracing::Level::INFO
+                            || (m.target() == "kvmesh_node::proxy" && *m.level() <= tracing::Level::DEBUG))
                 });
                 let layer = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(ours);
                 (Some(layer), Some(provider))
