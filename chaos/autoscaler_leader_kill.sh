@@ -33,13 +33,9 @@ log "decisions before the kill (log index, desired): $before; killing leader $ol
 killed_at="$(date +%s.%N)"
 kill_node "$old"
 t0=$(date +%s%N)
-new=""
-while [ -z "$new" ] || [ "$new" = "$old" ]; do
-  new="$(leader_seen_by "$survivor")"
-  [ $(( ($(date +%s%N) - t0) / 1000000 )) -lt 10000 ] || fail "no new leader 10 s after killing node $old"
-  sleep 0.02
-done
-log "node $new leads after $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+await_new_leader "$old" "$survivor" "$t0"
+new=$NEW_LEADER
+log "node $new leads after $FAILOVER_MS ms"
 # The scale-up goes on: e3 finishes loading. The new leader must commit that (the pool's
 # counts changed) and still want the same count — e3 was part of it, not a reason to ask again.
 "$BIN/kvmesh" replica ready --grpc "http://$(grpc_of "$new")" --name e3 >/dev/null || fail "marking e3 ready"

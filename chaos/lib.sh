@@ -91,6 +91,20 @@ leader_seen_by() {
   [ -n "$s" ] && echo "$s" | json "d['leader_id'] or ''" || true
 }
 
+# await_new_leader OLD SURVIVOR T0: polls SURVIVOR's view until it names a leader other than
+# OLD (at most 10 s), then sets NEW_LEADER and FAILOVER_MS (milliseconds since T0, a
+# `date +%s%N` stamp). Globals, not output: `fail` must end the script, not a subshell.
+await_new_leader() {
+  local old=$1 survivor=$2 t0=$3
+  NEW_LEADER=""
+  while [ -z "$NEW_LEADER" ] || [ "$NEW_LEADER" = "$old" ]; do
+    NEW_LEADER="$(leader_seen_by "$survivor")"
+    [ $(( ($(date +%s%N) - t0) / 1000000 )) -lt 10000 ] || fail "no new leader 10 s after killing node $old"
+    sleep 0.02
+  done
+  FAILOVER_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
+}
+
 wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
   local secs=$1 what=$2; shift 2
   local deadline=$(( $(date +%s) + secs ))

@@ -28,13 +28,9 @@ confirmed="$(rep "$survivor" "sorted(t['replica'] for p in d['plan']['prefixes']
 log "plan v$version: prefix $hash, confirmed on $confirmed; killing leader $old"
 kill_node "$old"
 t0=$(date +%s%N)
-new=""
-while [ -z "$new" ] || [ "$new" = "$old" ]; do
-  new="$(leader_seen_by "$survivor")"
-  [ $(( ($(date +%s%N) - t0) / 1000000 )) -lt 10000 ] || fail "no new leader 10 s after killing node $old"
-  sleep 0.02
-done
-log "node $new leads after $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+await_new_leader "$old" "$survivor" "$t0"
+new=$NEW_LEADER
+log "node $new leads after $FAILOVER_MS ms"
 # Let the new leader run a few planning rounds under the same load.
 sleep 2
 after_hash="$(rep "$new" "[p['hash'] for p in d['plan']['prefixes']]")"
