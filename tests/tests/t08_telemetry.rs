@@ -4,8 +4,9 @@
 //!
 //! Alone in its test binary: the subscriber it installs is process-global.
 
-use kvmesh_engine_sim::EngineSimConfig;
-use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
+mod common;
+
+use kvmesh_node::config::{NodeSection, ReplicaConfig};
 use kvmesh_node::telemetry::{LogFormat, Telemetry};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
@@ -58,35 +59,10 @@ async fn request_spans_reach_an_otlp_collector() {
     );
     let telemetry = Telemetry::init(LogFormat::Json, Some(&format!("http://{addr}")), "info").unwrap();
 
-    let engine = kvmesh_engine_sim::start(EngineSimConfig { speed: 5.0, ..EngineSimConfig::default() }).await.unwrap();
-    let replicas = vec![ReplicaConfig {
-        name: "e0".into(),
-        http: engine.base_url(),
-        kv_events: Some(engine.kv_events.clone()),
-        replay: Some(engine.replay.clone()),
-        kv_events_bind: false,
-        metrics_url: None,
-        capacity_blocks: 1000,
-        engine: "vllm".into(),
-        model: None,
-        block_size: None,
-    }];
-    let section = NodeSection {
-        http: "127.0.0.1:0".parse().unwrap(),
-        grpc: "127.0.0.1:0".parse().unwrap(),
-        ..NodeSection::default()
-    };
-    let node = kvmesh_node::start(NodeConfig {
-        node: section,
-        replicas,
-        cluster: None,
-        security: Default::default(),
-        replication: Default::default(),
-        autoscaler: Default::default(),
-        admission: Default::default(),
-    })
-    .await
-    .unwrap();
+    let engine = common::engines(1, 5.0).await.remove(0);
+    let replicas = vec![ReplicaConfig { capacity_blocks: 1000, ..common::replica(0, &engine) }];
+    let section = NodeSection { scrape_interval_ms: NodeSection::default().scrape_interval_ms, ..common::section() };
+    let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     let client = reqwest::Client::new();
     for stream in [false, true] {
         let r = client
