@@ -49,31 +49,26 @@ const VLLM: Names = Names {
 const SGLANG: Names =
     Names { running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs", kv_usage: &["sglang:token_usage"] };
 
+type Exposition = MetricsExposition<PrometheusType, PrometheusValue>;
+
 /// Reads an engine's load from its metrics page, stamped `at` (seconds, the caller's clock).
 ///
 /// # Errors
 /// [`MetricsError::Unparseable`] when the text is not Prometheus format;
 /// [`MetricsError::Missing`] naming the first load metric absent.
 pub fn parse_engine_metrics(text: &str, at: f64) -> Result<(Dialect, EngineMetrics), MetricsError> {
-    // The parser has `unwrap`s on paths its grammar should rule out; a page from the network
-    // must never take the node down, so a panic in it counts as unparseable.
-    let parsed = std::panic::catch_unwind(|| openmetrics_parser::prometheus::parse_prometheus(text))
-        .map_err(|_| MetricsError::Unparseable("the parser failed on this input".into()))?
-        .map_err(|e| MetricsError::Unparseable(e.to_string()))?;
-    let (dialect, names) = if parsed.families.contains_key(VLLM.running) {
-        (Dialect::Vllm, VLLM)
-    } else if parsed.families.contains_key(SGLANG.running) {
-        (Dialect::Sglang, SGLANG)
-    } else {
-        return Err(MetricsError::Missing("vllm:num_requests_running or sglang:num_running_reqs"));
-    };
-    let running = values(&parsed, names.running).ok_or(MetricsError::Missing(names.running))?;
-    let waiting = values(&parsed, names.waiting).ok_or(MetricsError::Missing(names.waiting))?;
-    let usage =
-        names.kv_usage.iter().find_map(|n| values(&parsed, n)).ok_or(MetricsError::Missing(names.kv_usage[0]))?;
-    let count = |v: &[f64]| v.iter().sum::<f64>().clamp(0.0, u32::MAX as f64).round() as u32;
-    let kv_usage = (usage.iter().sum::<f64>() / usage.len() as f64).clamp(0.0, 1.0);
-    Ok((dialect, EngineMetrics { running: count(&running), waiting: count(&waiting), kv_usage, at }))
+    load(&parse(text)?, at)
+}
+
+/// [`parse_engine_metrics`] and [`parse_served_tokens`] from one parse of the page (a vLLM
+/// page runs to hundreds of kilobytes; a scrape needs both).
+///
+/// # Errors
+/// As [`parse_engine_metrics`].
+pub fn parse_engine_page(text: &str, at: f64) -> Result<(Dialect, EngineMetrics, Option<f64>), MetricsError> {
+    let parsed = parse(text)?;
+    let (dialect, metrics) = load(&parsed, at)?;
+    Ok((dialect, metrics, served(&parsed)))
 }
 
 /// Tokens the engine has served so far — computed prefill plus decode, the unit of token
@@ -83,8 +78,36 @@ pub fn parse_engine_metrics(text: &str, at: f64) -> Result<(Dialect, EngineMetri
 /// sglang:generation_tokens_total`. Summed over the page's series (data-parallel ranks).
 /// `None` when the page lacks the prompt or generation counter or is not Prometheus text.
 pub fn parse_served_tokens(text: &str) -> Option<f64> {
-    let parsed = std::panic::catch_unwind(|| openmetrics_parser::prometheus::parse_prometheus(text)).ok()?.ok()?;
-    let total = |names: &[&str]| names.iter().find_map(|n| values(&parsed, n)).map(|v| v.iter().sum::<f64>());
+    served(&parse(text).ok()?)
+}
+
+fn parse(text: &str) -> Result<Exposition, MetricsError> {
+    // The parser has `unwrap`s on paths its grammar should rule out; a page from the network
+    // must never take the node down, so a panic in it counts as unparseable.
+    std::panic::catch_unwind(|| openmetrics_parser::prometheus::parse_prometheus(text))
+        .map_err(|_| MetricsError::Unparseable("the parser failed on this input".into()))?
+        .map_err(|e| MetricsError::Unparseable(e.to_string()))
+}
+
+fn load(parsed: &Exposition, at: f64) -> Result<(Dialect, EngineMetrics), MetricsError> {
+    let (dialect, names) = if parsed.families.contains_key(VLLM.running) {
+        (Dialect::Vllm, VLLM)
+    } else if parsed.families.contains_key(SGLANG.running) {
+        (Dialect::Sglang, SGLANG)
+    } else {
+        return Err(MetricsError::Missing("vllm:num_requests_running or sglang:num_running_reqs"));
+    };
+    let running = values(parsed, names.running).ok_or(MetricsError::Missing(names.running))?;
+    let waiting = values(parsed, names.waiting).ok_or(MetricsError::Missing(names.waiting))?;
+    let usage =
+        names.kv_usage.iter().find_map(|n| values(parsed, n)).ok_or(MetricsError::Missing(names.kv_usage[0]))?;
+    let count = |v: &[f64]| v.iter().sum::<f64>().clamp(0.0, u32::MAX as f64).round() as u32;
+    let kv_usage = (usage.iter().sum::<f64>() / usage.len() as f64).clamp(0.0, 1.0);
+    Ok((dialect, EngineMetrics { running: count(&running), waiting: count(&waiting), kv_usage, at }))
+}
+
+fn served(parsed: &Exposition) -> Option<f64> {
+    let total = |names: &[&str]| names.iter().find_map(|n| values(parsed, n)).map(|v| v.iter().sum::<f64>());
     let (prompt, hits, generation) = if parsed.families.contains_key(VLLM.running) {
         (
             total(&["vllm:prompt_tokens_total", "vllm:prompt_tokens"])?,
@@ -104,7 +127,7 @@ pub fn parse_served_tokens(text: &str) -> Option<f64> {
 
 /// Every finite gauge (or untyped) sample of `name`; `None` when the family is absent or has
 /// no usable sample.
-fn values(parsed: &MetricsExposition<PrometheusType, PrometheusValue>, name: &str) -> Option<Vec<f64>> {
+fn values(parsed: &Exposition, name: &str) -> Option<Vec<f64>> {
     let family = parsed.families.get(name)?;
     let v: Vec<f64> = family
         .iter_samples()

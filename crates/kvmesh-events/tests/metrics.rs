@@ -118,6 +118,10 @@ vllm:generation_tokens_total{engine="1"} 300.0
          # TYPE sglang:generation_tokens_total counter\nsglang:generation_tokens_total 50.0\n"
     );
     assert_eq!(kvmesh_events::parse_served_tokens(&sglang), Some(850.0));
+    // One parse of the page gives the scrape both: the load and the served tokens.
+    let (dialect, m) = parse_engine_metrics(&sglang, 3.0).unwrap();
+    assert_eq!(kvmesh_events::parse_engine_page(&sglang, 3.0), Ok((dialect, m, Some(850.0))));
+    assert_eq!(kvmesh_events::parse_engine_page(VLLM_OLD, 3.0).unwrap().2, None);
     // Without the counters (or not a metrics page at all): nothing measured.
     assert_eq!(kvmesh_events::parse_served_tokens(VLLM_OLD), None);
     assert_eq!(kvmesh_events::parse_served_tokens(VLLM_TWO_ENGINES), None);

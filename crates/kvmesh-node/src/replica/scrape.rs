@@ -1,11 +1,12 @@
 //! Engine load and health: one replica's Prometheus endpoint, scraped at an interval.
 //!
-//! A good scrape reports running/waiting/KV usage to the routing core, and the tokens the
-//! engine served to the autoscaler's capacity meter, and clears the failure count; `unhealthy_after` failures in a row (connect error, non-200, unparseable page) take
-//! the replica out of rotation until a scrape succeeds again.
+//! A good scrape reports running/waiting/KV usage to the routing core and the tokens the
+//! engine served to the autoscaler's capacity meter, and clears the failure count;
+//! `unhealthy_after` failures in a row (connect error, non-200, unparseable page) take the
+//! replica out of rotation until a scrape succeeds again.
 
 use crate::state::Shared;
-use kvmesh_events::{parse_engine_metrics, parse_served_tokens};
+use kvmesh_events::parse_engine_page;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,16 +19,13 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
         let fetched = scrape(&shared, &url, interval).await;
         let now = shared.now();
         // Parse before taking the core lock: a vLLM page runs to hundreds of kilobytes.
-        let result = fetched.and_then(|text| {
-            let m = parse_engine_metrics(&text, now).map_err(|e| e.to_string())?;
-            Ok((m, parse_served_tokens(&text)))
-        });
-        if let Ok(((_, m), Some(served))) = &result {
+        let result = fetched.and_then(|text| parse_engine_page(&text, now).map_err(|e| e.to_string()));
+        if let Ok((_, m, Some(served))) = &result {
             shared.autoscaler.observe_served(&name, *served, m.waiting, now);
         }
         let mut core = shared.core();
         match result {
-            Ok(((_, m), _)) => core.record_metrics(&name, m, now),
+            Ok((_, m, _)) => core.record_metrics(&name, m, now),
             Err(e) => {
                 if let Some(status) = core.record_failure(&name, e.clone(), now) {
                     tracing::debug!(replica = %name, error = %e, status = status.as_str(), "scrape failed");
