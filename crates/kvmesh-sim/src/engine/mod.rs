@@ -38,7 +38,7 @@ pub struct EngineRequest {
 #[derive(Debug, Default)]
 pub struct StepOutcome {
     /// Requests whose first token came out at the end of the step, with their cached prompt
-    /// tokens (prefix hits at admission).
+    /// tokens (prefix hits at their first admission).
     pub first_tokens: Vec<(u64, u32)>,
     /// Requests that generated a token after their first in the step (a decode step).
     pub decoded: Vec<u64>,
@@ -57,9 +57,11 @@ struct Seq {
     hashes: Vec<u64>,
     /// Tokens whose KV exists: prompt tokens (cache hits included), then generated tokens.
     computed: u32,
-    /// Prompt tokens served from the prefix cache at the admission that produced the first
-    /// token.
-    cached_tokens: u32,
+    /// Prompt tokens served from the prefix cache at the request's first admission; `None`
+    /// until then. Set once, as vLLM's `Request.num_cached_tokens` (`Scheduler.schedule`,
+    /// vllm/v1/core/sched/scheduler.py): a preempted request that re-hits its own blocks
+    /// does not count them again (vLLM counts those as `preempted_hits`, outside its hit rate).
+    cached_tokens: Option<u32>,
     /// Output tokens produced (the client has them; a preemption does not take them back).
     generated: u32,
     /// Leading prompt blocks held as cached (shared) blocks.
@@ -136,7 +138,7 @@ impl Engine {
             req,
             hashes,
             computed: 0,
-            cached_tokens: 0,
+            cached_tokens: None,
             generated: 0,
             shared: 0,
             private: 0,
@@ -251,9 +253,7 @@ impl Engine {
             seq.computed = computed;
             self.kv.alloc_private(need);
             self.pending_prefill -= seq.computed as u64;
-            if seq.generated == 0 {
-                seq.cached_tokens = seq.computed;
-            }
+            seq.cached_tokens.get_or_insert(seq.computed);
             seq.private = need;
             seq.scheduled = want;
             budget -= want;
@@ -341,7 +341,7 @@ impl Engine {
                 // a preemption) has sent it already and just goes back to decoding.
                 if !seq.prefilling() && seq.generated == 0 {
                     seq.generated = 1;
-                    out.first_tokens.push((seq.req.id, seq.cached_tokens));
+                    out.first_tokens.push((seq.req.id, seq.cached_tokens.unwrap_or(0)));
                     done = seq.generated >= seq.req.output_tokens;
                 }
             } else if n > 0 {
