@@ -264,3 +264,28 @@ async fn a_failed_replica_actor_is_restarted_alone_and_reload_syncs_the_replica_
         e.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_runs_on_threads_of_its_own_and_stops_with_the_node() {
+    let engines = engines(2, 5.0).await;
+    let replicas = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
+    let node = kvmesh_node::start(single(kvmesh_node::config::NodeSection { proxy_threads: 2, ..section() }, replicas))
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let (status, replica, body) = complete(&client, &node, "served from the proxy's own runtime").await;
+    assert_eq!((status, body["usage"]["completion_tokens"].as_u64()), (200, Some(3)), "{body}");
+    assert!(replica == "e0" || replica == "e1", "{replica}");
+    // The request was served on a proxy thread, not on this test's runtime.
+    let names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .map(|d| d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok()).collect())
+        .unwrap_or_default();
+    if !names.is_empty() {
+        assert!(names.iter().any(|n| n.trim() == "kvmesh-proxy"), "threads: {names:?}");
+    }
+    eventually("the booking released", || node.shared.core().fleet.bookings().is_empty()).await;
+    let addr = node.http;
+    node.stop().await;
+    // The proxy's runtime is gone with its listener: nothing answers on the port.
+    eventually("the HTTP port closed", || std::net::TcpStream::connect(addr).is_err()).await;
+}

@@ -353,7 +353,8 @@ pub struct NodeArgs {
     /// The node's TOML configuration (see crates/kvmesh-node/src/config.rs or the README).
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
-    /// Runtime worker threads (default: one per core).
+    /// Worker threads of the node's main runtime: KV events, gRPC, Raft, gossip, scrapes
+    /// (default: one per core). The HTTP proxy runs on threads of its own: `node.proxy_threads`.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// HTTP listen address; overrides `[node] http` (several nodes on one host share a file).

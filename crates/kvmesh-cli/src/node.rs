@@ -8,8 +8,8 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     let format: kvmesh_node::telemetry::LogFormat = args.log_format.parse().map_err(anyhow::Error::msg)?;
     let config = with_cluster_flags(NodeConfig::read(&args.config)?, args)?;
     // A multi-thread runtime (one worker per core by default) so one slow handler cannot
-    // stall event ingest. `--workers` caps it for machines whose cores other processes share
-    // (tests/load/router_compare.sh measures both; on 2 shared cores 1 worker was no better).
+    // stall event ingest. `--workers` caps it for machines whose cores other processes share.
+    // The HTTP proxy is not on it: it has its own thread(s) (`node.proxy_threads`).
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(
             args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1),

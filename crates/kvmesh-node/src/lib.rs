@@ -24,6 +24,7 @@ pub mod config;
 pub mod grpc;
 pub mod metrics;
 pub mod proxy;
+pub mod proxy_runtime;
 pub mod replica;
 pub mod replication;
 pub mod state;
@@ -231,28 +232,14 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         }
     }));
     let app = proxy::router(shared.clone());
-    let mut s1 = stopped.clone();
     let http_tls = tls.as_ref().map(|t| t.http.clone());
-    tasks.push(tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = s1.wait_for(|s| *s).await;
-        };
-        let _ = match http_tls {
-            Some(acceptor) => match tls::TlsListener::new(http_listener, acceptor) {
-                Ok(l) => axum::serve(l, app).with_graceful_shutdown(shutdown).await,
-                Err(e) => Err(e),
-            },
-            // No Nagle on client connections: streamed tokens leave as the engine sends them
-            // (what nginx and Envoy do for proxied traffic).
-            None => {
-                use axum::serve::ListenerExt;
-                let listener = http_listener.tap_io(|tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
-                axum::serve(listener, app).with_graceful_shutdown(shutdown).await
-            }
-        };
-    }));
+    match proxy_runtime::spawn(http_listener, http_tls, app, config.node.proxy_threads, stopped.clone()) {
+        Ok(t) => tasks.push(t),
+        Err(e) => {
+            let _ = supervisor.stop_and_wait(None, Some(std::time::Duration::from_secs(5))).await;
+            return Err(e);
+        }
+    }
     if let Some(c) = &cluster {
         let section = c.section.clone();
         if section.gossip {

@@ -175,8 +175,12 @@ pub struct Shared {
     core: Mutex<Core>,
     /// Prometheus metrics.
     pub metrics: Metrics,
-    /// Upstream HTTP client.
+    /// The proxy's client to the engines; used on the proxy's runtime only, so its
+    /// connections (and their tasks) live on the proxy's threads.
     pub http: reqwest::Client,
+    /// The client for engine metrics scrapes, health checks and warm-ups, on the node's main
+    /// runtime (sharing the proxy's pool would hand the proxy connections driven elsewhere).
+    pub probe_http: reqwest::Client,
     /// This node's cluster membership, once started (metrics read it).
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// Bearer tokens (`[security]`).
@@ -271,10 +275,13 @@ impl Shared {
                 kvmesh_core::replication::PrefixSketch::new(config.replication.core().sketch, config.node.block_size)
             }),
         };
-        let http = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(config.node.request_timeout_s.max(1)))
-            .connect_timeout(std::time::Duration::from_secs(2))
-            .build()?;
+        let client = || {
+            reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(config.node.request_timeout_s.max(1)))
+                .connect_timeout(std::time::Duration::from_secs(2))
+                .build()
+        };
+        let (http, probe_http) = (client()?, client()?);
         let settings = Settings {
             model: config.node.model.clone(),
             retries: config.node.retries,
@@ -299,6 +306,7 @@ impl Shared {
             core: Mutex::new(core),
             metrics: Metrics::new(),
             http,
+            probe_http,
             cluster: std::sync::OnceLock::new(),
             tokens: crate::auth::Tokens::load(&config_security)?,
             decisions: Mutex::new(std::collections::VecDeque::with_capacity(DECISIONS_KEPT)),

@@ -38,7 +38,7 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
 async fn scrape(shared: &Shared, url: &str, interval: Duration) -> Result<String, String> {
     let timeout = interval.max(Duration::from_millis(500));
     let resp = shared
-        .http
+        .probe_http
         .get(url)
         .timeout(timeout)
         .send()

@@ -91,7 +91,7 @@ async fn prefill(shared: &Shared, w: &Warmup, model: &str, url: &str, timeout: D
         body["model"] = model.into();
     }
     let resp = shared
-        .http
+        .probe_http
         .post(format!("{url}/v1/completions"))
         .timeout(timeout)
         .json(&body)
