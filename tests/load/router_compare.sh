@@ -76,12 +76,12 @@ for c in 8 32; do
 done
 kill $NODE; wait $NODE 2>/dev/null || true
 
-# The same node with its HTTP proxy on two threads (`proxy_threads = 2`, a multi-thread
-# runtime) instead of one: the client and engine connections' hand-offs may cross threads.
-sed 's/^\[node\]$/[node]\nproxy_threads = 2/' "$OUT/node.toml" >"$OUT/node-p2.toml"
-"$B/kvmesh" node --config "$OUT/node-p2.toml" >"$OUT/node-p2.log" 2>&1 & NODE=$!; PIDS+=($NODE)
+# The same node with its HTTP proxy on one thread (`proxy_threads = 1`, a current-thread
+# runtime) instead of two: every hand-off of a request stays on that thread.
+sed 's/^\[node\]$/[node]\nproxy_threads = 1/' "$OUT/node.toml" >"$OUT/node-p1.toml"
+"$B/kvmesh" node --config "$OUT/node-p1.toml" >"$OUT/node-p1.log" 2>&1 & NODE=$!; PIDS+=($NODE)
 wait_up http://127.0.0.1:19100/health
-measure "kvmesh proxy_threads=2" http://127.0.0.1:19100
+measure "kvmesh proxy_threads=1" http://127.0.0.1:19100
 kill $NODE; wait $NODE 2>/dev/null || true
 
 "$VENV/bin/vllm-router" --host 127.0.0.1 --port 19200 --worker-urls "${ENGINES[@]}" --policy cache_aware \

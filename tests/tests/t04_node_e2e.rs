@@ -265,27 +265,35 @@ async fn a_failed_replica_actor_is_restarted_alone_and_reload_syncs_the_replica_
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_proxy_runs_on_threads_of_its_own_and_stops_with_the_node() {
+/// One blocking `GET /health` over a raw socket (5 s read timeout); returns the status line.
+fn blocking_health(addr: std::net::SocketAddr) -> String {
+    use std::io::{BufRead, Write};
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    tcp.write_all(b"GET /health HTTP/1.1\r\nhost: kvmesh\r\nconnection: close\r\n\r\n").unwrap();
+    let mut line = String::new();
+    let _ = std::io::BufReader::new(tcp).read_line(&mut line);
+    line
+}
+
+// A current-thread test runtime: the node's main runtime is this test's one thread.
+#[tokio::test]
+async fn the_proxy_answers_while_the_main_runtime_is_blocked_and_stops_with_the_node() {
     let engines = engines(2, 5.0).await;
     let replicas = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
-    let node = kvmesh_node::start(single(kvmesh_node::config::NodeSection { proxy_threads: 2, ..section() }, replicas))
-        .await
-        .unwrap();
-    let client = reqwest::Client::new();
-    let (status, replica, body) = complete(&client, &node, "served from the proxy's own runtime").await;
-    assert_eq!((status, body["usage"]["completion_tokens"].as_u64()), (200, Some(3)), "{body}");
-    assert!(replica == "e0" || replica == "e1", "{replica}");
-    // The request was served on a proxy thread, not on this test's runtime.
-    let names: Vec<String> = std::fs::read_dir("/proc/self/task")
-        .map(|d| d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok()).collect())
-        .unwrap_or_default();
-    if !names.is_empty() {
-        assert!(names.iter().any(|n| n.trim() == "kvmesh-proxy"), "threads: {names:?}");
-    }
-    eventually("the booking released", || node.shared.core().fleet.bookings().is_empty()).await;
+    let one = kvmesh_node::config::NodeSection { proxy_threads: 1, ..section() };
+    let node = kvmesh_node::start(single(one, replicas)).await.unwrap();
     let addr = node.http;
+    // Block the main runtime (this thread) until a client on another thread has its answer:
+    // only a proxy with a runtime of its own can give one (else the read times out).
+    let status = std::thread::spawn(move || blocking_health(addr)).join().unwrap();
+    assert!(status.starts_with("HTTP/1.1 "), "no answer from the proxy: {status:?}");
+    let client = reqwest::Client::new();
+    let (code, replica, body) = complete(&client, &node, "served from the proxy's own runtime").await;
+    assert_eq!((code, body["usage"]["completion_tokens"].as_u64()), (200, Some(3)), "{body}");
+    assert!(replica == "e0" || replica == "e1", "{replica}");
+    eventually("the booking released", || node.shared.core().fleet.bookings().is_empty()).await;
     node.stop().await;
     // The proxy's runtime is gone with its listener: nothing answers on the port.
-    eventually("the HTTP port closed", || std::net::TcpStream::connect(addr).is_err()).await;
+    assert!(std::net::TcpStream::connect(addr).is_err(), "the HTTP port still accepts after stop");
 }

@@ -423,10 +423,12 @@ pub struct NodeSection {
     /// `--max-running-requests`. A replica at this many requests makes new ones wait for a
     /// slot, and `token_load` counts that wait.
     pub max_num_seqs: u32,
-    /// Threads serving the HTTP proxy, on a runtime of their own (with their own connections
-    /// to the engines). 1 keeps each request's hand-offs (client connection, engine
-    /// connection, response) on one thread: the lowest added latency, up to ~20k requests/s
-    /// on two shared cores. Raise it for more per node.
+    /// Threads serving the HTTP proxy, on a runtime of their own with their own connections
+    /// to the engines (KV events, gRPC, Raft and scrapes run on the main runtime, `--workers`).
+    /// With 2 (the default) one slow request (a long prompt's tokenization, a huge body) holds
+    /// up only its thread. 1 keeps every hand-off on one thread: a little less CPU per request,
+    /// but that slow request then stalls every other. Raise it on machines with cores to
+    /// spare for the proxy.
     pub proxy_threads: u32,
 }
 
@@ -484,7 +486,7 @@ impl Default for NodeSection {
             max_prompt_tokens: 1 << 20,
             engine_speed: 1.0,
             max_num_seqs: 256,
-            proxy_threads: 1,
+            proxy_threads: 2,
         }
     }
 }
