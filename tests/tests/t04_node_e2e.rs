@@ -297,3 +297,36 @@ async fn the_proxy_answers_while_the_main_runtime_is_blocked_and_stops_with_the_
     // The proxy's runtime is gone with its listener: nothing answers on the port.
     assert!(std::net::TcpStream::connect(addr).is_err(), "the HTTP port still accepts after stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_are_read_off_the_proxy_threads_and_routed_like_any_other() {
+    let engines = engines(2, 5.0).await;
+    let node = node(&engines).await;
+    let client = reqwest::Client::new();
+    // 20,480 bytes of prompt: past the 16 KiB inline limit. 4 bytes per approximate token:
+    // 5,120 tokens, 320 blocks of 16.
+    let long = "abcd".repeat(5120);
+    let (status, first, body) = complete(&client, &node, &long).await;
+    assert_eq!(status, 200, "{body}");
+    let held = first.clone();
+    eventually("the prompt's blocks announced", || index_blocks(&node, &held) >= 320).await;
+    let (status, again, _) = complete(&client, &node, &long).await;
+    assert_eq!((status, again.as_str()), (200, first.as_str()), "the repeat goes where the prefix is");
+    let chat = client
+        .post(format!("http://{}/v1/chat/completions", node.http))
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": long}], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status().as_u16(), 200);
+    let bad =
+        client.post(format!("http://{}/v1/completions", node.http)).body(format!("{{{long}")).send().await.unwrap();
+    assert_eq!(bad.status().as_u16(), 400, "a malformed large body is still the client's error");
+    // Newest first: the chat (its rendered conversation: 6 tokens of role markup more, cached
+    // nowhere), the repeat (all 320 blocks held), the first.
+    let d: Vec<(u32, u32)> =
+        node.shared.recent_decisions(3).iter().map(|d| (d.prompt_tokens, d.overlap_blocks)).collect();
+    assert_eq!(d, vec![(5126, 0), (5120, 320), (5120, 0)]);
+    eventually("bookings released", || node.shared.core().fleet.bookings().is_empty()).await;
+    node.stop().await;
+}

@@ -425,10 +425,11 @@ pub struct NodeSection {
     pub max_num_seqs: u32,
     /// Threads serving the HTTP proxy, on a runtime of their own with their own connections
     /// to the engines (KV events, gRPC, Raft and scrapes run on the main runtime, `--workers`).
-    /// With 2 (the default) one slow request (a long prompt's tokenization, a huge body) holds
-    /// up only its thread. 1 keeps every hand-off on one thread: a little less CPU per request,
-    /// but that slow request then stalls every other. Raise it on machines with cores to
-    /// spare for the proxy.
+    /// Request bodies of 16 KiB and more are parsed and tokenized on a blocking pool either
+    /// way. 2 (the default): a request that is slow anyway (a chat template, a `/metrics`
+    /// page) holds up only its thread. 1 keeps every hand-off on one thread: a little less CPU
+    /// per request, and more requests/s on a small machine. Raise it on machines with cores
+    /// to spare for the proxy.
     pub proxy_threads: u32,
 }
 

@@ -186,27 +186,58 @@ struct Part<'a> {
     text: Option<Cow<'a, str>>,
 }
 
-async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    let Ok(f) = serde_json::from_slice::<RequestFields<'_>>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "the body is not a JSON completion request");
+/// What routing needs from a request body: the model asked for, `max_tokens`, the prompt's
+/// token ids.
+struct Parsed {
+    model: Option<String>,
+    max_tokens: Option<u64>,
+    tokens: Vec<u32>,
+}
+
+/// Bodies at least this large are parsed and tokenized on tokio's blocking pool: a real
+/// tokenizer on a long prompt (or chat template) takes milliseconds, which would hold up every
+/// other request on the proxy's thread. Smaller ones stay inline (the hand-off would cost more).
+const INLINE_BODY_BYTES: usize = 16 * 1024;
+
+/// Runs `read` on `body`, inline or (for large bodies) on the blocking pool.
+async fn parse(
+    shared: &Arc<Shared>,
+    body: &Bytes,
+    read: fn(&Shared, &[u8]) -> Result<Parsed, Box<Response>>,
+) -> Result<Parsed, Box<Response>> {
+    if body.len() < INLINE_BODY_BYTES {
+        return read(shared, body);
+    }
+    let (s, b) = (shared.clone(), body.clone());
+    tokio::task::spawn_blocking(move || read(&s, &b)).await.unwrap_or_else(|e| {
+        Err(Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, format!("reading the request failed: {e}"))))
+    })
+}
+
+fn read_completion(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
+    let Ok(f) = serde_json::from_slice::<RequestFields<'_>>(body) else {
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, "the body is not a JSON completion request")));
     };
     let tokens = match &f.prompt {
         Some(Prompt::Text(p)) => shared.tokenizer.encode(p),
         Some(Prompt::Ids(ids)) if !ids.is_empty() => ids.iter().map(|&t| t.min(u32::MAX as u64) as u32).collect(),
         // A batch of prompts: route on the first (they share one replica).
         Some(Prompt::Texts(ps)) if !ps.is_empty() => shared.tokenizer.encode(&ps[0]),
-        _ => return error(StatusCode::BAD_REQUEST, "prompt must be a string, strings, or token ids"),
+        _ => return Err(Box::new(error(StatusCode::BAD_REQUEST, "prompt must be a string, strings, or token ids"))),
     };
-    let (model, max_tokens) = (f.model.as_deref().map(str::to_string), f.max_tokens.or(f.max_completion_tokens));
-    forward(shared, "/v1/completions", &headers, body.clone(), model, max_tokens, tokens).await
+    Ok(Parsed {
+        model: f.model.as_deref().map(str::to_string),
+        max_tokens: f.max_tokens.or(f.max_completion_tokens),
+        tokens,
+    })
 }
 
-async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    let Ok(f) = serde_json::from_slice::<RequestFields<'_>>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "the body is not a JSON chat completion request");
+fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
+    let Ok(f) = serde_json::from_slice::<RequestFields<'_>>(body) else {
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, "the body is not a JSON chat completion request")));
     };
     let Some(messages) = &f.messages else {
-        return error(StatusCode::BAD_REQUEST, "messages must be an array");
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, "messages must be an array")));
     };
     let parts: Vec<(&str, String)> = messages
         .iter()
@@ -221,8 +252,25 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap,
         .collect();
     let messages: Vec<(&str, &str)> = parts.iter().map(|(r, c)| (*r, c.as_str())).collect();
     let tokens = shared.tokenizer.encode_chat(&messages);
-    let (model, max_tokens) = (f.model.as_deref().map(str::to_string), f.max_tokens.or(f.max_completion_tokens));
-    forward(shared, "/v1/chat/completions", &headers, body.clone(), model, max_tokens, tokens).await
+    Ok(Parsed {
+        model: f.model.as_deref().map(str::to_string),
+        max_tokens: f.max_tokens.or(f.max_completion_tokens),
+        tokens,
+    })
+}
+
+async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    match parse(&shared, &body, read_completion).await {
+        Ok(p) => forward(shared, "/v1/completions", &headers, body.clone(), p.model, p.max_tokens, p.tokens).await,
+        Err(r) => *r,
+    }
+}
+
+async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    match parse(&shared, &body, read_chat).await {
+        Ok(p) => forward(shared, "/v1/chat/completions", &headers, body.clone(), p.model, p.max_tokens, p.tokens).await,
+        Err(r) => *r,
+    }
 }
 
 async fn forward(
