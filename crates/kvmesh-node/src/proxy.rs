@@ -194,6 +194,16 @@ struct Parsed {
     tokens: Vec<u32>,
 }
 
+impl Parsed {
+    fn new(f: &RequestFields<'_>, tokens: Vec<u32>) -> Parsed {
+        Parsed {
+            model: f.model.as_deref().map(str::to_string),
+            max_tokens: f.max_tokens.or(f.max_completion_tokens),
+            tokens,
+        }
+    }
+}
+
 /// Bodies at least this large are parsed and tokenized on tokio's blocking pool: a real
 /// tokenizer on a long prompt (or chat template) takes milliseconds, which would hold up every
 /// other request on the proxy's thread. Smaller ones stay inline (the hand-off would cost more).
@@ -225,11 +235,7 @@ fn read_completion(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>
         Some(Prompt::Texts(ps)) if !ps.is_empty() => shared.tokenizer.encode(&ps[0]),
         _ => return Err(Box::new(error(StatusCode::BAD_REQUEST, "prompt must be a string, strings, or token ids"))),
     };
-    Ok(Parsed {
-        model: f.model.as_deref().map(str::to_string),
-        max_tokens: f.max_tokens.or(f.max_completion_tokens),
-        tokens,
-    })
+    Ok(Parsed::new(&f, tokens))
 }
 
 fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
@@ -252,23 +258,19 @@ fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
         .collect();
     let messages: Vec<(&str, &str)> = parts.iter().map(|(r, c)| (*r, c.as_str())).collect();
     let tokens = shared.tokenizer.encode_chat(&messages);
-    Ok(Parsed {
-        model: f.model.as_deref().map(str::to_string),
-        max_tokens: f.max_tokens.or(f.max_completion_tokens),
-        tokens,
-    })
+    Ok(Parsed::new(&f, tokens))
 }
 
 async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     match parse(&shared, &body, read_completion).await {
-        Ok(p) => forward(shared, "/v1/completions", &headers, body.clone(), p.model, p.max_tokens, p.tokens).await,
+        Ok(p) => forward(shared, "/v1/completions", &headers, body, p).await,
         Err(r) => *r,
     }
 }
 
 async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     match parse(&shared, &body, read_chat).await {
-        Ok(p) => forward(shared, "/v1/chat/completions", &headers, body.clone(), p.model, p.max_tokens, p.tokens).await,
+        Ok(p) => forward(shared, "/v1/chat/completions", &headers, body, p).await,
         Err(r) => *r,
     }
 }
@@ -278,9 +280,7 @@ async fn forward(
     path: &str,
     headers: &HeaderMap,
     body: Bytes,
-    asked_model: Option<String>,
-    max_tokens: Option<u64>,
-    tokens: Vec<u32>,
+    Parsed { model: asked_model, max_tokens, tokens }: Parsed,
 ) -> Response {
     let headers = upstream_headers(headers);
     let (model, retries, backoff_s) =
