@@ -7,8 +7,12 @@
 # raw JSON lines to target/router-compare/*.jsonl.
 #
 # Added latency = latency through the router − latency straight to the engines (client-side
-# round robin), at the same offered rate; each router runs alone (the others stopped) so they
-# do not compete for the two cores. Engines are kvmesh-engine-sim at --speed 1000 (a step of a
+# round robin), at the same offered rate, both measured in the same run: `kvmesh loadtest
+# --baseline` interleaves the direct requests with the router's, so drift between runs (the
+# machine, the engines' timers) cancels out of the difference. Each router runs alone (the
+# others stopped) so they do not compete for the two cores. `passthrough` (an example in
+# crates/kvmesh-node) is the floor: the same HTTP libraries as kvmesh's proxy, doing nothing
+# but forwarding. Engines are kvmesh-engine-sim at --speed 1000 (a step of a
 # few microseconds; tokio's 1 ms timer dominates the engine time, equally for every target).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,6 +21,7 @@ OUT=target/router-compare
 mkdir -p "$OUT"
 rm -f "$OUT"/*.jsonl
 cargo build --release -q -p kvmesh-cli -p kvmesh-engine-sim
+cargo build --release -q -p kvmesh-node --example passthrough
 B=target/release
 VENV="$OUT/venv"
 if [ ! -x "$VENV/bin/vllm-router" ] || [ ! -x "$VENV/bin/python" ]; then
@@ -48,18 +53,17 @@ TOML
 wait_up() { for _ in $(seq 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done; echo "not up: $1" >&2; return 1; }
 for e in "${ENGINES[@]}"; do wait_up "$e/health"; done
 
-run_load() { # name url rate rep
-  local rate=$3 conc=64
-  "$B/kvmesh" loadtest --url "$2" --rate "$rate" --concurrency $conc --duration "$SECS" --warmup 2 --json \
-    | sed "s/^{/{\"target\":\"$1\",\"rep\":$4,/" >>"$OUT/http.jsonl"
+run_load() { # name url rate rep [loadtest args…]
+  local name=$1 url=$2 rate=$3 rep=$4; shift 4
+  "$B/kvmesh" loadtest --url "$url" --rate "$rate" --concurrency 64 --duration "$SECS" --warmup 2 --json "$@" \
+    | sed "s/^{/{\"target\":\"$name\",\"rep\":$rep,/" >>"$OUT/http.jsonl"
 }
-# Each router's block: three repetitions of (direct, router) pairs at 200 and 500 req/s, so
-# every router figure has a direct baseline taken just before it, then saturation once.
+# Each router's block: three runs at 200 and at 500 req/s, each with the direct baseline
+# interleaved at the same rate, then saturation once.
 measure() { # name url
   for rep in 1 2 3; do
     for rate in 200 500; do
-      run_load "direct-for-$1" "$DIRECT" $rate $rep
-      run_load "$1" "$2" $rate $rep
+      run_load "$1" "$2" $rate $rep --baseline "$DIRECT"
     done
   done
   run_load "$1" "$2" 0 1
@@ -76,13 +80,10 @@ for c in 8 32; do
 done
 kill $NODE; wait $NODE 2>/dev/null || true
 
-# The same node with its HTTP proxy on one thread (`proxy_threads = 1`, a current-thread
-# runtime) instead of two: every hand-off of a request stays on that thread.
-sed 's/^\[node\]$/[node]\nproxy_threads = 1/' "$OUT/node.toml" >"$OUT/node-p1.toml"
-"$B/kvmesh" node --config "$OUT/node-p1.toml" >"$OUT/node-p1.log" 2>&1 & NODE=$!; PIDS+=($NODE)
-wait_up http://127.0.0.1:19100/health
-measure "kvmesh proxy_threads=1" http://127.0.0.1:19100
-kill $NODE; wait $NODE 2>/dev/null || true
+"$B/examples/passthrough" 127.0.0.1:19400 "$DIRECT" >"$OUT/passthrough.log" 2>&1 & PT=$!; PIDS+=($PT)
+wait_up http://127.0.0.1:19400/health
+measure "passthrough (floor)" http://127.0.0.1:19400
+kill $PT; wait $PT 2>/dev/null || true
 
 "$VENV/bin/vllm-router" --host 127.0.0.1 --port 19200 --worker-urls "${ENGINES[@]}" --policy cache_aware \
   --prometheus-port 19201 >"$OUT/vllm-router.log" 2>&1 & VR=$!; PIDS+=($VR)
@@ -103,21 +104,21 @@ rows = [json.loads(l) for l in open(f"{out}/http.jsonl")]
 def med(xs): return statistics.median(xs)
 targets = [r["target"] for r in rows if not r["target"].startswith("direct")]
 targets = list(dict.fromkeys(targets))
-print("| target | offered | achieved req/s | p50 ms | p99 ms | added p50 ms (median of 3, range) | added p99 ms (median of 3, range) | errors |")
-print("|---|---|---|---|---|---|---|---|")
+print("| target | offered | achieved req/s | p50 ms | p99 ms | direct p50 / p99 ms (interleaved) | added p50 ms (median of 3, range) | added p99 ms (median of 3, range) | errors |")
+print("|---|---|---|---|---|---|---|---|---|")
 sat_direct = [r for r in rows if r["target"] == "direct" and r["offered_rps"] == 0][0]
-print(f'| direct | saturation (64 workers) | {sat_direct["achieved_rps"]:.0f} | {sat_direct["p50_ms"]:.3f} | {sat_direct["p99_ms"]:.3f} | — | — | {sum(sat_direct["errors"].values()) + sat_direct["dropped"]} |')
+print(f'| direct | saturation (64 workers) | {sat_direct["achieved_rps"]:.0f} | {sat_direct["p50_ms"]:.3f} | {sat_direct["p99_ms"]:.3f} | — | — | — | {sum(sat_direct["errors"].values()) + sat_direct["dropped"]} |')
 for t in targets:
     for rate in (200, 500):
-        mine = sorted((r for r in rows if r["target"] == t and r["offered_rps"] == rate), key=lambda r: r["rep"])
-        base = sorted((r for r in rows if r["target"] == f"direct-for-{t}" and r["offered_rps"] == rate), key=lambda r: r["rep"])
-        a50 = [m["p50_ms"] - b["p50_ms"] for m, b in zip(mine, base)]
-        a99 = [m["p99_ms"] - b["p99_ms"] for m, b in zip(mine, base)]
-        errors = sum(sum(m["errors"].values()) + m["dropped"] for m in mine)
+        mine = [r for r in rows if r["target"] == t and r["offered_rps"] == rate]
+        a50 = [m["added_p50_ms"] for m in mine]
+        a99 = [m["added_p99_ms"] for m in mine]
+        errors = sum(sum(m["errors"].values()) + sum(m["baseline"]["errors"].values()) + m["dropped"] for m in mine)
         print(f'| {t} | {rate} req/s | {med([m["achieved_rps"] for m in mine]):.0f} | {med([m["p50_ms"] for m in mine]):.3f} | {med([m["p99_ms"] for m in mine]):.3f} | '
+              f'{med([m["baseline"]["p50_ms"] for m in mine]):.3f} / {med([m["baseline"]["p99_ms"] for m in mine]):.3f} | '
               f'{med(a50):.3f} ({min(a50):.3f} to {max(a50):.3f}) | {med(a99):.3f} ({min(a99):.3f} to {max(a99):.3f}) | {errors} |')
     sat = [r for r in rows if r["target"] == t and r["offered_rps"] == 0][0]
-    print(f'| {t} | saturation (64 workers) | {sat["achieved_rps"]:.0f} | {sat["p50_ms"]:.3f} | {sat["p99_ms"]:.3f} | — | — | {sum(sat["errors"].values()) + sat["dropped"]} |')
+    print(f'| {t} | saturation (64 workers) | {sat["achieved_rps"]:.0f} | {sat["p50_ms"]:.3f} | {sat["p99_ms"]:.3f} | — | — | — | {sum(sat["errors"].values()) + sat["dropped"]} |')
 print()
 print("| kvmesh gRPC Route (+ Release) | Route calls/s | Route p50 ms | Route p99 ms |")
 print("|---|---|---|---|")

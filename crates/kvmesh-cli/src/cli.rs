@@ -346,6 +346,12 @@ pub struct LoadtestArgs {
     /// (what a client of a router tier does when one router dies).
     #[arg(long)]
     pub retry_once: bool,
+    /// HTTP, open loop: also send the same rate to these base URLs (comma-separated, in turn),
+    /// interleaved with `--url`'s requests (half a gap apart), and report both and the
+    /// difference. With the engines as the baseline and a router as `--url`, that difference
+    /// is the router's added latency, both sides measured over the same seconds.
+    #[arg(long, value_name = "URLS")]
+    pub baseline: Option<String>,
 }
 
 #[derive(Debug, Args)]

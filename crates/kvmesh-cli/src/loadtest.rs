@@ -4,7 +4,9 @@
 //!   prompts + a unique question, `max_tokens` as given) open-loop at `--rate` requests/s
 //!   (arrivals evenly spaced; at most `--concurrency` in flight, excess counted as dropped),
 //!   or closed-loop with `--concurrency` workers when `--rate 0` (saturation). Reports
-//!   achieved requests/s and latency p50/p90/p99 (HdrHistogram), errors by status.
+//!   achieved requests/s and latency p50/p90/p99 (HdrHistogram), errors by status. With
+//!   `--baseline`, a second stream at the same rate goes to other URLs, interleaved, and the
+//!   difference of the two is reported (a router's added latency).
 //! - `--mode route`: closed-loop gRPC `Router.Route` + `Router.Release` pairs against a kvmesh
 //!   node; reports Route calls/s and Route latency.
 
@@ -43,23 +45,33 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.duration > 0.0 && args.warmup >= 0.0, "duration must be positive and warmup non-negative");
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "rate must be ≥ 0 (0: saturation)");
     anyhow::ensure!(args.concurrency > 0, "concurrency must be positive");
+    if args.baseline.is_some() {
+        anyhow::ensure!(args.mode == "http" && args.rate > 0.0, "--baseline needs --mode http and --rate > 0");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let (tally, elapsed, dropped) = runtime.block_on(async {
+    let (tally, baseline, elapsed, dropped) = runtime.block_on(async {
         match args.mode.as_str() {
             "http" => http(args).await,
-            "route" => route(args).await,
+            "route" => route(args).await.map(|(t, e, d)| (t, None, e, d)),
             other => anyhow::bail!("unknown --mode {other:?}: use http or route"),
         }
     })?;
-    let h = tally.latency.unwrap_or_else(|| Histogram::new(3).expect("valid"));
-    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
-    let rps = tally.ok as f64 / elapsed;
+    let target = Summary::new(&tally, elapsed);
+    let baseline = baseline.map(|b| Summary::new(&b, elapsed));
     if args.json {
-        let v = serde_json::json!({
-            "mode": args.mode, "url": args.url, "offered_rps": args.rate, "achieved_rps": rps, "ok": tally.ok,
-            "errors": tally.errors, "retried": tally.retried, "dropped": dropped, "p50_ms": q(0.5), "p90_ms": q(0.9), "p99_ms": q(0.99),
-            "max_ms": h.max() as f64 / 1000.0, "seconds": elapsed,
+        let mut v = serde_json::json!({
+            "mode": args.mode, "url": args.url, "offered_rps": args.rate, "achieved_rps": target.rps, "ok": tally.ok,
+            "errors": tally.errors, "retried": tally.retried, "dropped": dropped, "p50_ms": target.p50_ms,
+            "p90_ms": target.p90_ms, "p99_ms": target.p99_ms, "max_ms": target.max_ms, "seconds": elapsed,
         });
+        if let (Some(b), Some(url)) = (&baseline, &args.baseline) {
+            v["baseline"] = serde_json::json!({
+                "url": url, "achieved_rps": b.rps, "ok": b.ok, "errors": b.errors,
+                "p50_ms": b.p50_ms, "p90_ms": b.p90_ms, "p99_ms": b.p99_ms, "max_ms": b.max_ms,
+            });
+            v["added_p50_ms"] = (target.p50_ms - b.p50_ms).into();
+            v["added_p99_ms"] = (target.p99_ms - b.p99_ms).into();
+        }
         println!("{v}");
     } else {
         let offered = if args.rate > 0.0 {
@@ -67,91 +79,163 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
         } else {
             format!("saturation ({} workers)", args.concurrency)
         };
-        println!("{} {}: {offered}, {rps:.0} ok/s over {elapsed:.1} s", args.mode, args.url);
-        println!(
-            "  latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-            q(0.5),
-            q(0.9),
-            q(0.99),
-            h.max() as f64 / 1000.0
-        );
+        println!("{} {}: {offered}, {:.0} ok/s over {elapsed:.1} s", args.mode, args.url, target.rps);
+        target.print();
+        if let (Some(b), Some(url)) = (&baseline, &args.baseline) {
+            println!("baseline {url}: {:.0} ok/s (interleaved with the above)", b.rps);
+            b.print();
+            println!(
+                "added by {}: p50 {:.3} ms, p99 {:.3} ms",
+                args.url,
+                target.p50_ms - b.p50_ms,
+                target.p99_ms - b.p99_ms
+            );
+        }
         if tally.retried > 0 {
             println!("  retried on the next URL after a refused or reset connection: {}", tally.retried);
         }
-        if !tally.errors.is_empty() || dropped > 0 {
-            println!("  errors {:?}, dropped (over --concurrency in flight) {dropped}", tally.errors);
+        if dropped > 0 {
+            println!("  dropped (over --concurrency in flight): {dropped}");
         }
     }
     Ok(())
 }
 
-fn prompt(i: u64, prefixes: u32) -> String {
-    let system = format!("System prompt number {} for the load test. ", i % prefixes.max(1) as u64).repeat(16);
-    format!("{system}Question {i}: what is the answer?")
+/// One stream's figures: requests/s, latency quantiles in milliseconds, errors by kind.
+struct Summary {
+    rps: f64,
+    ok: u64,
+    errors: BTreeMap<String, u64>,
+    p50_ms: f64,
+    p90_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
 }
 
-async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64, u64)> {
-    let urls: Vec<String> =
-        args.url.split(',').map(|u| format!("{}/v1/completions", u.trim().trim_end_matches('/'))).collect();
+impl Summary {
+    fn new(t: &Tally, elapsed: f64) -> Summary {
+        let empty = Histogram::new(3).expect("valid");
+        let h = t.latency.as_ref().unwrap_or(&empty);
+        let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+        Summary {
+            rps: t.ok as f64 / elapsed,
+            ok: t.ok,
+            errors: t.errors.clone(),
+            p50_ms: q(0.5),
+            p90_ms: q(0.9),
+            p99_ms: q(0.99),
+            max_ms: h.max() as f64 / 1000.0,
+        }
+    }
+
+    fn print(&self) {
+        println!(
+            "  latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            self.p50_ms, self.p90_ms, self.p99_ms, self.max_ms
+        );
+        if !self.errors.is_empty() {
+            println!("  errors {:?}", self.errors);
+        }
+    }
+}
+
+/// The `i`-th prompt of a stream: one of `prefixes` shared system prompts and a unique
+/// question (`tag` keeps two interleaved streams' questions apart, so neither hits the
+/// other's cached blocks beyond the shared prefix).
+fn prompt(i: u64, prefixes: u32, tag: &str) -> String {
+    let system = format!("System prompt number {} for the load test. ", i % prefixes.max(1) as u64).repeat(16);
+    format!("{system}Question {tag}{i}: what is the answer?")
+}
+
+/// The requests sent to one list of base URLs (in turn), and what came back.
+struct Stream {
+    urls: Vec<String>,
+    tag: &'static str,
+    next: AtomicU64,
+    tally: Mutex<Tally>,
+}
+
+impl Stream {
+    fn new(urls: &str, tag: &'static str) -> Arc<Stream> {
+        let urls = urls.split(',').map(|u| format!("{}/v1/completions", u.trim().trim_end_matches('/'))).collect();
+        Arc::new(Stream { urls, tag, next: AtomicU64::new(0), tally: Mutex::new(Tally::default()) })
+    }
+
+    fn into_tally(self: Arc<Stream>) -> anyhow::Result<Tally> {
+        let s = Arc::try_unwrap(self).map_err(|_| anyhow::anyhow!("tasks still running"))?;
+        Ok(s.tally.into_inner().unwrap_or_default())
+    }
+}
+
+/// Sends one request of `stream` (its next prompt, to its next URL) and records it if it
+/// started at or after `measure_from`.
+async fn one(
+    client: reqwest::Client,
+    stream: Arc<Stream>,
+    args: (u32, u32, bool),
+    retried: Arc<AtomicU64>,
+    measure_from: Instant,
+) {
+    let (max_tokens, prefixes, retry_once) = args;
+    let i = stream.next.fetch_add(1, Ordering::Relaxed);
+    let url = &stream.urls[i as usize % stream.urls.len()];
+    let next_url = &stream.urls[(i as usize + 1) % stream.urls.len()];
+    let body = serde_json::json!({"model": "kvmesh-sim-llama-3-8b", "prompt": prompt(i, prefixes, stream.tag), "max_tokens": max_tokens});
+    let t = Instant::now();
+    let send = |url: &str| {
+        let request = client.post(url).json(&body);
+        async move {
+            match request.send().await {
+                Ok(r) if r.status().is_success() => r.bytes().await.map(|_| ()).map_err(|e| format!("body: {e}")),
+                Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
+                Err(e) => Err(if e.is_connect() { "connect".into() } else { "request".into() }),
+            }
+        }
+    };
+    let mut result = send(url).await;
+    // A client of a router tier retries a refused or reset connection once, on the next
+    // router (no response means the request never reached an engine's answer).
+    let transport = matches!(&result, Err(e) if e == "connect" || e == "request");
+    if retry_once && transport {
+        result = send(next_url).await;
+        retried.fetch_add(1, Ordering::Relaxed);
+    }
+    if t >= measure_from {
+        stream.tally.lock().unwrap_or_else(|p| p.into_inner()).record(t.elapsed().as_micros() as u64, result);
+    }
+}
+
+async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, Option<Tally>, f64, u64)> {
+    let target = Stream::new(&args.url, "");
+    let baseline = args.baseline.as_deref().map(|b| Stream::new(b, "b"));
+    let streams: Vec<Arc<Stream>> = std::iter::once(target.clone()).chain(baseline.clone()).collect();
     let client = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency).build()?;
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let next = Arc::new(AtomicU64::new(0));
     let in_flight = Arc::new(AtomicU64::new(0));
     let retried = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup);
     let end = measure_from + Duration::from_secs_f64(args.duration);
-    let one = {
-        let (client, urls, tally, max_tokens, prefixes) =
-            (client.clone(), urls.clone(), tally.clone(), args.max_tokens, args.prefixes);
-        let (retry_once, retried) = (args.retry_once, retried.clone());
-        move |i: u64| {
-            let (client, url, tally) = (client.clone(), urls[i as usize % urls.len()].clone(), tally.clone());
-            let next_url = urls[(i as usize + 1) % urls.len()].clone();
-            let retried = retried.clone();
-            async move {
-                let body = serde_json::json!({"model": "kvmesh-sim-llama-3-8b", "prompt": prompt(i, prefixes), "max_tokens": max_tokens});
-                let t = Instant::now();
-                let send = |url: String| {
-                    let (client, body) = (client.clone(), body.clone());
-                    async move {
-                        match client.post(&url).json(&body).send().await {
-                            Ok(r) if r.status().is_success() => {
-                                r.bytes().await.map(|_| ()).map_err(|e| format!("body: {e}"))
-                            }
-                            Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
-                            Err(e) => Err(if e.is_connect() { "connect".into() } else { "request".into() }),
-                        }
-                    }
-                };
-                let mut result = send(url).await;
-                // A client of a router tier retries a refused or reset connection once, on the
-                // next router (no response means the request never reached an engine's answer).
-                let transport = matches!(&result, Err(e) if e == "connect" || e == "request");
-                if retry_once && transport {
-                    result = send(next_url).await;
-                    retried.fetch_add(1, Ordering::Relaxed);
-                }
-                if t >= measure_from {
-                    tally.lock().unwrap_or_else(|p| p.into_inner()).record(t.elapsed().as_micros() as u64, result);
-                }
-            }
-        }
-    };
+    let knobs = (args.max_tokens, args.prefixes, args.retry_once);
     let mut dropped = 0;
     if args.rate > 0.0 {
-        let gap = Duration::from_secs_f64(1.0 / args.rate);
+        // Each stream at `rate`, their arrivals alternating: both see the same seconds of the
+        // machine, so drift between runs cancels out of their difference.
+        let gap = Duration::from_secs_f64(1.0 / args.rate / streams.len() as f64);
         let mut at = start;
         let mut tasks = Vec::new();
-        while at < end {
+        for slot in 0usize.. {
+            if at >= end {
+                break;
+            }
             tokio::time::sleep_until(at.into()).await;
             if in_flight.load(Ordering::Relaxed) >= args.concurrency as u64 {
                 if at >= measure_from {
                     dropped += 1;
                 }
             } else {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let (f, flight) = (one(i), in_flight.clone());
+                let stream = streams[slot % streams.len()].clone();
+                let f = one(client.clone(), stream, knobs, retried.clone(), measure_from);
+                let flight = in_flight.clone();
                 flight.fetch_add(1, Ordering::Relaxed);
                 tasks.push(tokio::spawn(async move {
                     f.await;
@@ -166,10 +250,10 @@ async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64, u64)> {
     } else {
         let workers: Vec<_> = (0..args.concurrency)
             .map(|_| {
-                let (one, next) = (one.clone(), next.clone());
+                let (client, target, retried) = (client.clone(), target.clone(), retried.clone());
                 tokio::spawn(async move {
                     while Instant::now() < end {
-                        one(next.fetch_add(1, Ordering::Relaxed)).await;
+                        one(client.clone(), target.clone(), knobs, retried.clone(), measure_from).await;
                     }
                 })
             })
@@ -178,11 +262,11 @@ async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64, u64)> {
             let _ = w.await;
         }
     }
-    drop(one);
-    let mut tally =
-        Arc::try_unwrap(tally).map_err(|_| anyhow::anyhow!("tasks still running"))?.into_inner().unwrap_or_default();
+    drop(streams);
+    let mut tally = target.into_tally()?;
     tally.retried = retried.load(Ordering::Relaxed);
-    Ok((tally, args.duration, dropped))
+    let baseline = baseline.map(Stream::into_tally).transpose()?;
+    Ok((tally, baseline, args.duration, dropped))
 }
 
 async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64, u64)> {
@@ -208,7 +292,7 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64, u64)> {
                     let t = Instant::now();
                     let req = v1::RouteRequest {
                         model: String::new(),
-                        prompt: Some(v1::route_request::Prompt::Text(prompt(i, prefixes))),
+                        prompt: Some(v1::route_request::Prompt::Text(prompt(i, prefixes, ""))),
                         max_tokens: Some(16),
                         session_key: None,
                         lora_name: None,
@@ -240,4 +324,79 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64, u64)> {
     let tally =
         Arc::try_unwrap(tally).map_err(|_| anyhow::anyhow!("tasks still running"))?.into_inner().unwrap_or_default();
     Ok((tally, args.duration, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in engine: answers `/v1/completions` after `delay_ms`, keeping each prompt.
+    async fn engine(delay_ms: u64, prompts: Arc<Mutex<Vec<String>>>) -> String {
+        use axum::{routing::post, Json, Router};
+        let app = Router::new().route(
+            "/v1/completions",
+            post(move |Json(body): Json<serde_json::Value>| {
+                let prompts = prompts.clone();
+                async move {
+                    prompts.lock().unwrap().push(body["prompt"].as_str().unwrap_or_default().to_string());
+                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                    Json(serde_json::json!({"choices": []}))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_baseline_stream_runs_interleaved_at_the_same_rate_and_is_measured_apart() {
+        let (slow_seen, fast_seen) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+        let (slow, fast) = (engine(30, slow_seen.clone()).await, engine(0, fast_seen.clone()).await);
+        let args = LoadtestArgs {
+            mode: "http".into(),
+            url: slow,
+            rate: 40.0,
+            concurrency: 64,
+            duration: 1.0,
+            warmup: 0.0,
+            prefixes: 8,
+            max_tokens: 1,
+            json: true,
+            retry_once: false,
+            baseline: Some(fast),
+        };
+        let (target, baseline, seconds, dropped) = http(&args).await.unwrap();
+        let baseline = baseline.expect("a baseline tally");
+        // 40/s each over 1 s: 80 arrivals, alternating.
+        assert_eq!((target.ok, baseline.ok, dropped, seconds), (40, 40, 0, 1.0));
+        let (t, b) = (Summary::new(&target, seconds), Summary::new(&baseline, seconds));
+        assert!(t.p50_ms - b.p50_ms >= 30.0, "added {} ms", t.p50_ms - b.p50_ms);
+        assert!(b.p50_ms < 30.0, "the baseline waited on the slow engine: {} ms", b.p50_ms);
+        // Each stream has its own questions on the same shared system prompts.
+        let (slow_seen, fast_seen) = (slow_seen.lock().unwrap().clone(), fast_seen.lock().unwrap().clone());
+        assert_eq!(slow_seen[3], prompt(3, 8, ""));
+        assert_eq!(fast_seen[3], prompt(3, 8, "b"));
+        assert!(fast_seen[3].ends_with("Question b3: what is the answer?"));
+        assert!(slow_seen.iter().all(|p| !p.contains("Question b")));
+    }
+
+    #[test]
+    fn a_baseline_needs_an_open_loop_http_run() {
+        let args = LoadtestArgs {
+            mode: "http".into(),
+            url: "http://127.0.0.1:9".into(),
+            rate: 0.0,
+            concurrency: 1,
+            duration: 1.0,
+            warmup: 0.0,
+            prefixes: 8,
+            max_tokens: 1,
+            json: true,
+            retry_once: false,
+            baseline: Some("http://127.0.0.1:9".into()),
+        };
+        assert_eq!(run(&args).unwrap_err().to_string(), "--baseline needs --mode http and --rate > 0");
+    }
 }

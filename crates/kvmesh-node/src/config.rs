@@ -549,6 +549,9 @@ impl ReplicaConfig {
         if !(self.http.starts_with("http://") || self.http.starts_with("https://")) {
             return bad(&format!("http must be an http:// or https:// URL, got {:?}", self.http));
         }
+        if let Err(e) = crate::replica::endpoints::Endpoints::parse(&self.http) {
+            return bad(&format!("http: {e}"));
+        }
         for (field, ep) in [("kv_events", &self.kv_events), ("replay", &self.replay)] {
             if let Some(ep) = ep {
                 if !(ep.starts_with("tcp://") || ep.starts_with("ipc://")) {

@@ -56,7 +56,8 @@ impl router_server::Router for Services {
             req = req.with_key(hasher.sequence_key(&approximate_tokens(key)));
         }
         let mut core = self.shared.core();
-        let (routed, name, url) = core.route(&req, &tokens, now).map_err(|e| GrpcStatus::unavailable(e.to_string()))?;
+        let (routed, name, endpoints) =
+            core.route(&req, &tokens, now).map_err(|e| GrpcStatus::unavailable(e.to_string()))?;
         drop(core);
         let m = &self.shared.metrics;
         m.decision_latency.observe(t0.elapsed().as_secs_f64());
@@ -79,7 +80,7 @@ impl router_server::Router for Services {
         });
         Ok(Response::new(v1::RouteResponse {
             replica_id: name,
-            endpoint: url,
+            endpoint: endpoints.base.clone(),
             overlap_blocks: d.overlap_blocks,
             block_size: self.shared.settings.block_size,
             uncached_tokens: d.uncached_tokens,

@@ -8,6 +8,7 @@
 //! and take the dead one out at once; 429/503 are backpressure (the replica sits out a
 //! backoff, then returns); other 4xx pass through without counting against the replica.
 
+use crate::replica::endpoints::Api;
 use crate::state::Shared;
 use axum::body::{Body, Bytes};
 use axum::extract::DefaultBodyLimit;
@@ -263,21 +264,21 @@ fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
 
 async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     match parse(&shared, &body, read_completion).await {
-        Ok(p) => forward(shared, "/v1/completions", &headers, body, p).await,
+        Ok(p) => forward(shared, Api::Completions, &headers, body, p).await,
         Err(r) => *r,
     }
 }
 
 async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     match parse(&shared, &body, read_chat).await {
-        Ok(p) => forward(shared, "/v1/chat/completions", &headers, body, p).await,
+        Ok(p) => forward(shared, Api::ChatCompletions, &headers, body, p).await,
         Err(r) => *r,
     }
 }
 
 async fn forward(
     shared: Arc<Shared>,
-    path: &str,
+    api: Api,
     headers: &HeaderMap,
     body: Bytes,
     Parsed { model: asked_model, max_tokens, tokens }: Parsed,
@@ -308,9 +309,12 @@ async fn forward(
     let mut last_failure = String::from("no replica is ready");
     // Hashed once, outside the core lock.
     let req = RouteRequest::new(&shared.settings.hasher, &tokens, max_tokens);
-    let span = tracing::info_span!(
+    // At debug, as the per-request events: exported to OpenTelemetry all the same (see
+    // `telemetry`), but not formatted into every log line at info, where building and
+    // recording its fields was ~6 % of the proxy's CPU (BENCHMARKS.md, router node).
+    let span = tracing::debug_span!(
         "request",
-        path,
+        path = api.path(),
         prompt_tokens = tokens.len(),
         policy = %shared.policy_name(),
         replica = tracing::field::Empty,
@@ -326,7 +330,7 @@ async fn forward(
         span.record("attempts", attempt + 1);
         let mut t0 = Instant::now();
         let mut now = shared.now();
-        let (routed, name, url) = loop {
+        let (routed, name, endpoints) = loop {
             // The core's lock lives in this block only: the handler's future must stay Send.
             let decided = {
                 let mut core = shared.core();
@@ -398,10 +402,10 @@ async fn forward(
             span: span.clone(),
             prompt_tokens: tokens.len() as u32,
         };
-        let upstream = tracing::info_span!(parent: &span, "upstream", replica = %name, attempt = attempt + 1);
+        let upstream = tracing::debug_span!(parent: &span, "upstream", replica = %name, attempt = attempt + 1);
         let sent = shared
             .http
-            .post(format!("{url}{path}"))
+            .post(endpoints.url(api).clone())
             .headers(headers.clone())
             .body(body.clone())
             .send()

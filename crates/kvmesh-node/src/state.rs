@@ -7,6 +7,7 @@
 
 use crate::config::{NodeConfig, ReplicaConfig};
 use crate::metrics::Metrics;
+use crate::replica::endpoints::Endpoints;
 use kvmesh_core::fleet::ReplicaStatus as CoreStatus;
 use kvmesh_core::index::{ApplyOutcome, KvEvent};
 use kvmesh_core::load::{BookingId, EngineMetrics};
@@ -80,6 +81,8 @@ pub struct Replica {
     pub id: ReplicaId,
     /// How to reach it.
     pub config: ReplicaConfig,
+    /// Its OpenAI API URLs, parsed from `config.http`.
+    pub endpoints: Arc<Endpoints>,
     /// Set by the admin API.
     pub draining: bool,
     /// Consecutive failed scrapes or connects.
@@ -389,6 +392,7 @@ impl Shared {
                 config.name, self.settings.block_size
             )));
         }
+        let endpoints = Arc::new(Endpoints::parse(&config.http).map_err(RegistryError::Invalid)?);
         let mut core = self.core();
         if core.replicas.contains_key(&config.name) {
             return Err(RegistryError::Exists(config.name));
@@ -402,6 +406,7 @@ impl Shared {
         let replica = Replica {
             id,
             config: config.clone(),
+            endpoints,
             draining: false,
             failures: 0,
             last_error: None,
@@ -567,7 +572,7 @@ impl Core {
         Some(outcome)
     }
 
-    /// Routes one request; returns the booking, the replica's name and its base URL. `tokens`
+    /// Routes one request; returns the booking, the replica's name and its URLs. `tokens`
     /// (the prompt) feed the hot-prefix sketch.
     ///
     /// # Errors
@@ -577,7 +582,7 @@ impl Core {
         req: &RouteRequest,
         tokens: &[u32],
         now: f64,
-    ) -> Result<(Routed, String, String), kvmesh_core::Error> {
+    ) -> Result<(Routed, String, Arc<Endpoints>), kvmesh_core::Error> {
         // Status changes on events, scrapes and failures re-sync their replica at once; only
         // the passing of time (an overload mark or event silence running out) needs a sweep,
         // and a sweep every 10 ms is plenty.
@@ -591,11 +596,11 @@ impl Core {
         let routed = fleet.route(policy.as_mut(), req, rng, now)?;
         // The core knows each replica's name (a binary search), the registry its endpoint.
         let id = routed.decision.replica;
-        let (name, url) = self
+        let (name, endpoints) = self
             .fleet
             .replica(id)
             .and_then(|state| self.replicas.get(&state.spec.name))
-            .map(|r| (r.config.name.clone(), r.config.http.trim_end_matches('/').to_string()))
+            .map(|r| (r.config.name.clone(), r.endpoints.clone()))
             .ok_or(kvmesh_core::Error::UnknownReplica(id))?;
         if let Some(out) = self.outbox.as_mut() {
             out.routed(&self.fleet, &routed, &req.hashes);
@@ -606,7 +611,7 @@ impl Core {
         if let Some(sketch) = self.sketch.as_mut() {
             sketch.observe(now, &req.hashes, Some(tokens), load);
         }
-        Ok((routed, name, url))
+        Ok((routed, name, endpoints))
     }
 
     /// A booking's first token arrived.

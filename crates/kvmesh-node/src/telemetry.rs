@@ -3,7 +3,8 @@
 //!
 //! Per request the proxy opens a `request` span (route decision with its reason, overlap and
 //! estimated TTFT, the chosen replica, the outcome) with an `upstream` child span for each
-//! attempt at an engine, and `first_token` / `complete` events. Pitfalls handled here (see
+//! attempt at an engine, and `first_token` / `complete` events. All of these are at debug: they
+//! always reach the OTLP exporter, and the log only with `RUST_LOG=kvmesh_node::proxy=debug`. Pitfalls handled here (see
 //! `../shared/LIBRARIES.md` §5): the batch exporter needs a multi-thread tokio runtime (the node
 //! has one); OpenTelemetry's own logs are kept out of the OTel layer (re-entrancy), and the
 //! provider is shut down off the async workers with a timeout.
@@ -11,6 +12,7 @@
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use std::io::IsTerminal;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -51,7 +53,11 @@ impl Telemetry {
     pub fn init(format: LogFormat, otlp_endpoint: Option<&str>, default_filter: &str) -> anyhow::Result<Telemetry> {
         let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
         let fmt = match format {
-            LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
+            // Colour codes only on a terminal: a log shipper would store them as text.
+            LogFormat::Text => tracing_subscriber::fmt::layer()
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_writer(std::io::stderr)
+                .boxed(),
             LogFormat::Json => tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).boxed(),
         };
         let (otel, provider) = match otlp_endpoint {
@@ -67,9 +73,9 @@ impl Telemetry {
                     .build();
                 let tracer = provider.tracer("kvmesh-node");
                 // Only kvmesh's own spans and events, at info and above whatever RUST_LOG says,
-                // plus the proxy's per-request events (debug in the log: one line each per
-                // request is too many there, but they belong on the request span): the request
-                // spans are the point, and the exporter's own transport (tonic, h2, hyper) and
+                // plus the proxy's per-request spans and events (debug in the log: formatting
+                // them for every request costs too much there): the request spans are the
+                // point, and the exporter's own transport (tonic, h2, hyper) and
                 // OpenTelemetry's logs must never feed back into it.
                 let ours = tracing_subscriber::filter::filter_fn(|m| {
                     m.target().starts_with("kvmesh")

@@ -11,6 +11,7 @@
 //! at runtime starts and stops actors.
 
 pub mod actor;
+pub mod endpoints;
 pub mod ingest;
 pub mod scrape;
 pub mod supervisor;

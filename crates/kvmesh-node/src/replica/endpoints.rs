@@ -1,0 +1,88 @@
+//! A replica's OpenAI API URLs, parsed once when the replica is registered.
+//!
+//! Why: the proxy used to format and parse `<http><path>` for every request it forwarded;
+//! parsing (with its IDNA host pass) was ~3 µs of the ~110 µs of CPU a proxied request costs
+//! (BENCHMARKS.md, router node).
+
+use reqwest::Url;
+
+/// The OpenAI API the proxy forwards to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    ChatCompletions,
+}
+
+impl Api {
+    /// The request path, as the engine serves it.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Completions => "/v1/completions",
+            Api::ChatCompletions => "/v1/chat/completions",
+        }
+    }
+}
+
+/// A replica's base URL and the parsed URL of each [`Api`].
+#[derive(Debug)]
+pub struct Endpoints {
+    /// The base URL without a trailing `/` (`http://host:port`), as given in the config.
+    pub base: String,
+    completions: Url,
+    chat_completions: Url,
+}
+
+impl Endpoints {
+    /// Parses `http` (`http://host:port`, optionally with a path prefix and a trailing `/`).
+    ///
+    /// # Errors
+    /// `http` is not an absolute `http://` or `https://` URL with a host; the message says why.
+    pub fn parse(http: &str) -> Result<Endpoints, String> {
+        // The base alone first: `http://` plus a path would parse with the path as its host.
+        let parsed = Url::parse(http).map_err(|e| format!("{http:?}: {e}"))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+            return Err(format!("{http:?} is not an http:// or https:// URL with a host"));
+        }
+        let base = http.trim_end_matches('/').to_string();
+        let url = |api: Api| Url::parse(&format!("{base}{}", api.path())).map_err(|e| format!("{http:?}: {e}"));
+        Ok(Endpoints { completions: url(Api::Completions)?, chat_completions: url(Api::ChatCompletions)?, base })
+    }
+
+    /// The URL to send `api` requests to.
+    pub fn url(&self, api: Api) -> &Url {
+        match api {
+            Api::Completions => &self.completions,
+            Api::ChatCompletions => &self.chat_completions,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_join_the_base_and_the_path_whatever_the_trailing_slash() {
+        for http in ["http://10.0.0.7:8000", "http://10.0.0.7:8000/"] {
+            let e = Endpoints::parse(http).unwrap();
+            assert_eq!(e.base, "http://10.0.0.7:8000");
+            assert_eq!(e.url(Api::Completions).as_str(), "http://10.0.0.7:8000/v1/completions");
+            assert_eq!(e.url(Api::ChatCompletions).as_str(), "http://10.0.0.7:8000/v1/chat/completions");
+        }
+        let prefixed = Endpoints::parse("https://gw.example/pool-a/").unwrap();
+        assert_eq!(prefixed.url(Api::ChatCompletions).as_str(), "https://gw.example/pool-a/v1/chat/completions");
+    }
+
+    #[test]
+    fn a_url_without_a_host_or_of_another_scheme_is_refused() {
+        assert_eq!(Endpoints::parse("http://").unwrap_err(), "\"http://\": empty host");
+        assert!(Endpoints::parse("ftp://h:21").unwrap_err().contains("not an http:// or https:// URL"));
+        assert!(Endpoints::parse("h:8000").unwrap_err().contains("not an http:// or https:// URL"));
+        assert_eq!(
+            Endpoints::parse("localhost:8000").unwrap_err(),
+            "\"localhost:8000\" is not an http:// or https:// URL with a host"
+        );
+    }
+}
