@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Router-added latency and Route throughput, side by side on one machine:
-#   kvmesh node  vs  vllm-router and sglang-router (PyPI), in front of the same engine-sims.
+#   kvmesh node  vs  vllm-router and sglang-router (PyPI)  vs  a bare pass-through (the floor),
+#   in front of the same engine-sims.
 #
 # Usage: tests/load/router_compare.sh [seconds per run, default 10]
 # Needs: cargo, python3 with venv and pip (PyPI reachable). Writes the table to stdout and the
@@ -113,7 +114,7 @@ for t in targets:
         mine = [r for r in rows if r["target"] == t and r["offered_rps"] == rate]
         a50 = [m["added_p50_ms"] for m in mine]
         a99 = [m["added_p99_ms"] for m in mine]
-        errors = sum(sum(m["errors"].values()) + sum(m["baseline"]["errors"].values()) + m["dropped"] for m in mine)
+        errors = sum(sum(m["errors"].values()) + m["dropped"] + sum(m["baseline"]["errors"].values()) + m["baseline"]["dropped"] for m in mine)
         print(f'| {t} | {rate} req/s | {med([m["achieved_rps"] for m in mine]):.0f} | {med([m["p50_ms"] for m in mine]):.3f} | {med([m["p99_ms"] for m in mine]):.3f} | '
               f'{med([m["baseline"]["p50_ms"] for m in mine]):.3f} / {med([m["baseline"]["p99_ms"] for m in mine]):.3f} | '
               f'{med(a50):.3f} ({min(a50):.3f} to {max(a50):.3f}) | {med(a99):.3f} ({min(a99):.3f} to {max(a99):.3f}) | {errors} |')

@@ -324,7 +324,8 @@ pub struct LoadtestArgs {
     /// Requests per second, open loop (0: closed loop with --concurrency workers, saturation).
     #[arg(long, default_value_t = 100.0, value_name = "R")]
     pub rate: f64,
-    /// Workers in closed-loop mode; cap on requests in flight in open-loop mode.
+    /// Workers in closed-loop mode; cap on requests in flight in open-loop mode (for each
+    /// stream, with `--baseline`).
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub concurrency: usize,
     /// Seconds to run.

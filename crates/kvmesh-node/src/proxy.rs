@@ -311,7 +311,7 @@ async fn forward(
     let req = RouteRequest::new(&shared.settings.hasher, &tokens, max_tokens);
     // At debug, as the per-request events: exported to OpenTelemetry all the same (see
     // `telemetry`), but not formatted into every log line at info, where building and
-    // recording its fields was ~6 % of the proxy's CPU (BENCHMARKS.md, router node).
+    // recording its fields was ~6 % of the node's CPU (BENCHMARKS.md, router node).
     let span = tracing::debug_span!(
         "request",
         path = api.path(),
@@ -573,16 +573,13 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
         let mut v: Vec<_> = core
             .replicas
             .values()
-            .map(|r| (core.status(r, now), r.config.name.clone(), r.config.http.clone()))
+            .map(|r| (core.status(r, now), r.config.name.clone(), r.endpoints.base.clone()))
             .collect();
         v.sort_by_key(|(s, ..)| *s != crate::state::Status::Ready);
         v.into_iter().map(|(_, n, u)| (n, u)).collect()
     };
     for (name, url) in urls {
-        let get = shared
-            .http
-            .get(format!("{}/v1/models", url.trim_end_matches('/')))
-            .timeout(std::time::Duration::from_secs(5));
+        let get = shared.http.get(format!("{url}/v1/models")).timeout(std::time::Duration::from_secs(5));
         match get.send().await {
             Ok(r) if r.status().is_success() => {
                 let ct = r.headers().get(reqwest::header::CONTENT_TYPE).cloned();

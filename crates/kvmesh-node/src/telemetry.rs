@@ -4,7 +4,8 @@
 //! Per request the proxy opens a `request` span (route decision with its reason, overlap and
 //! estimated TTFT, the chosen replica, the outcome) with an `upstream` child span for each
 //! attempt at an engine, and `first_token` / `complete` events. All of these are at debug: they
-//! always reach the OTLP exporter, and the log only with `RUST_LOG=kvmesh_node::proxy=debug`. Pitfalls handled here (see
+//! always reach the OTLP exporter, and the log only at debug
+//! (`RUST_LOG=info,kvmesh_node::proxy=debug`). Pitfalls handled here (see
 //! `../shared/LIBRARIES.md` §5): the batch exporter needs a multi-thread tokio runtime (the node
 //! has one); OpenTelemetry's own logs are kept out of the OTel layer (re-entrancy), and the
 //! provider is shut down off the async workers with a timeout.
@@ -53,9 +54,10 @@ impl Telemetry {
     pub fn init(format: LogFormat, otlp_endpoint: Option<&str>, default_filter: &str) -> anyhow::Result<Telemetry> {
         let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
         let fmt = match format {
-            // Colour codes only on a terminal: a log shipper would store them as text.
+            // Colour codes only on a terminal (a log shipper would store them as text), and
+            // not when `NO_COLOR` is set (https://no-color.org).
             LogFormat::Text => tracing_subscriber::fmt::layer()
-                .with_ansi(std::io::stderr().is_terminal())
+                .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()))
                 .with_writer(std::io::stderr)
                 .boxed(),
             LogFormat::Json => tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).boxed(),

@@ -22,12 +22,12 @@ pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::Unbounded
             let _ = failed.send(failure(&w, "the replica is no longer registered".into()));
             return;
         };
-        let url = core.replicas.get(&w.replica).map(|r| r.config.http.trim_end_matches('/').to_string());
+        let url = core.replicas.get(&w.replica).map(|r| r.endpoints.base.clone());
         let model = core.replicas.get(&w.replica).and_then(|r| r.config.model.clone());
         let chain = core.fleet.hasher().hash_blocks(&w.tokens);
         let holder = core.fleet.holders(&chain).into_iter().find_map(|h| {
             let name = core.fleet.replica(h)?.spec.name.clone();
-            let url = core.replicas.get(&name)?.config.http.trim_end_matches('/').to_string();
+            let url = core.replicas.get(&name)?.endpoints.base.clone();
             Some((name, url))
         });
         let spec = BookingSpec {
