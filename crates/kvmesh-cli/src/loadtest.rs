@@ -358,14 +358,12 @@ mod tests {
         url
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_baseline_stream_runs_interleaved_at_the_same_rate_and_is_measured_apart() {
-        let (slow_seen, fast_seen) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
-        let (slow, fast) = (engine(30, slow_seen.clone()).await, engine(0, fast_seen.clone()).await);
-        let args = LoadtestArgs {
+    /// An HTTP run of 1 s at `rate` to `url`, no warm-up, 8 prefixes, 1 output token.
+    fn open_loop(url: String, rate: f64, baseline: Option<String>) -> LoadtestArgs {
+        LoadtestArgs {
             mode: "http".into(),
-            url: slow,
-            rate: 40.0,
+            url,
+            rate,
             concurrency: 64,
             duration: 1.0,
             warmup: 0.0,
@@ -373,9 +371,15 @@ mod tests {
             max_tokens: 1,
             json: true,
             retry_once: false,
-            baseline: Some(fast),
-        };
-        let (target, baseline, seconds) = http(&args).await.unwrap();
+            baseline,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_baseline_stream_runs_interleaved_at_the_same_rate_and_is_measured_apart() {
+        let (slow_seen, fast_seen) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+        let (slow, fast) = (engine(30, slow_seen.clone()).await, engine(0, fast_seen.clone()).await);
+        let (target, baseline, seconds) = http(&open_loop(slow, 40.0, Some(fast))).await.unwrap();
         let baseline = baseline.expect("a baseline tally");
         // 40/s each over 1 s: 80 arrivals, alternating.
         assert_eq!((target.ok, baseline.ok, target.dropped, baseline.dropped, seconds), (40, 40, 0, 0, 1.0));
@@ -393,19 +397,7 @@ mod tests {
 
     #[test]
     fn a_baseline_needs_an_open_loop_http_run() {
-        let args = LoadtestArgs {
-            mode: "http".into(),
-            url: "http://127.0.0.1:9".into(),
-            rate: 0.0,
-            concurrency: 1,
-            duration: 1.0,
-            warmup: 0.0,
-            prefixes: 8,
-            max_tokens: 1,
-            json: true,
-            retry_once: false,
-            baseline: Some("http://127.0.0.1:9".into()),
-        };
+        let args = open_loop("http://127.0.0.1:9".into(), 0.0, Some("http://127.0.0.1:9".into()));
         assert_eq!(run(&args).unwrap_err().to_string(), "--baseline needs --mode http and --rate > 0");
     }
 }
