@@ -47,8 +47,13 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.duration > 0.0 && args.warmup >= 0.0, "duration must be positive and warmup non-negative");
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "rate must be ≥ 0 (0: saturation)");
     anyhow::ensure!(args.concurrency > 0, "concurrency must be positive");
-    if args.baseline.is_some() {
-        anyhow::ensure!(args.mode == "http" && args.rate > 0.0, "--baseline needs --mode http and --rate > 0");
+    if let Some(b) = &args.baseline {
+        anyhow::ensure!(args.mode == "http", "--baseline needs --mode http (it is {:?})", args.mode);
+        anyhow::ensure!(args.rate > 0.0, "--baseline needs an open-loop run: --rate > 0");
+        check_urls("--baseline", b)?;
+    }
+    if args.mode == "http" {
+        check_urls("--url", &args.url)?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (tally, baseline, elapsed) = runtime.block_on(async {
@@ -60,6 +65,7 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
     })?;
     let target = Summary::new(&tally, elapsed);
     let baseline = baseline.map(|b| Summary::new(&b, elapsed));
+    let comparable = baseline.as_ref().is_some_and(|b| b.ok > 0 && target.ok > 0);
     if args.json {
         let mut v = serde_json::json!({
             "mode": args.mode, "url": args.url, "offered_rps": args.rate, "achieved_rps": target.rps, "ok": tally.ok,
@@ -71,8 +77,10 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
                 "url": url, "achieved_rps": b.rps, "ok": b.ok, "errors": b.errors, "retried": b.retried, "dropped": b.dropped,
                 "p50_ms": b.p50_ms, "p90_ms": b.p90_ms, "p99_ms": b.p99_ms, "max_ms": b.max_ms,
             });
-            v["added_p50_ms"] = (target.p50_ms - b.p50_ms).into();
-            v["added_p99_ms"] = (target.p99_ms - b.p99_ms).into();
+            // Null when a side has no successful request: there is nothing to subtract.
+            let added = |t: f64, b: f64| comparable.then(|| ((t - b) * 1000.0).round() / 1000.0);
+            v["added_p50_ms"] = added(target.p50_ms, b.p50_ms).into();
+            v["added_p99_ms"] = added(target.p99_ms, b.p99_ms).into();
         }
         println!("{v}");
     } else {
@@ -86,13 +94,32 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
         if let (Some(b), Some(url)) = (&baseline, &args.baseline) {
             println!("baseline {url}: {:.0} ok/s (interleaved with the above)", b.rps);
             b.print();
-            println!(
-                "added by {}: p50 {:.3} ms, p99 {:.3} ms",
-                args.url,
-                target.p50_ms - b.p50_ms,
-                target.p99_ms - b.p99_ms
-            );
+            if comparable {
+                println!(
+                    "added by {} (its p50 and p99 minus the baseline's): p50 {:.3} ms, p99 {:.3} ms",
+                    args.url,
+                    target.p50_ms - b.p50_ms,
+                    target.p99_ms - b.p99_ms
+                );
+            }
         }
+    }
+    if let (false, Some(b)) = (comparable, &baseline) {
+        anyhow::bail!(
+            "no added latency: {} requests succeeded on --url {}, {} on --baseline (see the errors above)",
+            target.ok,
+            args.url,
+            b.ok
+        );
+    }
+    Ok(())
+}
+
+/// Every comma-separated entry of `urls` must be an `http://` or `https://` URL with a host.
+fn check_urls(flag: &str, urls: &str) -> anyhow::Result<()> {
+    for u in urls.split(',').map(str::trim) {
+        let ok = reqwest::Url::parse(u).is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some());
+        anyhow::ensure!(ok, "{flag}: {u:?} is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000)");
     }
     Ok(())
 }
@@ -396,8 +423,20 @@ mod tests {
     }
 
     #[test]
-    fn a_baseline_needs_an_open_loop_http_run() {
+    fn a_baseline_needs_an_open_loop_run_valid_urls_and_answers_on_both_sides() {
         let args = open_loop("http://127.0.0.1:9".into(), 0.0, Some("http://127.0.0.1:9".into()));
-        assert_eq!(run(&args).unwrap_err().to_string(), "--baseline needs --mode http and --rate > 0");
+        assert_eq!(run(&args).unwrap_err().to_string(), "--baseline needs an open-loop run: --rate > 0");
+        let args = open_loop("http://127.0.0.1:9".into(), 10.0, Some("http://127.0.0.1:9,localhost:1".into()));
+        assert_eq!(
+            run(&args).unwrap_err().to_string(),
+            "--baseline: \"localhost:1\" is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000)"
+        );
+        // Nothing listens on port 9: no request succeeds on either side, so there is no
+        // difference to report.
+        let args = open_loop("http://127.0.0.1:9".into(), 10.0, Some("http://127.0.0.1:9".into()));
+        assert_eq!(
+            run(&args).unwrap_err().to_string(),
+            "no added latency: 0 requests succeeded on --url http://127.0.0.1:9, 0 on --baseline (see the errors above)"
+        );
     }
 }

@@ -38,10 +38,11 @@ async fn forward(State(e): State<Arc<Engines>>, body: Bytes) -> Response {
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let (Some(listen), Some(engines)) = (args.next(), args.next()) else {
-        anyhow::bail!("usage: passthrough LISTEN_ADDR ENGINE_URL[,ENGINE_URL…]");
+    let (Some(listen), Some(engine_urls)) = (args.next(), args.next()) else {
+        eprintln!("usage: passthrough LISTEN_ADDR ENGINE_URL[,ENGINE_URL…]");
+        std::process::exit(2);
     };
-    let urls = engines.split(',').map(|u| format!("{}/v1/completions", u.trim_end_matches('/'))).collect();
+    let urls = engine_urls.split(',').map(|u| format!("{}/v1/completions", u.trim_end_matches('/'))).collect();
     let engines = Arc::new(Engines { http: reqwest::Client::new(), urls, next: AtomicUsize::new(0) });
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
@@ -50,6 +51,7 @@ fn main() -> anyhow::Result<()> {
             .route("/health", get(|| async { "ok" }))
             .with_state(engines);
         let listener = tokio::net::TcpListener::bind(&listen).await?;
+        eprintln!("passthrough: listening on {listen}, forwarding /v1/completions to {engine_urls}");
         use axum::serve::ListenerExt;
         // No Nagle, as the node's proxy.
         let listener = listener.tap_io(|tcp| {
