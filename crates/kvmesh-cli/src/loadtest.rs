@@ -187,8 +187,6 @@ struct Stream {
     tag: &'static str,
     next: AtomicU64,
     in_flight: AtomicU64,
-    dropped: AtomicU64,
-    retried: AtomicU64,
     tally: Mutex<Tally>,
 }
 
@@ -200,17 +198,17 @@ impl Stream {
             tag,
             next: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-            retried: AtomicU64::new(0),
             tally: Mutex::new(Tally::default()),
         })
     }
 
     fn into_tally(self: Arc<Stream>) -> anyhow::Result<Tally> {
         let s = Arc::try_unwrap(self).map_err(|_| anyhow::anyhow!("tasks still running"))?;
-        let mut tally = s.tally.into_inner().unwrap_or_default();
-        (tally.retried, tally.dropped) = (s.retried.into_inner(), s.dropped.into_inner());
-        Ok(tally)
+        Ok(s.tally.into_inner().unwrap_or_default())
+    }
+
+    fn tally(&self) -> std::sync::MutexGuard<'_, Tally> {
+        self.tally.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -239,10 +237,10 @@ async fn one(client: reqwest::Client, stream: Arc<Stream>, args: (u32, u32, bool
     let transport = matches!(&result, Err(e) if e == "connect" || e == "request");
     if retry_once && transport {
         result = send(next_url).await;
-        stream.retried.fetch_add(1, Ordering::Relaxed);
+        stream.tally().retried += 1;
     }
     if t >= measure_from {
-        stream.tally.lock().unwrap_or_else(|p| p.into_inner()).record(t.elapsed().as_micros() as u64, result);
+        stream.tally().record(t.elapsed().as_micros() as u64, result);
     }
 }
 
@@ -269,7 +267,7 @@ async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, Option<Tally>, f64)
             let stream = streams[slot % streams.len()].clone();
             if stream.in_flight.load(Ordering::Relaxed) >= args.concurrency as u64 {
                 if at >= measure_from {
-                    stream.dropped.fetch_add(1, Ordering::Relaxed);
+                    stream.tally().dropped += 1;
                 }
             } else {
                 stream.in_flight.fetch_add(1, Ordering::Relaxed);
