@@ -2,7 +2,8 @@
 //! reaches `kvmesh.v1.Autoscaler` and a KEDA external-scaler client (the proto KEDA speaks),
 //! and in a 3-node cluster decisions are Raft entries every node serves, counting a replica
 //! registered `starting` as capacity on its way, and surviving the leader; while capacity is
-//! short, admission control queues requests and refuses the excess with 429 `Retry-After`.
+//! short, admission control queues requests and refuses the excess with 429 `Retry-After`, and
+//! with a TTFT SLO holds a request that would queue past it.
 
 mod common;
 
@@ -230,7 +231,7 @@ async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
         security: Default::default(),
         replication: Default::default(),
         autoscaler: Default::default(),
-        admission: AdmissionSection { enabled: true, queue_limit: 2, max_wait_s: 10.0 },
+        admission: AdmissionSection { enabled: true, queue_limit: 2, max_wait_s: 10.0, ttft_slo_s: None },
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
@@ -260,6 +261,54 @@ async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
     let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
     assert!(page.contains("kvmesh_requests_total{outcome=\"queue_full\"} 3"), "{page}");
     node.stop().await;
+}
+
+/// One engine 20× slower than the H100 profile (a 960-token prompt takes ~0.45 s to its first
+/// token), known as such to the node, with admission control and `ttft_slo_s`.
+async fn slow_node(ttft_slo_s: Option<f64>) -> (Node, kvmesh_engine_sim::EngineSim) {
+    use kvmesh_node::config::AdmissionSection;
+    let engine = kvmesh_engine_sim::start(EngineSimConfig { speed: 0.05, ..EngineSimConfig::default() }).await.unwrap();
+    let config = NodeConfig {
+        node: NodeSection { engine_speed: 0.05, ..section() },
+        replicas: vec![ReplicaConfig { replay: None, ..replica(0, &engine) }],
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+        autoscaler: Default::default(),
+        admission: AdmissionSection { enabled: true, ttft_slo_s, ..AdmissionSection::default() },
+    };
+    let node = kvmesh_node::start(config).await.unwrap();
+    eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
+    (node, engine)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_ttft_slo_a_request_that_would_queue_past_it_waits_at_the_router() {
+    for slo in [Some(0.2), None] {
+        let (node, _engine) = slow_node(slo).await;
+        let http = node.http;
+        let send = |i: usize| {
+            tokio::spawn(async move {
+                let body = serde_json::json!({"model": "m", "prompt": format!("{i:04}").repeat(960), "max_tokens": 4});
+                let r = reqwest::Client::new().post(format!("http://{http}/v1/completions")).json(&body).send();
+                r.await.unwrap().status().as_u16()
+            })
+        };
+        let first = send(0);
+        eventually("the first request booked", || node.shared.core().fleet.bookings().len() == 1).await;
+        let second = send(1);
+        if slo.is_some() {
+            // ~0.45 s of prefill queued ahead of it, more than half the SLO: it waits.
+            eventually("the second request held", || node.shared.admission.depth() == 1).await;
+            assert_eq!(node.shared.core().fleet.bookings().len(), 1);
+        } else {
+            eventually("the second request sent", || node.shared.core().fleet.bookings().len() == 2).await;
+        }
+        assert_eq!((first.await.unwrap(), second.await.unwrap()), (200, 200), "slo {slo:?}");
+        assert!(node.shared.core().fleet.bookings().is_empty());
+        assert_eq!(node.shared.admission.depth(), 0);
+        node.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -426,6 +426,13 @@ pub struct ReplayArgs {
     /// counted late — and is routed as capacity frees, smallest token load first.
     #[arg(long)]
     pub admission: bool,
+    /// Admission control (as --admission) with its TTFT gate at --slo-ttft, as a node's
+    /// `admission.ttft_slo_s`: a request also waits when its estimated TTFT on the best
+    /// replica would miss what is left of the SLO and more than half the SLO is queued there;
+    /// requests that can still meet the SLO go before late ones, and a full queue refuses its
+    /// largest late request rather than a new one.
+    #[arg(long)]
+    pub admission_slo: bool,
     /// With --autoscale: the utilisation every autoscaler sizes replicas for, in (0, 1].
     #[arg(long, default_value_t = 0.7, value_name = "U")]
     pub target_utilisation: f64,

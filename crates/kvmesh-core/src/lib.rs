@@ -8,6 +8,7 @@
 //! - [`policy`]: every routing [`Policy`], ours (`token_load`) and the published anchors.
 //! - [`fleet`]: the [`Fleet`] that ties them together and the per-decision [`FleetView`].
 //! - [`autoscale`]: the cold-start-aware autoscaling policy and its baselines.
+//! - [`admission`]: admission control's TTFT gate (who may go to a replica while it is overloaded).
 //! - [`replication`]: hot-prefix detection, the replication plan, warm-ups.
 //! - [`prompt`]: approximate token ids and chat rendering for routers without a tokenizer.
 //!
@@ -37,6 +38,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod autoscale;
 pub mod error;
 pub mod fleet;

@@ -4,104 +4,134 @@
 //! when capacity frees, smallest token load first; beyond the bound, or after `max_wait_s`,
 //! it gets 429 with `Retry-After`.
 //!
+//! With `ttft_slo_s` set, a request also waits when the best replica would make it miss its
+//! TTFT SLO (`kvmesh_core::admission::TtftGate`): requests that can still meet the SLO are
+//! woken before late ones, and a full queue refuses its largest late request rather than a
+//! new one.
+//!
 //! "Capacity frees" is every booking that ends on this node, and a 250 ms re-check besides
 //! (bookings of peer nodes end there, and their release reaches this node by gossip).
 
 use crate::config::AdmissionSection;
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use kvmesh_core::admission::TtftGate;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Refused {
-    /// The queue is full.
+    /// The queue is full (or, with the TTFT gate, it was the largest late request in a full
+    /// queue).
     QueueFull,
     /// It waited `max_wait_s`.
     Timeout,
 }
 
-type Waiter = (Reverse<u64>, Reverse<u64>, WaiterTx);
-
-/// A waiter's wake-up, ordered by nothing (the heap orders by load and arrival).
-struct WaiterTx(oneshot::Sender<()>);
-
-impl PartialEq for WaiterTx {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
+/// What a waiter is told.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Wake {
+    /// Capacity may have freed: route again.
+    Retry,
+    /// Refused to make room in a full queue.
+    Evicted,
 }
-impl Eq for WaiterTx {}
-impl PartialOrd for WaiterTx {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for WaiterTx {
-    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
-        std::cmp::Ordering::Equal
-    }
+
+/// One waiting request.
+struct Waiter {
+    /// Its token load, tokens.
+    load: u64,
+    /// When it arrived at the node (the TTFT clock starts there).
+    arrived: Instant,
+    /// Arrival order among waiters, for ties.
+    seq: u64,
+    tx: oneshot::Sender<Wake>,
 }
 
 /// The queue.
 pub struct Admission {
     /// The settings.
     pub section: AdmissionSection,
-    waiting: Mutex<BinaryHeap<Waiter>>,
+    gate: Option<TtftGate>,
+    waiting: Mutex<Vec<Waiter>>,
     seq: AtomicU64,
 }
 
 impl Admission {
-    /// A queue for `section`.
+    /// A queue for `section` (validated: an invalid `ttft_slo_s` leaves the gate off).
     pub fn new(section: AdmissionSection) -> Self {
-        Admission { section, waiting: Mutex::new(BinaryHeap::new()), seq: AtomicU64::new(0) }
+        let gate = section.ttft_slo_s.and_then(|s| TtftGate::new(s).ok());
+        Admission { section, gate, waiting: Mutex::new(Vec::new()), seq: AtomicU64::new(0) }
+    }
+
+    /// The TTFT gate, when `ttft_slo_s` is set.
+    pub fn gate(&self) -> Option<&TtftGate> {
+        self.gate.as_ref()
     }
 
     /// Requests waiting now.
     pub fn depth(&self) -> usize {
-        self.waiting.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.lock().len()
     }
 
     /// The token load of the requests waiting now, tokens.
     pub fn waiting_load(&self) -> u64 {
-        self.waiting.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|w| (w.0).0).sum()
+        self.lock().iter().map(|w| w.load).sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Waiter>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a request that arrived at `arrived` is late at `now` (never without the gate).
+    fn late(&self, arrived: Instant, now: Instant) -> bool {
+        self.gate.is_some_and(|g| g.late(now.saturating_duration_since(arrived).as_secs_f64()))
     }
 
     /// Waits until capacity may have freed (a booking ended, or 250 ms passed), as one of at
-    /// most `queue_limit` waiters; `load` (tokens) orders who is woken first. `deadline` is
-    /// when the request's wait ends.
+    /// most `queue_limit` waiters. `load` (tokens) and `arrived` (when the request reached the
+    /// node) order who is woken first: requests that are not late, then the smallest load.
+    /// `deadline` is when the request's wait ends.
     ///
     /// # Errors
-    /// [`Refused::QueueFull`] at once when the queue is full; [`Refused::Timeout`] past
-    /// `deadline`.
-    pub async fn wait(&self, load: u64, deadline: tokio::time::Instant) -> Result<(), Refused> {
-        if tokio::time::Instant::now() >= deadline {
+    /// [`Refused::QueueFull`] at once when the queue is full (with the TTFT gate: and holds no
+    /// late request to refuse instead), or later when this request is refused to make room;
+    /// [`Refused::Timeout`] past `deadline`.
+    pub async fn wait(&self, load: u64, arrived: Instant, deadline: Instant) -> Result<(), Refused> {
+        let now = Instant::now();
+        if now >= deadline {
             return Err(Refused::Timeout);
         }
         let (tx, rx) = oneshot::channel();
         {
-            let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.lock();
             // Waiters whose request went away (woken or timed out) do not count.
-            w.retain(|(_, _, tx)| !tx.0.is_closed());
+            w.retain(|x| !x.tx.is_closed());
             if w.len() >= self.section.queue_limit {
-                return Err(Refused::QueueFull);
+                let worst =
+                    (0..w.len()).filter(|&k| self.late(w[k].arrived, now)).max_by_key(|&k| (w[k].load, w[k].seq));
+                let Some(k) = worst.filter(|_| !self.late(arrived, now)) else { return Err(Refused::QueueFull) };
+                let _ = w.swap_remove(k).tx.send(Wake::Evicted);
             }
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-            w.push((Reverse(load), Reverse(seq), WaiterTx(tx)));
+            w.push(Waiter { load, arrived, seq, tx });
         }
-        let recheck = tokio::time::Instant::now() + Duration::from_millis(250);
-        let _ = tokio::time::timeout_at(recheck.min(deadline), rx).await;
-        Ok(())
+        let recheck = now + Duration::from_millis(250);
+        match tokio::time::timeout_at(recheck.min(deadline), rx).await {
+            Ok(Ok(Wake::Evicted)) => Err(Refused::QueueFull),
+            _ => Ok(()),
+        }
     }
 
-    /// A booking ended: the waiter with the smallest load tries again.
+    /// A booking ended: the first waiter in order (not late, then smallest load, then
+    /// earliest) tries again.
     pub fn capacity_freed(&self) {
-        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some((_, _, tx)) = w.pop() {
-            if tx.0.send(()).is_ok() {
+        let now = Instant::now();
+        let mut w = self.lock();
+        while let Some(k) = (0..w.len()).min_by_key(|&k| (self.late(w[k].arrived, now), w[k].load, w[k].seq)) {
+            if w.swap_remove(k).tx.send(Wake::Retry).is_ok() {
                 return;
             }
         }
@@ -112,5 +142,95 @@ impl Admission {
     pub fn retry_after_s(&self) -> u64 {
         let depth = self.depth() as f64;
         (1.0 + depth / 64.0).min(self.section.max_wait_s).ceil() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tokio::task::JoinHandle;
+
+    fn queue(queue_limit: usize, ttft_slo_s: Option<f64>) -> Arc<Admission> {
+        Arc::new(Admission::new(AdmissionSection { enabled: true, queue_limit, max_wait_s: 30.0, ttft_slo_s }))
+    }
+
+    /// A request of `load` tokens that reached the node `ago_s` seconds ago starts waiting.
+    async fn waiter(q: &Arc<Admission>, load: u64, ago_s: f64) -> JoinHandle<Result<(), Refused>> {
+        let now = Instant::now();
+        let arrived = now.checked_sub(Duration::from_secs_f64(ago_s)).unwrap();
+        let queued = q.seq.load(Ordering::Relaxed);
+        let q2 = q.clone();
+        let h = tokio::spawn(async move { q2.wait(load, arrived, now + Duration::from_secs(30)).await });
+        while q.seq.load(Ordering::Relaxed) == queued && !h.is_finished() {
+            tokio::task::yield_now().await;
+        }
+        h
+    }
+
+    /// Wakes one waiter and returns which of `hs` finished, by index. (Each test ends well
+    /// within a waiter's 250 ms re-check, so only these wake-ups finish a waiter.)
+    async fn wake_one(q: &Admission, hs: &[&JoinHandle<Result<(), Refused>>]) -> Vec<usize> {
+        q.capacity_freed();
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+        (0..hs.len()).filter(|&i| hs[i].is_finished()).collect()
+    }
+
+    #[tokio::test]
+    async fn requests_that_can_still_meet_the_slo_are_woken_first_smallest_load_first() {
+        let q = queue(8, Some(2.0));
+        let late = waiter(&q, 100, 1.5).await;
+        let big = waiter(&q, 500, 0.0).await;
+        let small = waiter(&q, 200, 0.0).await;
+        assert_eq!(q.depth(), 3);
+        assert_eq!(q.waiting_load(), 800);
+        let hs = [&late, &big, &small];
+        assert_eq!(wake_one(&q, &hs).await, [2]);
+        assert_eq!(wake_one(&q, &hs).await, [1, 2]);
+        assert_eq!(wake_one(&q, &hs).await, [0, 1, 2]);
+        for h in [late, big, small] {
+            assert_eq!(h.await.unwrap(), Ok(()));
+        }
+    }
+
+    #[tokio::test]
+    async fn without_the_gate_the_smallest_load_goes_first_however_long_it_waited() {
+        let q = queue(8, None);
+        let old = waiter(&q, 300, 5.0).await;
+        let new = waiter(&q, 100, 0.0).await;
+        assert_eq!(wake_one(&q, &[&old, &new]).await, [1]);
+        assert_eq!(wake_one(&q, &[&old, &new]).await, [0, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_its_largest_late_request_for_a_new_one() {
+        let q = queue(2, Some(2.0));
+        let late_small = waiter(&q, 100, 1.5).await;
+        let late_big = waiter(&q, 300, 1.2).await;
+        // A new request takes the largest late one's place; that one gets 429.
+        let fresh = waiter(&q, 900, 0.0).await;
+        assert_eq!(late_big.await.unwrap(), Err(Refused::QueueFull));
+        assert_eq!(q.depth(), 2);
+        // A late request does not push out another late one.
+        let late_again = waiter(&q, 50, 1.9).await;
+        assert_eq!(late_again.await.unwrap(), Err(Refused::QueueFull));
+        assert_eq!(wake_one(&q, &[&late_small, &fresh]).await, [1]);
+        // Without the gate a full queue refuses the newcomer.
+        let q = queue(1, None);
+        let _first = waiter(&q, 300, 5.0).await;
+        let second = waiter(&q, 100, 0.0).await;
+        assert_eq!(second.await.unwrap(), Err(Refused::QueueFull));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_retries_after_250_ms_and_times_out_at_its_deadline() {
+        let q = Admission::new(AdmissionSection { enabled: true, ..AdmissionSection::default() });
+        let now = Instant::now();
+        assert_eq!(q.wait(10, now, now + Duration::from_secs(5)).await, Ok(()));
+        let waited = Instant::now() - now;
+        assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(5), "{waited:?}");
+        assert_eq!(q.wait(10, now, now).await, Err(Refused::Timeout));
     }
 }

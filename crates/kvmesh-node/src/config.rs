@@ -58,9 +58,9 @@ pub struct NodeConfig {
 }
 
 /// `[admission]`: while capacity is short — no replica with KV headroom for a request, or
-/// every one at `node.max_num_seqs` — requests wait in a bounded queue and are routed as
-/// capacity frees (smallest token load first); beyond the bound or after `max_wait_s`: 429
-/// with `Retry-After`.
+/// every one at `node.max_num_seqs`, or (with `ttft_slo_s`) none where it would meet its TTFT
+/// SLO — requests wait in a bounded queue and are routed as capacity frees (smallest token
+/// load first); beyond the bound or after `max_wait_s`: 429 with `Retry-After`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionSection {
@@ -70,11 +70,18 @@ pub struct AdmissionSection {
     pub queue_limit: usize,
     /// Longest a request waits before 429, seconds.
     pub max_wait_s: f64,
+    /// A TTFT SLO to hold requests to, seconds (unset: off). A request then also waits when
+    /// its estimated TTFT on the best replica exceeds what is left of the SLO and more than
+    /// half the SLO is queued there; requests that can still meet the SLO go before those
+    /// waiting longer than half of it, and a full queue refuses its largest such late request
+    /// instead of a new one. Why: engines serve in arrival order, so a queue longer than the
+    /// SLO makes every request behind it late.
+    pub ttft_slo_s: Option<f64>,
 }
 
 impl Default for AdmissionSection {
     fn default() -> Self {
-        AdmissionSection { enabled: false, queue_limit: 256, max_wait_s: 30.0 }
+        AdmissionSection { enabled: false, queue_limit: 256, max_wait_s: 30.0, ttft_slo_s: None }
     }
 }
 
@@ -86,6 +93,10 @@ impl AdmissionSection {
     pub fn validate(&self) -> Result<(), String> {
         if !(self.max_wait_s.is_finite() && self.max_wait_s > 0.0) {
             return Err(format!("admission.max_wait_s must be positive seconds, got {}", self.max_wait_s));
+        }
+        if let Some(slo) = self.ttft_slo_s {
+            kvmesh_core::admission::TtftGate::new(slo)
+                .map_err(|_| format!("admission.ttft_slo_s must be positive seconds, got {slo}"))?;
         }
         Ok(())
     }
@@ -674,6 +685,23 @@ capacity_blocks = 100
         c.validate().unwrap();
         let back: NodeConfig = toml::from_str(&c.to_toml()).unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn admission_settings_are_checked() {
+        let with = |extra: &str| toml::from_str::<NodeConfig>(&format!("{EXAMPLE}\n[admission]\n{extra}\n")).unwrap();
+        let c = with("enabled = true\nttft_slo_s = 2.5");
+        assert_eq!(c.admission.ttft_slo_s, Some(2.5));
+        c.validate().unwrap();
+        assert_eq!(
+            with("ttft_slo_s = 0").validate().unwrap_err(),
+            "admission.ttft_slo_s must be positive seconds, got 0"
+        );
+        assert_eq!(
+            with("max_wait_s = -1").validate().unwrap_err(),
+            "admission.max_wait_s must be positive seconds, got -1"
+        );
+        assert_eq!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().admission.ttft_slo_s, None);
     }
 
     #[test]

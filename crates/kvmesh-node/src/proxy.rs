@@ -326,6 +326,8 @@ async fn forward(
         outcome = tracing::field::Empty,
     );
     let mut admission_deadline: Option<tokio::time::Instant> = None;
+    // The TTFT clock, for the admission gate.
+    let arrived = tokio::time::Instant::now();
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
         let mut t0 = Instant::now();
@@ -337,9 +339,15 @@ async fn forward(
                 match core.route(&req, &tokens, now) {
                     Err(e) => Err(e),
                     Ok(routed) => {
-                        // Capacity short: wait in the admission queue rather than pile onto a
+                        // Capacity short, or (with the TTFT gate) the best replica would make
+                        // it miss its SLO: wait in the admission queue rather than pile onto a
                         // full replica.
-                        if shared.admission.section.enabled && core.fleet.capacity_short(&routed.0.decision, true) {
+                        let adm = &shared.admission;
+                        let d = &routed.0.decision;
+                        if adm.section.enabled
+                            && (core.fleet.capacity_short(d, true)
+                                || adm.gate().is_some_and(|g| !g.admits(d, arrived.elapsed().as_secs_f64())))
+                        {
                             let _ = core.release(routed.0.booking, None);
                             let load =
                                 u64::from(routed.0.decision.uncached_tokens) + u64::from(max_tokens.unwrap_or(0));
@@ -360,7 +368,7 @@ async fn forward(
                     let deadline = *admission_deadline.get_or_insert_with(|| {
                         tokio::time::Instant::now() + Duration::from_secs_f64(shared.admission.section.max_wait_s)
                     });
-                    if let Err(why) = shared.admission.wait(load, deadline).await {
+                    if let Err(why) = shared.admission.wait(load, arrived, deadline).await {
                         shared.metrics.request("queue_full");
                         span.record("outcome", "queue_full");
                         return too_many(&shared, why);

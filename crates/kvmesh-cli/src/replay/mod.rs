@@ -6,6 +6,7 @@ mod render;
 use crate::cli::ReplayArgs;
 use anyhow::{bail, Context};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use kvmesh_core::admission::TtftGate;
 use kvmesh_core::autoscale::AutoscaleConfig;
 use kvmesh_core::PolicyKind;
 use kvmesh_sim::engine::EngineProfile;
@@ -120,6 +121,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let seeds: Vec<u64> = (args.seed..args.seed + args.seeds as u64).collect();
     let (traces, source) = load(args, &seeds)?;
     let trace = &traces[0];
+    let gate = args.admission_slo.then(|| TtftGate::new(args.slo_ttft)).transpose()?;
     let config = SimConfig {
         replicas: args.replicas,
         profile: profile.clone(),
@@ -130,7 +132,8 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         routers: args.routers,
         gossip: !args.no_gossip,
         gossip_delay_s: args.gossip_delay_ms / 1000.0,
-        admission: args.admission.then(AdmissionConfig::default),
+        admission: (args.admission || args.admission_slo)
+            .then_some(AdmissionConfig { gate, ..AdmissionConfig::default() }),
         ..SimConfig::default()
     };
     let floors = floors(trace, &profile.step(), args.block_size);

@@ -110,6 +110,16 @@ impl<'a> FleetView<'a> {
         self.estimator(req).at(i)
     }
 
+    /// The part of `e` (the replica at `i`'s [`Estimate`]) spent waiting before the request's
+    /// own prefill runs there — the prefill queued ahead, slowed by the replica's decodes, and
+    /// the wait for a batch slot — seconds. Computed for a chosen replica only, not while
+    /// scoring every one.
+    pub fn queue_wait_s(&self, i: usize, e: &Estimate) -> f64 {
+        let r = &self.replicas[i];
+        let profile = if self.config.learn_prefill_rate { r.profile(true) } else { r.spec.profile };
+        (e.ttft_s - profile.ttft(u64::from(e.uncached_tokens), self.load(i).decoding)).max(0.0)
+    }
+
     /// The per-request part of [`Self::estimate`], computed once for scoring every replica.
     #[inline]
     pub fn estimator(&self, req: &RouteRequest) -> Estimator<'_, 'a> {

@@ -137,6 +137,8 @@ pub struct Decision {
     pub uncached_blocks: u32,
     /// Estimated time to first token there, seconds.
     pub estimated_ttft_s: f64,
+    /// The part of `estimated_ttft_s` spent queued behind other requests there, seconds.
+    pub estimated_queue_wait_s: f64,
 }
 
 impl Decision {
@@ -150,6 +152,7 @@ impl Decision {
             uncached_tokens: e.uncached_tokens,
             uncached_blocks: e.uncached_blocks,
             estimated_ttft_s: e.ttft_s,
+            estimated_queue_wait_s: view.queue_wait_s(i, &e),
         }
     }
 }

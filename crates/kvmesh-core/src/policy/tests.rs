@@ -322,10 +322,15 @@ fn token_load_trades_overlap_against_queue() {
     assert_eq!((d.replica, d.uncached_tokens), (ids[1], 1024));
     let want = 17.25e-6 * 1024.0 + 5.75e-3;
     assert!((d.estimated_ttft_s - want).abs() < 1e-12);
+    // Nothing queued there: all of it is the request's own prefill.
+    assert_eq!(d.estimated_queue_wait_s, 0.0);
     // With the charge: pressure 3 requests / 2 replicas = 1.5, less the 1.0 the fleet absorbs,
     // prices the move at 0.5 · 1,023 · 17.25 µs = 8.8 ms, so replica 0 (24.8 ms) beats
     // replica 1 (23.4 + 8.8 ms)…
-    assert_eq!(decide(&mut f, &mut p, &toks).replica, ids[0]);
+    let d = decide(&mut f, &mut p, &toks);
+    assert_eq!(d.replica, ids[0]);
+    // …where 19.0 ms of it is the 1,101 tokens queued ahead.
+    assert!((d.estimated_queue_wait_s - 17.25e-6 * 1101.0).abs() < 1e-12, "{}", d.estimated_queue_wait_s);
     // …until its queue outgrows the charge: one more request of 2,000 tokens (pressure 2,
     // charge 17.6 ms) puts replica 0 at 59.3 ms against 23.4 + 17.6 = 41.1 ms.
     load(&mut f, ids[0], 1, 2000);

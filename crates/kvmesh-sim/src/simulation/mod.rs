@@ -23,6 +23,7 @@ pub use scaling::{Autoscaler, ScalePoint, ScalingConfig, ScalingStats};
 use crate::engine::{Engine, EngineProfile, EngineRequest};
 use crate::tokens::prompt_tokens;
 use crate::trace::Trace;
+use kvmesh_core::admission::TtftGate;
 use kvmesh_core::gossip::{Delta, NodeId, Outbox, RemoteBookings};
 use kvmesh_core::index::KvEvent;
 use kvmesh_core::load::{BookingId, EngineMetrics};
@@ -73,8 +74,9 @@ pub struct SimConfig {
     /// some of them running (see `scaling`). `None` (default): all run all along.
     pub scaling: Option<ScalingConfig>,
     /// Admission control while capacity is short, as a router node's `[admission]`: a request
-    /// that finds no replica with room waits at the router and is routed as capacity frees,
-    /// smallest token load first; beyond the queue bound or after the longest wait it is
+    /// that finds no replica with room (or, with its TTFT gate, none where it would meet the
+    /// SLO) waits at the router and is routed as capacity frees, smallest token load first
+    /// (late ones last, with the gate); beyond the queue bound or after the longest wait it is
     /// refused (429 on a node; an SLO miss here). `None` (default): every request is routed
     /// on arrival.
     pub admission: Option<AdmissionConfig>,
@@ -112,11 +114,15 @@ pub struct AdmissionConfig {
     pub queue_limit: usize,
     /// Longest wait before a request is refused, seconds. Default 30.
     pub max_wait_s: f64,
+    /// The TTFT gate (`admission.ttft_slo_s`): also hold a request whose estimated TTFT
+    /// would miss the SLO, serve late requests after the others, and when the queue is full
+    /// refuse its largest late request instead of a new one. Default `None`.
+    pub gate: Option<TtftGate>,
 }
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
-        AdmissionConfig { queue_limit: 256, max_wait_s: 30.0 }
+        AdmissionConfig { queue_limit: 256, max_wait_s: 30.0, gate: None }
     }
 }
 
@@ -455,8 +461,9 @@ struct Sim<'a> {
     scaler: Option<scaling::Scaler>,
     /// Per replica: the duration of the step in flight when it started with requests waiting.
     saturated: Vec<Option<f64>>,
-    /// Admission control's queue: (token load, request), smallest load first.
-    waiting: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Admission control's queue: (late, token load, request); requests that are not late
+    /// first (see [`TtftGate::late`]), then smallest load first.
+    waiting: BinaryHeap<Reverse<(bool, u64, u32)>>,
     /// Per request: its token load once counted as demand, tokens.
     demand: Vec<Option<u64>>,
 }
@@ -492,10 +499,10 @@ impl Sim<'_> {
                 None => self.decide_for(policy, i, t)?.3,
             };
             self.note_demand(i, load);
-            if self.waiting.len() >= adm.queue_limit {
+            if self.waiting.len() >= adm.queue_limit && !self.evict_late() {
                 self.outcomes[i].rejected = true;
             } else {
-                self.waiting.push(Reverse((load, i as u32)));
+                self.waiting.push(Reverse((false, load, i as u32)));
                 // It may fit now, ahead of those waiting (smallest first).
                 self.admit_waiting(policy, t)?;
             }
@@ -549,8 +556,11 @@ impl Sim<'_> {
         self.note_demand(i, load);
         let k = i % self.routers.len();
         let router = &mut self.routers[k];
-        if self.config.admission.is_some() && router.fleet.capacity_short(&decision, false) {
-            return Ok(false);
+        if let Some(adm) = self.config.admission {
+            let waited = t - self.outcomes[i].arrival_s;
+            if router.fleet.capacity_short(&decision, false) || adm.gate.is_some_and(|g| !g.admits(&decision, waited)) {
+                return Ok(false);
+            }
         }
         let policy: &mut dyn Policy = match router.policy.as_mut() {
             Some(p) => p.as_mut(),
@@ -581,18 +591,38 @@ impl Sim<'_> {
     fn admit_waiting(&mut self, policy: &mut dyn Policy, t: f64) -> Result<(), String> {
         let Some(adm) = self.config.admission.filter(|_| !self.waiting.is_empty()) else { return Ok(()) };
         let outcomes = &mut self.outcomes;
-        self.waiting.retain(|&Reverse((_, i))| {
-            let o = &mut outcomes[i as usize];
-            o.rejected = t - o.arrival_s > adm.max_wait_s;
+        let mut waiting = std::mem::take(&mut self.waiting).into_vec();
+        waiting.retain_mut(|Reverse((late, _, i))| {
+            let o = &mut outcomes[*i as usize];
+            let waited = t - o.arrival_s;
+            o.rejected = waited > adm.max_wait_s;
+            *late = adm.gate.is_some_and(|g| g.late(waited));
             !o.rejected
         });
-        while let Some(&Reverse((_, i))) = self.waiting.peek() {
+        self.waiting = waiting.into();
+        while let Some(&Reverse((_, _, i))) = self.waiting.peek() {
             if !self.dispatch(policy, i as usize, t)? {
                 break;
             }
             self.waiting.pop();
         }
         Ok(())
+    }
+
+    /// With the TTFT gate, a full queue makes room by refusing its largest late request rather
+    /// than a new one that can still meet the SLO. Returns whether it made room.
+    fn evict_late(&mut self) -> bool {
+        if self.config.admission.is_none_or(|a| a.gate.is_none()) {
+            return false;
+        }
+        let mut waiting = std::mem::take(&mut self.waiting).into_vec();
+        let worst = waiting.iter().enumerate().filter(|(_, w)| (w.0).0).max_by_key(|(_, w)| (w.0).1).map(|(k, _)| k);
+        if let Some(k) = worst {
+            let Reverse((_, _, i)) = waiting.swap_remove(k);
+            self.outcomes[i as usize].rejected = true;
+        }
+        self.waiting = waiting.into();
+        worst.is_some()
     }
 
     /// Starts a step on replica `r` if it is idle and has work.
@@ -725,7 +755,7 @@ impl Sim<'_> {
     /// The autoscaler's evaluation at `t`: start and drain replicas.
     fn autoscale(&mut self, t: f64) {
         // Prefill queued on the engines and the token load waiting at the router.
-        let waiting: u64 = self.waiting.iter().map(|Reverse((load, _))| load).sum();
+        let waiting: u64 = self.waiting.iter().map(|Reverse((_, load, _))| load).sum();
         let queued: u64 = self.engines.iter().map(Engine::pending_prefill).sum::<u64>() + waiting;
         let Some(sc) = self.scaler.as_mut() else { return };
         let (start, drain) = sc.evaluate(t, queued as f64);
