@@ -307,6 +307,12 @@ async fn with_a_ttft_slo_a_request_that_would_queue_past_it_waits_at_the_router(
         assert_eq!((first.await.unwrap(), second.await.unwrap()), (200, 200), "slo {slo:?}");
         assert!(node.shared.core().fleet.bookings().is_empty());
         assert_eq!(node.shared.admission.depth(), 0);
+        // Both TTFTs are measured; each is over 0.2 s (0.45 s of prefill alone), counted as
+        // over the SLO only when one is set.
+        let page = reqwest::get(format!("http://{http}/metrics")).await.unwrap().text().await.unwrap();
+        let over = if slo.is_some() { 2 } else { 0 };
+        assert!(page.contains("kvmesh_ttft_seconds_count 2\n"), "{page}");
+        assert!(page.contains(&format!("kvmesh_ttft_over_slo_total {over}\n")), "{page}");
         node.stop().await;
     }
 }

@@ -19,6 +19,12 @@ pub struct Metrics {
     pub decisions: Family<Labels, Counter>,
     /// Time to take one decision (hash + index + score + book), seconds.
     pub decision_latency: Histogram,
+    /// TTFT as clients of the proxy see it: from the request's arrival at the node (any wait
+    /// in the admission queue and retries included) to its first token — the first streamed
+    /// chunk, or the whole answer when not streaming — seconds.
+    pub ttft: Histogram,
+    /// Proxied requests whose TTFT exceeded `admission.ttft_slo_s` (counted only when set).
+    pub ttft_over_slo: Counter,
     /// Proxied request attempts by outcome: `ok`, `client_error` (a 4xx passed through),
     /// `upstream_error`, `backpressure` (a 429/503, retried elsewhere), `no_replica`,
     /// `disconnected` (the client went away). A retried request counts once per attempt.
@@ -74,6 +80,9 @@ impl Metrics {
         let m = Metrics {
             decisions: Family::default(),
             decision_latency: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
+            // 5 ms to 41 s.
+            ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            ttft_over_slo: Counter::default(),
             requests: Family::default(),
             prompt_tokens: Counter::default(),
             predicted_cached_tokens: Counter::default(),
@@ -102,6 +111,16 @@ impl Metrics {
         };
         registry.register("decisions", "Routing decisions by policy and reason", m.decisions.clone());
         registry.register("decision_latency_seconds", "Time to take one routing decision", m.decision_latency.clone());
+        registry.register(
+            "ttft_seconds",
+            "Time from a proxied request's arrival at the node to its first token (queueing and retries included)",
+            m.ttft.clone(),
+        );
+        registry.register(
+            "ttft_over_slo",
+            "Proxied requests whose TTFT exceeded admission.ttft_slo_s (counted only when it is set)",
+            m.ttft_over_slo.clone(),
+        );
         registry.register("requests", "Proxied requests by outcome", m.requests.clone());
         registry.register("prompt_tokens", "Prompt tokens routed", m.prompt_tokens.clone());
         registry.register(

@@ -63,6 +63,8 @@ struct Booking {
     /// Prompt tokens: a request too short to fill a KV block makes the engine publish no
     /// event, so its success says nothing about the event stream.
     prompt_tokens: u32,
+    /// When the request reached the node: its TTFT is measured from here.
+    arrived: tokio::time::Instant,
 }
 
 /// Wakes the admission queue's next waiter when dropped (after the booking's release).
@@ -78,6 +80,12 @@ impl Booking {
     fn first_token(&mut self) {
         if !std::mem::replace(&mut self.first_token_seen, true) {
             if let Some(id) = self.id {
+                let ttft = self.arrived.elapsed().as_secs_f64();
+                let m = &self.shared.metrics;
+                m.ttft.observe(ttft);
+                if self.shared.admission.gate().is_some_and(|g| ttft > g.slo_s()) {
+                    m.ttft_over_slo.inc();
+                }
                 let now = self.shared.now();
                 let _ = self.shared.core().first_token(id, now);
                 self.span.in_scope(|| tracing::debug!(replica = %self.replica, "first token"));
@@ -326,7 +334,7 @@ async fn forward(
         outcome = tracing::field::Empty,
     );
     let mut admission_deadline: Option<tokio::time::Instant> = None;
-    // The TTFT clock, for the admission gate.
+    // The TTFT clock, for the admission gate and the TTFT metric.
     let arrived = tokio::time::Instant::now();
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
@@ -409,6 +417,7 @@ async fn forward(
             first_token_seen: false,
             span: span.clone(),
             prompt_tokens: tokens.len() as u32,
+            arrived,
         };
         let upstream = tracing::debug_span!(parent: &span, "upstream", replica = %name, attempt = attempt + 1);
         let sent = shared
