@@ -289,13 +289,18 @@ async fn with_a_ttft_slo_a_request_that_would_queue_past_it_waits_at_the_router(
         let http = node.http;
         let send = |i: usize| {
             tokio::spawn(async move {
-                let body = serde_json::json!({"model": "m", "prompt": format!("{i:04}").repeat(960), "max_tokens": 4});
+                let prompt = format!("{i:04}").repeat(960);
+                let body = serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 4, "stream": true});
                 let r = reqwest::Client::new().post(format!("http://{http}/v1/completions")).json(&body).send();
-                r.await.unwrap().status().as_u16()
+                let r = r.await.unwrap();
+                let status = r.status().as_u16();
+                r.bytes().await.unwrap();
+                status
             })
         };
         let first = send(0);
         eventually("the first request booked", || node.shared.core().fleet.bookings().len() == 1).await;
+        let one = node.shared.core().booked_tokens;
         let second = send(1);
         if slo.is_some() {
             // ~0.45 s of prefill queued ahead of it, more than half the SLO: it waits.
@@ -307,8 +312,11 @@ async fn with_a_ttft_slo_a_request_that_would_queue_past_it_waits_at_the_router(
         assert_eq!((first.await.unwrap(), second.await.unwrap()), (200, 200), "slo {slo:?}");
         assert!(node.shared.core().fleet.bookings().is_empty());
         assert_eq!(node.shared.admission.depth(), 0);
-        // Both TTFTs are measured; each is over 0.2 s (0.45 s of prefill alone), counted as
-        // over the SLO only when one is set.
+        // The autoscaler's demand counts each request once, however often it was re-routed
+        // while it waited (the same prompt size, so twice the first one's load).
+        assert_eq!(node.shared.core().booked_tokens, 2.0 * one, "slo {slo:?}");
+        // Both (streamed) TTFTs are measured; each is over 0.2 s (0.45 s of prefill alone),
+        // counted as over the SLO only when one is set.
         let page = reqwest::get(format!("http://{http}/metrics")).await.unwrap().text().await.unwrap();
         let over = if slo.is_some() { 2 } else { 0 };
         assert!(page.contains("kvmesh_ttft_seconds_count 2\n"), "{page}");

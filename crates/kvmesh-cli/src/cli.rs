@@ -429,8 +429,8 @@ pub struct ReplayArgs {
     /// Admission control (as --admission) with its TTFT gate at --slo-ttft, as a node's
     /// `admission.ttft_slo_s`: a request also waits when its estimated TTFT on the best
     /// replica would miss what is left of the SLO and more than half the SLO is queued there;
-    /// requests that can still meet the SLO go before late ones, and a full queue refuses its
-    /// largest late request rather than a new one.
+    /// requests that have waited less than half the SLO go before late ones (those that have
+    /// waited longer), and a full queue refuses its largest late request rather than a new one.
     #[arg(long)]
     pub admission_slo: bool,
     /// With --autoscale: the utilisation every autoscaler sizes replicas for, in (0, 1].

@@ -1,10 +1,10 @@
 //! Admission control's TTFT gate: while replicas are overloaded, hold a request at the router
 //! rather than send it to a replica whose queue makes it miss its TTFT SLO, and serve the
-//! requests that can still meet the SLO before those that cannot.
+//! requests that have not waited long (under half the SLO) before late ones.
 //!
 //! Why: an engine serves its queue in arrival order (vLLM's scheduler is FCFS), so once its
 //! queue is longer than the SLO every request behind it is late too, and a burst that
-//! overloads the fleet by a fifth makes nearly all of its requests late. Held at the router, the
+//! overloads the fleet by a fifth can make most of its requests late. Held at the router, the
 //! queue can be reordered: requests that can still make it go first (smallest token load
 //! first, as the admission queue orders them), and those that cannot are sent only while the
 //! replica's queue is short, leaving the rest of the SLO to the others. This is the

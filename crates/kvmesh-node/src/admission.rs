@@ -5,9 +5,10 @@
 //! it gets 429 with `Retry-After`.
 //!
 //! With `ttft_slo_s` set, a request also waits when the best replica would make it miss its
-//! TTFT SLO (`kvmesh_core::admission::TtftGate`): requests that can still meet the SLO are
-//! woken before late ones, and a full queue refuses its largest late request rather than a
-//! new one.
+//! TTFT SLO while more than half the SLO is queued there (`kvmesh_core::admission::TtftGate`);
+//! requests that have waited less than half the SLO are woken before late ones (those that
+//! have waited longer), and a full queue refuses its largest late request rather than a new
+//! one.
 //!
 //! "Capacity frees" is every booking that ends on this node, and a 250 ms re-check besides
 //! (bookings of peer nodes end there, and their release reaches this node by gossip).
@@ -57,13 +58,16 @@ pub struct Admission {
     gate: Option<TtftGate>,
     waiting: Mutex<Vec<Waiter>>,
     seq: AtomicU64,
+    /// How long a waiter waits for a wake-up before routing again.
+    recheck: Duration,
 }
 
 impl Admission {
     /// A queue for `section` (validated: an invalid `ttft_slo_s` leaves the gate off).
     pub fn new(section: AdmissionSection) -> Self {
         let gate = section.ttft_slo_s.and_then(|s| TtftGate::new(s).ok());
-        Admission { section, gate, waiting: Mutex::new(Vec::new()), seq: AtomicU64::new(0) }
+        let recheck = Duration::from_millis(250);
+        Admission { section, gate, waiting: Mutex::new(Vec::new()), seq: AtomicU64::new(0), recheck }
     }
 
     /// The TTFT gate, when `ttft_slo_s` is set.
@@ -71,14 +75,14 @@ impl Admission {
         self.gate.as_ref()
     }
 
-    /// Requests waiting now.
+    /// Requests waiting now (not those that stopped waiting and are not yet swept out).
     pub fn depth(&self) -> usize {
-        self.lock().len()
+        self.lock().iter().filter(|w| !w.tx.is_closed()).count()
     }
 
     /// The token load of the requests waiting now, tokens.
     pub fn waiting_load(&self) -> u64 {
-        self.lock().iter().map(|w| w.load).sum()
+        self.lock().iter().filter(|w| !w.tx.is_closed()).map(|w| w.load).sum()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Waiter>> {
@@ -96,9 +100,9 @@ impl Admission {
     /// `deadline` is when the request's wait ends.
     ///
     /// # Errors
-    /// [`Refused::QueueFull`] at once when the queue is full (with the TTFT gate: and holds no
-    /// late request to refuse instead), or later when this request is refused to make room;
-    /// [`Refused::Timeout`] past `deadline`.
+    /// [`Refused::QueueFull`] at once when the queue is full — with the TTFT gate, unless this
+    /// request is not late and a late one can be refused instead — or later when this request
+    /// is the one refused to make room; [`Refused::Timeout`] past `deadline`.
     pub async fn wait(&self, load: u64, arrived: Instant, deadline: Instant) -> Result<(), Refused> {
         let now = Instant::now();
         if now >= deadline {
@@ -118,7 +122,7 @@ impl Admission {
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
             w.push(Waiter { load, arrived, seq, tx });
         }
-        let recheck = now + Duration::from_millis(250);
+        let recheck = now + self.recheck;
         match tokio::time::timeout_at(recheck.min(deadline), rx).await {
             Ok(Ok(Wake::Evicted)) => Err(Refused::QueueFull),
             _ => Ok(()),
@@ -151,8 +155,11 @@ mod tests {
     use std::sync::Arc;
     use tokio::task::JoinHandle;
 
+    /// A queue whose waiters re-check only after a minute: in these tests only
+    /// `capacity_freed` and refusals end a wait.
     fn queue(queue_limit: usize, ttft_slo_s: Option<f64>) -> Arc<Admission> {
-        Arc::new(Admission::new(AdmissionSection { enabled: true, queue_limit, max_wait_s: 30.0, ttft_slo_s }))
+        let section = AdmissionSection { enabled: true, queue_limit, max_wait_s: 300.0, ttft_slo_s };
+        Arc::new(Admission { recheck: Duration::from_secs(60), ..Admission::new(section) })
     }
 
     /// A request of `load` tokens that reached the node `ago_s` seconds ago starts waiting.
@@ -168,8 +175,7 @@ mod tests {
         h
     }
 
-    /// Wakes one waiter and returns which of `hs` finished, by index. (Each test ends well
-    /// within a waiter's 250 ms re-check, so only these wake-ups finish a waiter.)
+    /// Wakes one waiter and returns which of `hs` finished, by index.
     async fn wake_one(q: &Admission, hs: &[&JoinHandle<Result<(), Refused>>]) -> Vec<usize> {
         q.capacity_freed();
         for _ in 0..16 {

@@ -72,10 +72,10 @@ pub struct AdmissionSection {
     pub max_wait_s: f64,
     /// A TTFT SLO to hold requests to, seconds (unset: off). A request then also waits when
     /// its estimated TTFT on the best replica exceeds what is left of the SLO and more than
-    /// half the SLO is queued there; requests that can still meet the SLO go before those
-    /// waiting longer than half of it, and a full queue refuses its largest such late request
-    /// instead of a new one. Why: engines serve in arrival order, so a queue longer than the
-    /// SLO makes every request behind it late.
+    /// half the SLO is queued there; requests that have waited less than half the SLO go
+    /// before those that have waited longer (late ones), and a full queue refuses its largest
+    /// late request instead of a new one. Why: engines serve in arrival order, so a queue
+    /// longer than the SLO makes every request behind it late.
     pub ttft_slo_s: Option<f64>,
 }
 

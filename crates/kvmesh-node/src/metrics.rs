@@ -19,11 +19,11 @@ pub struct Metrics {
     pub decisions: Family<Labels, Counter>,
     /// Time to take one decision (hash + index + score + book), seconds.
     pub decision_latency: Histogram,
-    /// TTFT as clients of the proxy see it: from the request's arrival at the node (any wait
-    /// in the admission queue and retries included) to its first token — the first streamed
-    /// chunk, or the whole answer when not streaming — seconds.
+    /// TTFT of streamed requests as their clients see it: from the request's arrival at the
+    /// node (parsing, any wait in the admission queue and retries included) to the first
+    /// streamed chunk, seconds. A non-streamed answer arrives whole and is not measured.
     pub ttft: Histogram,
-    /// Proxied requests whose TTFT exceeded `admission.ttft_slo_s` (counted only when set).
+    /// Streamed requests whose TTFT exceeded `admission.ttft_slo_s` (counted only when set).
     pub ttft_over_slo: Counter,
     /// Proxied request attempts by outcome: `ok`, `client_error` (a 4xx passed through),
     /// `upstream_error`, `backpressure` (a 429/503, retried elsewhere), `no_replica`,
@@ -113,12 +113,12 @@ impl Metrics {
         registry.register("decision_latency_seconds", "Time to take one routing decision", m.decision_latency.clone());
         registry.register(
             "ttft_seconds",
-            "Time from a proxied request's arrival at the node to its first token (queueing and retries included)",
+            "Time from a streamed request's arrival at the node to its first chunk (queueing and retries included)",
             m.ttft.clone(),
         );
         registry.register(
             "ttft_over_slo",
-            "Proxied requests whose TTFT exceeded admission.ttft_slo_s (counted only when it is set)",
+            "Streamed requests whose TTFT exceeded admission.ttft_slo_s (counted only when it is set)",
             m.ttft_over_slo.clone(),
         );
         registry.register("requests", "Proxied requests by outcome", m.requests.clone());

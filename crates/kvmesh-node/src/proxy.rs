@@ -77,14 +77,18 @@ impl Drop for WakeOnDrop<'_> {
 }
 
 impl Booking {
-    fn first_token(&mut self) {
+    /// The first token arrived: with `streamed`, the first chunk of a streamed answer (a
+    /// non-streamed answer arrives whole, so its wait is not a TTFT and is not measured).
+    fn first_token(&mut self, streamed: bool) {
         if !std::mem::replace(&mut self.first_token_seen, true) {
             if let Some(id) = self.id {
-                let ttft = self.arrived.elapsed().as_secs_f64();
-                let m = &self.shared.metrics;
-                m.ttft.observe(ttft);
-                if self.shared.admission.gate().is_some_and(|g| ttft > g.slo_s()) {
-                    m.ttft_over_slo.inc();
+                if streamed {
+                    let ttft = self.arrived.elapsed().as_secs_f64();
+                    let m = &self.shared.metrics;
+                    m.ttft.observe(ttft);
+                    if self.shared.admission.gate().is_some_and(|g| ttft > g.slo_s()) {
+                        m.ttft_over_slo.inc();
+                    }
                 }
                 let now = self.shared.now();
                 let _ = self.shared.core().first_token(id, now);
@@ -271,15 +275,18 @@ fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
 }
 
 async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    // The TTFT clock starts before parsing and tokenizing (which may queue on the blocking pool).
+    let arrived = tokio::time::Instant::now();
     match parse(&shared, &body, read_completion).await {
-        Ok(p) => forward(shared, Api::Completions, &headers, body, p).await,
+        Ok(p) => forward(shared, Api::Completions, &headers, body, p, arrived).await,
         Err(r) => *r,
     }
 }
 
 async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let arrived = tokio::time::Instant::now();
     match parse(&shared, &body, read_chat).await {
-        Ok(p) => forward(shared, Api::ChatCompletions, &headers, body, p).await,
+        Ok(p) => forward(shared, Api::ChatCompletions, &headers, body, p, arrived).await,
         Err(r) => *r,
     }
 }
@@ -290,6 +297,7 @@ async fn forward(
     headers: &HeaderMap,
     body: Bytes,
     Parsed { model: asked_model, max_tokens, tokens }: Parsed,
+    arrived: tokio::time::Instant,
 ) -> Response {
     let headers = upstream_headers(headers);
     let (model, retries, backoff_s) =
@@ -334,8 +342,8 @@ async fn forward(
         outcome = tracing::field::Empty,
     );
     let mut admission_deadline: Option<tokio::time::Instant> = None;
-    // The TTFT clock, for the admission gate and the TTFT metric.
-    let arrived = tokio::time::Instant::now();
+    // Demand is counted on a request's first routing only, not on retries or re-routes.
+    let mut demand_counted = false;
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
         let mut t0 = Instant::now();
@@ -344,27 +352,23 @@ async fn forward(
             // The core's lock lives in this block only: the handler's future must stay Send.
             let decided = {
                 let mut core = shared.core();
-                match core.route(&req, &tokens, now) {
-                    Err(e) => Err(e),
-                    Ok(routed) => {
-                        // Capacity short, or (with the TTFT gate) the best replica would make
-                        // it miss its SLO: wait in the admission queue rather than pile onto a
-                        // full replica.
-                        let adm = &shared.admission;
-                        let d = &routed.0.decision;
-                        if adm.section.enabled
-                            && (core.fleet.capacity_short(d, true)
-                                || adm.gate().is_some_and(|g| !g.admits(d, arrived.elapsed().as_secs_f64())))
-                        {
-                            let _ = core.release(routed.0.booking, None);
-                            let load =
-                                u64::from(routed.0.decision.uncached_tokens) + u64::from(max_tokens.unwrap_or(0));
-                            Ok(Err(load))
-                        } else {
-                            Ok(Ok(routed))
-                        }
+                core.decide(&req, now).and_then(|d| {
+                    if !std::mem::replace(&mut demand_counted, true) {
+                        core.count_demand(&req, &tokens, &d, now);
                     }
-                }
+                    // Capacity short, or (with the TTFT gate) the best replica would make it
+                    // miss its SLO: wait in the admission queue rather than pile onto a full
+                    // replica. Nothing is booked until it goes.
+                    let adm = &shared.admission;
+                    if adm.section.enabled
+                        && (core.fleet.capacity_short(&d, false)
+                            || adm.gate().is_some_and(|g| !g.admits(&d, arrived.elapsed().as_secs_f64())))
+                    {
+                        Ok(Err(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0))))
+                    } else {
+                        core.book(&req, d, now).map(Ok)
+                    }
+                })
             };
             match decided {
                 Err(e) => {
@@ -474,7 +478,7 @@ async fn forward(
                 return error(StatusCode::BAD_GATEWAY, format!("replica {name} failed mid-response: {e}"));
             }
         };
-        booking.first_token();
+        booking.first_token(false);
         let usage = serde_json::from_slice::<ResponseUsage>(&bytes).ok().and_then(|r| r.usage);
         let output = usage.as_ref().and_then(|u| u.completion_tokens).map(|n| n.min(u32::MAX as u64) as u32);
         if let Some(c) = usage.as_ref().and_then(|u| u.prompt_tokens_details.as_ref()).and_then(|d| d.cached_tokens) {
@@ -559,7 +563,7 @@ fn stream_through(
         let mut st = st?;
         match st.upstream.next().await {
             Some(Ok(chunk)) => {
-                st.booking.first_token();
+                st.booking.first_token(true);
                 st.events += count_events(&chunk);
                 Some((Ok(chunk), Some(st)))
             }

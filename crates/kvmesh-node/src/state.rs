@@ -11,7 +11,9 @@ use crate::replica::endpoints::Endpoints;
 use kvmesh_core::fleet::ReplicaStatus as CoreStatus;
 use kvmesh_core::index::{ApplyOutcome, KvEvent};
 use kvmesh_core::load::{BookingId, EngineMetrics};
-use kvmesh_core::{Fleet, FleetConfig, Namespace, Policy, PolicyKind, ReplicaId, ReplicaSpec, RouteRequest, Routed};
+use kvmesh_core::{
+    Decision, Fleet, FleetConfig, Namespace, Policy, PolicyKind, ReplicaId, ReplicaSpec, RouteRequest, Routed,
+};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::collections::BTreeMap;
@@ -572,8 +574,8 @@ impl Core {
         Some(outcome)
     }
 
-    /// Routes one request; returns the booking, the replica's name and its URLs. `tokens`
-    /// (the prompt) feed the hot-prefix sketch.
+    /// Routes one request and counts it as demand (see [`Core::decide`], [`Core::book`] and
+    /// [`Core::count_demand`]); returns the booking, the replica's name and its URLs.
     ///
     /// # Errors
     /// The core's error (no replica ready, …).
@@ -583,6 +585,17 @@ impl Core {
         tokens: &[u32],
         now: f64,
     ) -> Result<(Routed, String, Arc<Endpoints>), kvmesh_core::Error> {
+        let decision = self.decide(req, now)?;
+        self.count_demand(req, tokens, &decision, now);
+        self.book(req, decision, now)
+    }
+
+    /// Decides where `req` would go at `now`, booking nothing (admission control checks the
+    /// decision before [`Core::book`] commits it).
+    ///
+    /// # Errors
+    /// The core's error (no replica ready, …).
+    pub fn decide(&mut self, req: &RouteRequest, now: f64) -> Result<Decision, kvmesh_core::Error> {
         // Status changes on events, scrapes and failures re-sync their replica at once; only
         // the passing of time (an overload mark or event silence running out) needs a sweep,
         // and a sweep every 10 ms is plenty.
@@ -593,7 +606,21 @@ impl Core {
         let Core { fleet, policy, rng, remote, node_id, .. } = self;
         let (peers, rank) = remote.active_peers(*node_id, now, ACTIVE_PEER_WINDOW_S);
         fleet.set_active_peers(peers, rank);
-        let routed = fleet.route(policy.as_mut(), req, rng, now)?;
+        fleet.decide(policy.as_mut(), req, rng, now)
+    }
+
+    /// Books `decision` (from [`Core::decide`] for `req`) and tells the peers; returns the
+    /// booking, the replica's name and its URLs.
+    ///
+    /// # Errors
+    /// The replica is gone or no longer routable.
+    pub fn book(
+        &mut self,
+        req: &RouteRequest,
+        decision: Decision,
+        now: f64,
+    ) -> Result<(Routed, String, Arc<Endpoints>), kvmesh_core::Error> {
+        let routed = self.fleet.book_decision(self.policy.as_ref(), req, decision, now)?;
         // The core knows each replica's name (a binary search), the registry its endpoint.
         let id = routed.decision.replica;
         let (name, endpoints) = self
@@ -605,13 +632,20 @@ impl Core {
         if let Some(out) = self.outbox.as_mut() {
             out.routed(&self.fleet, &routed, &req.hashes);
         }
-        let output = self.fleet.bookings().get(routed.booking).map_or(0, |b| b.spec.expected_output_tokens);
-        let load = routed.decision.uncached_tokens as f64 + output as f64;
+        Ok((routed, name, endpoints))
+    }
+
+    /// Counts `req` (decided as `decision`) as arriving demand: its token load (uncached
+    /// prefill plus expected output, tokens) for the autoscaler, and its prompt `tokens` for
+    /// the hot-prefix sketch. Once per request — not again on a retry, nor on a re-route after
+    /// waiting in the admission queue — whether or not it is ever sent.
+    pub fn count_demand(&mut self, req: &RouteRequest, tokens: &[u32], decision: &Decision, now: f64) {
+        let output = self.fleet.bookings().outputs().expect(req.max_tokens);
+        let load = decision.uncached_tokens as f64 + output as f64;
         self.booked_tokens += load;
         if let Some(sketch) = self.sketch.as_mut() {
             sketch.observe(now, &req.hashes, Some(tokens), load);
         }
-        Ok((routed, name, endpoints))
     }
 
     /// A booking's first token arrived.

@@ -115,8 +115,7 @@ impl<'a> FleetView<'a> {
     /// the wait for a batch slot — seconds. Computed for a chosen replica only, not while
     /// scoring every one.
     pub fn queue_wait_s(&self, i: usize, e: &Estimate) -> f64 {
-        let r = &self.replicas[i];
-        let profile = if self.config.learn_prefill_rate { r.profile(true) } else { r.spec.profile };
+        let profile = self.replicas[i].profile(self.config.learn_prefill_rate);
         (e.ttft_s - profile.ttft(u64::from(e.uncached_tokens), self.load(i).decoding)).max(0.0)
     }
 

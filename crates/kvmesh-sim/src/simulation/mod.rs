@@ -115,8 +115,10 @@ pub struct AdmissionConfig {
     /// Longest wait before a request is refused, seconds. Default 30.
     pub max_wait_s: f64,
     /// The TTFT gate (`admission.ttft_slo_s`): also hold a request whose estimated TTFT
-    /// would miss the SLO, serve late requests after the others, and when the queue is full
-    /// refuse its largest late request instead of a new one. Default `None`.
+    /// would miss what is left of the SLO while more than half the SLO is queued ahead of it
+    /// ([`TtftGate::admits`]), route requests that have waited half the SLO or more after the
+    /// others, and when the queue is full refuse its largest such late request instead of a
+    /// new one. Default `None`.
     pub gate: Option<TtftGate>,
 }
 
@@ -499,7 +501,7 @@ impl Sim<'_> {
                 None => self.decide_for(policy, i, t)?.3,
             };
             self.note_demand(i, load);
-            if self.waiting.len() >= adm.queue_limit && !self.evict_late() {
+            if self.waiting.len() >= adm.queue_limit && !self.evict_late(t) {
                 self.outcomes[i].rejected = true;
             } else {
                 self.waiting.push(Reverse((false, load, i as u32)));
@@ -549,7 +551,8 @@ impl Sim<'_> {
     }
 
     /// Routes request `i` at `t` and hands it to its engine; with admission control only when
-    /// capacity is not short (see [`Fleet::capacity_short`]). Returns whether it was routed.
+    /// capacity is not short (see [`Fleet::capacity_short`]) and its TTFT gate, if any,
+    /// admits it ([`TtftGate::admits`]). Returns whether it was routed.
     fn dispatch(&mut self, policy: &mut dyn Policy, i: usize, t: f64) -> Result<bool, String> {
         let (tokens, route, decision, load) = self.decide_for(policy, i, t)?;
         // Counted on its first decision, routed or not: demand is what arrives.
@@ -586,8 +589,9 @@ impl Sim<'_> {
         Ok(true)
     }
 
-    /// Admission control at `t`: routes waiting requests, smallest token load first, while
-    /// capacity is not short; refuses those past `max_wait_s`.
+    /// Admission control at `t`: routes waiting requests — with the TTFT gate, those not yet
+    /// late first — smallest token load first, until one is held (as a node wakes one waiter
+    /// per freed booking); refuses those past `max_wait_s`.
     fn admit_waiting(&mut self, policy: &mut dyn Policy, t: f64) -> Result<(), String> {
         let Some(adm) = self.config.admission.filter(|_| !self.waiting.is_empty()) else { return Ok(()) };
         let outcomes = &mut self.outcomes;
@@ -609,14 +613,14 @@ impl Sim<'_> {
         Ok(())
     }
 
-    /// With the TTFT gate, a full queue makes room by refusing its largest late request rather
-    /// than a new one that can still meet the SLO. Returns whether it made room.
-    fn evict_late(&mut self) -> bool {
-        if self.config.admission.is_none_or(|a| a.gate.is_none()) {
-            return false;
-        }
+    /// With the TTFT gate, a full queue makes room at `t` by refusing its largest late
+    /// request rather than a new one. Returns whether it made room.
+    fn evict_late(&mut self, t: f64) -> bool {
+        let Some(gate) = self.config.admission.and_then(|a| a.gate) else { return false };
         let mut waiting = std::mem::take(&mut self.waiting).into_vec();
-        let worst = waiting.iter().enumerate().filter(|(_, w)| (w.0).0).max_by_key(|(_, w)| (w.0).1).map(|(k, _)| k);
+        let late = |i: u32| gate.late(t - self.outcomes[i as usize].arrival_s);
+        let worst =
+            waiting.iter().enumerate().filter(|(_, w)| late((w.0).2)).max_by_key(|(_, w)| (w.0).1).map(|(k, _)| k);
         if let Some(k) = worst {
             let Reverse((_, _, i)) = waiting.swap_remove(k);
             self.outcomes[i as usize].rejected = true;
