@@ -321,6 +321,9 @@ async fn with_a_ttft_slo_a_request_that_would_queue_past_it_waits_at_the_router(
         let over = if slo.is_some() { 2 } else { 0 };
         assert!(page.contains("kvmesh_ttft_seconds_count 2\n"), "{page}");
         assert!(page.contains(&format!("kvmesh_ttft_over_slo_total {over}\n")), "{page}");
+        // The held request's wait is measured once, when it was routed.
+        let waited = if slo.is_some() { 1 } else { 0 };
+        assert!(page.contains(&format!("kvmesh_admission_wait_seconds_count {waited}\n")), "{page}");
         node.stop().await;
     }
 }

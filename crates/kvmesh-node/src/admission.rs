@@ -24,11 +24,33 @@ use tokio::time::Instant;
 /// Why a request was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Refused {
-    /// The queue is full (or, with the TTFT gate, it was the largest late request in a full
-    /// queue).
+    /// The queue is full.
     QueueFull,
+    /// With the TTFT gate: it was the largest late request in a full queue, refused to make
+    /// room for a new one.
+    Evicted,
     /// It waited `max_wait_s`.
     Timeout,
+}
+
+impl Refused {
+    /// The `outcome` label of `kvmesh_requests_total`.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Refused::QueueFull => "queue_full",
+            Refused::Evicted => "evicted_late",
+            Refused::Timeout => "admission_timeout",
+        }
+    }
+
+    /// Why, for the client's error message.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refused::QueueFull => "the admission queue is full",
+            Refused::Evicted => "the admission queue is full and this request had waited past half its TTFT SLO",
+            Refused::Timeout => "the request waited admission.max_wait_s",
+        }
+    }
 }
 
 /// What a waiter is told.
@@ -60,6 +82,9 @@ pub struct Admission {
     seq: AtomicU64,
     /// How long a waiter waits for a wake-up before routing again.
     recheck: Duration,
+    /// Refusals since the last warning, and when that was: refusals are logged at most every
+    /// 10 s.
+    refusals: Mutex<(u64, Option<Instant>)>,
 }
 
 impl Admission {
@@ -67,7 +92,14 @@ impl Admission {
     pub fn new(section: AdmissionSection) -> Self {
         let gate = section.ttft_slo_s.and_then(|s| TtftGate::new(s).ok());
         let recheck = Duration::from_millis(250);
-        Admission { section, gate, waiting: Mutex::new(Vec::new()), seq: AtomicU64::new(0), recheck }
+        Admission {
+            section,
+            gate,
+            waiting: Mutex::new(Vec::new()),
+            seq: AtomicU64::new(0),
+            recheck,
+            refusals: Mutex::new((0, None)),
+        }
     }
 
     /// The TTFT gate, when `ttft_slo_s` is set.
@@ -124,7 +156,7 @@ impl Admission {
         }
         let recheck = now + self.recheck;
         match tokio::time::timeout_at(recheck.min(deadline), rx).await {
-            Ok(Ok(Wake::Evicted)) => Err(Refused::QueueFull),
+            Ok(Ok(Wake::Evicted)) => Err(Refused::Evicted),
             _ => Ok(()),
         }
     }
@@ -138,6 +170,24 @@ impl Admission {
             if w.swap_remove(k).tx.send(Wake::Retry).is_ok() {
                 return;
             }
+        }
+    }
+
+    /// Counts a refusal, and logs a warning with the count at most every 10 s (a full queue
+    /// refuses requests by the thousand).
+    pub fn refused(&self, why: Refused) {
+        let now = Instant::now();
+        let mut r = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        r.0 += 1;
+        if r.1.is_none_or(|at| now - at >= Duration::from_secs(10)) {
+            tracing::warn!(
+                refused = r.0,
+                last = why.outcome(),
+                queue_depth = self.depth(),
+                queue_limit = self.section.queue_limit,
+                "admission control refused requests (429) since the last warning: capacity is short"
+            );
+            *r = (0, Some(now));
         }
     }
 
@@ -217,7 +267,7 @@ mod tests {
         let late_big = waiter(&q, 300, 1.2).await;
         // A new request takes the largest late one's place; that one gets 429.
         let fresh = waiter(&q, 900, 0.0).await;
-        assert_eq!(late_big.await.unwrap(), Err(Refused::QueueFull));
+        assert_eq!(late_big.await.unwrap(), Err(Refused::Evicted));
         assert_eq!(q.depth(), 2);
         // A late request does not push out another late one.
         let late_again = waiter(&q, 50, 1.9).await;

@@ -68,7 +68,9 @@ pub struct AdmissionSection {
     pub enabled: bool,
     /// Requests that may wait at once on this node; beyond, 429.
     pub queue_limit: usize,
-    /// Longest a request waits before 429, seconds.
+    /// Longest a request waits before 429, seconds. With `ttft_slo_s`, late requests wait
+    /// behind fresh ones and may wait this long under sustained overload: a few times the SLO
+    /// bounds how late an answer can come.
     pub max_wait_s: f64,
     /// A TTFT SLO to hold requests to, seconds (unset: off). A request then also waits when
     /// its estimated TTFT on the best replica exceeds what is left of the SLO and more than
@@ -96,7 +98,7 @@ impl AdmissionSection {
         }
         if let Some(slo) = self.ttft_slo_s {
             kvmesh_core::admission::TtftGate::new(slo)
-                .map_err(|_| format!("admission.ttft_slo_s must be positive seconds, got {slo}"))?;
+                .map_err(|_| format!("admission.ttft_slo_s must be a positive, finite number of seconds, got {slo}"))?;
         }
         Ok(())
     }
@@ -695,7 +697,7 @@ capacity_blocks = 100
         c.validate().unwrap();
         assert_eq!(
             with("ttft_slo_s = 0").validate().unwrap_err(),
-            "admission.ttft_slo_s must be positive seconds, got 0"
+            "admission.ttft_slo_s must be a positive, finite number of seconds, got 0"
         );
         assert_eq!(
             with("max_wait_s = -1").validate().unwrap_err(),

@@ -169,6 +169,19 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
              reach the gRPC port; set cluster_token_file (or KVMESH_CLUSTER_TOKEN) too"
         );
     }
+    let adm = &config.admission;
+    match adm.ttft_slo_s {
+        Some(_) if !adm.enabled => {
+            tracing::warn!("admission.ttft_slo_s is set but admission.enabled is false: the TTFT gate is off")
+        }
+        Some(slo) if adm.max_wait_s > 10.0 * slo => tracing::warn!(
+            max_wait_s = adm.max_wait_s,
+            ttft_slo_s = slo,
+            "late requests wait behind fresh ones and may wait up to admission.max_wait_s; a few times the SLO \
+             bounds how late an answer can come"
+        ),
+        _ => {}
+    }
     let cluster = match config.cluster.clone() {
         Some(section) => {
             let default_addr = if grpc.ip().is_unspecified() {

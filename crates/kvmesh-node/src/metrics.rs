@@ -25,9 +25,14 @@ pub struct Metrics {
     pub ttft: Histogram,
     /// Streamed requests whose TTFT exceeded `admission.ttft_slo_s` (counted only when set).
     pub ttft_over_slo: Counter,
+    /// Time requests that waited in the admission queue spent there, until routed or
+    /// refused, seconds.
+    pub admission_wait: Histogram,
     /// Proxied request attempts by outcome: `ok`, `client_error` (a 4xx passed through),
     /// `upstream_error`, `backpressure` (a 429/503, retried elsewhere), `no_replica`,
-    /// `disconnected` (the client went away). A retried request counts once per attempt.
+    /// `disconnected` (the client went away); and admission control's 429s: `queue_full`,
+    /// `evicted_late` (refused to make room, with the TTFT gate), `admission_timeout` (waited
+    /// `max_wait_s`). A retried request counts once per attempt.
     pub requests: Family<Labels, Counter>,
     /// Prompt tokens routed, and the part the chosen replica was believed to hold.
     pub prompt_tokens: Counter,
@@ -83,6 +88,8 @@ impl Metrics {
             // 5 ms to 41 s.
             ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             ttft_over_slo: Counter::default(),
+            // 5 ms to 41 s.
+            admission_wait: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             requests: Family::default(),
             prompt_tokens: Counter::default(),
             predicted_cached_tokens: Counter::default(),
@@ -120,6 +127,11 @@ impl Metrics {
             "ttft_over_slo",
             "Streamed requests whose TTFT exceeded admission.ttft_slo_s (counted only when it is set)",
             m.ttft_over_slo.clone(),
+        );
+        registry.register(
+            "admission_wait_seconds",
+            "Time requests that waited in the admission queue spent there, until routed or refused",
+            m.admission_wait.clone(),
         );
         registry.register("requests", "Proxied requests by outcome", m.requests.clone());
         registry.register("prompt_tokens", "Prompt tokens routed", m.prompt_tokens.clone());

@@ -341,7 +341,8 @@ async fn forward(
         attempts = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    let mut admission_deadline: Option<tokio::time::Instant> = None;
+    // When the request first waited in the admission queue.
+    let mut held_since: Option<tokio::time::Instant> = None;
     // Demand is counted on a request's first routing only, not on retries or re-routes.
     let mut demand_counted = false;
     for attempt in 0..=retries {
@@ -375,14 +376,20 @@ async fn forward(
                     shared.metrics.request("no_replica");
                     return error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}: {e}"));
                 }
-                Ok(Ok(routed)) => break routed,
+                Ok(Ok(routed)) => {
+                    if let Some(held) = held_since {
+                        shared.metrics.admission_wait.observe(held.elapsed().as_secs_f64());
+                    }
+                    break routed;
+                }
                 Ok(Err(load)) => {
-                    let deadline = *admission_deadline.get_or_insert_with(|| {
-                        tokio::time::Instant::now() + Duration::from_secs_f64(shared.admission.section.max_wait_s)
-                    });
+                    let held = *held_since.get_or_insert_with(tokio::time::Instant::now);
+                    let deadline = held + Duration::from_secs_f64(shared.admission.section.max_wait_s);
                     if let Err(why) = shared.admission.wait(load, arrived, deadline).await {
-                        shared.metrics.request("queue_full");
-                        span.record("outcome", "queue_full");
+                        shared.metrics.admission_wait.observe(held.elapsed().as_secs_f64());
+                        shared.metrics.request(why.outcome());
+                        span.record("outcome", why.outcome());
+                        shared.admission.refused(why);
                         return too_many(&shared, why);
                     }
                     t0 = Instant::now();
@@ -492,14 +499,11 @@ async fn forward(
     error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}; no other replica could take the request"))
 }
 
-/// 429 with `Retry-After`: capacity is short and the admission queue is full, or the request
-/// waited `max_wait_s`.
+/// 429 with `Retry-After`: capacity is short and the admission queue refused the request
+/// (full, evicted as late, or waited `max_wait_s`).
 fn too_many(shared: &Shared, why: crate::admission::Refused) -> Response {
     let after = shared.admission.retry_after_s();
-    let why = match why {
-        crate::admission::Refused::QueueFull => "the admission queue is full",
-        crate::admission::Refused::Timeout => "the request waited the admission limit",
-    };
+    let why = why.reason();
     let mut r = error(StatusCode::TOO_MANY_REQUESTS, format!("capacity is short ({why}); retry after {after} s"));
     if let Ok(v) = HeaderValue::from_str(&after.to_string()) {
         r.headers_mut().insert(header::RETRY_AFTER, v);
