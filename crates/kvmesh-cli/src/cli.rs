@@ -347,6 +347,10 @@ pub struct LoadtestArgs {
     /// (what a client of a router tier does when one router dies).
     #[arg(long)]
     pub retry_once: bool,
+    /// HTTP: ask for streamed answers (`"stream": true`) and also report TTFT, the time to
+    /// the first chunk of each answer.
+    #[arg(long)]
+    pub stream: bool,
     /// HTTP, open loop: also send the same rate to these base URLs (comma-separated, in turn),
     /// interleaved with `--url`'s requests (half a gap apart), and report both and the
     /// difference. With the engines as the baseline and a router as `--url`, that difference

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 struct Tally {
     latency: Option<Histogram<u64>>,
+    /// With `--stream`: microseconds to each successful answer's first chunk.
+    ttft: Option<Histogram<u64>>,
     ok: u64,
     errors: BTreeMap<String, u64>,
     /// Requests retried once on the next URL after a refused or reset connection.
@@ -29,14 +31,22 @@ struct Tally {
     dropped: u64,
 }
 
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds")
+}
+
 impl Tally {
-    fn record(&mut self, us: u64, result: Result<(), String>) {
-        let h =
-            self.latency.get_or_insert_with(|| Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds"));
+    /// One request that took `us` microseconds; on success, `Some` time to its first chunk
+    /// when streamed.
+    fn record(&mut self, us: u64, result: Result<Option<u64>, String>) {
+        let h = self.latency.get_or_insert_with(histogram);
         match result {
-            Ok(()) => {
+            Ok(ttft_us) => {
                 self.ok += 1;
                 let _ = h.record(us.max(1));
+                if let Some(t) = ttft_us {
+                    let _ = self.ttft.get_or_insert_with(histogram).record(t.max(1));
+                }
             }
             Err(e) => *self.errors.entry(e).or_default() += 1,
         }
@@ -55,6 +65,7 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
     if args.mode == "http" {
         check_urls("--url", &args.url)?;
     }
+    anyhow::ensure!(!args.stream || args.mode == "http", "--stream needs --mode http (it is {:?})", args.mode);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (tally, baseline, elapsed) = runtime.block_on(async {
         match args.mode.as_str() {
@@ -72,6 +83,11 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
             "errors": tally.errors, "retried": tally.retried, "dropped": tally.dropped, "p50_ms": target.p50_ms,
             "p90_ms": target.p90_ms, "p99_ms": target.p99_ms, "max_ms": target.max_ms, "seconds": elapsed,
         });
+        if let Some([p50, p90, p99]) = target.ttft_ms {
+            v["ttft_p50_ms"] = p50.into();
+            v["ttft_p90_ms"] = p90.into();
+            v["ttft_p99_ms"] = p99.into();
+        }
         if let (Some(b), Some(url)) = (&baseline, &args.baseline) {
             v["baseline"] = serde_json::json!({
                 "url": url, "achieved_rps": b.rps, "ok": b.ok, "errors": b.errors, "retried": b.retried, "dropped": b.dropped,
@@ -124,7 +140,8 @@ fn check_urls(flag: &str, urls: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One stream's figures: requests/s, latency quantiles in milliseconds, errors by kind.
+/// One stream's figures: requests/s, latency (and, streamed, TTFT) quantiles in
+/// milliseconds, errors by kind.
 struct Summary {
     rps: f64,
     ok: u64,
@@ -135,6 +152,8 @@ struct Summary {
     p90_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    /// TTFT p50, p90 and p99 with `--stream`, milliseconds.
+    ttft_ms: Option<[f64; 3]>,
 }
 
 impl Summary {
@@ -142,6 +161,7 @@ impl Summary {
         let empty = Histogram::new(3).expect("valid");
         let h = t.latency.as_ref().unwrap_or(&empty);
         let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+        let ttft = t.ttft.as_ref().map(|h| [0.5, 0.9, 0.99].map(|p| h.value_at_quantile(p) as f64 / 1000.0));
         Summary {
             rps: t.ok as f64 / elapsed,
             ok: t.ok,
@@ -152,6 +172,7 @@ impl Summary {
             p90_ms: q(0.9),
             p99_ms: q(0.99),
             max_ms: h.max() as f64 / 1000.0,
+            ttft_ms: ttft,
         }
     }
 
@@ -160,6 +181,9 @@ impl Summary {
             "  latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
             self.p50_ms, self.p90_ms, self.p99_ms, self.max_ms
         );
+        if let Some([p50, p90, p99]) = self.ttft_ms {
+            println!("  TTFT (first chunk) p50 {p50:.2} ms, p90 {p90:.2} ms, p99 {p99:.2} ms");
+        }
         if !self.errors.is_empty() {
             println!("  errors {:?}", self.errors);
         }
@@ -214,18 +238,21 @@ impl Stream {
 
 /// Sends one request of `stream` (its next prompt, to its next URL) and records it if it
 /// started at or after `measure_from`.
-async fn one(client: reqwest::Client, stream: Arc<Stream>, args: (u32, u32, bool), measure_from: Instant) {
-    let (max_tokens, prefixes, retry_once) = args;
+async fn one(client: reqwest::Client, stream: Arc<Stream>, args: (u32, u32, bool, bool), measure_from: Instant) {
+    let (max_tokens, prefixes, retry_once, streamed) = args;
     let i = stream.next.fetch_add(1, Ordering::Relaxed);
     let url = &stream.urls[i as usize % stream.urls.len()];
     let next_url = &stream.urls[(i as usize + 1) % stream.urls.len()];
-    let body = serde_json::json!({"model": "kvmesh-sim-llama-3-8b", "prompt": prompt(i, prefixes, stream.tag), "max_tokens": max_tokens});
+    let mut body = serde_json::json!({"model": "kvmesh-sim-llama-3-8b", "prompt": prompt(i, prefixes, stream.tag), "max_tokens": max_tokens});
+    if streamed {
+        body["stream"] = true.into();
+    }
     let t = Instant::now();
     let send = |url: &str| {
         let request = client.post(url).json(&body);
         async move {
             match request.send().await {
-                Ok(r) if r.status().is_success() => r.bytes().await.map(|_| ()).map_err(|e| format!("body: {e}")),
+                Ok(r) if r.status().is_success() => read_body(r, streamed.then_some(t)).await,
                 Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
                 Err(e) => Err(if e.is_connect() { "connect".into() } else { "request".into() }),
             }
@@ -244,6 +271,16 @@ async fn one(client: reqwest::Client, stream: Arc<Stream>, args: (u32, u32, bool
     }
 }
 
+/// Reads an answer to its end; with `streamed_since`, returns the microseconds from then to
+/// its first chunk.
+async fn read_body(mut r: reqwest::Response, streamed_since: Option<Instant>) -> Result<Option<u64>, String> {
+    let mut first = None;
+    while let Some(_chunk) = r.chunk().await.map_err(|e| format!("body: {e}"))? {
+        first = first.or_else(|| streamed_since.map(|t| t.elapsed().as_micros() as u64));
+    }
+    Ok(first)
+}
+
 async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, Option<Tally>, f64)> {
     let target = Stream::new(&args.url, "");
     let baseline = args.baseline.as_deref().map(|b| Stream::new(b, "b"));
@@ -252,7 +289,7 @@ async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, Option<Tally>, f64)
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup);
     let end = measure_from + Duration::from_secs_f64(args.duration);
-    let knobs = (args.max_tokens, args.prefixes, args.retry_once);
+    let knobs = (args.max_tokens, args.prefixes, args.retry_once, args.stream);
     if args.rate > 0.0 {
         // Each stream at `rate`, their arrivals alternating: both see the same seconds of the
         // machine, so drift between runs cancels out of their difference.
@@ -343,7 +380,7 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
                     if t >= measure_from {
                         let mut tl = tally.lock().unwrap_or_else(|p| p.into_inner());
                         match result {
-                            Ok(us) => tl.record(us, Ok(())),
+                            Ok(us) => tl.record(us, Ok(None)),
                             Err(e) => tl.record(0, Err(e)),
                         }
                     }
@@ -396,6 +433,7 @@ mod tests {
             max_tokens: 1,
             json: true,
             retry_once: false,
+            stream: false,
             baseline,
         }
     }
@@ -418,6 +456,29 @@ mod tests {
         assert_eq!(fast_seen[3], prompt(3, 8, "b"));
         assert!(fast_seen[3].ends_with("Question b3: what is the answer?"));
         assert!(slow_seen.iter().all(|p| !p.contains("Question b")));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streamed_answers_report_ttft_at_their_first_chunk() {
+        // A stand-in vLLM at real speed: the first token after one prefill step (~9 ms for
+        // these ~180-token prompts), then 7 decode steps of ~6 ms each.
+        let engine = kvmesh_engine_sim::start(kvmesh_engine_sim::EngineSimConfig {
+            speed: 1.0,
+            ..kvmesh_engine_sim::EngineSimConfig::default()
+        })
+        .await
+        .unwrap();
+        let args = LoadtestArgs { stream: true, max_tokens: 8, ..open_loop(engine.base_url(), 20.0, None) };
+        let (tally, _, seconds) = http(&args).await.unwrap();
+        assert_eq!((tally.ok, tally.dropped), (20, 0), "{:?}", tally.errors);
+        let s = Summary::new(&tally, seconds);
+        let [ttft_p50, _, _] = s.ttft_ms.expect("TTFT measured");
+        assert!(ttft_p50 > 0.0 && ttft_p50 + 20.0 < s.p50_ms, "TTFT {ttft_p50} ms, latency {} ms", s.p50_ms);
+        // Not streamed: no TTFT.
+        let (tally, _, seconds) = http(&LoadtestArgs { stream: false, ..args }).await.unwrap();
+        assert_eq!(Summary::new(&tally, seconds).ttft_ms, None);
+        let refused = LoadtestArgs { stream: true, mode: "route".into(), ..open_loop(engine.base_url(), 1.0, None) };
+        assert_eq!(run(&refused).unwrap_err().to_string(), "--stream needs --mode http (it is \"route\")");
     }
 
     #[test]
