@@ -133,8 +133,9 @@ impl Admission {
     ///
     /// # Errors
     /// [`Refused::QueueFull`] at once when the queue is full — with the TTFT gate, unless this
-    /// request is not late and a late one can be refused instead — or later when this request
-    /// is the one refused to make room; [`Refused::Timeout`] past `deadline`.
+    /// request is not late and a late one can be refused instead; [`Refused::Evicted`] later
+    /// when this request is the one refused to make room; [`Refused::Timeout`] past
+    /// `deadline`.
     pub async fn wait(&self, load: u64, arrived: Instant, deadline: Instant) -> Result<(), Refused> {
         let now = Instant::now();
         if now >= deadline {

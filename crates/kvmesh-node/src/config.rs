@@ -93,8 +93,11 @@ impl AdmissionSection {
     /// # Errors
     /// A message naming the `admission.` key.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.max_wait_s.is_finite() && self.max_wait_s > 0.0) {
-            return Err(format!("admission.max_wait_s must be positive seconds, got {}", self.max_wait_s));
+        if !(self.max_wait_s > 0.0 && self.max_wait_s <= 86_400.0) {
+            return Err(format!(
+                "admission.max_wait_s must be positive seconds, at most a day, got {}",
+                self.max_wait_s
+            ));
         }
         if let Some(slo) = self.ttft_slo_s {
             kvmesh_core::admission::TtftGate::new(slo)
@@ -701,8 +704,9 @@ capacity_blocks = 100
         );
         assert_eq!(
             with("max_wait_s = -1").validate().unwrap_err(),
-            "admission.max_wait_s must be positive seconds, got -1"
+            "admission.max_wait_s must be positive seconds, at most a day, got -1"
         );
+        assert!(with("max_wait_s = 1e19").validate().is_err());
         assert_eq!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().admission.ttft_slo_s, None);
     }
 

@@ -218,7 +218,7 @@ impl Metrics {
         );
         registry.register(
             "admission_queue_depth",
-            "Requests waiting for capacity in the admission queue (refusals count in kvmesh_requests_total{outcome=\"queue_full\"})",
+            "Requests waiting for capacity in the admission queue (refusals count in kvmesh_requests_total with outcome queue_full, evicted_late or admission_timeout)",
             m.admission_queue.clone(),
         );
         Metrics { registry, ..m }

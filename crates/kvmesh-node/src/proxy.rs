@@ -67,6 +67,19 @@ struct Booking {
     arrived: tokio::time::Instant,
 }
 
+/// One wait in the admission queue: observed in `kvmesh_admission_wait_seconds` when dropped,
+/// however it ends (routed, refused, no replica left, or the client gone).
+struct Held<'a> {
+    since: tokio::time::Instant,
+    metrics: &'a crate::metrics::Metrics,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.metrics.admission_wait.observe(self.since.elapsed().as_secs_f64());
+    }
+}
+
 /// Wakes the admission queue's next waiter when dropped (after the booking's release).
 struct WakeOnDrop<'a>(&'a Shared);
 
@@ -341,14 +354,16 @@ async fn forward(
         attempts = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    // When the request first waited in the admission queue.
-    let mut held_since: Option<tokio::time::Instant> = None;
+    // The admission queue's deadline, from the request's first wait there.
+    let mut admission_deadline: Option<tokio::time::Instant> = None;
     // Demand is counted on a request's first routing only, not on retries or re-routes.
     let mut demand_counted = false;
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
         let mut t0 = Instant::now();
         let mut now = shared.now();
+        // This attempt's wait in the admission queue, observed once however it ends.
+        let mut held: Option<Held<'_>> = None;
         let (routed, name, endpoints) = loop {
             // The core's lock lives in this block only: the handler's future must stay Send.
             let decided = {
@@ -362,7 +377,7 @@ async fn forward(
                     // replica. Nothing is booked until it goes.
                     let adm = &shared.admission;
                     if adm.section.enabled
-                        && (core.fleet.capacity_short(&d, false)
+                        && (core.fleet.capacity_short(&d)
                             || adm.gate().is_some_and(|g| !g.admits(&d, arrived.elapsed().as_secs_f64())))
                     {
                         Ok(Err(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0))))
@@ -377,16 +392,15 @@ async fn forward(
                     return error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}: {e}"));
                 }
                 Ok(Ok(routed)) => {
-                    if let Some(held) = held_since {
-                        shared.metrics.admission_wait.observe(held.elapsed().as_secs_f64());
-                    }
+                    drop(held.take());
                     break routed;
                 }
                 Ok(Err(load)) => {
-                    let held = *held_since.get_or_insert_with(tokio::time::Instant::now);
-                    let deadline = held + Duration::from_secs_f64(shared.admission.section.max_wait_s);
+                    held.get_or_insert_with(|| Held { since: tokio::time::Instant::now(), metrics: &shared.metrics });
+                    let deadline = *admission_deadline.get_or_insert_with(|| {
+                        tokio::time::Instant::now() + Duration::from_secs_f64(shared.admission.section.max_wait_s)
+                    });
                     if let Err(why) = shared.admission.wait(load, arrived, deadline).await {
-                        shared.metrics.admission_wait.observe(held.elapsed().as_secs_f64());
                         shared.metrics.request(why.outcome());
                         span.record("outcome", why.outcome());
                         shared.admission.refused(why);

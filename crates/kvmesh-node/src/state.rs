@@ -620,15 +620,16 @@ impl Core {
         decision: Decision,
         now: f64,
     ) -> Result<(Routed, String, Arc<Endpoints>), kvmesh_core::Error> {
-        let routed = self.fleet.book_decision(self.policy.as_ref(), req, decision, now)?;
-        // The core knows each replica's name (a binary search), the registry its endpoint.
-        let id = routed.decision.replica;
+        // The core knows each replica's name (a binary search), the registry its endpoint;
+        // looked up first, so a failure leaves nothing booked.
+        let id = decision.replica;
         let (name, endpoints) = self
             .fleet
             .replica(id)
             .and_then(|state| self.replicas.get(&state.spec.name))
             .map(|r| (r.config.name.clone(), r.endpoints.clone()))
             .ok_or(kvmesh_core::Error::UnknownReplica(id))?;
+        let routed = self.fleet.book_decision(self.policy.as_ref(), req, decision, now)?;
         if let Some(out) = self.outbox.as_mut() {
             out.routed(&self.fleet, &routed, &req.hashes);
         }

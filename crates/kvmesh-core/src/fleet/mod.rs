@@ -408,21 +408,17 @@ impl Fleet {
 
     /// Whether capacity is short for `decision`: no replica had KV headroom for the request
     /// (reason [`Reason::NoKvHeadroom`]), or every routable replica already carries its
-    /// profile's `max_num_seqs` requests or more. `booked`: the request is booked on the
-    /// chosen replica already, and its own booking does not count. This is the trigger of
-    /// admission control (wait rather than pile onto full replicas).
-    pub fn capacity_short(&self, decision: &Decision, booked: bool) -> bool {
+    /// profile's `max_num_seqs` requests or more (`decision` is not booked yet: admission
+    /// control checks before [`Fleet::book_decision`]). This is the trigger of admission
+    /// control (wait rather than pile onto full replicas).
+    pub fn capacity_short(&self, decision: &Decision) -> bool {
         if decision.reason == crate::policy::Reason::NoKvHeadroom {
             return true;
         }
         let loads = self.bookings.loads();
         let mut routable = self.replicas.iter().filter(|r| r.routable()).peekable();
         routable.peek().is_some()
-            && routable.all(|r| {
-                let own = u32::from(booked && r.id == decision.replica);
-                let outstanding = loads.get(r.id.index()).map_or(0, |l| l.outstanding()).saturating_sub(own);
-                outstanding >= r.spec.profile.max_num_seqs
-            })
+            && routable.all(|r| loads.get(r.id.index()).map_or(0, |l| l.outstanding()) >= r.spec.profile.max_num_seqs)
     }
 
     /// Books load on `replica` directly, outside a decision (a booking learned from another

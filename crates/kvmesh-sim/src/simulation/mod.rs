@@ -561,7 +561,7 @@ impl Sim<'_> {
         let router = &mut self.routers[k];
         if let Some(adm) = self.config.admission {
             let waited = t - self.outcomes[i].arrival_s;
-            if router.fleet.capacity_short(&decision, false) || adm.gate.is_some_and(|g| !g.admits(&decision, waited)) {
+            if router.fleet.capacity_short(&decision) || adm.gate.is_some_and(|g| !g.admits(&decision, waited)) {
                 return Ok(false);
             }
         }
