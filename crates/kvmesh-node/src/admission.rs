@@ -236,7 +236,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn requests_that_can_still_meet_the_slo_are_woken_first_smallest_load_first() {
+    async fn requests_not_yet_late_are_woken_first_smallest_load_first() {
         let q = queue(8, Some(2.0));
         let late = waiter(&q, 100, 1.5).await;
         let big = waiter(&q, 500, 0.0).await;
