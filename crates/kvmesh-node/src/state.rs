@@ -142,9 +142,14 @@ pub struct Core {
     pub node_id: kvmesh_core::gossip::NodeId,
     /// This node's hot-prefix counts (replication on).
     pub sketch: Option<kvmesh_core::replication::PrefixSketch>,
-    /// Token load booked since start by this node and (through gossip) its peers: uncached
-    /// prompt plus expected output tokens. The autoscaler's demand is its rate.
+    /// Token load of the requests that arrived since start, at this node and (through gossip)
+    /// its peers, each counted once whether it was routed or held: uncached prompt plus
+    /// expected output tokens. The autoscaler's demand is its rate.
     pub booked_tokens: f64,
+    /// The part of `booked_tokens` counted on this node itself, tokens (gossiped to peers).
+    pub own_demand_tokens: f64,
+    /// Per peer: its incarnation and the last own demand it reported, tokens.
+    peer_demand: BTreeMap<u64, (u64, f64)>,
 }
 
 /// The node settings the request path reads, fixed at start (no lock).
@@ -276,6 +281,8 @@ impl Shared {
             remote: kvmesh_core::gossip::RemoteBookings::new(TOMBSTONE_S),
             node_id: kvmesh_core::gossip::NodeId(config.cluster.as_ref().map_or(0, |c| c.id)),
             booked_tokens: 0.0,
+            own_demand_tokens: 0.0,
+            peer_demand: BTreeMap::new(),
             sketch: config.replication.enabled.then(|| {
                 kvmesh_core::replication::PrefixSketch::new(config.replication.core().sketch, config.node.block_size)
             }),
@@ -644,8 +651,24 @@ impl Core {
         let output = self.fleet.bookings().outputs().expect(req.max_tokens);
         let load = decision.uncached_tokens as f64 + output as f64;
         self.booked_tokens += load;
+        self.own_demand_tokens += load;
         if let Some(sketch) = self.sketch.as_mut() {
             sketch.observe(now, &req.hashes, Some(tokens), load);
+        }
+    }
+
+    /// Adds a peer's gossiped demand to this node's: `demand_tokens` is the peer's own
+    /// cumulative count for its `incarnation`, so only the increase since its last report
+    /// counts (a lost batch loses nothing; a restarted peer starts over from 0).
+    pub fn peer_demand(&mut self, peer: u64, incarnation: u64, demand_tokens: f64) {
+        let (inc, last) = self.peer_demand.entry(peer).or_insert((incarnation, 0.0));
+        if *inc != incarnation {
+            *inc = incarnation;
+            *last = 0.0;
+        }
+        if demand_tokens.is_finite() && demand_tokens > *last {
+            self.booked_tokens += demand_tokens - *last;
+            *last = demand_tokens;
         }
     }
 
@@ -687,5 +710,39 @@ impl Core {
             tracing::warn!(%peer, "peer silent: its shared bookings were dropped");
         }
         expired.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peers_demand_counts_by_its_increase_and_starts_over_when_the_peer_restarts() {
+        let config = NodeConfig {
+            node: crate::config::NodeSection::default(),
+            replicas: vec![],
+            cluster: None,
+            security: Default::default(),
+            replication: Default::default(),
+            autoscaler: Default::default(),
+            admission: Default::default(),
+        };
+        let shared = Shared::new(config).unwrap();
+        let mut core = shared.core();
+        let mut seen = |peer: u64, incarnation: u64, demand: f64| {
+            core.peer_demand(peer, incarnation, demand);
+            core.booked_tokens
+        };
+        assert_eq!(seen(2, 7, 100.0), 100.0);
+        // The same report again (a summary-only batch) adds nothing; a lost batch loses nothing.
+        assert_eq!(seen(2, 7, 100.0), 100.0);
+        assert_eq!(seen(2, 7, 250.0), 250.0);
+        assert_eq!(seen(3, 1, 40.0), 290.0);
+        // Node 2 restarted: its count starts over.
+        assert_eq!(seen(2, 9, 30.0), 320.0);
+        assert_eq!(seen(2, 9, f64::NAN), 320.0);
+        assert_eq!(seen(2, 9, 10.0), 320.0);
+        assert_eq!(core.own_demand_tokens, 0.0);
     }
 }

@@ -31,6 +31,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
     let mut peers: BTreeMap<u64, (String, mpsc::Sender<v1::GossipBatch>)> = BTreeMap::new();
     let report_every = Duration::from_millis(shared.replication.section.interval_ms);
     let mut last_report = tokio::time::Instant::now() - report_every;
+    let mut last_demand = 0.0;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -47,7 +48,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
             }
         }
         let summary_due = last_summary.elapsed() >= summary_every;
-        let (deltas, summary) = {
+        let (deltas, summary, demand) = {
             let mut core = shared.core();
             let core = &mut *core;
             // Bookings of nodes that left the cluster go with them.
@@ -56,8 +57,9 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
             for n in gone {
                 core.remote.drop_peer(&mut core.fleet, n);
             }
+            let demand = core.own_demand_tokens;
             match core.outbox.as_mut() {
-                Some(out) => (out.take_at_most(MAX_DELTAS_PER_BATCH), summary_due.then(|| out.summary())),
+                Some(out) => (out.take_at_most(MAX_DELTAS_PER_BATCH), summary_due.then(|| out.summary()), demand),
                 None => return,
             }
         };
@@ -65,9 +67,11 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
             last_report = tokio::time::Instant::now();
             v1::HotPrefixReport::from(&shared.own_report(shared.replication.section.report_top).for_gossip())
         });
-        if deltas.is_empty() && summary.is_none() && hot.is_none() {
+        // A request held at the router and refused changes demand without a booking delta.
+        if deltas.is_empty() && summary.is_none() && hot.is_none() && demand == last_demand {
             continue;
         }
+        last_demand = demand;
         if summary.is_some() {
             last_summary = tokio::time::Instant::now();
         }
@@ -77,6 +81,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
             deltas: deltas.iter().map(v1::BookingDelta::from).collect(),
             summary: summary.as_ref().map(v1::BookingSummary::from),
             hot,
+            demand_tokens: Some(demand),
         };
         let m = &shared.metrics;
         for (_, tx) in peers.values() {

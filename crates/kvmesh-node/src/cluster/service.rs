@@ -202,10 +202,16 @@ impl gossip_server::Gossip for ClusterServices {
                 tracing::info!(%peer, "peer restarted; its old bookings were released");
             }
             core.remote.apply(&mut core.fleet, peer, &deltas, now);
-            for d in &deltas {
-                if let kvmesh_core::gossip::DeltaKind::Book { spec, .. } = &d.kind {
-                    core.booked_tokens +=
-                        f64::from(spec.uncached_prefill_tokens) + f64::from(spec.expected_output_tokens);
+            match batch.demand_tokens {
+                Some(d) => core.peer_demand(batch.node_id, batch.incarnation, d),
+                // An older peer: its bookings are its demand.
+                None => {
+                    for d in &deltas {
+                        if let kvmesh_core::gossip::DeltaKind::Book { spec, .. } = &d.kind {
+                            core.booked_tokens +=
+                                f64::from(spec.uncached_prefill_tokens) + f64::from(spec.expected_output_tokens);
+                        }
+                    }
                 }
             }
             if let Some(s) = &summary {
