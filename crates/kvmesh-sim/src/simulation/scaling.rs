@@ -345,6 +345,17 @@ impl Scaler {
     }
 }
 
+/// Raises each of `known`'s samples to `booked`'s at the same index, extending `known` to
+/// `booked`'s length: the most load of either, tokens per second.
+pub(crate) fn raise_to(known: &mut Vec<f64>, booked: &[f64]) {
+    if known.len() < booked.len() {
+        known.resize(booked.len(), 0.0);
+    }
+    for (k, &b) in known.iter_mut().zip(booked) {
+        *k = k.max(b);
+    }
+}
+
 /// `load` sampled every `from_s` (sample `k` covers `(k·from_s, (k+1)·from_s]`) as means over
 /// intervals of `to_s`.
 fn regrid(load: &[f64], from_s: f64, to_s: f64) -> Vec<f64> {

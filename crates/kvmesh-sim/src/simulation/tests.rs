@@ -318,3 +318,12 @@ fn the_ttft_gate_holds_requests_that_would_miss_the_slo_so_a_small_one_behind_th
     close(g[0], o[0]);
     assert!(g[3] < o[3] / 2.0, "{g:?} {o:?}");
 }
+
+#[test]
+fn the_oracle_is_told_the_most_load_of_its_passes() {
+    let mut known = vec![5.0, 1.0];
+    super::scaling::raise_to(&mut known, &[3.0, 4.0, 2.0]);
+    assert_eq!(known, [5.0, 4.0, 2.0]);
+    super::scaling::raise_to(&mut known, &[6.0]);
+    assert_eq!(known, [6.0, 4.0, 2.0]);
+}
