@@ -260,6 +260,14 @@ async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
     assert_eq!(node.shared.admission.depth(), 0);
     let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
     assert!(page.contains("kvmesh_requests_total{outcome=\"queue_full\"} 3"), "{page}");
+    // `kvmesh status` counts them too.
+    let list = v1::admin_client::AdminClient::new(common::grpc(node.grpc).await)
+        .list_replicas(v1::ListReplicasRequest {})
+        .await
+        .unwrap();
+    let a = list.into_inner().admission.unwrap();
+    assert_eq!((a.waiting, a.waiting_tokens, a.queue_limit, a.ttft_slo_s), (0, 0, 2, 0.0));
+    assert_eq!((a.refused_queue_full, a.refused_evicted_late, a.refused_timeout), (3, 0, 0));
     node.stop().await;
 }
 
@@ -306,6 +314,14 @@ async fn with_a_ttft_slo_a_request_that_would_queue_past_it_waits_at_the_router(
             // ~0.45 s of prefill queued ahead of it, more than half the SLO: it waits.
             eventually("the second request held", || node.shared.admission.depth() == 1).await;
             assert_eq!(node.shared.core().fleet.bookings().len(), 1);
+            // What `kvmesh status` shows: one waiting, with the first's load (the same size,
+            // nothing shared), and the settings.
+            let ch = common::grpc(node.grpc).await;
+            let list = v1::admin_client::AdminClient::new(ch).list_replicas(v1::ListReplicasRequest {}).await;
+            let a = list.unwrap().into_inner().admission.unwrap();
+            assert_eq!((a.enabled, a.waiting, a.waiting_tokens as f64), (true, 1, one));
+            assert_eq!((a.queue_limit, a.max_wait_s, a.ttft_slo_s), (256, 30.0, 0.2));
+            assert_eq!((a.refused_queue_full, a.refused_evicted_late, a.refused_timeout), (0, 0, 0));
         } else {
             eventually("the second request sent", || node.shared.core().fleet.bookings().len() == 2).await;
         }

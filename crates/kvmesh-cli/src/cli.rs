@@ -40,7 +40,8 @@ pub enum Command {
     /// the replica list from the config file (a single node, or a cluster not yet seeded).
     Node(NodeArgs),
     /// Show a running node over gRPC: its cluster (leader, term, members, lag), its replicas
-    /// (status, engine load, router-side token load, index and event counts), its hot prefixes
+    /// (status, engine load, router-side token load, index and event counts), its admission
+    /// queue (waiting requests and refusals), the autoscaler's latest decision, its hot prefixes
     /// and replication plan (when `[replication]` is on) and its latest routing decisions with
     /// their reasons.
     Status(StatusArgs),

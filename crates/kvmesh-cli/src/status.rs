@@ -1,5 +1,5 @@
-//! `kvmesh status`: a node's cluster (leader, term, members), replicas, hot prefixes and their
-//! replication plan, and latest routing decisions, readable in a terminal (gRPC
+//! `kvmesh status`: a node's cluster (leader, term, members), replicas, admission queue, hot
+//! prefixes and their replication plan, and latest routing decisions, readable in a terminal (gRPC
 //! `Cluster.Status`, `Admin.ListReplicas`, `Replication.ListHotPrefixes`/`GetPlan`,
 //! `Admin.RecentDecisions`).
 
@@ -48,8 +48,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
             .await
             .ok()
             .map(|r| r.into_inner());
-        anyhow::Ok((cluster, list.into_inner().replicas, decisions, replication, scale))
+        anyhow::Ok((cluster, list.into_inner(), decisions, replication, scale))
     })?;
+    let (replicas, admission) = (replicas.replicas, replicas.admission);
     if args.json {
         let rows: Vec<serde_json::Value> = replicas.iter().map(row_json).collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -62,6 +63,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         println!("{}\n", members.join("\n"));
     }
     print!("{}", render(&replicas));
+    if let Some(a) = &admission {
+        println!("\n{}", render_admission(a));
+    }
     if let Some(d) = &scale {
         println!("\n{}", render_scale(d));
     }
@@ -98,6 +102,24 @@ fn render_scale(d: &v1::ScaleDecision) -> String {
         d.demand_tokens_per_s,
         d.forecast_tokens_per_s,
         d.capacity_tokens_per_s
+    )
+}
+
+/// The node's admission queue, one line.
+fn render_admission(a: &v1::AdmissionState) -> String {
+    if !a.enabled {
+        return "admission control: off".into();
+    }
+    let gate = if a.ttft_slo_s > 0.0 { format!(", TTFT SLO {} s", a.ttft_slo_s) } else { String::new() };
+    format!(
+        "admission control: {} waiting ({} tokens) of {}, at most {} s each{gate} · refused since start: {} queue full, {} late evicted, {} timed out",
+        a.waiting,
+        a.waiting_tokens,
+        a.queue_limit,
+        a.max_wait_s,
+        a.refused_queue_full,
+        a.refused_evicted_late,
+        a.refused_timeout
     )
 }
 
@@ -209,6 +231,28 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn the_admission_line_says_what_waits_and_what_was_refused() {
+        let a = v1::AdmissionState {
+            enabled: true,
+            waiting: 3,
+            waiting_tokens: 12_480,
+            queue_limit: 256,
+            max_wait_s: 30.0,
+            ttft_slo_s: 2.0,
+            refused_queue_full: 5,
+            refused_evicted_late: 1,
+            refused_timeout: 0,
+        };
+        assert_eq!(
+            render_admission(&a),
+            "admission control: 3 waiting (12480 tokens) of 256, at most 30 s each, TTFT SLO 2 s · refused since start: 5 queue full, 1 late evicted, 0 timed out"
+        );
+        let off = v1::AdmissionState { ttft_slo_s: 0.0, ..a };
+        assert!(render_admission(&off).contains("of 256, at most 30 s each · refused"));
+        assert_eq!(render_admission(&v1::AdmissionState::default()), "admission control: off");
+    }
 
     #[test]
     fn decisions_render_newest_first_with_their_reason() {

@@ -85,6 +85,8 @@ pub struct Admission {
     /// Refusals since the last warning, and when that was: refusals are logged at most every
     /// 10 s.
     refusals: Mutex<(u64, Option<Instant>)>,
+    /// Refusals since the start, by [`Refused`] in declaration order.
+    refused_total: [AtomicU64; 3],
 }
 
 impl Admission {
@@ -99,6 +101,7 @@ impl Admission {
             seq: AtomicU64::new(0),
             recheck,
             refusals: Mutex::new((0, None)),
+            refused_total: Default::default(),
         }
     }
 
@@ -177,6 +180,7 @@ impl Admission {
     /// Counts a refusal, and logs a warning with the count at most every 10 s (a full queue
     /// refuses requests by the thousand).
     pub fn refused(&self, why: Refused) {
+        self.refused_total[why as usize].fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let mut r = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
         r.0 += 1;
@@ -190,6 +194,12 @@ impl Admission {
             );
             *r = (0, Some(now));
         }
+    }
+
+    /// Requests refused since the start: (queue full, evicted late, timed out).
+    pub fn refused_total(&self) -> (u64, u64, u64) {
+        let n = |k: usize| self.refused_total[k].load(Ordering::Relaxed);
+        (n(0), n(1), n(2))
     }
 
     /// Seconds a refused client should wait before retrying: a second per queued request per
@@ -274,6 +284,11 @@ mod tests {
         let late_again = waiter(&q, 50, 1.9).await;
         assert_eq!(late_again.await.unwrap(), Err(Refused::QueueFull));
         assert_eq!(wake_one(&q, &[&late_small, &fresh]).await, [1]);
+        // The caller counts what it was told.
+        q.refused(Refused::Evicted);
+        q.refused(Refused::QueueFull);
+        q.refused(Refused::QueueFull);
+        assert_eq!(q.refused_total(), (2, 1, 0));
         // Without the gate a full queue refuses the newcomer.
         let q = queue(1, None);
         let _first = waiter(&q, 300, 5.0).await;

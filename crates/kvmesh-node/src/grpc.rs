@@ -232,7 +232,23 @@ impl admin_server::Admin for Services {
     ) -> Result<Response<v1::ListReplicasResponse>, GrpcStatus> {
         self.admin_auth(request.metadata())?;
         let names: Vec<String> = self.shared.core().replicas.keys().cloned().collect();
-        Ok(Response::new(v1::ListReplicasResponse { replicas: names.iter().filter_map(|n| self.replica(n)).collect() }))
+        let a = &self.shared.admission;
+        let (queue_full, evicted_late, timeout) = a.refused_total();
+        let admission = v1::AdmissionState {
+            enabled: a.section.enabled,
+            waiting: a.depth() as u32,
+            waiting_tokens: a.waiting_load(),
+            queue_limit: a.section.queue_limit as u32,
+            max_wait_s: a.section.max_wait_s,
+            ttft_slo_s: a.gate().map_or(0.0, |g| g.slo_s()),
+            refused_queue_full: queue_full,
+            refused_evicted_late: evicted_late,
+            refused_timeout: timeout,
+        };
+        Ok(Response::new(v1::ListReplicasResponse {
+            replicas: names.iter().filter_map(|n| self.replica(n)).collect(),
+            admission: Some(admission),
+        }))
     }
 
     async fn add_replica(&self, request: Request<v1::AddReplicaRequest>) -> Result<Response<v1::Replica>, GrpcStatus> {
