@@ -217,12 +217,11 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
+/// A node with admission control (at most 2 waiting) in front of one engine that the router
+/// believes holds 40 blocks of KV: one 480-token request (30 blocks plus its output) at a time.
+async fn short_node() -> (Node, Vec<kvmesh_engine_sim::EngineSim>) {
     use kvmesh_node::config::AdmissionSection;
     let engines = engines(1, 20.0).await;
-    // The router believes the replica holds 40 blocks of KV: one 480-token request (30 blocks
-    // plus its output) at a time.
     let replicas = vec![ReplicaConfig { capacity_blocks: 40, replay: None, ..replica(0, &engines[0]) }];
     let config = NodeConfig {
         node: section(),
@@ -235,6 +234,12 @@ async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
+    (node, engines)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
+    let (node, _engines) = short_node().await;
     let http = node.http;
     let send = |i: usize| async move {
         let body = serde_json::json!({"model": "m", "prompt": format!("{i:04}").repeat(480), "max_tokens": 16});
@@ -260,6 +265,7 @@ async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
     assert_eq!(node.shared.admission.depth(), 0);
     let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
     assert!(page.contains("kvmesh_requests_total{outcome=\"queue_full\"} 3"), "{page}");
+    assert!(page.contains("kvmesh_admission_refused_total{outcome=\"queue_full\"} 3"), "{page}");
     // `kvmesh status` counts them too.
     let list = v1::admin_client::AdminClient::new(common::grpc(node.grpc).await)
         .list_replicas(v1::ListReplicasRequest {})
@@ -268,6 +274,58 @@ async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
     let a = list.into_inner().admission.unwrap();
     assert_eq!((a.waiting, a.waiting_tokens, a.queue_limit, a.ttft_slo_s), (0, 0, 2, 0.0));
     assert_eq!((a.refused_queue_full, a.refused_evicted_late, a.refused_timeout), (3, 0, 0));
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_resource_exhausted() {
+    let (node, _engines) = short_node().await;
+    let ch = common::grpc(node.grpc).await;
+    let route = |i: usize| {
+        let mut router = v1::router_client::RouterClient::new(ch.clone());
+        async move {
+            let text = format!("{i:04}").repeat(480);
+            let req = v1::RouteRequest {
+                model: "m".into(),
+                prompt: Some(v1::route_request::Prompt::Text(text)),
+                max_tokens: Some(16),
+                session_key: None,
+                lora_name: None,
+            };
+            router.route(req).await.map(|r| r.into_inner().booking_id)
+        }
+    };
+    let release = |booking_id: u64| {
+        let mut router = v1::router_client::RouterClient::new(ch.clone());
+        async move { router.release(v1::ReleaseRequest { booking_id, output_tokens: Some(16) }).await.unwrap() }
+    };
+    // The first is booked at once; the next two wait (nothing booked for them); the fourth
+    // finds the queue full.
+    let first = route(0).await.unwrap();
+    let second = tokio::spawn(route(1));
+    eventually("the second waiting", || node.shared.admission.depth() == 1).await;
+    let third = tokio::spawn(route(2));
+    eventually("the third waiting", || node.shared.admission.depth() == 2).await;
+    assert_eq!(node.shared.core().fleet.bookings().len(), 1);
+    let refused = route(3).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(refused.message().contains("the admission queue is full"), "{}", refused.message());
+    let after = refused.metadata().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+    assert!(after.as_deref().is_some_and(|v| v.parse::<u64>().is_ok_and(|s| s >= 1)), "{after:?}");
+    // Each release lets the next one go, in turn.
+    release(first).await;
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(node.shared.admission.depth(), 1);
+    release(second).await;
+    let third = third.await.unwrap().unwrap();
+    release(third).await;
+    assert!(node.shared.core().fleet.bookings().is_empty());
+    assert_eq!(node.shared.admission.depth(), 0);
+    let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+    assert!(page.contains("kvmesh_admission_refused_total{outcome=\"queue_full\"} 1"), "{page}");
+    // Three waited (the refused one too, for no time at all), each observed once.
+    assert!(page.contains("kvmesh_admission_wait_seconds_count 3\n"), "{page}");
+    assert_eq!(node.shared.admission.refused_total(), (1, 0, 0));
     node.stop().await;
 }
 

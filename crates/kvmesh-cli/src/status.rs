@@ -1,6 +1,7 @@
-//! `kvmesh status`: a node's cluster (leader, term, members), replicas, admission queue, hot
-//! prefixes and their replication plan, and latest routing decisions, readable in a terminal (gRPC
-//! `Cluster.Status`, `Admin.ListReplicas`, `Replication.ListHotPrefixes`/`GetPlan`,
+//! `kvmesh status`: a node's cluster (leader, term, members), replicas, admission queue, the
+//! autoscaler's latest decision, hot prefixes and their replication plan, and latest routing
+//! decisions, readable in a terminal (gRPC `Cluster.Status`, `Admin.ListReplicas`,
+//! `Autoscaler.GetRecommendation`, `Replication.ListHotPrefixes`/`GetPlan`,
 //! `Admin.RecentDecisions`).
 
 use crate::cli::StatusArgs;
@@ -105,14 +106,15 @@ fn render_scale(d: &v1::ScaleDecision) -> String {
     )
 }
 
-/// The node's admission queue, one line.
+/// The node's admission queue, one line. Shown when off too (the default): an operator
+/// seeing replicas pile up wants to know that nothing holds requests back.
 fn render_admission(a: &v1::AdmissionState) -> String {
     if !a.enabled {
         return "admission control: off".into();
     }
     let gate = if a.ttft_slo_s > 0.0 { format!(", TTFT SLO {} s", a.ttft_slo_s) } else { String::new() };
     format!(
-        "admission control: {} waiting ({} tokens) of {}, at most {} s each{gate} · refused since start: {} queue full, {} late evicted, {} timed out",
+        "admission control (this node): {} waiting ({} tokens) of {}, at most {} s each{gate} · refused since start: {} queue full, {} evicted as late, {} timed out",
         a.waiting,
         a.waiting_tokens,
         a.queue_limit,
@@ -247,7 +249,7 @@ mod tests {
         };
         assert_eq!(
             render_admission(&a),
-            "admission control: 3 waiting (12480 tokens) of 256, at most 30 s each, TTFT SLO 2 s · refused since start: 5 queue full, 1 late evicted, 0 timed out"
+            "admission control (this node): 3 waiting (12480 tokens) of 256, at most 30 s each, TTFT SLO 2 s · refused since start: 5 queue full, 1 evicted as late, 0 timed out"
         );
         let off = v1::AdmissionState { ttft_slo_s: 0.0, ..a };
         assert!(render_admission(&off).contains("of 256, at most 30 s each · refused"));

@@ -2,6 +2,7 @@
 //! `Events.Publish` for engines without ZMQ; plus the standard health service and server
 //! reflection, so `grpcurl -plaintext host:50051 list` works out of the box.
 
+use crate::admission::{Admitted, NotAdmitted, Refused};
 use crate::cluster::registry::{Command, ReplicaState};
 use crate::cluster::ClusterError;
 use crate::config::ReplicaConfig;
@@ -30,6 +31,8 @@ pub struct Services {
 #[tonic::async_trait]
 impl router_server::Router for Services {
     async fn route(&self, request: Request<v1::RouteRequest>) -> Result<Response<v1::RouteResponse>, GrpcStatus> {
+        // The TTFT gate's clock starts here.
+        let arrived = tokio::time::Instant::now();
         let r = request.into_inner();
         let model = &self.shared.settings.model;
         if !model.is_empty() && !r.model.is_empty() && &r.model != model {
@@ -47,20 +50,21 @@ impl router_server::Router for Services {
                 tokens.len()
             )));
         }
-        let now = self.shared.now();
-        let t0 = std::time::Instant::now();
         // Hash before taking the core lock: a long prompt is microseconds of work.
         let hasher = &self.shared.settings.hasher;
         let mut req = RouteRequest::new(hasher, &tokens, r.max_tokens);
         if let Some(key) = &r.session_key {
             req = req.with_key(hasher.sequence_key(&approximate_tokens(key)));
         }
-        let mut core = self.shared.core();
-        let (routed, name, endpoints) =
-            core.route(&req, &tokens, now).map_err(|e| GrpcStatus::unavailable(e.to_string()))?;
-        drop(core);
+        let mut ticket = crate::admission::Ticket::new(&self.shared, arrived);
+        let Admitted { routed, replica: name, endpoints, at: now, decision_s } =
+            match ticket.route(&req, &tokens, r.max_tokens).await {
+                Ok(a) => a,
+                Err(NotAdmitted::NoReplica(e)) => return Err(GrpcStatus::unavailable(e.to_string())),
+                Err(NotAdmitted::Refused(why)) => return Err(self.too_many(why)),
+            };
         let m = &self.shared.metrics;
-        m.decision_latency.observe(t0.elapsed().as_secs_f64());
+        m.decision_latency.observe(decision_s);
         m.decisions
             .get_or_create(&vec![
                 ("policy", self.shared.policy_name().to_string()),
@@ -159,6 +163,18 @@ fn not_found_or(e: ClusterError) -> GrpcStatus {
 }
 
 impl Services {
+    /// Admission control's refusal: `RESOURCE_EXHAUSTED` saying why, with when to retry in
+    /// seconds in a `retry-after` metadata entry (as the proxy's `Retry-After` header).
+    fn too_many(&self, why: Refused) -> GrpcStatus {
+        let after = self.shared.admission.retry_after_s();
+        let mut status =
+            GrpcStatus::resource_exhausted(format!("capacity is short ({}); retry after {after} s", why.reason()));
+        if let Ok(v) = after.to_string().parse() {
+            status.metadata_mut().insert("retry-after", v);
+        }
+        status
+    }
+
     /// Drains or undrains `name`: through Raft in a cluster, locally otherwise.
     async fn set_draining(&self, name: String, draining: bool) -> Result<Response<v1::Replica>, GrpcStatus> {
         if let Some(c) = &self.cluster {
@@ -236,11 +252,12 @@ impl admin_server::Admin for Services {
         let (queue_full, evicted_late, timeout) = a.refused_total();
         let admission = v1::AdmissionState {
             enabled: a.section.enabled,
-            waiting: a.depth() as u32,
+            waiting: u32::try_from(a.depth()).unwrap_or(u32::MAX),
             waiting_tokens: a.waiting_load(),
-            queue_limit: a.section.queue_limit as u32,
+            queue_limit: u32::try_from(a.section.queue_limit).unwrap_or(u32::MAX),
             max_wait_s: a.section.max_wait_s,
-            ttft_slo_s: a.gate().map_or(0.0, |g| g.slo_s()),
+            // A gate configured on a queue that is off holds nothing.
+            ttft_slo_s: a.gate().filter(|_| a.section.enabled).map_or(0.0, |g| g.slo_s()),
             refused_queue_full: queue_full,
             refused_evicted_late: evicted_late,
             refused_timeout: timeout,

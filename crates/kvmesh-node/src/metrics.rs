@@ -28,6 +28,10 @@ pub struct Metrics {
     /// Time requests that waited in the admission queue spent there, until routed or
     /// refused, seconds.
     pub admission_wait: Histogram,
+    /// Requests admission control refused, from both paths that route (the proxy's 429s and
+    /// gRPC `Route`'s `RESOURCE_EXHAUSTED`), by outcome: `queue_full`, `evicted_late`,
+    /// `admission_timeout`.
+    pub admission_refused: Family<Labels, Counter>,
     /// Proxied request attempts by outcome: `ok`, `client_error` (a 4xx passed through),
     /// `upstream_error`, `backpressure` (a 429/503, retried elsewhere), `no_replica`,
     /// `disconnected` (the client went away); and admission control's 429s: `queue_full`,
@@ -91,6 +95,7 @@ impl Metrics {
             // 5 ms to 41 s.
             admission_wait: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             requests: Family::default(),
+            admission_refused: Family::default(),
             prompt_tokens: Counter::default(),
             predicted_cached_tokens: Counter::default(),
             engine_cached_tokens: Counter::default(),
@@ -218,8 +223,13 @@ impl Metrics {
         );
         registry.register(
             "admission_queue_depth",
-            "Requests waiting for capacity in the admission queue (refusals count in kvmesh_requests_total with outcome queue_full, evicted_late or admission_timeout)",
+            "Requests waiting for capacity in the admission queue",
             m.admission_queue.clone(),
+        );
+        registry.register(
+            "admission_refused",
+            "Requests admission control refused (HTTP 429 and gRPC Route RESOURCE_EXHAUSTED) by outcome: queue_full, evicted_late, admission_timeout",
+            m.admission_refused.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -227,6 +237,11 @@ impl Metrics {
     /// Counts one request outcome.
     pub fn request(&self, outcome: &'static str) {
         self.requests.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
+    }
+
+    /// Counts one refusal by admission control.
+    pub fn admission_refused(&self, outcome: &'static str) {
+        self.admission_refused.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
     }
 
     /// The text exposition, with per-replica gauges refreshed from `shared`.

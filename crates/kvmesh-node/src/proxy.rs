@@ -8,6 +8,7 @@
 //! and take the dead one out at once; 429/503 are backpressure (the replica sits out a
 //! backoff, then returns); other 4xx pass through without counting against the replica.
 
+use crate::admission::NotAdmitted;
 use crate::replica::endpoints::Api;
 use crate::state::Shared;
 use axum::body::{Body, Bytes};
@@ -24,7 +25,7 @@ use serde::Deserialize;
 use serde_json::json;
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+
 use tracing::Instrument;
 
 /// The proxy's routes (plus `/health` and `/metrics`).
@@ -65,19 +66,6 @@ struct Booking {
     prompt_tokens: u32,
     /// When the request reached the node: its TTFT is measured from here.
     arrived: tokio::time::Instant,
-}
-
-/// One wait in the admission queue: observed in `kvmesh_admission_wait_seconds` when dropped,
-/// however it ends (routed, refused, no replica left, or the client gone).
-struct Held<'a> {
-    since: tokio::time::Instant,
-    metrics: &'a crate::metrics::Metrics,
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        self.metrics.admission_wait.observe(self.since.elapsed().as_secs_f64());
-    }
 }
 
 /// Wakes the admission queue's next waiter when dropped (after the booking's release).
@@ -354,65 +342,25 @@ async fn forward(
         attempts = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    // The admission queue's deadline, from the request's first wait there.
-    let mut admission_deadline: Option<tokio::time::Instant> = None;
-    // Demand is counted on a request's first routing only, not on retries or re-routes.
-    let mut demand_counted = false;
+    // Kept across retries: demand counted once, one `max_wait_s` for all the waits.
+    let mut ticket = crate::admission::Ticket::new(&shared, arrived);
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
-        let mut t0 = Instant::now();
-        let mut now = shared.now();
-        // This attempt's wait in the admission queue, observed once however it ends.
-        let mut held: Option<Held<'_>> = None;
-        let (routed, name, endpoints) = loop {
-            // The core's lock lives in this block only: the handler's future must stay Send.
-            let decided = {
-                let mut core = shared.core();
-                core.decide(&req, now).and_then(|d| {
-                    if !std::mem::replace(&mut demand_counted, true) {
-                        core.count_demand(&req, &tokens, &d, now);
-                    }
-                    // Capacity short, or (with the TTFT gate) the best replica would make it
-                    // miss its SLO: wait in the admission queue rather than pile onto a full
-                    // replica. Nothing is booked until it goes.
-                    let adm = &shared.admission;
-                    if adm.section.enabled
-                        && (core.fleet.capacity_short(&d)
-                            || adm.gate().is_some_and(|g| !g.admits(&d, arrived.elapsed().as_secs_f64())))
-                    {
-                        Ok(Err(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0))))
-                    } else {
-                        core.book(&req, d, now).map(Ok)
-                    }
-                })
-            };
-            match decided {
-                Err(e) => {
+        let crate::admission::Admitted { routed, replica: name, endpoints, at: now, decision_s } =
+            match ticket.route(&req, &tokens, max_tokens).await {
+                Ok(a) => a,
+                Err(NotAdmitted::NoReplica(e)) => {
                     shared.metrics.request("no_replica");
                     return error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}: {e}"));
                 }
-                Ok(Ok(routed)) => {
-                    drop(held.take());
-                    break routed;
+                Err(NotAdmitted::Refused(why)) => {
+                    shared.metrics.request(why.outcome());
+                    span.record("outcome", why.outcome());
+                    return too_many(&shared, why);
                 }
-                Ok(Err(load)) => {
-                    held.get_or_insert_with(|| Held { since: tokio::time::Instant::now(), metrics: &shared.metrics });
-                    let deadline = *admission_deadline.get_or_insert_with(|| {
-                        tokio::time::Instant::now() + Duration::from_secs_f64(shared.admission.section.max_wait_s)
-                    });
-                    if let Err(why) = shared.admission.wait(load, arrived, deadline).await {
-                        shared.metrics.request(why.outcome());
-                        span.record("outcome", why.outcome());
-                        shared.admission.refused(why);
-                        return too_many(&shared, why);
-                    }
-                    t0 = Instant::now();
-                    now = shared.now();
-                }
-            }
-        };
+            };
         let m = &shared.metrics;
-        m.decision_latency.observe(t0.elapsed().as_secs_f64());
+        m.decision_latency.observe(decision_s);
         let labels =
             vec![("policy", shared.policy_name().to_string()), ("reason", routed.decision.reason.as_str().into())];
         m.decisions.get_or_create(&labels).inc();

@@ -581,22 +581,6 @@ impl Core {
         Some(outcome)
     }
 
-    /// Routes one request and counts it as demand (see [`Core::decide`], [`Core::book`] and
-    /// [`Core::count_demand`]); returns the booking, the replica's name and its URLs.
-    ///
-    /// # Errors
-    /// The core's error (no replica ready, …).
-    pub fn route(
-        &mut self,
-        req: &RouteRequest,
-        tokens: &[u32],
-        now: f64,
-    ) -> Result<(Routed, String, Arc<Endpoints>), kvmesh_core::Error> {
-        let decision = self.decide(req, now)?;
-        self.count_demand(req, tokens, &decision, now);
-        self.book(req, decision, now)
-    }
-
     /// Decides where `req` would go at `now`, booking nothing (admission control checks the
     /// decision before [`Core::book`] commits it).
     ///

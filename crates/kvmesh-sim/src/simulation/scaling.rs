@@ -7,8 +7,9 @@
 //! interval, each ready replica's measured capacity (tokens it served per second of steps it
 //! ran with requests waiting, i.e. at full load; the profile's estimate until one is
 //! measured), the pool's ready and starting replicas, and the cold start measured from the
-//! starts so far. The oracle is told the load ahead instead: what its own pool books, from
-//! earlier passes of the same run (see `simulate`).
+//! starts so far. The oracle is told the load ahead instead: the most load booked in each
+//! interval by any earlier pass of the same run, one on the whole pool and then passes of its
+//! own (see `run`).
 
 use kvmesh_core::autoscale::{
     AutoscaleConfig, ColdStartAware, Knative, PoolInputs, Reactive, ScaleDecision, ScalePolicy,

@@ -320,7 +320,7 @@ fn the_ttft_gate_holds_requests_that_would_miss_the_slo_so_a_small_one_behind_th
 }
 
 #[test]
-fn the_oracle_is_told_the_most_load_of_its_passes() {
+fn raise_to_keeps_the_larger_load_of_each_interval_and_the_longer_run() {
     let mut known = vec![5.0, 1.0];
     super::scaling::raise_to(&mut known, &[3.0, 4.0, 2.0]);
     assert_eq!(known, [5.0, 4.0, 2.0]);

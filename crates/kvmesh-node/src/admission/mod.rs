@@ -12,6 +12,14 @@
 //!
 //! "Capacity frees" is every booking that ends on this node, and a 250 ms re-check besides
 //! (bookings of peer nodes end there, and their release reaches this node by gossip).
+//!
+//! Both paths that route go through it ([`Ticket`]): the OpenAI proxy (refusal: 429 with
+//! `Retry-After`) and gRPC `Router.Route` (refusal: `RESOURCE_EXHAUSTED` with a `retry-after`
+//! metadata entry).
+
+mod route;
+
+pub use route::{Admitted, NotAdmitted, Ticket};
 
 use crate::config::AdmissionSection;
 use kvmesh_core::admission::TtftGate;
@@ -34,6 +42,18 @@ pub enum Refused {
 }
 
 impl Refused {
+    /// Every kind, in the order of [`Admission::refused_total`].
+    const ALL: [Refused; 3] = [Refused::QueueFull, Refused::Evicted, Refused::Timeout];
+
+    /// Its place in [`Refused::ALL`].
+    fn index(self) -> usize {
+        match self {
+            Refused::QueueFull => 0,
+            Refused::Evicted => 1,
+            Refused::Timeout => 2,
+        }
+    }
+
     /// The `outcome` label of `kvmesh_requests_total`.
     pub fn outcome(self) -> &'static str {
         match self {
@@ -85,8 +105,8 @@ pub struct Admission {
     /// Refusals since the last warning, and when that was: refusals are logged at most every
     /// 10 s.
     refusals: Mutex<(u64, Option<Instant>)>,
-    /// Refusals since the start, by [`Refused`] in declaration order.
-    refused_total: [AtomicU64; 3],
+    /// Refusals since the start, by [`Refused::index`].
+    refused_total: [AtomicU64; Refused::ALL.len()],
 }
 
 impl Admission {
@@ -180,7 +200,7 @@ impl Admission {
     /// Counts a refusal, and logs a warning with the count at most every 10 s (a full queue
     /// refuses requests by the thousand).
     pub fn refused(&self, why: Refused) {
-        self.refused_total[why as usize].fetch_add(1, Ordering::Relaxed);
+        self.refused_total[why.index()].fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let mut r = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
         r.0 += 1;
@@ -196,10 +216,10 @@ impl Admission {
         }
     }
 
-    /// Requests refused since the start: (queue full, evicted late, timed out).
+    /// Requests refused since the start: (queue full, evicted as late, timed out).
     pub fn refused_total(&self) -> (u64, u64, u64) {
-        let n = |k: usize| self.refused_total[k].load(Ordering::Relaxed);
-        (n(0), n(1), n(2))
+        let [q, e, t] = Refused::ALL.map(|why| self.refused_total[why.index()].load(Ordering::Relaxed));
+        (q, e, t)
     }
 
     /// Seconds a refused client should wait before retrying: a second per queued request per
@@ -284,16 +304,22 @@ mod tests {
         let late_again = waiter(&q, 50, 1.9).await;
         assert_eq!(late_again.await.unwrap(), Err(Refused::QueueFull));
         assert_eq!(wake_one(&q, &[&late_small, &fresh]).await, [1]);
-        // The caller counts what it was told.
-        q.refused(Refused::Evicted);
-        q.refused(Refused::QueueFull);
-        q.refused(Refused::QueueFull);
-        assert_eq!(q.refused_total(), (2, 1, 0));
         // Without the gate a full queue refuses the newcomer.
         let q = queue(1, None);
         let _first = waiter(&q, 300, 5.0).await;
         let second = waiter(&q, 100, 0.0).await;
         assert_eq!(second.await.unwrap(), Err(Refused::QueueFull));
+    }
+
+    #[test]
+    fn refusals_are_counted_by_why() {
+        let q = Admission::new(AdmissionSection { enabled: true, ..AdmissionSection::default() });
+        for (why, n) in [(Refused::QueueFull, 1), (Refused::Evicted, 2), (Refused::Timeout, 3)] {
+            for _ in 0..n {
+                q.refused(why);
+            }
+        }
+        assert_eq!(q.refused_total(), (1, 2, 3));
     }
 
     #[tokio::test]

@@ -1,0 +1,125 @@
+//! Routing one request through admission control, for both paths that route: the OpenAI
+//! proxy and gRPC `Router.Route`. While capacity is short (or the TTFT gate holds the
+//! request), nothing is booked: the request waits in the queue and is decided afresh when
+//! capacity frees.
+
+use super::Refused;
+use crate::replica::endpoints::Endpoints;
+use crate::state::Shared;
+use kvmesh_core::{RouteRequest, Routed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A request routed and booked.
+pub struct Admitted {
+    /// The decision and its booking.
+    pub routed: Routed,
+    /// The chosen replica's name.
+    pub replica: String,
+    /// Its URLs.
+    pub endpoints: Arc<Endpoints>,
+    /// When it was decided, on the node's clock, seconds.
+    pub at: f64,
+    /// How long the deciding and booking took (the core's lock included; waits in the queue
+    /// not), seconds.
+    pub decision_s: f64,
+}
+
+/// Why a request was not routed.
+pub enum NotAdmitted {
+    /// The core had no replica for it (none ready, …).
+    NoReplica(kvmesh_core::Error),
+    /// Admission control refused it (answer 429 / `RESOURCE_EXHAUSTED`).
+    Refused(Refused),
+}
+
+/// One request's passage through admission control, kept across its retries on other
+/// replicas: its demand is counted once, and its waits share one `max_wait_s`.
+pub struct Ticket<'a> {
+    shared: &'a Shared,
+    /// When the request reached the node (its TTFT clock starts there).
+    arrived: tokio::time::Instant,
+    demand_counted: bool,
+    deadline: Option<tokio::time::Instant>,
+}
+
+/// Observes a wait in the admission queue once, however it ends (routed, refused, or the
+/// client gone and the future dropped).
+struct Held<'a> {
+    since: tokio::time::Instant,
+    metrics: &'a crate::metrics::Metrics,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.metrics.admission_wait.observe(self.since.elapsed().as_secs_f64());
+    }
+}
+
+impl<'a> Ticket<'a> {
+    /// A request that reached the node at `arrived`.
+    pub fn new(shared: &'a Shared, arrived: tokio::time::Instant) -> Self {
+        Ticket { shared, arrived, demand_counted: false, deadline: None }
+    }
+
+    /// Decides where `req` (`tokens`, answer of at most `max_tokens` tokens) goes and books
+    /// it — after waiting in the admission queue while capacity is short (with `[admission]`
+    /// on): no replica with room for it, or with `ttft_slo_s` the best replica would make it
+    /// miss the SLO with more than half the SLO queued there.
+    ///
+    /// # Errors
+    /// [`NotAdmitted::NoReplica`] when the core has no replica for it;
+    /// [`NotAdmitted::Refused`] when the queue is full, it was evicted for a newer request,
+    /// or it waited `max_wait_s` (the refusal is counted and logged here).
+    pub async fn route(
+        &mut self,
+        req: &RouteRequest,
+        tokens: &[u32],
+        max_tokens: Option<u32>,
+    ) -> Result<Admitted, NotAdmitted> {
+        let shared = self.shared;
+        let adm = &shared.admission;
+        // This call's wait in the queue, observed once however it ends.
+        let mut held: Option<Held<'_>> = None;
+        loop {
+            let t0 = Instant::now();
+            let now = shared.now();
+            // The core's lock lives in this block only: the caller's future must stay Send.
+            let decided = {
+                let mut core = shared.core();
+                core.decide(req, now).and_then(|d| {
+                    if !std::mem::replace(&mut self.demand_counted, true) {
+                        core.count_demand(req, tokens, &d, now);
+                    }
+                    let waited = self.arrived.elapsed().as_secs_f64();
+                    if adm.section.enabled
+                        && (core.fleet.capacity_short(&d) || adm.gate().is_some_and(|g| !g.admits(&d, waited)))
+                    {
+                        Ok(Err(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0))))
+                    } else {
+                        core.book(req, d, now).map(Ok)
+                    }
+                })
+            };
+            match decided {
+                Err(e) => return Err(NotAdmitted::NoReplica(e)),
+                Ok(Ok((routed, replica, endpoints))) => {
+                    drop(held);
+                    let decision_s = t0.elapsed().as_secs_f64();
+                    return Ok(Admitted { routed, replica, endpoints, at: now, decision_s });
+                }
+                Ok(Err(load)) => {
+                    held.get_or_insert_with(|| Held { since: tokio::time::Instant::now(), metrics: &shared.metrics });
+                    let deadline = *self.deadline.get_or_insert_with(|| {
+                        tokio::time::Instant::now() + Duration::from_secs_f64(adm.section.max_wait_s)
+                    });
+                    if let Err(why) = adm.wait(load, self.arrived, deadline).await {
+                        adm.refused(why);
+                        shared.metrics.admission_refused(why.outcome());
+                        return Err(NotAdmitted::Refused(why));
+                    }
+                }
+            }
+        }
+    }
+}
