@@ -66,7 +66,7 @@ pub struct NodeConfig {
 pub struct AdmissionSection {
     /// Queue requests while capacity is short instead of sending them to full replicas.
     pub enabled: bool,
-    /// Requests that may wait at once on this node; beyond, 429.
+    /// Requests that may wait at once on this node (1 to 1,000,000); beyond, 429.
     pub queue_limit: usize,
     /// Longest a request waits before 429, seconds. With `ttft_slo_s`, late requests wait
     /// behind fresh ones and may wait this long under sustained overload: a few times the SLO
@@ -98,6 +98,10 @@ impl AdmissionSection {
                 "admission.max_wait_s must be positive seconds, at most a day, got {}",
                 self.max_wait_s
             ));
+        }
+        // Each waiter is a parked request and its connection: a million is far past any node.
+        if !(1..=1_000_000).contains(&self.queue_limit) {
+            return Err(format!("admission.queue_limit must be 1 to 1000000 requests, got {}", self.queue_limit));
         }
         if let Some(slo) = self.ttft_slo_s {
             kvmesh_core::admission::TtftGate::new(slo)
@@ -707,6 +711,11 @@ capacity_blocks = 100
             "admission.max_wait_s must be positive seconds, at most a day, got -1"
         );
         assert!(with("max_wait_s = 1e19").validate().is_err());
+        assert_eq!(
+            with("queue_limit = 0").validate().unwrap_err(),
+            "admission.queue_limit must be 1 to 1000000 requests, got 0"
+        );
+        with("queue_limit = 1000000").validate().unwrap();
         assert_eq!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().admission.ttft_slo_s, None);
     }
 

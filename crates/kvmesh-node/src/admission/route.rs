@@ -91,9 +91,12 @@ impl<'a> Ticket<'a> {
                     if !std::mem::replace(&mut self.demand_counted, true) {
                         core.count_demand(req, tokens, &d, now);
                     }
-                    let waited = self.arrived.elapsed().as_secs_f64();
+                    // Capacity short, or (with the TTFT gate) the best replica would make it
+                    // miss its SLO: wait rather than pile onto a full replica.
+                    let arrived = self.arrived;
                     if adm.section.enabled
-                        && (core.fleet.capacity_short(&d) || adm.gate().is_some_and(|g| !g.admits(&d, waited)))
+                        && (core.fleet.capacity_short(&d)
+                            || adm.gate().is_some_and(|g| !g.admits(&d, arrived.elapsed().as_secs_f64())))
                     {
                         Ok(Err(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0))))
                     } else {
