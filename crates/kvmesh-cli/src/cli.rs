@@ -307,7 +307,7 @@ pub struct StatusArgs {
     /// How many of the latest routing decisions to list (0: none).
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub decisions: u32,
-    /// Print JSON instead of a table.
+    /// Print the replica rows as JSON instead of the tables.
     #[arg(long)]
     pub json: bool,
 }

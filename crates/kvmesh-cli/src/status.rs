@@ -114,7 +114,7 @@ fn render_admission(a: &v1::AdmissionState) -> String {
     }
     let gate = if a.ttft_slo_s > 0.0 { format!(", TTFT SLO {} s", a.ttft_slo_s) } else { String::new() };
     format!(
-        "admission control (this node): {} waiting ({} tokens) of {}, at most {} s each{gate} · refused since start: {} queue full, {} evicted as late, {} timed out",
+        "admission control (this node): {} waiting ({} tokens of load), queue limit {}, max wait {} s{gate} · refused since start: {} queue full, {} evicted as late, {} timed out",
         a.waiting,
         a.waiting_tokens,
         a.queue_limit,
@@ -249,10 +249,10 @@ mod tests {
         };
         assert_eq!(
             render_admission(&a),
-            "admission control (this node): 3 waiting (12480 tokens) of 256, at most 30 s each, TTFT SLO 2 s · refused since start: 5 queue full, 1 evicted as late, 0 timed out"
+            "admission control (this node): 3 waiting (12480 tokens of load), queue limit 256, max wait 30 s, TTFT SLO 2 s · refused since start: 5 queue full, 1 evicted as late, 0 timed out"
         );
         let off = v1::AdmissionState { ttft_slo_s: 0.0, ..a };
-        assert!(render_admission(&off).contains("of 256, at most 30 s each · refused"));
+        assert!(render_admission(&off).contains("queue limit 256, max wait 30 s · refused"));
         assert_eq!(render_admission(&v1::AdmissionState::default()), "admission control: off");
     }
 

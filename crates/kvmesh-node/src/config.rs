@@ -420,6 +420,11 @@ pub struct NodeSection {
     pub retries: u32,
     /// Upper bound on one proxied request, seconds.
     pub request_timeout_s: u64,
+    /// A booking not released ends by itself this long after it was made or after its first
+    /// token, seconds (at most a day): the load of a gRPC `Route` caller that never calls
+    /// `Release` (or crashed) stops counting then. Keep it at least `request_timeout_s`, or
+    /// long proxied requests stop counting while they run.
+    pub booking_lease_s: f64,
     /// A replica whose events go quiet this long while it serves is reported `no_events`, seconds.
     pub events_silent_s: f64,
     /// How long to wait for each replay reply, milliseconds.
@@ -500,6 +505,7 @@ impl Default for NodeSection {
             overload_backoff_ms: 2000,
             retries: 2,
             request_timeout_s: 600,
+            booking_lease_s: 600.0,
             events_silent_s: 30.0,
             replay_timeout_ms: 1000,
             tokenizer: None,
@@ -624,6 +630,10 @@ impl NodeConfig {
         if self.node.scrape_interval_ms == 0 {
             return Err("node.scrape_interval_ms must be positive".into());
         }
+        let lease = self.node.booking_lease_s;
+        if !(lease > 0.0 && lease <= 86_400.0) {
+            return Err(format!("node.booking_lease_s must be positive seconds, at most a day, got {lease}"));
+        }
         self.replication.validate()?;
         self.autoscaler.validate()?;
         self.admission.validate()?;
@@ -716,6 +726,12 @@ capacity_blocks = 100
             "admission.queue_limit must be 1 to 1000000 requests, got 0"
         );
         with("queue_limit = 1000000").validate().unwrap();
+        let lease = |v: &str| {
+            let text = EXAMPLE.replacen("[node]\n", &format!("[node]\nbooking_lease_s = {v}\n"), 1);
+            toml::from_str::<NodeConfig>(&text).unwrap().validate()
+        };
+        assert_eq!(lease("0").unwrap_err(), "node.booking_lease_s must be positive seconds, at most a day, got 0");
+        lease("30").unwrap();
         assert_eq!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().admission.ttft_slo_s, None);
     }
 

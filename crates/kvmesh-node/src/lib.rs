@@ -169,6 +169,14 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
              reach the gRPC port; set cluster_token_file (or KVMESH_CLUSTER_TOKEN) too"
         );
     }
+    if config.node.booking_lease_s < config.node.request_timeout_s as f64 {
+        tracing::warn!(
+            booking_lease_s = config.node.booking_lease_s,
+            request_timeout_s = config.node.request_timeout_s,
+            "node.booking_lease_s is shorter than node.request_timeout_s: a proxied request that runs longer than the \
+             lease stops counting in its replica's token load while it runs"
+        );
+    }
     let adm = &config.admission;
     match adm.ttft_slo_s {
         Some(_) if !adm.enabled => {
@@ -177,8 +185,8 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         Some(slo) if adm.max_wait_s > 10.0 * slo => tracing::warn!(
             max_wait_s = adm.max_wait_s,
             ttft_slo_s = slo,
-            "late requests wait behind fresh ones and may wait up to admission.max_wait_s; a few times the SLO \
-             bounds how late an answer can come"
+            "admission.max_wait_s is over 10x admission.ttft_slo_s: late requests wait behind fresh ones and may \
+             wait up to max_wait_s; a few times the SLO (say 3x) bounds how late an answer can come"
         ),
         _ => {}
     }

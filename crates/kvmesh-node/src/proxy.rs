@@ -43,9 +43,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     let message = message.into();
+    // OpenAI's error types: a 429 is `rate_limit_exceeded` to its clients.
     let kind = match status {
         StatusCode::BAD_REQUEST => "invalid_request_error",
         StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
         _ => "service_unavailable",
     };
     (status, Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}))).into_response()

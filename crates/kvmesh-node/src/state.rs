@@ -253,6 +253,7 @@ impl Shared {
         let fleet_config = FleetConfig {
             block_size: config.node.block_size,
             namespace: Namespace { model: config.node.model.clone(), ..Namespace::default() },
+            lease_s: config.node.booking_lease_s,
             // A per-process secret: engine ids from the network cannot be chosen to collide.
             index_seed: {
                 use std::hash::{BuildHasher, Hasher};

@@ -88,7 +88,8 @@ struct Waiter {
     load: u64,
     /// When it arrived at the node (the TTFT clock starts there).
     arrived: Instant,
-    /// Arrival order among waiters, for ties.
+    /// Order of entering the queue, for ties of load and arrival (a request re-enters after
+    /// each re-check; its arrival keeps its place).
     seq: u64,
     tx: oneshot::Sender<Wake>,
 }
@@ -170,8 +171,9 @@ impl Admission {
             // Waiters whose request went away (woken or timed out) do not count.
             w.retain(|x| !x.tx.is_closed());
             if w.len() >= self.section.queue_limit {
-                let worst =
-                    (0..w.len()).filter(|&k| self.late(w[k].arrived, now)).max_by_key(|&k| (w[k].load, w[k].seq));
+                let worst = (0..w.len())
+                    .filter(|&k| self.late(w[k].arrived, now))
+                    .max_by_key(|&k| (w[k].load, w[k].arrived, w[k].seq));
                 let Some(k) = worst.filter(|_| !self.late(arrived, now)) else { return Err(Refused::QueueFull) };
                 let _ = w.swap_remove(k).tx.send(Wake::Evicted);
             }
@@ -190,7 +192,9 @@ impl Admission {
     pub fn capacity_freed(&self) {
         let now = Instant::now();
         let mut w = self.lock();
-        while let Some(k) = (0..w.len()).min_by_key(|&k| (self.late(w[k].arrived, now), w[k].load, w[k].seq)) {
+        while let Some(k) =
+            (0..w.len()).min_by_key(|&k| (self.late(w[k].arrived, now), w[k].load, w[k].arrived, w[k].seq))
+        {
             if w.swap_remove(k).tx.send(Wake::Retry).is_ok() {
                 return;
             }
@@ -289,6 +293,16 @@ mod tests {
         let new = waiter(&q, 100, 0.0).await;
         assert_eq!(wake_one(&q, &[&old, &new]).await, [1]);
         assert_eq!(wake_one(&q, &[&old, &new]).await, [0, 1]);
+    }
+
+    #[tokio::test]
+    async fn equal_loads_go_in_arrival_order_whenever_they_entered_the_queue() {
+        let q = queue(8, None);
+        // The later arrival entered first (the earlier one was re-checking, say).
+        let later = waiter(&q, 100, 0.5).await;
+        let earlier = waiter(&q, 100, 1.0).await;
+        assert_eq!(wake_one(&q, &[&later, &earlier]).await, [1]);
+        assert_eq!(wake_one(&q, &[&later, &earlier]).await, [0, 1]);
     }
 
     #[tokio::test]

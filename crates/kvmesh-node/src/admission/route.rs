@@ -43,16 +43,19 @@ pub struct Ticket<'a> {
     deadline: Option<tokio::time::Instant>,
 }
 
-/// Observes a wait in the admission queue once, however it ends (routed, refused, or the
-/// client gone and the future dropped).
+/// Observes a wait in the admission queue once, however it ends (routed, refused after
+/// waiting, or the client gone and the future dropped); `None` metrics: not observed (a
+/// request refused at once by a full queue never waited).
 struct Held<'a> {
     since: tokio::time::Instant,
-    metrics: &'a crate::metrics::Metrics,
+    metrics: Option<&'a crate::metrics::Metrics>,
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        self.metrics.admission_wait.observe(self.since.elapsed().as_secs_f64());
+        if let Some(m) = self.metrics {
+            m.admission_wait.observe(self.since.elapsed().as_secs_f64());
+        }
     }
 }
 
@@ -112,11 +115,18 @@ impl<'a> Ticket<'a> {
                     return Ok(Admitted { routed, replica, endpoints, at: now, decision_s });
                 }
                 Ok(Err(load)) => {
-                    held.get_or_insert_with(|| Held { since: tokio::time::Instant::now(), metrics: &shared.metrics });
+                    let first = held.is_none();
+                    let h = held.get_or_insert_with(|| Held {
+                        since: tokio::time::Instant::now(),
+                        metrics: Some(&shared.metrics),
+                    });
                     let deadline = *self.deadline.get_or_insert_with(|| {
                         tokio::time::Instant::now() + Duration::from_secs_f64(adm.section.max_wait_s)
                     });
                     if let Err(why) = adm.wait(load, self.arrived, deadline).await {
+                        if first && why == Refused::QueueFull {
+                            h.metrics = None;
+                        }
                         adm.refused(why);
                         shared.metrics.admission_refused(why.outcome());
                         return Err(NotAdmitted::Refused(why));
