@@ -234,7 +234,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     let (stop, stopped) = watch::channel(false);
     let mut tasks = Vec::new();
     // Bookings end by themselves after the lease (a gRPC client that never calls Release, a
-    // lost proxy task): one sweep a second.
+    // lost proxy task): one sweep a second, which also logs admission refusals not yet logged.
     let (sweeper, mut s0) = (shared.clone(), stopped.clone());
     let peer_timeout_s = config.cluster.as_ref().map_or(5.0, |c| c.peer_timeout_ms as f64 / 1000.0);
     tasks.push(tokio::spawn(async move {
@@ -247,6 +247,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
                     if expired > 0 {
                         tracing::warn!(bookings = expired, "bookings expired without a release");
                     }
+                    sweeper.admission.flush_refusals();
                 }
                 _ = s0.wait_for(|s| *s) => break,
             }

@@ -94,6 +94,17 @@ struct Waiter {
     tx: oneshot::Sender<Wake>,
 }
 
+/// Refusals since the last warning.
+#[derive(Default)]
+struct Refusals {
+    /// How many.
+    pending: u64,
+    /// The latest one's kind.
+    last: Option<Refused>,
+    /// When the last warning was logged.
+    warned: Option<Instant>,
+}
+
 /// The queue.
 pub struct Admission {
     /// The settings.
@@ -103,9 +114,8 @@ pub struct Admission {
     seq: AtomicU64,
     /// How long a waiter waits for a wake-up before routing again.
     recheck: Duration,
-    /// Refusals since the last warning, and when that was: refusals are logged at most every
-    /// 10 s.
-    refusals: Mutex<(u64, Option<Instant>)>,
+    /// Refusals not yet logged: refusals are logged at most every 10 s.
+    refusals: Mutex<Refusals>,
     /// Refusals since the start, by [`Refused::index`].
     refused_total: [AtomicU64; Refused::ALL.len()],
 }
@@ -121,7 +131,7 @@ impl Admission {
             waiting: Mutex::new(Vec::new()),
             seq: AtomicU64::new(0),
             recheck,
-            refusals: Mutex::new((0, None)),
+            refusals: Mutex::new(Refusals::default()),
             refused_total: Default::default(),
         }
     }
@@ -202,21 +212,44 @@ impl Admission {
     }
 
     /// Counts a refusal, and logs a warning with the count at most every 10 s (a full queue
-    /// refuses requests by the thousand).
+    /// refuses requests by the thousand; [`Admission::flush_refusals`] logs the rest).
     pub fn refused(&self, why: Refused) {
+        self.refused_at(why, Instant::now());
+    }
+
+    fn refused_at(&self, why: Refused, now: Instant) {
         self.refused_total[why.index()].fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
         let mut r = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
-        r.0 += 1;
-        if r.1.is_none_or(|at| now - at >= Duration::from_secs(10)) {
+        r.pending += 1;
+        r.last = Some(why);
+        self.warn_refusals(&mut r, now);
+    }
+
+    /// Logs refusals not yet logged once 10 s have passed since the last warning (called
+    /// every second: the end of a burst of refusals is logged too, without a next refusal).
+    pub fn flush_refusals(&self) {
+        self.flush_refusals_at(Instant::now());
+    }
+
+    fn flush_refusals_at(&self, now: Instant) {
+        let mut r = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        self.warn_refusals(&mut r, now);
+    }
+
+    /// Logs a warning if one is due: refusals not yet logged, and none logged in 10 s.
+    fn warn_refusals(&self, r: &mut Refusals, now: Instant) {
+        let due = r.warned.is_none_or(|at| now - at >= Duration::from_secs(10));
+        if let (true, Some(last)) = (due && r.pending > 0, r.last) {
             tracing::warn!(
-                refused = r.0,
-                last = why.outcome(),
+                refused = r.pending,
+                last = last.outcome(),
                 queue_depth = self.depth(),
                 queue_limit = self.section.queue_limit,
-                "admission control refused requests (429) since the last warning: capacity is short"
+                "admission control refused requests (HTTP 429, gRPC RESOURCE_EXHAUSTED) since the last warning: \
+                 capacity is short"
             );
-            *r = (0, Some(now));
+            r.pending = 0;
+            r.warned = Some(now);
         }
     }
 
@@ -334,6 +367,23 @@ mod tests {
             }
         }
         assert_eq!(q.refused_total(), (1, 2, 3));
+    }
+
+    #[test]
+    fn refusals_are_logged_at_most_every_10_s_and_the_last_ones_without_a_next_refusal() {
+        let q = Admission::new(AdmissionSection { enabled: true, ..AdmissionSection::default() });
+        let pending = || q.refusals.lock().unwrap().pending;
+        let t0 = Instant::now();
+        q.refused_at(Refused::QueueFull, t0);
+        assert_eq!(pending(), 0, "the first is logged at once");
+        q.refused_at(Refused::QueueFull, t0 + Duration::from_secs(3));
+        q.refused_at(Refused::Timeout, t0 + Duration::from_secs(4));
+        q.flush_refusals_at(t0 + Duration::from_secs(9));
+        assert_eq!(pending(), 2, "held back until 10 s after the last warning");
+        q.flush_refusals_at(t0 + Duration::from_secs(10));
+        assert_eq!(pending(), 0, "logged with no refusal after them");
+        q.flush_refusals_at(t0 + Duration::from_secs(30));
+        assert_eq!(q.refusals.lock().unwrap().warned, Some(t0 + Duration::from_secs(10)), "nothing new: no warning");
     }
 
     #[tokio::test]
