@@ -338,6 +338,10 @@ pub struct LoadtestArgs {
     /// Distinct shared prefixes (system prompts) the prompts draw from.
     #[arg(long, default_value_t = 8)]
     pub prefixes: u32,
+    /// Length of each shared prefix, tokens as kvmesh's approximate scheme counts them (4 bytes
+    /// each; English text is about as many BPE tokens). A unique ~10-token question follows.
+    #[arg(long, default_value_t = 168, value_name = "N")]
+    pub prefix_tokens: u32,
     /// Tokens to generate per request.
     #[arg(long, default_value_t = 1)]
     pub max_tokens: u32,

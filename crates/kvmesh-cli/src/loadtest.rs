@@ -1,7 +1,7 @@
 //! `kvmesh loadtest`: a small, real load generator for routers and engines.
 //!
 //! - `--mode http`: POSTs `/v1/completions` (prompt = one of `--prefixes` shared system
-//!   prompts + a unique question, `max_tokens` as given) open-loop at `--rate` requests/s
+//!   prompts of `--prefix-tokens` + a unique question, `max_tokens` as given) open-loop at `--rate` requests/s
 //!   (arrivals evenly spaced; at most `--concurrency` in flight, excess counted as dropped),
 //!   or closed-loop with `--concurrency` workers when `--rate 0` (saturation). Reports
 //!   achieved requests/s and latency p50/p90/p99 (HdrHistogram), errors by status. With
@@ -200,11 +200,13 @@ impl Summary {
     }
 }
 
-/// The `i`-th prompt of a stream: one of `prefixes` shared system prompts and a unique
+/// The `i`-th prompt of a stream: one of `prefixes` shared system prompts of `prefix_tokens`
+/// tokens (4 bytes each, as `kvmesh_core::prompt::approximate_tokens` counts) and a unique
 /// question (`tag` keeps two interleaved streams' questions apart, so neither hits the
 /// other's cached blocks beyond the shared prefix).
-fn prompt(i: u64, prefixes: u32, tag: &str) -> String {
-    let system = format!("System prompt number {} for the load test. ", i % prefixes.max(1) as u64).repeat(16);
+fn prompt(i: u64, prefixes: u32, tag: &str, prefix_tokens: u32) -> String {
+    let sentence = format!("System prompt number {} for the load test. ", i % prefixes.max(1) as u64);
+    let system: String = sentence.chars().cycle().take(4 * prefix_tokens as usize).collect();
     format!("{system}Question {tag}{i}: what is the answer?")
 }
 
@@ -240,14 +242,25 @@ impl Stream {
     }
 }
 
+/// What each HTTP request is made of (from [`LoadtestArgs`]).
+#[derive(Debug, Clone, Copy)]
+struct Knobs {
+    max_tokens: u32,
+    prefixes: u32,
+    prefix_tokens: u32,
+    retry_once: bool,
+    streamed: bool,
+}
+
 /// Sends one request of `stream` (its next prompt, to its next URL) and records it if it
 /// started at or after `measure_from`.
-async fn one(client: reqwest::Client, stream: Arc<Stream>, args: (u32, u32, bool, bool), measure_from: Instant) {
-    let (max_tokens, prefixes, retry_once, streamed) = args;
+async fn one(client: reqwest::Client, stream: Arc<Stream>, knobs: Knobs, measure_from: Instant) {
+    let Knobs { max_tokens, prefixes, prefix_tokens, retry_once, streamed } = knobs;
     let i = stream.next.fetch_add(1, Ordering::Relaxed);
     let url = &stream.urls[i as usize % stream.urls.len()];
     let next_url = &stream.urls[(i as usize + 1) % stream.urls.len()];
-    let mut body = serde_json::json!({"model": "kvmesh-sim-llama-3-8b", "prompt": prompt(i, prefixes, stream.tag), "max_tokens": max_tokens});
+    let text = prompt(i, prefixes, stream.tag, prefix_tokens);
+    let mut body = serde_json::json!({"model": "kvmesh-sim-llama-3-8b", "prompt": text, "max_tokens": max_tokens});
     if streamed {
         body["stream"] = true.into();
     }
@@ -293,7 +306,13 @@ async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, Option<Tally>, f64)
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup);
     let end = measure_from + Duration::from_secs_f64(args.duration);
-    let knobs = (args.max_tokens, args.prefixes, args.retry_once, args.stream);
+    let knobs = Knobs {
+        max_tokens: args.max_tokens,
+        prefixes: args.prefixes,
+        prefix_tokens: args.prefix_tokens,
+        retry_once: args.retry_once,
+        streamed: args.stream,
+    };
     if args.rate > 0.0 {
         // Each stream at `rate`, their arrivals alternating: both see the same seconds of the
         // machine, so drift between runs cancels out of their difference.
@@ -358,15 +377,20 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
     let workers: Vec<_> = (0..args.concurrency)
         .map(|w| {
             let channel = channels[w % channels.len()].clone();
-            let (mut client, tally, next, prefixes) =
-                (v1::router_client::RouterClient::new(channel), tally.clone(), next.clone(), args.prefixes);
+            let (mut client, tally, next, prefixes, prefix_tokens) = (
+                v1::router_client::RouterClient::new(channel),
+                tally.clone(),
+                next.clone(),
+                args.prefixes,
+                args.prefix_tokens,
+            );
             tokio::spawn(async move {
                 while Instant::now() < end {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let t = Instant::now();
                     let req = v1::RouteRequest {
                         model: String::new(),
-                        prompt: Some(v1::route_request::Prompt::Text(prompt(i, prefixes, ""))),
+                        prompt: Some(v1::route_request::Prompt::Text(prompt(i, prefixes, "", prefix_tokens))),
                         max_tokens: Some(16),
                         session_key: None,
                         lora_name: None,
@@ -404,6 +428,17 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn prompts_have_the_prefix_length_asked_for() {
+        // The default is sixteen 42-byte sentences, as before the flag.
+        let sentence = "System prompt number 3 for the load test. ";
+        assert_eq!(prompt(3, 8, "", 168), format!("{}Question 3: what is the answer?", sentence.repeat(16)));
+        // 2,000 tokens of 4 bytes: the sentence repeated and cut at 8,000 bytes.
+        let long = prompt(11, 8, "b", 2_000);
+        assert_eq!(long.find("Question"), Some(8_000));
+        assert!(long.starts_with(sentence) && long.ends_with("Question b11: what is the answer?"));
+    }
+
     /// A stand-in engine: answers `/v1/completions` after `delay_ms`, keeping each prompt.
     async fn engine(delay_ms: u64, prompts: Arc<Mutex<Vec<String>>>) -> String {
         use axum::{routing::post, Json, Router};
@@ -434,6 +469,7 @@ mod tests {
             duration: 1.0,
             warmup: 0.0,
             prefixes: 8,
+            prefix_tokens: 168,
             max_tokens: 1,
             json: true,
             retry_once: false,
@@ -456,8 +492,8 @@ mod tests {
         assert!(b.p50_ms < 30.0, "the baseline waited on the slow engine: {} ms", b.p50_ms);
         // Each stream has its own questions on the same shared system prompts.
         let (slow_seen, fast_seen) = (slow_seen.lock().unwrap().clone(), fast_seen.lock().unwrap().clone());
-        assert_eq!(slow_seen[3], prompt(3, 8, ""));
-        assert_eq!(fast_seen[3], prompt(3, 8, "b"));
+        assert_eq!(slow_seen[3], prompt(3, 8, "", 168));
+        assert_eq!(fast_seen[3], prompt(3, 8, "b", 168));
         assert!(fast_seen[3].ends_with("Question b3: what is the answer?"));
         assert!(slow_seen.iter().all(|p| !p.contains("Question b")));
     }
