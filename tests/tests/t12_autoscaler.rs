@@ -322,6 +322,11 @@ async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_re
     release(first).await;
     let second = second.await.unwrap().unwrap();
     assert_eq!(node.shared.admission.depth(), 1);
+    // A caller that gives up while waiting (its call cancelled) leaves the queue.
+    let gone = tokio::spawn(route(4));
+    eventually("a fourth waiting", || node.shared.admission.depth() == 2).await;
+    gone.abort();
+    eventually("the fourth's wait abandoned", || node.shared.admission.depth() == 1).await;
     release(second).await;
     let third = third.await.unwrap().unwrap();
     release(third).await;
@@ -329,8 +334,10 @@ async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_re
     assert_eq!(node.shared.admission.depth(), 0);
     let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
     assert!(page.contains("kvmesh_admission_refused_total{outcome=\"queue_full\"} 1"), "{page}");
-    // Two waited, each observed once; the one refused at once by the full queue never waited.
-    assert!(page.contains("kvmesh_admission_wait_seconds_count 2\n"), "{page}");
+    // Three waited (one gave up), each observed once; the one refused at once by the full
+    // queue never waited.
+    assert!(page.contains("kvmesh_admission_wait_seconds_count 3\n"), "{page}");
+    assert!(page.contains("kvmesh_admission_abandoned_total 1\n"), "{page}");
     assert_eq!(node.shared.admission.refused_total(), (1, 0, 0));
     node.stop().await;
 }

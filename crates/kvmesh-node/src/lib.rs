@@ -178,6 +178,14 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         );
     }
     let adm = &config.admission;
+    if adm.enabled {
+        tracing::info!(
+            queue_limit = adm.queue_limit,
+            max_wait_s = adm.max_wait_s,
+            ttft_slo_s = adm.ttft_slo_s.unwrap_or(0.0),
+            "admission control on: requests wait at the router while capacity is short (ttft_slo_s 0: no TTFT gate)"
+        );
+    }
     match adm.ttft_slo_s {
         Some(_) if !adm.enabled => {
             tracing::warn!("admission.ttft_slo_s is set but admission.enabled is false: the TTFT gate is off")

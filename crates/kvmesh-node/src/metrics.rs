@@ -32,6 +32,9 @@ pub struct Metrics {
     /// gRPC `Route`'s `RESOURCE_EXHAUSTED`), by outcome: `queue_full`, `evicted_late`,
     /// `admission_timeout`.
     pub admission_refused: Family<Labels, Counter>,
+    /// Requests whose client went away (an HTTP disconnect, a cancelled gRPC call) while
+    /// they waited in the admission queue.
+    pub admission_abandoned: Counter,
     /// Proxied request attempts by outcome: `ok`, `client_error` (a 4xx passed through),
     /// `upstream_error`, `backpressure` (a 429/503, retried elsewhere), `no_replica`,
     /// `disconnected` (the client went away); and admission control's 429s: `queue_full`,
@@ -96,6 +99,7 @@ impl Metrics {
             admission_wait: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             requests: Family::default(),
             admission_refused: Family::default(),
+            admission_abandoned: Counter::default(),
             prompt_tokens: Counter::default(),
             predicted_cached_tokens: Counter::default(),
             engine_cached_tokens: Counter::default(),
@@ -225,6 +229,11 @@ impl Metrics {
             "admission_queue_depth",
             "Requests waiting for capacity in the admission queue",
             m.admission_queue.clone(),
+        );
+        registry.register(
+            "admission_abandoned",
+            "Requests whose client went away (HTTP disconnect, gRPC cancel) while they waited in the admission queue",
+            m.admission_abandoned.clone(),
         );
         registry.register(
             "admission_refused",

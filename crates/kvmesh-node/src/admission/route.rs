@@ -45,17 +45,29 @@ pub struct Ticket<'a> {
 
 /// Observes a wait in the admission queue once, however it ends (routed, refused after
 /// waiting, or the client gone and the future dropped); `None` metrics: not observed (a
-/// request refused at once by a full queue never waited).
+/// request refused at once by a full queue never waited). Dropped while still waiting
+/// (`settled` false), it counts the request as abandoned.
 struct Held<'a> {
     since: tokio::time::Instant,
     metrics: Option<&'a crate::metrics::Metrics>,
+    settled: bool,
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         if let Some(m) = self.metrics {
             m.admission_wait.observe(self.since.elapsed().as_secs_f64());
+            if !self.settled {
+                m.admission_abandoned.inc();
+            }
         }
+    }
+}
+
+/// Marks a wait as ended by the router, not by the client going away.
+fn settle(held: &mut Option<Held<'_>>) {
+    if let Some(h) = held {
+        h.settled = true;
     }
 }
 
@@ -108,8 +120,12 @@ impl<'a> Ticket<'a> {
                 })
             };
             match decided {
-                Err(e) => return Err(NotAdmitted::NoReplica(e)),
+                Err(e) => {
+                    settle(&mut held);
+                    return Err(NotAdmitted::NoReplica(e));
+                }
                 Ok(Ok((routed, replica, endpoints))) => {
+                    settle(&mut held);
                     drop(held);
                     let decision_s = t0.elapsed().as_secs_f64();
                     return Ok(Admitted { routed, replica, endpoints, at: now, decision_s });
@@ -119,11 +135,13 @@ impl<'a> Ticket<'a> {
                     let h = held.get_or_insert_with(|| Held {
                         since: tokio::time::Instant::now(),
                         metrics: Some(&shared.metrics),
+                        settled: false,
                     });
                     let deadline = *self.deadline.get_or_insert_with(|| {
                         tokio::time::Instant::now() + Duration::from_secs_f64(adm.section.max_wait_s)
                     });
                     if let Err(why) = adm.wait(load, self.arrived, deadline).await {
+                        h.settled = true;
                         if first && why == Refused::QueueFull {
                             h.metrics = None;
                         }
