@@ -387,9 +387,17 @@ async fn with_a_ttft_slo_a_request_that_would_queue_past_it_waits_at_the_router(
             assert_eq!(node.shared.core().fleet.bookings().len(), 1);
             // What `kvmesh status` shows: one waiting, with the first's load (the same size,
             // nothing shared), and the settings.
-            let ch = common::grpc(node.grpc).await;
-            let list = v1::admin_client::AdminClient::new(ch).list_replicas(v1::ListReplicasRequest {}).await;
-            let a = list.unwrap().into_inner().admission.unwrap();
+            let mut admin = v1::admin_client::AdminClient::new(common::grpc(node.grpc).await);
+            // A waiter leaves the queue for a moment at each 250 ms re-check: ask again then.
+            let mut a = v1::AdmissionState::default();
+            for _ in 0..5 {
+                let list = admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap().into_inner();
+                a = list.admission.unwrap();
+                if a.waiting == 1 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
             assert_eq!((a.enabled, a.waiting, a.waiting_tokens as f64), (true, 1, one));
             assert_eq!((a.queue_limit, a.max_wait_s, a.ttft_slo_s), (256, 30.0, 0.2));
             assert_eq!((a.refused_queue_full, a.refused_evicted_late, a.refused_timeout), (0, 0, 0));
