@@ -25,7 +25,6 @@ use serde::Deserialize;
 use serde_json::json;
 use std::borrow::Cow;
 use std::sync::Arc;
-
 use tracing::Instrument;
 
 /// The proxy's routes (plus `/health` and `/metrics`).
@@ -466,9 +465,8 @@ async fn forward(
 /// 429 with `Retry-After`: capacity is short and the admission queue refused the request
 /// (full, evicted as late, or waited `max_wait_s`).
 fn too_many(shared: &Shared, why: crate::admission::Refused) -> Response {
-    let after = shared.admission.retry_after_s();
-    let why = why.reason();
-    let mut r = error(StatusCode::TOO_MANY_REQUESTS, format!("capacity is short ({why}); retry after {after} s"));
+    let (after, message) = shared.admission.refusal(why);
+    let mut r = error(StatusCode::TOO_MANY_REQUESTS, message);
     if let Ok(v) = HeaderValue::from_str(&after.to_string()) {
         r.headers_mut().insert(header::RETRY_AFTER, v);
     }

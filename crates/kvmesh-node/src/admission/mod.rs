@@ -54,7 +54,8 @@ impl Refused {
         }
     }
 
-    /// The `outcome` label of `kvmesh_requests_total`.
+    /// The `outcome` label of `kvmesh_admission_refused_total` (and, proxied, of
+    /// `kvmesh_requests_total`).
     pub fn outcome(self) -> &'static str {
         match self {
             Refused::QueueFull => "queue_full",
@@ -264,6 +265,13 @@ impl Admission {
     pub fn retry_after_s(&self) -> u64 {
         let depth = self.depth() as f64;
         (1.0 + depth / 64.0).min(self.section.max_wait_s).ceil() as u64
+    }
+
+    /// What a refused client is told, on either path: seconds to wait before retrying
+    /// ([`Admission::retry_after_s`]) and the message saying why.
+    pub fn refusal(&self, why: Refused) -> (u64, String) {
+        let after = self.retry_after_s();
+        (after, format!("capacity is short ({}); retry after {after} s", why.reason()))
     }
 }
 
