@@ -60,9 +60,25 @@ pub fn single(section: NodeSection, replicas: Vec<ReplicaConfig>) -> NodeConfig 
 }
 
 /// Free loopback ports for `n` nodes' gRPC servers (peers must know them before they bind).
+///
+/// Taken from 20000–31999, below Linux's ephemeral range (32768 up): a port is free when
+/// chosen but bound only later by its node, and an ephemeral port (what `bind(:0)` hands out)
+/// can meanwhile become another test's outgoing connection ("address already in use"); a port
+/// below that range cannot. One counter per test process, so tests running in parallel never
+/// get the same port; the process id spreads test binaries apart.
 pub fn ports(n: usize) -> Vec<u16> {
-    let ls: Vec<std::net::TcpListener> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = (std::process::id() % 600) * 20;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + ((offset + k) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            out.push(port);
+        }
+    }
+    out
 }
 
 /// Waits until `ok` holds, polling every 10 ms; panics with `what` after 10 s. Returns the
