@@ -219,6 +219,7 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
 
 /// A node with admission control (at most 2 waiting) in front of one engine that the router
 /// believes holds 40 blocks of KV: one 480-token request (30 blocks plus its output) at a time.
+/// Its capacity is set at 200 tokens/s, so `Retry-After` is the backlog's tokens ÷ 200.
 async fn short_node() -> (Node, Vec<kvmesh_engine_sim::EngineSim>) {
     use kvmesh_node::config::AdmissionSection;
     let engines = engines(1, 20.0).await;
@@ -229,7 +230,7 @@ async fn short_node() -> (Node, Vec<kvmesh_engine_sim::EngineSim>) {
         cluster: None,
         security: Default::default(),
         replication: Default::default(),
-        autoscaler: Default::default(),
+        autoscaler: kvmesh_node::config::AutoscalerSection { capacity_tokens_per_s: 200.0, ..Default::default() },
         admission: AdmissionSection { enabled: true, queue_limit: 2, max_wait_s: 10.0, ttft_slo_s: None },
     };
     let node = kvmesh_node::start(config).await.unwrap();
@@ -262,10 +263,10 @@ async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
     let refused: Vec<_> = results.iter().filter(|(s, _)| *s == 429).collect();
     // One runs, two wait and run after it, the rest are refused at once with Retry-After.
     assert_eq!((ok, refused.len()), (3, 3), "{results:?}");
-    assert!(
-        refused.iter().all(|(_, r)| r.as_deref().is_some_and(|v| v.parse::<u64>().is_ok_and(|s| s >= 1))),
-        "{results:?}"
-    );
+    // Retry-After: the backlog at 200 tokens/s — the two waiting (496 tokens each) and, until
+    // its prefill is done, the running one's 480 prompt tokens: 992 / 200 → 5 s, or 1,472 / 200
+    // → 8 s.
+    assert!(refused.iter().all(|(_, r)| matches!(r.as_deref(), Some("5" | "8"))), "{results:?}");
     // Every admitted request was released; nothing waits.
     assert!(node.shared.core().fleet.bookings().is_empty());
     assert_eq!(node.shared.admission.depth(), 0);
@@ -316,8 +317,12 @@ async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_re
     let refused = route(3).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
     assert!(refused.message().contains("the admission queue is full"), "{}", refused.message());
+    // The backlog ahead: the first one's 480 prompt tokens queued on the engine (no first
+    // token yet) and the two waiting (480 + 16 output tokens each), 1,472 tokens at 200
+    // tokens/s: 7.36 s.
     let after = refused.metadata().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
-    assert!(after.as_deref().is_some_and(|v| v.parse::<u64>().is_ok_and(|s| s >= 1)), "{after:?}");
+    assert_eq!(after.as_deref(), Some("8"));
+    assert!(refused.message().ends_with("retry after 8 s"), "{}", refused.message());
     // Each release lets the next one go, in turn.
     release(first).await;
     let second = second.await.unwrap().unwrap();

@@ -166,7 +166,7 @@ impl Services {
     /// Admission control's refusal: `RESOURCE_EXHAUSTED` saying why, with when to retry in
     /// seconds in a `retry-after` metadata entry (as the proxy's `Retry-After` header).
     fn too_many(&self, why: Refused) -> GrpcStatus {
-        let (after, message) = self.shared.admission.refusal(why);
+        let (after, message) = self.shared.refusal(why);
         let mut status = GrpcStatus::resource_exhausted(message);
         if let Ok(v) = after.to_string().parse() {
             status.metadata_mut().insert("retry-after", v);

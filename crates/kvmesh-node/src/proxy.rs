@@ -465,7 +465,7 @@ async fn forward(
 /// 429 with `Retry-After`: capacity is short and the admission queue refused the request
 /// (full, evicted as late, or waited `max_wait_s`).
 fn too_many(shared: &Shared, why: crate::admission::Refused) -> Response {
-    let (after, message) = shared.admission.refusal(why);
+    let (after, message) = shared.refusal(why);
     let mut r = error(StatusCode::TOO_MANY_REQUESTS, message);
     if let Ok(v) = HeaderValue::from_str(&after.to_string()) {
         r.headers_mut().insert(header::RETRY_AFTER, v);

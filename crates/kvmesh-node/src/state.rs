@@ -339,6 +339,20 @@ impl Shared {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// What a client refused by admission control is told: seconds before retrying and why
+    /// ([`crate::admission::Admission::refusal`]). The backlog ahead of it is the prefill
+    /// queued on the replicas plus the token load waiting in the queue; the pool's capacity
+    /// is the routable replicas times the capacity per replica (as the autoscaler measures it).
+    pub fn refusal(&self, why: crate::admission::Refused) -> (u64, String) {
+        let (queued, routable) = {
+            let core = self.core();
+            let routable = core.fleet.replicas().iter().filter(|r| r.routable()).count();
+            (core.fleet.bookings().queued_prefill_tokens(), routable)
+        };
+        let per_replica = self.autoscaler.capacity_tokens_per_s(self.settings.profile.full_load_tokens_per_s_prior());
+        self.admission.refusal(why, queued + self.admission.waiting_load(), routable as f64 * per_replica)
+    }
+
     /// This node's hottest `top` prefixes (empty with replication off).
     pub fn own_report(&self, top: usize) -> kvmesh_core::replication::SketchReport {
         let now = self.now();

@@ -110,6 +110,12 @@ impl Bookings {
         &self.loads
     }
 
+    /// Prefill booked and not yet started on any replica (requests before their first
+    /// token), tokens.
+    pub fn queued_prefill_tokens(&self) -> u64 {
+        self.loads.iter().map(|l| l.queued_prefill_tokens).sum()
+    }
+
     /// Live bookings.
     pub fn len(&self) -> usize {
         self.live.len()

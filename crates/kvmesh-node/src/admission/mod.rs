@@ -260,17 +260,22 @@ impl Admission {
         (q, e, t)
     }
 
-    /// Seconds a refused client should wait before retrying: a second per queued request per
-    /// 64, between 1 and `max_wait_s`.
-    pub fn retry_after_s(&self) -> u64 {
-        let depth = self.depth() as f64;
-        (1.0 + depth / 64.0).min(self.section.max_wait_s).ceil() as u64
+    /// Seconds a refused client should wait before retrying: how long the pool takes to
+    /// serve the backlog ahead of it, `backlog_tokens` (tokens) at `pool_tokens_per_s` (the
+    /// routable replicas' capacity, tokens per second), rounded up and between 1 and
+    /// `max_wait_s` (rounded up); `max_wait_s` when the pool has no capacity (no routable
+    /// replica). An estimate: requests arriving meanwhile compete for the same capacity.
+    pub fn retry_after_s(&self, backlog_tokens: u64, pool_tokens_per_s: f64) -> u64 {
+        let most = self.section.max_wait_s.ceil().max(1.0);
+        let s = if pool_tokens_per_s > 0.0 { backlog_tokens as f64 / pool_tokens_per_s } else { most };
+        s.ceil().clamp(1.0, most) as u64
     }
 
     /// What a refused client is told, on either path: seconds to wait before retrying
-    /// ([`Admission::retry_after_s`]) and the message saying why.
-    pub fn refusal(&self, why: Refused) -> (u64, String) {
-        let after = self.retry_after_s();
+    /// ([`Admission::retry_after_s`] for `backlog_tokens` at `pool_tokens_per_s`) and the
+    /// message saying why.
+    pub fn refusal(&self, why: Refused, backlog_tokens: u64, pool_tokens_per_s: f64) -> (u64, String) {
+        let after = self.retry_after_s(backlog_tokens, pool_tokens_per_s);
         (after, format!("capacity is short ({}); retry after {after} s", why.reason()))
     }
 }
@@ -392,6 +397,20 @@ mod tests {
         assert_eq!(pending(), 0, "logged with no refusal after them");
         q.flush_refusals_at(t0 + Duration::from_secs(30));
         assert_eq!(q.refusals.lock().unwrap().warned, Some(t0 + Duration::from_secs(10)), "nothing new: no warning");
+    }
+
+    #[test]
+    fn retry_after_is_the_time_to_serve_the_backlog_within_1_s_and_max_wait_s() {
+        let q = Admission::new(AdmissionSection { enabled: true, max_wait_s: 29.5, ..AdmissionSection::default() });
+        // 100,000 tokens at 2 replicas × 15,000 tokens/s: 3.33 s, rounded up.
+        assert_eq!(q.retry_after_s(100_000, 30_000.0), 4);
+        assert_eq!(q.retry_after_s(60_000, 30_000.0), 2);
+        assert_eq!(q.retry_after_s(0, 30_000.0), 1);
+        assert_eq!(q.retry_after_s(10_000_000, 30_000.0), 30);
+        // No routable replica: the longest a request would wait.
+        assert_eq!(q.retry_after_s(1_000, 0.0), 30);
+        let (after, message) = q.refusal(Refused::QueueFull, 100_000, 30_000.0);
+        assert_eq!((after, message.as_str()), (4, "capacity is short (the admission queue is full); retry after 4 s"));
     }
 
     #[tokio::test]

@@ -201,9 +201,8 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         let (booked, ready, queued) = {
             let core = shared.core();
             let ready = core.fleet.replicas().iter().filter(|r| r.routable()).count() as u32;
-            let queued: u64 = core.fleet.bookings().loads().iter().map(|l| l.queued_prefill_tokens).sum();
             // Requests held by admission control are a backlog too.
-            let queued = queued + held;
+            let queued = core.fleet.bookings().queued_prefill_tokens() + held;
             (core.booked_tokens, ready, queued)
         };
         let dt = last.0.elapsed().as_secs_f64().max(1e-3);
