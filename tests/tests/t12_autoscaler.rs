@@ -344,6 +344,20 @@ async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_re
     assert!(page.contains("kvmesh_admission_wait_seconds_count 3\n"), "{page}");
     assert!(page.contains("kvmesh_admission_abandoned_total 1\n"), "{page}");
     assert_eq!(node.shared.admission.refused_total(), (1, 0, 0));
+    // A proxied request whose client gives up while it waits counts as disconnected too.
+    let held = route(5).await.unwrap();
+    let http = node.http;
+    let client = tokio::spawn(async move {
+        let body = serde_json::json!({"model": "m", "prompt": "0006".repeat(480), "max_tokens": 16});
+        reqwest::Client::new().post(format!("http://{http}/v1/completions")).json(&body).send().await
+    });
+    eventually("the proxied request waiting", || node.shared.admission.depth() == 1).await;
+    client.abort();
+    eventually("its wait abandoned", || node.shared.admission.depth() == 0).await;
+    release(held).await;
+    let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+    assert!(page.contains("kvmesh_admission_abandoned_total 2\n"), "{page}");
+    assert!(page.contains("kvmesh_requests_total{outcome=\"disconnected\"} 1\n"), "{page}");
     node.stop().await;
 }
 

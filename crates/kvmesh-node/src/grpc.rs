@@ -56,7 +56,7 @@ impl router_server::Router for Services {
         if let Some(key) = &r.session_key {
             req = req.with_key(hasher.sequence_key(&approximate_tokens(key)));
         }
-        let mut ticket = crate::admission::Ticket::new(&self.shared, arrived);
+        let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, arrived);
         let Admitted { routed, replica: name, endpoints, at: now, decision_s } =
             match ticket.route(&req, &tokens, r.max_tokens).await {
                 Ok(a) => a,

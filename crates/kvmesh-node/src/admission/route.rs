@@ -33,10 +33,20 @@ pub enum NotAdmitted {
     Refused(Refused),
 }
 
+/// The path a request came by.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Via {
+    /// The OpenAI proxy: every request counts once in `kvmesh_requests_total{outcome}`.
+    Proxy,
+    /// gRPC `Router.Route`.
+    Route,
+}
+
 /// One request's passage through admission control, kept across its retries on other
 /// replicas: its demand is counted once, and its waits share one `max_wait_s`.
 pub struct Ticket<'a> {
     shared: &'a Shared,
+    via: Via,
     /// When the request reached the node (its TTFT clock starts there).
     arrived: tokio::time::Instant,
     demand_counted: bool,
@@ -46,10 +56,12 @@ pub struct Ticket<'a> {
 /// Observes a wait in the admission queue once, however it ends (routed, refused after
 /// waiting, or the client gone and the future dropped); `None` metrics: not observed (a
 /// request refused at once by a full queue never waited). Dropped while still waiting
-/// (`settled` false), it counts the request as abandoned.
+/// (`settled` false), it counts the request as abandoned (and, proxied, as `disconnected` in
+/// `kvmesh_requests_total`, as a client that goes away after routing is).
 struct Held<'a> {
     since: tokio::time::Instant,
     metrics: Option<&'a crate::metrics::Metrics>,
+    via: Via,
     settled: bool,
 }
 
@@ -59,6 +71,9 @@ impl Drop for Held<'_> {
             m.admission_wait.observe(self.since.elapsed().as_secs_f64());
             if !self.settled {
                 m.admission_abandoned.inc();
+                if self.via == Via::Proxy {
+                    m.request("disconnected");
+                }
             }
         }
     }
@@ -72,9 +87,9 @@ fn settle(held: &mut Option<Held<'_>>) {
 }
 
 impl<'a> Ticket<'a> {
-    /// A request that reached the node at `arrived`.
-    pub fn new(shared: &'a Shared, arrived: tokio::time::Instant) -> Self {
-        Ticket { shared, arrived, demand_counted: false, deadline: None }
+    /// A request that reached the node at `arrived` by `via`.
+    pub fn new(shared: &'a Shared, via: Via, arrived: tokio::time::Instant) -> Self {
+        Ticket { shared, via, arrived, demand_counted: false, deadline: None }
     }
 
     /// Decides where `req` (`tokens`, answer of at most `max_tokens` tokens) goes and books
@@ -135,6 +150,7 @@ impl<'a> Ticket<'a> {
                     let h = held.get_or_insert_with(|| Held {
                         since: tokio::time::Instant::now(),
                         metrics: Some(&shared.metrics),
+                        via: self.via,
                         settled: false,
                     });
                     let deadline = *self.deadline.get_or_insert_with(|| {
