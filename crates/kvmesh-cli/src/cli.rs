@@ -46,7 +46,8 @@ pub enum Command {
     /// their reasons.
     Status(StatusArgs),
     /// Load-test a router or an engine: open-loop HTTP completions at a fixed rate (or
-    /// closed-loop saturation), latency p50/p99; or gRPC `Route` calls per second.
+    /// closed-loop saturation), latency p50/p99 of successful requests and errors by kind; or
+    /// gRPC `Route` calls per second.
     Loadtest(LoadtestArgs),
     /// Operate a cluster of router nodes (Raft): bootstrap it, add or remove nodes, show the
     /// leader, term, members and their replication lag.

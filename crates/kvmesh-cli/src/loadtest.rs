@@ -4,7 +4,8 @@
 //!   prompts of `--prefix-tokens` + a unique question, `max_tokens` as given) open-loop at `--rate` requests/s
 //!   (arrivals evenly spaced; at most `--concurrency` in flight, excess counted as dropped),
 //!   or closed-loop with `--concurrency` workers when `--rate 0` (saturation). Reports
-//!   achieved requests/s and latency p50/p90/p99 (HdrHistogram), errors by status. With
+//!   achieved requests/s and latency p50/p90/p99 (HdrHistogram; successful requests only),
+//!   errors by status. With
 //!   `--baseline`, a second stream at the same rate goes to other URLs, interleaved, and the
 //!   difference of the two is reported (a router's added latency).
 //! - `--mode route`: closed-loop gRPC `Router.Route` + `Router.Release` pairs against a kvmesh
@@ -181,8 +182,10 @@ impl Summary {
     }
 
     fn print(&self) {
+        // Errors (a 429 answered at once, say) would pull the percentiles down: say which.
+        let of = if self.errors.is_empty() { "" } else { " (successful requests only)" };
         println!(
-            "  latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            "  latency{of} p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
             self.p50_ms, self.p90_ms, self.p99_ms, self.max_ms
         );
         if let Some([p50, p90, p99]) = self.ttft_ms {
