@@ -220,17 +220,18 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
 /// A node with admission control (at most 2 waiting) in front of one engine that the router
 /// believes holds 40 blocks of KV: one 480-token request (30 blocks plus its output) at a time.
 /// Its capacity is set at 200 tokens/s, so `Retry-After` is the backlog's tokens ÷ 200.
-async fn short_node() -> (Node, Vec<kvmesh_engine_sim::EngineSim>) {
+/// Bookings not released end after `booking_lease_s`.
+async fn short_node(booking_lease_s: f64) -> (Node, Vec<kvmesh_engine_sim::EngineSim>) {
     use kvmesh_node::config::AdmissionSection;
     let engines = engines(1, 20.0).await;
     let replicas = vec![ReplicaConfig { capacity_blocks: 40, replay: None, ..replica(0, &engines[0]) }];
     let config = NodeConfig {
-        node: section(),
+        node: NodeSection { booking_lease_s, ..section() },
         replicas,
         cluster: None,
         security: Default::default(),
         replication: Default::default(),
-        autoscaler: kvmesh_node::config::AutoscalerSection { capacity_tokens_per_s: 200.0, ..Default::default() },
+        autoscaler: AutoscalerSection { capacity_tokens_per_s: 200.0, ..Default::default() },
         admission: AdmissionSection { enabled: true, queue_limit: 2, max_wait_s: 10.0, ttft_slo_s: None },
     };
     let node = kvmesh_node::start(config).await.unwrap();
@@ -240,7 +241,7 @@ async fn short_node() -> (Node, Vec<kvmesh_engine_sim::EngineSim>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
-    let (node, _engines) = short_node().await;
+    let (node, _engines) = short_node(600.0).await;
     let http = node.http;
     let send = |i: usize| async move {
         let body = serde_json::json!({"model": "m", "prompt": format!("{i:04}").repeat(480), "max_tokens": 16});
@@ -286,7 +287,7 @@ async fn while_capacity_is_short_requests_wait_and_the_excess_gets_429() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_resource_exhausted() {
-    let (node, _engines) = short_node().await;
+    let (node, _engines) = short_node(600.0).await;
     let ch = common::grpc(node.grpc).await;
     let route = |i: usize| {
         let mut router = v1::router_client::RouterClient::new(ch.clone());
@@ -358,6 +359,35 @@ async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_re
     let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
     assert!(page.contains("kvmesh_admission_abandoned_total 2\n"), "{page}");
     assert!(page.contains("kvmesh_requests_total{outcome=\"disconnected\"} 1\n"), "{page}");
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_never_released_ends_at_its_lease_and_the_waiting_one_goes() {
+    let (node, _engines) = short_node(1.0).await;
+    let mut router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);
+    let route = |i: usize| v1::RouteRequest {
+        model: "m".into(),
+        prompt: Some(v1::route_request::Prompt::Text(format!("{i:04}").repeat(480))),
+        max_tokens: Some(16),
+        session_key: None,
+        lora_name: None,
+    };
+    // Booked and never released: it fills the replica.
+    let forgotten = router.route(route(0)).await.unwrap().into_inner().booking_id;
+    let mut r2 = router.clone();
+    let second = tokio::spawn(async move { r2.route(route(1)).await.map(|r| r.into_inner().booking_id) });
+    eventually("the second waiting", || node.shared.admission.depth() == 1).await;
+    // The lease (1 s) ends the forgotten booking, and the second is booked in its place.
+    let booked = second.await.unwrap().unwrap();
+    assert_ne!(booked, forgotten);
+    let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+    assert!(page.contains("kvmesh_bookings_expired_total 1\n"), "{page}");
+    // Releasing it late is an unknown booking, not an error that hurts anything.
+    let late = router.release(v1::ReleaseRequest { booking_id: forgotten, output_tokens: None }).await;
+    assert_eq!(late.unwrap_err().code(), tonic::Code::NotFound);
+    router.release(v1::ReleaseRequest { booking_id: booked, output_tokens: None }).await.unwrap();
+    assert!(node.shared.core().fleet.bookings().is_empty());
     node.stop().await;
 }
 

@@ -245,6 +245,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     // lost proxy task): one sweep a second, which also logs admission refusals not yet logged.
     let (sweeper, mut s0) = (shared.clone(), stopped.clone());
     let peer_timeout_s = config.cluster.as_ref().map_or(5.0, |c| c.peer_timeout_ms as f64 / 1000.0);
+    let lease_s = config.node.booking_lease_s;
     tasks.push(tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
@@ -253,7 +254,14 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
                     let now = sweeper.now();
                     let expired = sweeper.core().expire(now, peer_timeout_s);
                     if expired > 0 {
-                        tracing::warn!(bookings = expired, "bookings expired without a release");
+                        sweeper.metrics.bookings_expired.inc_by(expired as u64);
+                        tracing::warn!(
+                            bookings = expired,
+                            lease_s,
+                            "bookings expired without a release (a Route caller that never called Release?)"
+                        );
+                        // Their load is off the replicas: a waiting request may fit now.
+                        sweeper.admission.capacity_freed();
                     }
                     sweeper.admission.flush_refusals();
                 }

@@ -35,6 +35,10 @@ pub struct Metrics {
     /// Requests whose client went away (an HTTP disconnect, a cancelled gRPC call) while
     /// they waited in the admission queue.
     pub admission_abandoned: Counter,
+    /// Bookings ended by `node.booking_lease_s` because no release came (a gRPC `Route`
+    /// caller that never called `Release`, say): each held its token load on a replica until
+    /// then.
+    pub bookings_expired: Counter,
     /// Proxied request attempts by outcome: `ok`, `client_error` (a 4xx passed through),
     /// `upstream_error`, `backpressure` (a 429/503, retried elsewhere), `no_replica`,
     /// `disconnected` (the client went away); and admission control's 429s: `queue_full`,
@@ -100,6 +104,7 @@ impl Metrics {
             requests: Family::default(),
             admission_refused: Family::default(),
             admission_abandoned: Counter::default(),
+            bookings_expired: Counter::default(),
             prompt_tokens: Counter::default(),
             predicted_cached_tokens: Counter::default(),
             engine_cached_tokens: Counter::default(),
@@ -234,6 +239,11 @@ impl Metrics {
             "admission_abandoned",
             "Requests whose client went away (HTTP disconnect, gRPC cancel) while they waited in the admission queue",
             m.admission_abandoned.clone(),
+        );
+        registry.register(
+            "bookings_expired",
+            "Bookings ended by node.booking_lease_s without a release (a gRPC Route caller that never called Release)",
+            m.bookings_expired.clone(),
         );
         registry.register(
             "admission_refused",
