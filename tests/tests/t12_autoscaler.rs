@@ -363,6 +363,49 @@ async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_re
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_can_never_fit_is_refused_at_once_not_held() {
+    let (node, _engines) = short_node(600.0).await;
+    // 480 prompt tokens and up to 1,000 output tokens: 1,480 tokens, in a replica of 40 blocks
+    // of 16 (640 tokens). Held, it would wait max_wait_s (10 s) for room that never comes.
+    let body = serde_json::json!({"model": "m", "prompt": "0000".repeat(480), "max_tokens": 1000});
+    let r =
+        reqwest::Client::new().post(format!("http://{}/v1/completions", node.http)).json(&body).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["message"],
+        "the prompt and max_tokens need 1480 tokens of KV cache; the largest replica holds 640 (capacity_blocks × \
+         block_size): lower max_tokens or shorten the prompt"
+    );
+    let mut router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);
+    let req = v1::RouteRequest {
+        model: "m".into(),
+        prompt: Some(v1::route_request::Prompt::Text("0000".repeat(480))),
+        max_tokens: Some(1000),
+        session_key: None,
+        lora_name: None,
+    };
+    assert_eq!(router.route(req).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    // A body the router cannot read: 400 saying where, and counted.
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", node.http))
+        .body(r#"{"prompt": "hi", "max_tokens": -1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("the body is not a JSON completion request: invalid value: integer `-1`"), "{message}");
+    let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+    assert!(page.contains("kvmesh_requests_total{outcome=\"too_long\"} 1\n"), "{page}");
+    assert!(page.contains("kvmesh_requests_total{outcome=\"bad_request\"} 1\n"), "{page}");
+    assert!(page.contains("kvmesh_admission_wait_seconds_count 0\n"), "{page}");
+    assert!(node.shared.core().fleet.bookings().is_empty());
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_never_released_ends_at_its_lease_and_the_waiting_one_goes() {
     let (node, _engines) = short_node(1.0).await;
     let mut router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);

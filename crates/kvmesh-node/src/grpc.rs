@@ -62,6 +62,9 @@ impl router_server::Router for Services {
                 Ok(a) => a,
                 Err(NotAdmitted::NoReplica(e)) => return Err(GrpcStatus::unavailable(e.to_string())),
                 Err(NotAdmitted::Refused(why)) => return Err(self.too_many(why)),
+                Err(NotAdmitted::NeverFits { needed_tokens, largest_kv_tokens }) => {
+                    return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(needed_tokens, largest_kv_tokens)))
+                }
             };
         let m = &self.shared.metrics;
         m.decision_latency.observe(decision_s);

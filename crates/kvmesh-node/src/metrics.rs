@@ -41,7 +41,10 @@ pub struct Metrics {
     pub bookings_expired: Counter,
     /// Proxied request attempts by outcome: `ok`, `client_error` (a 4xx passed through),
     /// `upstream_error`, `backpressure` (a 429/503, retried elsewhere), `no_replica`,
-    /// `disconnected` (the client went away); and admission control's 429s: `queue_full`,
+    /// `disconnected` (the client went away); requests the router answers itself:
+    /// `bad_request` (a body it cannot read), `unknown_model`, `too_long` (a prompt over
+    /// `node.max_prompt_tokens`, or with admission control a prompt and `max_tokens` over the
+    /// largest replica's KV); and admission control's 429s: `queue_full`,
     /// `evicted_late` (refused to make room, with the TTFT gate), `admission_timeout` (waited
     /// `max_wait_s`). A retried request counts once per attempt.
     pub requests: Family<Labels, Counter>,

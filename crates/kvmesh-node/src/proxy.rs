@@ -44,7 +44,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     let message = message.into();
     // OpenAI's error types: a 429 is `rate_limit_exceeded` to its clients.
     let kind = match status {
-        StatusCode::BAD_REQUEST => "invalid_request_error",
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
         StatusCode::NOT_FOUND => "not_found_error",
         StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
         _ => "service_unavailable",
@@ -230,19 +230,24 @@ async fn parse(
     body: &Bytes,
     read: fn(&Shared, &[u8]) -> Result<Parsed, Box<Response>>,
 ) -> Result<Parsed, Box<Response>> {
-    if body.len() < INLINE_BODY_BYTES {
-        return read(shared, body);
+    let parsed = if body.len() < INLINE_BODY_BYTES {
+        read(shared, body)
+    } else {
+        let (s, b) = (shared.clone(), body.clone());
+        tokio::task::spawn_blocking(move || read(&s, &b)).await.unwrap_or_else(|e| {
+            Err(Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, format!("reading the request failed: {e}"))))
+        })
+    };
+    if parsed.is_err() {
+        shared.metrics.request("bad_request");
     }
-    let (s, b) = (shared.clone(), body.clone());
-    tokio::task::spawn_blocking(move || read(&s, &b)).await.unwrap_or_else(|e| {
-        Err(Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, format!("reading the request failed: {e}"))))
-    })
+    parsed
 }
 
 fn read_completion(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
-    let Ok(f) = serde_json::from_slice::<RequestFields<'_>>(body) else {
-        return Err(Box::new(error(StatusCode::BAD_REQUEST, "the body is not a JSON completion request")));
-    };
+    let f = serde_json::from_slice::<RequestFields<'_>>(body).map_err(|e| {
+        Box::new(error(StatusCode::BAD_REQUEST, format!("the body is not a JSON completion request: {e}")))
+    })?;
     let tokens = match &f.prompt {
         Some(Prompt::Text(p)) => shared.tokenizer.encode(p),
         Some(Prompt::Ids(ids)) if !ids.is_empty() => ids.iter().map(|&t| t.min(u32::MAX as u64) as u32).collect(),
@@ -254,9 +259,9 @@ fn read_completion(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>
 }
 
 fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
-    let Ok(f) = serde_json::from_slice::<RequestFields<'_>>(body) else {
-        return Err(Box::new(error(StatusCode::BAD_REQUEST, "the body is not a JSON chat completion request")));
-    };
+    let f = serde_json::from_slice::<RequestFields<'_>>(body).map_err(|e| {
+        Box::new(error(StatusCode::BAD_REQUEST, format!("the body is not a JSON chat completion request: {e}")))
+    })?;
     let Some(messages) = &f.messages else {
         return Err(Box::new(error(StatusCode::BAD_REQUEST, "messages must be an array")));
     };
@@ -306,6 +311,7 @@ async fn forward(
         (&shared.settings.model, shared.settings.retries, shared.settings.overload_backoff_s);
     if let (false, Some(asked)) = (model.is_empty(), &asked_model) {
         if asked != model {
+            shared.metrics.request("unknown_model");
             return error(
                 StatusCode::NOT_FOUND,
                 format!("model {asked:?} is not served here (this router serves {model:?})"),
@@ -324,7 +330,8 @@ async fn forward(
         );
     }
     let max_tokens = max_tokens.map(|n| n.min(u32::MAX as u64) as u32);
-    let mut last_failure = String::from("no replica is ready");
+    // What went wrong on the last replica tried, if one was.
+    let mut last_failure: Option<String> = None;
     // Hashed once, outside the core lock.
     let req = RouteRequest::new(&shared.settings.hasher, &tokens, max_tokens);
     // At debug, as the per-request events: exported to OpenTelemetry all the same (see
@@ -352,12 +359,20 @@ async fn forward(
                 Ok(a) => a,
                 Err(NotAdmitted::NoReplica(e)) => {
                     shared.metrics.request("no_replica");
-                    return error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}: {e}"));
+                    let message = match &last_failure {
+                        Some(f) => format!("{f}; then: {e}"),
+                        None => e.to_string(),
+                    };
+                    return error(StatusCode::SERVICE_UNAVAILABLE, message);
                 }
                 Err(NotAdmitted::Refused(why)) => {
                     shared.metrics.request(why.outcome());
                     span.record("outcome", why.outcome());
                     return too_many(&shared, why);
+                }
+                Err(NotAdmitted::NeverFits { needed_tokens, largest_kv_tokens }) => {
+                    shared.metrics.request("too_long");
+                    return error(StatusCode::BAD_REQUEST, NotAdmitted::never_fits(needed_tokens, largest_kv_tokens));
                 }
             };
         let m = &shared.metrics;
@@ -405,7 +420,7 @@ async fn forward(
         let resp = match sent {
             Ok(r) => r,
             Err(e) if e.is_connect() => {
-                last_failure = format!("replica {name} unreachable ({})", crate::error_chain(&e));
+                last_failure = Some(format!("replica {name} unreachable ({})", crate::error_chain(&e)));
                 tracing::warn!(replica = %name, error = %e, "upstream connect failed; trying another replica");
                 shared.core().record_down(&name, e.to_string(), shared.now());
                 booking.release(None, "upstream_error");
@@ -420,7 +435,7 @@ async fn forward(
         };
         let status = resp.status();
         if status == reqwest::StatusCode::TOO_MANY_REQUESTS || status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
-            last_failure = format!("replica {name} answered {status}");
+            last_failure = Some(format!("replica {name} answered {status}"));
             let now = shared.now();
             shared.core().record_overload(&name, now + backoff_s, now);
             booking.release(None, "backpressure");
@@ -459,7 +474,8 @@ async fn forward(
     }
     shared.metrics.request("no_replica");
     span.record("outcome", "no_replica");
-    error(StatusCode::SERVICE_UNAVAILABLE, format!("{last_failure}; no other replica could take the request"))
+    let last = last_failure.unwrap_or_else(|| "no replica could be tried".into());
+    error(StatusCode::SERVICE_UNAVAILABLE, format!("{last}; no other replica could take the request"))
 }
 
 /// 429 with `Retry-After`: capacity is short and the admission queue refused the request

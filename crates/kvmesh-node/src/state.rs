@@ -647,7 +647,7 @@ impl Core {
     /// the hot-prefix sketch. Once per request — not again on a retry, nor on a re-route after
     /// waiting in the admission queue — whether or not it is ever sent.
     pub fn count_demand(&mut self, req: &RouteRequest, tokens: &[u32], decision: &Decision, now: f64) {
-        let output = self.fleet.bookings().outputs().expect(req.max_tokens);
+        let output = self.fleet.expected_output_tokens(req);
         let load = decision.uncached_tokens as f64 + output as f64;
         self.booked_tokens += load;
         self.own_demand_tokens += load;

@@ -343,7 +343,7 @@ impl Fleet {
             overlaps: &self.overlaps,
             record_overlaps: if with_record { &self.record_overlaps } else { &[] },
             record: &self.record,
-            expected_output_tokens: self.bookings.outputs().expect(req.max_tokens),
+            expected_output_tokens: self.expected_output_tokens(req),
             active_peers: self.active_peers,
             peer_rank: self.peer_rank,
         };
@@ -394,7 +394,7 @@ impl Fleet {
         let spec = BookingSpec {
             uncached_prefill_tokens: decision.uncached_tokens,
             uncached_blocks: decision.uncached_blocks,
-            expected_output_tokens: self.bookings.outputs().expect(req.max_tokens),
+            expected_output_tokens: self.expected_output_tokens(req),
         };
         let booking = self.bookings.book(decision.replica, spec, now);
         let r = &mut self.replicas[p];
@@ -404,6 +404,25 @@ impl Fleet {
             self.record.record(decision.replica, &req.hashes, now);
         }
         Ok(Routed { decision, booking })
+    }
+
+    /// The most KV any registered replica holds, tokens (its `capacity_blocks` blocks of
+    /// `block_size` tokens); 0 with no replica. A request whose prompt and `max_tokens`
+    /// together exceed it fits nowhere (vLLM refuses such a request with a 400 too: it starts
+    /// only with `max_model_len` within its KV cache).
+    pub fn largest_kv_tokens(&self) -> u64 {
+        let blocks = self.replicas.iter().map(|r| r.spec.capacity_blocks).max().unwrap_or(0);
+        blocks.saturating_mul(u64::from(self.config.block_size))
+    }
+
+    /// The output tokens `req` is expected to produce, booked as its decode work and KV:
+    /// its `max_tokens`, else the running mean of outputs ([`crate::load::OutputEstimator`]);
+    /// at most the largest replica's KV, so that a `max_tokens` of 4,294,967,295 does not book
+    /// more decode work than any replica could ever run. (Not less: with its prompt, a request
+    /// that fits nowhere must still fit nowhere.)
+    pub fn expected_output_tokens(&self, req: &RouteRequest) -> u32 {
+        let expected = self.bookings.outputs().expect(req.max_tokens);
+        expected.min(u32::try_from(self.largest_kv_tokens()).unwrap_or(u32::MAX))
     }
 
     /// Whether capacity is short for `decision`: no replica had KV headroom for the request

@@ -130,6 +130,30 @@ fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
 }
 
 #[test]
+fn a_huge_max_tokens_books_no_more_output_than_the_largest_replica_holds() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    assert_eq!(f.largest_kv_tokens(), 0);
+    let a = f.add_replica(silent("a")).unwrap();
+    let b = f.add_replica(silent_with("b", 2_000)).unwrap();
+    // 10,000 blocks of 16 tokens.
+    assert_eq!(f.largest_kv_tokens(), 160_000);
+    let huge = RouteRequest::new(f.hasher(), &toks(100), Some(u32::MAX));
+    assert_eq!(f.expected_output_tokens(&huge), 160_000);
+    let fits = RouteRequest::new(f.hasher(), &toks(100), Some(50));
+    assert_eq!(f.expected_output_tokens(&fits), 50);
+    let mut p = PolicyKind::TokenLoad.build();
+    let r = f.route(p.as_mut(), &huge, &mut rng(), 0.0).unwrap();
+    // It fits nowhere (160,100 tokens with its prompt): booked, flagged, with the capped output.
+    assert_eq!(r.decision.reason, Reason::NoKvHeadroom);
+    assert_eq!(f.bookings().load(r.decision.replica).expected_decode_tokens, 160_000);
+    assert_eq!(f.bookings().load(a).expected_decode_tokens + f.bookings().load(b).expected_decode_tokens, 160_000);
+}
+
+fn silent_with(name: &str, capacity_blocks: u64) -> ReplicaSpec {
+    ReplicaSpec { publishes_events: false, ..ReplicaSpec::new(name, capacity_blocks) }
+}
+
+#[test]
 fn route_books_uncached_tokens_and_release_returns_to_zero() {
     let mut f = Fleet::new(FleetConfig::default()).unwrap();
     let a = f.add_replica(silent("a")).unwrap();

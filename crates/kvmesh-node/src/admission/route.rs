@@ -31,6 +31,33 @@ pub enum NotAdmitted {
     NoReplica(kvmesh_core::Error),
     /// Admission control refused it (answer 429 / `RESOURCE_EXHAUSTED`).
     Refused(Refused),
+    /// It would wait for capacity that never comes: its prompt and `max_tokens` need more KV
+    /// than the largest replica holds (answer 400 / `INVALID_ARGUMENT`; vLLM would refuse it
+    /// too).
+    NeverFits {
+        /// Prompt plus `max_tokens`, tokens.
+        needed_tokens: u64,
+        /// The largest replica's KV, tokens.
+        largest_kv_tokens: u64,
+    },
+}
+
+impl NotAdmitted {
+    /// The client's message for [`NotAdmitted::NeverFits`].
+    pub fn never_fits(needed_tokens: u64, largest_kv_tokens: u64) -> String {
+        format!(
+            "the prompt and max_tokens need {needed_tokens} tokens of KV cache; the largest replica holds \
+             {largest_kv_tokens} (capacity_blocks × block_size): lower max_tokens or shorten the prompt"
+        )
+    }
+}
+
+/// What a request that is not booked does next.
+enum Hold {
+    /// Wait in the queue; its token load, tokens.
+    Wait(u64),
+    /// Never fits: prompt plus `max_tokens`, and the largest replica's KV, tokens.
+    Never(u64, u64),
 }
 
 /// The path a request came by.
@@ -128,7 +155,14 @@ impl<'a> Ticket<'a> {
                         && (core.fleet.capacity_short(&d)
                             || adm.gate().is_some_and(|g| !g.admits(&d, arrived.elapsed().as_secs_f64())))
                     {
-                        Ok(Err(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0))))
+                        // Waiting is for capacity that frees; none frees enough for this one.
+                        let needed = u64::from(req.prompt_tokens) + u64::from(max_tokens.unwrap_or(0));
+                        let largest = core.fleet.largest_kv_tokens();
+                        Ok(Err(if needed > largest {
+                            Hold::Never(needed, largest)
+                        } else {
+                            Hold::Wait(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0)))
+                        }))
                     } else {
                         core.book(req, d, now).map(Ok)
                     }
@@ -145,7 +179,11 @@ impl<'a> Ticket<'a> {
                     let decision_s = t0.elapsed().as_secs_f64();
                     return Ok(Admitted { routed, replica, endpoints, at: now, decision_s });
                 }
-                Ok(Err(load)) => {
+                Ok(Err(Hold::Never(needed_tokens, largest_kv_tokens))) => {
+                    settle(&mut held);
+                    return Err(NotAdmitted::NeverFits { needed_tokens, largest_kv_tokens });
+                }
+                Ok(Err(Hold::Wait(load))) => {
                     let first = held.is_none();
                     let h = held.get_or_insert_with(|| Held {
                         since: tokio::time::Instant::now(),
