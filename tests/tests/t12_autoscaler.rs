@@ -517,6 +517,18 @@ async fn with_a_ttft_slo_a_request_that_would_queue_past_it_waits_at_the_router(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_per_replica_is_measured_from_the_engine_while_requests_wait() {
+    capacity_is_measured(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_per_replica_is_measured_while_admission_control_holds_the_queue() {
+    capacity_is_measured(true).await;
+}
+
+/// 24 requests at once to a replica that serves one at a time; with `admission` the router
+/// holds all but one (`node.max_num_seqs = 1`), so the engine never reports a queue.
+async fn capacity_is_measured(admission: bool) {
+    use kvmesh_node::config::AdmissionSection;
     // One sequence at a time, 0.1 ms per prefill token: a replica that queues at once.
     let profile = kvmesh_sim::engine::EngineProfile {
         max_batch: 1,
@@ -526,13 +538,13 @@ async fn capacity_per_replica_is_measured_from_the_engine_while_requests_wait() 
     let engine =
         kvmesh_engine_sim::start(EngineSimConfig { speed: 1.0, profile, ..EngineSimConfig::default() }).await.unwrap();
     let config = NodeConfig {
-        node: section(),
+        node: NodeSection { max_num_seqs: if admission { 1 } else { 256 }, ..section() },
         replicas: vec![ReplicaConfig { replay: None, ..replica(0, &engine) }],
         cluster: None,
         security: Default::default(),
         replication: Default::default(),
         autoscaler: AutoscalerSection { capacity_tokens_per_s: 0.0, ..autoscaler() },
-        admission: Default::default(),
+        admission: AdmissionSection { enabled: admission, queue_limit: 64, max_wait_s: 30.0, ttft_slo_s: None },
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
@@ -549,6 +561,10 @@ async fn capacity_per_replica_is_measured_from_the_engine_while_requests_wait() 
         .collect();
     for c in calls {
         assert_eq!(c.await.unwrap().status(), 200);
+    }
+    if admission {
+        let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+        assert!(page.contains("kvmesh_admission_wait_seconds_count 23\n"), "all but the first waited: {page}");
     }
     let measured = node.shared.autoscaler.capacity_tokens_per_s(-1.0);
     // Each request: ~500 prompt tokens in one 5.75 + 50 ms step, then 3 decode steps of ~5.8 ms:

@@ -60,7 +60,9 @@ pub struct NodeConfig {
 /// `[admission]`: while capacity is short — no replica with KV headroom for a request, or
 /// every one at `node.max_num_seqs`, or (with `ttft_slo_s`) none where it would meet its TTFT
 /// SLO — requests wait in a bounded queue and are routed as capacity frees (smallest token
-/// load first); beyond the bound or after `max_wait_s`: 429 with `Retry-After`.
+/// load first); beyond the bound or after `max_wait_s`: 429 with `Retry-After` (the seconds
+/// the routable replicas need to serve the backlog at `autoscaler.capacity_tokens_per_s` each,
+/// which is measured when left at 0, even with the autoscaler off).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionSection {
@@ -134,8 +136,9 @@ pub struct AutoscalerSection {
     /// Utilisation each replica should run at, in (0, 1].
     pub target_utilisation: f64,
     /// What one replica serves at full load, tokens per second; 0: measured from the engines'
-    /// served-token counters (vLLM prompt − prefix-cache hits + generation tokens) while they
-    /// have requests waiting, and estimated from the engine profile until then.
+    /// served-token counters (vLLM prompt − prefix-cache hits + generation tokens) while
+    /// requests wait (at the engine, or at the router with `[admission]`), and estimated from
+    /// the engine profile until then. Admission control's `Retry-After` uses it too.
     pub capacity_tokens_per_s: f64,
     /// The pool shrinks only to the largest need of this last window, seconds; 0: one cold
     /// start (measured), the break-even of keeping an idle replica against restarting it.

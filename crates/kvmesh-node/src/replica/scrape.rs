@@ -1,7 +1,8 @@
 //! Engine load and health: one replica's Prometheus endpoint, scraped at an interval.
 //!
 //! A good scrape reports running/waiting/KV usage to the routing core and the tokens the
-//! engine served to the autoscaler's capacity meter, and clears the failure count;
+//! engine served to the autoscaler's capacity meter (at full load while requests wait at the
+//! engine or in the router's admission queue), and clears the failure count;
 //! `unhealthy_after` failures in a row (connect error, non-200, unparseable page) take the
 //! replica out of rotation until a scrape succeeds again.
 
@@ -21,7 +22,10 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
         // Parse before taking the core lock: a vLLM page runs to hundreds of kilobytes.
         let result = fetched.and_then(|text| parse_engine_page(&text, now).map_err(|e| e.to_string()));
         if let Ok((_, m, Some(served))) = &result {
-            shared.autoscaler.observe_served(&name, *served, m.waiting, now);
+            // Requests held at the router by admission control queue for this replica too:
+            // while capacity is short the router keeps the engines' own queues empty.
+            let held = u32::try_from(shared.admission.depth()).unwrap_or(u32::MAX);
+            shared.autoscaler.observe_served(&name, *served, m.waiting.saturating_add(held), now);
         }
         let mut core = shared.core();
         match result {
