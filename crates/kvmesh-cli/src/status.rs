@@ -68,7 +68,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         println!("\n{}", render_admission(a));
     }
     if let Some(d) = &scale {
-        println!("\n{}", render_scale(d));
+        println!("\n{}", render_scale(d, kvmesh_node::replication::unix_now()));
     }
     if let Some((hot, plan)) = &replication {
         print!("\n{}", crate::replication::render(hot, plan, kvmesh_node::replication::unix_now()));
@@ -90,10 +90,12 @@ fn authed_decisions(
     r
 }
 
-/// The autoscaler's latest decision, one line.
-fn render_scale(d: &v1::ScaleDecision) -> String {
+/// The autoscaler's latest committed decision, one line, with its age at `now` (Unix seconds):
+/// an unchanged decision is committed again only every 30 s, so its load figures can be that
+/// old (`kvmesh_autoscaler_evaluated` on `/metrics` has every interval's).
+fn render_scale(d: &v1::ScaleDecision, now: f64) -> String {
     format!(
-        "autoscaler (pool {}): {} replicas wanted ({}{}) · {} ready, {} starting · load {:.0} tokens/s, sized for {:.0} at {:.0} per replica",
+        "autoscaler (pool {}): {} replicas wanted ({}{}) · {} ready, {} starting · load {:.0} tokens/s, sized for {:.0} at {:.0} per replica · decided {:.0} s ago",
         d.pool,
         d.desired_replicas,
         d.reason,
@@ -102,7 +104,8 @@ fn render_scale(d: &v1::ScaleDecision) -> String {
         d.starting,
         d.demand_tokens_per_s,
         d.forecast_tokens_per_s,
-        d.capacity_tokens_per_s
+        d.capacity_tokens_per_s,
+        (now - d.at).max(0.0)
     )
 }
 
@@ -224,11 +227,12 @@ mod tests {
             forecast_tokens_per_s: 95_000.0,
             capacity_tokens_per_s: 33_000.0,
             panic: true,
+            at: 1_000.0,
             ..Default::default()
         };
         assert_eq!(
-            render_scale(&d),
-            "autoscaler (pool default): 6 replicas wanted (burst, panic) · 4 ready, 2 starting · load 81234 tokens/s, sized for 95000 at 33000 per replica"
+            render_scale(&d, 1_012.4),
+            "autoscaler (pool default): 6 replicas wanted (burst, panic) · 4 ready, 2 starting · load 81234 tokens/s, sized for 95000 at 33000 per replica · decided 12 s ago"
         );
     }
 

@@ -83,6 +83,7 @@ pub struct Metrics {
     replication_targets: Family<Labels, Gauge>,
     replication_top_share: Gauge<f64, AtomicU64>,
     autoscaler: Family<Labels, Gauge<f64, AtomicU64>>,
+    autoscaler_evaluated: Family<Labels, Gauge<f64, AtomicU64>>,
     admission_queue: Gauge,
 }
 
@@ -130,6 +131,7 @@ impl Metrics {
             replication_targets: Family::default(),
             replication_top_share: Gauge::default(),
             autoscaler: Family::default(),
+            autoscaler_evaluated: Family::default(),
             admission_queue: Gauge::default(),
             registry: Registry::default(),
         };
@@ -234,6 +236,11 @@ impl Metrics {
             m.autoscaler.clone(),
         );
         registry.register(
+            "autoscaler_evaluated",
+            "This node's latest autoscaler evaluation (every interval_s, committed or not; the same fields as kvmesh_autoscaler_decision): what the policy would decide now",
+            m.autoscaler_evaluated.clone(),
+        );
+        registry.register(
             "admission_queue_depth",
             "Requests waiting for capacity in the admission queue",
             m.admission_queue.clone(),
@@ -336,7 +343,10 @@ impl Metrics {
             });
         }
         m.admission_queue.set(shared.admission.depth() as i64);
-        if let Some(d) = shared.autoscaler.latest() {
+        for (family, d) in
+            [(&m.autoscaler, shared.autoscaler.latest()), (&m.autoscaler_evaluated, shared.autoscaler.evaluated())]
+        {
+            let Some(d) = d else { continue };
             for (what, v) in [
                 ("desired_replicas", f64::from(d.desired_replicas)),
                 ("ready", f64::from(d.ready)),
@@ -347,7 +357,7 @@ impl Metrics {
                 ("panic", f64::from(u8::from(d.panic))),
                 ("at_unix_seconds", d.at),
             ] {
-                m.autoscaler.get_or_create(&vec![("what", what.to_string())]).set(v);
+                family.get_or_create(&vec![("what", what.to_string())]).set(v);
             }
         }
         let mut out = String::new();

@@ -65,12 +65,35 @@ pub struct Decision {
     pub log_index: u64,
 }
 
+impl Decision {
+    /// The policy's decision `d` for `pool` at `now` (Unix seconds), with the `demand`
+    /// measured over the last interval (tokens per second); not yet in the log.
+    fn new(pool: &str, d: &kvmesh_core::autoscale::ScaleDecision, demand: f64, now: f64) -> Self {
+        Decision {
+            pool: pool.to_string(),
+            desired_replicas: d.desired,
+            reason: d.reason.as_str().into(),
+            ready: d.ready,
+            starting: d.starting,
+            forecast_tokens_per_s: d.forecast_tokens_per_s,
+            demand_tokens_per_s: demand,
+            capacity_tokens_per_s: d.capacity_tokens_per_s,
+            panic: d.panic,
+            at: now,
+            log_index: 0,
+        }
+    }
+}
+
 /// A node's view of the decisions, and the replicas' measured capacity.
 pub struct Autoscaling {
     /// The settings.
     pub section: AutoscalerSection,
     decisions: watch::Sender<Arc<Vec<Decision>>>,
     capacity: std::sync::Mutex<CapacityMeter>,
+    /// This node's latest evaluation (every `interval_s`, leader or not), committed or not:
+    /// a committed decision can be `REFRESH_S` old while the load moves.
+    evaluated: std::sync::Mutex<Option<Decision>>,
 }
 
 impl Autoscaling {
@@ -80,7 +103,18 @@ impl Autoscaling {
             section,
             decisions: watch::channel(Arc::new(Vec::new())).0,
             capacity: std::sync::Mutex::new(CapacityMeter::default()),
+            evaluated: std::sync::Mutex::new(None),
         }
+    }
+
+    /// This node's latest evaluation of the policy (not necessarily committed: only a change
+    /// of the count, or `REFRESH_S` passing, commits one).
+    pub fn evaluated(&self) -> Option<Decision> {
+        self.evaluated.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_evaluated(&self, d: &Decision) {
+        *self.evaluated.lock().unwrap_or_else(|p| p.into_inner()) = Some(d.clone());
     }
 
     /// A scrape of replica `name` at `at` (seconds): the tokens its engine served so far and
@@ -221,7 +255,8 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         };
         if !leads {
             // Shadow the leader: the same inputs keep this node's forecast warm.
-            policy.decide(&inputs);
+            let d = policy.decide(&inputs);
+            shared.autoscaler.set_evaluated(&Decision::new(&section.pool, &d, demand, now));
             continue;
         }
         // Continue from any decision committed by another leader (this node's first as leader,
@@ -234,19 +269,8 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             }
         }
         let d = policy.decide(&inputs);
-        let decision = Decision {
-            pool: section.pool.clone(),
-            desired_replicas: d.desired,
-            reason: d.reason.as_str().into(),
-            ready: d.ready,
-            starting: d.starting,
-            forecast_tokens_per_s: d.forecast_tokens_per_s,
-            demand_tokens_per_s: demand,
-            capacity_tokens_per_s: d.capacity_tokens_per_s,
-            panic: d.panic,
-            at: now,
-            log_index: 0,
-        };
+        let decision = Decision::new(&section.pool, &d, demand, now);
+        shared.autoscaler.set_evaluated(&decision);
         let due = committed.is_none_or(|(desired, ready, starting, at)| {
             (desired, ready, starting) != (d.desired, d.ready, d.starting) || now - at >= REFRESH_S
         });
