@@ -212,18 +212,7 @@ impl Services {
         let status = core.status(r, now);
         let load = core.fleet.bookings().load(r.id);
         let block_size = core.fleet.config().block_size;
-        let detail = match status {
-            Status::BlockSizeMismatch => core
-                .fleet
-                .index()
-                .health(r.id)
-                .and_then(|h| h.block_size_mismatch)
-                .map_or(String::new(), |b| format!("events carry block size {b}, this node uses {block_size}")),
-            Status::Unhealthy => r.last_error.clone().unwrap_or_default(),
-            Status::Overloaded => "answered 429/503; backing off".into(),
-            Status::NoEvents => "serving, but no KV event arrives: routed on load and the router's record".into(),
-            _ => String::new(),
-        };
+        let detail = core.status_detail(r, status);
         Some(v1::Replica {
             spec: Some(to_spec(&r.config, block_size)),
             status: wire_status(status) as i32,

@@ -118,6 +118,8 @@ pub struct Replica {
     pub events_applied: u64,
     /// Events rejected by the decoder or the index.
     pub events_rejected: u64,
+    /// The status last logged: a change is logged once, when it is first seen.
+    pub reported: Status,
 }
 
 /// The routing core and registry.
@@ -445,6 +447,7 @@ impl Shared {
             last_resync_at: None,
             events_applied: 0,
             events_rejected: 0,
+            reported: Status::Ready,
         };
         core.replicas.insert(config.name.clone(), replica);
         drop(core);
@@ -482,7 +485,7 @@ impl Shared {
         let mut core = self.core();
         let r = core.replicas.get_mut(name).ok_or_else(|| RegistryError::Unknown(name.into()))?;
         r.draining = draining;
-        core.sync_routable(name, now);
+        let _ = core.sync_routable(name, now);
         Ok(())
     }
 }
@@ -523,19 +526,62 @@ impl Core {
         !matches!(status, Status::Draining | Status::Unhealthy | Status::Overloaded)
     }
 
-    /// Brings the core's ready/draining flag in line with `name`'s status.
-    pub fn sync_routable(&mut self, name: &str, now: f64) {
-        let Some(r) = self.replicas.get(name) else { return };
-        let routable = Core::routable(self.status(r, now));
+    /// What `r`'s `status` means, for operators (empty when the status says it all).
+    pub fn status_detail(&self, r: &Replica, status: Status) -> String {
+        match status {
+            Status::BlockSizeMismatch => {
+                let ours = self.fleet.config().block_size;
+                self.fleet.index().health(r.id).and_then(|h| h.block_size_mismatch).map_or(String::new(), |b| {
+                    format!("events carry block size {b}, this node uses {ours}: routed on load only")
+                })
+            }
+            Status::Unhealthy => r.last_error.clone().unwrap_or_default(),
+            Status::Overloaded => "answered 429/503; backing off".into(),
+            Status::NoEvents => "serving, but no KV event arrives: routed on load and the router's record".into(),
+            Status::OutOfSync => {
+                "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
+            }
+            Status::Ready | Status::Draining => String::new(),
+        }
+    }
+
+    /// Brings the core's ready/draining flag in line with `name`'s status, and logs a change
+    /// of status once; returns the change, (from, to), if there was one.
+    pub fn sync_routable(&mut self, name: &str, now: f64) -> Option<(Status, Status)> {
+        let r = self.replicas.get(name)?;
+        let status = self.status(r, now);
         let id = r.id;
-        let _ = self.fleet.set_status(id, if routable { CoreStatus::Ready } else { CoreStatus::Draining });
+        let _ =
+            self.fleet.set_status(id, if Core::routable(status) { CoreStatus::Ready } else { CoreStatus::Draining });
+        let from = r.reported;
+        if from == status {
+            return None;
+        }
+        let detail = self.status_detail(r, status);
+        let (from_s, to_s) = (from.as_str(), status.as_str());
+        match status {
+            Status::Ready => tracing::info!(replica = %name, from = from_s, "replica ready"),
+            Status::Draining | Status::Overloaded => {
+                tracing::info!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
+            }
+            Status::BlockSizeMismatch => {
+                tracing::error!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
+            }
+            Status::Unhealthy | Status::OutOfSync | Status::NoEvents => {
+                tracing::warn!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
+            }
+        }
+        if let Some(r) = self.replicas.get_mut(name) {
+            r.reported = status;
+        }
+        Some((from, status))
     }
 
     /// Re-evaluates every replica (overload marks expire with time, case C18).
     pub fn sync_all(&mut self, now: f64) {
         let names: Vec<String> = self.replicas.keys().cloned().collect();
         for n in names {
-            self.sync_routable(&n, now);
+            let _ = self.sync_routable(&n, now);
         }
     }
 
@@ -544,7 +590,7 @@ impl Core {
         let r = self.replicas.get_mut(name)?;
         r.failures += 1;
         r.last_error = Some(error);
-        self.sync_routable(name, now);
+        let _ = self.sync_routable(name, now);
         self.replicas.get(name).map(|r| self.status(r, now))
     }
 
@@ -556,7 +602,7 @@ impl Core {
             r.failures = r.failures.max(threshold);
             r.last_error = Some(error);
         }
-        self.sync_routable(name, now);
+        let _ = self.sync_routable(name, now);
     }
 
     /// Records a backpressure answer (429/503): out of rotation until `until`.
@@ -564,7 +610,7 @@ impl Core {
         if let Some(r) = self.replicas.get_mut(name) {
             r.overloaded_until = until;
         }
-        self.sync_routable(name, now);
+        let _ = self.sync_routable(name, now);
     }
 
     /// Records a good scrape.
@@ -579,7 +625,7 @@ impl Core {
         r.engine = Some(metrics);
         let id = r.id;
         let _ = self.fleet.report_metrics(id, metrics);
-        self.sync_routable(name, now);
+        let _ = self.sync_routable(name, now);
     }
 
     /// Applies one decoded event for `name`.
@@ -715,6 +761,38 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_of_status_is_reported_once_with_what_it_means() {
+        let config = NodeConfig {
+            node: crate::config::NodeSection::default(),
+            replicas: vec![],
+            cluster: None,
+            security: Default::default(),
+            replication: Default::default(),
+            autoscaler: Default::default(),
+            admission: Default::default(),
+        };
+        let shared = Shared::new(config).unwrap();
+        let replica = "name = \"r0\"\nhttp = \"http://127.0.0.1:9\"\ncapacity_blocks = 100";
+        shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
+        let mut core = shared.core();
+        assert_eq!(core.sync_routable("r0", 1.0), None);
+        core.record_down("r0", "connection refused".into(), 1.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Unhealthy);
+        // Logged when it changed, not again.
+        assert_eq!(core.sync_routable("r0", 1.5), None);
+        assert_eq!(core.status_detail(&core.replicas["r0"], Status::Unhealthy), "connection refused");
+        let metrics = EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, at: 2.0 };
+        core.record_metrics("r0", metrics, 2.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Ready);
+        // An overload mark runs out with time: seen at the next sync.
+        core.record_overload("r0", 5.0, 3.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Overloaded);
+        assert_eq!(core.sync_routable("r0", 4.0), None);
+        assert_eq!(core.sync_routable("r0", 6.0), Some((Status::Overloaded, Status::Ready)));
+        assert_eq!(core.sync_routable("nobody", 6.0), None);
+    }
 
     #[test]
     fn a_peers_demand_counts_by_its_increase_and_starts_over_when_the_peer_restarts() {

@@ -173,9 +173,6 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
                         .inc();
                 }
                 Some(r) => {
-                    if matches!(r, kvmesh_core::index::Rejection::BlockSizeMismatch { .. }) {
-                        tracing::error!(replica = %name, rejection = ?r, "KV events carry another block size than this node's: routing it on load only");
-                    }
                     unknown_parent |= matches!(r, kvmesh_core::index::Rejection::UnknownParent);
                     shared.metrics.events_rejected.get_or_create(&labels(name, r.as_str())).inc();
                 }
@@ -193,6 +190,8 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
             r.resync_requested = Some("unknown_parent");
         }
     }
+    // A status the events change (block size mismatch, back in sync) is logged once, now.
+    let _ = core.sync_routable(name, now);
 }
 
 /// The shortest time between rebuilds caused by unknown parents, seconds.
