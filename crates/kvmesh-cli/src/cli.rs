@@ -324,6 +324,7 @@ pub struct LoadtestArgs {
     #[arg(long, value_name = "URLS")]
     pub url: String,
     /// Requests per second, open loop (0: closed loop with --concurrency workers, saturation).
+    /// `--mode route` always runs closed loop and ignores it.
     #[arg(long, default_value_t = 100.0, value_name = "R")]
     pub rate: f64,
     /// Workers in closed-loop mode; cap on requests in flight in open-loop mode (for each

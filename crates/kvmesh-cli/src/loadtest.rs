@@ -54,6 +54,23 @@ impl Tally {
     }
 }
 
+/// Whether the run is open loop: HTTP at `--rate` > 0 (`route` runs closed loop whatever
+/// `--rate` says).
+fn is_open_loop(args: &LoadtestArgs) -> bool {
+    args.rate > 0.0 && args.mode == "http"
+}
+
+/// The report's first line: what was driven, how, and the rate achieved (`rps`, successful
+/// requests per second over `elapsed` seconds).
+fn headline(args: &LoadtestArgs, rps: f64, elapsed: f64) -> String {
+    let offered = if is_open_loop(args) {
+        format!("{:.0} req/s offered", args.rate)
+    } else {
+        format!("closed loop, saturation ({} workers)", args.concurrency)
+    };
+    format!("{} {}: {offered}, {rps:.0} ok/s over {elapsed:.1} s", args.mode, args.url)
+}
+
 pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.duration > 0.0 && args.warmup >= 0.0, "duration must be positive and warmup non-negative");
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "rate must be ≥ 0 (0: saturation)");
@@ -78,9 +95,11 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
     let target = Summary::new(&tally, elapsed);
     let baseline = baseline.map(|b| Summary::new(&b, elapsed));
     let comparable = baseline.as_ref().is_some_and(|b| b.ok > 0 && target.ok > 0);
+    let open_loop = is_open_loop(args);
     if args.json {
         let mut v = serde_json::json!({
-            "mode": args.mode, "url": args.url, "offered_rps": args.rate, "achieved_rps": target.rps, "ok": tally.ok,
+            "mode": args.mode, "url": args.url, "offered_rps": if open_loop { args.rate } else { 0.0 },
+            "workers": (!open_loop).then_some(args.concurrency), "achieved_rps": target.rps, "ok": tally.ok,
             "errors": tally.errors, "retried": tally.retried, "dropped": tally.dropped, "p50_ms": target.p50_ms,
             "p90_ms": target.p90_ms, "p99_ms": target.p99_ms, "max_ms": target.max_ms, "seconds": elapsed,
         });
@@ -105,12 +124,7 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
         }
         println!("{v}");
     } else {
-        let offered = if args.rate > 0.0 {
-            format!("{:.0} req/s offered", args.rate)
-        } else {
-            format!("saturation ({} workers)", args.concurrency)
-        };
-        println!("{} {}: {offered}, {:.0} ok/s over {elapsed:.1} s", args.mode, args.url, target.rps);
+        println!("{}", headline(args, target.rps, elapsed));
         target.print();
         if let (Some(b), Some(url)) = (&baseline, &args.baseline) {
             println!("baseline {url}: {:.0} ok/s (interleaved with the above)", b.rps);
@@ -526,6 +540,17 @@ mod tests {
         assert_eq!(Summary::new(&tally, seconds).ttft_ms, None);
         let refused = LoadtestArgs { stream: true, mode: "route".into(), ..open_loop(engine.base_url(), 1.0, None) };
         assert_eq!(run(&refused).unwrap_err().to_string(), "--stream needs --mode http (it is \"route\")");
+    }
+
+    #[test]
+    fn the_headline_says_route_runs_closed_loop_whatever_the_rate() {
+        let http = open_loop("http://127.0.0.1:9".into(), 50.0, None);
+        assert_eq!(headline(&http, 49.6, 2.0), "http http://127.0.0.1:9: 50 req/s offered, 50 ok/s over 2.0 s");
+        let route = LoadtestArgs { mode: "route".into(), ..open_loop("http://127.0.0.1:9".into(), 50.0, None) };
+        assert_eq!(
+            headline(&route, 4721.0, 2.0),
+            "route http://127.0.0.1:9: closed loop, saturation (64 workers), 4721 ok/s over 2.0 s"
+        );
     }
 
     #[test]
