@@ -2,7 +2,6 @@
 //! (`kvmesh.v1.Cluster`).
 
 use crate::cli::{ClusterCommand, ClusterTarget};
-use anyhow::Context;
 use kvmesh_proto::v1;
 
 pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
@@ -10,32 +9,24 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
     runtime.block_on(async {
         match cmd {
             ClusterCommand::Init(t) => {
-                let status =
-                    client(t).await?.init(authed(t, v1::InitRequest {})?).await.context("Cluster.Init")?.into_inner();
+                let status = answer(client(t).await?.init(authed(t, v1::InitRequest {})?).await, "Cluster.Init")?;
                 println!("cluster initialized");
                 print!("{}", render(&status));
             }
             ClusterCommand::Join(a) => {
                 let req = v1::JoinRequest { node_id: a.id, addr: a.addr.clone() };
-                let status =
-                    client(&a.target).await?.join(authed(&a.target, req)?).await.context("Cluster.Join")?.into_inner();
+                let status = answer(client(&a.target).await?.join(authed(&a.target, req)?).await, "Cluster.Join")?;
                 println!("node {} joined", a.id);
                 print!("{}", render(&status));
             }
             ClusterCommand::Leave(a) => {
                 let req = v1::LeaveRequest { node_id: a.id };
-                let status = client(&a.target)
-                    .await?
-                    .leave(authed(&a.target, req)?)
-                    .await
-                    .context("Cluster.Leave")?
-                    .into_inner();
+                let status = answer(client(&a.target).await?.leave(authed(&a.target, req)?).await, "Cluster.Leave")?;
                 println!("node {} left", a.id);
                 print!("{}", render(&status));
             }
             ClusterCommand::Status(a) => {
-                let s = client(&a.target).await?.status(v1::ClusterStatusRequest {}).await.context("Cluster.Status")?;
-                let s = s.into_inner();
+                let s = answer(client(&a.target).await?.status(v1::ClusterStatusRequest {}).await, "Cluster.Status")?;
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&status_json(&s))?);
                 } else {
@@ -44,12 +35,25 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
             }
             ClusterCommand::Fault(a) => {
                 let req = v1::FaultRequest { isolate: a.isolate, gossip_drop: a.gossip_drop };
-                client(&a.target).await?.inject_fault(authed(&a.target, req)?).await.context("Cluster.InjectFault")?;
+                answer(client(&a.target).await?.inject_fault(authed(&a.target, req)?).await, "Cluster.InjectFault")?;
                 println!("fault set: isolate={} gossip_drop={}", a.isolate, a.gossip_drop);
             }
         }
         anyhow::Ok(())
     })
+}
+
+/// A `Cluster` call's answer; a node that runs without `[cluster]` does not serve the service
+/// at all, and says so in words instead of gRPC's "unimplemented".
+fn answer<T>(r: Result<tonic::Response<T>, tonic::Status>, call: &str) -> anyhow::Result<T> {
+    match r {
+        Ok(r) => Ok(r.into_inner()),
+        Err(s) if s.code() == tonic::Code::Unimplemented => anyhow::bail!(
+            "{call}: this node runs without [cluster] (a single router node): there is no Raft cluster here; \
+             see README.md, \"Running a cluster of router nodes\""
+        ),
+        Err(s) => Err(anyhow::Error::new(s).context(call.to_string())),
+    }
 }
 
 /// The admin token: KVMESH_ADMIN_TOKEN, else `--token-file`, else none.
@@ -153,6 +157,19 @@ pub fn render(s: &v1::ClusterStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_single_node_says_it_has_no_cluster_in_words() {
+        let single = answer::<()>(Err(tonic::Status::unimplemented("")), "Cluster.Status").unwrap_err();
+        assert_eq!(
+            single.to_string(),
+            "Cluster.Status: this node runs without [cluster] (a single router node): there is no Raft cluster here; \
+             see README.md, \"Running a cluster of router nodes\""
+        );
+        let other = answer::<()>(Err(tonic::Status::unavailable("leader unknown")), "Cluster.Join").unwrap_err();
+        assert_eq!(format!("{other:#}").split(": ").next(), Some("Cluster.Join"));
+        assert!(format!("{other:#}").contains("leader unknown"), "{other:#}");
+    }
 
     #[test]
     fn status_renders_leader_members_and_registry() {

@@ -261,10 +261,17 @@ where
     futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) })
 }
 
+/// A completion id unique across processes (one counter per process, started from the
+/// process id and the start time, as several sims behind one router must not share ids).
 fn uuid_like() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    format!("{:016x}", NEXT.fetch_add(1, Ordering::Relaxed) ^ 0x6b76_6d65_7368_0000)
+    static NEXT: std::sync::OnceLock<AtomicU64> = std::sync::OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        AtomicU64::new((u64::from(std::process::id()) << 40) ^ nanos)
+    });
+    format!("{:016x}", next.fetch_add(1, Ordering::Relaxed))
 }
 
 async fn models(State(s): State<AppState>) -> Response {

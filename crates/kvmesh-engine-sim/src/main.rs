@@ -44,8 +44,11 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Colour only on a terminal: tests and chaos runs redirect the log to files.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_ansi(colour)
         .init();
     let a = Args::parse();
     let profile = EngineProfile::resolve(&a.profile).map_err(anyhow::Error::msg)?;

@@ -179,12 +179,21 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     }
     let adm = &config.admission;
     if adm.enabled {
-        tracing::info!(
-            queue_limit = adm.queue_limit,
-            max_wait_s = adm.max_wait_s,
-            ttft_slo_s = adm.ttft_slo_s.unwrap_or(0.0),
-            "admission control on: requests wait at the router while capacity is short (ttft_slo_s 0: no TTFT gate)"
-        );
+        match adm.ttft_slo_s {
+            Some(slo) => tracing::info!(
+                queue_limit = adm.queue_limit,
+                max_wait_s = adm.max_wait_s,
+                ttft_slo_s = slo,
+                "admission control on, with the TTFT gate: requests wait at the router while capacity is short or \
+                 the best replica would make them miss the SLO"
+            ),
+            None => tracing::info!(
+                queue_limit = adm.queue_limit,
+                max_wait_s = adm.max_wait_s,
+                "admission control on, no TTFT gate (ttft_slo_s unset): requests wait at the router while capacity \
+                 is short"
+            ),
+        }
     }
     match adm.ttft_slo_s {
         Some(_) if !adm.enabled => {

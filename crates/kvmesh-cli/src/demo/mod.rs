@@ -58,16 +58,20 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "error,openraft=off".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let requests = workload::build(args.trace.as_deref(), args.requests, args.rate, args.seed)?;
     let stats = kvmesh_sim::analyze::analyze(&requests.trace, 1);
     let setup = format!(
-        "{} requests from {}; {} router nodes (Raft + gossip), {} kvmesh-engine-sim replicas (Llama-3-8B on H100 \
+        "{} requests from {}; {}, {} kvmesh-engine-sim replicas (Llama-3-8B on H100 \
          profile) at speed {}; {:.1} requests/s; prompts mean {:.0} tokens (p50 {}, p99 {}), outputs mean {:.0}; \
          times in engine seconds",
         requests.trace.requests.len(),
         requests.source,
-        args.nodes,
+        match args.nodes {
+            1 => "1 router node".to_string(),
+            n => format!("{n} router nodes (Raft + gossip)"),
+        },
         args.replicas,
         args.speed,
         args.rate,
