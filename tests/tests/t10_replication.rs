@@ -357,9 +357,14 @@ async fn the_plan_commits_through_raft_and_survives_a_leader_kill() {
     let rest: Vec<&Node> = nodes.iter().collect();
     eventually_within("a new leader", 10, || leader(&rest).is_some_and(|l| l != first)).await;
     let new_leader = rest.iter().find(|n| Some(n.cluster.as_ref().unwrap().id) == leader(&rest)).unwrap();
+    // A new leader has every committed entry in its log, but may apply the last ones only
+    // once it commits one of its own term: wait for that, not for a fixed instant.
+    eventually_within("the committed plan applied on the new leader", 10, || {
+        plan(new_leader).version >= committed.version
+    })
+    .await;
     let survived = plan(new_leader);
     assert_eq!(survived.prefixes[0].hash, committed.prefixes[0].hash);
-    assert!(survived.version >= committed.version);
     let sent_before = served(&engines).await;
     // Keep the prompt hot through the new leader's rounds: the plan stays, confirmed.
     for i in 200..210 {
