@@ -116,6 +116,9 @@ pub fn spawn(
                 }
                 continue;
             };
+            // The batch as scheduled, as vLLM's scheduler stats show it during a step (not the
+            // state after the previous one, which shows an engine mid-prefill as idle).
+            publish_stats(&engine, &shared, None);
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs_f64(duration / speed)) => {}
                 _ = stop.wait_for(|s| *s) => break,

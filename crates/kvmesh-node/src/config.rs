@@ -137,7 +137,8 @@ pub struct AutoscalerSection {
     pub target_utilisation: f64,
     /// What one replica serves at full load, tokens per second; 0: measured from the engines'
     /// served-token counters (vLLM prompt − prefix-cache hits + generation tokens) while
-    /// requests wait (at the engine, or at the router with `[admission]`), and estimated from
+    /// requests wait (at the engine, or at the router with `[admission]` while the engine runs
+    /// full: `max_num_seqs` running or 90 % of its KV in use), and estimated from
     /// the engine profile until then. Admission control's `Retry-After` uses it too.
     pub capacity_tokens_per_s: f64,
     /// The pool shrinks only to the largest need of this last window, seconds; 0: one cold

@@ -38,9 +38,12 @@ impl router_server::Router for Services {
         if !model.is_empty() && !r.model.is_empty() && &r.model != model {
             return Err(GrpcStatus::not_found(format!("model {:?} is not served here (serving {model:?})", r.model)));
         }
-        let tokens = match r.prompt {
-            Some(v1::route_request::Prompt::TokenIds(t)) if !t.ids.is_empty() => t.ids,
-            Some(v1::route_request::Prompt::Text(t)) if !t.is_empty() => self.shared.tokenizer.encode(&t),
+        // Token ids given are exact; text is as exact as the node's tokenizer.
+        let (tokens, exact) = match r.prompt {
+            Some(v1::route_request::Prompt::TokenIds(t)) if !t.ids.is_empty() => (t.ids, true),
+            Some(v1::route_request::Prompt::Text(t)) if !t.is_empty() => {
+                (self.shared.tokenizer.encode(&t), self.shared.tokenizer.exact(false))
+            }
             _ => return Err(GrpcStatus::invalid_argument("set token_ids or text to a non-empty prompt")),
         };
         let limit = self.shared.settings.max_prompt_tokens;
@@ -56,16 +59,16 @@ impl router_server::Router for Services {
         if let Some(key) = &r.session_key {
             req = req.with_key(hasher.sequence_key(&approximate_tokens(key)));
         }
-        let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, arrived);
-        let Admitted { routed, replica: name, endpoints, at: now, decision_s } =
-            match ticket.route(&req, &tokens, r.max_tokens).await {
-                Ok(a) => a,
-                Err(NotAdmitted::NoReplica(e)) => return Err(GrpcStatus::unavailable(e.to_string())),
-                Err(NotAdmitted::Refused(why)) => return Err(self.too_many(why)),
-                Err(NotAdmitted::NeverFits { needed_tokens, largest_kv_tokens }) => {
-                    return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(needed_tokens, largest_kv_tokens)))
-                }
-            };
+        let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived);
+        let Admitted { routed, replica: name, endpoints, at: now, decision_s } = match ticket
+            .route(&req, &tokens, r.max_tokens)
+            .await
+        {
+            Ok(a) => a,
+            Err(NotAdmitted::NoReplica(e)) => return Err(GrpcStatus::unavailable(e.to_string())),
+            Err(NotAdmitted::Refused(why)) => return Err(self.too_many(why)),
+            Err(NotAdmitted::NeverFits(f)) => return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f))),
+        };
         let m = &self.shared.metrics;
         m.decision_latency.observe(decision_s);
         m.decisions

@@ -267,10 +267,13 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
                         tracing::warn!(
                             bookings = expired,
                             lease_s,
-                            "bookings expired without a release (a Route caller that never called Release?)"
+                            "bookings expired without a release (a Route caller that never called Release, or a \
+                             request running longer than node.booking_lease_s)"
                         );
-                        // Their load is off the replicas: a waiting request may fit now.
-                        sweeper.admission.capacity_freed();
+                        // Their load is off the replicas: as many waiting requests may fit now.
+                        for _ in 0..expired {
+                            sweeper.admission.capacity_freed();
+                        }
                     }
                     sweeper.admission.flush_refusals();
                 }

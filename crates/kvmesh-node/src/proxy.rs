@@ -202,19 +202,22 @@ struct Part<'a> {
 }
 
 /// What routing needs from a request body: the model asked for, `max_tokens`, the prompt's
-/// token ids.
+/// token ids, and whether their count is the engine's (token ids given, or a model
+/// tokenizer) or an estimate.
 struct Parsed {
     model: Option<String>,
     max_tokens: Option<u64>,
     tokens: Vec<u32>,
+    exact: bool,
 }
 
 impl Parsed {
-    fn new(f: &RequestFields<'_>, tokens: Vec<u32>) -> Parsed {
+    fn new(f: &RequestFields<'_>, tokens: Vec<u32>, exact: bool) -> Parsed {
         Parsed {
             model: f.model.as_deref().map(str::to_string),
             max_tokens: f.max_tokens.or(f.max_completion_tokens),
             tokens,
+            exact,
         }
     }
 }
@@ -238,7 +241,7 @@ async fn parse(
             Err(Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, format!("reading the request failed: {e}"))))
         })
     };
-    if parsed.is_err() {
+    if parsed.as_ref().is_err_and(|r| r.status().is_client_error()) {
         shared.metrics.request("bad_request");
     }
     parsed
@@ -248,14 +251,17 @@ fn read_completion(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>
     let f = serde_json::from_slice::<RequestFields<'_>>(body).map_err(|e| {
         Box::new(error(StatusCode::BAD_REQUEST, format!("the body is not a JSON completion request: {e}")))
     })?;
-    let tokens = match &f.prompt {
-        Some(Prompt::Text(p)) => shared.tokenizer.encode(p),
-        Some(Prompt::Ids(ids)) if !ids.is_empty() => ids.iter().map(|&t| t.min(u32::MAX as u64) as u32).collect(),
+    let exact = shared.tokenizer.exact(false);
+    let (tokens, exact) = match &f.prompt {
+        Some(Prompt::Text(p)) => (shared.tokenizer.encode(p), exact),
+        Some(Prompt::Ids(ids)) if !ids.is_empty() => {
+            (ids.iter().map(|&t| t.min(u32::MAX as u64) as u32).collect(), true)
+        }
         // A batch of prompts: route on the first (they share one replica).
-        Some(Prompt::Texts(ps)) if !ps.is_empty() => shared.tokenizer.encode(&ps[0]),
+        Some(Prompt::Texts(ps)) if !ps.is_empty() => (shared.tokenizer.encode(&ps[0]), exact),
         _ => return Err(Box::new(error(StatusCode::BAD_REQUEST, "prompt must be a string, strings, or token ids"))),
     };
-    Ok(Parsed::new(&f, tokens))
+    Ok(Parsed::new(&f, tokens, exact))
 }
 
 fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
@@ -278,7 +284,7 @@ fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
         .collect();
     let messages: Vec<(&str, &str)> = parts.iter().map(|(r, c)| (*r, c.as_str())).collect();
     let tokens = shared.tokenizer.encode_chat(&messages);
-    Ok(Parsed::new(&f, tokens))
+    Ok(Parsed::new(&f, tokens, shared.tokenizer.exact(true)))
 }
 
 async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -303,7 +309,7 @@ async fn forward(
     api: Api,
     headers: &HeaderMap,
     body: Bytes,
-    Parsed { model: asked_model, max_tokens, tokens }: Parsed,
+    Parsed { model: asked_model, max_tokens, tokens, exact }: Parsed,
     arrived: tokio::time::Instant,
 ) -> Response {
     let headers = upstream_headers(headers);
@@ -351,7 +357,7 @@ async fn forward(
         outcome = tracing::field::Empty,
     );
     // Kept across retries: demand counted once, one `max_wait_s` for all the waits.
-    let mut ticket = crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, arrived);
+    let mut ticket = crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived);
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
         let crate::admission::Admitted { routed, replica: name, endpoints, at: now, decision_s } =
@@ -370,9 +376,9 @@ async fn forward(
                     span.record("outcome", why.outcome());
                     return too_many(&shared, why);
                 }
-                Err(NotAdmitted::NeverFits { needed_tokens, largest_kv_tokens }) => {
+                Err(NotAdmitted::NeverFits(f)) => {
                     shared.metrics.request("too_long");
-                    return error(StatusCode::BAD_REQUEST, NotAdmitted::never_fits(needed_tokens, largest_kv_tokens));
+                    return error(StatusCode::BAD_REQUEST, NotAdmitted::never_fits(&f));
                 }
             };
         let m = &shared.metrics;

@@ -343,13 +343,15 @@ impl Shared {
 
     /// What a client refused by admission control is told: seconds before retrying and why
     /// ([`crate::admission::Admission::refusal`]). The backlog ahead of it is the prefill
-    /// queued on the replicas plus the token load waiting in the queue; the pool's capacity
-    /// is the routable replicas times the capacity per replica (as the autoscaler measures it).
+    /// still queued on the replicas (drained at their prefill rate since booked) plus the
+    /// token load waiting in the queue; the pool's capacity is the routable replicas times
+    /// the capacity per replica (as the autoscaler measures it).
     pub fn refusal(&self, why: crate::admission::Refused) -> (u64, String) {
+        let now = self.now();
         let (queued, routable) = {
             let core = self.core();
             let routable = core.fleet.replicas().iter().filter(|r| r.routable()).count();
-            (core.fleet.bookings().queued_prefill_tokens(), routable)
+            (core.fleet.bookings().queued_prefill_at(now), routable)
         };
         let per_replica = self.autoscaler.capacity_tokens_per_s(self.settings.profile.full_load_tokens_per_s_prior());
         self.admission.refusal(why, queued + self.admission.waiting_load(), routable as f64 * per_replica)
@@ -560,8 +562,16 @@ impl Core {
         let detail = self.status_detail(r, status);
         let (from_s, to_s) = (from.as_str(), status.as_str());
         match status {
+            // Backpressure comes and goes every `overload_backoff_ms` under load; it is
+            // counted (`kvmesh_requests_total{outcome="backpressure"}`), and logged at debug.
+            Status::Overloaded => {
+                tracing::debug!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
+            }
+            Status::Ready if from == Status::Overloaded => {
+                tracing::debug!(replica = %name, from = from_s, "replica ready")
+            }
             Status::Ready => tracing::info!(replica = %name, from = from_s, "replica ready"),
-            Status::Draining | Status::Overloaded => {
+            Status::Draining => {
                 tracing::info!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
             }
             Status::BlockSizeMismatch => {

@@ -101,6 +101,12 @@ impl Tokenizer {
         Ok(Tokenizer::Model(Box::new(t), template.map(Box::new)))
     }
 
+    /// Whether its token counts are the engine's: a model tokenizer, and for a chat its chat
+    /// template too (kvmesh's own rendering and the approximate ids are estimates).
+    pub fn exact(&self, chat: bool) -> bool {
+        matches!(self, Tokenizer::Model(_, template) if !chat || template.is_some())
+    }
+
     /// The token ids of a chat's prompt (`(role, content)` messages; see the module docs).
     pub fn encode_chat(&self, messages: &[(&str, &str)]) -> Vec<u32> {
         if let Tokenizer::Model(t, Some(template)) = self {

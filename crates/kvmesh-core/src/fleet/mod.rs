@@ -138,6 +138,21 @@ pub struct Routed {
     pub booking: BookingId,
 }
 
+/// A request no replica could hold ([`Fleet::fits_nowhere`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FitsNowhere {
+    /// Its prompt, tokens.
+    pub prompt_tokens: u32,
+    /// Its `max_tokens` (0 when not given).
+    pub max_tokens: u32,
+    /// KV blocks it needs: prompt and output, each rounded up to whole blocks.
+    pub needed_blocks: u64,
+    /// The largest replica's `capacity_blocks`.
+    pub largest_blocks: u64,
+    /// Tokens per block.
+    pub block_size: u32,
+}
+
 /// Everything one router knows about its replicas.
 #[derive(Debug)]
 pub struct Fleet {
@@ -407,12 +422,32 @@ impl Fleet {
     }
 
     /// The most KV any registered replica holds, tokens (its `capacity_blocks` blocks of
-    /// `block_size` tokens); 0 with no replica. A request whose prompt and `max_tokens`
-    /// together exceed it fits nowhere (vLLM refuses such a request with a 400 too: it starts
-    /// only with `max_model_len` within its KV cache).
+    /// `block_size` tokens); 0 with no replica.
     pub fn largest_kv_tokens(&self) -> u64 {
-        let blocks = self.replicas.iter().map(|r| r.spec.capacity_blocks).max().unwrap_or(0);
-        blocks.saturating_mul(u64::from(self.config.block_size))
+        self.largest_blocks().saturating_mul(u64::from(self.config.block_size))
+    }
+
+    fn largest_blocks(&self) -> u64 {
+        self.replicas.iter().map(|r| r.spec.capacity_blocks).max().unwrap_or(0)
+    }
+
+    /// Whether a request of `prompt_tokens` and at most `max_tokens` output tokens fits no
+    /// registered replica even empty: its prompt's blocks and its output's blocks (each
+    /// rounded up to whole blocks of `block_size`, as the KV headroom check counts them)
+    /// exceed the largest `capacity_blocks`. `None` when it fits one, or with no replica.
+    /// vLLM refuses such a request too: it starts only with `max_model_len` within its KV.
+    pub fn fits_nowhere(&self, prompt_tokens: u32, max_tokens: Option<u32>) -> Option<FitsNowhere> {
+        let bs = self.config.block_size;
+        let max_tokens = max_tokens.unwrap_or(0);
+        let needed_blocks = u64::from(prompt_tokens.div_ceil(bs)) + u64::from(max_tokens.div_ceil(bs));
+        let largest_blocks = self.largest_blocks();
+        (largest_blocks > 0 && needed_blocks > largest_blocks).then_some(FitsNowhere {
+            prompt_tokens,
+            max_tokens,
+            needed_blocks,
+            largest_blocks,
+            block_size: bs,
+        })
     }
 
     /// The output tokens `req` is expected to produce, booked as its decode work and KV:

@@ -110,10 +110,12 @@ impl Bookings {
         &self.loads
     }
 
-    /// Prefill booked and not yet started on any replica (requests before their first
-    /// token), tokens.
-    pub fn queued_prefill_tokens(&self) -> u64 {
-        self.loads.iter().map(|l| l.queued_prefill_tokens).sum()
+    /// Prefill still queued at `now` on all replicas together, tokens: each replica's
+    /// [`TokenLoad::queued_prefill_at`] at its prefill rate (not the whole booked prompt of
+    /// every request before its first token, which a non-streamed answer reports only at its
+    /// end).
+    pub fn queued_prefill_at(&self, now: f64) -> u64 {
+        self.loads.iter().enumerate().map(|(i, l)| l.queued_prefill_at(now, self.rate_at(i))).sum()
     }
 
     /// Live bookings.
@@ -146,8 +148,14 @@ impl Bookings {
 
     /// The prefill speed of `replica`, seconds per token.
     pub fn prefill_rate(&self, replica: ReplicaId) -> f64 {
+        self.rate_at(replica.index())
+    }
+
+    /// The prefill speed of the replica at `index`, seconds per token (the H100 profile's
+    /// until set).
+    fn rate_at(&self, index: usize) -> f64 {
         self.prefill_s_per_token
-            .get(replica.index())
+            .get(index)
             .copied()
             .unwrap_or(super::ReplicaProfile::H100_LLAMA3_8B.prefill_s_per_token)
     }
@@ -319,6 +327,12 @@ mod tests {
         assert_eq!(b.load(r).queued_prefill_at(10.6, 1e-3), 900);
         assert_eq!(b.prefill_rate(r), 1e-3);
         assert_eq!(b.prefill_rate(ReplicaId(9)), 17.25e-6);
+        // Summed over replicas, each at its own rate: 200 tokens at 2 ms each on replica 1,
+        // half done at 10.8.
+        let s = ReplicaId(1);
+        b.set_prefill_rate(s, 2e-3);
+        b.book(s, spec(200, 0, 0), 10.6);
+        assert_eq!(b.queued_prefill_at(10.8), 700 + 100);
     }
 
     #[test]

@@ -32,38 +32,26 @@ pub enum NotAdmitted {
     /// Admission control refused it (answer 429 / `RESOURCE_EXHAUSTED`).
     Refused(Refused),
     /// It would wait for capacity that never comes: its prompt and `max_tokens` need more KV
-    /// than the largest replica holds (answer 400 / `INVALID_ARGUMENT`; vLLM would refuse it
-    /// too).
-    NeverFits {
-        /// Prompt plus `max_tokens`, tokens.
-        needed_tokens: u64,
-        /// The largest replica's KV, tokens.
-        largest_kv_tokens: u64,
-    },
+    /// blocks than the largest replica holds (answer 400 / `INVALID_ARGUMENT`; vLLM would
+    /// refuse it too). Only when the prompt's token count is exact (a tokenizer, or token ids).
+    NeverFits(kvmesh_core::fleet::FitsNowhere),
 }
 
 impl NotAdmitted {
     /// The client's message for [`NotAdmitted::NeverFits`].
-    pub fn never_fits(needed_tokens: u64, largest_kv_tokens: u64) -> String {
+    pub fn never_fits(f: &kvmesh_core::fleet::FitsNowhere) -> String {
         format!(
-            "the prompt and max_tokens need {needed_tokens} tokens of KV cache; the largest replica holds \
-             {largest_kv_tokens} (capacity_blocks × block_size): lower max_tokens or shorten the prompt"
+            "the prompt ({} tokens) and max_tokens ({}) need {} KV blocks of {} tokens; the largest replica holds {} \
+             (capacity_blocks): lower max_tokens or shorten the prompt",
+            f.prompt_tokens, f.max_tokens, f.needed_blocks, f.block_size, f.largest_blocks
         )
     }
-}
-
-/// What a request that is not booked does next.
-enum Hold {
-    /// Wait in the queue; its token load, tokens.
-    Wait(u64),
-    /// Never fits: prompt plus `max_tokens`, and the largest replica's KV, tokens.
-    Never(u64, u64),
 }
 
 /// The path a request came by.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Via {
-    /// The OpenAI proxy: every request counts once in `kvmesh_requests_total{outcome}`.
+    /// The OpenAI proxy: its outcomes count in `kvmesh_requests_total{outcome}`.
     Proxy,
     /// gRPC `Router.Route`.
     Route,
@@ -74,6 +62,11 @@ pub enum Via {
 pub struct Ticket<'a> {
     shared: &'a Shared,
     via: Via,
+    /// Whether the prompt's token count is exact (a tokenizer, or token ids given).
+    exact: bool,
+    /// It fits no replica by the router's approximate count: sent without waiting, for the
+    /// engine (which counts exactly) to serve or refuse.
+    unqueued: bool,
     /// When the request reached the node (its TTFT clock starts there).
     arrived: tokio::time::Instant,
     demand_counted: bool,
@@ -114,9 +107,10 @@ fn settle(held: &mut Option<Held<'_>>) {
 }
 
 impl<'a> Ticket<'a> {
-    /// A request that reached the node at `arrived` by `via`.
-    pub fn new(shared: &'a Shared, via: Via, arrived: tokio::time::Instant) -> Self {
-        Ticket { shared, via, arrived, demand_counted: false, deadline: None }
+    /// A request that reached the node at `arrived` by `via`; `exact`: its prompt's token
+    /// count is exact (a tokenizer, or token ids given), not kvmesh's approximate one.
+    pub fn new(shared: &'a Shared, via: Via, exact: bool, arrived: tokio::time::Instant) -> Self {
+        Ticket { shared, via, exact, unqueued: false, arrived, demand_counted: false, deadline: None }
     }
 
     /// Decides where `req` (`tokens`, answer of at most `max_tokens` tokens) goes and books
@@ -127,7 +121,9 @@ impl<'a> Ticket<'a> {
     /// # Errors
     /// [`NotAdmitted::NoReplica`] when the core has no replica for it;
     /// [`NotAdmitted::Refused`] when the queue is full, it was evicted for a newer request,
-    /// or it waited `max_wait_s` (the refusal is counted and logged here).
+    /// or it waited `max_wait_s` (the refusal is counted and logged here);
+    /// [`NotAdmitted::NeverFits`] (with `[admission]` on and an exact token count) when no
+    /// replica could ever hold it, before its demand is counted.
     pub async fn route(
         &mut self,
         req: &RouteRequest,
@@ -136,6 +132,16 @@ impl<'a> Ticket<'a> {
     ) -> Result<Admitted, NotAdmitted> {
         let shared = self.shared;
         let adm = &shared.admission;
+        // Waiting is for capacity that frees; none frees enough for a request that fits no
+        // replica even empty. With an approximate count, let the engine judge instead.
+        if adm.section.enabled && !self.demand_counted && !self.unqueued {
+            if let Some(f) = shared.core().fleet.fits_nowhere(req.prompt_tokens, max_tokens) {
+                if self.exact {
+                    return Err(NotAdmitted::NeverFits(f));
+                }
+                self.unqueued = true;
+            }
+        }
         // This call's wait in the queue, observed once however it ends.
         let mut held: Option<Held<'_>> = None;
         loop {
@@ -152,17 +158,11 @@ impl<'a> Ticket<'a> {
                     // miss its SLO: wait rather than pile onto a full replica.
                     let arrived = self.arrived;
                     if adm.section.enabled
+                        && !self.unqueued
                         && (core.fleet.capacity_short(&d)
                             || adm.gate().is_some_and(|g| !g.admits(&d, arrived.elapsed().as_secs_f64())))
                     {
-                        // Waiting is for capacity that frees; none frees enough for this one.
-                        let needed = u64::from(req.prompt_tokens) + u64::from(max_tokens.unwrap_or(0));
-                        let largest = core.fleet.largest_kv_tokens();
-                        Ok(Err(if needed > largest {
-                            Hold::Never(needed, largest)
-                        } else {
-                            Hold::Wait(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0)))
-                        }))
+                        Ok(Err(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0))))
                     } else {
                         core.book(req, d, now).map(Ok)
                     }
@@ -179,11 +179,7 @@ impl<'a> Ticket<'a> {
                     let decision_s = t0.elapsed().as_secs_f64();
                     return Ok(Admitted { routed, replica, endpoints, at: now, decision_s });
                 }
-                Ok(Err(Hold::Never(needed_tokens, largest_kv_tokens))) => {
-                    settle(&mut held);
-                    return Err(NotAdmitted::NeverFits { needed_tokens, largest_kv_tokens });
-                }
-                Ok(Err(Hold::Wait(load))) => {
+                Ok(Err(load)) => {
                     let first = held.is_none();
                     let h = held.get_or_insert_with(|| Held {
                         since: tokio::time::Instant::now(),

@@ -236,7 +236,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             let core = shared.core();
             let ready = core.fleet.replicas().iter().filter(|r| r.routable()).count() as u32;
             // Requests held by admission control are a backlog too.
-            let queued = core.fleet.bookings().queued_prefill_tokens() + held;
+            let queued = core.fleet.bookings().queued_prefill_at(shared.now()) + held;
             (core.booked_tokens, ready, queued)
         };
         let dt = last.0.elapsed().as_secs_f64().max(1e-3);

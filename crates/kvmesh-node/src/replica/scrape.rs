@@ -11,6 +11,9 @@ use kvmesh_events::parse_engine_page;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// KV usage (fraction of its blocks) at which an engine counts as full.
+const ENGINE_FULL_KV: f64 = 0.9;
+
 /// Scrapes `url` every `interval` for replica `name` until aborted.
 pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Duration) {
     let mut tick = tokio::time::interval(interval);
@@ -22,9 +25,12 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
         // Parse before taking the core lock: a vLLM page runs to hundreds of kilobytes.
         let result = fetched.and_then(|text| parse_engine_page(&text, now).map_err(|e| e.to_string()));
         if let Ok((_, m, Some(served))) = &result {
-            // Requests held at the router by admission control queue for this replica too:
-            // while capacity is short the router keeps the engines' own queues empty.
-            let held = u32::try_from(shared.admission.depth()).unwrap_or(u32::MAX);
+            // Requests held at the router by admission control queue for this replica too
+            // (the router keeps the engines' own queues empty while capacity is short) — when
+            // the engine is full itself: the router's count of room is conservative (it books
+            // every request's whole max_tokens), and a part-loaded engine's rate is no capacity.
+            let full = m.running >= shared.settings.profile.max_num_seqs || m.kv_usage >= ENGINE_FULL_KV;
+            let held = if full { u32::try_from(shared.admission.depth()).unwrap_or(u32::MAX) } else { 0 };
             shared.autoscaler.observe_served(&name, *served, m.waiting.saturating_add(held), now);
         }
         let mut core = shared.core();
