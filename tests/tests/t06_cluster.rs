@@ -515,6 +515,26 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
     let m4 = n4.cluster.as_ref().unwrap().raft.metrics().borrow().clone();
     assert!(m4.snapshot.is_some(), "node 4 caught up from a snapshot");
 
+    // Joining again at the same address changes nothing; an id taken at another address, and a
+    // node that does not answer, are refused and leave the membership as it was.
+    let ids = |s: &v1::ClusterStatus| s.members.iter().map(|m| (m.node_id, m.role.clone())).collect::<Vec<_>>();
+    let again = cf.join(v1::JoinRequest { node_id: 4, addr: format!("127.0.0.1:{}", all_ports[3]) }).await;
+    assert_eq!(ids(&again.unwrap().into_inner()), roles);
+    let taken = cf.join(v1::JoinRequest { node_id: 3, addr: "127.0.0.1:9".into() }).await.unwrap_err();
+    assert_eq!(taken.code(), tonic::Code::FailedPrecondition, "{taken:?}");
+    assert!(
+        taken.message().starts_with(&format!("node 3 is already a voter at 127.0.0.1:{}", all_ports[2])),
+        "{taken:?}"
+    );
+    let nobody = cf.join(v1::JoinRequest { node_id: 5, addr: "127.0.0.1:9".into() }).await.unwrap_err();
+    assert_eq!(nobody.code(), tonic::Code::FailedPrecondition, "{nobody:?}");
+    assert_eq!(
+        nobody.message(),
+        "node 5 at 127.0.0.1:9 did not answer within 5 s: not added (start it with --id 5 first, then join)"
+    );
+    let status = cf.status(v1::ClusterStatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(ids(&status), roles);
+
     // And leaves again.
     let status = cf.leave(v1::LeaveRequest { node_id: 4 }).await.unwrap().into_inner();
     assert_eq!(status.members.iter().map(|m| m.node_id).collect::<Vec<_>>(), vec![1, 2, 3]);

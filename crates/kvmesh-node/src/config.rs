@@ -395,6 +395,27 @@ impl ClusterSection {
         }
         Ok(out)
     }
+
+    /// Checks this node's own entry in `peers` against where it serves gRPC (`grpc_port`, the
+    /// bound port) and `addr`: peers dial that entry, so a typo there cuts the node off.
+    ///
+    /// # Errors
+    /// The entry differs from `addr` when `addr` is set, or names another port when it is not.
+    pub fn check_own_peer(&self, grpc_port: u16) -> Result<(), String> {
+        let peers = self.peer_map()?;
+        let Some(own) = peers.get(&self.id) else { return Ok(()) };
+        let port = own.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+        let wrong = if self.addr.is_empty() { port != Some(grpc_port) } else { *own != self.addr };
+        if wrong {
+            let serves = if self.addr.is_empty() { format!("port {grpc_port}") } else { self.addr.clone() };
+            return Err(format!(
+                "cluster.peers lists this node (id {}) at {own}, but it serves gRPC on {serves}: peers would dial the \
+                 wrong address; fix its entry in peers (or cluster.addr)",
+                self.id
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[node]`.
@@ -776,5 +797,25 @@ capacity_blocks = 100
         assert_eq!(c.validate().unwrap_err(), "node.proxy_threads must be at least 1");
         let typo = EXAMPLE.replace("capacity_blocks", "capacity");
         assert!(toml::from_str::<NodeConfig>(&typo).unwrap_err().to_string().contains("unknown field `capacity`"));
+    }
+
+    #[test]
+    fn a_nodes_own_entry_in_peers_must_be_where_it_serves() {
+        let section = |addr: &str, own: &str| ClusterSection {
+            id: 2,
+            addr: addr.into(),
+            peers: vec!["1=10.0.0.1:50051".into(), format!("2={own}")],
+            ..ClusterSection::default()
+        };
+        assert_eq!(section("", "10.0.0.2:50051").check_own_peer(50051), Ok(()));
+        assert_eq!(section("10.0.0.2:50051", "10.0.0.2:50051").check_own_peer(40000), Ok(()));
+        assert_eq!(
+            section("", "10.0.0.2:50099").check_own_peer(50051).unwrap_err(),
+            "cluster.peers lists this node (id 2) at 10.0.0.2:50099, but it serves gRPC on port 50051: peers would dial \
+             the wrong address; fix its entry in peers (or cluster.addr)"
+        );
+        assert!(section("10.0.0.2:50051", "10.0.0.9:50051").check_own_peer(50051).is_err());
+        // A node that joins later lists no peers.
+        assert_eq!(ClusterSection { id: 4, ..ClusterSection::default() }.check_own_peer(1), Ok(()));
     }
 }

@@ -209,6 +209,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     }
     let cluster = match config.cluster.clone() {
         Some(section) => {
+            section.check_own_peer(grpc.port()).map_err(anyhow::Error::msg)?;
             let default_addr = if grpc.ip().is_unspecified() {
                 tracing::warn!("cluster.addr not set and node.grpc binds all interfaces: peers are told 127.0.0.1");
                 format!("127.0.0.1:{}", grpc.port())

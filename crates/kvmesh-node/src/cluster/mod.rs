@@ -60,7 +60,20 @@ pub enum ClusterError {
     /// openraft's own error.
     #[error("raft: {0}")]
     Raft(String),
+    /// The change reached the leader's log but was not committed in time (no quorum): it may
+    /// still take effect if quorum returns.
+    #[error(
+        "not committed within 5 s (no quorum of voters reachable?): the change may still take effect when quorum \
+         returns; check `kvmesh cluster status`"
+    )]
+    NotCommitted,
 }
+
+/// Seconds a joining node has to answer the leader's first append (an address nobody
+/// listens on fails fast).
+pub const JOIN_ANSWER_S: u64 = 5;
+/// Seconds a joining node has to catch up with the leader's log before it is promoted.
+pub const JOIN_CATCH_UP_S: u64 = 30;
 
 /// How often a write retries while no leader is reachable.
 const RETRY_EVERY: Duration = Duration::from_millis(50);
@@ -78,6 +91,8 @@ impl From<ClusterError> for tonic::Status {
         let msg = e.to_string();
         match e {
             ClusterError::NoLeader | ClusterError::Forward { .. } => tonic::Status::unavailable(msg),
+            // gRPC's code for "may have completed anyway".
+            ClusterError::NotCommitted => tonic::Status::deadline_exceeded(msg),
             ClusterError::Rejected(_) | ClusterError::AlreadyInitialized => tonic::Status::failed_precondition(msg),
             ClusterError::Raft(_) => tonic::Status::internal(msg),
         }
@@ -279,7 +294,8 @@ impl Cluster {
         }
         let written = tokio::time::timeout_at(deadline, self.raft.client_write(cmd.clone())).await;
         let forward_to = match written {
-            Err(_) => return Attempt::Done(Err(ClusterError::NoLeader)),
+            // In this leader's log, not committed: no quorum answers.
+            Err(_) => return Attempt::Done(Err(ClusterError::NotCommitted)),
             Ok(Ok(resp)) => return Attempt::Done(Ok((resp.data, resp.log_id.index))),
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => match f.leader_node {
                 Some(node) if !forwarded && f.leader_id != Some(self.id) => node.addr,
@@ -290,7 +306,8 @@ impl Cluster {
             Ok(Err(e)) => return Attempt::Done(Err(ClusterError::Raft(e.to_string()))),
         };
         match tokio::time::timeout_at(deadline, forward_write(&forward_to, cmd, &self.token, self.tls.as_ref())).await {
-            Err(_) => Attempt::Done(Err(ClusterError::NoLeader)),
+            // Sent to the leader, no answer in time: it may yet commit.
+            Err(_) => Attempt::Done(Err(ClusterError::NotCommitted)),
             // Refused before it was sent: safe to send again once a new leader is known.
             Ok(Err(Forwarded::Refused(e))) => Attempt::NoLeaderYet(e),
             Ok(Err(Forwarded::Failed(e))) => Attempt::Done(Err(e)),
@@ -299,33 +316,75 @@ impl Cluster {
     }
 
     /// Adds node `id` at `addr`: as a learner until it has caught up, then as a voter.
-    /// Forwarded to the leader.
+    /// Forwarded to the leader. A voter already at `addr` is left as it is.
     ///
     /// # Errors
-    /// No leader; openraft's refusal (e.g. a membership change already in progress).
+    /// No leader; `id` already a member at another address; a node that does not answer
+    /// within [`JOIN_ANSWER_S`] or catch up within [`JOIN_CATCH_UP_S`] (it is removed again,
+    /// not left a learner the leader keeps calling); openraft's refusal (e.g. a membership
+    /// change already in progress).
     pub async fn join(&self, id: u64, addr: String) -> Result<(), ClusterError> {
         if let Some(leader) = self.forward_target()? {
             return forward_join(&leader, id, addr, &self.token, self.tls.as_ref()).await;
         }
-        // Blocks until the learner has caught up (R5: promote only then); a wrong address
-        // would block for ever.
-        let added = tokio::time::timeout(
-            Duration::from_secs(30),
-            self.raft.add_learner(id, BasicNode { addr: addr.clone() }, true),
-        )
-        .await
-        .map_err(|_| ClusterError::Rejected(format!("node {id} at {addr} did not catch up within 30 s")))?;
-        match added {
+        let (voters, members) = (self.voters(), self.members());
+        match members.get(&id) {
+            Some(at) if *at != addr => {
+                let role = if voters.contains(&id) { "voter" } else { "learner" };
+                return Err(ClusterError::Rejected(format!(
+                    "node {id} is already a {role} at {at}; to move it, `kvmesh cluster leave --id {id}` first"
+                )));
+            }
+            Some(_) if voters.contains(&id) => return Ok(()),
+            _ => {}
+        }
+        // openraft's `blocking` gives up waiting after a short time and answers Ok even for an
+        // address nobody listens on (seen: "joined" in 0.2 s): the catch-up is checked below.
+        let added = self.raft.add_learner(id, BasicNode { addr: addr.clone() }, false).await;
+        let target = match added {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => match f.leader_node {
                 Some(n) => return forward_join(&n.addr, id, addr, &self.token, self.tls.as_ref()).await,
                 None => return Err(ClusterError::NoLeader),
             },
             Err(e) => return Err(ClusterError::Raft(e.to_string())),
-            Ok(_) => {}
+            Ok(resp) => resp.log_id.index,
+        };
+        // R5: promote only a learner that has caught up.
+        if let Err(why) = self.caught_up(id, target).await {
+            let remove = openraft::ChangeMembers::RemoveNodes(BTreeSet::from([id]));
+            let removed =
+                tokio::time::timeout(Duration::from_secs(5), self.raft.change_membership(remove, false)).await;
+            let then = if matches!(removed, Ok(Ok(_))) { "not added" } else { "left a learner; remove it with leave" };
+            return Err(ClusterError::Rejected(format!(
+                "node {id} at {addr} {why}: {then} (start it with --id {id} first, then join)"
+            )));
         }
         // AddVoterIds changes only this member: two joins at once cannot undo each other.
         let change = openraft::ChangeMembers::AddVoterIds(BTreeSet::from([id]));
-        self.raft.change_membership(change, false).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
+        match tokio::time::timeout(Duration::from_secs(5), self.raft.change_membership(change, false)).await {
+            Err(_) => Err(ClusterError::NotCommitted),
+            Ok(r) => r.map(|_| ()).map_err(|e| ClusterError::Raft(e.to_string())),
+        }
+    }
+
+    /// Waits until this leader has replicated its log up to index `target` to node `id`.
+    ///
+    /// # Errors
+    /// Why not: no answer within [`JOIN_ANSWER_S`], or not caught up within
+    /// [`JOIN_CATCH_UP_S`].
+    async fn caught_up(&self, id: u64, target: u64) -> Result<(), String> {
+        let mut m = self.raft.metrics();
+        let matched = move |m: &openraft::RaftMetrics<u64, BasicNode>| {
+            m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten()).map(|l| l.index)
+        };
+        tokio::time::timeout(Duration::from_secs(JOIN_ANSWER_S), m.wait_for(|m| matched(m).is_some()))
+            .await
+            .map_err(|_| format!("did not answer within {JOIN_ANSWER_S} s"))?
+            .map_err(|_| "raft stopped".to_string())?;
+        tokio::time::timeout(Duration::from_secs(JOIN_CATCH_UP_S), m.wait_for(|m| matched(m) >= Some(target)))
+            .await
+            .map_err(|_| format!("did not catch up within {JOIN_CATCH_UP_S} s"))?
+            .map_err(|_| "raft stopped".to_string())?;
         Ok(())
     }
 
@@ -341,15 +400,22 @@ impl Cluster {
             return c.leave(request).await.map(|_| ()).map_err(|s| from_forwarded(&leader, &s));
         }
         let voters = self.voters();
-        if !voters.contains(&id) {
-            return Err(ClusterError::Rejected(format!("node {id} is not a voter")));
+        let change = if voters.contains(&id) {
+            if voters.len() == 1 {
+                return Err(ClusterError::Rejected("the last node cannot leave".into()));
+            }
+            openraft::ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else if self.members().contains_key(&id) {
+            // A learner (a join that did not finish): removed outright.
+            openraft::ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        } else {
+            return Err(ClusterError::Rejected(format!("node {id} is not a member")));
+        };
+        // Without quorum the change would wait for ever: answer like any other write.
+        match tokio::time::timeout(Duration::from_secs(5), self.raft.change_membership(change, false)).await {
+            Err(_) => Err(ClusterError::NotCommitted),
+            Ok(r) => r.map(|_| ()).map_err(|e| ClusterError::Raft(e.to_string())),
         }
-        if voters.len() == 1 {
-            return Err(ClusterError::Rejected("the last node cannot leave".into()));
-        }
-        let change = openraft::ChangeMembers::RemoveVoters(BTreeSet::from([id]));
-        self.raft.change_membership(change, false).await.map_err(|e| ClusterError::Raft(e.to_string()))?;
-        Ok(())
     }
 
     /// `None` when this node is the leader; the leader's address otherwise.
@@ -481,6 +547,7 @@ fn from_forwarded(addr: &str, s: &tonic::Status) -> ClusterError {
             ClusterError::Rejected(s.message().to_string())
         }
         tonic::Code::Unavailable if s.message().starts_with("no Raft leader") => ClusterError::NoLeader,
+        tonic::Code::DeadlineExceeded if s.message().starts_with("not committed") => ClusterError::NotCommitted,
         _ => ClusterError::Forward { addr: addr.to_string(), error: s.message().to_string() },
     }
 }
