@@ -62,9 +62,11 @@ struct Booking {
     /// The request's span: it ends when the booking does (a streamed answer outlives the
     /// handler).
     span: tracing::Span,
-    /// Prompt tokens: a request too short to fill a KV block makes the engine publish no
-    /// event, so its success says nothing about the event stream.
+    /// Prompt tokens and the leading blocks the replica was believed to hold: a request that
+    /// fills no KV block beyond those makes the engine publish no event, so its success says
+    /// nothing about the event stream.
     prompt_tokens: u32,
+    overlap_blocks: u32,
     /// When the request reached the node: its TTFT is measured from here.
     arrived: tokio::time::Instant,
 }
@@ -106,12 +108,12 @@ impl Booking {
             let now = self.shared.now();
             let mut core = self.shared.core();
             let _ = core.release(id, output_tokens);
-            let filled_a_block =
-                self.prompt_tokens as u64 + output_tokens.unwrap_or(0) as u64 >= self.shared.settings.block_size as u64;
-            if outcome == "ok" && filled_a_block {
-                if let Some(r) = core.replicas.get_mut(&self.replica) {
-                    r.last_served_at = Some(now);
-                }
+            // Full blocks of prompt and output beyond those it was believed to hold: the
+            // engine computed (and so published) at least one.
+            let tokens = u64::from(self.prompt_tokens) + u64::from(output_tokens.unwrap_or(0));
+            let new_blocks = tokens / u64::from(self.shared.settings.block_size) > u64::from(self.overlap_blocks);
+            if outcome == "ok" && new_blocks {
+                core.served_new_blocks(&self.replica, now);
             }
             drop(core);
             self.shared.metrics.request(outcome);
@@ -412,6 +414,7 @@ async fn forward(
             first_token_seen: false,
             span: span.clone(),
             prompt_tokens: tokens.len() as u32,
+            overlap_blocks: routed.decision.overlap_blocks,
             arrived,
         };
         let upstream = tracing::debug_span!(parent: &span, "upstream", replica = %name, attempt = attempt + 1);

@@ -102,6 +102,9 @@ pub struct Replica {
     /// Node time of the last response it served that filled at least one KV block (so its
     /// engine should have published an event).
     pub last_served_at: Option<f64>,
+    /// Node time such serving began after a pause (longer than `events_silent_s`): silence
+    /// counts from here, not from an event before the pause.
+    pub serving_since: Option<f64>,
     /// Node time it was registered.
     pub added_at: f64,
     /// A gap or restart was found and the replica is being resynced.
@@ -443,6 +446,7 @@ impl Shared {
             last_seq: None,
             last_event_at: None,
             last_served_at: None,
+            serving_since: None,
             added_at: self.now(),
             resyncing: false,
             resync_requested: None,
@@ -514,8 +518,10 @@ impl Core {
         }
         if r.config.kv_events.is_some() {
             let serving = r.last_served_at.is_some_and(|t| now - t < self.events_silent_s);
-            // Silence counts from its last event, or from its registration if none came yet.
-            let silent = now - r.last_event_at.unwrap_or(r.added_at) > self.events_silent_s;
+            // Silence counts from its last event (or its registration if none came yet), or
+            // from when serving resumed after a pause, whichever is later.
+            let from = r.last_event_at.unwrap_or(r.added_at).max(r.serving_since.unwrap_or(f64::MIN));
+            let silent = now - from > self.events_silent_s;
             if serving && silent {
                 return Status::NoEvents;
             }
@@ -592,6 +598,19 @@ impl Core {
         let names: Vec<String> = self.replicas.keys().cloned().collect();
         for n in names {
             let _ = self.sync_routable(&n, now);
+        }
+    }
+
+    /// A request finished on `name` at `now` having filled KV blocks its engine did not hold,
+    /// so the engine should have published an event for them (what "serving" means for the
+    /// no-events status).
+    pub fn served_new_blocks(&mut self, name: &str, now: f64) {
+        let pause = self.events_silent_s;
+        if let Some(r) = self.replicas.get_mut(name) {
+            if r.last_served_at.is_none_or(|t| now - t > pause) {
+                r.serving_since = Some(now);
+            }
+            r.last_served_at = Some(now);
         }
     }
 
@@ -802,6 +821,35 @@ mod tests {
         assert_eq!(core.sync_routable("r0", 4.0), None);
         assert_eq!(core.sync_routable("r0", 6.0), Some((Status::Overloaded, Status::Ready)));
         assert_eq!(core.sync_routable("nobody", 6.0), None);
+    }
+
+    #[test]
+    fn silence_counts_while_serving_new_blocks_and_not_through_an_idle_pause() {
+        let config = NodeConfig {
+            node: crate::config::NodeSection { events_silent_s: 10.0, ..Default::default() },
+            replicas: vec![],
+            cluster: None,
+            security: Default::default(),
+            replication: Default::default(),
+            autoscaler: Default::default(),
+            admission: Default::default(),
+        };
+        let shared = Shared::new(config).unwrap();
+        let replica =
+            "name = \"e\"\nhttp = \"http://127.0.0.1:9\"\nkv_events = \"tcp://127.0.0.1:9\"\ncapacity_blocks = 100";
+        shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
+        let mut core = shared.core();
+        let status = |core: &Core, at: f64| core.status(&core.replicas["e"], at);
+        // Idle for 100 s without an event, then serving again: silence counts from then.
+        core.served_new_blocks("e", 100.0);
+        assert_eq!(status(&core, 105.0), Status::Ready);
+        core.served_new_blocks("e", 109.0);
+        assert_eq!(status(&core, 109.5), Status::Ready);
+        // Still serving new blocks 10 s on, and no event: the stream is silent.
+        core.served_new_blocks("e", 110.5);
+        assert_eq!(status(&core, 110.6), Status::NoEvents);
+        // Serving stopped (nothing new for 10 s): not flagged.
+        assert_eq!(status(&core, 121.0), Status::Ready);
     }
 
     #[test]
