@@ -43,7 +43,31 @@ fn main() -> ExitCode {
             for cause in e.chain().skip(1) {
                 eprintln!("  caused by: {cause}");
             }
+            if let Some(hint) = hint(&e) {
+                eprintln!("  hint: {hint}");
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A hint for errors whose cause the message hides.
+fn hint(e: &anyhow::Error) -> Option<&'static str> {
+    // tonic's words for an answer that is plain HTTP, not gRPC: the node's OpenAI port.
+    let http_not_grpc = e.chain().any(|c| c.to_string().contains("grpc-status header missing"));
+    http_not_grpc.then_some(
+        "that address answered plain HTTP, not gRPC: is it the node's HTTP port? --grpc takes its gRPC address \
+         (node.grpc, 127.0.0.1:50051 by default)",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_http_port_given_for_grpc_gets_a_hint() {
+        let status = tonic::Status::unimplemented("grpc-status header missing, mapped from HTTP status code 404");
+        let e = anyhow::Error::new(status).context("Admin.ListReplicas");
+        assert!(super::hint(&e).is_some_and(|h| h.starts_with("that address answered plain HTTP")));
+        assert_eq!(super::hint(&anyhow::anyhow!("connection refused")), None);
     }
 }

@@ -35,7 +35,8 @@ use std::path::Path;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
-    /// Node-wide settings.
+    /// Node-wide settings (every key has a default, so the section may be left out).
+    #[serde(default)]
     pub node: NodeSection,
     /// The engine replicas to route to.
     #[serde(default)]
@@ -664,7 +665,7 @@ impl NodeConfig {
         self.admission.validate()?;
         if let Some(c) = &self.cluster {
             if c.id == 0 {
-                return Err("cluster.id must be positive".into());
+                return Err("cluster.id must be positive (or --id / KVMESH_NODE_ID)".into());
             }
             let peers = c.peer_map()?;
             if !peers.is_empty() && !peers.contains_key(&c.id) {
