@@ -19,8 +19,11 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         .context("starting the tokio runtime")?;
     runtime.block_on(async {
         // Inside the runtime: the OTLP batch exporter runs on it.
-        let telemetry =
-            kvmesh_node::telemetry::Telemetry::init(format, args.otlp_endpoint.as_deref(), "info,openraft=error")?;
+        let telemetry = kvmesh_node::telemetry::Telemetry::init(
+            format,
+            args.otlp_endpoint.as_deref(),
+            "info,openraft=error,openraft::replication=off",
+        )?;
         let node = kvmesh_node::start(config).await?;
         println!("kvmesh node: OpenAI API and /metrics on http://{}, gRPC on {}", node.http, node.grpc);
         if let Some(c) = &node.cluster {

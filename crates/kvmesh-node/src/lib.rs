@@ -296,6 +296,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         if section.gossip {
             tasks.push(tokio::spawn(cluster::gossip::run(shared.clone(), c.clone(), section, stopped.clone())));
         }
+        tasks.push(tokio::spawn(cluster::log_leadership(c.clone(), stopped.clone())));
         tasks.push(tokio::spawn(cluster::follow::run(
             shared.clone(),
             supervisor.clone(),

@@ -87,9 +87,21 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             backoff: self.backoff,
             token: self.token.clone(),
             tls: self.tls.clone(),
+            down: None,
         }
     }
 }
+
+/// A peer that stopped answering: since when, failed calls since, and the last warning.
+struct Down {
+    since: std::time::Instant,
+    failures: u64,
+    warned: std::time::Instant,
+}
+
+/// Seconds between warnings about a peer that stays unreachable (openraft retries it every
+/// heartbeat, and its own error per retry is off in the default log filter).
+const DOWN_WARN_EVERY_S: u64 = 10;
 
 /// Sends Raft RPCs to one peer.
 pub struct PeerClient {
@@ -100,6 +112,7 @@ pub struct PeerClient {
     backoff: std::time::Duration,
     token: Option<crate::auth::Secret>,
     tls: Option<ClientTlsConfig>,
+    down: Option<Down>,
 }
 
 #[derive(Clone, Copy)]
@@ -147,6 +160,26 @@ impl PeerClient {
             Rpc::Vote => client.vote(request).await,
             Rpc::Snapshot => client.install_snapshot(request).await,
         };
+        let (target, addr) = (self.target, &self.node.addr);
+        match (&reply, &mut self.down) {
+            (Err(s), down) if s.code() == tonic::Code::Unavailable => {
+                let now = std::time::Instant::now();
+                let d = down.get_or_insert(Down { since: now, failures: 0, warned: now });
+                d.failures += 1;
+                let due = d.failures == 1 || now - d.warned >= std::time::Duration::from_secs(DOWN_WARN_EVERY_S);
+                if due {
+                    d.warned = now;
+                    tracing::warn!(peer = target, %addr, failures = d.failures, down_s = d.since.elapsed().as_secs(),
+                        error = %s.message(), "raft peer unreachable; retrying");
+                }
+            }
+            (Ok(_), down @ Some(_)) => {
+                if let Some(d) = down.take() {
+                    tracing::info!(peer = target, %addr, down_s = d.since.elapsed().as_secs(), "raft peer reachable again");
+                }
+            }
+            _ => {}
+        }
         let reply = reply.map_err(|s| {
             let e = Transport(format!("{}: {}", s.code(), s.message()));
             // Unreachable makes openraft back off; only a peer that cannot be reached at all
