@@ -376,6 +376,20 @@ async fn the_plan_commits_through_raft_and_survives_a_leader_kill() {
     assert_eq!(confirmed(new_leader), after.prefixes[0].targets.len(), "confirmed targets stay confirmed");
     let sent_after = served(&engines).await;
     assert_eq!(sent_after - sent_before, 10, "no warm-up repeated: only the 10 client requests reached engines");
+
+    // A manual trigger through a follower answers with the plan that holds it (committed
+    // through the leader; the follower's copy of the plan follows a moment later).
+    let follower = rest.iter().find(|n| n.cluster.as_ref().unwrap().id != leader(&rest).unwrap()).unwrap();
+    let before = plan(follower).version;
+    let ch =
+        tonic::transport::Channel::from_shared(format!("http://{}", follower.grpc)).unwrap().connect().await.unwrap();
+    let req = v1::TriggerRequest {
+        prefix: Some(v1::trigger_request::Prefix::TokenIds(v1::TokenIds { ids: (7_000..7_512).collect() })),
+        replicas: vec!["e0".into()],
+    };
+    let planned = v1::replication_client::ReplicationClient::new(ch).trigger(req).await.unwrap().into_inner();
+    assert!(planned.version > before, "v{} after v{before}", planned.version);
+    assert_eq!(planned.prefixes.len(), 2, "{planned:?}");
     for n in nodes {
         n.stop().await;
     }

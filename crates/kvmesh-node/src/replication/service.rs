@@ -145,7 +145,15 @@ impl replication_server::Replication for ReplicationService {
                     .map_err(|e| Status::invalid_argument(e.to_string()))?
             };
             match super::commit(&self.shared, self.cluster.as_deref(), &current, plan).await {
-                Ok(()) => return Ok(Response::new(self.plan_message(&rep.plan()))),
+                Ok(()) => {
+                    // Committed and applied to this node's Raft state; its copy of the plan
+                    // follows that a moment later: answer with the plan that includes ours.
+                    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+                    while rep.plan().version <= current.version && tokio::time::Instant::now() < deadline {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                    return Ok(Response::new(self.plan_message(&rep.plan())));
+                }
                 Err(e) if attempt == 0 && e.starts_with("stale") => {
                     tracing::debug!(error = %e, "replication trigger raced a planning round; retrying");
                     // Let follow publish the newer plan before retrying.
