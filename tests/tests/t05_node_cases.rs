@@ -126,16 +126,10 @@ async fn c09_a_silent_publisher_is_reported_and_still_served() {
     let e = engine(16, Faults { drop_events: true, ..Faults::default() }).await;
     let node = node(vec![replica(0, &e, true)], |s| s.events_silent_s = 0.3).await;
     assert_eq!(send(&node, 1, 4).await, 200);
-    // Not reported before `events_silent_s` of serving has passed.
+    // Not reported before the event it owes is `events_silent_s` late.
     assert_ne!(status(&node, "e0"), Status::NoEvents);
-    // Serving on, every 100 ms, and no event: the stream is silent.
-    for i in 2..8 {
-        assert_eq!(send(&node, i, 4).await, 200);
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert_eq!(send(&node, 8, 4).await, 200);
     eventually("no_events status", || status(&node, "e0") == Status::NoEvents).await;
-    assert_eq!(send(&node, 9, 4).await, 200, "routed on load meanwhile");
+    assert_eq!(send(&node, 2, 4).await, 200, "routed on load meanwhile");
     assert_eq!(blocks(&node, "e0"), 0);
     node.stop().await;
     e.stop().await;

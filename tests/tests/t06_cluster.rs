@@ -532,7 +532,15 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
         nobody.message(),
         "node 5 at 127.0.0.1:9 did not answer within 5 s: not added (start it with --id 5 first, then join)"
     );
-    let status = cf.status(v1::ClusterStatusRequest {}).await.unwrap().into_inner();
+    // (The follower may apply the learner's removal a moment after the leader answered.)
+    let mut status = cf.status(v1::ClusterStatusRequest {}).await.unwrap().into_inner();
+    for _ in 0..100 {
+        if ids(&status) == roles {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        status = cf.status(v1::ClusterStatusRequest {}).await.unwrap().into_inner();
+    }
     assert_eq!(ids(&status), roles);
 
     // And leaves again.

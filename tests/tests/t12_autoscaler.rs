@@ -228,9 +228,10 @@ async fn short_node(booking_lease_s: f64) -> (Node, Vec<kvmesh_engine_sim::Engin
     let engines = engines(1, 20.0).await;
     let replicas = vec![ReplicaConfig { capacity_blocks: 40, replay: None, ..replica(0, &engines[0]) }];
     let config = NodeConfig {
-        // The node believes its engine 1,000× slower than an H100: a booking's 480 prompt tokens
-        // stay queued (in its estimate) for ~8.7 s, so Retry-After's backlog is exact here.
-        node: NodeSection { booking_lease_s, engine_speed: 0.001, ..section() },
+        // The node believes its engine 100,000× slower than an H100: a booking's 480 prompt
+        // tokens stay queued (in its estimate) for ~15 minutes, so Retry-After's backlog is
+        // exact here however slow the test machine.
+        node: NodeSection { booking_lease_s, engine_speed: 1e-5, ..section() },
         replicas,
         cluster: None,
         security: Default::default(),
@@ -322,9 +323,9 @@ async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_re
     let refused = route(3).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
     assert!(refused.message().contains("the admission queue is full"), "{}", refused.message());
-    // The backlog ahead: the first one's 480 prompt tokens queued on the engine (less the few
-    // the node's estimate drains in the test's time) and the two waiting (480 + 16 output
-    // tokens each): 1,400 to 1,472 tokens at 200 tokens/s, 7.0 to 7.36 s.
+    // The backlog ahead: the first one's 480 prompt tokens queued on the engine (the node's
+    // estimate drains one in ~2 s) and the two waiting (480 + 16 output tokens each): about
+    // 1,472 tokens at 200 tokens/s, 7.36 s.
     let after = refused.metadata().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
     assert_eq!(after.as_deref(), Some("8"));
     assert!(refused.message().ends_with("retry after 8 s"), "{}", refused.message());

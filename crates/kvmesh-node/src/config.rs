@@ -451,7 +451,8 @@ pub struct NodeSection {
     /// `Release` (or crashed) stops counting then. Keep it at least `request_timeout_s`, or
     /// long proxied requests stop counting while they run.
     pub booking_lease_s: f64,
-    /// A replica whose events go quiet this long while it serves is reported `no_events`, seconds.
+    /// A replica that owes a KV event this long (a request filled KV blocks it did not hold,
+    /// and no event came since the request began) is reported `no_events`, seconds.
     pub events_silent_s: f64,
     /// How long to wait for each replay reply, milliseconds.
     pub replay_timeout_ms: u64,

@@ -67,6 +67,8 @@ struct Booking {
     /// nothing about the event stream.
     prompt_tokens: u32,
     overlap_blocks: u32,
+    /// When it was routed, node seconds.
+    routed_at: f64,
     /// When the request reached the node: its TTFT is measured from here.
     arrived: tokio::time::Instant,
 }
@@ -105,7 +107,6 @@ impl Booking {
         if let Some(id) = self.id.take() {
             // Whatever happens below, a queued request may fit now.
             let _wake = WakeOnDrop(&self.shared);
-            let now = self.shared.now();
             let mut core = self.shared.core();
             let _ = core.release(id, output_tokens);
             // Full blocks of prompt and output beyond those it was believed to hold: the
@@ -113,7 +114,7 @@ impl Booking {
             let tokens = u64::from(self.prompt_tokens) + u64::from(output_tokens.unwrap_or(0));
             let new_blocks = tokens / u64::from(self.shared.settings.block_size) > u64::from(self.overlap_blocks);
             if outcome == "ok" && new_blocks {
-                core.served_new_blocks(&self.replica, now);
+                core.served_new_blocks(&self.replica, self.routed_at);
             }
             drop(core);
             self.shared.metrics.request(outcome);
@@ -415,6 +416,7 @@ async fn forward(
             span: span.clone(),
             prompt_tokens: tokens.len() as u32,
             overlap_blocks: routed.decision.overlap_blocks,
+            routed_at: now,
             arrived,
         };
         let upstream = tracing::debug_span!(parent: &span, "upstream", replica = %name, attempt = attempt + 1);

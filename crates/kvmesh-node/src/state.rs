@@ -99,12 +99,9 @@ pub struct Replica {
     pub last_seq: Option<u64>,
     /// Node time of the last KV-event message.
     pub last_event_at: Option<f64>,
-    /// Node time of the last response it served that filled at least one KV block (so its
-    /// engine should have published an event).
-    pub last_served_at: Option<f64>,
-    /// Node time such serving began after a pause (longer than `events_silent_s`): silence
-    /// counts from here, not from an event before the pause.
-    pub serving_since: Option<f64>,
+    /// Node time a request began that filled KV blocks the replica did not hold, with no KV
+    /// event since (so one is owed); cleared by the next event.
+    pub unpublished_since: Option<f64>,
     /// Node time it was registered.
     pub added_at: f64,
     /// A gap or restart was found and the replica is being resynced.
@@ -445,8 +442,7 @@ impl Shared {
             engine: None,
             last_seq: None,
             last_event_at: None,
-            last_served_at: None,
-            serving_since: None,
+            unpublished_since: None,
             added_at: self.now(),
             resyncing: false,
             resync_requested: None,
@@ -516,15 +512,10 @@ impl Core {
                 return Status::OutOfSync;
             }
         }
-        if r.config.kv_events.is_some() {
-            let serving = r.last_served_at.is_some_and(|t| now - t < self.events_silent_s);
-            // Silence counts from its last event (or its registration if none came yet), or
-            // from when serving resumed after a pause, whichever is later.
-            let from = r.last_event_at.unwrap_or(r.added_at).max(r.serving_since.unwrap_or(f64::MIN));
-            let silent = now - from > self.events_silent_s;
-            if serving && silent {
-                return Status::NoEvents;
-            }
+        // An event owed for longer than `events_silent_s`: the stream is silent, however
+        // sparse the traffic.
+        if r.config.kv_events.is_some() && r.unpublished_since.is_some_and(|t| now - t > self.events_silent_s) {
+            return Status::NoEvents;
         }
         Status::Ready
     }
@@ -601,16 +592,14 @@ impl Core {
         }
     }
 
-    /// A request finished on `name` at `now` having filled KV blocks its engine did not hold,
-    /// so the engine should have published an event for them (what "serving" means for the
-    /// no-events status).
-    pub fn served_new_blocks(&mut self, name: &str, now: f64) {
-        let pause = self.events_silent_s;
+    /// A request that began at `began` (node seconds) finished on `name` having filled KV
+    /// blocks its engine did not hold: the engine owes an event for them unless one came
+    /// since it began (the no-events status counts from the oldest such request).
+    pub fn served_new_blocks(&mut self, name: &str, began: f64) {
         if let Some(r) = self.replicas.get_mut(name) {
-            if r.last_served_at.is_none_or(|t| now - t > pause) {
-                r.serving_since = Some(now);
+            if r.last_event_at.is_none_or(|e| e < began) {
+                r.unpublished_since.get_or_insert(began);
             }
-            r.last_served_at = Some(now);
         }
     }
 
@@ -663,6 +652,7 @@ impl Core {
         let outcome = self.fleet.apply_event(id, event, now).ok()?;
         let r = self.replicas.get_mut(name)?;
         r.last_event_at = Some(now);
+        r.unpublished_since = None;
         if outcome.rejection.is_some() {
             r.events_rejected += 1;
         } else {
@@ -824,7 +814,7 @@ mod tests {
     }
 
     #[test]
-    fn silence_counts_while_serving_new_blocks_and_not_through_an_idle_pause() {
+    fn a_kv_event_owed_longer_than_events_silent_s_means_no_events() {
         let config = NodeConfig {
             node: crate::config::NodeSection { events_silent_s: 10.0, ..Default::default() },
             replicas: vec![],
@@ -840,16 +830,19 @@ mod tests {
         shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
         let mut core = shared.core();
         let status = |core: &Core, at: f64| core.status(&core.replicas["e"], at);
-        // Idle for 100 s without an event, then serving again: silence counts from then.
+        // A request that began at 100 s filled new blocks; no event has come.
         core.served_new_blocks("e", 100.0);
         assert_eq!(status(&core, 105.0), Status::Ready);
-        core.served_new_blocks("e", 109.0);
-        assert_eq!(status(&core, 109.5), Status::Ready);
-        // Still serving new blocks 10 s on, and no event: the stream is silent.
-        core.served_new_blocks("e", 110.5);
-        assert_eq!(status(&core, 110.6), Status::NoEvents);
-        // Serving stopped (nothing new for 10 s): not flagged.
-        assert_eq!(status(&core, 121.0), Status::Ready);
+        assert_eq!(status(&core, 110.5), Status::NoEvents);
+        // An event settles it.
+        core.apply("e", &KvEvent::Cleared, 111.0);
+        assert_eq!(status(&core, 112.0), Status::Ready);
+        // A request that began before that event owes nothing more.
+        core.served_new_blocks("e", 105.0);
+        assert_eq!(status(&core, 200.0), Status::Ready);
+        // Sparse traffic: one request, and no event for 10 s, is enough.
+        core.served_new_blocks("e", 300.0);
+        assert_eq!(status(&core, 311.0), Status::NoEvents);
     }
 
     #[test]

@@ -145,12 +145,20 @@ pub struct FitsNowhere {
     pub prompt_tokens: u32,
     /// Its `max_tokens` (0 when not given).
     pub max_tokens: u32,
-    /// KV blocks it needs: prompt and output, each rounded up to whole blocks.
+    /// KV blocks its whole sequence (prompt and output) needs.
     pub needed_blocks: u64,
     /// The largest replica's `capacity_blocks`.
     pub largest_blocks: u64,
     /// Tokens per block.
     pub block_size: u32,
+}
+
+impl FitsNowhere {
+    /// Whether the whole sequence exceeds the largest replica (the engine refuses it too), not
+    /// only the router's per-part rounding.
+    pub fn certain(&self) -> bool {
+        self.needed_blocks > self.largest_blocks
+    }
 }
 
 /// Everything one router knows about its replicas.
@@ -432,21 +440,23 @@ impl Fleet {
     }
 
     /// Whether a request of `prompt_tokens` and at most `max_tokens` output tokens fits no
-    /// registered replica even empty: its prompt's blocks and its output's blocks (each
-    /// rounded up to whole blocks of `block_size`, as the KV headroom check counts them)
-    /// exceed the largest `capacity_blocks`. `None` when it fits one, or with no replica.
-    /// vLLM refuses such a request too: it starts only with `max_model_len` within its KV.
+    /// registered replica even empty, as the KV headroom check counts it (prompt and output
+    /// each rounded up to whole blocks of `block_size`): more blocks than the largest
+    /// `capacity_blocks`. `None` when it fits one, or with no replica.
+    /// [`FitsNowhere::certain`] says whether the engine would refuse it too (vLLM starts only
+    /// with `max_model_len` within its KV, and counts the sequence's tokens as a whole).
     pub fn fits_nowhere(&self, prompt_tokens: u32, max_tokens: Option<u32>) -> Option<FitsNowhere> {
-        let bs = self.config.block_size;
-        let max_tokens = max_tokens.unwrap_or(0);
-        let needed_blocks = u64::from(prompt_tokens.div_ceil(bs)) + u64::from(max_tokens.div_ceil(bs));
+        let bs = u64::from(self.config.block_size);
+        let (prompt, output) = (u64::from(prompt_tokens), u64::from(max_tokens.unwrap_or(0)));
+        let counted = prompt.div_ceil(bs) + output.div_ceil(bs);
+        let needed_blocks = (prompt + output).div_ceil(bs);
         let largest_blocks = self.largest_blocks();
-        (largest_blocks > 0 && needed_blocks > largest_blocks).then_some(FitsNowhere {
+        (largest_blocks > 0 && counted > largest_blocks).then_some(FitsNowhere {
             prompt_tokens,
-            max_tokens,
+            max_tokens: max_tokens.unwrap_or(0),
             needed_blocks,
             largest_blocks,
-            block_size: bs,
+            block_size: self.config.block_size,
         })
     }
 

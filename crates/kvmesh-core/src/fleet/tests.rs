@@ -149,6 +149,21 @@ fn a_huge_max_tokens_books_no_more_output_than_the_largest_replica_holds() {
     assert_eq!(f.bookings().load(a).expected_decode_tokens + f.bookings().load(b).expected_decode_tokens, 160_000);
 }
 
+#[test]
+fn a_request_fits_nowhere_by_its_blocks_and_surely_only_by_its_whole_sequence() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    assert_eq!(f.fits_nowhere(1_000_000, None), None, "no replica: nothing to judge by");
+    f.add_replica(silent_with("a", 40)).unwrap();
+    // 480 + 160 tokens: 30 + 10 blocks, exactly 40.
+    assert_eq!(f.fits_nowhere(480, Some(160)), None);
+    let over = f.fits_nowhere(480, Some(1000)).unwrap();
+    assert_eq!((over.needed_blocks, over.largest_blocks, over.block_size, over.certain()), (93, 40, 16, true));
+    // 481 + 159 tokens are 40 blocks as one sequence, 41 counted part by part: the engine may
+    // take it, so it is not certain.
+    let rounding = f.fits_nowhere(481, Some(159)).unwrap();
+    assert_eq!((rounding.needed_blocks, rounding.certain()), (40, false));
+}
+
 fn silent_with(name: &str, capacity_blocks: u64) -> ReplicaSpec {
     ReplicaSpec { publishes_events: false, ..ReplicaSpec::new(name, capacity_blocks) }
 }

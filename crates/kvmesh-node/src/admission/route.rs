@@ -136,9 +136,10 @@ impl<'a> Ticket<'a> {
         // replica even empty. With an approximate count, let the engine judge instead.
         if adm.section.enabled && !self.demand_counted && !self.unqueued {
             if let Some(f) = shared.core().fleet.fits_nowhere(req.prompt_tokens, max_tokens) {
-                if self.exact {
+                if self.exact && f.certain() {
                     return Err(NotAdmitted::NeverFits(f));
                 }
+                // The router's count may be off (approximate tokens, per-part rounding).
                 self.unqueued = true;
             }
         }

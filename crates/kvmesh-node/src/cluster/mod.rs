@@ -182,6 +182,7 @@ impl Cluster {
             backoff: Duration::from_millis(section.heartbeat_ms),
             token: token.clone(),
             tls: tls.clone(),
+            down: Default::default(),
         };
         let raft = Raft::new(section.id, Arc::new(config), network, log_store, sm_store)
             .await
@@ -266,8 +267,9 @@ impl Cluster {
     /// its result and log index once committed.
     ///
     /// # Errors
-    /// [`ClusterError::NoLeader`] without quorum, [`ClusterError::Rejected`] when the state
-    /// machine refused it (unknown replica, duplicate name, …).
+    /// [`ClusterError::NoLeader`] or [`ClusterError::NotCommitted`] without quorum,
+    /// [`ClusterError::Rejected`] when the state machine refused it (unknown replica, duplicate
+    /// name, …).
     pub async fn write(&self, cmd: Command) -> Result<(CommandResult, u64), ClusterError> {
         self.write_from(cmd, false).await
     }
@@ -280,8 +282,9 @@ impl Cluster {
     /// refuses connections (it just died), it retries every 50 ms within the 5 s limit.
     ///
     /// # Errors
-    /// As [`Cluster::write`]; [`ClusterError::NoLeader`] after 5 s without a commit (this side
-    /// of a partition has no quorum).
+    /// As [`Cluster::write`]; after 5 s without a commit (this side of a partition has no
+    /// quorum): [`ClusterError::NoLeader`] when nothing was sent, [`ClusterError::NotCommitted`]
+    /// when it reached a leader's log (it may still take effect).
     pub async fn write_from(&self, cmd: Command, forwarded: bool) -> Result<(CommandResult, u64), ClusterError> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         let (result, index) = loop {
@@ -346,7 +349,8 @@ impl Cluster {
     /// # Errors
     /// No leader; `id` already a member at another address; a node that does not answer
     /// within [`JOIN_ANSWER_S`] or catch up within [`JOIN_CATCH_UP_S`] (it is removed again,
-    /// not left a learner the leader keeps calling); openraft's refusal (e.g. a membership
+    /// not left a learner the leader keeps calling); [`ClusterError::NotCommitted`] when a
+    /// membership change is not committed within 5 s; openraft's refusal (e.g. a membership
     /// change already in progress).
     pub async fn join(&self, id: u64, addr: String) -> Result<(), ClusterError> {
         if let Some(leader) = self.forward_target()? {
@@ -365,7 +369,13 @@ impl Cluster {
         }
         // openraft's `blocking` gives up waiting after a short time and answers Ok even for an
         // address nobody listens on (seen: "joined" in 0.2 s): the catch-up is checked below.
-        let added = self.raft.add_learner(id, BasicNode { addr: addr.clone() }, false).await;
+        // The learner entry itself commits like any write: not without quorum.
+        let added = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.raft.add_learner(id, BasicNode { addr: addr.clone() }, false),
+        )
+        .await
+        .map_err(|_| ClusterError::NotCommitted)?;
         let target = match added {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => match f.leader_node {
                 Some(n) => return forward_join(&n.addr, id, addr, &self.token, self.tls.as_ref()).await,
@@ -413,10 +423,11 @@ impl Cluster {
         Ok(())
     }
 
-    /// Removes node `id` from the cluster. Forwarded to the leader.
+    /// Removes node `id` (a voter, or a learner) from the cluster. Forwarded to the leader.
     ///
     /// # Errors
-    /// No leader; an unknown node; openraft's refusal.
+    /// No leader; an unknown node; the last voter; [`ClusterError::NotCommitted`] when the
+    /// change is not committed within 5 s; openraft's refusal.
     pub async fn leave(&self, id: u64) -> Result<(), ClusterError> {
         if let Some(leader) = self.forward_target()? {
             let mut c = v1::cluster_client::ClusterClient::new(channel_to(&leader, self.tls.as_ref())?);

@@ -73,6 +73,8 @@ pub struct Network {
     pub token: Option<crate::auth::Secret>,
     /// TLS to the other nodes (`[security] tls_*`).
     pub tls: Option<ClientTlsConfig>,
+    /// Peers not answering (one warning per peer every 10 s, whatever client calls it).
+    pub down: DownPeers,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -87,13 +89,17 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             backoff: self.backoff,
             token: self.token.clone(),
             tls: self.tls.clone(),
-            down: None,
+            down: self.down.clone(),
         }
     }
 }
 
+/// Peers that stopped answering, by id: shared by every client to a peer (openraft makes a
+/// new client for each election's vote requests).
+pub type DownPeers = Arc<std::sync::Mutex<std::collections::HashMap<NodeId, Down>>>;
+
 /// A peer that stopped answering: since when, failed calls since, and the last warning.
-struct Down {
+pub struct Down {
     since: std::time::Instant,
     failures: u64,
     warned: std::time::Instant,
@@ -112,7 +118,7 @@ pub struct PeerClient {
     backoff: std::time::Duration,
     token: Option<crate::auth::Secret>,
     tls: Option<ClientTlsConfig>,
-    down: Option<Down>,
+    down: DownPeers,
 }
 
 #[derive(Clone, Copy)]
@@ -161,24 +167,27 @@ impl PeerClient {
             Rpc::Snapshot => client.install_snapshot(request).await,
         };
         let (target, addr) = (self.target, &self.node.addr);
-        match (&reply, &mut self.down) {
-            (Err(s), down) if s.code() == tonic::Code::Unavailable => {
-                let now = std::time::Instant::now();
-                let d = down.get_or_insert(Down { since: now, failures: 0, warned: now });
-                d.failures += 1;
-                let due = d.failures == 1 || now - d.warned >= std::time::Duration::from_secs(DOWN_WARN_EVERY_S);
-                if due {
-                    d.warned = now;
-                    tracing::warn!(peer = target, %addr, failures = d.failures, down_s = d.since.elapsed().as_secs(),
-                        error = %s.message(), "raft peer unreachable; retrying");
+        {
+            let mut down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+            match &reply {
+                Err(s) if s.code() == tonic::Code::Unavailable => {
+                    let now = std::time::Instant::now();
+                    let d = down.entry(target).or_insert(Down { since: now, failures: 0, warned: now });
+                    d.failures += 1;
+                    let due = d.failures == 1 || now - d.warned >= std::time::Duration::from_secs(DOWN_WARN_EVERY_S);
+                    if due {
+                        d.warned = now;
+                        tracing::warn!(peer = target, %addr, failures = d.failures, down_s = d.since.elapsed().as_secs(),
+                            error = %s.message(), "raft peer unreachable; retrying");
+                    }
                 }
-            }
-            (Ok(_), down @ Some(_)) => {
-                if let Some(d) = down.take() {
-                    tracing::info!(peer = target, %addr, down_s = d.since.elapsed().as_secs(), "raft peer reachable again");
+                Ok(_) => {
+                    if let Some(d) = down.remove(&target) {
+                        tracing::info!(peer = target, %addr, down_s = d.since.elapsed().as_secs(), "raft peer reachable again");
+                    }
                 }
+                Err(_) => {}
             }
-            _ => {}
         }
         let reply = reply.map_err(|s| {
             let e = Transport(format!("{}: {}", s.code(), s.message()));

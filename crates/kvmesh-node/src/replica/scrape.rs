@@ -2,7 +2,8 @@
 //!
 //! A good scrape reports running/waiting/KV usage to the routing core and the tokens the
 //! engine served to the autoscaler's capacity meter (at full load while requests wait at the
-//! engine or in the router's admission queue), and clears the failure count;
+//! engine, or in the router's admission queue while the engine runs full), and clears the
+//! failure count;
 //! `unhealthy_after` failures in a row (connect error, non-200, unparseable page) take the
 //! replica out of rotation until a scrape succeeds again.
 
