@@ -781,10 +781,10 @@ impl Core {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_change_of_status_is_reported_once_with_what_it_means() {
+    /// A single node's state with `node` settings and no replica.
+    fn node(node: crate::config::NodeSection) -> Shared {
         let config = NodeConfig {
-            node: crate::config::NodeSection::default(),
+            node,
             replicas: vec![],
             cluster: None,
             security: Default::default(),
@@ -792,9 +792,19 @@ mod tests {
             autoscaler: Default::default(),
             admission: Default::default(),
         };
-        let shared = Shared::new(config).unwrap();
-        let replica = "name = \"r0\"\nhttp = \"http://127.0.0.1:9\"\ncapacity_blocks = 100";
-        shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
+        Shared::new(config).unwrap()
+    }
+
+    /// Registers a replica of 100 blocks at a closed port, with `fields` (TOML) on top.
+    fn add(shared: &Shared, fields: &str) {
+        let replica = format!("{fields}\nhttp = \"http://127.0.0.1:9\"\ncapacity_blocks = 100");
+        shared.add_replica(toml::from_str(&replica).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_change_of_status_is_reported_once_with_what_it_means() {
+        let shared = node(crate::config::NodeSection::default());
+        add(&shared, "name = \"r0\"");
         let mut core = shared.core();
         assert_eq!(core.sync_routable("r0", 1.0), None);
         core.record_down("r0", "connection refused".into(), 1.0);
@@ -815,16 +825,7 @@ mod tests {
 
     #[test]
     fn a_kv_event_owed_longer_than_events_silent_s_means_no_events() {
-        let config = NodeConfig {
-            node: crate::config::NodeSection { events_silent_s: 10.0, ..Default::default() },
-            replicas: vec![],
-            cluster: None,
-            security: Default::default(),
-            replication: Default::default(),
-            autoscaler: Default::default(),
-            admission: Default::default(),
-        };
-        let shared = Shared::new(config).unwrap();
+        let shared = node(crate::config::NodeSection { events_silent_s: 10.0, ..Default::default() });
         let replica =
             "name = \"e\"\nhttp = \"http://127.0.0.1:9\"\nkv_events = \"tcp://127.0.0.1:9\"\ncapacity_blocks = 100";
         shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
@@ -847,16 +848,7 @@ mod tests {
 
     #[test]
     fn a_peers_demand_counts_by_its_increase_and_starts_over_when_the_peer_restarts() {
-        let config = NodeConfig {
-            node: crate::config::NodeSection::default(),
-            replicas: vec![],
-            cluster: None,
-            security: Default::default(),
-            replication: Default::default(),
-            autoscaler: Default::default(),
-            admission: Default::default(),
-        };
-        let shared = Shared::new(config).unwrap();
+        let shared = node(crate::config::NodeSection::default());
         let mut core = shared.core();
         let mut seen = |peer: u64, incarnation: u64, demand: f64| {
             core.peer_demand(peer, incarnation, demand);
