@@ -64,8 +64,9 @@ pub struct Ticket<'a> {
     via: Via,
     /// Whether the prompt's token count is exact (a tokenizer, or token ids given).
     exact: bool,
-    /// It fits no replica by the router's approximate count: sent without waiting, for the
-    /// engine (which counts exactly) to serve or refuse.
+    /// It fits no replica by the router's count, which may be off (approximate tokens, or
+    /// prompt and output rounded up to blocks apart): sent without waiting, for the engine
+    /// (which counts exactly) to serve or refuse.
     unqueued: bool,
     /// When the request reached the node (its TTFT clock starts there).
     arrived: tokio::time::Instant,
