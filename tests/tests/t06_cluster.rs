@@ -58,6 +58,24 @@ async fn start_all(ports: &[u16], dir: &Path, replicas: &[ReplicaConfig], gossip
     nodes
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_without_a_majority_names_the_peers_that_do_not_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    // Only node 1 of 3 runs (no serial lock: it uses its own ports and data).
+    let ports = ports(3);
+    let n1 = kvmesh_node::start(config(1, &ports, dir.path(), vec![], false)).await.unwrap();
+    let e = n1.cluster.as_ref().unwrap().init().await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "no Raft leader elected within 10 s; peers not answering: 2 at 127.0.0.1:{}, 3 at 127.0.0.1:{}. Start them \
+             (with the same peers) and run `kvmesh cluster init` again",
+            ports[1], ports[2]
+        )
+    );
+    n1.stop().await;
+}
+
 fn leader_of(nodes: &[&Node]) -> Option<u64> {
     nodes.iter().find_map(|n| {
         let c = n.cluster.as_ref().unwrap();

@@ -143,6 +143,8 @@ pub struct Cluster {
     /// TLS to the other nodes, when `[security] tls_cert_file` is set.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
     seed: (Vec<ReplicaConfig>, String, BTreeMap<String, f64>),
+    /// Peers this node's Raft calls find unreachable (shared with its network).
+    down: network::DownPeers,
 }
 
 impl Cluster {
@@ -177,19 +179,20 @@ impl Cluster {
         .validate()
         .map_err(|e| anyhow::anyhow!("cluster timings: {e}"))?;
         let faults = Arc::new(Faults::default());
+        let down = network::DownPeers::default();
         let network = Network {
             faults: faults.clone(),
             backoff: Duration::from_millis(section.heartbeat_ms),
             token: token.clone(),
             tls: tls.clone(),
-            down: Default::default(),
+            down: down.clone(),
         };
         let raft = Raft::new(section.id, Arc::new(config), network, log_store, sm_store)
             .await
             .map_err(|e| anyhow::anyhow!("starting Raft: {e}"))?;
         let addr = if section.addr.is_empty() { default_addr } else { section.addr.clone() };
         let seed = (seed_replicas, seed_policy.0, seed_policy.1);
-        Ok(Cluster { id: section.id, addr, raft, state, faults, section, token, tls, seed })
+        Ok(Cluster { id: section.id, addr, raft, state, faults, section, token, tls, seed, down })
     }
 
     /// Bootstraps a fresh cluster with the configured peers as voters, waits for a leader and
@@ -226,13 +229,35 @@ impl Cluster {
 
     /// Writes the seed once a leader exists (a seeded registry refuses it: fine).
     async fn seed(&self) -> Result<(), ClusterError> {
-        self.wait_for_leader(Duration::from_secs(10)).await?;
+        if let Err(e) = self.wait_for_leader(Duration::from_secs(10)).await {
+            // Say who did not answer: an election needs a majority of the peers up.
+            let down = self.unreachable_peers();
+            if down.is_empty() {
+                return Err(e);
+            }
+            let list: Vec<String> = down.iter().map(|(id, addr)| format!("{id} at {addr}")).collect();
+            return Err(ClusterError::Rejected(format!(
+                "no Raft leader elected within 10 s; peers not answering: {}. Start them (with the same peers) and \
+                 run `kvmesh cluster init` again",
+                list.join(", ")
+            )));
+        }
         let seed =
             Command::Seed { replicas: self.seed.0.clone(), policy: self.seed.1.clone(), params: self.seed.2.clone() };
         match self.write(seed).await {
             Ok(_) | Err(ClusterError::Rejected(_)) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Members this node's Raft calls currently find unreachable, with their addresses.
+    pub fn unreachable_peers(&self) -> Vec<(u64, String)> {
+        let members = self.members();
+        let down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<(u64, String)> =
+            down.keys().map(|id| (*id, members.get(id).cloned().unwrap_or_default())).collect();
+        out.sort();
+        out
     }
 
     /// Waits until some leader is known.
