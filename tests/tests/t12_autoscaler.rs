@@ -587,3 +587,99 @@ async fn capacity_is_measured(admission: bool) {
     assert!((4_000.0..9_000.0).contains(&measured), "measured {measured} tokens/s");
     node.stop().await;
 }
+
+/// A streamed completion through `node` that runs until the returned response is dropped
+/// (10,000 tokens on a slow engine), and the replica serving it.
+async fn long_request(node: &Node) -> (reqwest::Response, String) {
+    let body = serde_json::json!({"model": "m", "prompt": "hold ".repeat(200), "max_tokens": 10_000, "stream": true});
+    let mut r =
+        reqwest::Client::new().post(format!("http://{}/v1/completions", node.http)).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let replica = r.headers()["x-kvmesh-replica"].to_str().unwrap().to_string();
+    // The first chunk: the engine runs it.
+    r.chunk().await.unwrap().unwrap();
+    (r, replica)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
+    let engines = engines(3, 0.05).await;
+    let replicas = engines.iter().enumerate().map(|(i, e)| ReplicaConfig { replay: None, ..replica(i, e) }).collect();
+    let config = NodeConfig {
+        node: NodeSection { engine_speed: 0.05, ..section() },
+        replicas,
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+        // Capacity far above any load here: one replica would do.
+        autoscaler: AutoscalerSection {
+            capacity_tokens_per_s: 1e9,
+            min_replicas: 1,
+            cold_start_s: 0.5,
+            scale_down_delay_s: 0.5,
+            drain_on_scale_down: true,
+            ..autoscaler()
+        },
+        admission: Default::default(),
+    };
+    let node = kvmesh_node::start(config).await.unwrap();
+    eventually("three replicas ready", || {
+        node.shared.core().fleet.replicas().iter().filter(|r| r.routable()).count() == 3
+    })
+    .await;
+    // One request in flight: its replica is the one a scale-down to 1 keeps.
+    let (response, busy) = long_request(&node).await;
+    eventually("a scale-down", || node.shared.autoscaler.all().iter().any(|d| d.reason == "scale_down")).await;
+    let all = node.shared.autoscaler.all();
+    let down = all.iter().find(|d| d.reason == "scale_down").unwrap();
+    let mut idle_ones: Vec<String> = ["e0", "e1", "e2"].iter().filter(|n| **n != busy).map(|n| n.to_string()).collect();
+    idle_ones.sort();
+    assert_eq!((down.desired_replicas, down.ready, &down.drain), (1, 3, &idle_ones), "{down:?}");
+    // No decision drains the busy one, and none drains twice.
+    let drained: Vec<&String> = all.iter().flat_map(|d| &d.drain).collect();
+    assert_eq!(drained, idle_ones.iter().collect::<Vec<_>>());
+
+    // The two drained replicas are idle once their engines report so after the drain.
+    let admin = v1::admin_client::AdminClient::new(common::grpc(node.grpc).await);
+    let list = || {
+        let mut admin = admin.clone();
+        async move { admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap().into_inner().replicas }
+    };
+    let view = |rs: &[v1::Replica], name: &str| {
+        let r = rs.iter().find(|r| r.spec.as_ref().unwrap().name == name).unwrap();
+        (v1::ReplicaStatus::try_from(r.status).unwrap(), r.idle, r.status_detail.clone())
+    };
+    let idle_detail = "idle: nothing in flight, safe to release".to_string();
+    for _ in 0..100 {
+        let rs = list().await;
+        if idle_ones.iter().all(|n| view(&rs, n).1) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let rs = list().await;
+    for n in &idle_ones {
+        assert_eq!(view(&rs, n), (v1::ReplicaStatus::Draining, true, idle_detail.clone()), "{n}");
+    }
+    assert_eq!(view(&rs, &busy), (v1::ReplicaStatus::Ready, false, String::new()));
+
+    // Draining the busy one by hand: not idle while its request runs, idle once it ends.
+    admin.clone().drain_replica(v1::ReplicaRef { name: busy.clone() }).await.unwrap();
+    let in_flight = "in flight: 1 routed by the tier; the engine reports 1 running, 0 waiting".to_string();
+    for _ in 0..100 {
+        if view(&list().await, &busy).2 == in_flight {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(view(&list().await, &busy), (v1::ReplicaStatus::Draining, false, in_flight));
+    drop(response);
+    for _ in 0..100 {
+        if view(&list().await, &busy).1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(view(&list().await, &busy), (v1::ReplicaStatus::Draining, true, idle_detail));
+    node.stop().await;
+}

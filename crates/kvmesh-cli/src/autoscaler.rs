@@ -42,6 +42,7 @@ fn json(d: &v1::ScaleDecision) -> serde_json::Value {
         "demand_tokens_per_s": d.demand_tokens_per_s,
         "forecast_tokens_per_s": d.forecast_tokens_per_s,
         "capacity_tokens_per_s": d.capacity_tokens_per_s,
+        "drain": d.drain,
     })
 }
 
@@ -69,6 +70,9 @@ fn render(ds: &[v1::ScaleDecision], now: f64) -> String {
             d.forecast_tokens_per_s,
             d.capacity_tokens_per_s
         );
+        if !d.drain.is_empty() {
+            let _ = writeln!(out, "{:>9} draining for release: {}", "", d.drain.join(", "));
+        }
     }
     out
 }
@@ -91,6 +95,7 @@ mod tests {
             panic: true,
             at: 1_000.0,
             log_index: 42,
+            drain: Vec::new(),
         };
         assert_eq!(
             render(std::slice::from_ref(&d), 1_012.0),
@@ -100,6 +105,24 @@ mod tests {
             )
         );
         assert_eq!(json(&d)["log_index"], 42);
+        let down = v1::ScaleDecision {
+            desired_replicas: 4,
+            reason: "scale_down".into(),
+            ready: 6,
+            starting: 0,
+            panic: false,
+            log_index: 43,
+            drain: vec!["vllm-5".into(), "vllm-2".into()],
+            ..d.clone()
+        };
+        assert_eq!(
+            render(std::slice::from_ref(&down), 1_012.0).lines().skip(1).collect::<Vec<_>>(),
+            [
+                "       43      12s        4  scale_down           6        0          81234          95000          33000",
+                "          draining for release: vllm-5, vllm-2",
+            ]
+        );
+        assert_eq!(json(&down)["drain"], serde_json::json!(["vllm-5", "vllm-2"]));
         assert!(render(&[], 0.0).starts_with("no decision yet"));
     }
 }

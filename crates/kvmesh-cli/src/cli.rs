@@ -184,8 +184,9 @@ pub enum ReplicaCommand {
     Add(ReplicaAddArgs),
     /// Stop following a replica and forget its blocks and bookings.
     Remove(ReplicaNameArgs),
-    /// Stop routing new requests to a replica; in-flight requests finish.
-    Drain(ReplicaNameArgs),
+    /// Stop routing new requests to a replica; in-flight requests finish. With --wait, wait
+    /// until it is idle (safe to release), e.g. in an engine pod's preStop hook.
+    Drain(DrainArgs),
     /// Put a drained or starting replica into rotation (ready).
     #[command(visible_alias = "ready")]
     Undrain(ReplicaNameArgs),
@@ -223,6 +224,19 @@ pub struct ReplicaNameArgs {
     /// The replica's name.
     #[arg(long)]
     pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    #[command(flatten)]
+    pub replica: ReplicaNameArgs,
+    /// Wait until nothing is in flight on it — no request the tier routed there unreleased,
+    /// and its engine reports none running or waiting — printing what is left; exit 0 then.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up after this many seconds and exit 1 (it stays draining).
+    #[arg(long, default_value_t = 600.0, value_name = "SECONDS")]
+    pub timeout: f64,
 }
 
 #[derive(Debug, Subcommand)]

@@ -33,13 +33,20 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     .context("Admin.RemoveReplica")?;
                 println!("replica {} removed", a.name);
             }
-            ReplicaCommand::Drain(a) => {
-                admin(&a.target)
-                    .await?
+            ReplicaCommand::Drain(d) => {
+                let a = &d.replica;
+                if d.wait && !(d.timeout.is_finite() && d.timeout > 0.0) {
+                    anyhow::bail!("--timeout must be a positive number of seconds, got {}", d.timeout);
+                }
+                let mut client = admin(&a.target).await?;
+                client
                     .drain_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
                     .await
                     .context("Admin.DrainReplica")?;
                 println!("replica {} draining", a.name);
+                if d.wait {
+                    wait_idle(&mut client, a, d.timeout).await?;
+                }
             }
             ReplicaCommand::Undrain(a) => {
                 admin(&a.target)
@@ -60,6 +67,38 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })
+}
+
+/// Polls the node until replica `a.name` is idle, printing what is left whenever it changes.
+async fn wait_idle(
+    client: &mut v1::admin_client::AdminClient<tonic::transport::Channel>,
+    a: &crate::cli::ReplicaNameArgs,
+    timeout_s: f64,
+) -> anyhow::Result<()> {
+    let began = std::time::Instant::now();
+    let mut said = String::new();
+    loop {
+        let list = client
+            .list_replicas(authed(&a.target, v1::ListReplicasRequest {})?)
+            .await
+            .context("Admin.ListReplicas")?
+            .into_inner();
+        let Some(r) = list.replicas.into_iter().find(|r| r.spec.as_ref().is_some_and(|s| s.name == a.name)) else {
+            anyhow::bail!("replica {} is no longer registered (removed while draining)", a.name);
+        };
+        if r.idle {
+            println!("replica {} idle after {:.1} s: safe to release", a.name, began.elapsed().as_secs_f64());
+            return Ok(());
+        }
+        if r.status_detail != said {
+            println!("replica {}: {}", a.name, r.status_detail);
+            said = r.status_detail;
+        }
+        if began.elapsed().as_secs_f64() >= timeout_s {
+            anyhow::bail!("replica {} not idle after {timeout_s} s ({said}); it stays draining", a.name);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }
 
 async fn admin(t: &ClusterTarget) -> anyhow::Result<v1::admin_client::AdminClient<tonic::transport::Channel>> {

@@ -169,7 +169,7 @@ fn row_json(r: &v1::Replica) -> serde_json::Value {
         "running": r.running, "waiting": r.waiting, "kv_usage": r.kv_usage,
         "queued_prefill_tokens": r.queued_prefill_tokens, "live_bookings": r.live_bookings,
         "index_blocks": r.index_blocks, "events_applied": r.events_applied, "events_rejected": r.events_rejected,
-        "last_event_age_s": r.last_event_age_s, "last_seq": r.last_seq,
+        "last_event_age_s": r.last_event_age_s, "last_seq": r.last_seq, "idle": r.idle,
     })
 }
 
@@ -295,6 +295,7 @@ mod tests {
             events_rejected: 2,
             last_event_age_s: Some(1.25),
             last_seq: Some(11),
+            idle: false,
         };
         let table = render(&[r]);
         let row = table.lines().nth(1).unwrap();

@@ -145,6 +145,13 @@ pub struct AutoscalerSection {
     /// The pool shrinks only to the largest need of this last window, seconds; 0: one cold
     /// start (measured), the break-even of keeping an idle replica against restarting it.
     pub scale_down_delay_s: f64,
+    /// A scale-down names the replicas to release (`drain` in the decision: starting ones
+    /// first, then those with the fewest requests in flight and the least cache) and drains
+    /// them in the same Raft entry, so no node routes to them; the actuator releases each
+    /// once it is idle (`kvmesh replica drain --wait`). Leave it off when the actuator picks
+    /// which engines go (KEDA scaling a Deployment: Kubernetes picks the pods, and a preStop
+    /// hook drains each, see deploy/README.md).
+    pub drain_on_scale_down: bool,
 }
 
 impl Default for AutoscalerSection {
@@ -160,6 +167,7 @@ impl Default for AutoscalerSection {
             target_utilisation: c.target_utilisation,
             capacity_tokens_per_s: 0.0,
             scale_down_delay_s: c.scale_down_delay_s,
+            drain_on_scale_down: false,
         }
     }
 }

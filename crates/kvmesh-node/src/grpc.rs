@@ -230,6 +230,7 @@ impl Services {
             events_rejected: r.events_rejected,
             last_event_age_s: r.last_event_at.map(|t| now - t),
             last_seq: r.last_seq,
+            idle: core.drain_progress(r).is_some_and(|p| p.idle()),
         })
     }
 }

@@ -5,9 +5,12 @@
 //! one mutex serves thousands of decisions per second without a queue; nothing holds it
 //! across I/O.
 
+mod drain;
+
 use crate::config::{NodeConfig, ReplicaConfig};
 use crate::metrics::Metrics;
 use crate::replica::endpoints::Endpoints;
+pub use drain::DrainProgress;
 use kvmesh_core::fleet::ReplicaStatus as CoreStatus;
 use kvmesh_core::index::{ApplyOutcome, KvEvent};
 use kvmesh_core::load::{BookingId, EngineMetrics};
@@ -87,6 +90,9 @@ pub struct Replica {
     pub endpoints: Arc<Endpoints>,
     /// Set by the admin API.
     pub draining: bool,
+    /// Node time draining last began (`None` while not draining): only a scrape after it can
+    /// show the engine idle.
+    pub draining_since: Option<f64>,
     /// Consecutive failed scrapes or connects.
     pub failures: u32,
     /// The last failure, for status.
@@ -95,6 +101,8 @@ pub struct Replica {
     pub overloaded_until: f64,
     /// Last engine report.
     pub engine: Option<EngineMetrics>,
+    /// Node time of that report.
+    pub engine_at: Option<f64>,
     /// Last KV-event sequence number applied.
     pub last_seq: Option<u64>,
     /// Node time of the last KV-event message.
@@ -436,10 +444,12 @@ impl Shared {
             config: config.clone(),
             endpoints,
             draining: false,
+            draining_since: None,
             failures: 0,
             last_error: None,
             overloaded_until: 0.0,
             engine: None,
+            engine_at: None,
             last_seq: None,
             last_event_at: None,
             unpublished_since: None,
@@ -486,6 +496,9 @@ impl Shared {
         let now = self.now();
         let mut core = self.core();
         let r = core.replicas.get_mut(name).ok_or_else(|| RegistryError::Unknown(name.into()))?;
+        if draining != r.draining {
+            r.draining_since = draining.then_some(now);
+        }
         r.draining = draining;
         let _ = core.sync_routable(name, now);
         Ok(())
@@ -540,7 +553,8 @@ impl Core {
             Status::OutOfSync => {
                 "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
             }
-            Status::Ready | Status::Draining => String::new(),
+            Status::Draining => self.drain_progress(r).map_or(String::new(), |p| p.to_string()),
+            Status::Ready => String::new(),
         }
     }
 
@@ -641,6 +655,7 @@ impl Core {
         r.failures = 0;
         r.last_error = None;
         r.engine = Some(metrics);
+        r.engine_at = Some(now);
         let id = r.id;
         let _ = self.fleet.report_metrics(id, metrics);
         let _ = self.sync_routable(name, now);

@@ -21,7 +21,7 @@
 //!   never while panicking: an idle replica costs less than a restart's cold start for that
 //!   long (the ski-rental break-even), so a dip shorter than a cold start keeps the pool. The
 //!   caller drains the extra replicas (stop routing to them, wait for their requests, then
-//!   release them).
+//!   release them); [`pick_releases`] says which.
 //!
 //! The baselines it is measured against (they do not count starting replicas):
 //! [`Reactive`] (a utilisation threshold, as a CPU-style horizontal autoscaler) and [`Knative`]
@@ -33,11 +33,13 @@
 
 mod capacity;
 mod policy;
+mod release;
 #[cfg(test)]
 mod tests;
 
 pub use capacity::CapacityMeter;
 pub use policy::{ColdStartAware, Knative, Reactive};
+pub use release::{pick_releases, ReleaseCandidate};
 
 use crate::error::Error;
 

@@ -20,6 +20,10 @@
 //! new leader continues without scaling twice; it also resumes from the last committed
 //! decision (holding its count for a scale-down window, and committing only what changes),
 //! so a leader change neither loses nor repeats a decision.
+//!
+//! With `drain_on_scale_down`, a scale-down also names the replicas to release
+//! (`kvmesh_core::autoscale::pick_releases`) and drains them in the same entry; a replica is
+//! then safe to release once it is idle (`Shared::idle`: nothing in flight anywhere).
 
 pub mod service;
 
@@ -27,7 +31,9 @@ use crate::cluster::registry::{Command, ReplicaState};
 use crate::cluster::Cluster;
 use crate::config::AutoscalerSection;
 use crate::state::Shared;
-use kvmesh_core::autoscale::{CapacityMeter, ColdStartAware, PoolInputs, ScalePolicy};
+use kvmesh_core::autoscale::{
+    pick_releases, CapacityMeter, ColdStartAware, PoolInputs, ReleaseCandidate, ScalePolicy, ScaleReason,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -63,6 +69,9 @@ pub struct Decision {
     /// The Raft log index of its entry (0 on a single node).
     #[serde(default)]
     pub log_index: u64,
+    /// Replicas this scale-down drains for release (`drain_on_scale_down`); empty otherwise.
+    #[serde(default)]
+    pub drain: Vec<String>,
 }
 
 impl Decision {
@@ -81,6 +90,7 @@ impl Decision {
             panic: d.panic,
             at: now,
             log_index: 0,
+            drain: Vec::new(),
         }
     }
 }
@@ -221,11 +231,14 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
                     ReplicaState::Starting => {
                         starting_since.entry(name.clone()).or_insert(now);
                     }
-                    _ => {
+                    // A start ends when the replica serves; one drained or removed while
+                    // starting was cancelled, not measured.
+                    ReplicaState::Ready => {
                         if let Some(since) = starting_since.remove(name) {
                             starts.push(now - since);
                         }
                     }
+                    _ => {}
                 }
             }
             starting_since.retain(|n, _| state.replicas.get(n).is_some_and(|e| e.state == ReplicaState::Starting));
@@ -269,16 +282,26 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             }
         }
         let d = policy.decide(&inputs);
-        let decision = Decision::new(&section.pool, &d, demand, now);
+        let mut decision = Decision::new(&section.pool, &d, demand, now);
         shared.autoscaler.set_evaluated(&decision);
+        if section.drain_on_scale_down && d.reason == ScaleReason::ScaleDown {
+            let excess = (d.ready + d.starting).saturating_sub(d.desired) as usize;
+            decision.drain = pick_releases(&release_candidates(&shared, &starting_since), excess);
+        }
         let due = committed.is_none_or(|(desired, ready, starting, at)| {
             (desired, ready, starting) != (d.desired, d.ready, d.starting) || now - at >= REFRESH_S
         });
         if !due {
             continue;
         }
+        let drain = decision.drain.clone();
         match &cluster {
-            None => shared.autoscaler.record_local(decision),
+            None => {
+                for name in &drain {
+                    let _ = shared.set_draining(name, true);
+                }
+                shared.autoscaler.record_local(decision);
+            }
             Some(c) => {
                 let json = match serde_json::to_value(&decision) {
                     Ok(j) => j,
@@ -294,9 +317,36 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             tracing::info!(pool = %section.pool, desired = d.desired, reason = d.reason.as_str(), ready, starting = d.starting,
                 demand_tokens_per_s = demand, forecast_tokens_per_s = d.forecast_tokens_per_s, "autoscaler: decision");
         }
+        if !drain.is_empty() {
+            tracing::info!(pool = %section.pool, desired = d.desired, replicas = %drain.join(", "),
+                "autoscaler: draining replicas for the scale-down; release each once idle (`kvmesh replica drain --wait`)");
+        }
         committed = Some((d.desired, d.ready, d.starting, now));
         own_at = Some(now);
     }
+}
+
+/// The replicas a scale-down may release: the routable ones and those still `starting`.
+fn release_candidates(shared: &Shared, starting: &BTreeMap<String, f64>) -> Vec<ReleaseCandidate> {
+    let core = shared.core();
+    core.replicas
+        .values()
+        .filter_map(|r| {
+            let routable = core.fleet.replica(r.id).is_some_and(|f| f.routable());
+            let is_starting = starting.contains_key(&r.config.name);
+            if !routable && !is_starting {
+                return None;
+            }
+            let load = core.fleet.bookings().load(r.id);
+            let engine = r.engine.map_or(0, |e| e.running + e.waiting);
+            Some(ReleaseCandidate {
+                name: r.config.name.clone(),
+                starting: is_starting,
+                in_flight: (load.prefilling + load.decoding).max(engine),
+                cached_blocks: core.fleet.index().replica_blocks(r.id) as u64,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ fn message(d: &Decision) -> v1::ScaleDecision {
         panic: d.panic,
         at: d.at,
         log_index: d.log_index,
+        drain: d.drain.clone(),
     }
 }
 

@@ -97,6 +97,8 @@ pub enum Command {
         base_version: Option<u64>,
     },
     /// One autoscaler decision (filled by the autoscaling capability); the last 100 are kept.
+    /// The live replicas its `drain` array names turn draining in the same entry, so a
+    /// scale-down and the replicas it releases commit together.
     RecordScaleDecision {
         /// The decision with its reason and inputs.
         decision: serde_json::Value,
@@ -200,6 +202,13 @@ impl ClusterState {
                 let mut decision = decision.clone();
                 if let Some(d) = decision.as_object_mut() {
                     d.insert("log_index".into(), index.into());
+                }
+                let drain = decision.get("drain").and_then(|d| d.as_array()).into_iter().flatten();
+                for name in drain.filter_map(|n| n.as_str()) {
+                    if let Some(e) = self.replicas.get_mut(name).filter(|e| e.state != ReplicaState::Removed) {
+                        e.state = ReplicaState::Draining;
+                        e.changed_at = index;
+                    }
                 }
                 self.scale_decisions.push(decision);
                 let excess = self.scale_decisions.len().saturating_sub(100);
@@ -330,6 +339,23 @@ mod tests {
             s.apply(&Command::RecordScaleDecision { decision: serde_json::json!(i) }, 10 + i);
         }
         assert_eq!((s.scale_decisions.len(), s.scale_decisions[0].clone()), (100, serde_json::json!(5)));
+        // A scale-down drains the live replicas it names, in its own entry; unknown and
+        // removed names are skipped.
+        s.apply(&Command::AddReplica { config: replica("c") }, 200);
+        s.apply(&Command::RemoveReplica { name: "b".into() }, 201);
+        let decision = serde_json::json!({"desired_replicas": 1, "drain": ["a", "b", "zz"]});
+        assert_eq!(s.apply(&Command::RecordScaleDecision { decision }, 202), CommandResult::default());
+        let states: Vec<(&str, ReplicaState, u64)> =
+            s.replicas.values().map(|e| (e.config.name.as_str(), e.state, e.changed_at)).collect();
+        assert_eq!(
+            states,
+            vec![
+                ("a", ReplicaState::Draining, 202),
+                ("b", ReplicaState::Removed, 201),
+                ("c", ReplicaState::Ready, 200)
+            ]
+        );
+        assert_eq!(s.scale_decisions.last().unwrap()["log_index"], 202);
     }
 
     #[test]

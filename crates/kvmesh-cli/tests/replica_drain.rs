@@ -1,0 +1,96 @@
+//! `kvmesh replica drain --wait` end to end, as an engine pod's preStop hook runs it: a node in
+//! front of one slow engine-sim with a streamed request in flight; the command reports what is
+//! left, gives up at its timeout, and returns once the request has ended.
+
+use kvmesh_engine_sim::EngineSimConfig;
+use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn drain(grpc: &str, timeout: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kvmesh"));
+    c.args(["replica", "drain", "--wait", "--grpc", grpc, "--name", "e0", "--timeout", timeout]);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_wait_returns_once_the_request_in_flight_has_ended() {
+    let engine = kvmesh_engine_sim::start(EngineSimConfig { speed: 0.05, ..EngineSimConfig::default() }).await.unwrap();
+    let replica = ReplicaConfig {
+        name: "e0".into(),
+        http: engine.base_url(),
+        kv_events: Some(engine.kv_events.clone()),
+        replay: None,
+        kv_events_bind: false,
+        metrics_url: None,
+        capacity_blocks: EngineSimConfig::default().profile.kv_blocks(16),
+        engine: "vllm".into(),
+        model: None,
+        block_size: None,
+    };
+    let config = NodeConfig {
+        node: NodeSection {
+            http: "127.0.0.1:0".parse().unwrap(),
+            grpc: "127.0.0.1:0".parse().unwrap(),
+            scrape_interval_ms: 100,
+            engine_speed: 0.05,
+            ..NodeSection::default()
+        },
+        replicas: vec![replica],
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+        autoscaler: Default::default(),
+        admission: Default::default(),
+    };
+    let node = kvmesh_node::start(config).await.unwrap();
+    let t0 = Instant::now();
+    while !node.shared.core().fleet.replicas().iter().any(|r| r.routable()) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the replica never turned ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A request that runs until it is dropped (10,000 tokens on a slow engine).
+    let body = serde_json::json!({"model": "m", "prompt": "hold ".repeat(200), "max_tokens": 10_000, "stream": true});
+    let url = format!("http://{}/v1/completions", node.http);
+    let mut response = reqwest::Client::new().post(url).json(&body).send().await.unwrap();
+    response.chunk().await.unwrap().unwrap();
+    let grpc = format!("http://{}", node.grpc);
+
+    // It gives up at its timeout, saying what is left; the replica stays draining.
+    let out = tokio::task::spawn_blocking({
+        let grpc = grpc.clone();
+        move || drain(&grpc, "1").output().unwrap()
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stdout.starts_with("replica e0 draining\n"), "{stdout}");
+    let left = "in flight: 1 routed by the tier; the engine reports 1 running, 0 waiting";
+    assert!(stdout.contains(&format!("replica e0: {left}\n")), "{stdout}");
+    assert!(stderr.contains(&format!("replica e0 not idle after 1 s ({left}); it stays draining")), "{stderr}");
+
+    // Waiting again: it returns, with exit code 0, once the request is gone.
+    let mut child = drain(&grpc, "20").stdout(Stdio::piped()).spawn().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let mut lines = Vec::new();
+    while !lines.iter().any(|l: &String| l.ends_with(left)) {
+        lines.push(rx.recv_timeout(Duration::from_secs(10)).expect("a progress line"));
+    }
+    drop(response);
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    lines.extend(rx.iter());
+    assert!(status.success(), "{lines:?}");
+    assert_eq!(lines[0], "replica e0 draining");
+    let last = lines.last().unwrap();
+    assert!(last.starts_with("replica e0 idle after ") && last.ends_with(" s: safe to release"), "{lines:?}");
+    assert!(node.shared.core().fleet.bookings().is_empty());
+    node.stop().await;
+}
