@@ -665,7 +665,7 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
 
     // Draining the busy one by hand: not idle while its request runs, idle once it ends.
     admin.clone().drain_replica(v1::ReplicaRef { name: busy.clone() }).await.unwrap();
-    let in_flight = "in flight: 1 routed by the tier; the engine reports 1 running, 0 waiting".to_string();
+    let in_flight = "not idle: 1 routed by the tier unfinished; the engine reports 1 running, 0 waiting".to_string();
     for _ in 0..100 {
         if view(&list().await, &busy).2 == in_flight {
             break;

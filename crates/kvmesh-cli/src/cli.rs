@@ -235,8 +235,11 @@ pub struct DrainArgs {
     #[arg(long)]
     pub wait: bool,
     /// With --wait: give up after this many seconds and exit 1 (it stays draining).
-    #[arg(long, default_value_t = 600.0, value_name = "SECONDS")]
+    #[arg(long, default_value_t = 600.0, value_name = "SECONDS", requires = "wait")]
     pub timeout: f64,
+    /// With --wait: once idle, also remove it from the registry (a pod that is going away).
+    #[arg(long, requires = "wait")]
+    pub remove: bool,
 }
 
 #[derive(Debug, Subcommand)]

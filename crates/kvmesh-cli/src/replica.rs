@@ -44,8 +44,12 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     .await
                     .context("Admin.DrainReplica")?;
                 println!("replica {} draining", a.name);
-                if d.wait {
-                    wait_idle(&mut client, a, d.timeout).await?;
+                if d.wait && wait_idle(&mut client, a, d.timeout).await? && d.remove {
+                    client
+                        .remove_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
+                        .await
+                        .context("Admin.RemoveReplica")?;
+                    println!("replica {} removed", a.name);
                 }
             }
             ReplicaCommand::Undrain(a) => {
@@ -69,30 +73,55 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
     })
 }
 
-/// Polls the node until replica `a.name` is idle, printing what is left whenever it changes.
+/// Polls the node until replica `a.name` is idle, printing what is left whenever it changes;
+/// returns whether it is still registered. A node that does not answer (restarting, electing
+/// a leader) is asked again until the timeout.
 async fn wait_idle(
     client: &mut v1::admin_client::AdminClient<tonic::transport::Channel>,
     a: &crate::cli::ReplicaNameArgs,
     timeout_s: f64,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     let began = std::time::Instant::now();
     let mut said = String::new();
     loop {
-        let list = client
-            .list_replicas(authed(&a.target, v1::ListReplicasRequest {})?)
-            .await
-            .context("Admin.ListReplicas")?
-            .into_inner();
-        let Some(r) = list.replicas.into_iter().find(|r| r.spec.as_ref().is_some_and(|s| s.name == a.name)) else {
-            anyhow::bail!("replica {} is no longer registered (removed while draining)", a.name);
-        };
-        if r.idle {
-            println!("replica {} idle after {:.1} s: safe to release", a.name, began.elapsed().as_secs_f64());
-            return Ok(());
-        }
-        if r.status_detail != said {
-            println!("replica {}: {}", a.name, r.status_detail);
-            said = r.status_detail;
+        let ask = client.list_replicas(authed(&a.target, v1::ListReplicasRequest {})?);
+        match tokio::time::timeout(std::time::Duration::from_secs(5), ask).await {
+            Ok(Ok(list)) => {
+                let found =
+                    list.into_inner().replicas.into_iter().find(|r| r.spec.as_ref().is_some_and(|s| s.name == a.name));
+                let Some(r) = found else {
+                    println!("replica {} is no longer registered: nothing routes to it", a.name);
+                    return Ok(false);
+                };
+                if r.idle {
+                    println!("replica {} idle after {:.1} s: safe to release", a.name, began.elapsed().as_secs_f64());
+                    return Ok(true);
+                }
+                if r.status != v1::ReplicaStatus::Draining as i32 {
+                    anyhow::bail!("replica {} was put back into rotation while waiting", a.name);
+                }
+                if r.status_detail != said {
+                    println!("replica {}: {}", a.name, r.status_detail);
+                    said = r.status_detail;
+                }
+            }
+            Ok(Err(e)) if e.code() == tonic::Code::Unauthenticated || e.code() == tonic::Code::PermissionDenied => {
+                anyhow::bail!("Admin.ListReplicas: {}", e.message());
+            }
+            Ok(Err(e)) => {
+                let now = format!("the node answered {:?}: {}; asking again", e.code(), e.message());
+                if now != said {
+                    eprintln!("replica {}: {now}", a.name);
+                    said = now;
+                }
+            }
+            Err(_) => {
+                let now = "the node did not answer within 5 s; asking again".to_string();
+                if now != said {
+                    eprintln!("replica {}: {now}", a.name);
+                    said = now;
+                }
+            }
         }
         if began.elapsed().as_secs_f64() >= timeout_s {
             anyhow::bail!("replica {} not idle after {timeout_s} s ({said}); it stays draining", a.name);

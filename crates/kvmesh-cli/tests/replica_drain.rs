@@ -1,6 +1,6 @@
 //! `kvmesh replica drain --wait` end to end, as an engine pod's preStop hook runs it: a node in
 //! front of one slow engine-sim with a streamed request in flight; the command reports what is
-//! left, gives up at its timeout, and returns once the request has ended.
+//! left, gives up at its timeout, and returns once the request has ended (then removes it).
 
 use kvmesh_engine_sim::EngineSimConfig;
 use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
@@ -8,9 +8,9 @@ use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn drain(grpc: &str, timeout: &str) -> Command {
+fn drain(grpc: &str, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kvmesh"));
-    c.args(["replica", "drain", "--wait", "--grpc", grpc, "--name", "e0", "--timeout", timeout]);
+    c.args(["replica", "drain", "--grpc", grpc, "--name", "e0"]).args(args);
     c
 }
 
@@ -57,22 +57,28 @@ async fn drain_wait_returns_once_the_request_in_flight_has_ended() {
     response.chunk().await.unwrap().unwrap();
     let grpc = format!("http://{}", node.grpc);
 
+    // --timeout and --remove only go with --wait.
+    let out = drain(&grpc, &["--timeout", "5"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--wait"), "{err}");
+
     // It gives up at its timeout, saying what is left; the replica stays draining.
     let out = tokio::task::spawn_blocking({
         let grpc = grpc.clone();
-        move || drain(&grpc, "1").output().unwrap()
+        move || drain(&grpc, &["--wait", "--timeout", "3"]).output().unwrap()
     })
     .await
     .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success(), "{stdout}");
     assert!(stdout.starts_with("replica e0 draining\n"), "{stdout}");
-    let left = "in flight: 1 routed by the tier; the engine reports 1 running, 0 waiting";
+    // Settled (2 s), with the request still running.
+    let left = "not idle: 1 routed by the tier unfinished; the engine reports 1 running, 0 waiting";
     assert!(stdout.contains(&format!("replica e0: {left}\n")), "{stdout}");
-    assert!(stderr.contains(&format!("replica e0 not idle after 1 s ({left}); it stays draining")), "{stderr}");
+    assert!(stderr.contains(&format!("replica e0 not idle after 3 s ({left}); it stays draining")), "{stderr}");
 
-    // Waiting again: it returns, with exit code 0, once the request is gone.
-    let mut child = drain(&grpc, "20").stdout(Stdio::piped()).spawn().unwrap();
+    // Waiting again: it returns, with exit code 0, once the request is gone, and removes it.
+    let mut child = drain(&grpc, &["--wait", "--timeout", "20", "--remove"]).stdout(Stdio::piped()).spawn().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let stdout = child.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -89,8 +95,10 @@ async fn drain_wait_returns_once_the_request_in_flight_has_ended() {
     lines.extend(rx.iter());
     assert!(status.success(), "{lines:?}");
     assert_eq!(lines[0], "replica e0 draining");
-    let last = lines.last().unwrap();
-    assert!(last.starts_with("replica e0 idle after ") && last.ends_with(" s: safe to release"), "{lines:?}");
+    let idle = &lines[lines.len() - 2];
+    assert!(idle.starts_with("replica e0 idle after ") && idle.ends_with(" s: safe to release"), "{lines:?}");
+    assert_eq!(lines.last().unwrap(), "replica e0 removed");
     assert!(node.shared.core().fleet.bookings().is_empty());
+    assert!(node.shared.core().replicas.is_empty());
     node.stop().await;
 }

@@ -150,7 +150,8 @@ pub struct AutoscalerSection {
     /// them in the same Raft entry, so no node routes to them; the actuator releases each
     /// once it is idle (`kvmesh replica drain --wait`). Leave it off when the actuator picks
     /// which engines go (KEDA scaling a Deployment: Kubernetes picks the pods, and a preStop
-    /// hook drains each, see deploy/README.md).
+    /// hook drains each, see deploy/README.md). Turn it on only once every node runs a
+    /// version that has it: an older node ignores the drain in the decision's entry.
     pub drain_on_scale_down: bool,
 }
 

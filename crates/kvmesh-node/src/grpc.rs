@@ -215,7 +215,7 @@ impl Services {
         let status = core.status(r, now);
         let load = core.fleet.bookings().load(r.id);
         let block_size = core.fleet.config().block_size;
-        let detail = core.status_detail(r, status);
+        let detail = core.status_detail(r, status, now);
         Some(v1::Replica {
             spec: Some(to_spec(&r.config, block_size)),
             status: wire_status(status) as i32,
@@ -230,7 +230,7 @@ impl Services {
             events_rejected: r.events_rejected,
             last_event_age_s: r.last_event_at.map(|t| now - t),
             last_seq: r.last_seq,
-            idle: core.drain_progress(r).is_some_and(|p| p.idle()),
+            idle: core.drain_progress(r, now).is_some_and(|p| p.idle()),
         })
     }
 }
@@ -333,7 +333,7 @@ impl admin_server::Admin for Services {
             .await
             .map_err(not_found_or)?;
         // The follower task applies it too; doing it here makes the answer show it.
-        let _ = self.shared.set_draining(&name, true);
+        let _ = self.shared.set_rotation(&name, true, true);
         self.await_replica(&name).await
     }
 

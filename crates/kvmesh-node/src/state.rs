@@ -10,7 +10,7 @@ mod drain;
 use crate::config::{NodeConfig, ReplicaConfig};
 use crate::metrics::Metrics;
 use crate::replica::endpoints::Endpoints;
-pub use drain::DrainProgress;
+pub use drain::{DrainProgress, DRAIN_SETTLE_S};
 use kvmesh_core::fleet::ReplicaStatus as CoreStatus;
 use kvmesh_core::index::{ApplyOutcome, KvEvent};
 use kvmesh_core::load::{BookingId, EngineMetrics};
@@ -90,9 +90,12 @@ pub struct Replica {
     pub endpoints: Arc<Endpoints>,
     /// Set by the admin API.
     pub draining: bool,
-    /// Node time draining last began (`None` while not draining): only a scrape after it can
-    /// show the engine idle.
+    /// Node time draining last began (`None` while not draining): only a scrape begun after
+    /// it can show the engine idle.
     pub draining_since: Option<f64>,
+    /// Registered `starting` in the cluster's registry (not routed to, like draining, but not
+    /// being released).
+    pub starting: bool,
     /// Consecutive failed scrapes or connects.
     pub failures: u32,
     /// The last failure, for status.
@@ -101,7 +104,7 @@ pub struct Replica {
     pub overloaded_until: f64,
     /// Last engine report.
     pub engine: Option<EngineMetrics>,
-    /// Node time of that report.
+    /// Node time the scrape that brought that report began.
     pub engine_at: Option<f64>,
     /// Last KV-event sequence number applied.
     pub last_seq: Option<u64>,
@@ -445,6 +448,7 @@ impl Shared {
             endpoints,
             draining: false,
             draining_since: None,
+            starting: false,
             failures: 0,
             last_error: None,
             overloaded_until: 0.0,
@@ -493,9 +497,19 @@ impl Shared {
     /// # Errors
     /// [`RegistryError::Unknown`].
     pub fn set_draining(&self, name: &str, draining: bool) -> Result<(), RegistryError> {
+        self.set_rotation(name, draining, false)
+    }
+
+    /// Takes a replica out of rotation (`draining`, or `starting`: still loading) or puts it
+    /// back, as the cluster's registry says.
+    ///
+    /// # Errors
+    /// [`RegistryError::Unknown`].
+    pub fn set_rotation(&self, name: &str, draining: bool, starting: bool) -> Result<(), RegistryError> {
         let now = self.now();
         let mut core = self.core();
         let r = core.replicas.get_mut(name).ok_or_else(|| RegistryError::Unknown(name.into()))?;
+        r.starting = starting && draining;
         if draining != r.draining {
             r.draining_since = draining.then_some(now);
         }
@@ -538,8 +552,8 @@ impl Core {
         !matches!(status, Status::Draining | Status::Unhealthy | Status::Overloaded)
     }
 
-    /// What `r`'s `status` means, for operators (empty when the status says it all).
-    pub fn status_detail(&self, r: &Replica, status: Status) -> String {
+    /// What `r`'s `status` means at `now`, for operators (empty when the status says it all).
+    pub fn status_detail(&self, r: &Replica, status: Status, now: f64) -> String {
         match status {
             Status::BlockSizeMismatch => {
                 let ours = self.fleet.config().block_size;
@@ -553,7 +567,8 @@ impl Core {
             Status::OutOfSync => {
                 "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
             }
-            Status::Draining => self.drain_progress(r).map_or(String::new(), |p| p.to_string()),
+            Status::Draining if r.starting => "starting: not routed to until it is marked ready".into(),
+            Status::Draining => self.drain_progress(r, now).map_or(String::new(), |p| p.to_string()),
             Status::Ready => String::new(),
         }
     }
@@ -570,7 +585,7 @@ impl Core {
         if from == status {
             return None;
         }
-        let detail = self.status_detail(r, status);
+        let detail = self.status_detail(r, status, now);
         let (from_s, to_s) = (from.as_str(), status.as_str());
         match status {
             // Backpressure comes and goes every `overload_backoff_ms` under load; it is
@@ -645,8 +660,8 @@ impl Core {
         let _ = self.sync_routable(name, now);
     }
 
-    /// Records a good scrape.
-    pub fn record_metrics(&mut self, name: &str, metrics: EngineMetrics, now: f64) {
+    /// Records a good scrape, asked for at `asked_at` and answered by `now` (node seconds).
+    pub fn record_metrics(&mut self, name: &str, metrics: EngineMetrics, asked_at: f64, now: f64) {
         let threshold = self.unhealthy_after;
         let Some(r) = self.replicas.get_mut(name) else { return };
         if r.failures >= threshold {
@@ -655,7 +670,7 @@ impl Core {
         r.failures = 0;
         r.last_error = None;
         r.engine = Some(metrics);
-        r.engine_at = Some(now);
+        r.engine_at = Some(asked_at);
         let id = r.id;
         let _ = self.fleet.report_metrics(id, metrics);
         let _ = self.sync_routable(name, now);
@@ -826,9 +841,9 @@ mod tests {
         assert_eq!(core.replicas["r0"].reported, Status::Unhealthy);
         // Logged when it changed, not again.
         assert_eq!(core.sync_routable("r0", 1.5), None);
-        assert_eq!(core.status_detail(&core.replicas["r0"], Status::Unhealthy), "connection refused");
+        assert_eq!(core.status_detail(&core.replicas["r0"], Status::Unhealthy, 2.0), "connection refused");
         let metrics = EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, at: 2.0 };
-        core.record_metrics("r0", metrics, 2.0);
+        core.record_metrics("r0", metrics, 2.0, 2.0);
         assert_eq!(core.replicas["r0"].reported, Status::Ready);
         // An overload mark runs out with time: seen at the next sync.
         core.record_overload("r0", 5.0, 3.0);

@@ -5,19 +5,22 @@
 //! matter: releasing a replica throws away its KV cache (the prefixes routed to it) and makes
 //! its in-flight requests hold up the release. So, in this order:
 //!
-//! 1. **starting** replicas first: they serve nothing yet, hold no cache, and cancelling a
-//!    start saves the rest of its cold start;
+//! 1. **starting** replicas first, the newest first: they serve nothing yet and hold no
+//!    cache, and cancelling the newest start saves the most cold start;
 //! 2. then ready replicas with the **fewest requests in flight** (the release comes soonest);
 //! 3. then the **fewest cached blocks** (the least prefix cache lost);
 //! 4. then by name, so every node and a new leader pick the same ones.
 
 /// A replica a scale-down may release.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReleaseCandidate {
     /// Its registry name.
     pub name: String,
     /// Still in its cold start (registered `starting`): serves nothing yet.
     pub starting: bool,
+    /// When a starting replica's cold start began, seconds (any clock shared by the
+    /// candidates); ignored for ready ones.
+    pub starting_since: f64,
     /// Requests routed to it and not finished (every router node's bookings, or the engine's
     /// running plus waiting requests, whichever is larger).
     pub in_flight: u32,
@@ -25,14 +28,26 @@ pub struct ReleaseCandidate {
     pub cached_blocks: u64,
 }
 
-/// The names of the `count` replicas of `candidates` to release, in the order above; all of
-/// them when `count` exceeds their number.
-pub fn pick_releases(candidates: &[ReleaseCandidate], count: usize) -> Vec<String> {
-    let mut order: Vec<&ReleaseCandidate> = candidates.iter().collect();
-    order.sort_by(|a, b| {
-        (!a.starting, a.in_flight, a.cached_blocks, &a.name).cmp(&(!b.starting, b.in_flight, b.cached_blocks, &b.name))
+/// The `count` replicas of `candidates` to release, as indices into it, in the order above;
+/// all of them when `count` exceeds their number.
+pub fn pick_releases(candidates: &[ReleaseCandidate], count: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by(|&i, &j| {
+        let (a, b) = (&candidates[i], &candidates[j]);
+        let newest_start = if a.starting && b.starting {
+            b.starting_since.total_cmp(&a.starting_since)
+        } else {
+            std::cmp::Ordering::Equal
+        };
+        b.starting
+            .cmp(&a.starting)
+            .then(newest_start)
+            .then(a.in_flight.cmp(&b.in_flight))
+            .then(a.cached_blocks.cmp(&b.cached_blocks))
+            .then_with(|| a.name.cmp(&b.name))
     });
-    order.into_iter().take(count).map(|c| c.name.clone()).collect()
+    order.truncate(count);
+    order
 }
 
 #[cfg(test)]
@@ -40,7 +55,11 @@ mod tests {
     use super::*;
 
     fn c(name: &str, starting: bool, in_flight: u32, cached_blocks: u64) -> ReleaseCandidate {
-        ReleaseCandidate { name: name.into(), starting, in_flight, cached_blocks }
+        ReleaseCandidate { name: name.into(), starting, starting_since: 0.0, in_flight, cached_blocks }
+    }
+
+    fn names(pool: &[ReleaseCandidate], count: usize) -> Vec<&str> {
+        pick_releases(pool, count).into_iter().map(|i| pool[i].name.as_str()).collect()
     }
 
     #[test]
@@ -51,15 +70,16 @@ mod tests {
             c("e2", true, 0, 0),
             c("e3", false, 0, 40),
             c("e4", false, 0, 40),
-            c("e5", true, 0, 0),
+            ReleaseCandidate { starting_since: 30.0, ..c("e5", true, 0, 0) },
         ];
-        assert_eq!(pick_releases(&pool, 0), Vec::<String>::new());
-        assert_eq!(pick_releases(&pool, 2), ["e2", "e5"]);
-        assert_eq!(pick_releases(&pool, 4), ["e2", "e5", "e3", "e4"]);
-        assert_eq!(pick_releases(&pool, 9), ["e2", "e5", "e3", "e4", "e1", "e0"]);
+        assert_eq!(pick_releases(&pool, 0), Vec::<usize>::new());
+        // e5 began its cold start last: the most of it is saved.
+        assert_eq!(pick_releases(&pool, 1), [5]);
+        assert_eq!(names(&pool, 4), ["e5", "e2", "e3", "e4"]);
+        assert_eq!(names(&pool, 9), ["e5", "e2", "e3", "e4", "e1", "e0"]);
         // The order does not depend on the order given.
         let mut reversed = pool.to_vec();
         reversed.reverse();
-        assert_eq!(pick_releases(&reversed, 5), pick_releases(&pool, 5));
+        assert_eq!(names(&reversed, 5), names(&pool, 5));
     }
 }

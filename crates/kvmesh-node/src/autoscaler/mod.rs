@@ -23,7 +23,8 @@
 //!
 //! With `drain_on_scale_down`, a scale-down also names the replicas to release
 //! (`kvmesh_core::autoscale::pick_releases`) and drains them in the same entry; a replica is
-//! then safe to release once it is idle (`Shared::idle`: nothing in flight anywhere).
+//! then safe to release once it is idle (`Core::drain_progress`, `Replica.idle` in the admin
+//! API: nothing in flight anywhere).
 
 pub mod service;
 
@@ -283,11 +284,13 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         }
         let d = policy.decide(&inputs);
         let mut decision = Decision::new(&section.pool, &d, demand, now);
-        shared.autoscaler.set_evaluated(&decision);
         if section.drain_on_scale_down && d.reason == ScaleReason::ScaleDown {
             let excess = (d.ready + d.starting).saturating_sub(d.desired) as usize;
-            decision.drain = pick_releases(&release_candidates(&shared, &starting_since), excess);
+            let candidates = release_candidates(&shared, &starting_since);
+            decision.drain =
+                pick_releases(&candidates, excess).into_iter().map(|i| candidates[i].name.clone()).collect();
         }
+        shared.autoscaler.set_evaluated(&decision);
         let due = committed.is_none_or(|(desired, ready, starting, at)| {
             (desired, ready, starting) != (d.desired, d.ready, d.starting) || now - at >= REFRESH_S
         });
@@ -319,7 +322,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         }
         if !drain.is_empty() {
             tracing::info!(pool = %section.pool, desired = d.desired, replicas = %drain.join(", "),
-                "autoscaler: draining replicas for the scale-down; release each once idle (`kvmesh replica drain --wait`)");
+                "autoscaler: scale-down asks to drain replicas (the decision's drain lists those drained); release each once idle (`kvmesh replica drain --wait`)");
         }
         committed = Some((d.desired, d.ready, d.starting, now));
         own_at = Some(now);
@@ -333,15 +336,16 @@ fn release_candidates(shared: &Shared, starting: &BTreeMap<String, f64>) -> Vec<
         .values()
         .filter_map(|r| {
             let routable = core.fleet.replica(r.id).is_some_and(|f| f.routable());
-            let is_starting = starting.contains_key(&r.config.name);
-            if !routable && !is_starting {
+            let since = starting.get(&r.config.name).copied();
+            if !routable && since.is_none() {
                 return None;
             }
             let load = core.fleet.bookings().load(r.id);
             let engine = r.engine.map_or(0, |e| e.running + e.waiting);
             Some(ReleaseCandidate {
                 name: r.config.name.clone(),
-                starting: is_starting,
+                starting: since.is_some(),
+                starting_since: since.unwrap_or(0.0),
                 in_flight: (load.prefilling + load.decoding).max(engine),
                 cached_blocks: core.fleet.index().replica_blocks(r.id) as u64,
             })

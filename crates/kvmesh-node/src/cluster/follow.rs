@@ -51,7 +51,7 @@ async fn sync(shared: &Shared, supervisor: &ActorRef<SupervisorMsg>, state: &Clu
     for e in state.live_replicas() {
         // A starting replica is not routed to either: it cannot serve yet.
         let draining = e.state != ReplicaState::Ready;
-        let _ = shared.set_draining(&e.config.name, draining);
+        let _ = shared.set_rotation(&e.config.name, draining, e.state == ReplicaState::Starting);
     }
     if let Some(plan) = &state.replication_plan {
         match serde_json::from_value::<kvmesh_core::replication::ReplicationPlan>(plan.clone()) {

@@ -98,7 +98,10 @@ pub enum Command {
     },
     /// One autoscaler decision (filled by the autoscaling capability); the last 100 are kept.
     /// The live replicas its `drain` array names turn draining in the same entry, so a
-    /// scale-down and the replicas it releases commit together.
+    /// scale-down and the replicas it releases commit together — at most as many as the
+    /// registry holds above `desired_replicas` (so a second leader's scale-down to the same
+    /// count, decided before it saw the first, drains nothing more); `drain` is rewritten to
+    /// the replicas this entry drained.
     RecordScaleDecision {
         /// The decision with its reason and inputs.
         decision: serde_json::Value,
@@ -131,6 +134,29 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
+    /// Drains the replicas a scale-down `decision` names (see `RecordScaleDecision`), and
+    /// rewrites its `drain` to those it drained.
+    fn drain_for(&mut self, decision: &mut serde_json::Value, index: u64) {
+        let Some(d) = decision.as_object_mut() else { return };
+        let Some(names) = d.get("drain").and_then(|n| n.as_array()).cloned() else { return };
+        let desired = d.get("desired_replicas").and_then(|n| n.as_u64()).unwrap_or(u64::MAX);
+        let serving = |e: &RegistryEntry| matches!(e.state, ReplicaState::Ready | ReplicaState::Starting);
+        let mut excess = (self.replicas.values().filter(|e| serving(e)).count() as u64).saturating_sub(desired);
+        let mut drained = Vec::new();
+        for name in names.iter().filter_map(|n| n.as_str()) {
+            if excess == 0 {
+                break;
+            }
+            if let Some(e) = self.replicas.get_mut(name).filter(|e| serving(e)) {
+                e.state = ReplicaState::Draining;
+                e.changed_at = index;
+                drained.push(serde_json::Value::from(name));
+                excess -= 1;
+            }
+        }
+        d.insert("drain".into(), drained.into());
+    }
+
     /// Applies `cmd` committed at log `index`. Deterministic: every node gets the same state.
     pub fn apply(&mut self, cmd: &Command, index: u64) -> CommandResult {
         let err = |e: String| CommandResult { error: Some(e) };
@@ -203,13 +229,7 @@ impl ClusterState {
                 if let Some(d) = decision.as_object_mut() {
                     d.insert("log_index".into(), index.into());
                 }
-                let drain = decision.get("drain").and_then(|d| d.as_array()).into_iter().flatten();
-                for name in drain.filter_map(|n| n.as_str()) {
-                    if let Some(e) = self.replicas.get_mut(name).filter(|e| e.state != ReplicaState::Removed) {
-                        e.state = ReplicaState::Draining;
-                        e.changed_at = index;
-                    }
-                }
+                self.drain_for(&mut decision, index);
                 self.scale_decisions.push(decision);
                 let excess = self.scale_decisions.len().saturating_sub(100);
                 self.scale_decisions.drain(..excess);
@@ -343,19 +363,29 @@ mod tests {
         // removed names are skipped.
         s.apply(&Command::AddReplica { config: replica("c") }, 200);
         s.apply(&Command::RemoveReplica { name: "b".into() }, 201);
-        let decision = serde_json::json!({"desired_replicas": 1, "drain": ["a", "b", "zz"]});
-        assert_eq!(s.apply(&Command::RecordScaleDecision { decision }, 202), CommandResult::default());
-        let states: Vec<(&str, ReplicaState, u64)> =
-            s.replicas.values().map(|e| (e.config.name.as_str(), e.state, e.changed_at)).collect();
-        assert_eq!(
-            states,
-            vec![
-                ("a", ReplicaState::Draining, 202),
-                ("b", ReplicaState::Removed, 201),
-                ("c", ReplicaState::Ready, 200)
-            ]
-        );
-        assert_eq!(s.scale_decisions.last().unwrap()["log_index"], 202);
+        s.apply(&Command::AddReplica { config: replica("d") }, 202);
+        let down = |drain: serde_json::Value| Command::RecordScaleDecision {
+            decision: serde_json::json!({"desired_replicas": 2, "drain": drain}),
+        };
+        let states = |s: &ClusterState| -> Vec<(String, ReplicaState, u64)> {
+            s.replicas.values().map(|e| (e.config.name.clone(), e.state, e.changed_at)).collect()
+        };
+        // a, c and d serve; down to 2 drains one: removed and unknown names are skipped.
+        assert_eq!(s.apply(&down(serde_json::json!(["b", "zz", "a", "c"])), 203), CommandResult::default());
+        let after = vec![
+            ("a".to_string(), ReplicaState::Draining, 203),
+            ("b".to_string(), ReplicaState::Removed, 201),
+            ("c".to_string(), ReplicaState::Ready, 200),
+            ("d".to_string(), ReplicaState::Ready, 202),
+        ];
+        assert_eq!(states(&s), after);
+        let last = s.scale_decisions.last().unwrap();
+        assert_eq!((&last["log_index"], &last["drain"]), (&serde_json::json!(203), &serde_json::json!(["a"])));
+        // A second leader's scale-down to the same count, decided before it saw the first:
+        // nothing more is drained.
+        assert_eq!(s.apply(&down(serde_json::json!(["d"])), 204), CommandResult::default());
+        assert_eq!(states(&s), after);
+        assert_eq!(s.scale_decisions.last().unwrap()["drain"], serde_json::json!([]));
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        let asked_at = shared.now();
         let fetched = scrape(&shared, &url, interval).await;
         let now = shared.now();
         // Parse before taking the core lock: a vLLM page runs to hundreds of kilobytes.
@@ -36,7 +37,7 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
         }
         let mut core = shared.core();
         match result {
-            Ok((_, m, _)) => core.record_metrics(&name, m, now),
+            Ok((_, m, _)) => core.record_metrics(&name, m, asked_at, now),
             Err(e) => {
                 if let Some(status) = core.record_failure(&name, e.clone(), now) {
                     tracing::debug!(replica = %name, error = %e, status = status.as_str(), "scrape failed");

@@ -767,7 +767,14 @@ impl Sim<'_> {
         let waiting: u64 = self.waiting.iter().map(|Reverse((_, load, _))| load).sum();
         let queued: u64 = self.engines.iter().map(Engine::pending_prefill).sum::<u64>() + waiting;
         let Some(sc) = self.scaler.as_mut() else { return };
-        let (start, drain) = sc.evaluate(t, queued as f64);
+        let (engines, fleet) = (&self.engines, &self.routers[0].fleet);
+        let load = |r: usize| {
+            let (running, waiting, _) = engines[r].metrics();
+            let id = ReplicaId(r as u32);
+            let booked = fleet.bookings().load(id);
+            ((booked.prefilling + booked.decoding).max(running + waiting), fleet.index().replica_blocks(id) as u64)
+        };
+        let (start, drain) = sc.evaluate(t, queued as f64, load);
         let cold = sc.config.cold_start_s;
         for r in start {
             self.queue.push(t + cold, Ev::Ready(r as u32));

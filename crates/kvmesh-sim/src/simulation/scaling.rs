@@ -12,7 +12,8 @@
 //! own (see `run`).
 
 use kvmesh_core::autoscale::{
-    AutoscaleConfig, ColdStartAware, Knative, PoolInputs, Reactive, ScaleDecision, ScalePolicy,
+    pick_releases, AutoscaleConfig, ColdStartAware, Knative, PoolInputs, Reactive, ReleaseCandidate, ScaleDecision,
+    ScalePolicy,
 };
 use std::fmt;
 use std::str::FromStr;
@@ -187,8 +188,15 @@ impl Scaler {
         s.1 += secs;
     }
 
-    /// One evaluation at `now`: returns the replicas to start (indices) and to drain.
-    pub fn evaluate(&mut self, now: f64, queued_tokens: f64) -> (Vec<usize>, Vec<usize>) {
+    /// One evaluation at `now`: returns the replicas to start (indices) and to drain. A
+    /// scale-down picks its replicas as the node does (`pick_releases`), from `load(r)`:
+    /// replica `r`'s requests in flight and cached blocks.
+    pub fn evaluate(
+        &mut self,
+        now: f64,
+        queued_tokens: f64,
+        load: impl Fn(usize) -> (u32, u64),
+    ) -> (Vec<usize>, Vec<usize>) {
         let span = now - self.last_eval;
         self.last_eval = now;
         // The first evaluation (at 0) has no interval behind it to measure.
@@ -253,26 +261,53 @@ impl Scaler {
             }
             self.stats.scale_ups += start.len() as u64;
         } else if want < on_hand {
-            // Cancel starts first (newest first), then drain the newest ready replicas.
-            let mut excess = on_hand - want;
-            for s in self.slots.iter_mut().rev() {
-                if excess == 0 {
-                    break;
-                }
-                if let Slot::Starting { since, .. } = *s {
-                    self.stats.gpu_seconds += now - since;
-                    *s = Slot::Off;
-                    excess -= 1;
-                }
-            }
-            for (r, s) in self.slots.iter_mut().enumerate().rev() {
-                if excess == 0 {
-                    break;
-                }
-                if let Slot::Ready { gpu_since } = *s {
-                    *s = Slot::Draining { gpu_since };
-                    drain.push(r);
-                    excess -= 1;
+            // Cancel starts first (newest first), then drain the ready replicas with the
+            // fewest requests in flight and the least cache.
+            let candidates: Vec<(usize, ReleaseCandidate)> = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(r, s)| {
+                    let name = format!("{r:06}");
+                    match *s {
+                        Slot::Starting { since, .. } => Some((
+                            r,
+                            ReleaseCandidate {
+                                name,
+                                starting: true,
+                                starting_since: since,
+                                in_flight: 0,
+                                cached_blocks: 0,
+                            },
+                        )),
+                        Slot::Ready { .. } => {
+                            let (in_flight, cached_blocks) = load(r);
+                            let c = ReleaseCandidate {
+                                name,
+                                starting: false,
+                                starting_since: 0.0,
+                                in_flight,
+                                cached_blocks,
+                            };
+                            Some((r, c))
+                        }
+                        _ => None,
+                    }
+                })
+                .collect();
+            let list: Vec<ReleaseCandidate> = candidates.iter().map(|(_, c)| c.clone()).collect();
+            for i in pick_releases(&list, on_hand - want) {
+                let r = candidates[i].0;
+                match self.slots[r] {
+                    Slot::Starting { since, .. } => {
+                        self.stats.gpu_seconds += now - since;
+                        self.slots[r] = Slot::Off;
+                    }
+                    Slot::Ready { gpu_since } => {
+                        self.slots[r] = Slot::Draining { gpu_since };
+                        drain.push(r);
+                    }
+                    _ => {}
                 }
             }
             self.stats.scale_downs += drain.len() as u64;
