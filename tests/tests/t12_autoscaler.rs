@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{engines, eventually, replica, section};
+use common::{engines, eventually, eventually_within, replica, section};
 use kvmesh_engine_sim::EngineSimConfig;
 use kvmesh_node::config::{AutoscalerSection, ClusterSection, NodeConfig, NodeSection, ReplicaConfig};
 use kvmesh_node::Node;
@@ -682,4 +682,104 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
     }
     assert_eq!(view(&list().await, &busy), (v1::ReplicaStatus::Draining, true, idle_detail));
     node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_and_never_twice() {
+    use kvmesh_node::cluster::registry::ReplicaState;
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(3, 20.0).await;
+    let replicas: Vec<ReplicaConfig> =
+        engines.iter().enumerate().map(|(i, e)| ReplicaConfig { replay: None, ..replica(i, e) }).collect();
+    let ports = common::ports(3);
+    let mut nodes = Vec::new();
+    for id in 1..=3u64 {
+        let node = NodeSection { grpc: format!("127.0.0.1:{}", ports[id as usize - 1]).parse().unwrap(), ..section() };
+        let cluster = ClusterSection {
+            id,
+            peers: ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect(),
+            data_dir: dir.path().join(format!("node{id}")),
+            ..ClusterSection::default()
+        };
+        let config = NodeConfig {
+            node,
+            replicas: replicas.clone(),
+            cluster: Some(cluster),
+            security: Default::default(),
+            replication: Default::default(),
+            // No load needs more than one replica; the pool holds for 2 s first.
+            autoscaler: AutoscalerSection {
+                capacity_tokens_per_s: 1e9,
+                min_replicas: 1,
+                scale_down_delay_s: 2.0,
+                drain_on_scale_down: true,
+                ..autoscaler()
+            },
+            admission: Default::default(),
+        };
+        nodes.push(kvmesh_node::start(config).await.unwrap());
+    }
+    nodes[0].cluster.as_ref().unwrap().init().await.unwrap();
+    // e2 is still starting: the scale-down cancels it first.
+    v1::admin_client::AdminClient::new(common::grpc(nodes[0].grpc).await)
+        .mark_starting(v1::ReplicaRef { name: "e2".into() })
+        .await
+        .unwrap();
+    let drains = |n: &Node| -> Vec<(u32, Vec<String>)> {
+        n.shared
+            .autoscaler
+            .all()
+            .iter()
+            .filter(|d| !d.drain.is_empty())
+            .map(|d| (d.desired_replicas, d.drain.clone()))
+            .collect()
+    };
+    let expected = vec![(1, vec!["e2".to_string(), "e0".to_string()])];
+    eventually_within("the scale-down on every node", 20, || nodes.iter().all(|n| drains(n) == expected)).await;
+    let states = |n: &Node| -> Vec<(String, ReplicaState)> {
+        n.cluster.as_ref().unwrap().state.borrow().live_replicas().map(|e| (e.config.name.clone(), e.state)).collect()
+    };
+    let after = vec![
+        ("e0".to_string(), ReplicaState::Draining),
+        ("e1".to_string(), ReplicaState::Ready),
+        ("e2".to_string(), ReplicaState::Draining),
+    ];
+    eventually("every node applied the drains", || {
+        nodes.iter().all(|n| {
+            states(n) == after && n.shared.core().fleet.replicas().iter().filter(|r| r.routable()).count() == 1
+        })
+    })
+    .await;
+    // The cancelled start is draining, not starting.
+    let detail = |n: &Node, name: &str| {
+        let core = n.shared.core();
+        let r = &core.replicas[name];
+        core.status_detail(r, core.status(r, n.shared.now()), n.shared.now())
+    };
+    let e2 = detail(&nodes[1], "e2");
+    assert!(e2.starts_with("not idle: ") || e2.starts_with("idle: "), "{e2}");
+
+    // A new leader continues at one replica and drains nothing more.
+    let leader = nodes.iter().position(|n| {
+        let c = n.cluster.as_ref().unwrap();
+        c.leader().is_some_and(|(id, _)| id == c.id)
+    });
+    let old = nodes.remove(leader.expect("a leader"));
+    old.stop().await;
+    eventually_within("a new leader", 20, || {
+        nodes.iter().any(|n| {
+            let c = n.cluster.as_ref().unwrap();
+            c.leader().is_some_and(|(id, _)| id == c.id)
+        })
+    })
+    .await;
+    // Ten of its evaluations.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    for n in &nodes {
+        assert_eq!(drains(n), expected);
+        assert_eq!(states(n), after);
+    }
+    for n in nodes {
+        n.stop().await;
+    }
 }
