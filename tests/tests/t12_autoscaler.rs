@@ -158,6 +158,26 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
         .unwrap()
         .into_inner();
     assert_eq!(e2.spec.map(|s| s.name).as_deref(), Some("e2"));
+    // Its engine answers (what `kvmesh replica ready --wait` waits for), and status says so.
+    let mut admin = v1::admin_client::AdminClient::new(ch.clone());
+    let mut e2 = v1::Replica::default();
+    for _ in 0..100 {
+        let list = admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap().into_inner().replicas;
+        e2 = list.into_iter().find(|r| r.spec.as_ref().unwrap().name == "e2").unwrap();
+        if e2.engine_up {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        (e2.status, e2.idle, e2.engine_up, e2.status_detail.as_str()),
+        (
+            v1::ReplicaStatus::Draining as i32,
+            false,
+            true,
+            "starting: the engine answers; not routed to until marked ready"
+        )
+    );
     let committed = |n: &Node| n.cluster.as_ref().unwrap().state.borrow().scale_decisions.len();
     eventually("decisions in Raft on every node", || nodes.iter().all(|n| committed(n) > 0)).await;
     eventually("e2 counted as starting", || {
@@ -189,7 +209,12 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
     // continuing from the last committed decision: the same count, not a second scale-up.
     let ch =
         tonic::transport::Channel::from_shared(format!("http://{}", nodes[0].grpc)).unwrap().connect().await.unwrap();
-    v1::admin_client::AdminClient::new(ch.clone()).undrain_replica(v1::ReplicaRef { name: "e2".into() }).await.unwrap();
+    let ready = v1::admin_client::AdminClient::new(ch.clone())
+        .mark_ready(v1::ReplicaRef { name: "e2".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ready.status, v1::ReplicaStatus::Ready as i32);
     eventually("the new leader decides with e2 ready", || {
         nodes[0].shared.autoscaler.latest().is_some_and(|d| d.at > killed_at && d.starting == 0)
     })
@@ -662,6 +687,12 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
         assert_eq!(view(&rs, n), (v1::ReplicaStatus::Draining, true, idle_detail.clone()), "{n}");
     }
     assert_eq!(view(&rs, &busy), (v1::ReplicaStatus::Ready, false, String::new()));
+    // Alertable: an idle replica nobody released.
+    let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+    for n in &idle_ones {
+        assert!(page.contains(&format!("kvmesh_replica_idle{{replica=\"{n}\"}} 1\n")), "{page}");
+    }
+    assert!(page.contains(&format!("kvmesh_replica_idle{{replica=\"{busy}\"}} 0\n")), "{page}");
 
     // Draining the busy one by hand: not idle while its request runs, idle once it ends.
     admin.clone().drain_replica(v1::ReplicaRef { name: busy.clone() }).await.unwrap();
@@ -758,6 +789,16 @@ async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_a
     };
     let e2 = detail(&nodes[1], "e2");
     assert!(e2.starts_with("not idle: ") || e2.starts_with("idle: "), "{e2}");
+    // Its engine comes up after all: marking the start done does not undo the drain.
+    let mut admin = v1::admin_client::AdminClient::new(common::grpc(nodes[1].grpc).await);
+    let e = admin.mark_ready(v1::ReplicaRef { name: "e2".into() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().starts_with("replica \"e2\" is draining (a scale-down cancelled its start"), "{e:?}");
+    // A ready replica stays ready; an unknown one is not found.
+    let e1 = admin.mark_ready(v1::ReplicaRef { name: "e1".into() }).await.unwrap().into_inner();
+    assert_eq!(e1.status, v1::ReplicaStatus::Ready as i32);
+    let e = admin.mark_ready(v1::ReplicaRef { name: "e9".into() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
 
     // A new leader continues at one replica and drains nothing more.
     let leader = nodes.iter().position(|n| {

@@ -187,13 +187,16 @@ pub enum ReplicaCommand {
     /// Stop routing new requests to a replica; in-flight requests finish. With --wait, wait
     /// until it is idle (safe to release), e.g. in an engine pod's preStop hook.
     Drain(DrainArgs),
-    /// Put a drained or starting replica into rotation (ready).
-    #[command(visible_alias = "ready")]
+    /// Put a drained or starting replica into rotation — also one a scale-down drained (an
+    /// operator's override).
     Undrain(ReplicaNameArgs),
     /// Mark a registered replica as starting (a new engine still loading): not routed to,
     /// counted by the autoscaler as capacity on its way; `kvmesh replica ready` when it
     /// serves, and its cold start is measured. Needs a cluster.
     Starting(ReplicaNameArgs),
+    /// A starting replica's engine serves: into rotation, its cold start measured. Refused
+    /// when it is draining (a scale-down cancelled the start: release it).
+    Ready(ReadyArgs),
 }
 
 #[derive(Debug, Args)]
@@ -227,6 +230,19 @@ pub struct ReplicaNameArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ReadyArgs {
+    #[command(flatten)]
+    pub replica: ReplicaNameArgs,
+    /// First wait until the node's scrapes reach its engine (the engine answers), e.g. in an
+    /// engine pod's start-up script; exit 0 once it is marked ready.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up after this many seconds and exit 2 (it stays starting).
+    #[arg(long, default_value_t = 1800.0, value_name = "SECONDS", requires = "wait")]
+    pub timeout: f64,
+}
+
+#[derive(Debug, Args)]
 pub struct DrainArgs {
     #[command(flatten)]
     pub replica: ReplicaNameArgs,
@@ -234,7 +250,8 @@ pub struct DrainArgs {
     /// and its engine reports none running or waiting — printing what is left; exit 0 then.
     #[arg(long)]
     pub wait: bool,
-    /// With --wait: give up after this many seconds and exit 1 (it stays draining).
+    /// With --wait: give up after this many seconds and exit 2 (it stays draining; other
+    /// errors exit 1).
     #[arg(long, default_value_t = 600.0, value_name = "SECONDS", requires = "wait")]
     pub timeout: f64,
     /// With --wait: once idle, also remove it from the registry (a pod that is going away).
@@ -317,7 +334,7 @@ pub struct FaultArgs {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// The node's gRPC address (`https://` for TLS: see `kvmesh cluster status --help`).
-    #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL")]
+    #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL", env = "KVMESH_GRPC")]
     pub grpc: String,
     /// A file holding the admin token (KVMESH_ADMIN_TOKEN takes precedence).
     #[arg(long, value_name = "FILE")]

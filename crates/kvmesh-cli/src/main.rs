@@ -46,8 +46,22 @@ fn main() -> ExitCode {
             if let Some(hint) = hint(&e) {
                 eprintln!("  hint: {hint}");
             }
+            if e.downcast_ref::<replica::TimedOut>().is_some() {
+                return ExitCode::from(2);
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Writes `text` to stdout; a reader that went away (`kvmesh status | head`) ends the output
+/// quietly instead of failing it.
+pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
     }
 }
 

@@ -44,6 +44,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     .await
                     .context("Admin.DrainReplica")?;
                 println!("replica {} draining", a.name);
+                warn_if_none_routable(&mut client, &a.target).await;
                 if d.wait && wait_idle(&mut client, a, d.timeout).await? && d.remove {
                     client
                         .remove_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
@@ -60,6 +61,23 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     .context("Admin.UndrainReplica")?;
                 println!("replica {} back in rotation", a.name);
             }
+            ReplicaCommand::Ready(r) => {
+                let a = &r.replica;
+                let mut client = admin(&a.target).await?;
+                if r.wait {
+                    if !(r.timeout.is_finite() && r.timeout > 0.0) {
+                        anyhow::bail!("--timeout must be a positive number of seconds, got {}", r.timeout);
+                    }
+                    let wait = Wait { not_yet: "engine does not answer", stays: "it stays starting" };
+                    let found = wait_for(&mut client, a, r.timeout, wait, |r| Ok(r.engine_up)).await?;
+                    anyhow::ensure!(found.is_some(), "replica {} is not registered (removed while waiting)", a.name);
+                }
+                client
+                    .mark_ready(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
+                    .await
+                    .map_err(|s| anyhow::anyhow!("Admin.MarkReady: {}", s.message()))?;
+                println!("replica {} ready: in rotation", a.name);
+            }
             ReplicaCommand::Starting(a) => {
                 admin(&a.target)
                     .await?
@@ -73,58 +91,108 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
     })
 }
 
+/// Warns when no replica takes traffic any more (the last one was drained): every request
+/// now gets 503.
+async fn warn_if_none_routable(
+    client: &mut v1::admin_client::AdminClient<tonic::transport::Channel>,
+    target: &ClusterTarget,
+) {
+    let Ok(req) = authed(target, v1::ListReplicasRequest {}) else { return };
+    let Ok(list) = client.list_replicas(req).await else { return };
+    let out = [v1::ReplicaStatus::Draining, v1::ReplicaStatus::Unhealthy];
+    let replicas = list.into_inner().replicas;
+    if !replicas.iter().any(|r| !out.iter().any(|s| *s as i32 == r.status)) {
+        eprintln!(
+            "warning: no replica takes traffic now: every request gets 503 until one is back \
+             (`kvmesh replica undrain --name <replica>`)"
+        );
+    }
+}
+
+/// `drain --wait` gave up: exit code 2, so a hook can tell it from a mistake (exit 1).
+#[derive(Debug)]
+pub struct TimedOut(String);
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
 /// Polls the node until replica `a.name` is idle, printing what is left whenever it changes;
-/// returns whether it is still registered. A node that does not answer (restarting, electing
-/// a leader) is asked again until the timeout.
+/// returns whether it is still registered.
 async fn wait_idle(
     client: &mut v1::admin_client::AdminClient<tonic::transport::Channel>,
     a: &crate::cli::ReplicaNameArgs,
     timeout_s: f64,
 ) -> anyhow::Result<bool> {
     let began = std::time::Instant::now();
+    let draining = v1::ReplicaStatus::Draining as i32;
+    let wait = Wait { not_yet: "not idle", stays: "it stays draining and registered" };
+    let found = wait_for(client, a, timeout_s, wait, |r| {
+        if r.idle {
+            return Ok(true);
+        }
+        if r.status != draining {
+            anyhow::bail!("replica {} was put back into rotation while waiting", a.name);
+        }
+        Ok(false)
+    })
+    .await?;
+    if found.is_none() {
+        println!("replica {} is no longer registered: nothing routes to it", a.name);
+        return Ok(false);
+    }
+    println!("replica {} idle after {:.1} s: safe to release", a.name, began.elapsed().as_secs_f64());
+    Ok(true)
+}
+
+/// What a wait says when it gives up: "replica X {not_yet} after T s (…); {stays}".
+struct Wait {
+    not_yet: &'static str,
+    stays: &'static str,
+}
+
+/// Polls the node until `done` holds for replica `a.name`, printing its status detail
+/// whenever it changes; returns it then, or `None` once it is no longer registered. `done`'s
+/// error ends the wait. A node that does not answer (restarting, electing a leader) is asked
+/// again until the timeout ([`TimedOut`]).
+async fn wait_for(
+    client: &mut v1::admin_client::AdminClient<tonic::transport::Channel>,
+    a: &crate::cli::ReplicaNameArgs,
+    timeout_s: f64,
+    wait: Wait,
+    done: impl Fn(&v1::Replica) -> anyhow::Result<bool>,
+) -> anyhow::Result<Option<v1::Replica>> {
+    let began = std::time::Instant::now();
     let mut said = String::new();
     loop {
         let ask = client.list_replicas(authed(&a.target, v1::ListReplicasRequest {})?);
-        match tokio::time::timeout(std::time::Duration::from_secs(5), ask).await {
+        let now = match tokio::time::timeout(std::time::Duration::from_secs(5), ask).await {
             Ok(Ok(list)) => {
                 let found =
                     list.into_inner().replicas.into_iter().find(|r| r.spec.as_ref().is_some_and(|s| s.name == a.name));
-                let Some(r) = found else {
-                    println!("replica {} is no longer registered: nothing routes to it", a.name);
-                    return Ok(false);
-                };
-                if r.idle {
-                    println!("replica {} idle after {:.1} s: safe to release", a.name, began.elapsed().as_secs_f64());
-                    return Ok(true);
+                let Some(r) = found else { return Ok(None) };
+                if done(&r)? {
+                    return Ok(Some(r));
                 }
-                if r.status != v1::ReplicaStatus::Draining as i32 {
-                    anyhow::bail!("replica {} was put back into rotation while waiting", a.name);
-                }
-                if r.status_detail != said {
-                    println!("replica {}: {}", a.name, r.status_detail);
-                    said = r.status_detail;
-                }
+                r.status_detail
             }
             Ok(Err(e)) if e.code() == tonic::Code::Unauthenticated || e.code() == tonic::Code::PermissionDenied => {
                 anyhow::bail!("Admin.ListReplicas: {}", e.message());
             }
-            Ok(Err(e)) => {
-                let now = format!("the node answered {:?}: {}; asking again", e.code(), e.message());
-                if now != said {
-                    eprintln!("replica {}: {now}", a.name);
-                    said = now;
-                }
-            }
-            Err(_) => {
-                let now = "the node did not answer within 5 s; asking again".to_string();
-                if now != said {
-                    eprintln!("replica {}: {now}", a.name);
-                    said = now;
-                }
-            }
+            Ok(Err(e)) => format!("the node answered {:?}: {}; asking again", e.code(), e.message()),
+            Err(_) => "the node did not answer within 5 s; asking again".to_string(),
+        };
+        if now != said {
+            println!("replica {}: {now}", a.name);
+            said = now;
         }
         if began.elapsed().as_secs_f64() >= timeout_s {
-            anyhow::bail!("replica {} not idle after {timeout_s} s ({said}); it stays draining", a.name);
+            let Wait { not_yet, stays } = wait;
+            return Err(TimedOut(format!("replica {} {not_yet} after {timeout_s} s ({said}); {stays}", a.name)).into());
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }

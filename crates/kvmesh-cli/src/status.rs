@@ -7,6 +7,7 @@
 use crate::cli::StatusArgs;
 use anyhow::Context;
 use kvmesh_proto::v1;
+use std::fmt::Write as _;
 
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -54,29 +55,29 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let (replicas, admission) = (replicas.replicas, replicas.admission);
     if args.json {
         let rows: Vec<serde_json::Value> = replicas.iter().map(row_json).collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-        return Ok(());
+        return crate::emit(&format!("{}\n", serde_json::to_string_pretty(&rows)?));
     }
+    let mut out = String::new();
     if let Some(c) = &cluster {
         let text = crate::cluster::render(c);
         // The header and the members; the registry repeats what the replica table shows.
         let members: Vec<&str> = text.lines().take_while(|l| !l.starts_with("registry")).collect();
-        println!("{}\n", members.join("\n"));
+        let _ = writeln!(out, "{}\n", members.join("\n"));
     }
-    print!("{}", render(&replicas));
+    out.push_str(&render(&replicas));
     if let Some(a) = &admission {
-        println!("\n{}", render_admission(a));
+        let _ = writeln!(out, "\n{}", render_admission(a));
     }
     if let Some(d) = &scale {
-        println!("\n{}", render_scale(d, kvmesh_node::replication::unix_now()));
+        let _ = writeln!(out, "\n{}", render_scale(d, kvmesh_node::replication::unix_now()));
     }
     if let Some((hot, plan)) = &replication {
-        print!("\n{}", crate::replication::render(hot, plan, kvmesh_node::replication::unix_now()));
+        let _ = write!(out, "\n{}", crate::replication::render(hot, plan, kvmesh_node::replication::unix_now()));
     }
     if !decisions.is_empty() {
-        println!("\n{}", render_decisions(&decisions));
+        let _ = writeln!(out, "\n{}", render_decisions(&decisions));
     }
-    Ok(())
+    crate::emit(&out)
 }
 
 fn authed_decisions(
@@ -169,7 +170,7 @@ fn row_json(r: &v1::Replica) -> serde_json::Value {
         "running": r.running, "waiting": r.waiting, "kv_usage": r.kv_usage,
         "queued_prefill_tokens": r.queued_prefill_tokens, "live_bookings": r.live_bookings,
         "index_blocks": r.index_blocks, "events_applied": r.events_applied, "events_rejected": r.events_rejected,
-        "last_event_age_s": r.last_event_age_s, "last_seq": r.last_seq, "idle": r.idle,
+        "last_event_age_s": r.last_event_age_s, "last_seq": r.last_seq, "idle": r.idle, "engine_up": r.engine_up,
     })
 }
 
@@ -296,6 +297,7 @@ mod tests {
             last_event_age_s: Some(1.25),
             last_seq: Some(11),
             idle: false,
+            engine_up: true,
         };
         let table = render(&[r]);
         let row = table.lines().nth(1).unwrap();

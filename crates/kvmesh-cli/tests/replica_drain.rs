@@ -70,12 +70,17 @@ async fn drain_wait_returns_once_the_request_in_flight_has_ended() {
     .await
     .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(!out.status.success(), "{stdout}");
+    assert_eq!(out.status.code(), Some(2), "{stdout}");
     assert!(stdout.starts_with("replica e0 draining\n"), "{stdout}");
+    // It was the only replica: the tier now takes no traffic, and says so.
+    assert!(stderr.contains("warning: no replica takes traffic now"), "{stderr}");
     // Settled (2 s), with the request still running.
     let left = "not idle: 1 routed by the tier unfinished; the engine reports 1 running, 0 waiting";
     assert!(stdout.contains(&format!("replica e0: {left}\n")), "{stdout}");
-    assert!(stderr.contains(&format!("replica e0 not idle after 3 s ({left}); it stays draining")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("replica e0 not idle after 3 s ({left}); it stays draining and registered")),
+        "{stderr}"
+    );
 
     // Waiting again: it returns, with exit code 0, once the request is gone, and removes it.
     let mut child = drain(&grpc, &["--wait", "--timeout", "20", "--remove"]).stdout(Stdio::piped()).spawn().unwrap();

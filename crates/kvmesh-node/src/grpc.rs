@@ -184,7 +184,7 @@ impl Services {
     async fn set_draining(&self, name: String, draining: bool) -> Result<Response<v1::Replica>, GrpcStatus> {
         if let Some(c) = &self.cluster {
             let state = if draining { ReplicaState::Draining } else { ReplicaState::Ready };
-            c.write(Command::SetReplicaState { name: name.clone(), state }).await.map_err(not_found_or)?;
+            c.write(Command::SetReplicaState { name: name.clone(), state, from: None }).await.map_err(not_found_or)?;
             // The follower task applies it too; doing it here makes the answer show it.
             let _ = self.shared.set_draining(&name, draining);
             return self.await_replica(&name).await;
@@ -231,6 +231,7 @@ impl Services {
             last_event_age_s: r.last_event_at.map(|t| now - t),
             last_seq: r.last_seq,
             idle: core.drain_progress(r, now).is_some_and(|p| p.idle()),
+            engine_up: r.failures == 0 && r.engine.is_some(),
         })
     }
 }
@@ -321,6 +322,45 @@ impl admin_server::Admin for Services {
         self.set_draining(request.into_inner().name, false).await
     }
 
+    async fn mark_ready(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
+        self.admin_auth(request.metadata())?;
+        let name = request.into_inner().name;
+        let drained = || {
+            GrpcStatus::failed_precondition(format!(
+                "replica {name:?} is draining (a scale-down cancelled its start, or an operator drained it): release \
+                 it, or `kvmesh replica undrain` to put it into rotation anyway"
+            ))
+        };
+        let Some(c) = &self.cluster else {
+            let draining = self.shared.core().replicas.get(&name).map(|r| r.draining);
+            return match draining {
+                None => Err(GrpcStatus::not_found(format!("unknown replica {name:?}"))),
+                Some(true) => Err(drained()),
+                Some(false) => self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name)),
+            };
+        };
+        let state = c.state.borrow().replicas.get(&name).map(|e| e.state);
+        match state {
+            None | Some(ReplicaState::Removed) => Err(GrpcStatus::not_found(format!("unknown replica {name:?}"))),
+            Some(ReplicaState::Ready) => self.await_replica(&name).await,
+            Some(ReplicaState::Draining) => Err(drained()),
+            Some(ReplicaState::Starting) => {
+                let ready = Command::SetReplicaState {
+                    name: name.clone(),
+                    state: ReplicaState::Ready,
+                    from: Some(ReplicaState::Starting),
+                };
+                c.write(ready).await.map_err(|e| match e {
+                    // Drained between the look and the write.
+                    ClusterError::Rejected(m) if m.contains("is draining") => drained(),
+                    e => not_found_or(e),
+                })?;
+                let _ = self.shared.set_rotation(&name, false, false);
+                self.await_replica(&name).await
+            }
+        }
+    }
+
     async fn mark_starting(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
         self.admin_auth(request.metadata())?;
         let name = request.into_inner().name;
@@ -329,7 +369,7 @@ impl admin_server::Admin for Services {
                 "starting replicas live in the cluster's registry: this node runs without [cluster]",
             ));
         };
-        c.write(Command::SetReplicaState { name: name.clone(), state: ReplicaState::Starting })
+        c.write(Command::SetReplicaState { name: name.clone(), state: ReplicaState::Starting, from: None })
             .await
             .map_err(not_found_or)?;
         // The follower task applies it too; doing it here makes the answer show it.

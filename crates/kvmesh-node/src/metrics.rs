@@ -67,6 +67,7 @@ pub struct Metrics {
     replica_bookings: Family<Labels, Gauge>,
     replica_kv_usage: Family<Labels, Gauge<f64, AtomicU64>>,
     replica_index_blocks: Family<Labels, Gauge>,
+    replica_idle: Family<Labels, Gauge>,
     /// Gossip batches sent to peers.
     pub gossip_sent: Counter,
     /// Gossip batches not sent: a peer's queue was full, or an injected fault dropped them.
@@ -120,6 +121,7 @@ impl Metrics {
             replica_bookings: Family::default(),
             replica_kv_usage: Family::default(),
             replica_index_blocks: Family::default(),
+            replica_idle: Family::default(),
             gossip_sent: Counter::default(),
             gossip_dropped: Counter::default(),
             gossip_deltas_received: Counter::default(),
@@ -174,6 +176,11 @@ impl Metrics {
             m.replica_queued_prefill.clone(),
         );
         registry.register("replica_live_bookings", "Requests routed and not yet released", m.replica_bookings.clone());
+        registry.register(
+            "replica_idle",
+            "1 while the replica is draining with nothing in flight: safe to release",
+            m.replica_idle.clone(),
+        );
         registry.register(
             "replica_kv_usage_ratio",
             "Engine-reported KV-cache usage, 0 to 1",
@@ -285,6 +292,7 @@ impl Metrics {
             m.replica_bookings.clear();
             m.replica_kv_usage.clear();
             m.replica_index_blocks.clear();
+            m.replica_idle.clear();
             for r in core.replicas.values() {
                 let status = core.status(r, now);
                 for s in Status::ALL {
@@ -297,6 +305,7 @@ impl Metrics {
                 m.replica_bookings.get_or_create(&l).set((load.prefilling + load.decoding) as i64);
                 m.replica_kv_usage.get_or_create(&l).set(r.engine.map_or(0.0, |e| e.kv_usage));
                 m.replica_index_blocks.get_or_create(&l).set(core.fleet.index().replica_blocks(r.id) as i64);
+                m.replica_idle.get_or_create(&l).set(core.drain_progress(r, now).is_some_and(|p| p.idle()) as i64);
             }
         }
         m.gossip_peer_bookings.clear();

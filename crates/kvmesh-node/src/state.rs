@@ -96,6 +96,8 @@ pub struct Replica {
     /// Registered `starting` in the cluster's registry (not routed to, like draining, but not
     /// being released).
     pub starting: bool,
+    /// This drain's turn to idle was logged.
+    pub idle_logged: bool,
     /// Consecutive failed scrapes or connects.
     pub failures: u32,
     /// The last failure, for status.
@@ -449,6 +451,7 @@ impl Shared {
             draining: false,
             draining_since: None,
             starting: false,
+            idle_logged: false,
             failures: 0,
             last_error: None,
             overloaded_until: 0.0,
@@ -512,6 +515,7 @@ impl Shared {
         r.starting = starting && draining;
         if draining != r.draining {
             r.draining_since = draining.then_some(now);
+            r.idle_logged = false;
         }
         r.draining = draining;
         let _ = core.sync_routable(name, now);
@@ -567,7 +571,11 @@ impl Core {
             Status::OutOfSync => {
                 "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
             }
-            Status::Draining if r.starting => "starting: not routed to until it is marked ready".into(),
+            Status::Draining if r.starting => match (&r.engine, &r.last_error) {
+                (Some(_), None) => "starting: the engine answers; not routed to until marked ready".into(),
+                (_, Some(e)) => format!("starting: the engine does not answer yet ({e})"),
+                (None, None) => "starting: no scrape of the engine yet".into(),
+            },
             Status::Draining => self.drain_progress(r, now).map_or(String::new(), |p| p.to_string()),
             Status::Ready => String::new(),
         }
@@ -638,6 +646,7 @@ impl Core {
         r.failures += 1;
         r.last_error = Some(error);
         let _ = self.sync_routable(name, now);
+        self.note_idle(name, now);
         self.replicas.get(name).map(|r| self.status(r, now))
     }
 
@@ -674,6 +683,7 @@ impl Core {
         let id = r.id;
         let _ = self.fleet.report_metrics(id, metrics);
         let _ = self.sync_routable(name, now);
+        self.note_idle(name, now);
     }
 
     /// Applies one decoded event for `name`.

@@ -73,6 +73,10 @@ pub enum Command {
         name: String,
         /// The new state.
         state: ReplicaState,
+        /// Only from this state (else the command is rejected and changes nothing): marking
+        /// a start done must not undo a scale-down's drain of that start.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<ReplicaState>,
     },
     /// Changes the routing policy on every node.
     SetPolicy {
@@ -202,7 +206,11 @@ impl ClusterState {
                 }
                 _ => return err(format!("unknown replica {name:?}")),
             },
-            Command::SetReplicaState { name, state } => match self.replicas.get_mut(name) {
+            Command::SetReplicaState { name, state, from } => match self.replicas.get_mut(name) {
+                Some(e) if e.state != ReplicaState::Removed && from.is_some_and(|f| f != e.state) => {
+                    let f = from.map_or("", |f| f.as_str());
+                    return err(format!("replica {name:?} is {}, not {f}", e.state.as_str()));
+                }
                 Some(e) if e.state != ReplicaState::Removed => {
                     e.state = *state;
                     e.changed_at = index;
@@ -332,8 +340,15 @@ mod tests {
             s.apply(&Command::AddReplica { config: replica("a") }, 3).error.as_deref(),
             Some("replica \"a\" already exists")
         );
-        let drain = Command::SetReplicaState { name: "b".into(), state: ReplicaState::Draining };
+        let drain = Command::SetReplicaState { name: "b".into(), state: ReplicaState::Draining, from: None };
         assert_eq!(s.apply(&drain, 4), CommandResult::default());
+        // A start marked done only from `starting`: b is draining, and stays so.
+        let ready = Command::SetReplicaState {
+            name: "b".into(),
+            state: ReplicaState::Ready,
+            from: Some(ReplicaState::Starting),
+        };
+        assert_eq!(s.apply(&ready, 4).error.as_deref(), Some("replica \"b\" is draining, not starting"));
         assert_eq!(s.apply(&Command::RemoveReplica { name: "a".into() }, 5), CommandResult::default());
         assert_eq!(
             s.apply(&Command::RemoveReplica { name: "a".into() }, 6).error.as_deref(),
@@ -421,7 +436,7 @@ mod tests {
 
     #[test]
     fn commands_have_a_stable_json_form() {
-        let cmd = Command::SetReplicaState { name: "vllm-0".into(), state: ReplicaState::Draining };
+        let cmd = Command::SetReplicaState { name: "vllm-0".into(), state: ReplicaState::Draining, from: None };
         let json = serde_json::to_string(&cmd).unwrap();
         assert_eq!(json, r#"{"op":"set_replica_state","name":"vllm-0","state":"draining"}"#);
         assert_eq!(serde_json::from_str::<Command>(&json).unwrap(), cmd);

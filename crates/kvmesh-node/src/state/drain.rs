@@ -39,6 +39,9 @@ impl DrainProgress {
 
 impl fmt::Display for DrainProgress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.idle() && self.unhealthy {
+            return f.write_str("idle: the engine does not answer (nothing left to finish there), safe to release");
+        }
         if self.idle() {
             return f.write_str("idle: nothing in flight, safe to release");
         }
@@ -55,13 +58,23 @@ impl fmt::Display for DrainProgress {
             (None, false) => left.push("no engine report since draining began yet".into()),
         }
         if !self.settled {
-            left.push(format!("draining for under {DRAIN_SETTLE_S} s (other router nodes may still route there)"));
+            left.push(format!("the drain is under {DRAIN_SETTLE_S} s old here (router nodes apply it a moment apart)"));
         }
         write!(f, "not idle: {}", left.join("; "))
     }
 }
 
 impl Core {
+    /// Logs, once per drain, that `name` has turned idle (called after each scrape).
+    pub(super) fn note_idle(&mut self, name: &str, now: f64) {
+        let Some(r) = self.replicas.get(name).filter(|r| !r.idle_logged) else { return };
+        let Some(p) = self.drain_progress(r, now).filter(DrainProgress::idle) else { return };
+        tracing::info!(replica = %name, detail = %p, "replica drained: safe to release");
+        if let Some(r) = self.replicas.get_mut(name) {
+            r.idle_logged = true;
+        }
+    }
+
     /// `r`'s way to release while it is draining; `None` when it takes traffic or is starting.
     pub fn drain_progress(&self, r: &Replica, now: f64) -> Option<DrainProgress> {
         let since = r.draining_since.filter(|_| r.draining && !r.starting)?;
@@ -90,6 +103,10 @@ mod tests {
         assert!(!p(0, Some((0, 2)), false).idle());
         assert!(!p(0, None, false).idle());
         assert!(p(0, None, true).idle());
+        assert_eq!(
+            p(0, None, true).to_string(),
+            "idle: the engine does not answer (nothing left to finish there), safe to release"
+        );
         assert!(!p(2, None, true).idle());
         assert_eq!(p(0, Some((0, 0)), false).to_string(), "idle: nothing in flight, safe to release");
         assert_eq!(
@@ -100,7 +117,7 @@ mod tests {
         assert_eq!(p(1, None, true).to_string(), "not idle: 1 routed by the tier unfinished");
         assert_eq!(
             DrainProgress { settled: false, ..p(0, Some((0, 0)), false) }.to_string(),
-            "not idle: draining for under 2 s (other router nodes may still route there)"
+            "not idle: the drain is under 2 s old here (router nodes apply it a moment apart)"
         );
     }
 }
