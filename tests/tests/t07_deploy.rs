@@ -72,3 +72,35 @@ fn the_keda_scaled_object_points_at_kvmesh() {
     let grpc = svc["spec"]["ports"].as_array().unwrap().iter().any(|p| p["port"].as_u64() == Some(50051));
     assert!(grpc, "the client Service exposes gRPC 50051");
 }
+
+#[test]
+fn the_engine_deployment_is_what_keda_scales_and_drains_within_its_grace_period() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/engines.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let dep: Value =
+        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text).map(|v| serde_json::to_value(v).unwrap()).unwrap();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/keda/scaledobject.yaml");
+    let so: Value = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&std::fs::read_to_string(&path).unwrap())
+        .map(|v| serde_json::to_value(v).unwrap())
+        .unwrap();
+    assert_eq!(dep["kind"], "Deployment");
+    assert_eq!(so["spec"]["scaleTargetRef"]["name"], dep["metadata"]["name"]);
+    assert_eq!(so["metadata"]["namespace"], dep["metadata"]["namespace"]);
+    let pod = &dep["spec"]["template"]["spec"];
+    let sidecar = pod["containers"].as_array().unwrap().iter().find(|c| c["name"] == "kvmesh").unwrap();
+    // The sidecar talks to the same router Service KEDA asks.
+    let grpc = sidecar["env"].as_array().unwrap().iter().find(|e| e["name"] == "KVMESH_GRPC").unwrap()["value"]
+        .as_str()
+        .unwrap();
+    assert_eq!(grpc.strip_prefix("http://"), so["spec"]["triggers"][0]["metadata"]["scalerAddress"].as_str());
+    // The drain gives up before Kubernetes kills the pod, and the engine serves until then.
+    let hook = sidecar["lifecycle"]["preStop"]["exec"]["command"][2].as_str().unwrap();
+    let timeout: u64 = hook.split("--timeout ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    assert!(timeout < grace && timeout >= kvmesh_node::config::NodeSection::default().request_timeout_s);
+    let engine = &pod["containers"][0];
+    let wait = engine["lifecycle"]["preStop"]["exec"]["command"][2].as_str().unwrap();
+    let engine_s: u64 = wait.split("seq ").nth(1).unwrap().split(')').next().unwrap().parse().unwrap();
+    assert!(timeout < engine_s && engine_s < grace, "{timeout} < {engine_s} < {grace}");
+    assert!(wait.contains("/drain/done") && hook.ends_with("touch /drain/done\n"), "{hook}");
+}

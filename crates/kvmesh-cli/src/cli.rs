@@ -602,3 +602,46 @@ pub fn print_policies() {
         println!("{:<28}{}", k.as_str(), about(k));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// Every `kvmesh …` command in a shipped manifest's scripts, with the pod's environment
+    /// filled in, parses with this CLI: a renamed flag cannot leave deploy/ behind.
+    #[test]
+    fn the_engine_pods_lifecycle_commands_parse() {
+        let yaml = include_str!("../../../deploy/engines.yaml");
+        let joined = yaml.replace("\\\n", " ");
+        let commands: Vec<Vec<String>> = joined
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("kvmesh replica"))
+            .map(|l| {
+                l.replace("\"$POD_NAME\"", "vllm-7d9f-abcde")
+                    .replace("$POD_IP", "10.0.0.7")
+                    .replace('"', "")
+                    .split_whitespace()
+                    .map(String::from)
+                    .collect()
+            })
+            .collect();
+        let verbs: Vec<&str> = commands.iter().map(|c| c[2].as_str()).collect();
+        assert_eq!(verbs, ["add", "starting", "ready", "drain", "remove"]);
+        for c in &commands {
+            let cli = Cli::try_parse_from(c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            let Command::Replica(cmd) = cli.command else { panic!("{c:?}") };
+            match cmd {
+                ReplicaCommand::Add(a) => {
+                    assert_eq!((a.name.as_str(), a.http.as_str()), ("vllm-7d9f-abcde", "http://10.0.0.7:8000"));
+                    assert_eq!(a.capacity_blocks, 29_375);
+                }
+                ReplicaCommand::Ready(r) => assert!(r.wait && r.timeout == 1800.0),
+                ReplicaCommand::Drain(d) => assert!(d.wait && d.timeout == 600.0 && !d.remove),
+                ReplicaCommand::Starting(a) | ReplicaCommand::Remove(a) => assert_eq!(a.name, "vllm-7d9f-abcde"),
+                ReplicaCommand::Undrain(_) => panic!("{c:?}"),
+            }
+        }
+    }
+}
