@@ -161,7 +161,7 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
     // Its engine answers (what `kvmesh replica ready --wait` waits for), and status says so.
     let mut admin = v1::admin_client::AdminClient::new(ch.clone());
     let mut e2 = v1::Replica::default();
-    for _ in 0..100 {
+    for _ in 0..400 {
         let list = admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap().into_inner().replicas;
         e2 = list.into_iter().find(|r| r.spec.as_ref().unwrap().name == "e2").unwrap();
         if e2.engine_up {
@@ -172,7 +172,7 @@ async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_lead
     assert_eq!(
         (e2.status, e2.idle, e2.engine_up, e2.status_detail.as_str()),
         (
-            v1::ReplicaStatus::Draining as i32,
+            v1::ReplicaStatus::Starting as i32,
             false,
             true,
             "starting: the engine answers; not routed to until marked ready"
@@ -641,7 +641,7 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
             capacity_tokens_per_s: 1e9,
             min_replicas: 1,
             cold_start_s: 0.5,
-            scale_down_delay_s: 0.5,
+            scale_down_delay_s: 1.5,
             drain_on_scale_down: true,
             ..autoscaler()
         },
@@ -652,11 +652,21 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
         node.shared.core().fleet.replicas().iter().filter(|r| r.routable()).count() == 3
     })
     .await;
-    // One request in flight: its replica is the one a scale-down to 1 keeps.
-    let (response, busy) = long_request(&node).await;
+    // One request in flight: its replica is the one a scale-down to 1 keeps. Not e2, which
+    // the order by name alone would keep too.
+    let sent_at = kvmesh_node::replication::unix_now();
+    let (response, busy) = loop {
+        let (response, busy) = long_request(&node).await;
+        if busy != "e2" {
+            break (response, busy);
+        }
+        drop(response);
+        eventually("the request on e2 released", || node.shared.core().fleet.bookings().is_empty()).await;
+    };
     eventually("a scale-down", || node.shared.autoscaler.all().iter().any(|d| d.reason == "scale_down")).await;
     let all = node.shared.autoscaler.all();
     let down = all.iter().find(|d| d.reason == "scale_down").unwrap();
+    assert!(down.at > sent_at, "decided before the request: {down:?}");
     let mut idle_ones: Vec<String> = ["e0", "e1", "e2"].iter().filter(|n| **n != busy).map(|n| n.to_string()).collect();
     idle_ones.sort();
     assert_eq!((down.desired_replicas, down.ready, &down.drain), (1, 3, &idle_ones), "{down:?}");
@@ -675,7 +685,7 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
         (v1::ReplicaStatus::try_from(r.status).unwrap(), r.idle, r.status_detail.clone())
     };
     let idle_detail = "idle: nothing in flight, safe to release".to_string();
-    for _ in 0..100 {
+    for _ in 0..400 {
         let rs = list().await;
         if idle_ones.iter().all(|n| view(&rs, n).1) {
             break;
@@ -697,7 +707,7 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
     // Draining the busy one by hand: not idle while its request runs, idle once it ends.
     admin.clone().drain_replica(v1::ReplicaRef { name: busy.clone() }).await.unwrap();
     let in_flight = "not idle: 1 routed by the tier unfinished; the engine reports 1 running, 0 waiting".to_string();
-    for _ in 0..100 {
+    for _ in 0..400 {
         if view(&list().await, &busy).2 == in_flight {
             break;
         }
@@ -705,7 +715,7 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
     }
     assert_eq!(view(&list().await, &busy), (v1::ReplicaStatus::Draining, false, in_flight));
     drop(response);
-    for _ in 0..100 {
+    for _ in 0..400 {
         if view(&list().await, &busy).1 {
             break;
         }
@@ -717,7 +727,7 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_and_never_twice() {
-    use kvmesh_node::cluster::registry::ReplicaState;
+    use kvmesh_node::cluster::registry::{Command, ReplicaState};
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(3, 20.0).await;
     let replicas: Vec<ReplicaConfig> =
@@ -799,6 +809,17 @@ async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_a
     assert_eq!(e1.status, v1::ReplicaStatus::Ready as i32);
     let e = admin.mark_ready(v1::ReplicaRef { name: "e9".into() }).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
+
+    // A scale-down decided before the latest decision (a leader that had not seen it) drains
+    // nothing, whatever it names.
+    let c = nodes[0].cluster.as_ref().unwrap();
+    let stale = serde_json::json!({"pool": "default", "desired_replicas": 0, "reason": "scale_down", "ready": 1,
+        "starting": 0, "forecast_tokens_per_s": 0.0, "demand_tokens_per_s": 0.0, "capacity_tokens_per_s": 1e9,
+        "panic": false, "at": 0.0, "drain": ["e1"], "base_log_index": 1});
+    c.write(Command::RecordScaleDecision { decision: stale }).await.unwrap();
+    let last = c.state.borrow().scale_decisions.last().cloned().unwrap();
+    assert_eq!(last["drain"], serde_json::json!([]), "{last}");
+    assert_eq!(states(&nodes[0]), after);
 
     // A new leader continues at one replica and drains nothing more.
     let leader = nodes.iter().position(|n| {

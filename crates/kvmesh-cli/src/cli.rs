@@ -180,7 +180,8 @@ pub struct DemoArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ReplicaCommand {
-    /// Register a replica and start following it.
+    /// Register a replica and start following it. Registering the same name with the same
+    /// endpoints again changes nothing (exit 0), so a start-up script can retry it.
     Add(ReplicaAddArgs),
     /// Stop following a replica and forget its blocks and bookings.
     Remove(ReplicaNameArgs),
@@ -218,6 +219,10 @@ pub struct ReplicaAddArgs {
     /// KV-cache capacity, blocks.
     #[arg(long, value_name = "BLOCKS")]
     pub capacity_blocks: u64,
+    /// Register it as starting (its engine still loading; needs a cluster): not routed to,
+    /// counted by the autoscaler, until `kvmesh replica ready`.
+    #[arg(long)]
+    pub starting: bool,
 }
 
 #[derive(Debug, Args)]
@@ -237,7 +242,7 @@ pub struct ReadyArgs {
     /// engine pod's start-up script; exit 0 once it is marked ready.
     #[arg(long)]
     pub wait: bool,
-    /// With --wait: give up after this many seconds and exit 2 (it stays starting).
+    /// With --wait: give up after this many seconds and exit 124 (it stays starting).
     #[arg(long, default_value_t = 1800.0, value_name = "SECONDS", requires = "wait")]
     pub timeout: f64,
 }
@@ -247,11 +252,12 @@ pub struct DrainArgs {
     #[command(flatten)]
     pub replica: ReplicaNameArgs,
     /// Wait until nothing is in flight on it — no request the tier routed there unreleased,
-    /// and its engine reports none running or waiting — printing what is left; exit 0 then.
+    /// and its engine reports none running or waiting (or has served no token for 5 s, or no
+    /// longer answers) — printing what is left; exit 0 then.
     #[arg(long)]
     pub wait: bool,
-    /// With --wait: give up after this many seconds and exit 2 (it stays draining; other
-    /// errors exit 1).
+    /// With --wait: give up after this many seconds and exit 124 (it stays draining; other
+    /// errors exit 1). The wait includes the drain's settle (2 s in a cluster).
     #[arg(long, default_value_t = 600.0, value_name = "SECONDS", requires = "wait")]
     pub timeout: f64,
     /// With --wait: once idle, also remove it from the registry (a pod that is going away).
@@ -616,10 +622,13 @@ mod tests {
         let joined = yaml.replace("\\\n", " ");
         let commands: Vec<Vec<String>> = joined
             .lines()
-            .map(str::trim)
-            .filter(|l| l.starts_with("kvmesh replica"))
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .filter_map(|l| l.find("kvmesh replica").map(|i| &l[i..]))
             .map(|l| {
-                l.replace("\"$POD_NAME\"", "vllm-7d9f-abcde")
+                // The command ends where the shell's `; do` or `||` begins.
+                let end = [l.find("; do"), l.find(" ||")].into_iter().flatten().min().unwrap_or(l.len());
+                l[..end]
+                    .replace("\"$POD_NAME\"", "vllm-7d9f-abcde")
                     .replace("$POD_IP", "10.0.0.7")
                     .replace('"', "")
                     .split_whitespace()
@@ -628,14 +637,15 @@ mod tests {
             })
             .collect();
         let verbs: Vec<&str> = commands.iter().map(|c| c[2].as_str()).collect();
-        assert_eq!(verbs, ["add", "starting", "ready", "drain", "remove"]);
+        assert_eq!(verbs, ["add", "ready", "drain", "remove"]);
         for c in &commands {
             let cli = Cli::try_parse_from(c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
             let Command::Replica(cmd) = cli.command else { panic!("{c:?}") };
             match cmd {
                 ReplicaCommand::Add(a) => {
                     assert_eq!((a.name.as_str(), a.http.as_str()), ("vllm-7d9f-abcde", "http://10.0.0.7:8000"));
-                    assert_eq!(a.capacity_blocks, 29_375);
+                    assert_eq!((a.capacity_blocks, a.starting), (29_375, true));
+                    assert_eq!(a.replay.as_deref(), Some("tcp://10.0.0.7:5558"));
                 }
                 ReplicaCommand::Ready(r) => assert!(r.wait && r.timeout == 1800.0),
                 ReplicaCommand::Drain(d) => assert!(d.wait && d.timeout == 600.0 && !d.remove),

@@ -50,5 +50,7 @@ pub async fn channel(addr: &str, hint: &str) -> anyhow::Result<Channel> {
     if url.starts_with("https://") {
         endpoint = endpoint.tls_config(tls()?)?;
     }
+    // A node that does not answer fails within seconds, not at the OS's TCP timeout.
+    endpoint = endpoint.connect_timeout(std::time::Duration::from_secs(5));
     endpoint.connect().await.with_context(|| format!("connecting to {url} ({hint})"))
 }

@@ -46,8 +46,9 @@ fn main() -> ExitCode {
             if let Some(hint) = hint(&e) {
                 eprintln!("  hint: {hint}");
             }
+            // As timeout(1): clap's usage errors already exit 2.
             if e.downcast_ref::<replica::TimedOut>().is_some() {
-                return ExitCode::from(2);
+                return ExitCode::from(124);
             }
             ExitCode::FAILURE
         }
@@ -67,6 +68,12 @@ pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
 
 /// A hint for errors whose cause the message hides.
 fn hint(e: &anyhow::Error) -> Option<&'static str> {
+    if e.chain().any(|c| c.to_string().contains("the node does not know this call")) {
+        return Some(
+            "upgrade every node to this version; meanwhile `kvmesh replica undrain` puts a starting replica \
+             into rotation on older nodes",
+        );
+    }
     // tonic's words for an answer that is plain HTTP, not gRPC: the node's OpenAI port.
     let http_not_grpc = e.chain().any(|c| c.to_string().contains("grpc-status header missing"));
     http_not_grpc.then_some(

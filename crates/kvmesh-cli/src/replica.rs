@@ -1,4 +1,6 @@
-//! `kvmesh replica add|remove|drain`: a node's admin API (`kvmesh.v1.Admin`) from the shell.
+//! `kvmesh replica add|remove|drain|undrain|starting|ready`: a node's admin API
+//! (`kvmesh.v1.Admin`) from the shell, including the waits an engine pod's start-up script and
+//! preStop hook need (`ready --wait`, `drain --wait`).
 
 use crate::cli::{ClusterTarget, ReplicaCommand};
 use crate::cluster::authed;
@@ -18,12 +20,35 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     capacity_blocks: a.capacity_blocks,
                     ..Default::default()
                 };
-                admin(&a.target)
-                    .await?
-                    .add_replica(authed(&a.target, v1::AddReplicaRequest { spec: Some(spec) })?)
-                    .await
-                    .context("Admin.AddReplica")?;
-                println!("replica {} added", a.name);
+                let mut client = admin(&a.target).await?;
+                match client.add_replica(authed(&a.target, v1::AddReplicaRequest { spec: Some(spec.clone()) })?).await {
+                    Ok(_) => println!("replica {} added", a.name),
+                    Err(e) if e.code() == tonic::Code::AlreadyExists => {
+                        // A retry (or a restarted start-up script): the same registration is done.
+                        let list = client.list_replicas(authed(&a.target, v1::ListReplicasRequest {})?).await?;
+                        let same = list.into_inner().replicas.into_iter().filter_map(|r| r.spec).any(|s| {
+                            (&s.name, &s.http_endpoint, &s.kv_events_endpoint, &s.replay_endpoint, s.capacity_blocks)
+                                == (
+                                    &spec.name,
+                                    &spec.http_endpoint,
+                                    &spec.kv_events_endpoint,
+                                    &spec.replay_endpoint,
+                                    spec.capacity_blocks,
+                                )
+                        });
+                        anyhow::ensure!(same, "Admin.AddReplica: {} (with other endpoints or capacity)", e.message());
+                        println!("replica {} already registered with these endpoints: unchanged", a.name);
+                        return Ok(());
+                    }
+                    Err(e) => return Err(anyhow::anyhow!("Admin.AddReplica: {}", e.message())),
+                }
+                if a.starting {
+                    client
+                        .mark_starting(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
+                        .await
+                        .map_err(|s| anyhow::anyhow!("Admin.MarkStarting: {}", s.message()))?;
+                    println!("replica {} starting: not routed to, counted by the autoscaler", a.name);
+                }
             }
             ReplicaCommand::Remove(a) => {
                 admin(&a.target)
@@ -39,10 +64,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     anyhow::bail!("--timeout must be a positive number of seconds, got {}", d.timeout);
                 }
                 let mut client = admin(&a.target).await?;
-                client
-                    .drain_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
-                    .await
-                    .context("Admin.DrainReplica")?;
+                drain(&mut client, a, if d.wait { d.timeout } else { 10.0 }).await?;
                 println!("replica {} draining", a.name);
                 warn_if_none_routable(&mut client, &a.target).await;
                 if d.wait && wait_idle(&mut client, a, d.timeout).await? && d.remove {
@@ -72,10 +94,14 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     let found = wait_for(&mut client, a, r.timeout, wait, |r| Ok(r.engine_up)).await?;
                     anyhow::ensure!(found.is_some(), "replica {} is not registered (removed while waiting)", a.name);
                 }
-                client
-                    .mark_ready(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
-                    .await
-                    .map_err(|s| anyhow::anyhow!("Admin.MarkReady: {}", s.message()))?;
+                client.mark_ready(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?).await.map_err(|s| {
+                    match s.code() {
+                        tonic::Code::Unimplemented => {
+                            anyhow::anyhow!("Admin.MarkReady: the node does not know this call")
+                        }
+                        _ => anyhow::anyhow!("Admin.MarkReady: {}", s.message()),
+                    }
+                })?;
                 println!("replica {} ready: in rotation", a.name);
             }
             ReplicaCommand::Starting(a) => {
@@ -99,7 +125,7 @@ async fn warn_if_none_routable(
 ) {
     let Ok(req) = authed(target, v1::ListReplicasRequest {}) else { return };
     let Ok(list) = client.list_replicas(req).await else { return };
-    let out = [v1::ReplicaStatus::Draining, v1::ReplicaStatus::Unhealthy];
+    let out = [v1::ReplicaStatus::Draining, v1::ReplicaStatus::Starting, v1::ReplicaStatus::Unhealthy];
     let replicas = list.into_inner().replicas;
     if !replicas.iter().any(|r| !out.iter().any(|s| *s as i32 == r.status)) {
         eprintln!(
@@ -109,7 +135,34 @@ async fn warn_if_none_routable(
     }
 }
 
-/// `drain --wait` gave up: exit code 2, so a hook can tell it from a mistake (exit 1).
+/// Asks the node to drain `a.name`, again while it does not answer or has no Raft leader (a
+/// router restarting or electing), for up to `patience_s` seconds.
+async fn drain(
+    client: &mut v1::admin_client::AdminClient<tonic::transport::Channel>,
+    a: &crate::cli::ReplicaNameArgs,
+    patience_s: f64,
+) -> anyhow::Result<()> {
+    let began = std::time::Instant::now();
+    loop {
+        let ask = client.drain_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?);
+        let err = match tokio::time::timeout(std::time::Duration::from_secs(10), ask).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) if !matches!(e.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) => {
+                anyhow::bail!("Admin.DrainReplica: {}", e.message())
+            }
+            Ok(Err(e)) => format!("{:?}: {}", e.code(), e.message()),
+            Err(_) => "no answer within 10 s".to_string(),
+        };
+        if began.elapsed().as_secs_f64() >= patience_s {
+            anyhow::bail!("Admin.DrainReplica: {err}; gave up after {patience_s} s");
+        }
+        println!("replica {}: drain not accepted yet ({err}); asking again", a.name);
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// `drain --wait` or `ready --wait` gave up: exit code 124 (as timeout(1)), so a hook can tell
+/// it from a mistake (exit 1) or a usage error (exit 2).
 #[derive(Debug)]
 pub struct TimedOut(String);
 

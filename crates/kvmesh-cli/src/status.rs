@@ -155,6 +155,7 @@ fn status_name(raw: i32) -> &'static str {
     match v1::ReplicaStatus::try_from(raw) {
         Ok(v1::ReplicaStatus::Ready) => "ready",
         Ok(v1::ReplicaStatus::Draining) => "draining",
+        Ok(v1::ReplicaStatus::Starting) => "starting",
         Ok(v1::ReplicaStatus::OutOfSync) => "out_of_sync",
         Ok(v1::ReplicaStatus::NoEvents) => "no_events",
         Ok(v1::ReplicaStatus::BlockSizeMismatch) => "block_size_mismatch",

@@ -123,6 +123,7 @@ fn wire_status(s: Status) -> v1::ReplicaStatus {
     match s {
         Status::Ready => v1::ReplicaStatus::Ready,
         Status::Draining => v1::ReplicaStatus::Draining,
+        Status::Starting => v1::ReplicaStatus::Starting,
         Status::OutOfSync => v1::ReplicaStatus::OutOfSync,
         Status::NoEvents => v1::ReplicaStatus::NoEvents,
         Status::BlockSizeMismatch => v1::ReplicaStatus::BlockSizeMismatch,
@@ -325,19 +326,22 @@ impl admin_server::Admin for Services {
     async fn mark_ready(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
         self.admin_auth(request.metadata())?;
         let name = request.into_inner().name;
+        let Some(c) = &self.cluster else {
+            // No starts without a cluster: ready unless an operator drained it.
+            let draining = self.shared.core().replicas.get(&name).map(|r| r.draining);
+            return match draining {
+                None => Err(GrpcStatus::not_found(format!("unknown replica {name:?}"))),
+                Some(true) => Err(GrpcStatus::failed_precondition(format!(
+                    "replica {name:?} is draining: `kvmesh replica undrain` puts it back into rotation"
+                ))),
+                Some(false) => self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name)),
+            };
+        };
         let drained = || {
             GrpcStatus::failed_precondition(format!(
                 "replica {name:?} is draining (a scale-down cancelled its start, or an operator drained it): release \
                  it, or `kvmesh replica undrain` to put it into rotation anyway"
             ))
-        };
-        let Some(c) = &self.cluster else {
-            let draining = self.shared.core().replicas.get(&name).map(|r| r.draining);
-            return match draining {
-                None => Err(GrpcStatus::not_found(format!("unknown replica {name:?}"))),
-                Some(true) => Err(drained()),
-                Some(false) => self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name)),
-            };
         };
         let state = c.state.borrow().replicas.get(&name).map(|e| e.state);
         match state {
@@ -350,11 +354,14 @@ impl admin_server::Admin for Services {
                     state: ReplicaState::Ready,
                     from: Some(ReplicaState::Starting),
                 };
-                c.write(ready).await.map_err(|e| match e {
-                    // Drained between the look and the write.
-                    ClusterError::Rejected(m) if m.contains("is draining") => drained(),
-                    e => not_found_or(e),
-                })?;
+                match c.write(ready).await {
+                    Ok(_) => {}
+                    // Marked ready by another call meanwhile: what was asked.
+                    Err(ClusterError::Rejected(m)) if m.contains(" is ready, ") => {}
+                    // Drained meanwhile.
+                    Err(ClusterError::Rejected(m)) if m.contains(" is draining, ") => return Err(drained()),
+                    Err(e) => return Err(not_found_or(e)),
+                }
                 let _ = self.shared.set_rotation(&name, false, false);
                 self.await_replica(&name).await
             }
@@ -369,9 +376,33 @@ impl admin_server::Admin for Services {
                 "starting replicas live in the cluster's registry: this node runs without [cluster]",
             ));
         };
-        c.write(Command::SetReplicaState { name: name.clone(), state: ReplicaState::Starting, from: None })
-            .await
-            .map_err(not_found_or)?;
+        // Only a replica in rotation starts: a drain that came first (its pod is going away)
+        // must not be undone.
+        let draining = || {
+            GrpcStatus::failed_precondition(format!(
+                "replica {name:?} is draining: a start marked now would put it back (undrain it first)"
+            ))
+        };
+        let state = c.state.borrow().replicas.get(&name).map(|e| e.state);
+        match state {
+            None | Some(ReplicaState::Removed) => {
+                return Err(GrpcStatus::not_found(format!("unknown replica {name:?}")))
+            }
+            Some(ReplicaState::Starting) => return self.await_replica(&name).await,
+            Some(ReplicaState::Draining) => return Err(draining()),
+            Some(ReplicaState::Ready) => {}
+        }
+        let starting = Command::SetReplicaState {
+            name: name.clone(),
+            state: ReplicaState::Starting,
+            from: Some(ReplicaState::Ready),
+        };
+        match c.write(starting).await {
+            Ok(_) => {}
+            Err(ClusterError::Rejected(m)) if m.contains(" is starting, ") => {}
+            Err(ClusterError::Rejected(m)) if m.contains(" is draining, ") => return Err(draining()),
+            Err(e) => return Err(not_found_or(e)),
+        }
         // The follower task applies it too; doing it here makes the answer show it.
         let _ = self.shared.set_rotation(&name, true, true);
         self.await_replica(&name).await

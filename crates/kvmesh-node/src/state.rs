@@ -10,7 +10,7 @@ mod drain;
 use crate::config::{NodeConfig, ReplicaConfig};
 use crate::metrics::Metrics;
 use crate::replica::endpoints::Endpoints;
-pub use drain::{DrainProgress, DRAIN_SETTLE_S};
+pub use drain::{DrainProgress, DRAIN_SETTLE_S, ENGINE_STALL_S};
 use kvmesh_core::fleet::ReplicaStatus as CoreStatus;
 use kvmesh_core::index::{ApplyOutcome, KvEvent};
 use kvmesh_core::load::{BookingId, EngineMetrics};
@@ -39,8 +39,11 @@ use std::time::Instant;
 pub enum Status {
     /// Routable, events (if configured) current.
     Ready,
-    /// Not routed to by operator request; in-flight requests finish.
+    /// Not routed to by operator request or a scale-down; in-flight requests finish.
     Draining,
+    /// Registered `starting` in the cluster's registry (its engine still loading): not routed
+    /// to until marked ready.
+    Starting,
     /// Events were missed; being resynced (routed on load meanwhile).
     OutOfSync,
     /// Configured for events, none arrive while it serves (routed on load and the record).
@@ -59,6 +62,7 @@ impl Status {
         match self {
             Status::Ready => "ready",
             Status::Draining => "draining",
+            Status::Starting => "starting",
             Status::OutOfSync => "out_of_sync",
             Status::NoEvents => "no_events",
             Status::BlockSizeMismatch => "block_size_mismatch",
@@ -68,9 +72,10 @@ impl Status {
     }
 
     /// Every status, for metrics.
-    pub const ALL: [Status; 7] = [
+    pub const ALL: [Status; 8] = [
         Status::Ready,
         Status::Draining,
+        Status::Starting,
         Status::OutOfSync,
         Status::NoEvents,
         Status::BlockSizeMismatch,
@@ -90,8 +95,8 @@ pub struct Replica {
     pub endpoints: Arc<Endpoints>,
     /// Set by the admin API.
     pub draining: bool,
-    /// Node time draining last began (`None` while not draining): only a scrape begun after
-    /// it can show the engine idle.
+    /// Node time, seconds, draining last began (`None` while not draining): only a scrape
+    /// begun after the drain settled can show the engine idle.
     pub draining_since: Option<f64>,
     /// Registered `starting` in the cluster's registry (not routed to, like draining, but not
     /// being released).
@@ -106,8 +111,12 @@ pub struct Replica {
     pub overloaded_until: f64,
     /// Last engine report.
     pub engine: Option<EngineMetrics>,
-    /// Node time the scrape that brought that report began.
+    /// Node time, seconds, the scrape that brought that report began.
     pub engine_at: Option<f64>,
+    /// The engine's served-token counter (prompt computed plus generated, tokens) at the last
+    /// scrape, and the node time, seconds, of the scrape that first saw that value: a counter
+    /// that stands still while the engine reports requests running means stale gauges.
+    pub engine_served: Option<(f64, f64)>,
     /// Last KV-event sequence number applied.
     pub last_seq: Option<u64>,
     /// Node time of the last KV-event message.
@@ -146,6 +155,8 @@ pub struct Core {
     /// Replicas by name.
     pub replicas: BTreeMap<String, Replica>,
     unhealthy_after: u32,
+    /// Seconds a drain takes to settle across the tier ([`drain::settle_s`]).
+    drain_settle_s: f64,
     events_silent_s: f64,
     /// When every replica's routable flag was last re-evaluated (node seconds).
     synced_at: f64,
@@ -285,6 +296,7 @@ impl Shared {
             rng: SmallRng::seed_from_u64(0x6b76_6d65_7368 ^ config.cluster.as_ref().map_or(0, |c| c.id)),
             replicas: BTreeMap::new(),
             unhealthy_after: config.node.unhealthy_after.max(1),
+            drain_settle_s: drain::settle_s(config.cluster.as_ref()),
             events_silent_s: config.node.events_silent_s,
             synced_at: f64::NEG_INFINITY,
             outbox: config
@@ -457,6 +469,7 @@ impl Shared {
             overloaded_until: 0.0,
             engine: None,
             engine_at: None,
+            engine_served: None,
             last_seq: None,
             last_event_at: None,
             unpublished_since: None,
@@ -526,6 +539,9 @@ impl Shared {
 impl Core {
     /// The status operators see for `r` at `now`.
     pub fn status(&self, r: &Replica, now: f64) -> Status {
+        if r.starting {
+            return Status::Starting;
+        }
         if r.draining {
             return Status::Draining;
         }
@@ -553,7 +569,7 @@ impl Core {
 
     /// Whether a replica takes new requests (ready, or degraded but still serving).
     fn routable(status: Status) -> bool {
-        !matches!(status, Status::Draining | Status::Unhealthy | Status::Overloaded)
+        !matches!(status, Status::Draining | Status::Starting | Status::Unhealthy | Status::Overloaded)
     }
 
     /// What `r`'s `status` means at `now`, for operators (empty when the status says it all).
@@ -571,7 +587,7 @@ impl Core {
             Status::OutOfSync => {
                 "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
             }
-            Status::Draining if r.starting => match (&r.engine, &r.last_error) {
+            Status::Starting => match (&r.engine, &r.last_error) {
                 (Some(_), None) => "starting: the engine answers; not routed to until marked ready".into(),
                 (_, Some(e)) => format!("starting: the engine does not answer yet ({e})"),
                 (None, None) => "starting: no scrape of the engine yet".into(),
@@ -605,7 +621,7 @@ impl Core {
                 tracing::debug!(replica = %name, from = from_s, "replica ready")
             }
             Status::Ready => tracing::info!(replica = %name, from = from_s, "replica ready"),
-            Status::Draining => {
+            Status::Draining | Status::Starting => {
                 tracing::info!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
             }
             Status::BlockSizeMismatch => {
@@ -669,8 +685,9 @@ impl Core {
         let _ = self.sync_routable(name, now);
     }
 
-    /// Records a good scrape, asked for at `asked_at` and answered by `now` (node seconds).
-    pub fn record_metrics(&mut self, name: &str, metrics: EngineMetrics, asked_at: f64, now: f64) {
+    /// Records a good scrape, asked for at `asked_at` and answered by `now` (node seconds),
+    /// with the engine's served-token counter when its page has one (tokens).
+    pub fn record_metrics(&mut self, name: &str, metrics: EngineMetrics, served: Option<f64>, asked_at: f64, now: f64) {
         let threshold = self.unhealthy_after;
         let Some(r) = self.replicas.get_mut(name) else { return };
         if r.failures >= threshold {
@@ -680,6 +697,11 @@ impl Core {
         r.last_error = None;
         r.engine = Some(metrics);
         r.engine_at = Some(asked_at);
+        r.engine_served = match (served, r.engine_served) {
+            (Some(v), Some((old, since))) if v == old => Some((old, since)),
+            (Some(v), _) => Some((v, asked_at)),
+            (None, _) => None,
+        };
         let id = r.id;
         let _ = self.fleet.report_metrics(id, metrics);
         let _ = self.sync_routable(name, now);
@@ -853,7 +875,7 @@ mod tests {
         assert_eq!(core.sync_routable("r0", 1.5), None);
         assert_eq!(core.status_detail(&core.replicas["r0"], Status::Unhealthy, 2.0), "connection refused");
         let metrics = EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, at: 2.0 };
-        core.record_metrics("r0", metrics, 2.0, 2.0);
+        core.record_metrics("r0", metrics, None, 2.0, 2.0);
         assert_eq!(core.replicas["r0"].reported, Status::Ready);
         // An overload mark runs out with time: seen at the next sync.
         core.record_overload("r0", 5.0, 3.0);

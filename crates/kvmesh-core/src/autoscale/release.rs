@@ -9,7 +9,7 @@
 //!    cache, and cancelling the newest start saves the most cold start;
 //! 2. then ready replicas with the **fewest requests in flight** (the release comes soonest);
 //! 3. then the **fewest cached blocks** (the least prefix cache lost);
-//! 4. then by name, so every node and a new leader pick the same ones.
+//! 4. then by name, so that candidates alike are always picked in the same order.
 
 /// A replica a scale-down may release.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,8 +18,8 @@ pub struct ReleaseCandidate {
     pub name: String,
     /// Still in its cold start (registered `starting`): serves nothing yet.
     pub starting: bool,
-    /// When a starting replica's cold start began, seconds (any clock shared by the
-    /// candidates); ignored for ready ones.
+    /// When a starting replica's cold start began (seconds, or any key that grows with time
+    /// and is shared by the candidates, such as a Raft log index); ignored for ready ones.
     pub starting_since: f64,
     /// Requests routed to it and not finished (every router node's bookings, or the engine's
     /// running plus waiting requests, whichever is larger).

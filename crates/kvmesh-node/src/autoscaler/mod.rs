@@ -43,6 +43,9 @@ use tokio::sync::watch;
 
 /// A decision re-committed unchanged after this long, seconds: watchers see the policy alive.
 const REFRESH_S: f64 = 30.0;
+/// A replica starting for this many cold starts is no longer counted as capacity on its way
+/// (its engine never came up, or nobody marked it ready): it would block scale-ups forever.
+const STALE_START_COLD_STARTS: f64 = 3.0;
 
 /// One committed decision, as stored in Raft and served.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,8 +74,13 @@ pub struct Decision {
     #[serde(default)]
     pub log_index: u64,
     /// Replicas this scale-down drains for release (`drain_on_scale_down`); empty otherwise.
+    /// In the log: those its entry drained.
     #[serde(default)]
     pub drain: Vec<String>,
+    /// The log index of the latest decision its leader had seen: its drains apply only if no
+    /// decision was committed since (0 on a single node).
+    #[serde(default)]
+    pub base_log_index: u64,
 }
 
 impl Decision {
@@ -92,6 +100,7 @@ impl Decision {
             at: now,
             log_index: 0,
             drain: Vec::new(),
+            base_log_index: 0,
         }
     }
 }
@@ -207,7 +216,11 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     let prior = shared.settings.profile.full_load_tokens_per_s_prior();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(section.interval_s));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut starting_since: BTreeMap<String, f64> = BTreeMap::new();
+    // Replicas registered `starting`: when this node first saw them so, whether it saw the
+    // start begin (only those are measured: a node that started mid-way would measure them
+    // short), and whether it warned that the start is stale.
+    let mut starting_since: BTreeMap<String, Start> = BTreeMap::new();
+    let mut first_tick = true;
     let mut starts: Vec<f64> = Vec::new();
     let mut last = (Instant::now(), shared.core().booked_tokens);
     // What the last committed decision said: (desired, ready, starting, at).
@@ -224,19 +237,26 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         let now = crate::replication::unix_now();
         // Replicas registered `starting`: since when (as this node saw it), and measured
         // starts when they turn ready.
+        let mut start_order: BTreeMap<String, f64> = BTreeMap::new();
         if let Some(c) = &cluster {
             let state = c.state.borrow().clone();
             for e in state.live_replicas() {
                 let name = &e.config.name;
                 match e.state {
                     ReplicaState::Starting => {
-                        starting_since.entry(name.clone()).or_insert(now);
+                        starting_since.entry(name.clone()).or_insert(Start {
+                            since: now,
+                            whole: !first_tick,
+                            stale: false,
+                        });
+                        // The registry's log index orders starts the same on every node.
+                        start_order.insert(name.clone(), e.changed_at as f64);
                     }
                     // A start ends when the replica serves; one drained or removed while
                     // starting was cancelled, not measured.
                     ReplicaState::Ready => {
-                        if let Some(since) = starting_since.remove(name) {
-                            starts.push(now - since);
+                        if let Some(s) = starting_since.remove(name).filter(|s| s.whole) {
+                            starts.push(now - s.since);
                         }
                     }
                     _ => {}
@@ -244,6 +264,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             }
             starting_since.retain(|n, _| state.replicas.get(n).is_some_and(|e| e.state == ReplicaState::Starting));
         }
+        first_tick = false;
         let leads = cluster.as_ref().is_none_or(|c| c.leader().is_some_and(|(id, _)| id == c.id));
         let held = shared.admission.waiting_load();
         let (booked, ready, queued) = {
@@ -258,12 +279,19 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         last = (Instant::now(), booked);
         let cold_start_s =
             if starts.is_empty() { section.cold_start_s } else { starts.iter().sum::<f64>() / starts.len() as f64 };
+        for (name, s) in starting_since.iter_mut().filter(|(_, s)| !s.stale) {
+            if now - s.since > STALE_START_COLD_STARTS * cold_start_s {
+                s.stale = true;
+                tracing::warn!(replica = %name, starting_for_s = now - s.since, cold_start_s,
+                    "autoscaler: replica still starting after {STALE_START_COLD_STARTS} cold starts; no longer counted as capacity on its way (mark it ready, or remove it)");
+            }
+        }
         let inputs = PoolInputs {
             now,
             demand_tokens_per_s: demand,
             capacity_tokens_per_s: shared.autoscaler.capacity_tokens_per_s(prior),
             ready,
-            starting: starting_since.values().copied().collect(),
+            starting: starting_since.values().filter(|s| !s.stale).map(|s| s.since).collect(),
             cold_start_s,
             queued_tokens: queued as f64,
         };
@@ -286,10 +314,11 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         let mut decision = Decision::new(&section.pool, &d, demand, now);
         if section.drain_on_scale_down && d.reason == ScaleReason::ScaleDown {
             let excess = (d.ready + d.starting).saturating_sub(d.desired) as usize;
-            let candidates = release_candidates(&shared, &starting_since);
+            let candidates = release_candidates(&shared, &start_order);
             decision.drain =
                 pick_releases(&candidates, excess).into_iter().map(|i| candidates[i].name.clone()).collect();
         }
+        decision.base_log_index = shared.autoscaler.latest().map_or(0, |l| l.log_index);
         shared.autoscaler.set_evaluated(&decision);
         let due = committed.is_none_or(|(desired, ready, starting, at)| {
             (desired, ready, starting) != (d.desired, d.ready, d.starting) || now - at >= REFRESH_S
@@ -329,7 +358,18 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     }
 }
 
-/// The replicas a scale-down may release: the routable ones and those still `starting`.
+/// A start as this node saw it.
+struct Start {
+    /// Unix seconds this node first saw the replica `starting`.
+    since: f64,
+    /// This node saw the start begin (it was not already starting when the node started).
+    whole: bool,
+    /// Older than `STALE_START_COLD_STARTS` cold starts (warned once; not counted).
+    stale: bool,
+}
+
+/// The replicas a scale-down may release: the routable ones and those still `starting`
+/// (`starting`: by name, a key that orders them from the oldest start to the newest).
 fn release_candidates(shared: &Shared, starting: &BTreeMap<String, f64>) -> Vec<ReleaseCandidate> {
     let core = shared.core();
     core.replicas

@@ -102,10 +102,11 @@ pub enum Command {
     },
     /// One autoscaler decision (filled by the autoscaling capability); the last 100 are kept.
     /// The live replicas its `drain` array names turn draining in the same entry, so a
-    /// scale-down and the replicas it releases commit together — at most as many as the
-    /// registry holds above `desired_replicas` (so a second leader's scale-down to the same
-    /// count, decided before it saw the first, drains nothing more); `drain` is rewritten to
-    /// the replicas this entry drained.
+    /// scale-down and the replicas it releases commit together — only when no decision was
+    /// committed since the one its leader decided after (`base_log_index`: a second leader's
+    /// scale-down, decided before it saw the first, drains nothing), and at most as many as
+    /// the registry holds above `desired_replicas`; `drain` is rewritten to the replicas this
+    /// entry drained.
     RecordScaleDecision {
         /// The decision with its reason and inputs.
         decision: serde_json::Value,
@@ -144,6 +145,11 @@ impl ClusterState {
         let Some(d) = decision.as_object_mut() else { return };
         let Some(names) = d.get("drain").and_then(|n| n.as_array()).cloned() else { return };
         let desired = d.get("desired_replicas").and_then(|n| n.as_u64()).unwrap_or(u64::MAX);
+        let last = self.scale_decisions.last().and_then(|p| p.get("log_index")).and_then(|i| i.as_u64()).unwrap_or(0);
+        if d.get("base_log_index").and_then(|b| b.as_u64()).is_some_and(|base| base != last) {
+            d.insert("drain".into(), serde_json::Value::Array(Vec::new()));
+            return;
+        }
         let serving = |e: &RegistryEntry| matches!(e.state, ReplicaState::Ready | ReplicaState::Starting);
         let mut excess = (self.replicas.values().filter(|e| serving(e)).count() as u64).saturating_sub(desired);
         let mut drained = Vec::new();
@@ -396,11 +402,20 @@ mod tests {
         assert_eq!(states(&s), after);
         let last = s.scale_decisions.last().unwrap();
         assert_eq!((&last["log_index"], &last["drain"]), (&serde_json::json!(203), &serde_json::json!(["a"])));
-        // A second leader's scale-down to the same count, decided before it saw the first:
-        // nothing more is drained.
+        // Asked for more than the registry holds above the count: nothing more is drained.
         assert_eq!(s.apply(&down(serde_json::json!(["d"])), 204), CommandResult::default());
         assert_eq!(states(&s), after);
         assert_eq!(s.scale_decisions.last().unwrap()["drain"], serde_json::json!([]));
+        // A leader's scale-down decided after the latest decision (204) drains; one decided
+        // before it (a second leader that had not seen it) drains nothing.
+        let based = |base: u64, desired: u64, drain: serde_json::Value| Command::RecordScaleDecision {
+            decision: serde_json::json!({"desired_replicas": desired, "drain": drain, "base_log_index": base}),
+        };
+        assert_eq!(s.apply(&based(203, 1, serde_json::json!(["c"])), 205), CommandResult::default());
+        assert_eq!((states(&s), &s.scale_decisions.last().unwrap()["drain"]), (after.clone(), &serde_json::json!([])));
+        assert_eq!(s.apply(&based(205, 1, serde_json::json!(["c"])), 206), CommandResult::default());
+        assert_eq!(s.scale_decisions.last().unwrap()["drain"], serde_json::json!(["c"]));
+        assert_eq!(states(&s)[2], ("c".to_string(), ReplicaState::Draining, 206));
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
         }
         let mut core = shared.core();
         match result {
-            Ok((_, m, _)) => core.record_metrics(&name, m, asked_at, now),
+            Ok((_, m, served)) => core.record_metrics(&name, m, served, asked_at, now),
             Err(e) => {
                 if let Some(status) = core.record_failure(&name, e.clone(), now) {
                     tracing::debug!(replica = %name, error = %e, status = status.as_str(), "scrape failed");
