@@ -886,6 +886,46 @@ mod tests {
     }
 
     #[test]
+    fn a_drained_replica_is_idle_after_a_fresh_idle_scrape_or_a_served_counter_standing_still() {
+        let shared = node(crate::config::NodeSection::default());
+        add(&shared, "name = \"r0\"");
+        let busy = |at| EngineMetrics { running: 1, waiting: 0, kv_usage: 0.1, at };
+        let mut core = shared.core();
+        core.record_metrics("r0", busy(9.0), Some(100.0), 9.0, 9.0);
+        let r = core.replicas.get_mut("r0").unwrap();
+        (r.draining, r.draining_since) = (true, Some(10.0));
+        let progress = |core: &Core, now| core.drain_progress(&core.replicas["r0"], now).unwrap();
+        // The scrape from before the drain does not count.
+        assert_eq!(progress(&core, 10.5).engine, None);
+        // One begun after it: busy, its counter unchanged since the drain for 1 s only.
+        core.record_metrics("r0", busy(11.0), Some(100.0), 11.0, 11.1);
+        let p = progress(&core, 11.1);
+        assert_eq!((p.engine, p.stalled, p.idle()), (Some((1, 0)), false, false));
+        // The counter moves at 13: the engine is working.
+        core.record_metrics("r0", busy(13.0), Some(180.0), 13.0, 13.1);
+        core.record_metrics("r0", busy(16.0), Some(180.0), 16.0, 16.1);
+        assert!(!progress(&core, 16.1).idle());
+        // Still for 5 s (13 to 18): stale gauges, idle.
+        core.record_metrics("r0", busy(18.0), Some(180.0), 18.0, 18.1);
+        let p = progress(&core, 18.1);
+        assert_eq!((p.stalled, p.idle()), (true, true));
+        assert!(core.replicas["r0"].idle_logged);
+        // An idle report is idle at once; undrained, there is no progress to show.
+        core.record_metrics(
+            "r0",
+            EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, at: 19.0 },
+            Some(180.0),
+            19.0,
+            19.1,
+        );
+        assert_eq!(progress(&core, 19.1).engine, Some((0, 0)));
+        drop(core);
+        shared.set_draining("r0", false).unwrap();
+        let core = shared.core();
+        assert_eq!(core.drain_progress(&core.replicas["r0"], 20.0), None);
+    }
+
+    #[test]
     fn a_kv_event_owed_longer_than_events_silent_s_means_no_events() {
         let shared = node(crate::config::NodeSection { events_silent_s: 10.0, ..Default::default() });
         let replica =
