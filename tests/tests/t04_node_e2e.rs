@@ -183,15 +183,24 @@ async fn replicas_are_added_drained_and_removed_at_runtime() {
         block_size: 16,
         ..v1::ReplicaSpec::default()
     };
-    let added = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()) }).await.unwrap().into_inner();
+    let added = admin
+        .add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()), starting: false })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(added.spec.unwrap().name, "e1");
-    let again = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()) }).await.unwrap_err();
+    let again =
+        admin.add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()), starting: false }).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::AlreadyExists);
     let bad = v1::ReplicaSpec { name: "e2".into(), block_size: 32, ..spec.clone() };
     assert_eq!(
-        admin.add_replica(v1::AddReplicaRequest { spec: Some(bad) }).await.unwrap_err().code(),
+        admin.add_replica(v1::AddReplicaRequest { spec: Some(bad), starting: false }).await.unwrap_err().code(),
         tonic::Code::InvalidArgument
     );
+    // Starting replicas live in a cluster's registry.
+    let starting = v1::ReplicaSpec { name: "e3".into(), ..spec.clone() };
+    let e = admin.add_replica(v1::AddReplicaRequest { spec: Some(starting), starting: true }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     // The new replica's actor follows its engine: scraped, then routable.
     eventually("e1 scraped", || node.shared.core().replicas.get("e1").is_some_and(|r| r.engine.is_some())).await;
     let drained = admin.drain_replica(v1::ReplicaRef { name: "e0".into() }).await.unwrap().into_inner();

@@ -118,9 +118,13 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
         capacity_blocks: 1000,
         ..Default::default()
     };
-    let added = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()) }).await.unwrap().into_inner();
+    let added = admin
+        .add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()), starting: false })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(added.spec.unwrap().name, "e2");
-    let dup = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec) }).await.unwrap_err();
+    let dup = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec), starting: false }).await.unwrap_err();
     assert_eq!(dup.code(), tonic::Code::AlreadyExists);
     eventually("e2 on every node", || all.iter().all(|n| has_replica(n, "e2"))).await;
     let drained = admin.drain_replica(v1::ReplicaRef { name: "e0".into() }).await.unwrap().into_inner();
@@ -228,7 +232,7 @@ async fn a_partitioned_minority_keeps_routing_cannot_write_and_catches_up() {
         capacity_blocks: 1000,
         ..Default::default()
     };
-    admin.add_replica(v1::AddReplicaRequest { spec: Some(spec) }).await.unwrap();
+    admin.add_replica(v1::AddReplicaRequest { spec: Some(spec), starting: false }).await.unwrap();
     eventually("e2 on the majority", || majority.iter().all(|n| has_replica(n, "e2"))).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!has_replica(cut, "e2"), "an isolated node must not see the change");
@@ -718,9 +722,10 @@ async fn tokens_guard_admin_calls_and_nodes_still_talk() {
         capacity_blocks: 100,
         ..Default::default()
     };
-    let denied = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()) }).await.unwrap_err();
+    let denied =
+        admin.add_replica(v1::AddReplicaRequest { spec: Some(spec.clone()), starting: false }).await.unwrap_err();
     assert_eq!(denied.code(), tonic::Code::Unauthenticated);
-    let mut add = tonic::Request::new(v1::AddReplicaRequest { spec: Some(spec) });
+    let mut add = tonic::Request::new(v1::AddReplicaRequest { spec: Some(spec), starting: false });
     add.metadata_mut().insert("authorization", bearer("operator-secret"));
     admin.add_replica(add).await.unwrap();
     eventually("e1 on every node", || all.iter().all(|n| has_replica(n, "e1"))).await;

@@ -744,7 +744,7 @@ async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_a
         };
         let config = NodeConfig {
             node,
-            replicas: replicas.clone(),
+            replicas: replicas[..2].to_vec(),
             cluster: Some(cluster),
             security: Default::default(),
             replication: Default::default(),
@@ -761,11 +761,31 @@ async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_a
         nodes.push(kvmesh_node::start(config).await.unwrap());
     }
     nodes[0].cluster.as_ref().unwrap().init().await.unwrap();
-    // e2 is still starting: the scale-down cancels it first.
-    v1::admin_client::AdminClient::new(common::grpc(nodes[0].grpc).await)
-        .mark_starting(v1::ReplicaRef { name: "e2".into() })
+    // e2 is registered starting, in one entry (never routed to): the scale-down cancels it
+    // first.
+    let spec = v1::ReplicaSpec {
+        name: "e2".into(),
+        http_endpoint: replicas[2].http.clone(),
+        kv_events_endpoint: replicas[2].kv_events.clone().unwrap(),
+        capacity_blocks: replicas[2].capacity_blocks,
+        ..Default::default()
+    };
+    let e2 = v1::admin_client::AdminClient::new(common::grpc(nodes[1].grpc).await)
+        .add_replica(v1::AddReplicaRequest { spec: Some(spec), starting: true })
         .await
-        .unwrap();
+        .unwrap()
+        .into_inner();
+    assert_eq!(e2.status, v1::ReplicaStatus::Starting as i32);
+    eventually("e2 starting on every node", || {
+        nodes.iter().all(|n| {
+            n.shared
+                .core()
+                .replicas
+                .get("e2")
+                .is_some_and(|r| r.starting && !r.reported.eq(&kvmesh_node::state::Status::Ready))
+        })
+    })
+    .await;
     let drains = |n: &Node| -> Vec<(u32, Vec<String>)> {
         n.shared
             .autoscaler

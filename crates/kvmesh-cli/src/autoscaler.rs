@@ -43,6 +43,7 @@ fn json(d: &v1::ScaleDecision) -> serde_json::Value {
         "forecast_tokens_per_s": d.forecast_tokens_per_s,
         "capacity_tokens_per_s": d.capacity_tokens_per_s,
         "drain": d.drain,
+        "cold_start_s": d.cold_start_s,
     })
 }
 
@@ -96,6 +97,7 @@ mod tests {
             at: 1_000.0,
             log_index: 42,
             drain: Vec::new(),
+            cold_start_s: 60.0,
         };
         assert_eq!(
             render(std::slice::from_ref(&d), 1_012.0),

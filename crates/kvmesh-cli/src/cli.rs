@@ -219,8 +219,8 @@ pub struct ReplicaAddArgs {
     /// KV-cache capacity, blocks.
     #[arg(long, value_name = "BLOCKS")]
     pub capacity_blocks: u64,
-    /// Register it as starting (its engine still loading; needs a cluster): not routed to,
-    /// counted by the autoscaler, until `kvmesh replica ready`.
+    /// Register it as starting (its engine still loading; needs a cluster), in the same Raft
+    /// entry: never routed to, counted by the autoscaler, until `kvmesh replica ready`.
     #[arg(long)]
     pub starting: bool,
 }

@@ -21,7 +21,11 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     ..Default::default()
                 };
                 let mut client = admin(&a.target).await?;
-                match client.add_replica(authed(&a.target, v1::AddReplicaRequest { spec: Some(spec.clone()) })?).await {
+                let request = v1::AddReplicaRequest { spec: Some(spec.clone()), starting: a.starting };
+                match client.add_replica(authed(&a.target, request)?).await {
+                    Ok(_) if a.starting => {
+                        println!("replica {} added, starting: not routed to, counted by the autoscaler", a.name)
+                    }
                     Ok(_) => println!("replica {} added", a.name),
                     Err(e) if e.code() == tonic::Code::AlreadyExists => {
                         // A retry (or a restarted start-up script): the same registration is done.
@@ -42,21 +46,20 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     }
                     Err(e) => return Err(anyhow::anyhow!("Admin.AddReplica: {}", e.message())),
                 }
-                if a.starting {
-                    client
-                        .mark_starting(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
-                        .await
-                        .map_err(|s| anyhow::anyhow!("Admin.MarkStarting: {}", s.message()))?;
-                    println!("replica {} starting: not routed to, counted by the autoscaler", a.name);
-                }
             }
             ReplicaCommand::Remove(a) => {
-                admin(&a.target)
+                let removed = admin(&a.target)
                     .await?
                     .remove_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
-                    .await
-                    .context("Admin.RemoveReplica")?;
-                println!("replica {} removed", a.name);
+                    .await;
+                match removed {
+                    Ok(_) => println!("replica {} removed", a.name),
+                    // Already gone (a retried hook, or `drain --wait --remove` before): done.
+                    Err(e) if e.code() == tonic::Code::NotFound => {
+                        println!("replica {} is not registered: nothing to remove", a.name)
+                    }
+                    Err(e) => anyhow::bail!("Admin.RemoveReplica: {}", e.message()),
+                }
             }
             ReplicaCommand::Drain(d) => {
                 let a = &d.replica;
@@ -111,6 +114,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     .await
                     .map_err(|s| anyhow::anyhow!("Admin.MarkStarting: {}", s.message()))?;
                 println!("replica {} starting: not routed to, counted by the autoscaler", a.name);
+                warn_if_none_routable(&mut admin(&a.target).await?, &a.target).await;
             }
         }
         anyhow::Ok(())

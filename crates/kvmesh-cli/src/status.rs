@@ -96,7 +96,7 @@ fn authed_decisions(
 /// old (`kvmesh_autoscaler_evaluated` on `/metrics` has every interval's).
 fn render_scale(d: &v1::ScaleDecision, now: f64) -> String {
     format!(
-        "autoscaler (pool {}): {} replicas wanted ({}{}) · {} ready, {} starting · load {:.0} tokens/s, sized for {:.0} at {:.0} per replica · decided {:.0} s ago",
+        "autoscaler (pool {}): {} replicas wanted ({}{}) · {} ready, {} starting · load {:.0} tokens/s, sized for {:.0} at {:.0} per replica · cold start {:.0} s · decided {:.0} s ago",
         d.pool,
         d.desired_replicas,
         d.reason,
@@ -106,6 +106,7 @@ fn render_scale(d: &v1::ScaleDecision, now: f64) -> String {
         d.demand_tokens_per_s,
         d.forecast_tokens_per_s,
         d.capacity_tokens_per_s,
+        d.cold_start_s,
         (now - d.at).max(0.0)
     )
 }
@@ -230,11 +231,12 @@ mod tests {
             capacity_tokens_per_s: 33_000.0,
             panic: true,
             at: 1_000.0,
+            cold_start_s: 42.4,
             ..Default::default()
         };
         assert_eq!(
             render_scale(&d, 1_012.4),
-            "autoscaler (pool default): 6 replicas wanted (burst, panic) · 4 ready, 2 starting · load 81234 tokens/s, sized for 95000 at 33000 per replica · decided 12 s ago"
+            "autoscaler (pool default): 6 replicas wanted (burst, panic) · 4 ready, 2 starting · load 81234 tokens/s, sized for 95000 at 33000 per replica · cold start 42 s · decided 12 s ago"
         );
     }
 

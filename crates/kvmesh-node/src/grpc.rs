@@ -267,7 +267,9 @@ impl admin_server::Admin for Services {
 
     async fn add_replica(&self, request: Request<v1::AddReplicaRequest>) -> Result<Response<v1::Replica>, GrpcStatus> {
         self.admin_auth(request.metadata())?;
-        let spec = request.into_inner().spec.ok_or_else(|| GrpcStatus::invalid_argument("spec is required"))?;
+        let request = request.into_inner();
+        let starting = request.starting;
+        let spec = request.spec.ok_or_else(|| GrpcStatus::invalid_argument("spec is required"))?;
         let block_size = self.shared.core().fleet.config().block_size;
         if spec.block_size != 0 && spec.block_size != block_size {
             return Err(GrpcStatus::invalid_argument(format!(
@@ -279,11 +281,22 @@ impl admin_server::Admin for Services {
         let name = config.name.clone();
         if let Some(c) = &self.cluster {
             config.validate().map_err(GrpcStatus::invalid_argument)?;
-            c.write(Command::AddReplica { config }).await.map_err(|e| match e {
+            c.write(Command::AddReplica { config, starting }).await.map_err(|e| match e {
                 ClusterError::Rejected(m) if m.contains("already exists") => GrpcStatus::already_exists(m),
                 e => GrpcStatus::from(e),
             })?;
-            return self.await_replica(&name).await;
+            let answer = self.await_replica(&name).await;
+            if starting {
+                // The follower task applies it too; doing it here makes the answer show it.
+                let _ = self.shared.set_rotation(&name, true, true);
+                return self.await_replica(&name).await;
+            }
+            return answer;
+        }
+        if starting {
+            return Err(GrpcStatus::failed_precondition(
+                "starting replicas live in the cluster's registry: this node runs without [cluster]",
+            ));
         }
         let result = ractor::call!(self.supervisor, SupervisorMsg::Add, config)
             .map_err(|e| GrpcStatus::internal(e.to_string()))?;

@@ -785,9 +785,12 @@ impl Core {
 
     /// Adds a peer's gossiped demand to this node's: `demand_tokens` is the peer's own
     /// cumulative count for its `incarnation`, so only the increase since its last report
-    /// counts (a lost batch loses nothing; a restarted peer starts over from 0).
+    /// counts (a lost batch loses nothing; a restarted peer starts over from 0). A peer's
+    /// first report is only the base: it holds everything the peer counted before this node
+    /// heard from it (before this node started, say), not demand arriving now.
     pub fn peer_demand(&mut self, peer: u64, incarnation: u64, demand_tokens: f64) {
-        let (inc, last) = self.peer_demand.entry(peer).or_insert((incarnation, 0.0));
+        let base = if demand_tokens.is_finite() { demand_tokens.max(0.0) } else { 0.0 };
+        let (inc, last) = self.peer_demand.entry(peer).or_insert((incarnation, base));
         if *inc != incarnation {
             *inc = incarnation;
             *last = 0.0;
@@ -956,15 +959,17 @@ mod tests {
             core.peer_demand(peer, incarnation, demand);
             core.booked_tokens
         };
-        assert_eq!(seen(2, 7, 100.0), 100.0);
+        // A peer's first report is its base: what it counted before this node heard it.
+        assert_eq!(seen(2, 7, 100.0), 0.0);
         // The same report again (a summary-only batch) adds nothing; a lost batch loses nothing.
-        assert_eq!(seen(2, 7, 100.0), 100.0);
-        assert_eq!(seen(2, 7, 250.0), 250.0);
-        assert_eq!(seen(3, 1, 40.0), 290.0);
-        // Node 2 restarted: its count starts over.
-        assert_eq!(seen(2, 9, 30.0), 320.0);
-        assert_eq!(seen(2, 9, f64::NAN), 320.0);
-        assert_eq!(seen(2, 9, 10.0), 320.0);
+        assert_eq!(seen(2, 7, 100.0), 0.0);
+        assert_eq!(seen(2, 7, 250.0), 150.0);
+        assert_eq!(seen(3, 1, 40.0), 150.0);
+        assert_eq!(seen(3, 1, 65.0), 175.0);
+        // Node 2 restarted: its count starts over from 0.
+        assert_eq!(seen(2, 9, 30.0), 205.0);
+        assert_eq!(seen(2, 9, f64::NAN), 205.0);
+        assert_eq!(seen(2, 9, 10.0), 205.0);
         assert_eq!(core.own_demand_tokens, 0.0);
     }
 }

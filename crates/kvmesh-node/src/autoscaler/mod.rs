@@ -81,12 +81,17 @@ pub struct Decision {
     /// decision was committed since (0 on a single node).
     #[serde(default)]
     pub base_log_index: u64,
+    /// The cold start it assumed, seconds: the mean of the starts measured, else
+    /// `cold_start_s` configured.
+    #[serde(default)]
+    pub cold_start_s: f64,
 }
 
 impl Decision {
     /// The policy's decision `d` for `pool` at `now` (Unix seconds), with the `demand`
-    /// measured over the last interval (tokens per second); not yet in the log.
-    fn new(pool: &str, d: &kvmesh_core::autoscale::ScaleDecision, demand: f64, now: f64) -> Self {
+    /// measured over the last interval (tokens per second) and the cold start assumed
+    /// (seconds); not yet in the log.
+    fn new(pool: &str, d: &kvmesh_core::autoscale::ScaleDecision, demand: f64, cold_start_s: f64, now: f64) -> Self {
         Decision {
             pool: pool.to_string(),
             desired_replicas: d.desired,
@@ -101,6 +106,7 @@ impl Decision {
             log_index: 0,
             drain: Vec::new(),
             base_log_index: 0,
+            cold_start_s,
         }
     }
 }
@@ -214,7 +220,9 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     }
     let mut policy = ColdStartAware::new(section.core());
     let prior = shared.settings.profile.full_load_tokens_per_s_prior();
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(section.interval_s));
+    // The first evaluation one interval in: demand is a rate over a whole interval.
+    let every = Duration::from_secs_f64(section.interval_s);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Replicas registered `starting`: when this node first saw them so, whether it saw the
     // start begin (only those are measured: a node that started mid-way would measure them
@@ -265,7 +273,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             starting_since.retain(|n, _| state.replicas.get(n).is_some_and(|e| e.state == ReplicaState::Starting));
         }
         first_tick = false;
-        let leads = cluster.as_ref().is_none_or(|c| c.leader().is_some_and(|(id, _)| id == c.id));
+        let leads = cluster.as_ref().is_none_or(|c| c.leads());
         let held = shared.admission.waiting_load();
         let (booked, ready, queued) = {
             let core = shared.core();
@@ -298,7 +306,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         if !leads {
             // Shadow the leader: the same inputs keep this node's forecast warm.
             let d = policy.decide(&inputs);
-            shared.autoscaler.set_evaluated(&Decision::new(&section.pool, &d, demand, now));
+            shared.autoscaler.set_evaluated(&Decision::new(&section.pool, &d, demand, cold_start_s, now));
             continue;
         }
         // Continue from any decision committed by another leader (this node's first as leader,
@@ -311,7 +319,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             }
         }
         let d = policy.decide(&inputs);
-        let mut decision = Decision::new(&section.pool, &d, demand, now);
+        let mut decision = Decision::new(&section.pool, &d, demand, cold_start_s, now);
         if section.drain_on_scale_down && d.reason == ScaleReason::ScaleDown {
             let excess = (d.ready + d.starting).saturating_sub(d.desired) as usize;
             let candidates = release_candidates(&shared, &start_order);

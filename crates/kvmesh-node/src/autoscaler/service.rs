@@ -35,6 +35,7 @@ fn message(d: &Decision) -> v1::ScaleDecision {
         at: d.at,
         log_index: d.log_index,
         drain: d.drain.clone(),
+        cold_start_s: d.cold_start_s,
     }
 }
 

@@ -280,6 +280,14 @@ impl Cluster {
         found.map_err(|_| ClusterError::NoLeader)
     }
 
+    /// Whether this node is the Raft leader now. Not `leader()` naming itself: a node that
+    /// restarts reads its last vote back and names itself leader until it hears the newer
+    /// term, while it is in fact a follower.
+    pub fn leads(&self) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        m.state == openraft::ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
     /// The leader's id and address, if one is known.
     pub fn leader(&self) -> Option<(u64, String)> {
         let m = self.raft.metrics().borrow().clone();

@@ -61,6 +61,10 @@ pub enum Command {
     AddReplica {
         /// The replica.
         config: ReplicaConfig,
+        /// Registered `starting` (its engine still loading) rather than ready: in one entry,
+        /// so it is never routed to before its engine serves.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        starting: bool,
     },
     /// Marks a replica removed.
     RemoveReplica {
@@ -188,7 +192,7 @@ impl ClusterState {
                     );
                 }
             }
-            Command::AddReplica { config } => {
+            Command::AddReplica { config, starting } => {
                 if let Err(e) = config.validate() {
                     return err(e);
                 }
@@ -202,7 +206,11 @@ impl ClusterState {
                 }
                 self.replicas.insert(
                     config.name.clone(),
-                    RegistryEntry { config: config.clone(), state: ReplicaState::Ready, changed_at: index },
+                    RegistryEntry {
+                        config: config.clone(),
+                        state: if *starting { ReplicaState::Starting } else { ReplicaState::Ready },
+                        changed_at: index,
+                    },
                 );
             }
             Command::RemoveReplica { name } => match self.replicas.get_mut(name) {
@@ -331,7 +339,7 @@ mod tests {
     fn commands_build_the_registry() {
         let mut s = ClusterState::default();
         assert_eq!(
-            s.apply(&Command::AddReplica { config: replica("z") }, 0).error.as_deref(),
+            s.apply(&Command::AddReplica { config: replica("z"), starting: false }, 0).error.as_deref(),
             Some("the registry is not seeded yet: run `kvmesh cluster init` first")
         );
         assert!(!s.seeded && s.replicas.is_empty());
@@ -343,7 +351,7 @@ mod tests {
         assert_eq!(s.apply(&seed, 1), CommandResult::default());
         assert_eq!(s.apply(&seed, 2).error.as_deref(), Some("the registry is already seeded"));
         assert_eq!(
-            s.apply(&Command::AddReplica { config: replica("a") }, 3).error.as_deref(),
+            s.apply(&Command::AddReplica { config: replica("a"), starting: false }, 3).error.as_deref(),
             Some("replica \"a\" already exists")
         );
         let drain = Command::SetReplicaState { name: "b".into(), state: ReplicaState::Draining, from: None };
@@ -361,7 +369,10 @@ mod tests {
             Some("unknown replica \"a\"")
         );
         // A removed name can be registered again.
-        assert_eq!(s.apply(&Command::AddReplica { config: replica("a") }, 7), CommandResult::default());
+        assert_eq!(
+            s.apply(&Command::AddReplica { config: replica("a"), starting: false }, 7),
+            CommandResult::default()
+        );
         let live: Vec<(&str, ReplicaState, u64)> =
             s.live_replicas().map(|e| (e.config.name.as_str(), e.state, e.changed_at)).collect();
         assert_eq!(live, vec![("a", ReplicaState::Ready, 7), ("b", ReplicaState::Draining, 4)]);
@@ -382,9 +393,18 @@ mod tests {
         assert_eq!((s.scale_decisions.len(), s.scale_decisions[0].clone()), (100, serde_json::json!(5)));
         // A scale-down drains the live replicas it names, in its own entry; unknown and
         // removed names are skipped.
-        s.apply(&Command::AddReplica { config: replica("c") }, 200);
+        s.apply(&Command::AddReplica { config: replica("c"), starting: false }, 200);
         s.apply(&Command::RemoveReplica { name: "b".into() }, 201);
-        s.apply(&Command::AddReplica { config: replica("d") }, 202);
+        s.apply(&Command::AddReplica { config: replica("d"), starting: false }, 202);
+        // Registered starting in one entry; on the wire only when set.
+        let e = Command::AddReplica { config: replica("e"), starting: true };
+        assert!(serde_json::to_string(&e).unwrap().contains("\"starting\":true"));
+        assert!(!serde_json::to_string(&Command::AddReplica { config: replica("e"), starting: false })
+            .unwrap()
+            .contains("starting"));
+        assert_eq!(s.apply(&e, 202), CommandResult::default());
+        assert_eq!(s.replicas["e"].state, ReplicaState::Starting);
+        s.apply(&Command::RemoveReplica { name: "e".into() }, 202);
         let down = |drain: serde_json::Value| Command::RecordScaleDecision {
             decision: serde_json::json!({"desired_replicas": 2, "drain": drain}),
         };

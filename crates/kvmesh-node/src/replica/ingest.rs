@@ -198,11 +198,26 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
 const UNKNOWN_PARENT_RESYNC_S: f64 = 30.0;
 
 /// Asks the replay socket for `from..to` (`to` = `u64::MAX`: everything it has) and applies
-/// what comes back, in sequence. True when every message in `from..to` was recovered.
+/// what comes back, in sequence. True when every message in `from..to` was recovered. The
+/// replica shows `out_of_sync` while it runs, and not after: an engine with nothing to replay
+/// (a fresh one) or no replay socket is as synced as the node can make it; a later gap starts
+/// another.
 async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64) -> bool {
-    if let Some(r) = shared.core().replicas.get_mut(&source.name) {
-        r.resyncing = true;
-    }
+    let set = |on: bool| {
+        let now = shared.now();
+        let mut core = shared.core();
+        if let Some(r) = core.replicas.get_mut(&source.name) {
+            r.resyncing = on;
+        }
+        let _ = core.sync_routable(&source.name, now);
+    };
+    set(true);
+    let complete = replay_messages(shared, source, endpoint, from, to).await;
+    set(false);
+    complete
+}
+
+async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64) -> bool {
     let mut dealer = zeromq::DealerSocket::new();
     let t = source.replay_timeout;
     if !matches!(tokio::time::timeout(t, dealer.connect(endpoint)).await, Ok(Ok(()))) {

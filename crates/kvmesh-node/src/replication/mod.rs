@@ -151,7 +151,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let leads = cluster.as_ref().is_none_or(|c| c.leader().is_some_and(|(id, _)| id == c.id));
+        let leads = cluster.as_ref().is_none_or(|c| c.leads());
         if leads != leading {
             tracing::info!(
                 leading = leads,
