@@ -402,9 +402,9 @@ mod tests {
         assert!(!serde_json::to_string(&Command::AddReplica { config: replica("e"), starting: false })
             .unwrap()
             .contains("starting"));
-        assert_eq!(s.apply(&e, 202), CommandResult::default());
-        assert_eq!(s.replicas["e"].state, ReplicaState::Starting);
-        s.apply(&Command::RemoveReplica { name: "e".into() }, 202);
+        let mut other = s.clone();
+        assert_eq!(other.apply(&e, 202), CommandResult::default());
+        assert_eq!(other.replicas["e"].state, ReplicaState::Starting);
         let down = |drain: serde_json::Value| Command::RecordScaleDecision {
             decision: serde_json::json!({"desired_replicas": 2, "drain": drain}),
         };
