@@ -63,8 +63,8 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
             }
             ReplicaCommand::Drain(d) => {
                 let a = &d.replica;
-                if d.wait && !(d.timeout.is_finite() && d.timeout > 0.0) {
-                    anyhow::bail!("--timeout must be a positive number of seconds, got {}", d.timeout);
+                if d.wait {
+                    positive_seconds(d.timeout)?;
                 }
                 let mut client = admin(&a.target).await?;
                 drain(&mut client, a, if d.wait { d.timeout } else { 10.0 }).await?;
@@ -90,9 +90,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                 let a = &r.replica;
                 let mut client = admin(&a.target).await?;
                 if r.wait {
-                    if !(r.timeout.is_finite() && r.timeout > 0.0) {
-                        anyhow::bail!("--timeout must be a positive number of seconds, got {}", r.timeout);
-                    }
+                    positive_seconds(r.timeout)?;
                     let wait = Wait { not_yet: "engine does not answer", stays: "it stays starting" };
                     let found = wait_for(&mut client, a, r.timeout, wait, |r| Ok(r.engine_up)).await?;
                     anyhow::ensure!(found.is_some(), "replica {} is not registered (removed while waiting)", a.name);
@@ -119,6 +117,15 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })
+}
+
+/// A `--timeout` that a wait can run to.
+fn positive_seconds(timeout: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        timeout.is_finite() && timeout > 0.0,
+        "--timeout must be a positive number of seconds, got {timeout}"
+    );
+    Ok(())
 }
 
 /// Warns when no replica takes traffic any more (the last one was drained): every request
