@@ -51,12 +51,16 @@ fn the_router_tier_manifest_is_consistent() {
     assert_eq!(config.node.block_size, 16);
 }
 
+/// The one document in deploy/`file`, as JSON.
+fn manifest(file: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text).map(|v| serde_json::to_value(v).unwrap()).unwrap()
+}
+
 #[test]
 fn the_keda_scaled_object_points_at_kvmesh() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/keda/scaledobject.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let so: Value =
-        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text).map(|v| serde_json::to_value(v).unwrap()).unwrap();
+    let so = manifest("keda/scaledobject.yaml");
     assert_eq!(so["apiVersion"].as_str(), Some("keda.sh/v1alpha1"));
     assert_eq!(so["kind"].as_str(), Some("ScaledObject"));
     let trigger = &so["spec"]["triggers"][0];
@@ -75,14 +79,8 @@ fn the_keda_scaled_object_points_at_kvmesh() {
 
 #[test]
 fn the_engine_deployment_is_what_keda_scales_and_drains_within_its_grace_period() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/engines.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let dep: Value =
-        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text).map(|v| serde_json::to_value(v).unwrap()).unwrap();
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/keda/scaledobject.yaml");
-    let so: Value = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&std::fs::read_to_string(&path).unwrap())
-        .map(|v| serde_json::to_value(v).unwrap())
-        .unwrap();
+    let dep = manifest("engines.yaml");
+    let so = manifest("keda/scaledobject.yaml");
     assert_eq!(dep["kind"], "Deployment");
     assert_eq!(so["spec"]["scaleTargetRef"]["name"], dep["metadata"]["name"]);
     assert_eq!(so["metadata"]["namespace"], dep["metadata"]["namespace"]);

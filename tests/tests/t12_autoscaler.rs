@@ -119,35 +119,40 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_leader() {
-    let dir = tempfile::tempdir().unwrap();
-    let engines = engines(3, 20.0).await;
-    let replicas: Vec<ReplicaConfig> =
-        engines.iter().enumerate().map(|(i, e)| ReplicaConfig { replay: None, ..replica(i, e) }).collect();
-    let ls: Vec<std::net::TcpListener> = (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    let ports: Vec<u16> = ls.iter().map(|l| l.local_addr().unwrap().port()).collect();
-    drop(ls);
+/// Three router nodes in front of `replicas` with `autoscaler`, their Raft state in `dir`;
+/// not yet initialised.
+async fn three_nodes(dir: &std::path::Path, replicas: &[ReplicaConfig], autoscaler: AutoscalerSection) -> Vec<Node> {
+    let ports = common::ports(3);
     let mut nodes = Vec::new();
     for id in 1..=3u64 {
         let node = NodeSection { grpc: format!("127.0.0.1:{}", ports[id as usize - 1]).parse().unwrap(), ..section() };
         let cluster = ClusterSection {
             id,
             peers: ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect(),
-            data_dir: dir.path().join(format!("node{id}")),
+            data_dir: dir.join(format!("node{id}")),
             ..ClusterSection::default()
         };
         let config = NodeConfig {
             node,
-            replicas: replicas.clone(),
+            replicas: replicas.to_vec(),
             cluster: Some(cluster),
             security: Default::default(),
             replication: Default::default(),
-            autoscaler: autoscaler(),
+            autoscaler: autoscaler.clone(),
             admission: Default::default(),
         };
         nodes.push(kvmesh_node::start(config).await.unwrap());
     }
+    nodes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(3, 20.0).await;
+    let replicas: Vec<ReplicaConfig> =
+        engines.iter().enumerate().map(|(i, e)| ReplicaConfig { replay: None, ..replica(i, e) }).collect();
+    let mut nodes = three_nodes(dir.path(), &replicas, autoscaler()).await;
     nodes[0].cluster.as_ref().unwrap().init().await.unwrap();
     // e2 is a replica still starting: not routed to, counted as capacity on its way.
     let ch =
@@ -732,34 +737,15 @@ async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_a
     let engines = engines(3, 20.0).await;
     let replicas: Vec<ReplicaConfig> =
         engines.iter().enumerate().map(|(i, e)| ReplicaConfig { replay: None, ..replica(i, e) }).collect();
-    let ports = common::ports(3);
-    let mut nodes = Vec::new();
-    for id in 1..=3u64 {
-        let node = NodeSection { grpc: format!("127.0.0.1:{}", ports[id as usize - 1]).parse().unwrap(), ..section() };
-        let cluster = ClusterSection {
-            id,
-            peers: ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect(),
-            data_dir: dir.path().join(format!("node{id}")),
-            ..ClusterSection::default()
-        };
-        let config = NodeConfig {
-            node,
-            replicas: replicas[..2].to_vec(),
-            cluster: Some(cluster),
-            security: Default::default(),
-            replication: Default::default(),
-            // No load needs more than one replica; the pool holds for 2 s first.
-            autoscaler: AutoscalerSection {
-                capacity_tokens_per_s: 1e9,
-                min_replicas: 1,
-                scale_down_delay_s: 2.0,
-                drain_on_scale_down: true,
-                ..autoscaler()
-            },
-            admission: Default::default(),
-        };
-        nodes.push(kvmesh_node::start(config).await.unwrap());
-    }
+    // No load needs more than one replica; the pool holds for 2 s first.
+    let section = AutoscalerSection {
+        capacity_tokens_per_s: 1e9,
+        min_replicas: 1,
+        scale_down_delay_s: 2.0,
+        drain_on_scale_down: true,
+        ..autoscaler()
+    };
+    let mut nodes = three_nodes(dir.path(), &replicas[..2], section).await;
     nodes[0].cluster.as_ref().unwrap().init().await.unwrap();
     // e2 is registered starting, in one entry (never routed to): the scale-down cancels it
     // first.
