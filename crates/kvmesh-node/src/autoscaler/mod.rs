@@ -27,8 +27,9 @@
 //! API: nothing in flight anywhere).
 
 pub mod service;
+mod starts;
 
-use crate::cluster::registry::{Command, ReplicaState};
+use crate::cluster::registry::Command;
 use crate::cluster::Cluster;
 use crate::config::AutoscalerSection;
 use crate::state::Shared;
@@ -43,9 +44,6 @@ use tokio::sync::watch;
 
 /// A decision re-committed unchanged after this long, seconds: watchers see the policy alive.
 const REFRESH_S: f64 = 30.0;
-/// A replica starting for this many cold starts is no longer counted as capacity on its way
-/// (its engine never came up, or nobody marked it ready): it would block scale-ups forever.
-const STALE_START_COLD_STARTS: f64 = 3.0;
 
 /// One committed decision, as stored in Raft and served.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -224,12 +222,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     let every = Duration::from_secs_f64(section.interval_s);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Replicas registered `starting`: when this node first saw them so, whether it saw the
-    // start begin (only those are measured: a node that started mid-way would measure them
-    // short), and whether it warned that the start is stale.
-    let mut starting_since: BTreeMap<String, Start> = BTreeMap::new();
-    let mut first_tick = true;
-    let mut starts: Vec<f64> = Vec::new();
+    let mut starts = starts::Starts::default();
     let mut last = (Instant::now(), shared.core().booked_tokens);
     // What the last committed decision said: (desired, ready, starting, at).
     let mut committed: Option<(u32, u32, u32, f64)> = None;
@@ -243,36 +236,11 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             _ = stop.wait_for(|s| *s) => return,
         }
         let now = crate::replication::unix_now();
-        // Replicas registered `starting`: since when (as this node saw it), and measured
-        // starts when they turn ready.
-        let mut start_order: BTreeMap<String, f64> = BTreeMap::new();
-        if let Some(c) = &cluster {
-            let state = c.state.borrow().clone();
-            for e in state.live_replicas() {
-                let name = &e.config.name;
-                match e.state {
-                    ReplicaState::Starting => {
-                        starting_since.entry(name.clone()).or_insert(Start {
-                            since: now,
-                            whole: !first_tick,
-                            stale: false,
-                        });
-                        // The registry's log index orders starts the same on every node.
-                        start_order.insert(name.clone(), e.changed_at as f64);
-                    }
-                    // A start ends when the replica serves; one drained or removed while
-                    // starting was cancelled, not measured.
-                    ReplicaState::Ready => {
-                        if let Some(s) = starting_since.remove(name).filter(|s| s.whole) {
-                            starts.push(now - s.since);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            starting_since.retain(|n, _| state.replicas.get(n).is_some_and(|e| e.state == ReplicaState::Starting));
-        }
-        first_tick = false;
+        // Replicas registered `starting`, and starts measured as they end.
+        let start_order = match &cluster {
+            Some(c) => starts.observe(&c.state.borrow(), now),
+            None => BTreeMap::new(),
+        };
         let leads = cluster.as_ref().is_none_or(|c| c.leads());
         let held = shared.admission.waiting_load();
         let (booked, ready, queued) = {
@@ -285,21 +253,13 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         let dt = last.0.elapsed().as_secs_f64().max(1e-3);
         let demand = (booked - last.1).max(0.0) / dt;
         last = (Instant::now(), booked);
-        let cold_start_s =
-            if starts.is_empty() { section.cold_start_s } else { starts.iter().sum::<f64>() / starts.len() as f64 };
-        for (name, s) in starting_since.iter_mut().filter(|(_, s)| !s.stale) {
-            if now - s.since > STALE_START_COLD_STARTS * cold_start_s {
-                s.stale = true;
-                tracing::warn!(replica = %name, starting_for_s = now - s.since, cold_start_s,
-                    "autoscaler: replica still starting after {STALE_START_COLD_STARTS} cold starts; no longer counted as capacity on its way (mark it ready, or remove it)");
-            }
-        }
+        let cold_start_s = starts.cold_start_s(section.cold_start_s);
         let inputs = PoolInputs {
             now,
             demand_tokens_per_s: demand,
             capacity_tokens_per_s: shared.autoscaler.capacity_tokens_per_s(prior),
             ready,
-            starting: starting_since.values().filter(|s| !s.stale).map(|s| s.since).collect(),
+            starting: starts.counted(now, cold_start_s),
             cold_start_s,
             queued_tokens: queued as f64,
         };
@@ -364,16 +324,6 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         committed = Some((d.desired, d.ready, d.starting, now));
         own_at = Some(now);
     }
-}
-
-/// A start as this node saw it.
-struct Start {
-    /// Unix seconds this node first saw the replica `starting`.
-    since: f64,
-    /// This node saw the start begin (it was not already starting when the node started).
-    whole: bool,
-    /// Older than `STALE_START_COLD_STARTS` cold starts (warned once; not counted).
-    stale: bool,
 }
 
 /// The replicas a scale-down may release: the routable ones and those still `starting`
