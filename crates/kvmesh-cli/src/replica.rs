@@ -23,6 +23,15 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                 let mut client = admin(&a.target).await?;
                 let request = v1::AddReplicaRequest { spec: Some(spec.clone()), starting: a.starting };
                 match client.add_replica(authed(&a.target, request)?).await {
+                    // An older node ignores `starting` and registers it ready.
+                    Ok(r) if a.starting && r.get_ref().status != v1::ReplicaStatus::Starting as i32 => {
+                        anyhow::bail!(
+                            "replica {} was added ready, not starting: the node predates `add --starting` (upgrade \
+                             every node); `kvmesh replica starting --name {}` marks it now",
+                            a.name,
+                            a.name
+                        )
+                    }
                     Ok(_) if a.starting => {
                         println!("replica {} added, starting: not routed to, counted by the autoscaler", a.name)
                     }
@@ -47,20 +56,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     Err(e) => return Err(anyhow::anyhow!("Admin.AddReplica: {}", e.message())),
                 }
             }
-            ReplicaCommand::Remove(a) => {
-                let removed = admin(&a.target)
-                    .await?
-                    .remove_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
-                    .await;
-                match removed {
-                    Ok(_) => println!("replica {} removed", a.name),
-                    // Already gone (a retried hook, or `drain --wait --remove` before): done.
-                    Err(e) if e.code() == tonic::Code::NotFound => {
-                        println!("replica {} is not registered: nothing to remove", a.name)
-                    }
-                    Err(e) => anyhow::bail!("Admin.RemoveReplica: {}", e.message()),
-                }
-            }
+            ReplicaCommand::Remove(a) => remove(&mut admin(&a.target).await?, a).await?,
             ReplicaCommand::Drain(d) => {
                 let a = &d.replica;
                 if d.wait {
@@ -71,11 +67,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                 println!("replica {} draining", a.name);
                 warn_if_none_routable(&mut client, &a.target).await;
                 if d.wait && wait_idle(&mut client, a, d.timeout).await? && d.remove {
-                    client
-                        .remove_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
-                        .await
-                        .context("Admin.RemoveReplica")?;
-                    println!("replica {} removed", a.name);
+                    remove(&mut client, a).await?;
                 }
             }
             ReplicaCommand::Undrain(a) => {
@@ -117,6 +109,22 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })
+}
+
+/// Removes `a.name`; one already gone (a retried hook, or `drain --wait --remove` before) is
+/// done too.
+async fn remove(
+    client: &mut v1::admin_client::AdminClient<tonic::transport::Channel>,
+    a: &crate::cli::ReplicaNameArgs,
+) -> anyhow::Result<()> {
+    match client.remove_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?).await {
+        Ok(_) => println!("replica {} removed", a.name),
+        Err(e) if e.code() == tonic::Code::NotFound => {
+            println!("replica {} is not registered: nothing to remove", a.name)
+        }
+        Err(e) => anyhow::bail!("Admin.RemoveReplica: {}", e.message()),
+    }
+    Ok(())
 }
 
 /// A `--timeout` that a wait can run to.

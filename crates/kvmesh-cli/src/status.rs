@@ -96,7 +96,7 @@ fn authed_decisions(
 /// old (`kvmesh_autoscaler_evaluated` on `/metrics` has every interval's).
 fn render_scale(d: &v1::ScaleDecision, now: f64) -> String {
     format!(
-        "autoscaler (pool {}): {} replicas wanted ({}{}) · {} ready, {} starting · load {:.0} tokens/s, sized for {:.0} at {:.0} per replica · cold start {:.0} s · decided {:.0} s ago",
+        "autoscaler (pool {}): {} replicas wanted ({}{}) · {} ready, {} starting · load {:.0} tokens/s, sized for {:.0} at {:.0} per replica{} · decided {:.0} s ago",
         d.pool,
         d.desired_replicas,
         d.reason,
@@ -106,7 +106,8 @@ fn render_scale(d: &v1::ScaleDecision, now: f64) -> String {
         d.demand_tokens_per_s,
         d.forecast_tokens_per_s,
         d.capacity_tokens_per_s,
-        d.cold_start_s,
+        // Decisions from older nodes carry none.
+        if d.cold_start_s > 0.0 { format!(" · cold start {:.0} s", d.cold_start_s) } else { String::new() },
         (now - d.at).max(0.0)
     )
 }

@@ -285,13 +285,13 @@ impl admin_server::Admin for Services {
                 ClusterError::Rejected(m) if m.contains("already exists") => GrpcStatus::already_exists(m),
                 e => GrpcStatus::from(e),
             })?;
-            let answer = self.await_replica(&name).await;
-            if starting {
-                // The follower task applies it too; doing it here makes the answer show it.
+            if starting && c.state.borrow().replicas.get(&name).is_some_and(|e| e.state == ReplicaState::Starting) {
+                // Once added here; the follower task applies it too, doing it here makes the
+                // answer show it.
+                let _ = self.await_replica(&name).await;
                 let _ = self.shared.set_rotation(&name, true, true);
-                return self.await_replica(&name).await;
             }
-            return answer;
+            return self.await_replica(&name).await;
         }
         if starting {
             return Err(GrpcStatus::failed_precondition(

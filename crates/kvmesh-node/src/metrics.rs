@@ -321,7 +321,7 @@ impl Metrics {
             let values = [
                 ("term", r.current_term as i64),
                 ("leader_id", r.current_leader.unwrap_or(0) as i64),
-                ("is_leader", (r.current_leader == Some(c.id)) as i64),
+                ("is_leader", c.leads() as i64),
                 ("last_applied_index", r.last_applied.map_or(0, |l| l.index) as i64),
                 ("last_log_index", r.last_log_index.unwrap_or(0) as i64),
                 ("voters", membership.voter_ids().count() as i64),

@@ -230,6 +230,9 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     // was made (to tell its own entries from another leader's).
     let mut seen_index = 0u64;
     let mut own_at: Option<f64> = None;
+    // The log index of this node's own last decision: the base of its next one even before
+    // its follower task has applied it.
+    let mut own_index = 0u64;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -286,7 +289,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             decision.drain =
                 pick_releases(&candidates, excess).into_iter().map(|i| candidates[i].name.clone()).collect();
         }
-        decision.base_log_index = shared.autoscaler.latest().map_or(0, |l| l.log_index);
+        decision.base_log_index = shared.autoscaler.latest().map_or(0, |l| l.log_index).max(own_index);
         shared.autoscaler.set_evaluated(&decision);
         let due = committed.is_none_or(|(desired, ready, starting, at)| {
             (desired, ready, starting) != (d.desired, d.ready, d.starting) || now - at >= REFRESH_S
@@ -294,36 +297,63 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         if !due {
             continue;
         }
-        let drain = decision.drain.clone();
-        match &cluster {
+        let asked = !decision.drain.is_empty();
+        // The replicas the committed entry drained (the state machine may drain fewer).
+        let drained = match &cluster {
             None => {
+                let drain = decision.drain.clone();
                 for name in &drain {
                     let _ = shared.set_draining(name, true);
                 }
                 shared.autoscaler.record_local(decision);
+                drain
             }
             Some(c) => {
                 let json = match serde_json::to_value(&decision) {
                     Ok(j) => j,
                     Err(_) => continue,
                 };
-                if let Err(e) = c.write(Command::RecordScaleDecision { decision: json }).await {
-                    tracing::warn!(error = %e, "autoscaler: decision not committed; the next evaluation decides again");
-                    continue;
+                match c.write(Command::RecordScaleDecision { decision: json }).await {
+                    Ok((_, index)) => {
+                        own_index = index;
+                        entry_drain(&c.state.borrow().scale_decisions, index)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "autoscaler: decision not committed; the next evaluation decides again");
+                        continue;
+                    }
                 }
             }
-        }
+        };
         if committed.is_none_or(|(desired, ..)| desired != d.desired) {
             tracing::info!(pool = %section.pool, desired = d.desired, reason = d.reason.as_str(), ready, starting = d.starting,
                 demand_tokens_per_s = demand, forecast_tokens_per_s = d.forecast_tokens_per_s, "autoscaler: decision");
         }
-        if !drain.is_empty() {
-            tracing::info!(pool = %section.pool, desired = d.desired, replicas = %drain.join(", "),
-                "autoscaler: scale-down asks to drain replicas (the decision's drain lists those drained); release each once idle (`kvmesh replica drain --wait`)");
+        if !drained.is_empty() {
+            tracing::info!(pool = %section.pool, desired = d.desired, replicas = %drained.join(", "),
+                "autoscaler: scale-down drains replicas; release each once idle (`kvmesh replica drain --wait`)");
+        }
+        own_at = Some(now);
+        if asked && drained.is_empty() {
+            // A decision committed meanwhile (another leader's): decide again next interval,
+            // on what it did, rather than after REFRESH_S.
+            committed = None;
+            continue;
         }
         committed = Some((d.desired, d.ready, d.starting, now));
-        own_at = Some(now);
     }
+}
+
+/// The replicas the committed decision at log `index` drained (empty if it is not among
+/// `decisions`, the last 100).
+fn entry_drain(decisions: &[serde_json::Value], index: u64) -> Vec<String> {
+    decisions
+        .iter()
+        .rev()
+        .find(|d| d.get("log_index").and_then(|i| i.as_u64()) == Some(index))
+        .and_then(|d| d.get("drain"))
+        .and_then(|d| serde_json::from_value(d.clone()).ok())
+        .unwrap_or_default()
 }
 
 /// The replicas a scale-down may release: the routable ones and those still `starting`

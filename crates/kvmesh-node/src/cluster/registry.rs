@@ -57,7 +57,7 @@ pub enum Command {
         #[serde(default)]
         params: BTreeMap<String, f64>,
     },
-    /// Registers a replica (ready). Fails if a live replica has the name.
+    /// Registers a replica (ready, or starting). Fails if a live replica has the name.
     AddReplica {
         /// The replica.
         config: ReplicaConfig,

@@ -199,9 +199,9 @@ const UNKNOWN_PARENT_RESYNC_S: f64 = 30.0;
 
 /// Asks the replay socket for `from..to` (`to` = `u64::MAX`: everything it has) and applies
 /// what comes back, in sequence. True when every message in `from..to` was recovered. The
-/// replica shows `out_of_sync` while it runs, and not after: an engine with nothing to replay
-/// (a fresh one) or no replay socket is as synced as the node can make it; a later gap starts
-/// another.
+/// replica shows `out_of_sync` while it runs; once the replay socket has sent all it holds
+/// (nothing, for a fresh engine), no longer; a replay that failed leaves it `out_of_sync`
+/// until the next live event.
 async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64) -> bool {
     let set = |on: bool| {
         let now = shared.now();
@@ -212,26 +212,30 @@ async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to:
         let _ = core.sync_routable(&source.name, now);
     };
     set(true);
-    let complete = replay_messages(shared, source, endpoint, from, to).await;
-    set(false);
+    let (complete, ended) = replay_messages(shared, source, endpoint, from, to).await;
+    if ended {
+        set(false);
+    }
     complete
 }
 
-async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64) -> bool {
+/// [`replay`]'s exchange: (every message in `from..to` recovered, the socket sent its end).
+async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64) -> (bool, bool) {
     let mut dealer = zeromq::DealerSocket::new();
     let t = source.replay_timeout;
     if !matches!(tokio::time::timeout(t, dealer.connect(endpoint)).await, Ok(Ok(()))) {
         tracing::warn!(replica = %source.name, %endpoint, "replay socket unreachable");
-        return false;
+        return (false, false);
     }
     let [delim, start] = replay_request(from);
     let Ok(request) = ZmqMessage::try_from(vec![bytes::Bytes::from(delim), bytes::Bytes::from(start)]) else {
-        return false;
+        return (false, false);
     };
     if dealer.send(request).await.is_err() {
-        return false;
+        return (false, false);
     }
     let mut next = from;
+    let mut ended = false;
     loop {
         let reply = match tokio::time::timeout(t, dealer.recv()).await {
             Ok(Ok(m)) => m.into_vec(),
@@ -241,7 +245,10 @@ async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from:
             }
         };
         match decode_replay_reply(&reply) {
-            Ok(ReplayReply::End) => break,
+            Ok(ReplayReply::End) => {
+                ended = true;
+                break;
+            }
             Ok(ReplayReply::Message { seq, batch }) => {
                 if seq == next && seq < to {
                     apply(shared, &source.name, seq, &batch);
@@ -254,8 +261,9 @@ async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from:
             }
         }
     }
-    let complete = to == u64::MAX || next == to;
+    // A bounded replay is complete with its last message; "everything it holds" only at the end.
+    let complete = if to == u64::MAX { ended } else { next == to };
     let how = if complete { "replay" } else { "replay_incomplete" };
     shared.metrics.resyncs.get_or_create(&vec![("replica", source.name.clone()), ("method", how.to_string())]).inc();
-    complete
+    (complete, ended)
 }
