@@ -360,8 +360,9 @@ impl Cluster {
             Ok(Ok(resp)) => return Attempt::Done(Ok((resp.data, resp.log_id.index))),
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => match f.leader_node {
                 Some(node) if !forwarded && f.leader_id != Some(self.id) => node.addr,
-                // An election is running: nothing was sent anywhere.
-                None if !forwarded => return Attempt::NoLeaderYet(ClusterError::NoLeader),
+                // An election is running, or this node names itself on the vote it restarted
+                // with: nothing was sent anywhere.
+                _ if !forwarded => return Attempt::NoLeaderYet(ClusterError::NoLeader),
                 _ => return Attempt::Done(Err(ClusterError::NoLeader)),
             },
             Ok(Err(e)) => return Attempt::Done(Err(ClusterError::Raft(e.to_string()))),
@@ -491,7 +492,9 @@ impl Cluster {
     fn forward_target(&self) -> Result<Option<String>, ClusterError> {
         match self.leader() {
             Some((id, _)) if id != self.id && self.faults.isolated() => Err(ClusterError::NoLeader),
-            Some((id, _)) if id == self.id => Ok(None),
+            Some((id, _)) if id == self.id && self.leads() => Ok(None),
+            // Named on the vote it restarted with, not leading: the real leader is not known yet.
+            Some((id, _)) if id == self.id => Err(ClusterError::NoLeader),
             Some((_, addr)) => Ok(Some(addr)),
             None => Err(ClusterError::NoLeader),
         }
