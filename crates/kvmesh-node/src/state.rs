@@ -157,6 +157,8 @@ pub struct Core {
     unhealthy_after: u32,
     /// Seconds a drain takes to settle across the tier ([`drain::settle_s`]).
     drain_settle_s: f64,
+    /// Rotation flags (draining, starting) for replicas about to be added.
+    rotation_ahead: BTreeMap<String, (bool, bool)>,
     events_silent_s: f64,
     /// When every replica's routable flag was last re-evaluated (node seconds).
     synced_at: f64,
@@ -297,6 +299,7 @@ impl Shared {
             replicas: BTreeMap::new(),
             unhealthy_after: config.node.unhealthy_after.max(1),
             drain_settle_s: drain::settle_s(config.cluster.as_ref()),
+            rotation_ahead: BTreeMap::new(),
             events_silent_s: config.node.events_silent_s,
             synced_at: f64::NEG_INFINITY,
             outbox: config
@@ -456,13 +459,16 @@ impl Shared {
             ..ReplicaSpec::new(config.name.clone(), config.capacity_blocks)
         };
         let id = core.fleet.add_replica(spec).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        let now = self.now();
+        // Out of rotation from the start when the registry says so (set_rotation_ahead).
+        let (draining, starting) = core.rotation_ahead.remove(&config.name).unwrap_or((false, false));
         let replica = Replica {
             id,
             config: config.clone(),
             endpoints,
-            draining: false,
-            draining_since: None,
-            starting: false,
+            draining,
+            draining_since: draining.then_some(now),
+            starting: starting && draining,
             idle_logged: false,
             failures: 0,
             last_error: None,
@@ -473,7 +479,7 @@ impl Shared {
             last_seq: None,
             last_event_at: None,
             unpublished_since: None,
-            added_at: self.now(),
+            added_at: now,
             resyncing: false,
             resync_requested: None,
             last_resync_at: None,
@@ -482,6 +488,8 @@ impl Shared {
             reported: Status::Ready,
         };
         core.replicas.insert(config.name.clone(), replica);
+        // In line with the flags in the same lock section: never routed to in between.
+        let _ = core.sync_routable(&config.name, now);
         drop(core);
         let mut c = self.config.lock().unwrap_or_else(|p| p.into_inner());
         if !c.replicas.iter().any(|r| r.name == config.name) {
@@ -514,6 +522,13 @@ impl Shared {
     /// [`RegistryError::Unknown`].
     pub fn set_draining(&self, name: &str, draining: bool) -> Result<(), RegistryError> {
         self.set_rotation(name, draining, false)
+    }
+
+    /// The rotation `name` takes when it is added next ([`Shared::set_rotation`]'s flags): a
+    /// replica the registry holds starting or draining is out of rotation from its first
+    /// moment on this node.
+    pub fn set_rotation_ahead(&self, name: &str, draining: bool, starting: bool) {
+        self.core().rotation_ahead.insert(name.to_string(), (draining, starting));
     }
 
     /// Takes a replica out of rotation (`draining`, or `starting`: still loading) or puts it
@@ -926,6 +941,25 @@ mod tests {
         shared.set_draining("r0", false).unwrap();
         let core = shared.core();
         assert_eq!(core.drain_progress(&core.replicas["r0"], 20.0), None);
+    }
+
+    #[test]
+    fn a_replica_the_registry_holds_starting_is_out_of_rotation_from_its_first_moment() {
+        let shared = node(crate::config::NodeSection::default());
+        shared.set_rotation_ahead("s", true, true);
+        shared.set_rotation_ahead("d", true, false);
+        for name in ["s", "d", "r"] {
+            add(&shared, &format!("name = \"{name}\""));
+        }
+        let core = shared.core();
+        let view = |name: &str| {
+            let r = &core.replicas[name];
+            (core.status(r, 1.0), core.fleet.replica(r.id).unwrap().routable())
+        };
+        assert_eq!(view("s"), (Status::Starting, false));
+        assert_eq!(view("d"), (Status::Draining, false));
+        assert_eq!(view("r"), (Status::Ready, true));
+        assert!(core.rotation_ahead.is_empty());
     }
 
     #[test]

@@ -42,15 +42,11 @@ async fn sync(shared: &Shared, supervisor: &ActorRef<SupervisorMsg>, state: &Clu
     for e in state.live_replicas() {
         let new = &e.config;
         if !current.contains(new) {
+            // Out of rotation from its first moment if it is starting or draining (a node
+            // restarting re-adds every replica).
+            shared.set_rotation_ahead(&new.name, e.state != ReplicaState::Ready, e.state == ReplicaState::Starting);
             match ractor::call!(supervisor, SupervisorMsg::Add, new.clone()) {
                 Ok(Ok(())) => {
-                    // Out of rotation at once if it is starting or draining (a node restarting
-                    // re-adds every replica): not after the whole list.
-                    let _ = shared.set_rotation(
-                        &new.name,
-                        e.state != ReplicaState::Ready,
-                        e.state == ReplicaState::Starting,
-                    );
                     tracing::info!(replica = %new.name, state = e.state.as_str(), "registry: replica added")
                 }
                 Ok(Err(e)) => tracing::warn!(replica = %new.name, error = %e, "registry: add failed"),
