@@ -4,7 +4,8 @@
 //! A start is measured from when this node first saw the replica `starting` to when it saw it
 //! `ready`, and only if the node saw the start begin: one already starting when the node came
 //! up would measure short. A start drained or removed before it ended was cancelled, not
-//! measured. A start older than [`STALE_START_COLD_STARTS`] cold starts is no longer counted:
+//! measured, and the cold start is the mean of the latest [`STARTS_KEPT`]. A start older than
+//! [`STALE_START_COLD_STARTS`] cold starts is no longer counted:
 //! its engine never came up, or nobody marked it ready, and counting it would hold back every
 //! scale-up.
 
@@ -13,6 +14,8 @@ use std::collections::BTreeMap;
 
 /// A start this old, in cold starts, is no longer counted as capacity on its way.
 pub const STALE_START_COLD_STARTS: f64 = 3.0;
+/// The cold start is the mean of this many latest starts: a new image or node type moves it.
+pub const STARTS_KEPT: usize = 20;
 
 /// One start in progress.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,7 +32,7 @@ struct Start {
 #[derive(Debug, Default)]
 pub struct Starts {
     starting: BTreeMap<String, Start>,
-    measured: Vec<f64>,
+    measured: std::collections::VecDeque<f64>,
     observed: bool,
 }
 
@@ -50,7 +53,10 @@ impl Starts {
                 }
                 ReplicaState::Ready => {
                     if let Some(s) = self.starting.remove(name).filter(|s| s.whole) {
-                        self.measured.push(now - s.since);
+                        if self.measured.len() == STARTS_KEPT {
+                            self.measured.pop_front();
+                        }
+                        self.measured.push_back(now - s.since);
                     }
                 }
                 ReplicaState::Draining | ReplicaState::Removed => {}
@@ -60,7 +66,8 @@ impl Starts {
         order
     }
 
-    /// The cold start, seconds: the mean of the starts measured, else `configured`.
+    /// The cold start, seconds: the mean of the latest [`STARTS_KEPT`] starts measured, else
+    /// `configured`.
     pub fn cold_start_s(&self, configured: f64) -> f64 {
         if self.measured.is_empty() {
             configured
@@ -124,5 +131,12 @@ mod tests {
         // Marked ready at last: measured like any other.
         starts.observe(&state(&[("e", Ready, 30)]), 300.0);
         assert_eq!(starts.cold_start_s(60.0), 90.0);
+        // Only the latest 20 starts count: 20 of 30 s push out the 40 s and 140 s ones.
+        for i in 0..20u64 {
+            let t = 400.0 + 100.0 * i as f64;
+            starts.observe(&state(&[("f", Starting, 40 + i)]), t);
+            starts.observe(&state(&[("f", Ready, 41 + i)]), t + 30.0);
+        }
+        assert_eq!(starts.cold_start_s(60.0), 30.0);
     }
 }
