@@ -4,10 +4,9 @@
 //! A start is measured from when this node first saw the replica `starting` to when it saw it
 //! `ready`, and only if the node saw the start begin: one already starting when the node came
 //! up would measure short. A start drained or removed before it ended was cancelled, not
-//! measured, and the cold start is the mean of the latest [`STARTS_KEPT`]. A start older than
-//! [`STALE_START_COLD_STARTS`] cold starts is no longer counted:
-//! its engine never came up, or nobody marked it ready, and counting it would hold back every
-//! scale-up.
+//! measured. The cold start is the mean of the latest [`STARTS_KEPT`] starts. A start older
+//! than [`STALE_START_COLD_STARTS`] cold starts is no longer counted: its engine never came up,
+//! or nobody marked it ready, and counting it would hold back every scale-up.
 
 use crate::cluster::registry::{ClusterState, ReplicaState};
 use std::collections::BTreeMap;
