@@ -136,7 +136,7 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
     cf.write(v1::WriteRequest { command_json: set_policy }).await.unwrap();
     eventually("kv_cost on every node", || all.iter().all(|n| &*n.shared.policy_name() == "kv_cost")).await;
     eventually("e0 draining on every node", || {
-        all.iter().all(|n| n.shared.core().replicas.get("e0").is_some_and(|r| r.draining))
+        all.iter().all(|n| n.shared.core().replicas.get("e0").is_some_and(|r| r.draining()))
     })
     .await;
 

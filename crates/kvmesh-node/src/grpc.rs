@@ -4,7 +4,7 @@
 
 use crate::admission::{Admitted, NotAdmitted, Refused};
 use crate::cluster::registry::{Command, ReplicaState};
-use crate::cluster::ClusterError;
+use crate::cluster::{Cluster, ClusterError};
 use crate::config::ReplicaConfig;
 use crate::replica::SupervisorMsg;
 use crate::state::{Shared, Status};
@@ -194,6 +194,39 @@ impl Services {
         self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name))
     }
 
+    /// Moves `name` from `from` to `to` in the registry, a compare-and-set (`MarkReady`,
+    /// `MarkStarting`): one already `to` is left as it is; one draining is refused with
+    /// `draining`, also when it was drained between the look and the write.
+    async fn transition(
+        &self,
+        c: &Cluster,
+        name: &str,
+        from: ReplicaState,
+        to: ReplicaState,
+        draining: GrpcStatus,
+    ) -> Result<Response<v1::Replica>, GrpcStatus> {
+        let state = c.state.borrow().replicas.get(name).map(|e| e.state);
+        match state {
+            None | Some(ReplicaState::Removed) => {
+                return Err(GrpcStatus::not_found(format!("unknown replica {name:?}")))
+            }
+            Some(ReplicaState::Draining) => return Err(draining),
+            Some(s) if s == to => return self.await_replica(name).await,
+            Some(_) => {}
+        }
+        let write = Command::SetReplicaState { name: name.to_string(), state: to, from: Some(from) };
+        match c.write(write).await {
+            Ok(_) => {}
+            // Moved by another call meanwhile: what was asked.
+            Err(ClusterError::Rejected(m)) if m.contains(&format!(" is {}, ", to.as_str())) => {}
+            Err(ClusterError::Rejected(m)) if m.contains(" is draining, ") => return Err(draining),
+            Err(e) => return Err(not_found_or(e)),
+        }
+        // The follower task applies it too; doing it here makes the answer show it.
+        let _ = self.shared.set_rotation(name, to != ReplicaState::Ready, to == ReplicaState::Starting);
+        self.await_replica(name).await
+    }
+
     fn admin_auth(&self, meta: &tonic::metadata::MetadataMap) -> Result<(), GrpcStatus> {
         crate::auth::check(meta, &[&self.shared.tokens.admin])
     }
@@ -341,7 +374,7 @@ impl admin_server::Admin for Services {
         let name = request.into_inner().name;
         let Some(c) = &self.cluster else {
             // No starts without a cluster: ready unless an operator drained it.
-            let draining = self.shared.core().replicas.get(&name).map(|r| r.draining);
+            let draining = self.shared.core().replicas.get(&name).map(|r| r.draining());
             return match draining {
                 None => Err(GrpcStatus::not_found(format!("unknown replica {name:?}"))),
                 Some(true) => Err(GrpcStatus::failed_precondition(format!(
@@ -350,35 +383,11 @@ impl admin_server::Admin for Services {
                 Some(false) => self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::not_found(name)),
             };
         };
-        let drained = || {
-            GrpcStatus::failed_precondition(format!(
-                "replica {name:?} is draining (a scale-down cancelled its start, or an operator drained it): release \
-                 it, or `kvmesh replica undrain` to put it into rotation anyway"
-            ))
-        };
-        let state = c.state.borrow().replicas.get(&name).map(|e| e.state);
-        match state {
-            None | Some(ReplicaState::Removed) => Err(GrpcStatus::not_found(format!("unknown replica {name:?}"))),
-            Some(ReplicaState::Ready) => self.await_replica(&name).await,
-            Some(ReplicaState::Draining) => Err(drained()),
-            Some(ReplicaState::Starting) => {
-                let ready = Command::SetReplicaState {
-                    name: name.clone(),
-                    state: ReplicaState::Ready,
-                    from: Some(ReplicaState::Starting),
-                };
-                match c.write(ready).await {
-                    Ok(_) => {}
-                    // Marked ready by another call meanwhile: what was asked.
-                    Err(ClusterError::Rejected(m)) if m.contains(" is ready, ") => {}
-                    // Drained meanwhile.
-                    Err(ClusterError::Rejected(m)) if m.contains(" is draining, ") => return Err(drained()),
-                    Err(e) => return Err(not_found_or(e)),
-                }
-                let _ = self.shared.set_rotation(&name, false, false);
-                self.await_replica(&name).await
-            }
-        }
+        let drained = GrpcStatus::failed_precondition(format!(
+            "replica {name:?} is draining (a scale-down cancelled its start, or an operator drained it): release \
+             it, or `kvmesh replica undrain` to put it into rotation anyway"
+        ));
+        self.transition(c, &name, ReplicaState::Starting, ReplicaState::Ready, drained).await
     }
 
     async fn mark_starting(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
@@ -391,34 +400,10 @@ impl admin_server::Admin for Services {
         };
         // Only a replica in rotation starts: a drain that came first (its pod is going away)
         // must not be undone.
-        let draining = || {
-            GrpcStatus::failed_precondition(format!(
-                "replica {name:?} is draining: a start marked now would put it back (undrain it first)"
-            ))
-        };
-        let state = c.state.borrow().replicas.get(&name).map(|e| e.state);
-        match state {
-            None | Some(ReplicaState::Removed) => {
-                return Err(GrpcStatus::not_found(format!("unknown replica {name:?}")))
-            }
-            Some(ReplicaState::Starting) => return self.await_replica(&name).await,
-            Some(ReplicaState::Draining) => return Err(draining()),
-            Some(ReplicaState::Ready) => {}
-        }
-        let starting = Command::SetReplicaState {
-            name: name.clone(),
-            state: ReplicaState::Starting,
-            from: Some(ReplicaState::Ready),
-        };
-        match c.write(starting).await {
-            Ok(_) => {}
-            Err(ClusterError::Rejected(m)) if m.contains(" is starting, ") => {}
-            Err(ClusterError::Rejected(m)) if m.contains(" is draining, ") => return Err(draining()),
-            Err(e) => return Err(not_found_or(e)),
-        }
-        // The follower task applies it too; doing it here makes the answer show it.
-        let _ = self.shared.set_rotation(&name, true, true);
-        self.await_replica(&name).await
+        let draining = GrpcStatus::failed_precondition(format!(
+            "replica {name:?} is draining: a start marked now would put it back (undrain it first)"
+        ));
+        self.transition(c, &name, ReplicaState::Ready, ReplicaState::Starting, draining).await
     }
 
     async fn recent_decisions(

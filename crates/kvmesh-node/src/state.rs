@@ -93,10 +93,9 @@ pub struct Replica {
     pub config: ReplicaConfig,
     /// Its OpenAI API URLs, parsed from `config.http`.
     pub endpoints: Arc<Endpoints>,
-    /// Set by the admin API.
-    pub draining: bool,
-    /// Node time, seconds, draining last began (`None` while not draining): only a scrape
-    /// begun after the drain settled can show the engine idle.
+    /// Node time, seconds, draining began (by the admin API, the registry or a scale-down);
+    /// `None` while in rotation. Only a scrape begun after the drain settled can show the
+    /// engine idle.
     pub draining_since: Option<f64>,
     /// Registered `starting` in the cluster's registry (not routed to, like draining, but not
     /// being released).
@@ -142,6 +141,13 @@ pub struct Replica {
     pub events_rejected: u64,
     /// The status last logged: a change is logged once, when it is first seen.
     pub reported: Status,
+}
+
+impl Replica {
+    /// Out of rotation: draining, or starting (see `starting`).
+    pub fn draining(&self) -> bool {
+        self.draining_since.is_some()
+    }
 }
 
 /// The routing core and registry.
@@ -466,7 +472,6 @@ impl Shared {
             id,
             config: config.clone(),
             endpoints,
-            draining,
             draining_since: draining.then_some(now),
             starting: starting && draining,
             idle_logged: false,
@@ -541,11 +546,10 @@ impl Shared {
         let mut core = self.core();
         let r = core.replicas.get_mut(name).ok_or_else(|| RegistryError::Unknown(name.into()))?;
         r.starting = starting && draining;
-        if draining != r.draining {
+        if draining != r.draining() {
             r.draining_since = draining.then_some(now);
             r.idle_logged = false;
         }
-        r.draining = draining;
         let _ = core.sync_routable(name, now);
         Ok(())
     }
@@ -557,7 +561,7 @@ impl Core {
         if r.starting {
             return Status::Starting;
         }
-        if r.draining {
+        if r.draining() {
             return Status::Draining;
         }
         if r.failures >= self.unhealthy_after {
@@ -911,7 +915,7 @@ mod tests {
         let mut core = shared.core();
         core.record_metrics("r0", busy(9.0), Some(100.0), 9.0, 9.0);
         let r = core.replicas.get_mut("r0").unwrap();
-        (r.draining, r.draining_since) = (true, Some(10.0));
+        r.draining_since = Some(10.0);
         let progress = |core: &Core, now| core.drain_progress(&core.replicas["r0"], now).unwrap();
         // The scrape from before the drain does not count.
         assert_eq!(progress(&core, 10.5).engine, None);

@@ -102,7 +102,7 @@ impl Core {
     /// `r`'s way to release at `now` (node seconds) while it is draining; `None` when it takes
     /// traffic or is starting.
     pub fn drain_progress(&self, r: &Replica, now: f64) -> Option<DrainProgress> {
-        let since = r.draining_since.filter(|_| r.draining && !r.starting)?;
+        let since = r.draining_since.filter(|_| !r.starting)?;
         let settled_at = since + self.drain_settle_s;
         let load = self.fleet.bookings().load(r.id);
         let fresh = r.engine_at.filter(|&at| at >= settled_at);

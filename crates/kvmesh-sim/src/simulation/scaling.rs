@@ -263,41 +263,22 @@ impl Scaler {
         } else if want < on_hand {
             // Cancel starts first (newest first), then drain the ready replicas with the
             // fewest requests in flight and the least cache.
-            let candidates: Vec<(usize, ReleaseCandidate)> = self
+            let (slots, candidates): (Vec<usize>, Vec<ReleaseCandidate>) = self
                 .slots
                 .iter()
                 .enumerate()
                 .filter_map(|(r, s)| {
+                    let (starting, starting_since, (in_flight, cached_blocks)) = match *s {
+                        Slot::Starting { since, .. } => (true, since, (0, 0)),
+                        Slot::Ready { .. } => (false, 0.0, load(r)),
+                        _ => return None,
+                    };
                     let name = format!("{r:06}");
-                    match *s {
-                        Slot::Starting { since, .. } => Some((
-                            r,
-                            ReleaseCandidate {
-                                name,
-                                starting: true,
-                                starting_since: since,
-                                in_flight: 0,
-                                cached_blocks: 0,
-                            },
-                        )),
-                        Slot::Ready { .. } => {
-                            let (in_flight, cached_blocks) = load(r);
-                            let c = ReleaseCandidate {
-                                name,
-                                starting: false,
-                                starting_since: 0.0,
-                                in_flight,
-                                cached_blocks,
-                            };
-                            Some((r, c))
-                        }
-                        _ => None,
-                    }
+                    Some((r, ReleaseCandidate { name, starting, starting_since, in_flight, cached_blocks }))
                 })
-                .collect();
-            let list: Vec<ReleaseCandidate> = candidates.iter().map(|(_, c)| c.clone()).collect();
-            for i in pick_releases(&list, on_hand - want) {
-                let r = candidates[i].0;
+                .unzip();
+            for i in pick_releases(&candidates, on_hand - want) {
+                let r = slots[i];
                 match self.slots[r] {
                     Slot::Starting { since, .. } => {
                         self.stats.gpu_seconds += now - since;
