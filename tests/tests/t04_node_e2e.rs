@@ -101,6 +101,29 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
     let list = admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap().into_inner();
     let dead = list.replicas.iter().find(|r| r.spec.as_ref().unwrap().name == first).unwrap();
     assert_eq!(dead.status, v1::ReplicaStatus::Unhealthy as i32);
+    // Server reflection answers in both versions (grpcurl speaks v1; many clients v1alpha).
+    macro_rules! reflected_services {
+        ($version:ident) => {{
+            use tonic_reflection::pb::$version as r;
+            let list = r::ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(r::server_reflection_request::MessageRequest::ListServices(String::new())),
+            };
+            let mut client = r::server_reflection_client::ServerReflectionClient::new(channel.clone());
+            let mut answers = client.server_reflection_info(tokio_stream::iter([list])).await.unwrap().into_inner();
+            match answers.message().await.unwrap().unwrap().message_response {
+                Some(r::server_reflection_response::MessageResponse::ListServicesResponse(l)) => {
+                    l.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
+                }
+                other => panic!("not a service list: {other:?}"),
+            }
+        }};
+    }
+    for services in [reflected_services!(v1), reflected_services!(v1alpha)] {
+        for name in ["kvmesh.v1.Router", "kvmesh.v1.Admin", "kvmesh.v1.Autoscaler", "grpc.health.v1.Health"] {
+            assert!(services.iter().any(|s| s == name), "{name} not in {services:?}");
+        }
+    }
     let mut router = v1::router_client::RouterClient::new(channel);
     let routed = router
         .route(v1::RouteRequest {

@@ -1,4 +1,5 @@
-//! `kvmesh autoscaler decisions`: a node's `kvmesh.v1.Autoscaler` audit log from the shell.
+//! `kvmesh autoscaler decisions | recommend | watch`: a node's `kvmesh.v1.Autoscaler` from the
+//! shell — the audit log, the latest decision, and the stream an actuator follows.
 
 use crate::cli::AutoscalerCommand;
 use anyhow::Context;
@@ -8,20 +9,59 @@ use std::fmt::Write as _;
 pub fn run(cmd: &AutoscalerCommand) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
+        let (AutoscalerCommand::Decisions(a) | AutoscalerCommand::Recommend(a) | AutoscalerCommand::Watch(a)) = cmd;
+        let channel = crate::connect::channel(&a.target.grpc, "is `kvmesh node` running?").await?;
+        let mut client = v1::autoscaler_client::AutoscalerClient::new(channel);
+        let request = v1::AutoscalerRequest { pool: a.pool.clone() };
+        let now = kvmesh_node::replication::unix_now;
         match cmd {
-            AutoscalerCommand::Decisions(a) => {
-                let channel = crate::connect::channel(&a.target.grpc, "is `kvmesh node` running?").await?;
-                let list = v1::autoscaler_client::AutoscalerClient::new(channel)
-                    .list_decisions(v1::AutoscalerRequest { pool: a.pool.clone() })
+            AutoscalerCommand::Decisions(_) => {
+                let list = client
+                    .list_decisions(request)
                     .await
                     .map_err(|s| anyhow::anyhow!("Autoscaler.ListDecisions: {}", s.message()))
                     .context("reading the decisions")?
                     .into_inner();
                 if a.json {
                     let rows: Vec<serde_json::Value> = list.decisions.iter().map(json).collect();
-                    println!("{}", serde_json::to_string_pretty(&rows)?);
+                    crate::emit(&format!("{}\n", serde_json::to_string_pretty(&rows)?))?;
                 } else {
-                    print!("{}", render(&list.decisions, kvmesh_node::replication::unix_now()));
+                    crate::emit(&render(&list.decisions, now()))?;
+                }
+            }
+            AutoscalerCommand::Recommend(_) => {
+                let d = client
+                    .get_recommendation(request)
+                    .await
+                    .map_err(|s| anyhow::anyhow!("Autoscaler.GetRecommendation: {}", s.message()))
+                    .context("reading the latest decision")?
+                    .into_inner();
+                if a.json {
+                    crate::emit(&format!("{}\n", serde_json::to_string_pretty(&json(&d))?))?;
+                } else {
+                    crate::emit(&render(std::slice::from_ref(&d), now()))?;
+                }
+            }
+            AutoscalerCommand::Watch(_) => {
+                let mut stream = client
+                    .watch_decisions(request)
+                    .await
+                    .map_err(|s| anyhow::anyhow!("Autoscaler.WatchDecisions: {}", s.message()))
+                    .context("watching the decisions")?
+                    .into_inner();
+                if !a.json {
+                    crate::emit(&header())?;
+                }
+                loop {
+                    let next = tokio::select! {
+                        next = stream.message() => next,
+                        _ = tokio::signal::ctrl_c() => return Ok(()),
+                    };
+                    match next.map_err(|s| anyhow::anyhow!("Autoscaler.WatchDecisions: {}", s.message()))? {
+                        Some(d) if a.json => crate::emit(&format!("{}\n", json(&d)))?,
+                        Some(d) => crate::emit(&row(&d, now()))?,
+                        None => anyhow::bail!("the node ended the stream (stopped, or lost its place in the tier)"),
+                    }
                 }
             }
         }
@@ -47,35 +87,41 @@ fn json(d: &v1::ScaleDecision) -> serde_json::Value {
     })
 }
 
+/// The table's header; the loads are tokens per second.
+fn header() -> String {
+    format!(
+        "{:>9} {:>8}  {:>7}  {:<18} {:>5} {:>8} {:>14} {:>14} {:>14}\n",
+        "log index", "ago", "desired", "reason", "ready", "starting", "demand tok/s", "sized tok/s", "tok/s/replica"
+    )
+}
+
+/// One decision's line (and its drains'); `now` in Unix seconds for its age.
+fn row(d: &v1::ScaleDecision, now: f64) -> String {
+    let reason = if d.panic { format!("{} (panic)", d.reason) } else { d.reason.clone() };
+    let mut out = format!(
+        "{:>9} {:>7.0}s  {:>7}  {:<18} {:>5} {:>8} {:>14.0} {:>14.0} {:>14.0}\n",
+        d.log_index,
+        (now - d.at).max(0.0),
+        d.desired_replicas,
+        reason,
+        d.ready,
+        d.starting,
+        d.demand_tokens_per_s,
+        d.forecast_tokens_per_s,
+        d.capacity_tokens_per_s
+    );
+    if !d.drain.is_empty() {
+        let _ = writeln!(out, "{:>9} draining for release: {}", "", d.drain.join(", "));
+    }
+    out
+}
+
 /// One line per decision, oldest first; `now` in Unix seconds for the ages.
 fn render(ds: &[v1::ScaleDecision], now: f64) -> String {
     if ds.is_empty() {
         return "no decision yet (the first comes after one interval, from the Raft leader)\n".into();
     }
-    let mut out = format!(
-        "{:>9} {:>8}  {:>7}  {:<16} {:>5} {:>8} {:>14} {:>14} {:>14}\n",
-        "log index", "ago", "desired", "reason", "ready", "starting", "demand tok/s", "sized for", "per replica"
-    );
-    for d in ds {
-        let reason = if d.panic { format!("{} (panic)", d.reason) } else { d.reason.clone() };
-        let _ = writeln!(
-            out,
-            "{:>9} {:>7.0}s  {:>7}  {:<16} {:>5} {:>8} {:>14.0} {:>14.0} {:>14.0}",
-            d.log_index,
-            (now - d.at).max(0.0),
-            d.desired_replicas,
-            reason,
-            d.ready,
-            d.starting,
-            d.demand_tokens_per_s,
-            d.forecast_tokens_per_s,
-            d.capacity_tokens_per_s
-        );
-        if !d.drain.is_empty() {
-            let _ = writeln!(out, "{:>9} draining for release: {}", "", d.drain.join(", "));
-        }
-    }
-    out
+    ds.iter().fold(header(), |out, d| out + &row(d, now))
 }
 
 #[cfg(test)]
@@ -102,8 +148,8 @@ mod tests {
         assert_eq!(
             render(std::slice::from_ref(&d), 1_012.0),
             concat!(
-                "log index      ago  desired  reason           ready starting   demand tok/s      sized for    per replica\n",
-                "       42      12s        6  burst (panic)        4        2          81234          95000          33000\n",
+                "log index      ago  desired  reason             ready starting   demand tok/s    sized tok/s  tok/s/replica\n",
+                "       42      12s        6  burst (panic)          4        2          81234          95000          33000\n",
             )
         );
         assert_eq!(json(&d)["log_index"], 42);
@@ -120,7 +166,7 @@ mod tests {
         assert_eq!(
             render(std::slice::from_ref(&down), 1_012.0).lines().skip(1).collect::<Vec<_>>(),
             [
-                "       43      12s        4  scale_down           6        0          81234          95000          33000",
+                "       43      12s        4  scale_down             6        0          81234          95000          33000",
                 "          draining for release: vllm-5, vllm-2",
             ]
         );

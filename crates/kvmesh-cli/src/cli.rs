@@ -5,9 +5,11 @@ use kvmesh_core::PolicyKind;
 use std::path::PathBuf;
 
 /// kvmesh routes LLM requests across vLLM / SGLang replicas on token load, with prefix-cache
-/// overlap as a discount on prefill.
+/// overlap as a discount on prefill: run router nodes (`node`), operate them (`status`,
+/// `cluster`, `replica`, `replication`, `autoscaler`), measure them (`loadtest`), study traffic
+/// offline (`analyze`, `replay`, `policies`), or see it all at once (`demo`).
 #[derive(Debug, Parser)]
-#[command(name = "kvmesh", version, about, long_about = None)]
+#[command(name = "kvmesh", version, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -53,16 +55,17 @@ pub enum Command {
     /// leader, term, members and their replication lag.
     #[command(subcommand)]
     Cluster(ClusterCommand),
-    /// Add, remove or drain an engine replica through a node's admin API (in a cluster the
-    /// change goes through the Raft leader and every node follows it).
+    /// Add, remove, drain or undrain an engine replica, or mark its start and its readiness,
+    /// through a node's admin API (in a cluster the change goes through the Raft leader and
+    /// every node follows it).
     #[command(subcommand)]
     Replica(ReplicaCommand),
     /// Hot prefixes and their replication plan (`[replication]` on the nodes): show what is
     /// hot, where it is held and warmed, or plan a prefix by hand.
     #[command(subcommand)]
     Replication(ReplicationCommand),
-    /// The tier's autoscaler (`[autoscaler]` on the nodes): its committed decisions, each
-    /// with its reason and inputs.
+    /// The tier's autoscaler (`[autoscaler]` on the nodes): the latest decision, the stream
+    /// of them, and the audit log, each with its reason and inputs.
     #[command(subcommand)]
     Autoscaler(AutoscalerCommand),
 }
@@ -73,6 +76,12 @@ pub enum AutoscalerCommand {
     /// time, replicas wanted, reason, the pool's ready and starting replicas, the load
     /// measured and sized for, and the capacity per replica assumed.
     Decisions(AutoscalerDecisionsArgs),
+    /// The latest decision (`Autoscaler.GetRecommendation`): what an actuator should scale
+    /// the pool to now, with its reason and inputs.
+    Recommend(AutoscalerDecisionsArgs),
+    /// Every decision as it is committed (`Autoscaler.WatchDecisions`), the latest first, one
+    /// line each (JSON lines with --json), until Ctrl-C; exits 1 if the node ends the stream.
+    Watch(AutoscalerDecisionsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -82,7 +91,7 @@ pub struct AutoscalerDecisionsArgs {
     /// The pool (default: the tier's).
     #[arg(long, default_value = "")]
     pub pool: String,
-    /// Print the decisions as JSON.
+    /// Print JSON (`watch`: one object per line).
     #[arg(long)]
     pub json: bool,
 }
@@ -408,9 +417,13 @@ pub struct LoadtestArgs {
 
 #[derive(Debug, Args)]
 pub struct NodeArgs {
-    /// The node's TOML configuration (see crates/kvmesh-node/src/config.rs or the README).
-    #[arg(long, value_name = "FILE")]
-    pub config: PathBuf,
+    /// The node's TOML configuration (every key: `kvmesh node --reference`).
+    #[arg(long, value_name = "FILE", required_unless_present = "reference")]
+    pub config: Option<PathBuf>,
+    /// Print every configuration key with its default and meaning (Markdown, the same as
+    /// docs/configuration.md), then exit.
+    #[arg(long)]
+    pub reference: bool,
     /// Worker threads of the node's main runtime: KV events, gRPC, Raft, gossip, scrapes
     /// (default: one per core). The HTTP proxy runs on threads of its own: `node.proxy_threads`.
     #[arg(long, value_name = "N")]
@@ -442,6 +455,13 @@ pub struct NodeArgs {
     /// with OpenTelemetry OTLP over gRPC to this collector, e.g. `http://otel-collector:4317`.
     #[arg(long, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+}
+
+impl NodeArgs {
+    /// The configuration file (clap requires it unless `--reference`, which reads none).
+    pub fn config_path(&self) -> &std::path::Path {
+        self.config.as_deref().unwrap_or(std::path::Path::new("kvmesh.toml"))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -501,8 +521,8 @@ pub struct ReplayArgs {
     /// With --autoscale: fewest replicas the autoscalers keep.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub min_replicas: u32,
-    /// Rate steps: the trace's span in equal parts, each replayed this many times faster
-    /// (after --rate-scale), e.g. `1,2,1` doubles the rate in the middle third.
+    /// Rate steps: the replayed span (after --requests) in equal parts, each replayed this many
+    /// times faster (after --rate-scale), e.g. `1,2,1` doubles the rate in the middle third.
     #[arg(long, value_name = "LIST")]
     pub rate_steps: Option<String>,
     /// First seed (policy tie-breaks and scenario generation).

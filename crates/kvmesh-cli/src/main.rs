@@ -40,8 +40,13 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+            // Layers often repeat the one below's text ("tcp connect error" twice): once is enough.
+            let mut last = e.to_string();
+            for cause in e.chain().skip(1).map(|c| c.to_string()) {
+                if cause != last {
+                    eprintln!("  caused by: {cause}");
+                }
+                last = cause;
             }
             if let Some(hint) = hint(&e) {
                 eprintln!("  hint: {hint}");

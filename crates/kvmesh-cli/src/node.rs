@@ -4,9 +4,15 @@ use crate::cli::NodeArgs;
 use anyhow::Context;
 use kvmesh_node::config::NodeConfig;
 
+/// Every configuration key (generated from the config types by t09_config_reference).
+const REFERENCE: &str = include_str!("../../../docs/configuration.md");
+
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
+    if args.reference {
+        return crate::emit(REFERENCE);
+    }
     let format: kvmesh_node::telemetry::LogFormat = args.log_format.parse().map_err(anyhow::Error::msg)?;
-    let config = with_cluster_flags(NodeConfig::read(&args.config)?, args)?;
+    let config = with_cluster_flags(NodeConfig::read(args.config_path())?, args)?;
     // A multi-thread runtime (one worker per core by default) so one slow handler cannot
     // stall event ingest. `--workers` caps it for machines whose cores other processes share.
     // The HTTP proxy is not on it: it has its own thread(s) (`node.proxy_threads`).
@@ -55,7 +61,7 @@ fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs) -> anyhow::Result
     if any {
         apply_cluster_flags(config.cluster.get_or_insert_with(Default::default), args);
     }
-    config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", args.config_path().display()))?;
     Ok(config)
 }
 
@@ -76,7 +82,7 @@ fn apply_cluster_flags(c: &mut kvmesh_node::config::ClusterSection, args: &NodeA
 
 #[cfg(unix)]
 async fn wait_for_stop(node: &kvmesh_node::Node, args: &NodeArgs) {
-    let path = &args.config;
+    let path = args.config_path();
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut hup)) = (signal(SignalKind::terminate()), signal(SignalKind::hangup())) else {
         let _ = tokio::signal::ctrl_c().await;

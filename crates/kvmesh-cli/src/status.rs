@@ -96,9 +96,10 @@ fn authed_decisions(
 /// old (`kvmesh_autoscaler_evaluated` on `/metrics` has every interval's).
 fn render_scale(d: &v1::ScaleDecision, now: f64) -> String {
     format!(
-        "autoscaler (pool {}): {} replicas wanted ({}{}) · {} ready, {} starting · load {:.0} tokens/s, sized for {:.0} at {:.0} per replica{} · decided {:.0} s ago",
+        "autoscaler (pool {}): {} {} wanted ({}{}) · {} ready, {} starting · load {:.0} tokens/s, sized for {:.0} tokens/s at {:.0} per replica{} · decided {:.0} s ago",
         d.pool,
         d.desired_replicas,
+        if d.desired_replicas == 1 { "replica" } else { "replicas" },
         d.reason,
         if d.panic { ", panic" } else { "" },
         d.ready,
@@ -237,7 +238,7 @@ mod tests {
         };
         assert_eq!(
             render_scale(&d, 1_012.4),
-            "autoscaler (pool default): 6 replicas wanted (burst, panic) · 4 ready, 2 starting · load 81234 tokens/s, sized for 95000 at 33000 per replica · cold start 42 s · decided 12 s ago"
+            "autoscaler (pool default): 6 replicas wanted (burst, panic) · 4 ready, 2 starting · load 81234 tokens/s, sized for 95000 tokens/s at 33000 per replica · cold start 42 s · decided 12 s ago"
         );
     }
 

@@ -94,6 +94,70 @@ fn a_real_trace_replays_with_a_plot() {
 }
 
 #[test]
+fn rate_steps_split_the_replayed_slice_not_the_whole_trace() {
+    let Some(path) = kvmesh_tests::trace("mooncake/synthetic_trace.jsonl") else { return };
+    let run = |steps: Option<&str>| {
+        let mut args = vec!["replay", "--trace", path.to_str().unwrap(), "--requests", "300", "--replicas", "4"];
+        args.extend(["--policies", "token_load", "--rate-scale", "4", "--json", "--quiet"]);
+        args.extend(steps.map(|s| ["--rate-steps", s]).into_iter().flatten());
+        let out = kvmesh(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let (flat, stepped) = (run(None), run(Some("1,3,1")));
+    let span = |v: &serde_json::Value| v["span_s"].as_f64().unwrap();
+    // The 300 requests' span in thirds, the middle one 3× faster: 1/3 + 1/9 + 1/3 of it. (Cut
+    // from the whole trace's span, all 300 fell in its first third and nothing changed.)
+    assert!(span(&flat) > 10.0, "{}", span(&flat));
+    assert!((span(&stepped) - span(&flat) * 7.0 / 9.0).abs() < 1e-6, "{} vs {}", span(&stepped), span(&flat));
+    assert!(stepped["source"].as_str().unwrap().ends_with(", rate steps 1,3,1"), "{}", stepped["source"]);
+}
+
+#[test]
+fn the_scale_csv_has_one_row_per_decision_in_time_order() {
+    let csv = std::env::temp_dir().join(format!("kvmesh-scale-{}.csv", std::process::id()));
+    let out = kvmesh(&[
+        "replay",
+        "--scenario",
+        "bursts",
+        "--requests",
+        "400",
+        "--rate",
+        "20",
+        "--replicas",
+        "4",
+        "--initial-replicas",
+        "2",
+        "--autoscale",
+        "kvmesh",
+        "--cold-start",
+        "5",
+        "--seeds",
+        "2",
+        "--scale-csv",
+        csv.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let body = std::fs::read_to_string(&csv).unwrap();
+    std::fs::remove_file(&csv).unwrap();
+    let mut lines = body.lines();
+    assert_eq!(
+        lines.next(),
+        Some("policy,seed,at_s,demand_tokens_per_s,forecast_tokens_per_s,capacity_tokens_per_s,desired,ready,starting,queued_tokens")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert!(rows.len() > 10 && rows.iter().all(|r| r.len() == 10 && r[0] == "token_load/kvmesh"), "{body}");
+    // Seed 1's decisions, then seed 2's, each in time order (numeric, not as text).
+    let seeds: Vec<&str> = rows.iter().map(|r| r[1]).collect();
+    assert!(seeds.windows(2).all(|w| w[0] <= w[1]) && seeds[0] == "1" && seeds[seeds.len() - 1] == "2");
+    for w in rows.windows(2).filter(|w| w[0][1] == w[1][1]) {
+        assert!(w[0][2].parse::<f64>().unwrap() < w[1][2].parse::<f64>().unwrap(), "{:?} then {:?}", w[0], w[1]);
+    }
+    assert!(rows.iter().all(|r| r[2] == "0.0" || !r[2].starts_with('0')), "{body}");
+}
+
+#[test]
 fn bad_arguments_are_clear_errors() {
     let out = kvmesh(&["replay", "--scenario", "nope"]);
     assert_eq!(out.status.code(), Some(1));

@@ -2,11 +2,12 @@
 //! front of one slow engine-sim with a streamed request in flight; the command reports what is
 //! left, gives up at its timeout, and returns once the request has ended (then removes it).
 
+mod common;
+
 use kvmesh_engine_sim::EngineSimConfig;
-use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
 use std::io::BufRead;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn drain(grpc: &str, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kvmesh"));
@@ -17,39 +18,8 @@ fn drain(grpc: &str, args: &[&str]) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_wait_returns_once_the_request_in_flight_has_ended() {
     let engine = kvmesh_engine_sim::start(EngineSimConfig { speed: 0.05, ..EngineSimConfig::default() }).await.unwrap();
-    let replica = ReplicaConfig {
-        name: "e0".into(),
-        http: engine.base_url(),
-        kv_events: Some(engine.kv_events.clone()),
-        replay: None,
-        kv_events_bind: false,
-        metrics_url: None,
-        capacity_blocks: EngineSimConfig::default().profile.kv_blocks(16),
-        engine: "vllm".into(),
-        model: None,
-        block_size: None,
-    };
-    let config = NodeConfig {
-        node: NodeSection {
-            http: "127.0.0.1:0".parse().unwrap(),
-            grpc: "127.0.0.1:0".parse().unwrap(),
-            scrape_interval_ms: 100,
-            engine_speed: 0.05,
-            ..NodeSection::default()
-        },
-        replicas: vec![replica],
-        cluster: None,
-        security: Default::default(),
-        replication: Default::default(),
-        autoscaler: Default::default(),
-        admission: Default::default(),
-    };
-    let node = kvmesh_node::start(config).await.unwrap();
-    let t0 = Instant::now();
-    while !node.shared.core().fleet.replicas().iter().any(|r| r.routable()) {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the replica never turned ready");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let node = kvmesh_node::start(common::config(&engine, 0.05)).await.unwrap();
+    common::routable(&node).await;
     // A request that runs until it is dropped (10,000 tokens on a slow engine).
     let body = serde_json::json!({"model": "m", "prompt": "hold ".repeat(200), "max_tokens": 10_000, "stream": true});
     let url = format!("http://{}/v1/completions", node.http);
@@ -63,7 +33,7 @@ async fn drain_wait_returns_once_the_request_in_flight_has_ended() {
         let mut c = Command::new(env!("CARGO_BIN_EXE_kvmesh"));
         c.args(["replica", "add", "--grpc", &grpc, "--name", "e0", "--http", http, "--kv-events"])
             .arg(&engine.kv_events)
-            .args(["--capacity-blocks", &EngineSimConfig::default().profile.kv_blocks(16).to_string()]);
+            .args(["--capacity-blocks", &common::capacity_blocks().to_string()]);
         c.output().unwrap()
     };
     let again = add(&engine.base_url());

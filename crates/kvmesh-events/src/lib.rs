@@ -38,5 +38,5 @@ pub mod replay;
 pub use batch::{decode_batch, EventBatch, SkippedEvent};
 pub use error::DecodeError;
 pub use message::{decode_message, EventMessage};
-pub use metrics::{parse_engine_metrics, parse_engine_page, parse_served_tokens, Dialect, MetricsError};
+pub use metrics::{parse_engine_metrics, parse_engine_page, parse_served_tokens, Dialect, EnginePage, MetricsError};
 pub use replay::{decode_replay_reply, replay_request, ReplayReply};

@@ -60,15 +60,39 @@ pub fn parse_engine_metrics(text: &str, at: f64) -> Result<(Dialect, EngineMetri
     load(&parse(text)?, at)
 }
 
-/// [`parse_engine_metrics`] and [`parse_served_tokens`] from one parse of the page (a vLLM
-/// page runs to hundreds of kilobytes; a scrape needs both).
+/// What one scrape of an engine's metrics page gives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EnginePage {
+    /// Whose metric names the page uses.
+    pub dialect: Dialect,
+    /// The engine's load ([`parse_engine_metrics`]).
+    pub metrics: EngineMetrics,
+    /// Tokens served so far ([`parse_served_tokens`]).
+    pub served_tokens: Option<f64>,
+    /// KV blocks the engine allocated: vLLM's `vllm:cache_config_info{num_gpu_blocks="…"}`
+    /// (vllm/v1/metrics/loggers.py), summed over its engines (data-parallel ranks). `None`
+    /// for SGLang, or when the page lacks it.
+    pub kv_blocks: Option<u64>,
+}
+
+/// Everything a scrape reads from one parse of the page (a vLLM page runs to hundreds of
+/// kilobytes).
 ///
 /// # Errors
 /// As [`parse_engine_metrics`].
-pub fn parse_engine_page(text: &str, at: f64) -> Result<(Dialect, EngineMetrics, Option<f64>), MetricsError> {
+pub fn parse_engine_page(text: &str, at: f64) -> Result<EnginePage, MetricsError> {
     let parsed = parse(text)?;
     let (dialect, metrics) = load(&parsed, at)?;
-    Ok((dialect, metrics, served(&parsed)))
+    Ok(EnginePage { dialect, metrics, served_tokens: served(&parsed), kv_blocks: kv_blocks(&parsed) })
+}
+
+fn kv_blocks(parsed: &Exposition) -> Option<u64> {
+    let family = parsed.families.get("vllm:cache_config_info")?;
+    let blocks: Vec<u64> = family
+        .iter_samples()
+        .filter_map(|s| s.get_labelset().ok()?.get_label_value("num_gpu_blocks")?.parse().ok())
+        .collect();
+    (!blocks.is_empty()).then(|| blocks.iter().fold(0u64, |a, b| a.saturating_add(*b)))
 }
 
 /// Tokens the engine has served so far — computed prefill plus decode, the unit of token

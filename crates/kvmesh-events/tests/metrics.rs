@@ -119,11 +119,33 @@ vllm:generation_tokens_total{engine="1"} 300.0
     );
     assert_eq!(kvmesh_events::parse_served_tokens(&sglang), Some(850.0));
     // One parse of the page gives the scrape both: the load and the served tokens.
-    let (dialect, m) = parse_engine_metrics(&sglang, 3.0).unwrap();
-    assert_eq!(kvmesh_events::parse_engine_page(&sglang, 3.0), Ok((dialect, m, Some(850.0))));
-    assert_eq!(kvmesh_events::parse_engine_page(VLLM_OLD, 3.0).unwrap().2, None);
+    let (dialect, metrics) = parse_engine_metrics(&sglang, 3.0).unwrap();
+    let page = kvmesh_events::EnginePage { dialect, metrics, served_tokens: Some(850.0), kv_blocks: None };
+    assert_eq!(kvmesh_events::parse_engine_page(&sglang, 3.0), Ok(page));
+    assert_eq!(kvmesh_events::parse_engine_page(VLLM_OLD, 3.0).unwrap().served_tokens, None);
     // Without the counters (or not a metrics page at all): nothing measured.
     assert_eq!(kvmesh_events::parse_served_tokens(VLLM_OLD), None);
     assert_eq!(kvmesh_events::parse_served_tokens(VLLM_TWO_ENGINES), None);
     assert_eq!(kvmesh_events::parse_served_tokens("{{{"), None);
+}
+
+#[test]
+fn kv_blocks_come_from_vllms_cache_config_info_summed_over_engines() {
+    let info = |engine: u32| {
+        format!(
+            "vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",\
+             engine=\"{engine}\",gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"29375\"}} 1.0\n"
+        )
+    };
+    let page = format!(
+        "{VLLM_TWO_ENGINES}# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+         # TYPE vllm:cache_config_info gauge\n{}{}",
+        info(0),
+        info(1)
+    );
+    assert_eq!(kvmesh_events::parse_engine_page(&page, 0.0).unwrap().kv_blocks, Some(58_750));
+    assert_eq!(kvmesh_events::parse_engine_page(VLLM_TWO_ENGINES, 0.0).unwrap().kv_blocks, None);
+    // A value that is not a count is ignored, not an error.
+    let odd = page.replace("num_gpu_blocks=\"29375\"", "num_gpu_blocks=\"None\"");
+    assert_eq!(kvmesh_events::parse_engine_page(&odd, 0.0).unwrap().kv_blocks, None);
 }

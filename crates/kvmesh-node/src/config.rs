@@ -31,6 +31,8 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
 
+mod hints;
+
 /// Everything a node runs with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -646,7 +648,29 @@ impl NodeConfig {
     /// The file cannot be read or is not valid TOML for this schema (with the line).
     pub fn read(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}{}", path.display(), hints::hint(&e, &text)))
+    }
+
+    /// Valid but probably not meant: each a line for the start-up log.
+    pub fn doubts(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.replicas.is_empty() && self.cluster.is_none() {
+            out.push(
+                "no [[replicas]] configured: the node routes nothing until replicas are added (`kvmesh replica add`, \
+                 or [[replicas]] in this file and SIGHUP)"
+                    .into(),
+            );
+        }
+        let a = &self.autoscaler;
+        if a.enabled && self.replicas.len() > a.max_replicas as usize {
+            out.push(format!(
+                "autoscaler.max_replicas ({}) is below the {} replicas configured: no decision asks for more than {}",
+                a.max_replicas,
+                self.replicas.len(),
+                a.max_replicas
+            ));
+        }
+        out
     }
 
     /// Checks values and combinations.
@@ -730,6 +754,24 @@ http = "http://10.0.0.7:8000"
 kv_events = "tcp://10.0.0.7:5557"
 capacity_blocks = 100
 "#;
+
+    #[test]
+    fn doubts_name_a_node_with_no_replicas_and_a_cap_below_the_fleet() {
+        let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+        assert_eq!(c.doubts(), Vec::<String>::new());
+        c.autoscaler.enabled = true;
+        c.autoscaler.max_replicas = 0;
+        assert_eq!(
+            c.doubts(),
+            ["autoscaler.max_replicas (0) is below the 1 replicas configured: no decision asks for more than 0"]
+        );
+        let empty: NodeConfig = toml::from_str("").unwrap();
+        assert_eq!(empty.doubts().len(), 1);
+        assert!(empty.doubts()[0].starts_with("no [[replicas]] configured: the node routes nothing"));
+        // A cluster node gets its replicas from the registry.
+        let joining: NodeConfig = toml::from_str("[cluster]\nid = 2\n").unwrap();
+        assert_eq!(joining.doubts(), Vec::<String>::new());
+    }
 
     #[test]
     fn parses_with_defaults_and_validates() {

@@ -177,6 +177,9 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
              lease stops counting in its replica's token load while it runs"
         );
     }
+    for doubt in config.doubts() {
+        tracing::warn!("{doubt}");
+    }
     let adm = &config.admission;
     if adm.enabled {
         match adm.ttft_slo_s {
@@ -314,10 +317,15 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     health_reporter.set_serving::<RouterServer<grpc::Services>>().await;
     health_reporter.set_serving::<AdminServer<grpc::Services>>().await;
     health_reporter.set_serving::<EventsServer<grpc::Services>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kvmesh_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("gRPC reflection")?;
+    // Both reflection versions: grpcurl speaks v1, many clients (grpc-requests, older
+    // grpcurl, Postman) only v1alpha.
+    let described = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(kvmesh_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = described().build_v1().context("gRPC reflection")?;
+    let reflection_v1alpha = described().build_v1alpha().context("gRPC reflection (v1alpha)")?;
     let mut s2 = stopped;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
     let cluster_services = cluster.as_ref().map(|c| cluster::service::ClusterServices {
@@ -341,6 +349,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         let result = builder
             .add_service(health)
             .add_service(reflection)
+            .add_service(reflection_v1alpha)
             .add_service(RouterServer::new(services.clone()))
             .add_service(AdminServer::new(services.clone()))
             .add_service(EventsServer::new(services))

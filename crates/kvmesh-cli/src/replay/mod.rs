@@ -239,6 +239,10 @@ fn load(args: &ReplayArgs, seeds: &[u64]) -> anyhow::Result<(Vec<Trace>, String)
             arrivals::spread_buckets(&mut trace);
         }
         arrivals::scale_rate(&mut trace, args.rate_scale).map_err(anyhow::Error::msg)?;
+        // Truncated first: the steps split the span of what is replayed, not of the whole file.
+        if let (Some(n), Some(_)) = (args.requests, &args.trace) {
+            arrivals::truncate(&mut trace, n);
+        }
         if let Some(steps) = &args.rate_steps {
             let factors: Vec<f64> = steps
                 .split(',')
@@ -246,14 +250,15 @@ fn load(args: &ReplayArgs, seeds: &[u64]) -> anyhow::Result<(Vec<Trace>, String)
                 .collect::<anyhow::Result<_>>()?;
             arrivals::rate_steps(&mut trace, &factors).map_err(|e| anyhow::anyhow!("--rate-steps: {e}"))?;
         }
-        if let (Some(n), Some(_)) = (args.requests, &args.trace) {
-            arrivals::truncate(&mut trace, n);
-        }
         if trace.requests.is_empty() {
             bail!("nothing to replay: the trace has no requests");
         }
         traces.push(trace);
     }
+    let source = match &args.rate_steps {
+        Some(steps) => format!("{source}, rate steps {steps}"),
+        None => source,
+    };
     Ok((traces, source))
 }
 
@@ -264,7 +269,7 @@ const SCALE_CSV_HEADER: &str =
 /// One `--scale-csv` row (with its newline).
 fn scale_row(policy: &str, seed: u64, p: &kvmesh_sim::simulation::ScalePoint) -> String {
     format!(
-        "{policy},{seed},{:09.1},{:.0},{:.0},{:.0},{},{},{},{:.0}\n",
+        "{policy},{seed},{:.1},{:.0},{:.0},{:.0},{},{},{},{:.0}\n",
         p.at,
         p.demand_tokens_per_s,
         p.forecast_tokens_per_s,
@@ -297,7 +302,8 @@ fn run_all(
         .progress_chars("=> ");
     let workers = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let timelines: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    // `--scale-csv` rows as (policy, seed, time, row), sorted on those before writing.
+    let timelines: Mutex<Vec<(String, u64, f64, String)>> = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..workers.min(jobs.len()) {
             scope.spawn(|| loop {
@@ -335,7 +341,11 @@ fn run_all(
                         if args.scale_csv.is_some() {
                             let label = policies[p].to_string();
                             let mut rows = timelines.lock().expect("timelines");
-                            rows.extend(run.scale_timeline.iter().map(|pt| scale_row(&label, seeds[s], pt)));
+                            rows.extend(
+                                run.scale_timeline
+                                    .iter()
+                                    .map(|pt| (label.clone(), seeds[s], pt.at, scale_row(&label, seeds[s], pt))),
+                            );
                         }
                         let mut ttfts: Vec<f64> = run
                             .outcomes
@@ -357,8 +367,8 @@ fn run_all(
     }
     if let Some(path) = &args.scale_csv {
         let mut rows = timelines.into_inner().expect("timelines");
-        rows.sort();
-        let csv = format!("{SCALE_CSV_HEADER}\n{}", rows.join(""));
+        rows.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.total_cmp(&b.2)));
+        let csv = rows.iter().fold(format!("{SCALE_CSV_HEADER}\n"), |csv, row| csv + &row.3);
         std::fs::write(path, csv).with_context(|| format!("writing {}", path.display()))?;
     }
     let done = done.into_inner().expect("results");

@@ -135,7 +135,7 @@ fn replication_notes(r: &Report) -> String {
             oracle.filter(|o| *o > 0.0).map_or(String::new(), |o| format!(" ({:.2}× the oracle's)", m.gpu_seconds / o));
         let _ = writeln!(
             out,
-            "  {:<24} SLO attainment {:>6.2} %  GPU-seconds {:>9.0}{vs}  replicas max {} (largest ask {})  scale-ups {}",
+            "  {:<24} SLO attainment {:>6.2} %  GPU-seconds {:>9.0}{vs}  replicas running at most {} (draining ones included; most asked for {})  replicas started {}",
             p.policy,
             100.0 * m.slo_attainment,
             m.gpu_seconds,

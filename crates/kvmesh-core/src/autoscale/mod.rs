@@ -194,7 +194,9 @@ pub enum ScaleReason {
     Burst,
     /// The forecast has stayed below the pool for the delay.
     ScaleDown,
-    /// Below the forecast, but waiting out the delay (or a panic) before shrinking.
+    /// Fewer would do now, but the count is held at the largest need of the scale-down
+    /// window (one cold start by default) or through a panic, before shrinking — also when
+    /// that held count is above the replicas on hand (an actuator still catching up).
     HoldDown,
 }
 

@@ -171,7 +171,8 @@ fn a_new_leader_resumes_from_the_committed_decision() {
     p.resume(100.0, 9);
     let d = p.decide(&inputs(100.0, 35_000.0, 6, vec![99.0]));
     assert_eq!((d.desired, d.starting), (9, 1));
-    assert_eq!(d.reason, ScaleReason::ScaleUp);
+    // Above the 7 on hand, but only because the old leader's count is held: holding.
+    assert_eq!(d.reason, ScaleReason::HoldDown);
     // Without it, a fresh policy would hold only what is on hand.
     let d = ColdStartAware::new(AutoscaleConfig::default()).decide(&inputs(100.0, 35_000.0, 6, vec![99.0]));
     assert_eq!(d.desired, 7);
@@ -192,4 +193,22 @@ fn the_scale_down_window_defaults_to_the_cold_start() {
     assert_eq!(default.decide(&inputs(12.0, 7_000.0, 5, vec![])).desired, 5);
     let bad = AutoscaleConfig { scale_down_delay_s: -1.0, ..AutoscaleConfig::default() };
     assert_eq!(bad.validate().unwrap_err().to_string(), "invalid scale_down_delay_s: must be ≥ 0 seconds, got -1");
+}
+
+#[test]
+fn a_held_count_the_actuator_never_delivered_is_holding_not_growing() {
+    let mut p = ColdStartAware::new(AutoscaleConfig { panic_ratio: 100.0, ..AutoscaleConfig::default() });
+    // 35,000 tokens/s on 3 ready replicas: 5 needed at 70 %.
+    let d = p.decide(&inputs(0.0, 35_000.0, 3, vec![]));
+    assert_eq!((d.desired, d.reason), (5, ScaleReason::ScaleUp));
+    // The load stops and no replica was added: 5 is held for the window (a cold start), but
+    // nothing needs it now, so the reason says holding rather than growing.
+    for k in 1..=30 {
+        let d = p.decide(&inputs(f64::from(k) * 2.0, 0.0, 3, vec![]));
+        assert_eq!((d.desired, d.reason), (5, ScaleReason::HoldDown), "at {} s", k * 2);
+    }
+    // A cold start on, the window holds only the falling forecast's needs (17,500 tokens/s
+    // at 2 s: 3 replicas), what is on hand.
+    let d = p.decide(&inputs(62.0, 0.0, 3, vec![]));
+    assert_eq!((d.desired, d.reason), (3, ScaleReason::HoldDown));
 }

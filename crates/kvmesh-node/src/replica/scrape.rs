@@ -19,6 +19,8 @@ const ENGINE_FULL_KV: f64 = 0.9;
 pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Duration) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Whether the engine's own KV block count was compared with `capacity_blocks` (once).
+    let mut capacity_checked = false;
     loop {
         tick.tick().await;
         let asked_at = shared.now();
@@ -26,7 +28,7 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
         let now = shared.now();
         // Parse before taking the core lock: a vLLM page runs to hundreds of kilobytes.
         let result = fetched.and_then(|text| parse_engine_page(&text, now).map_err(|e| e.to_string()));
-        if let Ok((_, m, Some(served))) = &result {
+        if let Ok(kvmesh_events::EnginePage { metrics: m, served_tokens: Some(served), .. }) = &result {
             // Requests held at the router by admission control queue for this replica too
             // (the router keeps the engines' own queues empty while capacity is short) — when
             // the engine is full itself: the router's count of room is conservative (it books
@@ -37,7 +39,23 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
         }
         let mut core = shared.core();
         match result {
-            Ok((_, m, served)) => core.record_metrics(&name, m, served, asked_at, now),
+            Ok(page) => {
+                if let (false, Some(engine_blocks)) = (capacity_checked, page.kv_blocks) {
+                    capacity_checked = true;
+                    let configured = core.replicas.get(&name).map(|r| r.config.capacity_blocks);
+                    if let Some(configured) = configured.filter(|c| *c != engine_blocks) {
+                        tracing::warn!(
+                            replica = %name,
+                            capacity_blocks = configured,
+                            engine_blocks,
+                            "capacity_blocks differs from the KV blocks the engine allocated (vllm:cache_config_info \
+                             num_gpu_blocks): kvmesh judges KV headroom and evictions by capacity_blocks; set it to \
+                             the engine's figure"
+                        );
+                    }
+                }
+                core.record_metrics(&name, page.metrics, page.served_tokens, asked_at, now)
+            }
             Err(e) => {
                 if let Some(status) = core.record_failure(&name, e.clone(), now) {
                     tracing::debug!(replica = %name, error = %e, status = status.as_str(), "scrape failed");

@@ -8,6 +8,9 @@
 //! - **shared prefix of a request**: its leading blocks that at least one other request of
 //!   the trace also has; requests are grouped by the last such block, and the report gives the
 //!   share of requests in the largest groups — how much traffic a handful of prefixes carry.
+//!   A request is in one group only, its deepest: a system prompt that every conversation
+//!   starts with shows as the share of requests that start with the most common first block,
+//!   not as its group (which holds only the requests that share nothing longer).
 
 mod report;
 
@@ -71,6 +74,9 @@ pub struct PrefixStats {
     pub distinct_blocks: u64,
     /// Share of requests sharing no leading block with any other request.
     pub unshared_share: f64,
+    /// The most common first block and the share of requests that start with it (ties: the
+    /// lowest block id); `None` when no request has a block.
+    pub first_block: Option<(u64, f64)>,
     /// Distinct shared-prefix groups.
     pub groups: u64,
     /// Share of requests in the largest 1, 10 and 100 groups: `(k, share)`.
@@ -144,6 +150,12 @@ fn prefix_stats(trace: &Trace, block_tokens: u32, top: usize) -> PrefixStats {
         }
     }
     let n = trace.requests.len().max(1) as f64;
+    let mut firsts: HashMap<u64, u64> = HashMap::new();
+    for id in trace.requests.iter().filter_map(|r| r.block_ids.first()) {
+        *firsts.entry(*id).or_default() += 1;
+    }
+    let first_block =
+        firsts.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0))).map(|(id, k)| (id, k as f64 / n));
     let mut sizes: Vec<((u64, u32), u64)> = groups.into_iter().collect();
     sizes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0 .0.cmp(&b.0 .0)));
     let top_k_share = [1u32, 10, 100]
@@ -157,6 +169,7 @@ fn prefix_stats(trace: &Trace, block_tokens: u32, top: usize) -> PrefixStats {
         reuse_ratio: if refs == 0 { 0.0 } else { reused as f64 / refs as f64 },
         distinct_blocks: seen.len() as u64,
         unshared_share: unshared as f64 / n,
+        first_block,
         groups: sizes.len() as u64,
         top_k_share,
         top: sizes
@@ -203,6 +216,8 @@ mod tests {
         // Groups: {r1, r2} share [0, 1]; r3 shares [0]; r4 shares nothing.
         assert_eq!(p.groups, 2);
         assert_eq!(p.unshared_share, 0.25);
+        // Three of four start with block 0 (one of them shares nothing longer).
+        assert_eq!(p.first_block, Some((0, 0.75)));
         assert_eq!(p.top[0], PrefixGroup { block_id: 1, depth_blocks: 2, requests: 2, share: 0.5 });
         assert_eq!(p.top_k_share, vec![(1, 0.5), (10, 0.75), (100, 0.75)]);
     }

@@ -46,11 +46,21 @@ impl TraceStats {
                 );
                 let tops: Vec<String> =
                     p.top_k_share.iter().map(|(k, s)| format!("top {k} {:.1}%", 100.0 * s)).collect();
+                if let Some((id, share)) = p.first_block {
+                    let _ = writeln!(
+                        out,
+                        "{:<17}block {id} is the first block of {:.1}% of requests",
+                        "common start",
+                        100.0 * share
+                    );
+                }
                 let _ = writeln!(
                     out,
-                    "{:<17}{} groups; share of requests in the largest: {}; {:.1}% share no prefix",
+                    "{:<17}{} {} (each request by the deepest block it shares with another); \
+                     share of requests in the largest: {}; {:.1}% share no prefix",
                     "shared prefixes",
                     thousands(p.groups),
+                    if p.groups == 1 { "group" } else { "groups" },
                     tops.join(", "),
                     100.0 * p.unshared_share
                 );

@@ -1,0 +1,74 @@
+//! `kvmesh autoscaler recommend` and `watch` end to end: a single node with the autoscaler on
+//! in front of one idle engine-sim; the latest decision as a table and as JSON, and the stream
+//! an actuator follows.
+
+mod common;
+
+use kvmesh_engine_sim::EngineSimConfig;
+use std::io::BufRead;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn autoscaler(grpc: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kvmesh"));
+    c.arg("autoscaler").args(args).args(["--grpc", grpc]);
+    c
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recommend_and_watch_show_the_committed_decision() {
+    let engine = kvmesh_engine_sim::start(EngineSimConfig::default()).await.unwrap();
+    let mut config = common::config(&engine, 1.0);
+    config.autoscaler.enabled = true;
+    config.autoscaler.interval_s = 0.2;
+    let node = kvmesh_node::start(config).await.unwrap();
+    common::routable(&node).await;
+    let grpc = format!("http://{}", node.grpc);
+
+    // The first decision comes one interval after the start; until then `recommend` fails.
+    let t0 = Instant::now();
+    let latest = loop {
+        let out = autoscaler(&grpc, &["recommend", "--json"]).output().unwrap();
+        if out.status.success() {
+            break serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no decision: {}", String::from_utf8_lossy(&out.stderr));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // One idle replica, the fewest allowed: hold at 1.
+    assert_eq!(latest["pool"], "default");
+    assert_eq!(latest["desired_replicas"], 1);
+    assert_eq!(latest["reason"], "hold");
+    assert_eq!((latest["ready"].as_u64(), latest["starting"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(latest["panic"], false);
+    let index = latest["log_index"].as_u64().unwrap();
+
+    let table = text(&autoscaler(&grpc, &["recommend"]).output().unwrap());
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[0],
+        "log index      ago  desired  reason             ready starting   demand tok/s    sized tok/s  tok/s/replica"
+    );
+    let cells: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!((cells[2], cells[3], cells[4], cells[5], cells[6]), ("1", "hold", "1", "0", "0"), "{table}");
+
+    // `watch` prints the latest decision first, then each one as it commits.
+    let mut watch = autoscaler(&grpc, &["watch", "--json"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut out = std::io::BufReader::new(watch.stdout.take().unwrap()).lines();
+    let first: serde_json::Value = serde_json::from_str(&out.next().unwrap().unwrap()).unwrap();
+    assert!(first["log_index"].as_u64().unwrap() >= index, "{first}");
+    assert_eq!((&first["desired_replicas"], &first["reason"]), (&latest["desired_replicas"], &latest["reason"]));
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+
+    // An unknown pool is an error naming it.
+    let other = autoscaler(&grpc, &["recommend", "--pool", "gpu-b"]).output().unwrap();
+    assert_eq!(other.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&other.stderr).contains("gpu-b"), "{}", String::from_utf8_lossy(&other.stderr));
+    node.stop().await;
+    engine.stop().await;
+}
