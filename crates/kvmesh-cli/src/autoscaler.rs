@@ -49,24 +49,37 @@ pub fn run(cmd: &AutoscalerCommand) -> anyhow::Result<()> {
                     .map_err(|s| anyhow::anyhow!("Autoscaler.WatchDecisions: {}", s.message()))
                     .context("watching the decisions")?
                     .into_inner();
-                if !a.json {
-                    crate::emit(&header())?;
-                }
+                // One Ctrl-C future for the whole watch: a fresh one per pass could miss a signal.
+                let ctrl_c = tokio::signal::ctrl_c();
+                tokio::pin!(ctrl_c);
+                let mut line = if a.json { String::new() } else { header() };
                 loop {
+                    // A reader that went away (`watch | head -1`) ends the watch.
+                    if let Err(e) = write_now(&line) {
+                        return if e.kind() == std::io::ErrorKind::BrokenPipe { Ok(()) } else { Err(e.into()) };
+                    }
                     let next = tokio::select! {
                         next = stream.message() => next,
-                        _ = tokio::signal::ctrl_c() => return Ok(()),
+                        _ = &mut ctrl_c => return Ok(()),
                     };
-                    match next.map_err(|s| anyhow::anyhow!("Autoscaler.WatchDecisions: {}", s.message()))? {
-                        Some(d) if a.json => crate::emit(&format!("{}\n", json(&d)))?,
-                        Some(d) => crate::emit(&row(&d, now()))?,
-                        None => anyhow::bail!("the node ended the stream (stopped, or lost its place in the tier)"),
-                    }
+                    line = match next.map_err(|s| anyhow::anyhow!("Autoscaler.WatchDecisions: {}", s.message()))? {
+                        Some(d) if a.json => format!("{}\n", json(&d)),
+                        Some(d) => row(&d, now()),
+                        None => anyhow::bail!("the node ended the stream (it stopped)"),
+                    };
                 }
             }
         }
         anyhow::Ok(())
     })
+}
+
+/// Writes `text` to stdout at once (a watch's lines must not wait in a buffer).
+fn write_now(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
 }
 
 fn json(d: &v1::ScaleDecision) -> serde_json::Value {

@@ -75,17 +75,18 @@ pub enum AutoscalerCommand {
     /// The committed decisions the node keeps (the last 100), oldest first: Raft log index,
     /// time, replicas wanted, reason, the pool's ready and starting replicas, the load
     /// measured and sized for, and the capacity per replica assumed.
-    Decisions(AutoscalerDecisionsArgs),
+    Decisions(AutoscalerArgs),
     /// The latest decision (`Autoscaler.GetRecommendation`): what an actuator should scale
     /// the pool to now, with its reason and inputs.
-    Recommend(AutoscalerDecisionsArgs),
-    /// Every decision as it is committed (`Autoscaler.WatchDecisions`), the latest first, one
-    /// line each (JSON lines with --json), until Ctrl-C; exits 1 if the node ends the stream.
-    Watch(AutoscalerDecisionsArgs),
+    Recommend(AutoscalerArgs),
+    /// The latest decision, then again whenever a newer one commits (`Autoscaler.WatchDecisions`;
+    /// decisions that commit in quick succession show as the last of them), one line each (JSON
+    /// lines with --json), until Ctrl-C or the reader goes away; exits 1 if the node stops.
+    Watch(AutoscalerArgs),
 }
 
 #[derive(Debug, Args)]
-pub struct AutoscalerDecisionsArgs {
+pub struct AutoscalerArgs {
     #[command(flatten)]
     pub target: ClusterTarget,
     /// The pool (default: the tier's).
@@ -460,7 +461,7 @@ pub struct NodeArgs {
 impl NodeArgs {
     /// The configuration file (clap requires it unless `--reference`, which reads none).
     pub fn config_path(&self) -> &std::path::Path {
-        self.config.as_deref().unwrap_or(std::path::Path::new("kvmesh.toml"))
+        self.config.as_deref().expect("clap requires --config without --reference")
     }
 }
 

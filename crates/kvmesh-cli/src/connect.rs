@@ -50,7 +50,11 @@ pub async fn channel(addr: &str, hint: &str) -> anyhow::Result<Channel> {
     if url.starts_with("https://") {
         endpoint = endpoint.tls_config(tls()?)?;
     }
-    // A node that does not answer fails within seconds, not at the OS's TCP timeout.
-    endpoint = endpoint.connect_timeout(std::time::Duration::from_secs(5));
+    // A node that does not answer fails within seconds, not at the OS's TCP timeout; one that
+    // vanishes under a long stream (`autoscaler watch`) within a keep-alive ping.
+    endpoint = endpoint
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .http2_keep_alive_interval(std::time::Duration::from_secs(10))
+        .keep_alive_timeout(std::time::Duration::from_secs(10));
     endpoint.connect().await.with_context(|| format!("connecting to {url} ({hint})"))
 }

@@ -70,9 +70,12 @@ pub struct EnginePage {
     /// Tokens served so far ([`parse_served_tokens`]).
     pub served_tokens: Option<f64>,
     /// KV blocks the engine allocated: vLLM's `vllm:cache_config_info{num_gpu_blocks="…"}`
-    /// (vllm/v1/metrics/loggers.py), summed over its engines (data-parallel ranks). `None`
-    /// for SGLang, or when the page lacks it.
+    /// (vllm/v1/metrics/loggers.py). With data-parallel ranks vLLM already sums the ranks'
+    /// blocks into the one cache config it labels for every engine, so this is the largest
+    /// series', not their sum. `None` for SGLang, or when the page lacks it.
     pub kv_blocks: Option<u64>,
+    /// Tokens per block of [`EnginePage::kv_blocks`]: the same series' `block_size` label.
+    pub kv_block_size: Option<u32>,
 }
 
 /// Everything a scrape reads from one parse of the page (a vLLM page runs to hundreds of
@@ -83,16 +86,28 @@ pub struct EnginePage {
 pub fn parse_engine_page(text: &str, at: f64) -> Result<EnginePage, MetricsError> {
     let parsed = parse(text)?;
     let (dialect, metrics) = load(&parsed, at)?;
-    Ok(EnginePage { dialect, metrics, served_tokens: served(&parsed), kv_blocks: kv_blocks(&parsed) })
+    let (kv_blocks, kv_block_size) = cache_config(&parsed).unzip();
+    Ok(EnginePage {
+        dialect,
+        metrics,
+        served_tokens: served(&parsed),
+        kv_blocks,
+        kv_block_size: kv_block_size.flatten(),
+    })
 }
 
-fn kv_blocks(parsed: &Exposition) -> Option<u64> {
-    let family = parsed.families.get("vllm:cache_config_info")?;
-    let blocks: Vec<u64> = family
+/// The largest `num_gpu_blocks` of `vllm:cache_config_info`, with its series' `block_size`.
+fn cache_config(parsed: &Exposition) -> Option<(u64, Option<u32>)> {
+    parsed
+        .families
+        .get("vllm:cache_config_info")?
         .iter_samples()
-        .filter_map(|s| s.get_labelset().ok()?.get_label_value("num_gpu_blocks")?.parse().ok())
-        .collect();
-    (!blocks.is_empty()).then(|| blocks.iter().fold(0u64, |a, b| a.saturating_add(*b)))
+        .filter_map(|s| {
+            let labels = s.get_labelset().ok()?;
+            let blocks: u64 = labels.get_label_value("num_gpu_blocks")?.parse().ok()?;
+            Some((blocks, labels.get_label_value("block_size").and_then(|b| b.parse().ok())))
+        })
+        .max_by_key(|(blocks, _)| *blocks)
 }
 
 /// Tokens the engine has served so far — computed prefill plus decode, the unit of token

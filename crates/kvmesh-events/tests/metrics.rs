@@ -120,7 +120,13 @@ vllm:generation_tokens_total{engine="1"} 300.0
     assert_eq!(kvmesh_events::parse_served_tokens(&sglang), Some(850.0));
     // One parse of the page gives the scrape both: the load and the served tokens.
     let (dialect, metrics) = parse_engine_metrics(&sglang, 3.0).unwrap();
-    let page = kvmesh_events::EnginePage { dialect, metrics, served_tokens: Some(850.0), kv_blocks: None };
+    let page = kvmesh_events::EnginePage {
+        dialect,
+        metrics,
+        served_tokens: Some(850.0),
+        kv_blocks: None,
+        kv_block_size: None,
+    };
     assert_eq!(kvmesh_events::parse_engine_page(&sglang, 3.0), Ok(page));
     assert_eq!(kvmesh_events::parse_engine_page(VLLM_OLD, 3.0).unwrap().served_tokens, None);
     // Without the counters (or not a metrics page at all): nothing measured.
@@ -130,7 +136,7 @@ vllm:generation_tokens_total{engine="1"} 300.0
 }
 
 #[test]
-fn kv_blocks_come_from_vllms_cache_config_info_summed_over_engines() {
+fn kv_blocks_come_from_vllms_cache_config_info() {
     let info = |engine: u32| {
         format!(
             "vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",\
@@ -143,7 +149,9 @@ fn kv_blocks_come_from_vllms_cache_config_info_summed_over_engines() {
         info(0),
         info(1)
     );
-    assert_eq!(kvmesh_events::parse_engine_page(&page, 0.0).unwrap().kv_blocks, Some(58_750));
+    // vLLM labels the same (already summed) cache config once per data-parallel engine.
+    let parsed = kvmesh_events::parse_engine_page(&page, 0.0).unwrap();
+    assert_eq!((parsed.kv_blocks, parsed.kv_block_size), (Some(29_375), Some(16)));
     assert_eq!(kvmesh_events::parse_engine_page(VLLM_TWO_ENGINES, 0.0).unwrap().kv_blocks, None);
     // A value that is not a count is ignored, not an error.
     let odd = page.replace("num_gpu_blocks=\"29375\"", "num_gpu_blocks=\"None\"");

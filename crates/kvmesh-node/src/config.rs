@@ -648,7 +648,8 @@ impl NodeConfig {
     /// The file cannot be read or is not valid TOML for this schema (with the line).
     pub fn read(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}{}", path.display(), hints::hint(&e, &text)))
+        toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {}{}", path.display(), e.to_string().trim_end(), hints::hint(&e, &text)))
     }
 
     /// Valid but probably not meant: each a line for the start-up log.
@@ -760,10 +761,14 @@ capacity_blocks = 100
         let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
         assert_eq!(c.doubts(), Vec::<String>::new());
         c.autoscaler.enabled = true;
-        c.autoscaler.max_replicas = 0;
+        c.autoscaler.max_replicas = 1;
+        let mut second = c.replicas[0].clone();
+        second.name = "vllm-1".into();
+        c.replicas.push(second);
+        assert_eq!(c.validate(), Ok(()));
         assert_eq!(
             c.doubts(),
-            ["autoscaler.max_replicas (0) is below the 1 replicas configured: no decision asks for more than 0"]
+            ["autoscaler.max_replicas (1) is below the 2 replicas configured: no decision asks for more than 1"]
         );
         let empty: NodeConfig = toml::from_str("").unwrap();
         assert_eq!(empty.doubts().len(), 1);

@@ -127,7 +127,12 @@ fn replication_notes(r: &Report) -> String {
     let oracle = r.results.iter().find(|p| p.policy.ends_with("/oracle")).map(|p| p.mean.gpu_seconds);
     let scaled: Vec<_> = r.results.iter().filter(|p| p.policy.contains('/')).collect();
     if !scaled.is_empty() {
-        let _ = writeln!(out, "\nautoscaling (SLO: TTFT ≤ {})", secs(r.slo_ttft_s));
+        let means = if r.seeds.len() > 1 {
+            format!("; each figure the mean of {} seeds", r.seeds.len())
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "\nautoscaling (SLO: TTFT ≤ {}{means})", secs(r.slo_ttft_s));
     }
     for p in scaled {
         let m = &p.mean;
@@ -141,7 +146,7 @@ fn replication_notes(r: &Report) -> String {
             m.gpu_seconds,
             m.max_replicas,
             m.max_desired,
-            m.scale_ups
+            m.replicas_started
         );
     }
     for p in r.results.iter().filter(|p| p.policy.ends_with("+replication")) {

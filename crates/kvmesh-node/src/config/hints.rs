@@ -18,10 +18,10 @@ pub(super) fn hint(e: &toml::de::Error, text: &str) -> String {
         format!("did you mean `{near}`?")
     } else if line.starts_with("[replicas") && message.contains("expected a sequence") {
         "each replica is its own table with double brackets: [[replicas]] (then name, http, …)".into()
-    } else if line.contains("peers") {
+    } else if line.starts_with("peers") || line.starts_with("[cluster.peers") {
         r#"cluster.peers is a list of "id=host:port" strings, this node included: peers = ["1=10.0.0.1:50051", "2=10.0.0.2:50051", "3=10.0.0.3:50051"]"#.into()
     } else if message.contains("invalid socket address syntax") {
-        r#"expected an IP address and a port, e.g. "0.0.0.0:8080" or "[::]:8080""#.into()
+        r#"expected an IP address and a port, e.g. "0.0.0.0:8080" or "[::]:50051""#.into()
     } else {
         return String::new();
     };
@@ -52,6 +52,7 @@ mod tests {
         let path = dir.path().join("kvmesh.toml");
         std::fs::write(&path, text).unwrap();
         let e = NodeConfig::read(&path).unwrap_err().to_string();
+        assert!(!e.contains("\n\n"), "a blank line in {e:?}");
         e.lines().last().unwrap().to_string()
     }
 
@@ -68,8 +69,11 @@ mod tests {
         assert_eq!(error("[cluster]\nid = 1\n[cluster.peers]\n1 = \"a:1\"\n"), peers);
         assert_eq!(
             error("[node]\nhttp = \"127.0.0.1\"\n"),
-            r#"hint: expected an IP address and a port, e.g. "0.0.0.0:8080" or "[::]:8080""#
+            r#"hint: expected an IP address and a port, e.g. "0.0.0.0:8080" or "[::]:50051""#
         );
+        // Another key's line that mentions peers is not a peers mistake.
+        let named = error("[node]\nmodel = 5 # the same on all peers\n");
+        assert!(!named.starts_with("hint:"), "{named}");
         // A key far from every known one gets no guess; the message lists them all.
         let far = error("[node]\nzzzz = 1\n");
         assert!(!far.starts_with("hint:") && far.contains("expected one of"), "{far}");

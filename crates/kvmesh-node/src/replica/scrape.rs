@@ -40,7 +40,10 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
         let mut core = shared.core();
         match result {
             Ok(page) => {
-                if let (false, Some(engine_blocks)) = (capacity_checked, page.kv_blocks) {
+                // In blocks of another size the counts do not compare (a block-size mismatch is
+                // reported on its own, from the KV events).
+                let same_size = page.kv_block_size.is_none_or(|b| b == shared.settings.block_size);
+                if let (false, Some(engine_blocks), true) = (capacity_checked, page.kv_blocks, same_size) {
                     capacity_checked = true;
                     let configured = core.replicas.get(&name).map(|r| r.config.capacity_blocks);
                     if let Some(configured) = configured.filter(|c| *c != engine_blocks) {

@@ -75,7 +75,7 @@ pub struct PrefixStats {
     /// Share of requests sharing no leading block with any other request.
     pub unshared_share: f64,
     /// The most common first block and the share of requests that start with it (ties: the
-    /// lowest block id); `None` when no request has a block.
+    /// lowest block id); `None` when no two requests start with the same block.
     pub first_block: Option<(u64, f64)>,
     /// Distinct shared-prefix groups.
     pub groups: u64,
@@ -154,8 +154,11 @@ fn prefix_stats(trace: &Trace, block_tokens: u32, top: usize) -> PrefixStats {
     for id in trace.requests.iter().filter_map(|r| r.block_ids.first()) {
         *firsts.entry(*id).or_default() += 1;
     }
-    let first_block =
-        firsts.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0))).map(|(id, k)| (id, k as f64 / n));
+    let first_block = firsts
+        .into_iter()
+        .filter(|&(_, k)| k >= 2)
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map(|(id, k)| (id, k as f64 / n));
     let mut sizes: Vec<((u64, u32), u64)> = groups.into_iter().collect();
     sizes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0 .0.cmp(&b.0 .0)));
     let top_k_share = [1u32, 10, 100]

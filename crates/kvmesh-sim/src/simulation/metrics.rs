@@ -55,7 +55,7 @@ pub struct RunMetrics {
     /// without scaling, every replica over the run).
     pub gpu_seconds: f64,
     /// Replicas added by the autoscaler.
-    pub scale_ups: u64,
+    pub replicas_started: u64,
     /// The most replicas running at once.
     pub max_replicas: u32,
     /// The largest count any autoscaling decision asked for.
@@ -120,7 +120,7 @@ impl RunMetrics {
             slo_violations: late as u64,
             slo_attainment: 1.0 - late as f64 / run.outcomes.len().max(1) as f64,
             gpu_seconds: run.scaling.map_or(span * config.replicas as f64, |s| s.gpu_seconds),
-            scale_ups: run.scaling.map_or(0, |s| s.scale_ups),
+            replicas_started: run.scaling.map_or(0, |s| s.replicas_started),
             max_replicas: run.scaling.map_or(config.replicas, |s| s.max_replicas),
             max_desired: run.scaling.map_or(config.replicas, |s| s.max_desired),
             warmups: run.replication.map_or(0, |r| r.warmups),
@@ -157,7 +157,7 @@ impl RunMetrics {
             slo_violations: avg_u(|m| m.slo_violations),
             slo_attainment: avg(|m| m.slo_attainment),
             gpu_seconds: avg(|m| m.gpu_seconds),
-            scale_ups: avg_u(|m| m.scale_ups),
+            replicas_started: avg_u(|m| m.replicas_started),
             max_replicas: avg_u(|m| u64::from(m.max_replicas)) as u32,
             max_desired: avg_u(|m| u64::from(m.max_desired)) as u32,
             warmups: avg_u(|m| m.warmups),

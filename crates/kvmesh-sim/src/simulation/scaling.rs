@@ -94,9 +94,9 @@ pub struct ScalingStats {
     /// GPU-seconds: every replica's time from being added to being released.
     pub gpu_seconds: f64,
     /// Replicas added.
-    pub scale_ups: u64,
+    pub replicas_started: u64,
     /// Replicas drained.
-    pub scale_downs: u64,
+    pub replicas_drained: u64,
     /// The most replicas running (starting, ready or draining) at once.
     pub max_replicas: u32,
     /// The largest `desired` any decision asked for.
@@ -259,7 +259,7 @@ impl Scaler {
                     start.push(r);
                 }
             }
-            self.stats.scale_ups += start.len() as u64;
+            self.stats.replicas_started += start.len() as u64;
         } else if want < on_hand {
             // Cancel starts first (newest first), then drain the ready replicas with the
             // fewest requests in flight and the least cache.
@@ -291,7 +291,7 @@ impl Scaler {
                     _ => {}
                 }
             }
-            self.stats.scale_downs += drain.len() as u64;
+            self.stats.replicas_drained += drain.len() as u64;
         }
         self.note_running();
         (start, drain)

@@ -244,7 +244,7 @@ fn an_autoscaled_pool_starts_replicas_after_their_cold_start_and_counts_gpu_time
     let (reactive, rm, _, _) = run(Autoscaler::Reactive);
     // Both scale up for the step; the reactive baseline, blind to its starting replicas while
     // the ready ones stay hot for 20 s, asks for more than kvmesh does.
-    assert!(kvmesh.scale_ups > 0 && reactive.scale_ups > 0);
+    assert!(kvmesh.replicas_started > 0 && reactive.replicas_started > 0);
     assert!(kvmesh.max_desired <= reactive.max_desired, "kvmesh {kvmesh:?} vs reactive {reactive:?}");
     // GPU time: at least the two initial replicas over the run, at most the whole pool.
     let span = t.requests.last().unwrap().arrival_s;

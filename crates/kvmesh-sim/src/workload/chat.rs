@@ -194,8 +194,8 @@ mod fitted {
 
     /// The preset keeps the Mooncake conversation trace's figures (`kvmesh analyze` on the
     /// trace: input mean 12,035 / p50 6,909 / p90 27,367 tokens, output mean 343, prefix reuse
-    /// 0.366, 42.5 % of requests in the largest shared-prefix group, every request starting
-    /// with its block).
+    /// 0.366, 42.5 % of requests in the largest shared-prefix group); not that every request
+    /// of the trace starts with that group's block (see `conversation`).
     #[test]
     fn the_conversation_preset_matches_the_mooncake_trace() {
         let s = analyze(&Workload::conversation().generate(), 1);
