@@ -295,7 +295,7 @@ pub enum ClusterCommand {
 
 #[derive(Debug, Args)]
 pub struct ClusterTarget {
-    /// A member's gRPC address; `https://` for nodes serving TLS (trusting the PEM CA in
+    /// A node's gRPC address (in a cluster, any member's); `https://` for nodes serving TLS (trusting the PEM CA in
     /// KVMESH_CA_FILE; with mTLS, KVMESH_TLS_CERT_FILE and KVMESH_TLS_KEY_FILE are the client's).
     #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL", env = "KVMESH_GRPC")]
     pub grpc: String,
@@ -349,12 +349,8 @@ pub struct FaultArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The node's gRPC address (`https://` for TLS: see `kvmesh cluster status --help`).
-    #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL", env = "KVMESH_GRPC")]
-    pub grpc: String,
-    /// A file holding the admin token (KVMESH_ADMIN_TOKEN takes precedence).
-    #[arg(long, value_name = "FILE")]
-    pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub target: ClusterTarget,
     /// How many of the latest routing decisions to list (0: none).
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub decisions: u32,
@@ -482,7 +478,7 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "LIST")]
     pub policies: Option<String>,
     /// Also run `token_load+replication`: hot-prefix detection, a replication plan and
-    /// warm-ups (see kvmesh_core::replication), with its default settings.
+    /// warm-ups, with a node's `[replication]` defaults (README: hot-prefix replication).
     #[arg(long)]
     pub replication: bool,
     /// Replicas that scale: run each listed autoscaler (kvmesh, reactive, knative, oracle;
@@ -555,7 +551,9 @@ pub struct ReplayArgs {
     /// With --routers > 1: nodes do not share bookings (each sees only its own).
     #[arg(long)]
     pub no_gossip: bool,
-    /// Engine profile: h100, a100, or a JSON profile file (see kvmesh-sim engine docs).
+    /// Engine profile: h100, a100, or a JSON file with `name`, `prefill_s_per_token`,
+    /// `decode_s_per_token`, `step_overhead_s` (seconds), `chunk_tokens`, `kv_tokens`,
+    /// `max_batch` and optionally `cold_start_s`.
     #[arg(long, default_value = "h100", value_name = "NAME|FILE")]
     pub profile: String,
     /// KV block size, tokens (engines and router).

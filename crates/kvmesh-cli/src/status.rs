@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let token = crate::cluster::admin_token(args.token_file.as_deref())?;
+    let token = crate::cluster::admin_token(args.target.token_file.as_deref())?;
     let authed = |msg| {
         let mut r = tonic::Request::new(msg);
         if let Some(t) = &token {
@@ -20,7 +20,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         r
     };
     let (cluster, replicas, decisions, replication, scale) = runtime.block_on(async {
-        let channel = crate::connect::channel(&args.grpc, "is `kvmesh node` running?").await?;
+        let channel = crate::connect::channel(&args.target.grpc, "is `kvmesh node` running?").await?;
         let mut admin = v1::admin_client::AdminClient::new(channel.clone());
         let mut rep = v1::replication_client::ReplicationClient::new(channel.clone());
         // Older nodes have no Replication service; nodes with it off show nothing.
