@@ -82,7 +82,7 @@ fn write_now(text: &str) -> std::io::Result<()> {
     out.flush()
 }
 
-fn json(d: &v1::ScaleDecision) -> serde_json::Value {
+pub(crate) fn json(d: &v1::ScaleDecision) -> serde_json::Value {
     serde_json::json!({
         "log_index": d.log_index,
         "at": d.at,

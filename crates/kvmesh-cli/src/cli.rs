@@ -354,7 +354,8 @@ pub struct StatusArgs {
     /// How many of the latest routing decisions to list (0: none).
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub decisions: u32,
-    /// Print the replica rows as JSON instead of the tables.
+    /// Print JSON instead of the tables: `{"replicas": […], "admission": {…}, "autoscaler":
+    /// {…}}` (null where the node has none).
     #[arg(long)]
     pub json: bool,
 }

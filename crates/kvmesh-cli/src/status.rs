@@ -55,7 +55,12 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let (replicas, admission) = (replicas.replicas, replicas.admission);
     if args.json {
         let rows: Vec<serde_json::Value> = replicas.iter().map(row_json).collect();
-        return crate::emit(&format!("{}\n", serde_json::to_string_pretty(&rows)?));
+        let all = serde_json::json!({
+            "replicas": rows,
+            "admission": admission.as_ref().map(admission_json),
+            "autoscaler": scale.as_ref().map(crate::autoscaler::json),
+        });
+        return crate::emit(&format!("{}\n", serde_json::to_string_pretty(&all)?));
     }
     let mut out = String::new();
     if let Some(c) = &cluster {
@@ -130,6 +135,17 @@ fn render_admission(a: &v1::AdmissionState) -> String {
         a.refused_evicted_late,
         a.refused_timeout
     )
+}
+
+fn admission_json(a: &v1::AdmissionState) -> serde_json::Value {
+    serde_json::json!({
+        "enabled": a.enabled, "waiting": a.waiting, "waiting_tokens": a.waiting_tokens,
+        "queue_limit": a.queue_limit, "max_wait_s": a.max_wait_s,
+        "ttft_slo_s": (a.ttft_slo_s > 0.0).then_some(a.ttft_slo_s),
+        "refused": {
+            "queue_full": a.refused_queue_full, "evicted_late": a.refused_evicted_late, "timeout": a.refused_timeout,
+        },
+    })
 }
 
 /// The latest decisions, newest first.

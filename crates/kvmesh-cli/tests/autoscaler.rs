@@ -1,6 +1,6 @@
 //! `kvmesh autoscaler recommend` and `watch` end to end: a single node with the autoscaler on
-//! in front of one idle engine-sim; the latest decision as a table and as JSON, and the stream
-//! an actuator follows.
+//! in front of one idle engine-sim; the latest decision as a table and as JSON (also in
+//! `status --json`), and the stream an actuator follows.
 
 mod common;
 
@@ -58,6 +58,18 @@ async fn recommend_and_watch_show_the_committed_decision() {
     );
     let cells: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!((cells[2], cells[3], cells[4], cells[5], cells[6]), ("1", "hold", "1", "0", "0"), "{table}");
+
+    // `status --json` carries it too, with the replicas and the admission queue.
+    let mut status = Command::new(env!("CARGO_BIN_EXE_kvmesh"));
+    let status = status.args(["status", "--json", "--grpc", &grpc]).output().unwrap();
+    let all: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(all["replicas"][0]["name"], "e0");
+    assert_eq!(all["replicas"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        (&all["admission"]["enabled"], &all["admission"]["ttft_slo_s"]),
+        (&false.into(), &serde_json::Value::Null)
+    );
+    assert_eq!((&all["autoscaler"]["desired_replicas"], &all["autoscaler"]["reason"]), (&1.into(), &"hold".into()));
 
     // `watch` prints the latest decision first (then each newer one); it ends when its reader
     // goes away.
