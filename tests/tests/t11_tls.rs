@@ -113,27 +113,8 @@ async fn a_node_serves_https_and_grpc_over_tls_and_refuses_plain_text() {
     let dir = tempfile::tempdir().unwrap();
     let p = pki(dir.path());
     let engine = kvmesh_engine_sim::start(EngineSimConfig { speed: 20.0, ..EngineSimConfig::default() }).await.unwrap();
-    let replica = ReplicaConfig {
-        name: "e0".into(),
-        http: engine.base_url(),
-        kv_events: Some(engine.kv_events.clone()),
-        replay: None,
-        kv_events_bind: false,
-        metrics_url: None,
-        capacity_blocks: 29_375,
-        engine: "vllm".into(),
-        model: None,
-        block_size: None,
-    };
-    let config = NodeConfig {
-        node: section(),
-        replicas: vec![replica],
-        cluster: None,
-        security: security(&p, false),
-        replication: Default::default(),
-        autoscaler: Default::default(),
-        admission: Default::default(),
-    };
+    let replica = ReplicaConfig { replay: None, ..kvmesh_tests::node::replica(0, &engine) };
+    let config = NodeConfig { security: security(&p, false), ..kvmesh_tests::node::single(section(), vec![replica]) };
     let node = kvmesh_node::start(config).await.unwrap();
     assert_eq!(https_completion(node.http, &p.ca).await, "HTTP/1.1 200 OK");
     // Plain HTTP to the TLS port gets no answer.

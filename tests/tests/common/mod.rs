@@ -6,7 +6,6 @@
 #![allow(dead_code)]
 
 use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
-use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
 use std::time::{Duration, Instant};
 
 /// `n` engine-sims, `speed` times faster than the H100 profile's step times.
@@ -18,46 +17,8 @@ pub async fn engines(n: usize, speed: f64) -> Vec<EngineSim> {
     out
 }
 
-/// Replica `e{i}` for engine-sim `e`: its KV events and replay socket, and the default
-/// profile's KV capacity in 16-token blocks.
-pub fn replica(i: usize, e: &EngineSim) -> ReplicaConfig {
-    ReplicaConfig {
-        name: format!("e{i}"),
-        http: e.base_url(),
-        kv_events: Some(e.kv_events.clone()),
-        replay: Some(e.replay.clone()),
-        kv_events_bind: false,
-        metrics_url: None,
-        capacity_blocks: EngineSimConfig::default().profile.kv_blocks(16),
-        engine: "vllm".into(),
-        model: None,
-        block_size: None,
-    }
-}
-
-/// A node section on free loopback ports (HTTP and gRPC), scraping engines every 100 ms.
-pub fn section() -> NodeSection {
-    NodeSection {
-        http: "127.0.0.1:0".parse().unwrap(),
-        grpc: "127.0.0.1:0".parse().unwrap(),
-        scrape_interval_ms: 100,
-        ..NodeSection::default()
-    }
-}
-
-/// A single node (no cluster) with `section` in front of `replicas`, every other section at
-/// its default.
-pub fn single(section: NodeSection, replicas: Vec<ReplicaConfig>) -> NodeConfig {
-    NodeConfig {
-        node: section,
-        replicas,
-        cluster: None,
-        security: Default::default(),
-        replication: Default::default(),
-        autoscaler: Default::default(),
-        admission: Default::default(),
-    }
-}
+#[allow(unused_imports)]
+pub use kvmesh_tests::node::{replica, section, single};
 
 /// Free loopback ports for `n` nodes' gRPC servers (peers must know them before they bind).
 ///

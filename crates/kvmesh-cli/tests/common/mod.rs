@@ -1,7 +1,11 @@
 //! A node for the CLI's end-to-end tests: one engine-sim behind it, on loopback ports.
 
+// Each test file uses its own subset.
+#![allow(dead_code)]
+
 use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
 use kvmesh_node::config::{NodeConfig, NodeSection, ReplicaConfig};
+use kvmesh_tests::node::{replica, section, single};
 use std::time::{Duration, Instant};
 
 /// The engine-sim's KV capacity, blocks of 16 tokens.
@@ -11,33 +15,8 @@ pub fn capacity_blocks() -> u64 {
 
 /// A single node's config in front of `engine` (replica `e0`) at engine speed `speed`.
 pub fn config(engine: &EngineSim, speed: f64) -> NodeConfig {
-    let replica = ReplicaConfig {
-        name: "e0".into(),
-        http: engine.base_url(),
-        kv_events: Some(engine.kv_events.clone()),
-        replay: None,
-        kv_events_bind: false,
-        metrics_url: None,
-        capacity_blocks: capacity_blocks(),
-        engine: "vllm".into(),
-        model: None,
-        block_size: None,
-    };
-    NodeConfig {
-        node: NodeSection {
-            http: "127.0.0.1:0".parse().unwrap(),
-            grpc: "127.0.0.1:0".parse().unwrap(),
-            scrape_interval_ms: 100,
-            engine_speed: speed,
-            ..NodeSection::default()
-        },
-        replicas: vec![replica],
-        cluster: None,
-        security: Default::default(),
-        replication: Default::default(),
-        autoscaler: Default::default(),
-        admission: Default::default(),
-    }
+    // No replay socket: `replica add` in the tests registers the same endpoints without one.
+    single(NodeSection { engine_speed: speed, ..section() }, vec![ReplicaConfig { replay: None, ..replica(0, engine) }])
 }
 
 /// Waits (up to 10 s) until `node` routes to a replica.
