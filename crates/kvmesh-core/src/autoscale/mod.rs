@@ -10,6 +10,11 @@
 //!   evaluation,
 //!   plus a short panic window in the style of Knative's autoscaler — when the last few
 //!   seconds need twice the capacity on hand, the burst wins over the smoothed forecast.
+//! - **Headroom for short bursts**: never below the load of the last minute's busier
+//!   intervals (its 80th percentile): a burst shorter than a cold start is over before any
+//!   replica started for it serves, so only capacity on hand can take it. This sizes bursty
+//!   traffic for its bursts and steady traffic for its mean, and keeps the pool from chasing
+//!   each burst with starts that arrive too late (BENCHMARKS.md, "Autoscaling").
 //! - **Size**: `need = max(⌈forecast ÷ (capacity per replica × target utilisation)⌉,
 //!   ⌈(forecast + backlog ÷ backlog_drain_s) ÷ capacity per replica⌉)`, within
 //!   `[min_replicas, max_replicas]`: the headroom below full load drains a backlog first, and
@@ -90,6 +95,11 @@ pub struct AutoscaleConfig {
     pub reactive_high: f64,
     /// … and down below this one. Default 0.4.
     pub reactive_low: f64,
+    /// kvmesh's policy sizes for at least this quantile, in [0, 1], of the load measured over
+    /// the last `headroom_window_s` (one sample per evaluation). Default 0.8.
+    pub headroom_quantile: f64,
+    /// The window of `headroom_quantile`, seconds. Default 60.
+    pub headroom_window_s: f64,
 }
 
 impl Default for AutoscaleConfig {
@@ -111,6 +121,8 @@ impl Default for AutoscaleConfig {
             trend_damping: 0.9,
             reactive_high: 0.8,
             reactive_low: 0.4,
+            headroom_quantile: 0.8,
+            headroom_window_s: 60.0,
         }
     }
 }
@@ -130,10 +142,14 @@ impl AutoscaleConfig {
             ("panic_hold_s", self.panic_hold_s),
             ("backlog_drain_s", self.backlog_drain_s),
             ("panic_ratio", self.panic_ratio),
+            ("headroom_window_s", self.headroom_window_s),
         ] {
             if !(v.is_finite() && v > 0.0) {
                 return bad(field, format!("must be positive, got {v}"));
             }
+        }
+        if !(0.0..=1.0).contains(&self.headroom_quantile) {
+            return bad("headroom_quantile", format!("must be in [0, 1], got {}", self.headroom_quantile));
         }
         if !(self.scale_down_delay_s.is_finite() && self.scale_down_delay_s >= 0.0) {
             return bad("scale_down_delay_s", format!("must be ≥ 0 seconds, got {}", self.scale_down_delay_s));

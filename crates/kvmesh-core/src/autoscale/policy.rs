@@ -17,6 +17,17 @@ impl Window {
         }
     }
 
+    /// The `q` quantile (nearest rank) of the samples within the last `span_s`; 0 without any.
+    fn quantile(&self, now: f64, span_s: f64, q: f64) -> f64 {
+        let mut v: Vec<f64> = self.samples.iter().filter(|&&(t, _)| now - t <= span_s).map(|&(_, v)| v).collect();
+        if v.is_empty() {
+            return 0.0;
+        }
+        v.sort_by(f64::total_cmp);
+        let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+        v[rank - 1]
+    }
+
     /// Mean of the samples within the last `span_s`.
     fn mean(&self, now: f64, span_s: f64) -> f64 {
         let (sum, n) = self
@@ -108,7 +119,8 @@ impl ScalePolicy for ColdStartAware {
     fn decide(&mut self, inputs: &PoolInputs) -> ScaleDecision {
         let c = &self.config;
         let now = inputs.now;
-        self.window.push(now, inputs.demand_tokens_per_s, c.stable_window_s.max(c.panic_window_s));
+        let keep = c.stable_window_s.max(c.panic_window_s).max(c.headroom_window_s);
+        self.window.push(now, inputs.demand_tokens_per_s, keep);
         let horizon = inputs.cold_start_s.max(c.interval_s);
         let smoothed = self.forecast(inputs.demand_tokens_per_s, horizon);
         let c = &self.config;
@@ -121,6 +133,8 @@ impl ScalePolicy for ColdStartAware {
         }
         let panic = now < self.panic_until;
         let forecast = if panic { smoothed.max(burst) } else { smoothed };
+        // Short bursts are served by capacity on hand or not at all (see the module docs).
+        let forecast = forecast.max(self.window.quantile(now, c.headroom_window_s, c.headroom_quantile));
         let backlog = inputs.queued_tokens.max(0.0) / c.backlog_drain_s;
         let cap = inputs.capacity_tokens_per_s;
         let need = replicas_for(c, forecast, cap).max(replicas_at(c, forecast + backlog, cap, 1.0));

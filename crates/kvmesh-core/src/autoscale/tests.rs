@@ -6,6 +6,29 @@ use super::*;
 /// 10,000 tokens/s per replica, 70 % target: 7,000 tokens/s per replica.
 const CAP: f64 = 10_000.0;
 
+/// The defaults without the headroom for short bursts, for tests of the other rules (the
+/// headroom holds the last minute's load, which would mask them).
+const NO_HEADROOM: AutoscaleConfig = AutoscaleConfig {
+    interval_s: 2.0,
+    target_utilisation: 0.7,
+    cold_start_s: 60.0,
+    min_replicas: 1,
+    max_replicas: 64,
+    stable_window_s: 60.0,
+    panic_window_s: 6.0,
+    panic_ratio: 2.0,
+    panic_hold_s: 60.0,
+    scale_down_delay_s: 0.0,
+    backlog_drain_s: 30.0,
+    level_smoothing: 0.5,
+    trend_smoothing: 0.1,
+    trend_damping: 0.9,
+    reactive_high: 0.8,
+    reactive_low: 0.4,
+    headroom_quantile: 0.0,
+    headroom_window_s: 60.0,
+};
+
 fn inputs(now: f64, demand: f64, ready: u32, starting: Vec<f64>) -> PoolInputs {
     PoolInputs {
         now,
@@ -139,11 +162,15 @@ fn config_ranges_are_checked() {
     );
     let bad = AutoscaleConfig { target_utilisation: 0.0, ..AutoscaleConfig::default() };
     assert_eq!(bad.validate().unwrap_err().to_string(), "invalid target_utilisation: must be in (0, 1], got 0");
+    let bad = AutoscaleConfig { headroom_quantile: 1.5, ..AutoscaleConfig::default() };
+    assert_eq!(bad.validate().unwrap_err().to_string(), "invalid headroom_quantile: must be in [0, 1], got 1.5");
+    assert!(AutoscaleConfig { headroom_quantile: f64::NAN, ..AutoscaleConfig::default() }.validate().is_err());
+    assert!(AutoscaleConfig { headroom_window_s: 0.0, ..AutoscaleConfig::default() }.validate().is_err());
 }
 
 #[test]
 fn a_dip_shorter_than_a_cold_start_keeps_the_pool() {
-    let mut p = ColdStartAware::new(AutoscaleConfig::default());
+    let mut p = ColdStartAware::new(NO_HEADROOM);
     // 35,000 tokens/s on 5 replicas (7,000 each at 70 %) for two minutes.
     for k in 0..60 {
         let d = p.decide(&inputs(f64::from(k) * 2.0, 35_000.0, 5, vec![]));
@@ -183,12 +210,12 @@ fn a_new_leader_resumes_from_the_committed_decision() {
 
 #[test]
 fn the_scale_down_window_defaults_to_the_cold_start() {
-    let mut short = ColdStartAware::new(AutoscaleConfig { scale_down_delay_s: 10.0, ..AutoscaleConfig::default() });
+    let mut short = ColdStartAware::new(AutoscaleConfig { scale_down_delay_s: 10.0, ..NO_HEADROOM });
     short.decide(&inputs(0.0, 35_000.0, 5, vec![]));
     // 12 s later the load fell to 7,000: with a 10 s window the pool shrinks to what the
     // smoothed forecast, (7,000 + 35,000) / 2, needs; the default (the 60 s cold start) holds.
     assert_eq!(short.decide(&inputs(12.0, 7_000.0, 5, vec![])).desired, 3);
-    let mut default = ColdStartAware::new(AutoscaleConfig::default());
+    let mut default = ColdStartAware::new(NO_HEADROOM);
     default.decide(&inputs(0.0, 35_000.0, 5, vec![]));
     assert_eq!(default.decide(&inputs(12.0, 7_000.0, 5, vec![])).desired, 5);
     let bad = AutoscaleConfig { scale_down_delay_s: -1.0, ..AutoscaleConfig::default() };
@@ -197,7 +224,7 @@ fn the_scale_down_window_defaults_to_the_cold_start() {
 
 #[test]
 fn a_held_count_the_actuator_never_delivered_is_holding_not_growing() {
-    let mut p = ColdStartAware::new(AutoscaleConfig { panic_ratio: 100.0, ..AutoscaleConfig::default() });
+    let mut p = ColdStartAware::new(AutoscaleConfig { panic_ratio: 100.0, ..NO_HEADROOM });
     // 35,000 tokens/s on 3 ready replicas: 5 needed at 70 %.
     let d = p.decide(&inputs(0.0, 35_000.0, 3, vec![]));
     assert_eq!((d.desired, d.reason), (5, ScaleReason::ScaleUp));
@@ -211,4 +238,37 @@ fn a_held_count_the_actuator_never_delivered_is_holding_not_growing() {
     // at 2 s: 3 replicas), what is on hand.
     let d = p.decide(&inputs(62.0, 0.0, 3, vec![]));
     assert_eq!((d.desired, d.reason), (3, ScaleReason::HoldDown));
+}
+
+#[test]
+fn no_headroom_is_the_defaults_but_the_quantile() {
+    assert_eq!(AutoscaleConfig { headroom_quantile: 0.8, ..NO_HEADROOM }, AutoscaleConfig::default());
+}
+
+#[test]
+fn bursty_load_is_sized_for_its_bursts_not_its_mean() {
+    // Every 20 s, 6 s at 35,000 tokens/s and 14 s at 7,000: a mean of 15,400 tokens/s (3
+    // replicas at 70 %), bursts that need 5; a 10 s cold start, so each burst is over before a
+    // replica started for it serves. The actuator delivers every decision at once.
+    let run = |config: AutoscaleConfig| {
+        let mut p = ColdStartAware::new(config);
+        let mut on_hand = 3;
+        (0..90)
+            .map(|k| {
+                let demand = if k % 10 < 3 { 35_000.0 } else { 7_000.0 };
+                let d =
+                    p.decide(&PoolInputs { cold_start_s: 10.0, ..inputs(f64::from(k) * 2.0, demand, on_hand, vec![]) });
+                on_hand = d.desired;
+                d.desired
+            })
+            .collect::<Vec<u32>>()
+    };
+    let with = run(AutoscaleConfig::default());
+    let without = run(NO_HEADROOM);
+    // With the headroom the pool keeps what the bursts need (5; 6 while a burst's trend is
+    // forecast); without it, it shrinks to 2 between bursts and grows again for each one.
+    assert_eq!((with[30..].iter().min(), with[30..].iter().max()), (Some(&5), Some(&6)), "{with:?}");
+    assert_eq!((without[30..].iter().min(), without[30..].iter().max()), (Some(&2), Some(&6)), "{without:?}");
+    let grows = |d: &[u32]| d.windows(2).filter(|w| w[1] > w[0]).count();
+    assert_eq!((grows(&with[30..]), grows(&without[30..])), (6, 17));
 }
