@@ -12,7 +12,7 @@ sleep "$(( DURATION / 2 ))"
 # Mid-load: each node's view of the whole tier's live bookings.
 views=""
 for i in $(seq 1 $NODES); do
-  v="$("$BIN/kvmesh" status --grpc "http://$(grpc_of "$i")" --json | json "sum(r['live_bookings'] for r in d)")"
+  v="$("$BIN/kvmesh" status --grpc "http://$(grpc_of "$i")" --json | json "sum(r['live_bookings'] for r in d['replicas'])")"
   views="$views $v"
 done
 log "live bookings seen by each node mid-load:$views"
@@ -24,7 +24,7 @@ PY
 check_load
 settle() {
   for i in $(seq 1 $NODES); do
-    "$BIN/kvmesh" status --grpc "http://$(grpc_of "$i")" --json | json "sum(r['live_bookings'] for r in d)" | grep -qx 0 || return 1
+    "$BIN/kvmesh" status --grpc "http://$(grpc_of "$i")" --json | json "sum(r['live_bookings'] for r in d['replicas'])" | grep -qx 0 || return 1
   done
 }
 wait_for 10 "every node to hold no booking" settle
