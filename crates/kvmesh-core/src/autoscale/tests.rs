@@ -8,26 +8,9 @@ const CAP: f64 = 10_000.0;
 
 /// The defaults without the headroom for short bursts, for tests of the other rules (the
 /// headroom holds the last minute's load, which would mask them).
-const NO_HEADROOM: AutoscaleConfig = AutoscaleConfig {
-    interval_s: 2.0,
-    target_utilisation: 0.7,
-    cold_start_s: 60.0,
-    min_replicas: 1,
-    max_replicas: 64,
-    stable_window_s: 60.0,
-    panic_window_s: 6.0,
-    panic_ratio: 2.0,
-    panic_hold_s: 60.0,
-    scale_down_delay_s: 0.0,
-    backlog_drain_s: 30.0,
-    level_smoothing: 0.5,
-    trend_smoothing: 0.1,
-    trend_damping: 0.9,
-    reactive_high: 0.8,
-    reactive_low: 0.4,
-    headroom_quantile: 0.0,
-    headroom_window_s: 60.0,
-};
+fn no_headroom() -> AutoscaleConfig {
+    AutoscaleConfig { headroom_quantile: 0.0, ..AutoscaleConfig::default() }
+}
 
 fn inputs(now: f64, demand: f64, ready: u32, starting: Vec<f64>) -> PoolInputs {
     PoolInputs {
@@ -170,7 +153,7 @@ fn config_ranges_are_checked() {
 
 #[test]
 fn a_dip_shorter_than_a_cold_start_keeps_the_pool() {
-    let mut p = ColdStartAware::new(NO_HEADROOM);
+    let mut p = ColdStartAware::new(no_headroom());
     // 35,000 tokens/s on 5 replicas (7,000 each at 70 %) for two minutes.
     for k in 0..60 {
         let d = p.decide(&inputs(f64::from(k) * 2.0, 35_000.0, 5, vec![]));
@@ -210,12 +193,12 @@ fn a_new_leader_resumes_from_the_committed_decision() {
 
 #[test]
 fn the_scale_down_window_defaults_to_the_cold_start() {
-    let mut short = ColdStartAware::new(AutoscaleConfig { scale_down_delay_s: 10.0, ..NO_HEADROOM });
+    let mut short = ColdStartAware::new(AutoscaleConfig { scale_down_delay_s: 10.0, ..no_headroom() });
     short.decide(&inputs(0.0, 35_000.0, 5, vec![]));
     // 12 s later the load fell to 7,000: with a 10 s window the pool shrinks to what the
     // smoothed forecast, (7,000 + 35,000) / 2, needs; the default (the 60 s cold start) holds.
     assert_eq!(short.decide(&inputs(12.0, 7_000.0, 5, vec![])).desired, 3);
-    let mut default = ColdStartAware::new(NO_HEADROOM);
+    let mut default = ColdStartAware::new(no_headroom());
     default.decide(&inputs(0.0, 35_000.0, 5, vec![]));
     assert_eq!(default.decide(&inputs(12.0, 7_000.0, 5, vec![])).desired, 5);
     let bad = AutoscaleConfig { scale_down_delay_s: -1.0, ..AutoscaleConfig::default() };
@@ -224,7 +207,7 @@ fn the_scale_down_window_defaults_to_the_cold_start() {
 
 #[test]
 fn a_held_count_the_actuator_never_delivered_is_holding_not_growing() {
-    let mut p = ColdStartAware::new(AutoscaleConfig { panic_ratio: 100.0, ..NO_HEADROOM });
+    let mut p = ColdStartAware::new(AutoscaleConfig { panic_ratio: 100.0, ..no_headroom() });
     // 35,000 tokens/s on 3 ready replicas: 5 needed at 70 %.
     let d = p.decide(&inputs(0.0, 35_000.0, 3, vec![]));
     assert_eq!((d.desired, d.reason), (5, ScaleReason::ScaleUp));
@@ -238,11 +221,6 @@ fn a_held_count_the_actuator_never_delivered_is_holding_not_growing() {
     // at 2 s: 3 replicas), what is on hand.
     let d = p.decide(&inputs(62.0, 0.0, 3, vec![]));
     assert_eq!((d.desired, d.reason), (3, ScaleReason::HoldDown));
-}
-
-#[test]
-fn no_headroom_is_the_defaults_but_the_quantile() {
-    assert_eq!(AutoscaleConfig { headroom_quantile: 0.8, ..NO_HEADROOM }, AutoscaleConfig::default());
 }
 
 #[test]
@@ -264,7 +242,7 @@ fn bursty_load_is_sized_for_its_bursts_not_its_mean() {
             .collect::<Vec<u32>>()
     };
     let with = run(AutoscaleConfig::default());
-    let without = run(NO_HEADROOM);
+    let without = run(no_headroom());
     // With the headroom the pool keeps what the bursts need (5; 6 while a burst's trend is
     // forecast); without it, it shrinks to 2 between bursts and grows again for each one.
     assert_eq!((with[30..].iter().min(), with[30..].iter().max()), (Some(&5), Some(&6)), "{with:?}");
