@@ -13,8 +13,9 @@
 //! - **Headroom for short bursts**: never below the load of the last minute's busier
 //!   intervals (its 80th percentile): a burst shorter than a cold start is over before any
 //!   replica started for it serves, so only capacity on hand can take it. This sizes bursty
-//!   traffic for its bursts and steady traffic for its mean, and keeps the pool from chasing
-//!   each burst with starts that arrive too late (BENCHMARKS.md, "Autoscaling").
+//!   traffic for its bursts (steady traffic for a little above its mean: the percentile of its
+//!   per-interval noise), and the pool chases fewer bursts with starts that arrive too late
+//!   (BENCHMARKS.md, "Autoscaling").
 //! - **Size**: `need = max(⌈forecast ÷ (capacity per replica × target utilisation)⌉,
 //!   ⌈(forecast + backlog ÷ backlog_drain_s) ÷ capacity per replica⌉)`, within
 //!   `[min_replicas, max_replicas]`: the headroom below full load drains a backlog first, and
@@ -24,9 +25,12 @@
 //!   pool waiting for its new replicas does not ask for them again.
 //! - **Scale down** only to the largest need of the last cold start (`scale_down_delay_s`),
 //!   never while panicking: an idle replica costs less than a restart's cold start for that
-//!   long (the ski-rental break-even), so a dip shorter than a cold start keeps the pool. The
-//!   caller drains the extra replicas (stop routing to them, wait for their requests, then
-//!   release them); [`pick_releases`] says which.
+//!   long (the ski-rental break-even), so a dip shorter than a cold start keeps the pool. With
+//!   the headroom above, a need falls only once the lower load fills 80 % of the headroom
+//!   window (about 48 s of the default 60), so a sustained drop shrinks the pool that long
+//!   plus the scale-down window after it began (108 s with a 60 s cold start). The caller
+//!   drains the extra replicas (stop routing to them, wait for their requests, then release
+//!   them); [`pick_releases`] says which.
 //!
 //! The baselines it is measured against (they do not count starting replicas):
 //! [`Reactive`] (a utilisation threshold, as a CPU-style horizontal autoscaler) and [`Knative`]
@@ -96,7 +100,8 @@ pub struct AutoscaleConfig {
     /// … and down below this one. Default 0.4.
     pub reactive_low: f64,
     /// kvmesh's policy sizes for at least this quantile, in [0, 1], of the load measured over
-    /// the last `headroom_window_s` (one sample per evaluation). Default 0.8.
+    /// the last `headroom_window_s` (one sample per evaluation; nearest rank, so 0 is the
+    /// window's least load: in effect no headroom). Default 0.8. Not a node setting.
     pub headroom_quantile: f64,
     /// The window of `headroom_quantile`, seconds. Default 60.
     pub headroom_window_s: f64,

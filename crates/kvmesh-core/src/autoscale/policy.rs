@@ -57,7 +57,8 @@ fn decision(inputs: &PoolInputs, desired: u32, reason: ScaleReason, forecast: f6
 }
 
 /// kvmesh's policy (see the module docs): Holt forecast over the cold start, panic window,
-/// starting replicas counted, scale-down to the largest need of the last cold start.
+/// headroom for short bursts, starting replicas counted, scale-down to the largest need of the
+/// last cold start.
 #[derive(Debug, Clone)]
 pub struct ColdStartAware {
     config: AutoscaleConfig,

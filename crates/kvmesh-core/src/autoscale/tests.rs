@@ -250,3 +250,19 @@ fn bursty_load_is_sized_for_its_bursts_not_its_mean() {
     let grows = |d: &[u32]| d.windows(2).filter(|w| w[1] > w[0]).count();
     assert_eq!((grows(&with[30..]), grows(&without[30..])), (6, 17));
 }
+
+#[test]
+fn a_sustained_drop_shrinks_once_the_headroom_window_and_a_cold_start_have_passed() {
+    let mut p = ColdStartAware::new(AutoscaleConfig::default());
+    for k in 0..60 {
+        assert_eq!(p.decide(&inputs(f64::from(k) * 2.0, 35_000.0, 5, vec![])).desired, 5);
+    }
+    // The load falls to 7,000 tokens/s for good at 120 s.
+    let first_shrink = (60..200)
+        .map(|k| (f64::from(k) * 2.0, p.decide(&inputs(f64::from(k) * 2.0, 7_000.0, 5, vec![])).desired))
+        .find(|&(_, d)| d < 5);
+    // The headroom keeps sizing for 35,000 until the new load fills 80 % of its 60 s window
+    // (about 48 s: the need falls at ~170 s), then the scale-down window holds that need for a
+    // cold start (60 s): the pool shrinks, to what the new load needs, 108 s after the drop.
+    assert_eq!(first_shrink, Some((228.0, 1)));
+}
