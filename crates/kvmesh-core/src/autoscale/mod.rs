@@ -209,7 +209,8 @@ pub struct PoolInputs {
 pub enum ScaleReason {
     /// The pool is the right size.
     Hold,
-    /// The forecast needs more replicas.
+    /// The forecast needs more replicas (the smoothed forecast, the backlog, or the headroom
+    /// for short bursts: the last minute's 80th-percentile load).
     ScaleUp,
     /// The panic window needs more replicas now.
     Burst,

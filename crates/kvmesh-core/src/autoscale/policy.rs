@@ -11,6 +11,7 @@ struct Window {
 
 impl Window {
     fn push(&mut self, now: f64, v: f64, keep_s: f64) {
+        drop_future(&mut self.samples, now);
         self.samples.push_back((now, v.max(0.0)));
         while self.samples.front().is_some_and(|&(t, _)| now - t > keep_s) {
             self.samples.pop_front();
@@ -40,6 +41,15 @@ impl Window {
         } else {
             sum / f64::from(n)
         }
+    }
+}
+
+/// Drops the entries of a time-ordered deque stamped after `now`: after the caller's clock
+/// stepped back (a wall clock set back by NTP), they would never age out of their window and
+/// would count for as long as the step was.
+fn drop_future<T>(entries: &mut VecDeque<(f64, T)>, now: f64) {
+    while entries.back().is_some_and(|&(t, _)| t > now) {
+        entries.pop_back();
     }
 }
 
@@ -141,6 +151,7 @@ impl ScalePolicy for ColdStartAware {
         let need = replicas_for(c, forecast, cap).max(replicas_at(c, forecast + backlog, cap, 1.0));
         // Shrink only to the largest need of the last window (one cold start by default).
         let window = if c.scale_down_delay_s > 0.0 { c.scale_down_delay_s } else { inputs.cold_start_s };
+        drop_future(&mut self.needs, now);
         if self.needs.is_empty() {
             // No history yet: the pool as it is counts as needed for a window.
             self.needs.push_back((now, on_hand));
@@ -266,5 +277,39 @@ impl ScalePolicy for Knative {
             std::cmp::Ordering::Equal => ScaleReason::Hold,
         };
         decision(inputs, stable_need, reason, stable, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_quantile_is_the_nearest_rank_within_the_span() {
+        let mut w = Window::default();
+        for (k, v) in [50.0, 10.0, 40.0, 20.0, 30.0].into_iter().enumerate() {
+            w.push(k as f64 * 2.0, v, 60.0);
+        }
+        // At 8 s: all five samples; nearest rank ⌈q·5⌉ of 10, 20, 30, 40, 50.
+        assert_eq!(w.quantile(8.0, 60.0, 0.8), 40.0);
+        assert_eq!(w.quantile(8.0, 60.0, 0.81), 50.0);
+        assert_eq!(w.quantile(8.0, 60.0, 0.0), 10.0, "rank at least 1: the least");
+        assert_eq!(w.quantile(8.0, 60.0, 1.0), 50.0);
+        // The last 4 s: 40, 20, 30 (samples exactly `span` old still count).
+        assert_eq!(w.quantile(8.0, 4.0, 0.5), 30.0);
+        assert_eq!(Window::default().quantile(8.0, 60.0, 0.8), 0.0, "no samples");
+        assert_eq!(w.mean(8.0, 4.0), 30.0);
+    }
+
+    #[test]
+    fn a_clock_stepped_back_drops_the_samples_after_it() {
+        let mut w = Window::default();
+        w.push(100.0, 90.0, 60.0);
+        w.push(102.0, 80.0, 60.0);
+        // The clock steps back 50 s: the two samples from "the future" would otherwise count
+        // until the clock passes them again (and after, for the window's length).
+        w.push(52.0, 10.0, 60.0);
+        assert_eq!(w.quantile(52.0, 60.0, 1.0), 10.0);
+        assert_eq!(w.samples.len(), 1);
     }
 }

@@ -266,3 +266,18 @@ fn a_sustained_drop_shrinks_once_the_headroom_window_and_a_cold_start_have_passe
     // cold start (60 s): the pool shrinks, to what the new load needs, 108 s after the drop.
     assert_eq!(first_shrink, Some((228.0, 1)));
 }
+
+#[test]
+fn a_clock_stepped_back_does_not_hold_an_old_need() {
+    // 14 replicas needed at t = 1,000 s, then the clock steps back an hour at a tenth of the
+    // load: the old need (stamped an hour ahead) must not hold the pool until the clock
+    // catches up.
+    let mut p = ColdStartAware::new(no_headroom());
+    p.decide(&inputs(1_000.0, 98_000.0, 14, vec![]));
+    let mut last = None;
+    for k in 0..40 {
+        last = Some(p.decide(&inputs(-2_600.0 + f64::from(k) * 2.0, 9_800.0, 14, vec![])));
+    }
+    let d = last.unwrap();
+    assert_eq!((d.desired, d.reason), (2, ScaleReason::ScaleDown), "{d:?}");
+}
