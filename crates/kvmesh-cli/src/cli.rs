@@ -485,7 +485,7 @@ pub struct ReplayArgs {
     /// Replicas that scale: run each listed autoscaler (kvmesh, reactive, knative, oracle;
     /// `all`) over a pool of up to --replicas, starting with --initial-replicas; one row per
     /// (policy, autoscaler), with SLO attainment (share of requests with TTFT within
-    /// --slo-ttft) and GPU-seconds (from adding each replica to releasing it). Policies
+    /// --ttft-slo) and GPU-seconds (from adding each replica to releasing it). Policies
     /// default to token_load.
     #[arg(long, value_name = "LIST")]
     pub autoscale: Option<String>,
@@ -495,7 +495,7 @@ pub struct ReplayArgs {
     /// counted late — and is routed as capacity frees, smallest token load first.
     #[arg(long)]
     pub admission: bool,
-    /// Admission control (as --admission) with its TTFT gate at --slo-ttft, as a node's
+    /// Admission control (as --admission) with its TTFT gate at --ttft-slo, as a node's
     /// `admission.ttft_slo_s`: a request also waits when its estimated TTFT on the best
     /// replica would miss what is left of the SLO and more than half the SLO is queued there;
     /// requests that have waited less than half the SLO go before late ones (those that have
@@ -560,9 +560,10 @@ pub struct ReplayArgs {
     /// KV block size, tokens (engines and router).
     #[arg(long, default_value_t = 16, value_name = "TOKENS")]
     pub block_size: u32,
-    /// TTFT SLO, seconds: requests above it are counted in the >SLO column.
-    #[arg(long, default_value_t = 5.0, value_name = "S", allow_negative_numbers = true)]
-    pub slo_ttft: f64,
+    /// TTFT SLO, seconds (a node's `admission.ttft_slo_s`): requests above it are counted in
+    /// the >SLO column. Formerly `--slo-ttft`, still accepted.
+    #[arg(long, alias = "slo-ttft", default_value_t = 5.0, value_name = "S", allow_negative_numbers = true)]
+    pub ttft_slo: f64,
     /// Clients send max_tokens equal to the true output length.
     #[arg(long)]
     pub max_tokens_known: bool,

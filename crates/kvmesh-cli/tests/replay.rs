@@ -209,3 +209,18 @@ fn a_bad_plot_path_still_prints_the_results() {
     assert!(text(&out.stdout).contains("\nrandom "), "{}", text(&out.stdout));
     assert!(text(&out.stderr).starts_with("error: writing the TTFT plot /nonexistent/dir/x.svg"));
 }
+
+#[test]
+fn the_ttft_slo_flag_and_its_former_name_set_the_same_slo() {
+    let base =
+        ["replay", "--scenario", "hot-prompt", "--requests", "50", "--replicas", "2", "--policies", "token_load"];
+    let run = |flag: &str| {
+        let o = kvmesh(&[&base[..], &[flag, "0.25", "--autoscale", "kvmesh", "--quiet"]].concat());
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let (new, old) = (run("--ttft-slo"), run("--slo-ttft"));
+    assert!(new.contains("autoscaling (SLO: TTFT ≤ 250 ms)"), "{new}");
+    let strip = |s: &str| s.lines().filter(|l| !l.starts_with("simulated")).collect::<Vec<_>>().join("\n");
+    assert_eq!(strip(&new), strip(&old));
+}

@@ -88,7 +88,7 @@ pub struct Report {
     /// Seeds run.
     pub seeds: Vec<u64>,
     /// TTFT SLO, seconds.
-    pub slo_ttft_s: f64,
+    pub ttft_slo_s: f64,
     /// The floors no router can beat.
     pub floors: Floors,
     /// Per policy, in the order asked.
@@ -121,13 +121,13 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let seeds: Vec<u64> = (args.seed..args.seed + args.seeds as u64).collect();
     let (traces, source) = load(args, &seeds)?;
     let trace = &traces[0];
-    let gate = args.admission_slo.then(|| TtftGate::new(args.slo_ttft)).transpose()?;
+    let gate = args.admission_slo.then(|| TtftGate::new(args.ttft_slo)).transpose()?;
     let config = SimConfig {
         replicas: args.replicas,
         profile: profile.clone(),
         block_size: args.block_size,
         event_delay_s: args.event_delay_ms / 1000.0,
-        slo_ttft_s: args.slo_ttft,
+        ttft_slo_s: args.ttft_slo,
         send_max_tokens: args.max_tokens_known,
         routers: args.routers,
         gossip: !args.no_gossip,
@@ -151,7 +151,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         gossip: config.gossip,
         gossip_delay_s: config.gossip_delay_s,
         seeds,
-        slo_ttft_s: args.slo_ttft,
+        ttft_slo_s: args.ttft_slo,
         floors,
         results,
     };
@@ -199,8 +199,8 @@ fn validate(args: &ReplayArgs) -> anyhow::Result<()> {
     if args.autoscale.is_some() && (args.min_replicas == 0 || args.initial_replicas == 0) {
         bail!("--min-replicas and --initial-replicas must be at least 1: a pool with no replica serves nothing");
     }
-    if !(args.slo_ttft.is_finite() && args.slo_ttft > 0.0) {
-        bail!("--slo-ttft must be a positive number of seconds, got {}", args.slo_ttft);
+    if !(args.ttft_slo.is_finite() && args.ttft_slo > 0.0) {
+        bail!("--ttft-slo must be a positive number of seconds, got {}", args.ttft_slo);
     }
     match (args.rate, &args.trace) {
         (Some(_), Some(_)) => bail!("--rate sets a scenario's arrival rate; for a trace use --rate-scale"),

@@ -71,7 +71,7 @@ fn header(r: &Report) -> String {
         r.event_delay_s * 1e3,
         secs(r.floors.p99_uncached),
         secs(r.floors.p99_all_cached),
-        secs(r.slo_ttft_s)
+        secs(r.ttft_slo_s)
     )
 }
 
@@ -132,7 +132,7 @@ fn replication_notes(r: &Report) -> String {
         } else {
             String::new()
         };
-        let _ = writeln!(out, "\nautoscaling (SLO: TTFT ≤ {}{means})", secs(r.slo_ttft_s));
+        let _ = writeln!(out, "\nautoscaling (SLO: TTFT ≤ {}{means})", secs(r.ttft_slo_s));
     }
     for p in scaled {
         let m = &p.mean;

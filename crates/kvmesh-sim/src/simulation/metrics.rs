@@ -100,7 +100,7 @@ impl RunMetrics {
         let late = run
             .outcomes
             .iter()
-            .filter(|o| !(o.first_token_s.is_finite() && o.first_token_s - o.arrival_s <= config.slo_ttft_s))
+            .filter(|o| !(o.first_token_s.is_finite() && o.first_token_s - o.arrival_s <= config.ttft_slo_s))
             .count();
         RunMetrics {
             requests: run.outcomes.len() as u64,

@@ -54,7 +54,7 @@ pub struct SimConfig {
     /// How often the router polls engine metrics, seconds. Default 1.
     pub metrics_interval_s: f64,
     /// TTFT above which a request counts as queued past the SLO, seconds. Default 5.
-    pub slo_ttft_s: f64,
+    pub ttft_slo_s: f64,
     /// Whether clients send `max_tokens` equal to the true output length (default false: the
     /// router estimates output length).
     pub send_max_tokens: bool,
@@ -94,7 +94,7 @@ impl Default for SimConfig {
             block_size: 16,
             event_delay_s: 0.0,
             metrics_interval_s: 1.0,
-            slo_ttft_s: 5.0,
+            ttft_slo_s: 5.0,
             send_max_tokens: false,
             routers: 1,
             gossip_delay_s: 0.005,

@@ -298,7 +298,7 @@ fn gated_run(gate: bool) -> Run {
     let t = trace(&[(0.0, &a), (0.01, &b), (0.02, &c), (0.03, &d)]);
     let gate = gate.then(|| TtftGate::new(0.5).unwrap());
     let admission = Some(AdmissionConfig { gate, ..AdmissionConfig::default() });
-    run(&SimConfig { replicas: 1, admission, slo_ttft_s: 0.5, ..config(0.0) }, &t)
+    run(&SimConfig { replicas: 1, admission, ttft_slo_s: 0.5, ..config(0.0) }, &t)
 }
 
 #[test]
