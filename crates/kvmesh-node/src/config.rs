@@ -197,7 +197,10 @@ impl AutoscalerSection {
         if !(self.capacity_tokens_per_s.is_finite() && self.capacity_tokens_per_s >= 0.0) {
             return Err(format!("autoscaler.capacity_tokens_per_s must be ≥ 0, got {}", self.capacity_tokens_per_s));
         }
-        self.core().validate().map_err(|e| format!("autoscaler.{e}").replace("autoscaler.invalid ", "autoscaler."))
+        self.core().validate().map_err(|e| match e {
+            kvmesh_core::Error::InvalidConfig { field, reason } => format!("autoscaler.{field} {reason}"),
+            other => format!("autoscaler: {other}"),
+        })
     }
 }
 
@@ -787,6 +790,19 @@ capacity_blocks = 100
         c.validate().unwrap();
         let back: NodeConfig = toml::from_str(&c.to_toml()).unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn autoscaler_settings_are_checked_in_the_same_words() {
+        let with = |extra: &str| toml::from_str::<NodeConfig>(&format!("{EXAMPLE}\n[autoscaler]\n{extra}\n")).unwrap();
+        assert_eq!(
+            with("target_utilisation = 2").validate().unwrap_err(),
+            "autoscaler.target_utilisation must be in (0, 1], got 2"
+        );
+        assert_eq!(
+            with("min_replicas = 3\nmax_replicas = 2").validate().unwrap_err(),
+            "autoscaler.max_replicas must be positive and at least min_replicas (3), got 2"
+        );
     }
 
     #[test]
