@@ -96,8 +96,9 @@ pub struct TraceStats {
     pub skipped_lines: u64,
     /// First to last arrival, seconds.
     pub span_s: f64,
-    /// Requests per second over the span.
-    pub rate_rps: f64,
+    /// Requests per second over the span; `None` when every request arrives at the same time
+    /// (no span to divide by).
+    pub rate_rps: Option<f64>,
     /// Prompt lengths, tokens.
     pub input_tokens: Distribution,
     /// Output lengths, tokens.
@@ -118,7 +119,7 @@ pub fn analyze(trace: &Trace, top: usize) -> TraceStats {
         requests: reqs.len() as u64,
         skipped_lines: trace.skipped.len() as u64,
         span_s,
-        rate_rps: if span_s > 0.0 { reqs.len() as f64 / span_s } else { 0.0 },
+        rate_rps: (span_s > 0.0).then(|| reqs.len() as f64 / span_s),
         input_tokens: Distribution::of(reqs.iter().map(|r| r.input_tokens)),
         output_tokens: Distribution::of(reqs.iter().map(|r| r.output_tokens)),
         prefix: trace
@@ -211,7 +212,9 @@ mod tests {
             skipped: vec![],
         };
         let s = analyze(&trace, 5);
-        assert_eq!((s.requests, s.span_s, s.rate_rps), (4, 4.0, 1.0));
+        assert_eq!((s.requests, s.span_s, s.rate_rps), (4, 4.0, Some(1.0)));
+        let at_once = Trace { requests: trace.requests[..1].to_vec(), ..trace.clone() };
+        assert_eq!(analyze(&at_once, 5).rate_rps, None, "one request: no span, no rate");
         let p = s.prefix.unwrap();
         // 8 references; 0 and 1 again in request 2, 0 again in request 3.
         assert_eq!((p.block_refs, p.reused_refs, p.reuse_ratio), (8, 3, 0.375));

@@ -26,7 +26,10 @@ impl TraceStats {
             self.skipped_lines
         );
         let _ = writeln!(out, "{:<17}{:.1} s", "span", self.span_s);
-        let _ = writeln!(out, "{:<17}{:.2} req/s", "rate", self.rate_rps);
+        let _ = match self.rate_rps {
+            Some(r) => writeln!(out, "{:<17}{r:.2} req/s", "rate"),
+            None => writeln!(out, "{:<17}n/a: every request arrives at the same time", "rate"),
+        };
         let _ = writeln!(out, "{:<17}{}", "input tokens", dist(&self.input_tokens));
         let _ = writeln!(out, "{:<17}{}", "output tokens", dist(&self.output_tokens));
         match &self.prefix {
