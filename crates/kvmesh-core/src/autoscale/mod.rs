@@ -210,7 +210,7 @@ pub enum ScaleReason {
     /// The pool is the right size.
     Hold,
     /// The forecast needs more replicas (the smoothed forecast, the backlog, or the headroom
-    /// for short bursts: the last minute's 80th-percentile load).
+    /// for short bursts: by default the last minute's 80th-percentile load).
     ScaleUp,
     /// The panic window needs more replicas now.
     Burst,

@@ -11,7 +11,7 @@ struct Window {
 
 impl Window {
     fn push(&mut self, now: f64, v: f64, keep_s: f64) {
-        drop_future(&mut self.samples, now);
+        clamp_future(&mut self.samples, now);
         self.samples.push_back((now, v.max(0.0)));
         while self.samples.front().is_some_and(|&(t, _)| now - t > keep_s) {
             self.samples.pop_front();
@@ -44,12 +44,16 @@ impl Window {
     }
 }
 
-/// Drops the entries of a time-ordered deque stamped after `now`: after the caller's clock
-/// stepped back (a wall clock set back by NTP), they would never age out of their window and
-/// would count for as long as the step was.
-fn drop_future<T>(entries: &mut VecDeque<(f64, T)>, now: f64) {
-    while entries.back().is_some_and(|&(t, _)| t > now) {
-        entries.pop_back();
+/// Re-stamps at `now` the entries of a time-ordered deque stamped after it: after the
+/// caller's clock stepped back (a wall clock set back), they would not age out of their window
+/// until the clock caught up again, however long the step. Re-stamped, they keep their values
+/// and order and age out one window later.
+fn clamp_future<T>(entries: &mut VecDeque<(f64, T)>, now: f64) {
+    for e in entries.iter_mut().rev() {
+        if e.0 <= now {
+            break;
+        }
+        e.0 = now;
     }
 }
 
@@ -97,6 +101,7 @@ impl ColdStartAware {
     /// held at `desired` replicas or more for a scale-down window from `now`, as if this
     /// policy had decided it.
     pub fn resume(&mut self, now: f64, desired: u32) {
+        clamp_future(&mut self.needs, now);
         self.needs.push_back((now, desired));
     }
 
@@ -131,6 +136,8 @@ impl ScalePolicy for ColdStartAware {
         let c = &self.config;
         let now = inputs.now;
         let keep = c.stable_window_s.max(c.panic_window_s).max(c.headroom_window_s);
+        // A panic ends at most `panic_hold_s` from now, also after the clock stepped back.
+        self.panic_until = self.panic_until.min(now + c.panic_hold_s);
         self.window.push(now, inputs.demand_tokens_per_s, keep);
         let horizon = inputs.cold_start_s.max(c.interval_s);
         let smoothed = self.forecast(inputs.demand_tokens_per_s, horizon);
@@ -151,7 +158,7 @@ impl ScalePolicy for ColdStartAware {
         let need = replicas_for(c, forecast, cap).max(replicas_at(c, forecast + backlog, cap, 1.0));
         // Shrink only to the largest need of the last window (one cold start by default).
         let window = if c.scale_down_delay_s > 0.0 { c.scale_down_delay_s } else { inputs.cold_start_s };
-        drop_future(&mut self.needs, now);
+        clamp_future(&mut self.needs, now);
         if self.needs.is_empty() {
             // No history yet: the pool as it is counts as needed for a window.
             self.needs.push_back((now, on_hand));
@@ -302,14 +309,16 @@ mod tests {
     }
 
     #[test]
-    fn a_clock_stepped_back_drops_the_samples_after_it() {
+    fn a_clock_stepped_back_restamps_the_samples_after_it() {
         let mut w = Window::default();
         w.push(100.0, 90.0, 60.0);
         w.push(102.0, 80.0, 60.0);
-        // The clock steps back 50 s: the two samples from "the future" would otherwise count
-        // until the clock passes them again (and after, for the window's length).
-        w.push(52.0, 10.0, 60.0);
-        assert_eq!(w.quantile(52.0, 60.0, 1.0), 10.0);
-        assert_eq!(w.samples.len(), 1);
+        // The clock steps back 500 s: the two samples from "the future" would otherwise count
+        // until the clock passed them again. Re-stamped at 500 s they count one window more.
+        w.push(-400.0, 10.0, 60.0);
+        assert_eq!(w.samples.iter().map(|s| s.0).collect::<Vec<_>>(), [-400.0, -400.0, -400.0]);
+        assert_eq!(w.quantile(-340.0, 60.0, 1.0), 90.0);
+        w.push(-338.0, 20.0, 60.0);
+        assert_eq!(w.quantile(-338.0, 60.0, 1.0), 20.0, "aged out one window after the step");
     }
 }

@@ -268,16 +268,35 @@ fn a_sustained_drop_shrinks_once_the_headroom_window_and_a_cold_start_have_passe
 }
 
 #[test]
-fn a_clock_stepped_back_does_not_hold_an_old_need() {
-    // 14 replicas needed at t = 1,000 s, then the clock steps back an hour at a tenth of the
-    // load: the old need (stamped an hour ahead) must not hold the pool until the clock
-    // catches up.
+fn a_clock_stepped_back_holds_an_old_need_or_a_panic_one_window_not_an_hour() {
+    // A burst at t = 1,000 s on 2 replicas: 14 needed, a panic. Then the clock steps back an
+    // hour and the load is a tenth: the need and the panic (stamped an hour ahead) hold the
+    // pool one window (60 s) from the step, not until the clock catches up.
+    let mut p = ColdStartAware::new(no_headroom());
+    let d = p.decide(&inputs(1_000.0, 98_000.0, 2, vec![]));
+    assert_eq!((d.desired, d.panic), (14, true));
+    let (mut shrank_at, mut last) = (None, 0);
+    for k in 0..40 {
+        let now = -2_600.0 + f64::from(k) * 2.0;
+        let d = p.decide(&inputs(now, 9_800.0, 14, vec![]));
+        if d.reason == ScaleReason::ScaleDown {
+            shrank_at = shrank_at.or(Some((now, d.panic)));
+        }
+        last = d.desired;
+    }
+    // The need re-stamped at -2,600 s counts until -2,540 s inclusive; the panic ends at
+    // -2,540 s too. The pool then follows the falling forecast's needs down to 2.
+    assert_eq!((shrank_at, last), (Some((-2_538.0, false)), 2));
+}
+
+#[test]
+fn a_new_leader_resuming_after_a_clock_step_back_is_not_held_by_stale_needs() {
     let mut p = ColdStartAware::new(no_headroom());
     p.decide(&inputs(1_000.0, 98_000.0, 14, vec![]));
+    p.resume(-2_600.0, 3);
     let mut last = None;
     for k in 0..40 {
         last = Some(p.decide(&inputs(-2_600.0 + f64::from(k) * 2.0, 9_800.0, 14, vec![])));
     }
-    let d = last.unwrap();
-    assert_eq!((d.desired, d.reason), (2, ScaleReason::ScaleDown), "{d:?}");
+    assert_eq!(last.map(|d| (d.desired, d.reason)), Some((2, ScaleReason::ScaleDown)));
 }

@@ -224,7 +224,11 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut starts = starts::Starts::default();
     let mut last = (Instant::now(), shared.core().booked_tokens);
-    // What the last committed decision said: (desired, ready, starting, at).
+    // The policy, the starts and the refresh run on a monotonic clock (seconds since this
+    // loop began): a wall clock set back or forward would hold or expire their windows. Wall
+    // time only stamps the decisions, for the audit log.
+    let epoch = Instant::now();
+    // What the last committed decision said: (desired, ready, starting, when on `mono`).
     let mut committed: Option<(u32, u32, u32, f64)> = None;
     // The newest committed decision seen (its Raft index), and when this node's own last one
     // was made (to tell its own entries from another leader's).
@@ -239,9 +243,10 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             _ = stop.wait_for(|s| *s) => return,
         }
         let now = crate::replication::unix_now();
+        let mono = epoch.elapsed().as_secs_f64();
         // Replicas registered `starting`, and starts measured as they end.
         let start_order = match &cluster {
-            Some(c) => starts.observe(&c.state.borrow(), now),
+            Some(c) => starts.observe(&c.state.borrow(), mono),
             None => BTreeMap::new(),
         };
         let leads = cluster.as_ref().is_none_or(|c| c.leads());
@@ -258,11 +263,11 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         last = (Instant::now(), booked);
         let cold_start_s = starts.cold_start_s(section.cold_start_s);
         let inputs = PoolInputs {
-            now,
+            now: mono,
             demand_tokens_per_s: demand,
             capacity_tokens_per_s: shared.autoscaler.capacity_tokens_per_s(prior),
             ready,
-            starting: starts.counted(now, cold_start_s),
+            starting: starts.counted(mono, cold_start_s),
             cold_start_s,
             queued_tokens: queued as f64,
         };
@@ -277,8 +282,9 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         if let Some(last) = shared.autoscaler.latest().filter(|l| l.log_index > seen_index) {
             seen_index = last.log_index;
             if own_at != Some(last.at) {
-                policy.resume(now, last.desired_replicas);
-                committed = Some((last.desired_replicas, last.ready, last.starting, last.at));
+                policy.resume(mono, last.desired_replicas);
+                // Committed then (its wall time may be another node's clock): refreshed from now.
+                committed = Some((last.desired_replicas, last.ready, last.starting, mono));
             }
         }
         let d = policy.decide(&inputs);
@@ -292,7 +298,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         decision.base_log_index = shared.autoscaler.latest().map_or(0, |l| l.log_index).max(own_index);
         shared.autoscaler.set_evaluated(&decision);
         let due = committed.is_none_or(|(desired, ready, starting, at)| {
-            (desired, ready, starting) != (d.desired, d.ready, d.starting) || now - at >= REFRESH_S
+            (desired, ready, starting) != (d.desired, d.ready, d.starting) || mono - at >= REFRESH_S
         });
         if !due {
             continue;
@@ -340,7 +346,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             committed = None;
             continue;
         }
-        committed = Some((d.desired, d.ready, d.starting, now));
+        committed = Some((d.desired, d.ready, d.starting, mono));
     }
 }
 

@@ -19,7 +19,8 @@ pub const STARTS_KEPT: usize = 20;
 /// One start in progress.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Start {
-    /// Unix seconds this node first saw the replica `starting`.
+    /// When this node first saw the replica `starting`, seconds on the autoscaler's
+    /// monotonic clock.
     since: f64,
     /// This node saw the start begin.
     whole: bool,
@@ -36,8 +37,8 @@ pub struct Starts {
 }
 
 impl Starts {
-    /// Follows `state` at `now` (Unix seconds): starts that began, ended (measured) or were
-    /// cancelled. Returns the replicas starting, by name, with a key that orders them from
+    /// Follows `state` at `now` (seconds on the autoscaler's monotonic clock, never set
+    /// back): starts that began, ended (measured) or were cancelled. Returns the replicas starting, by name, with a key that orders them from
     /// the oldest start to the newest the same on every node (the registry's log index).
     pub fn observe(&mut self, state: &ClusterState, now: f64) -> BTreeMap<String, f64> {
         let whole = self.observed;
@@ -75,7 +76,7 @@ impl Starts {
         }
     }
 
-    /// When each start still counted as capacity on its way began (Unix seconds), at `now`
+    /// When each start still counted as capacity on its way began (on the same clock), at `now`
     /// with cold starts of `cold_start_s`; a start that turns stale is warned about once.
     pub fn counted(&mut self, now: f64, cold_start_s: f64) -> Vec<f64> {
         for (name, s) in self.starting.iter_mut().filter(|(_, s)| !s.stale) {
