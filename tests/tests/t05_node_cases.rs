@@ -237,6 +237,57 @@ async fn an_engine_that_dies_is_routed_around() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_engine_whose_metrics_still_answer_is_taken_out_and_its_requests_get_504() {
+    let (a, b) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
+    let node = node(vec![replica(0, &a, true), replica(1, &b, true)], |s| {
+        s.policy = "round_robin".into();
+        s.hung_after_s = 0.5;
+        s.request_timeout_s = 2;
+    })
+    .await;
+    // Both serve once, so both counters are on the scraped pages.
+    for i in 0..2 {
+        assert_eq!(send(&node, i, 1).await, 200);
+    }
+    a.faults.set(Faults { hang: true, ..Faults::default() });
+    // Round robin sends one of two requests to e0, which takes it and never answers.
+    let client = reqwest::Client::new();
+    let two: Vec<_> = (2..4)
+        .map(|i| {
+            let url = format!("http://{}/v1/completions", node.http);
+            let body = json!({"model": "m", "prompt": prompt(i, 1), "max_tokens": 2});
+            let c = client.clone();
+            tokio::spawn(async move { c.post(url).json(&body).send().await.unwrap() })
+        })
+        .collect();
+    eventually("e0 is hung", || status(&node, "e0") == Status::Unhealthy).await;
+    let detail = {
+        let core = node.shared.core();
+        core.status_detail(&core.replicas["e0"], Status::Unhealthy, node.shared.now())
+    };
+    assert!(detail.starts_with("hung: its engine served no token for"), "{detail}");
+    // Routed around: every new request goes to e1.
+    for i in 10..14 {
+        assert_eq!(send(&node, i, 1).await, 200, "request {i}");
+    }
+    // The request already on e0 gets 504 after request_timeout_s, naming the replica; the
+    // other was served by e1.
+    let mut answers = Vec::new();
+    for t in two {
+        answers.push(t.await.unwrap());
+    }
+    answers.sort_by_key(|r| r.status());
+    assert_eq!(answers.iter().map(|r| r.status().as_u16()).collect::<Vec<_>>(), [200, 504]);
+    let r = answers.pop().unwrap();
+    assert_eq!(r.headers()["x-kvmesh-replica"], "e0");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "timeout");
+    node.stop().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_engine_recovers_and_its_events_resume() {
     let first = engine(16, Faults::default()).await;
     let node = node(vec![replica(0, &first, true)], |_| {}).await;

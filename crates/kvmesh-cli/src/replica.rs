@@ -144,7 +144,12 @@ async fn warn_if_none_routable(
 ) {
     let Ok(req) = authed(target, v1::ListReplicasRequest {}) else { return };
     let Ok(list) = client.list_replicas(req).await else { return };
-    let out = [v1::ReplicaStatus::Draining, v1::ReplicaStatus::Starting, v1::ReplicaStatus::Unhealthy];
+    let out = [
+        v1::ReplicaStatus::Draining,
+        v1::ReplicaStatus::Starting,
+        v1::ReplicaStatus::Unhealthy,
+        v1::ReplicaStatus::Overloaded,
+    ];
     let replicas = list.into_inner().replicas;
     if !replicas.iter().any(|r| !out.iter().any(|s| *s as i32 == r.status)) {
         eprintln!(

@@ -468,6 +468,12 @@ pub struct NodeSection {
     /// A replica that owes a KV event this long (a request filled KV blocks it did not hold,
     /// and no event came since the request began) is reported `no_events`, seconds.
     pub events_silent_s: f64,
+    /// A replica whose engine served no token this long (its served-token counter standing
+    /// still across scrapes) while this node had requests in flight on it the whole time is
+    /// reported `unhealthy` (hung: an engine whose metrics endpoint still answers)
+    /// and routed around until the counter moves again, seconds; 0: off. Only engines whose
+    /// metrics page has the counters (vLLM's prompt and generation token totals).
+    pub hung_after_s: f64,
     /// How long to wait for each replay reply, milliseconds.
     pub replay_timeout_ms: u64,
     /// The model's `tokenizer.json` (Hugging Face format): prompts are routed on the engine's
@@ -548,6 +554,7 @@ impl Default for NodeSection {
             request_timeout_s: 600,
             booking_lease_s: 600.0,
             events_silent_s: 30.0,
+            hung_after_s: 60.0,
             replay_timeout_ms: 1000,
             tokenizer: None,
             engine_profile: "h100".into(),
@@ -693,6 +700,10 @@ impl NodeConfig {
         }
         if self.node.scrape_interval_ms == 0 {
             return Err("node.scrape_interval_ms must be positive".into());
+        }
+        let hung = self.node.hung_after_s;
+        if !(hung.is_finite() && hung >= 0.0) {
+            return Err(format!("node.hung_after_s must be ≥ 0 seconds (0: off), got {hung}"));
         }
         let lease = self.node.booking_lease_s;
         if !(lease > 0.0 && lease <= 86_400.0) {

@@ -127,7 +127,8 @@ fn wire_status(s: Status) -> v1::ReplicaStatus {
         Status::OutOfSync => v1::ReplicaStatus::OutOfSync,
         Status::NoEvents => v1::ReplicaStatus::NoEvents,
         Status::BlockSizeMismatch => v1::ReplicaStatus::BlockSizeMismatch,
-        Status::Unhealthy | Status::Overloaded => v1::ReplicaStatus::Unhealthy,
+        Status::Unhealthy => v1::ReplicaStatus::Unhealthy,
+        Status::Overloaded => v1::ReplicaStatus::Overloaded,
     }
 }
 
@@ -483,5 +484,18 @@ impl events_server::Events for Services {
             }
         }
         Ok(Response::new(summary))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_has_its_own_wire_value_named_as_in_the_metrics() {
+        for s in Status::ALL {
+            let wire = wire_status(s).as_str_name().trim_start_matches("REPLICA_STATUS_").to_lowercase();
+            assert_eq!(wire, s.as_str(), "{s:?}");
+        }
     }
 }

@@ -47,6 +47,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
         StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
         StatusCode::NOT_FOUND => "not_found_error",
         StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
+        StatusCode::GATEWAY_TIMEOUT => "timeout",
         _ => "service_unavailable",
     };
     (status, Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}))).into_response()
@@ -441,7 +442,7 @@ async fn forward(
                 // The replica took the request: retrying elsewhere would run it twice.
                 booking.release(None, "upstream_error");
                 let code = if e.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
-                return error(code, format!("replica {name} failed: {}", crate::error_chain(&e)));
+                return with_replica(error(code, format!("replica {name} failed: {}", crate::error_chain(&e))), &name);
             }
         };
         let status = resp.status();

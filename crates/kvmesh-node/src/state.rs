@@ -116,6 +116,9 @@ pub struct Replica {
     /// scrape, and the node time, seconds, of the scrape that first saw that value: a counter
     /// that stands still while the engine reports requests running means stale gauges.
     pub engine_served: Option<(f64, f64)>,
+    /// Node time, seconds, of the first scrape of an unbroken run that found this node with
+    /// requests in flight on the replica; `None` when the last scrape found none.
+    pub busy_since: Option<f64>,
     /// Last KV-event sequence number applied.
     pub last_seq: Option<u64>,
     /// Node time of the last KV-event message.
@@ -166,6 +169,7 @@ pub struct Core {
     /// Rotation flags (draining, starting) for replicas about to be added.
     rotation_ahead: BTreeMap<String, (bool, bool)>,
     events_silent_s: f64,
+    hung_after_s: f64,
     /// When every replica's routable flag was last re-evaluated (node seconds).
     synced_at: f64,
     /// This node's booking deltas for its peers (`None`: single node or gossip off).
@@ -307,6 +311,7 @@ impl Shared {
             drain_settle_s: drain::settle_s(config.cluster.as_ref()),
             rotation_ahead: BTreeMap::new(),
             events_silent_s: config.node.events_silent_s,
+            hung_after_s: config.node.hung_after_s,
             synced_at: f64::NEG_INFINITY,
             outbox: config
                 .cluster
@@ -481,6 +486,7 @@ impl Shared {
             engine: None,
             engine_at: None,
             engine_served: None,
+            busy_since: None,
             last_seq: None,
             last_event_at: None,
             unpublished_since: None,
@@ -564,7 +570,7 @@ impl Core {
         if r.draining() {
             return Status::Draining;
         }
-        if r.failures >= self.unhealthy_after {
+        if r.failures >= self.unhealthy_after || self.hung_for(r, now).is_some() {
             return Status::Unhealthy;
         }
         if r.overloaded_until > now {
@@ -586,6 +592,15 @@ impl Core {
         Status::Ready
     }
 
+    /// How long `r`'s engine has served no token while this node had requests in flight on
+    /// it, seconds, once that reaches `hung_after_s`: a hung engine whose metrics endpoint
+    /// still answers (its served-token counter stands still).
+    fn hung_for(&self, r: &Replica, now: f64) -> Option<f64> {
+        let (_, still_since) = r.engine_served?;
+        let hung = now - still_since.max(r.busy_since?);
+        (self.hung_after_s > 0.0 && hung >= self.hung_after_s).then_some(hung)
+    }
+
     /// Whether a replica takes new requests (ready, or degraded but still serving).
     fn routable(status: Status) -> bool {
         !matches!(status, Status::Draining | Status::Starting | Status::Unhealthy | Status::Overloaded)
@@ -600,7 +615,14 @@ impl Core {
                     format!("events carry block size {b}, this node uses {ours}: routed on load only")
                 })
             }
-            Status::Unhealthy => r.last_error.clone().unwrap_or_default(),
+            Status::Unhealthy => match (&r.last_error, self.hung_for(r, now)) {
+                (Some(e), _) => e.clone(),
+                (None, Some(s)) => format!(
+                    "hung: its engine served no token for {s:.0} s with requests in flight; routed \
+                     around until it serves again"
+                ),
+                (None, None) => String::new(),
+            },
             Status::Overloaded => "answered 429/503; backing off".into(),
             Status::NoEvents => "serving, but no KV event arrives: routed on load and the router's record".into(),
             Status::OutOfSync => {
@@ -722,6 +744,8 @@ impl Core {
             (None, _) => None,
         };
         let id = r.id;
+        let in_flight = self.fleet.bookings().load(id);
+        r.busy_since = (in_flight.prefilling + in_flight.decoding > 0).then(|| r.busy_since.unwrap_or(asked_at));
         let _ = self.fleet.report_metrics(id, metrics);
         let _ = self.sync_routable(name, now);
         self.note_idle(name, now);
@@ -905,6 +929,45 @@ mod tests {
         assert_eq!(core.sync_routable("r0", 4.0), None);
         assert_eq!(core.sync_routable("r0", 6.0), Some((Status::Overloaded, Status::Ready)));
         assert_eq!(core.sync_routable("nobody", 6.0), None);
+    }
+
+    #[test]
+    fn an_engine_that_serves_no_token_with_requests_in_flight_is_hung_and_routed_around() {
+        let shared = node(crate::config::NodeSection { hung_after_s: 60.0, ..Default::default() });
+        add(&shared, "name = \"r0\"");
+        let mut core = shared.core();
+        let m = |at| EngineMetrics { running: 1, waiting: 0, kv_usage: 0.1, at };
+        // Idle for a long while: a counter standing still with nothing in flight is no hang.
+        core.record_metrics("r0", m(1.0), Some(100.0), 1.0, 1.0);
+        core.record_metrics("r0", m(200.0), Some(100.0), 200.0, 200.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Ready);
+        let req = RouteRequest { prompt_tokens: 64, hashes: vec![], max_tokens: Some(8), key: 1 };
+        let decision = core.decide(&req, 201.0).unwrap();
+        core.book(&req, decision, 201.0).unwrap();
+        // In flight from the scrape at 202; the counter stands still from 1 s on.
+        core.record_metrics("r0", m(202.0), Some(100.0), 202.0, 202.0);
+        core.record_metrics("r0", m(261.0), Some(100.0), 261.0, 261.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Ready, "59 s: not yet");
+        core.record_metrics("r0", m(262.0), Some(100.0), 262.0, 262.0);
+        let r = &core.replicas["r0"];
+        assert_eq!(r.reported, Status::Unhealthy);
+        assert_eq!(
+            core.status_detail(r, Status::Unhealthy, 262.0),
+            "hung: its engine served no token for 60 s with requests in flight; routed around until it serves again"
+        );
+        assert!(core.decide(&req, 262.5).is_err(), "no other replica: none routable");
+        // It serves again: back in rotation.
+        core.record_metrics("r0", m(263.0), Some(140.0), 263.0, 263.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Ready);
+        drop(core);
+        let off = node(crate::config::NodeSection { hung_after_s: 0.0, ..Default::default() });
+        add(&off, "name = \"r0\"");
+        let mut core = off.core();
+        let decision = core.decide(&req, 1.0).unwrap();
+        core.book(&req, decision, 1.0).unwrap();
+        core.record_metrics("r0", m(2.0), Some(100.0), 2.0, 2.0);
+        core.record_metrics("r0", m(500.0), Some(100.0), 500.0, 500.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Ready, "0: off");
     }
 
     #[test]
