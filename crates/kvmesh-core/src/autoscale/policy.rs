@@ -171,8 +171,9 @@ impl ScalePolicy for ColdStartAware {
         let desired = if panic { held.max(on_hand) } else { held };
         let reason = match desired.cmp(&on_hand) {
             // More than today's need only because an earlier need is held (an actuator that
-            // has not delivered it yet): holding, not growing.
-            std::cmp::Ordering::Greater if need <= on_hand => ScaleReason::HoldDown,
+            // has not delivered it yet): holding, not growing — also when today's need is
+            // itself above what is on hand.
+            std::cmp::Ordering::Greater if need < desired => ScaleReason::HoldDown,
             std::cmp::Ordering::Greater if panic && burst >= smoothed => ScaleReason::Burst,
             std::cmp::Ordering::Greater => ScaleReason::ScaleUp,
             std::cmp::Ordering::Less => ScaleReason::ScaleDown,

@@ -221,6 +221,13 @@ fn a_held_count_the_actuator_never_delivered_is_holding_not_growing() {
     // at 2 s: 3 replicas), what is on hand.
     let d = p.decide(&inputs(62.0, 0.0, 3, vec![]));
     assert_eq!((d.desired, d.reason), (3, ScaleReason::HoldDown));
+    // 70,000 tokens/s on 3 replicas: 10 needed; then none on 4 (one delivered): today's
+    // need (the falling forecast, 32,800 tokens/s: 5) is above the 4 on hand, but the 10
+    // asked for is the held need, so the reason is holding, not growing.
+    let d = p.decide(&inputs(64.0, 70_000.0, 3, vec![]));
+    assert_eq!((d.desired, d.reason), (10, ScaleReason::ScaleUp));
+    let d = p.decide(&inputs(66.0, 0.0, 4, vec![]));
+    assert_eq!((d.desired, d.reason, (d.forecast_tokens_per_s / 7_000.0).ceil()), (10, ScaleReason::HoldDown, 5.0));
 }
 
 #[test]
