@@ -52,7 +52,9 @@ fn answer<T>(r: Result<tonic::Response<T>, tonic::Status>, call: &str) -> anyhow
             "{call}: this node runs without [cluster] (a single router node): there is no Raft cluster here; \
              see README.md, \"Running a cluster of router nodes\""
         ),
-        Err(s) => Err(anyhow::Error::new(s).context(call.to_string())),
+        // The node's message says what happened; gRPC's status dump around it does not.
+        Err(s) if !s.message().is_empty() => anyhow::bail!("{call}: {}", s.message()),
+        Err(s) => anyhow::bail!("{call}: {:?}", s.code()),
     }
 }
 

@@ -4,7 +4,6 @@
 
 use crate::cli::{ClusterTarget, ReplicaCommand};
 use crate::cluster::authed;
-use anyhow::Context;
 use kvmesh_proto::v1;
 
 pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
@@ -75,7 +74,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     .await?
                     .undrain_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
                     .await
-                    .context("Admin.UndrainReplica")?;
+                    .map_err(|s| anyhow::anyhow!("Admin.UndrainReplica: {}", s.message()))?;
                 println!("replica {} back in rotation", a.name);
             }
             ReplicaCommand::Ready(r) => {

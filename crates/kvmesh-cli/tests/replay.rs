@@ -179,6 +179,11 @@ fn flag_values_that_cannot_simulate_are_rejected_up_front() {
         (&["--replicas", "0"][..], "error: --replicas must be at least 1\n"),
         (&["--rate", "0"][..], "error: --rate must be a positive number of requests per second, got 0\n"),
         (&["--event-delay-ms", "-5"][..], "error: --event-delay-ms must be a non-negative number, got -5\n"),
+        (
+            &["--autoscale", "kvmesh", "--target-utilisation", "0"][..],
+            "error: --target-utilisation must be in (0, 1], got 0\n",
+        ),
+        (&["--scale-csv", "x.csv"][..], "error: --scale-csv writes autoscaling decisions: give --autoscale too\n"),
     ] {
         let mut all = vec!["replay", "--scenario", "chat", "--quiet"];
         all.extend_from_slice(args);

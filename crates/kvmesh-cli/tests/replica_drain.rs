@@ -46,6 +46,14 @@ async fn drain_wait_returns_once_the_request_in_flight_has_ended() {
     assert_eq!(other.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&other.stderr).contains("(with other endpoints or capacity)"));
 
+    // An unknown replica is named in words, not in gRPC's status dump.
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kvmesh"));
+    let out = c.args(["replica", "undrain", "--grpc", &grpc, "--name", "nosuch"]).output().unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned()),
+        (Some(1), "error: Admin.UndrainReplica: unknown replica \"nosuch\"\n".to_string())
+    );
+
     // --timeout and --remove only go with --wait.
     let out = drain(&grpc, &["--timeout", "5"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

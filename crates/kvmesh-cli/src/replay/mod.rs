@@ -199,6 +199,13 @@ fn validate(args: &ReplayArgs) -> anyhow::Result<()> {
     if args.autoscale.is_some() && (args.min_replicas == 0 || args.initial_replicas == 0) {
         bail!("--min-replicas and --initial-replicas must be at least 1: a pool with no replica serves nothing");
     }
+    let u = args.target_utilisation;
+    if !(u.is_finite() && u > 0.0 && u <= 1.0) {
+        bail!("--target-utilisation must be in (0, 1], got {u}");
+    }
+    if args.scale_csv.is_some() && args.autoscale.is_none() {
+        bail!("--scale-csv writes autoscaling decisions: give --autoscale too");
+    }
     if !(args.ttft_slo.is_finite() && args.ttft_slo > 0.0) {
         bail!("--ttft-slo must be a positive number of seconds, got {}", args.ttft_slo);
     }
