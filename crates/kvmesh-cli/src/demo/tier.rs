@@ -168,9 +168,11 @@ impl Tier {
             .collect()
     }
 
-    /// The autoscaler's latest decision, when it is on.
+    /// The autoscaler's evaluation of the last interval (what it would decide now, with the
+    /// load just measured), when it is on: committed decisions change only when the count
+    /// does, so the latest one's load can be minutes old.
     pub fn scale_decision(&self) -> Option<kvmesh_node::autoscaler::Decision> {
-        self.nodes[0].shared.autoscaler.latest()
+        self.nodes[0].shared.autoscaler.evaluated()
     }
 
     /// The committed replication plan, when replication is on.
