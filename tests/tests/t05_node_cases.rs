@@ -67,6 +67,12 @@ fn metric(node: &Node, name: &str) -> String {
         .join("\n")
 }
 
+/// `kvmesh_requests_total{outcome}`: requests that ended so.
+fn requests(node: &Node, outcome: &str) -> u64 {
+    let line = format!("kvmesh_requests_total{{outcome=\"{outcome}\"}} ");
+    metric(node, "kvmesh_requests_total").lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |v| v.parse().unwrap())
+}
+
 /// Five unrelated prompts of exactly 5 full blocks, one at a time: each is one event message
 /// (seq 0..4) storing 5 blocks.
 async fn five_prompts(node: &Node) {
@@ -164,7 +170,7 @@ async fn c14_clients_that_disconnect_leave_no_booking() {
         drop(r);
     }
     eventually("every booking released", || node.shared.core().fleet.bookings().is_empty()).await;
-    assert!(metric(&node, "kvmesh_requests_total").contains("outcome=\"disconnected\""));
+    assert!(requests(&node, "disconnected") >= 1);
     // The upstream request was dropped too, and the engine aborted it: nothing left running.
     eventually("the engine idle", || {
         node.shared.core().replicas["e0"].engine.is_some_and(|m| m.running == 0 && m.waiting == 0)
@@ -210,6 +216,38 @@ async fn the_metrics_page_is_valid_openmetrics() {
     {
         assert!(parsed.families.contains_key(family), "{family} missing:\n{page}");
     }
+    // Outcomes that have not happened yet are series at 0, not missing ones.
+    assert!(page.contains("kvmesh_admission_refused_total{outcome=\"queue_full\"} 0\n"), "{page}");
+    assert!(page.contains("kvmesh_requests_total{outcome=\"upstream_error\"} 0\n"), "{page}");
+    node.stop().await;
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_dies_mid_stream_ends_the_stream_with_an_error_event() {
+    let e = engine(16, Faults::default()).await;
+    let node = node(vec![replica(0, &e, true)], |_| {}).await;
+    let mut r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", node.http))
+        .json(&json!({"model": "m", "prompt": prompt(1, 2), "max_tokens": 20_000, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.chunk().await.unwrap().is_some(), "the first token");
+    let die = reqwest::Client::new().post(format!("{}/admin/faults", e.base_url())).json(&json!({"die": true}));
+    assert_eq!(die.send().await.unwrap().status().as_u16(), 200);
+    // The rest of the stream ends cleanly (no transport error) with an SSE error event.
+    let mut rest = Vec::new();
+    while let Some(chunk) = r.chunk().await.expect("the stream ends cleanly, not cut") {
+        rest.extend_from_slice(&chunk);
+    }
+    let text = String::from_utf8_lossy(&rest);
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let event: serde_json::Value = serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!((&event["error"]["type"], &event["error"]["code"]), (&json!("upstream_error"), &json!(502)));
+    assert!(event["error"]["message"].as_str().unwrap().starts_with("replica e0 failed mid-stream: "), "{event}");
+    eventually("the booking released", || node.shared.core().fleet.bookings().is_empty()).await;
+    assert_eq!(requests(&node, "upstream_error"), 1);
     node.stop().await;
     e.stop().await;
 }

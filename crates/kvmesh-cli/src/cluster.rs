@@ -111,7 +111,8 @@ pub fn render(s: &v1::ClusterStatus) -> String {
         out,
         "node {} is {} · leader {} · term {} · applied {} / log {}{}",
         s.node_id,
-        s.state,
+        // openraft calls a node that has no membership yet a learner.
+        if s.initialized { s.state.as_str() } else { "in no cluster yet" },
         leader,
         s.term,
         s.last_applied,

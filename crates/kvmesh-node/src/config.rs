@@ -129,7 +129,9 @@ pub struct AutoscalerSection {
     pub pool: String,
     /// Seconds between decisions.
     pub interval_s: f64,
-    /// Fewest replicas.
+    /// Fewest replicas. 0 lets the pool scale to zero once no load arrives (KEDA's
+    /// `IsActive` turns false); the first requests after that find no replica until one has
+    /// started.
     pub min_replicas: u32,
     /// Most replicas.
     pub max_replicas: u32,

@@ -267,6 +267,14 @@ impl Metrics {
             "Requests admission control refused (HTTP 429 and gRPC Route RESOURCE_EXHAUSTED) by outcome: queue_full, evicted_late, admission_timeout",
             m.admission_refused.clone(),
         );
+        // Series for the outcomes that can happen, at 0 from the start: a rate() or an alert
+        // on a series that appears only at its first increment misses that first one.
+        for outcome in ["queue_full", "evicted_late", "admission_timeout"] {
+            let _ = m.admission_refused.get_or_create(&vec![("outcome", outcome.to_string())]);
+        }
+        for outcome in ["ok", "client_error", "upstream_error", "backpressure", "no_replica", "disconnected"] {
+            let _ = m.requests.get_or_create(&vec![("outcome", outcome.to_string())]);
+        }
         Metrics { registry, ..m }
     }
 

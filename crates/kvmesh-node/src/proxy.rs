@@ -551,19 +551,39 @@ fn stream_through(
         upstream: S,
         booking: Booking,
         events: u32,
+        /// The closing `data: [DONE]` came (vLLM and SGLang end every stream with it).
+        done: bool,
+        /// The last bytes of the previous chunk: `[DONE]` may be split across two.
+        tail: Vec<u8>,
     }
-    let st = St { upstream: Box::pin(resp.bytes_stream()), booking, events: 0 };
+    /// An SSE error event (what OpenAI's clients raise on) for a stream that broke off.
+    fn broken(booking: &mut Booking, why: String) -> Bytes {
+        let replica = booking.replica.clone();
+        let message = format!("replica {replica} failed mid-stream: {why}");
+        tracing::warn!(replica = %replica, error = %why, "upstream stream broke off; the client gets an error event");
+        booking.release(None, "upstream_error");
+        let event = json!({"error": {"message": message, "type": "upstream_error", "code": 502}});
+        Bytes::from(format!("data: {event}\n\n"))
+    }
+    const DONE: &[u8] = b"data: [DONE]";
+    let st = St { upstream: Box::pin(resp.bytes_stream()), booking, events: 0, done: false, tail: Vec::new() };
     futures_util::stream::unfold(Some(st), |st| async move {
         let mut st = st?;
         match st.upstream.next().await {
             Some(Ok(chunk)) => {
                 st.booking.first_token(true);
                 st.events += count_events(&chunk);
+                st.tail.extend_from_slice(&chunk);
+                st.done |= st.tail.windows(DONE.len()).any(|w| w == DONE);
+                let keep = st.tail.len().saturating_sub(DONE.len() - 1);
+                st.tail.drain(..keep);
                 Some((Ok(chunk), Some(st)))
             }
-            Some(Err(e)) => {
-                st.booking.release(None, "upstream_error");
-                Some((Err(std::io::Error::other(e)), None))
+            // Headers and some tokens are sent: the status cannot change any more. An error
+            // event ends the stream in words rather than cutting it short.
+            Some(Err(e)) => Some((Ok(broken(&mut st.booking, crate::error_chain(&e))), None)),
+            None if !st.done => {
+                Some((Ok(broken(&mut st.booking, "the stream ended without `data: [DONE]`".into())), None))
             }
             None => {
                 // Each token is one `data:` event, plus a last one with the finish reason.
@@ -628,4 +648,56 @@ async fn health(State(shared): State<Arc<Shared>>) -> Response {
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let text = crate::metrics::Metrics::render(&shared);
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NodeConfig;
+
+    /// The client's side of `stream_through` over an upstream that sends `chunks`.
+    async fn through(chunks: &[&'static str]) -> String {
+        let config = NodeConfig {
+            node: Default::default(),
+            replicas: vec![],
+            cluster: None,
+            security: Default::default(),
+            replication: Default::default(),
+            autoscaler: Default::default(),
+            admission: Default::default(),
+        };
+        let shared = Arc::new(Shared::new(config).unwrap());
+        let booking = Booking {
+            shared,
+            id: None,
+            replica: "e0".into(),
+            first_token_seen: false,
+            span: tracing::Span::none(),
+            prompt_tokens: 0,
+            overlap_blocks: 0,
+            routed_at: 0.0,
+            arrived: tokio::time::Instant::now(),
+        };
+        let parts: Vec<Result<Bytes, std::io::Error>> = chunks.iter().map(|c| Ok(Bytes::from(*c))).collect();
+        let body = reqwest::Body::wrap_stream(futures_util::stream::iter(parts));
+        let resp = reqwest::Response::from(axum::http::Response::new(body));
+        let out: Vec<_> = stream_through(resp, booking).collect().await;
+        out.into_iter().map(|c| String::from_utf8(c.unwrap().to_vec()).unwrap()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_with_done_is_passed_through_as_it_is_even_split_mid_marker() {
+        let chunks = ["data: {\"t\":1}\n\n", "data: [DO", "NE]\n\n"];
+        assert_eq!(through(&chunks).await, chunks.concat());
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_without_done_gets_an_error_event() {
+        let out = through(&["data: {\"t\":1}\n\n"]).await;
+        assert_eq!(
+            out,
+            "data: {\"t\":1}\n\ndata: {\"error\":{\"code\":502,\"message\":\"replica e0 failed mid-stream: the \
+             stream ended without `data: [DONE]`\",\"type\":\"upstream_error\"}}\n\n"
+        );
+    }
 }
