@@ -279,7 +279,7 @@ async fn a_hung_engine_whose_metrics_still_answer_is_taken_out_and_its_requests_
     let (a, b) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
     let node = node(vec![replica(0, &a, true), replica(1, &b, true)], |s| {
         s.policy = "round_robin".into();
-        s.hung_after_s = 0.5;
+        s.hung_after_s = 1.0;
         s.request_timeout_s = 2;
     })
     .await;
@@ -320,6 +320,10 @@ async fn a_hung_engine_whose_metrics_still_answer_is_taken_out_and_its_requests_
     assert_eq!(r.headers()["x-kvmesh-replica"], "e0");
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["error"]["type"], "timeout");
+    // Its request over, e0 stays out (still hung) until nothing was in flight there for
+    // hung_after_s, then it is tried again.
+    assert_eq!(status(&node, "e0"), Status::Unhealthy);
+    eventually("e0 tried again", || status(&node, "e0") == Status::Ready).await;
     node.stop().await;
     a.stop().await;
     b.stop().await;

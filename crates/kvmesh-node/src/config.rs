@@ -130,8 +130,9 @@ pub struct AutoscalerSection {
     /// Seconds between decisions.
     pub interval_s: f64,
     /// Fewest replicas. 0 lets the pool scale to zero once no load arrives (KEDA's
-    /// `IsActive` turns false); the first requests after that find no replica until one has
-    /// started.
+    /// `IsActive` turns false), but not back: a request that finds no replica is refused
+    /// before it counts as demand, so an operator (or KEDA's `minReplicaCount`) has to
+    /// start the first one.
     pub min_replicas: u32,
     /// Most replicas.
     pub max_replicas: u32,
@@ -471,10 +472,12 @@ pub struct NodeSection {
     /// and no event came since the request began) is reported `no_events`, seconds.
     pub events_silent_s: f64,
     /// A replica whose engine served no token this long (its served-token counter standing
-    /// still across scrapes) while this node had requests in flight on it the whole time is
-    /// reported `unhealthy` (hung: an engine whose metrics endpoint still answers)
-    /// and routed around until the counter moves again, seconds; 0: off. Only engines whose
-    /// metrics page has the counters (vLLM's prompt and generation token totals).
+    /// still at every scrape) while this node's proxy had requests in flight on it at every
+    /// scrape is reported `unhealthy` (hung: an engine whose metrics endpoint still answers),
+    /// seconds; 0: off. It is routed around until the counter moves, or tried again once
+    /// nothing of this node's was in flight on it for this long. vLLM pages only (its prompt
+    /// and generation token totals move every step; vLLM counts a prompt when its first token
+    /// comes, so keep this above the longest prefill); at least twice the scrape interval.
     pub hung_after_s: f64,
     /// How long to wait for each replay reply, milliseconds.
     pub replay_timeout_ms: u64,
@@ -704,8 +707,12 @@ impl NodeConfig {
             return Err("node.scrape_interval_ms must be positive".into());
         }
         let hung = self.node.hung_after_s;
-        if !(hung.is_finite() && hung >= 0.0) {
-            return Err(format!("node.hung_after_s must be ≥ 0 seconds (0: off), got {hung}"));
+        let scrape_s = self.node.scrape_interval_ms as f64 / 1e3;
+        if !(hung.is_finite() && (hung == 0.0 || hung >= 2.0 * scrape_s)) {
+            return Err(format!(
+                "node.hung_after_s must be 0 (off) or at least twice node.scrape_interval_ms ({} s), got {hung}",
+                2.0 * scrape_s
+            ));
         }
         let lease = self.node.booking_lease_s;
         if !(lease > 0.0 && lease <= 86_400.0) {

@@ -272,7 +272,20 @@ impl Metrics {
         for outcome in ["queue_full", "evicted_late", "admission_timeout"] {
             let _ = m.admission_refused.get_or_create(&vec![("outcome", outcome.to_string())]);
         }
-        for outcome in ["ok", "client_error", "upstream_error", "backpressure", "no_replica", "disconnected"] {
+        for outcome in [
+            "ok",
+            "client_error",
+            "upstream_error",
+            "backpressure",
+            "no_replica",
+            "disconnected",
+            "bad_request",
+            "unknown_model",
+            "too_long",
+            "queue_full",
+            "evicted_late",
+            "admission_timeout",
+        ] {
             let _ = m.requests.get_or_create(&vec![("outcome", outcome.to_string())]);
         }
         Metrics { registry, ..m }

@@ -110,6 +110,9 @@ impl Booking {
             let _wake = WakeOnDrop(&self.shared);
             let mut core = self.shared.core();
             let _ = core.release(id, output_tokens);
+            if let Some(r) = core.replicas.get_mut(&self.replica) {
+                r.proxied = r.proxied.saturating_sub(1);
+            }
             // Full blocks of prompt and output beyond those it was believed to hold: the
             // engine computed (and so published) at least one.
             let tokens = u64::from(self.prompt_tokens) + u64::from(output_tokens.unwrap_or(0));
@@ -409,6 +412,9 @@ async fn forward(
         span.record("overlap_blocks", routed.decision.overlap_blocks);
         span.record("uncached_tokens", routed.decision.uncached_tokens);
         span.record("estimated_ttft_s", routed.decision.estimated_ttft_s);
+        if let Some(r) = shared.core().replicas.get_mut(&name) {
+            r.proxied += 1;
+        }
         let mut booking = Booking {
             shared: shared.clone(),
             id: Some(routed.booking),
@@ -472,7 +478,9 @@ async fn forward(
             Ok(b) => b,
             Err(e) => {
                 booking.release(None, "upstream_error");
-                return error(StatusCode::BAD_GATEWAY, format!("replica {name} failed mid-response: {e}"));
+                let code = if e.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
+                let message = format!("replica {name} failed mid-response: {}", crate::error_chain(&e));
+                return with_replica(error(code, message), &name);
             }
         };
         booking.first_token(false);
@@ -551,47 +559,65 @@ fn stream_through(
         upstream: S,
         booking: Booking,
         events: u32,
-        /// The closing `data: [DONE]` came (vLLM and SGLang end every stream with it).
+        /// The closing `data: [DONE]` event came (vLLM and SGLang end every stream with it).
         done: bool,
-        /// The last bytes of the previous chunk: `[DONE]` may be split across two.
-        tail: Vec<u8>,
+        /// Bytes after the last whole event (`\n\n`): passed on with the rest of their event,
+        /// so an error event never lands inside a half-sent one.
+        pending: Vec<u8>,
     }
     /// An SSE error event (what OpenAI's clients raise on) for a stream that broke off.
-    fn broken(booking: &mut Booking, why: String) -> Bytes {
+    fn broken(booking: &mut Booking, why: String, timeout: bool) -> Bytes {
         let replica = booking.replica.clone();
         let message = format!("replica {replica} failed mid-stream: {why}");
         tracing::warn!(replica = %replica, error = %why, "upstream stream broke off; the client gets an error event");
         booking.release(None, "upstream_error");
-        let event = json!({"error": {"message": message, "type": "upstream_error", "code": 502}});
+        let (kind, code) = if timeout { ("timeout", 504) } else { ("upstream_error", 502) };
+        let event = json!({"error": {"message": message, "type": kind, "code": code}});
         Bytes::from(format!("data: {event}\n\n"))
     }
-    const DONE: &[u8] = b"data: [DONE]";
-    let st = St { upstream: Box::pin(resp.bytes_stream()), booking, events: 0, done: false, tail: Vec::new() };
+    let st = St { upstream: Box::pin(resp.bytes_stream()), booking, events: 0, done: false, pending: Vec::new() };
     futures_util::stream::unfold(Some(st), |st| async move {
         let mut st = st?;
-        match st.upstream.next().await {
-            Some(Ok(chunk)) => {
-                st.booking.first_token(true);
-                st.events += count_events(&chunk);
-                st.tail.extend_from_slice(&chunk);
-                st.done |= st.tail.windows(DONE.len()).any(|w| w == DONE);
-                let keep = st.tail.len().saturating_sub(DONE.len() - 1);
-                st.tail.drain(..keep);
-                Some((Ok(chunk), Some(st)))
-            }
-            // Headers and some tokens are sent: the status cannot change any more. An error
-            // event ends the stream in words rather than cutting it short.
-            Some(Err(e)) => Some((Ok(broken(&mut st.booking, crate::error_chain(&e))), None)),
-            None if !st.done => {
-                Some((Ok(broken(&mut st.booking, "the stream ended without `data: [DONE]`".into())), None))
-            }
-            None => {
-                // Each token is one `data:` event, plus a last one with the finish reason.
-                st.booking.release(Some(st.events.saturating_sub(1).max(1)), "ok");
-                None
+        loop {
+            match st.upstream.next().await {
+                Some(Ok(chunk)) => {
+                    st.booking.first_token(true);
+                    st.pending.extend_from_slice(&chunk);
+                    let Some(end) = event_end(&st.pending) else { continue };
+                    let whole: Vec<u8> = st.pending.drain(..end).collect();
+                    st.events += count_events(&whole);
+                    st.done |= whole.split(|&b| b == b'\n').any(|line| line.trim_ascii() == b"data: [DONE]");
+                    return Some((Ok(Bytes::from(whole)), Some(st)));
+                }
+                // Headers and some tokens are sent: the status cannot change any more. An error
+                // event ends the stream in words rather than cutting it short (a half-sent
+                // event is dropped: a client would fail on it before reading the error).
+                Some(Err(e)) if !st.done => {
+                    let event = broken(&mut st.booking, crate::error_chain(&e), e.is_timeout());
+                    return Some((Ok(event), None));
+                }
+                None if !st.done => {
+                    let why = "the stream ended without `data: [DONE]`".to_string();
+                    return Some((Ok(broken(&mut st.booking, why, false)), None));
+                }
+                // After [DONE] the answer is whole, however the connection ends.
+                Some(Err(_)) | None => {
+                    // Each token is one `data:` event, plus a last one with the finish reason.
+                    st.booking.release(Some(st.events.saturating_sub(1).max(1)), "ok");
+                    let rest = std::mem::take(&mut st.pending);
+                    return (!rest.is_empty()).then(|| (Ok(Bytes::from(rest)), None));
+                }
             }
         }
     })
+}
+
+/// Where the last whole SSE event in `bytes` ends (after its blank line, `\n\n` or
+/// `\r\n\r\n`), if one does.
+fn event_end(bytes: &[u8]) -> Option<usize> {
+    let lf = bytes.windows(2).rposition(|w| w == b"\n\n").map(|i| i + 2);
+    let crlf = bytes.windows(3).rposition(|w| w == b"\n\r\n").map(|i| i + 3);
+    lf.max(crlf)
 }
 
 fn count_events(chunk: &[u8]) -> u32 {
@@ -655,8 +681,9 @@ mod tests {
     use super::*;
     use crate::config::NodeConfig;
 
-    /// The client's side of `stream_through` over an upstream that sends `chunks`.
-    async fn through(chunks: &[&'static str]) -> String {
+    /// The client's side of `stream_through` over an upstream that sends `chunks`, and the
+    /// outcome the booking was released with.
+    async fn through(chunks: &[&'static str]) -> (String, &'static str) {
         let config = NodeConfig {
             node: Default::default(),
             replicas: vec![],
@@ -667,13 +694,21 @@ mod tests {
             admission: Default::default(),
         };
         let shared = Arc::new(Shared::new(config).unwrap());
+        let replica = "name = \"e0\"\nhttp = \"http://127.0.0.1:9\"\ncapacity_blocks = 100";
+        shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
+        let req = RouteRequest { prompt_tokens: 16, hashes: vec![], max_tokens: Some(4), key: 1 };
+        let routed = {
+            let mut core = shared.core();
+            let decision = core.decide(&req, 0.0).unwrap();
+            core.book(&req, decision, 0.0).unwrap().0
+        };
         let booking = Booking {
-            shared,
-            id: None,
+            shared: shared.clone(),
+            id: Some(routed.booking),
             replica: "e0".into(),
             first_token_seen: false,
             span: tracing::Span::none(),
-            prompt_tokens: 0,
+            prompt_tokens: 16,
             overlap_blocks: 0,
             routed_at: 0.0,
             arrived: tokio::time::Instant::now(),
@@ -682,22 +717,35 @@ mod tests {
         let body = reqwest::Body::wrap_stream(futures_util::stream::iter(parts));
         let resp = reqwest::Response::from(axum::http::Response::new(body));
         let out: Vec<_> = stream_through(resp, booking).collect().await;
-        out.into_iter().map(|c| String::from_utf8(c.unwrap().to_vec()).unwrap()).collect()
+        let text = out.into_iter().map(|c| String::from_utf8(c.unwrap().to_vec()).unwrap()).collect();
+        assert!(shared.core().fleet.bookings().is_empty(), "released");
+        let page = crate::metrics::Metrics::render(&shared);
+        let outcome = ["ok", "upstream_error"]
+            .into_iter()
+            .find(|o| page.contains(&format!("kvmesh_requests_total{{outcome=\"{o}\"}} 1\n")))
+            .expect("one outcome counted");
+        (text, outcome)
     }
+
+    const ERROR: &str = "data: {\"error\":{\"code\":502,\"message\":\"replica e0 failed mid-stream: the stream \
+                         ended without `data: [DONE]`\",\"type\":\"upstream_error\"}}\n\n";
 
     #[tokio::test]
     async fn a_stream_that_ends_with_done_is_passed_through_as_it_is_even_split_mid_marker() {
         let chunks = ["data: {\"t\":1}\n\n", "data: [DO", "NE]\n\n"];
-        assert_eq!(through(&chunks).await, chunks.concat());
+        assert_eq!(through(&chunks).await, (chunks.concat(), "ok"));
+        let crlf = ["data: {\"t\":1}\r\n\r\ndata: [DONE]\r\n\r\n"];
+        assert_eq!(through(&crlf).await, (crlf.concat(), "ok"));
     }
 
     #[tokio::test]
-    async fn a_stream_that_ends_without_done_gets_an_error_event() {
-        let out = through(&["data: {\"t\":1}\n\n"]).await;
-        assert_eq!(
-            out,
-            "data: {\"t\":1}\n\ndata: {\"error\":{\"code\":502,\"message\":\"replica e0 failed mid-stream: the \
-             stream ended without `data: [DONE]`\",\"type\":\"upstream_error\"}}\n\n"
-        );
+    async fn a_stream_that_ends_without_done_gets_an_error_event_after_its_last_whole_event() {
+        let whole = "data: {\"t\":1}\n\n";
+        assert_eq!(through(&[whole]).await, (format!("{whole}{ERROR}"), "upstream_error"));
+        // A half-sent event is dropped, so the client reads the error, not a broken line.
+        assert_eq!(through(&[whole, "data: {\"t\""]).await, (format!("{whole}{ERROR}"), "upstream_error"));
+        // The marker inside a token's text is no end.
+        let text = "data: {\"text\":\"data: [DONE]\"}\n\n";
+        assert_eq!(through(&[text]).await, (format!("{text}{ERROR}"), "upstream_error"));
     }
 }

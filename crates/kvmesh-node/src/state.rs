@@ -116,9 +116,19 @@ pub struct Replica {
     /// scrape, and the node time, seconds, of the scrape that first saw that value: a counter
     /// that stands still while the engine reports requests running means stale gauges.
     pub engine_served: Option<(f64, f64)>,
-    /// Node time, seconds, of the first scrape of an unbroken run that found this node with
-    /// requests in flight on the replica; `None` when the last scrape found none.
+    /// Node time, seconds, of the first scrape of an unbroken run that found this node's
+    /// proxy with requests in flight on the replica; `None` when the last scrape found none.
     pub busy_since: Option<f64>,
+    /// Requests this node's proxy has in flight on the replica (not gRPC `Route` callers'
+    /// bookings, nor peers', nor warm-ups: only what this node waits on).
+    pub proxied: u32,
+    /// Its engine's served-token counter moves at every engine step (vLLM's does; SGLang's
+    /// moves only as requests finish), so standing still with requests in flight means hung.
+    pub counts_every_step: bool,
+    /// Found hung (see [`Core::status`]): out of rotation until its served-token counter moves,
+    /// or for another try once it has had nothing of this node's in flight for
+    /// `hung_after_s` (the node time that spell began, if it has).
+    pub hung: Option<Option<f64>>,
     /// Last KV-event sequence number applied.
     pub last_seq: Option<u64>,
     /// Node time of the last KV-event message.
@@ -487,6 +497,9 @@ impl Shared {
             engine_at: None,
             engine_served: None,
             busy_since: None,
+            proxied: 0,
+            counts_every_step: true,
+            hung: None,
             last_seq: None,
             last_event_at: None,
             unpublished_since: None,
@@ -570,7 +583,7 @@ impl Core {
         if r.draining() {
             return Status::Draining;
         }
-        if r.failures >= self.unhealthy_after || self.hung_for(r, now).is_some() {
+        if r.failures >= self.unhealthy_after || r.hung.is_some() || self.hung_for(r, now).is_some() {
             return Status::Unhealthy;
         }
         if r.overloaded_until > now {
@@ -596,6 +609,9 @@ impl Core {
     /// it, seconds, once that reaches `hung_after_s`: a hung engine whose metrics endpoint
     /// still answers (its served-token counter stands still).
     fn hung_for(&self, r: &Replica, now: f64) -> Option<f64> {
+        if !r.counts_every_step {
+            return None;
+        }
         let (_, still_since) = r.engine_served?;
         let hung = now - still_since.max(r.busy_since?);
         (self.hung_after_s > 0.0 && hung >= self.hung_after_s).then_some(hung)
@@ -615,14 +631,14 @@ impl Core {
                     format!("events carry block size {b}, this node uses {ours}: routed on load only")
                 })
             }
-            Status::Unhealthy => match (&r.last_error, self.hung_for(r, now)) {
-                (Some(e), _) => e.clone(),
-                (None, Some(s)) => format!(
-                    "hung: its engine served no token for {s:.0} s with requests in flight; routed \
-                     around until it serves again"
-                ),
-                (None, None) => String::new(),
-            },
+            Status::Unhealthy if r.hung.is_some() || self.hung_for(r, now).is_some() => {
+                let still = r.engine_served.map_or(0.0, |(_, since)| now - since);
+                format!(
+                    "hung: its engine served no token for {still:.0} s with requests in flight; routed \
+                     around until it serves again (or tried again once idle for hung_after_s)"
+                )
+            }
+            Status::Unhealthy => r.last_error.clone().unwrap_or_default(),
             Status::Overloaded => "answered 429/503; backing off".into(),
             Status::NoEvents => "serving, but no KV event arrives: routed on load and the router's record".into(),
             Status::OutOfSync => {
@@ -740,12 +756,32 @@ impl Core {
         r.engine_at = Some(asked_at);
         r.engine_served = match (served, r.engine_served) {
             (Some(v), Some((old, since))) if v == old => Some((old, since)),
-            (Some(v), _) => Some((v, asked_at)),
+            (Some(v), old) => {
+                // Served something (or restarted): not hung.
+                if old.is_some() {
+                    r.hung = None;
+                }
+                Some((v, asked_at))
+            }
             (None, _) => None,
         };
+        r.busy_since = (r.proxied > 0).then(|| r.busy_since.unwrap_or(asked_at));
         let id = r.id;
-        let in_flight = self.fleet.bookings().load(id);
-        r.busy_since = (in_flight.prefilling + in_flight.decoding > 0).then(|| r.busy_since.unwrap_or(asked_at));
+        let hung_after_s = self.hung_after_s;
+        let found = self.replicas.get(name).and_then(|r| self.hung_for(r, now));
+        let Some(r) = self.replicas.get_mut(name) else { return };
+        if found.is_some() && r.hung.is_none() {
+            r.hung = Some(None);
+        }
+        // Nothing of ours in flight on a hung engine for hung_after_s: try it again (if it is
+        // still hung, the next requests find that out within hung_after_s).
+        if let Some(idle_since) = r.hung.as_mut() {
+            if r.proxied > 0 {
+                *idle_since = None;
+            } else if now - *idle_since.get_or_insert(asked_at) >= hung_after_s {
+                r.hung = None;
+            }
+        }
         let _ = self.fleet.report_metrics(id, metrics);
         let _ = self.sync_routable(name, now);
         self.note_idle(name, now);
@@ -937,14 +973,17 @@ mod tests {
         add(&shared, "name = \"r0\"");
         let mut core = shared.core();
         let m = |at| EngineMetrics { running: 1, waiting: 0, kv_usage: 0.1, at };
-        // Idle for a long while: a counter standing still with nothing in flight is no hang.
+        let in_flight = |core: &mut Core, n| core.replicas.get_mut("r0").unwrap().proxied = n;
+        // Idle for a long while: a counter standing still with nothing in flight is no hang;
+        // nor are bookings that are not this node's proxied requests (a gRPC Route caller's).
         core.record_metrics("r0", m(1.0), Some(100.0), 1.0, 1.0);
+        let req = RouteRequest { prompt_tokens: 64, hashes: vec![], max_tokens: Some(8), key: 1 };
+        let decision = core.decide(&req, 100.0).unwrap();
+        core.book(&req, decision, 100.0).unwrap();
         core.record_metrics("r0", m(200.0), Some(100.0), 200.0, 200.0);
         assert_eq!(core.replicas["r0"].reported, Status::Ready);
-        let req = RouteRequest { prompt_tokens: 64, hashes: vec![], max_tokens: Some(8), key: 1 };
-        let decision = core.decide(&req, 201.0).unwrap();
-        core.book(&req, decision, 201.0).unwrap();
-        // In flight from the scrape at 202; the counter stands still from 1 s on.
+        // A proxied request in flight from the scrape at 202; the counter still from 1 s on.
+        in_flight(&mut core, 1);
         core.record_metrics("r0", m(202.0), Some(100.0), 202.0, 202.0);
         core.record_metrics("r0", m(261.0), Some(100.0), 261.0, 261.0);
         assert_eq!(core.replicas["r0"].reported, Status::Ready, "59 s: not yet");
@@ -953,18 +992,32 @@ mod tests {
         assert_eq!(r.reported, Status::Unhealthy);
         assert_eq!(
             core.status_detail(r, Status::Unhealthy, 262.0),
-            "hung: its engine served no token for 60 s with requests in flight; routed around until it serves again"
+            "hung: its engine served no token for 261 s with requests in flight; routed around until it serves \
+             again (or tried again once idle for hung_after_s)"
         );
-        assert!(core.decide(&req, 262.5).is_err(), "no other replica: none routable");
-        // It serves again: back in rotation.
-        core.record_metrics("r0", m(263.0), Some(140.0), 263.0, 263.0);
+        // Its request times out (504): still out, until nothing of ours was in flight for 60 s.
+        in_flight(&mut core, 0);
+        core.record_metrics("r0", m(800.0), Some(100.0), 800.0, 800.0);
+        core.record_metrics("r0", m(859.0), Some(100.0), 859.0, 859.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Unhealthy, "idle for 59 s");
+        core.record_metrics("r0", m(860.0), Some(100.0), 860.0, 860.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Ready, "tried again");
+        // Hung again with a request in flight; then it serves: back at once.
+        in_flight(&mut core, 1);
+        core.record_metrics("r0", m(861.0), Some(100.0), 861.0, 861.0);
+        core.record_metrics("r0", m(921.0), Some(100.0), 921.0, 921.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Unhealthy);
+        core.record_metrics("r0", m(922.0), Some(140.0), 922.0, 922.0);
+        assert_eq!(core.replicas["r0"].reported, Status::Ready);
+        // An SGLang page's counter moves only as requests finish: never judged hung.
+        core.replicas.get_mut("r0").unwrap().counts_every_step = false;
+        core.record_metrics("r0", m(1_100.0), Some(140.0), 1_100.0, 1_100.0);
         assert_eq!(core.replicas["r0"].reported, Status::Ready);
         drop(core);
         let off = node(crate::config::NodeSection { hung_after_s: 0.0, ..Default::default() });
         add(&off, "name = \"r0\"");
         let mut core = off.core();
-        let decision = core.decide(&req, 1.0).unwrap();
-        core.book(&req, decision, 1.0).unwrap();
+        in_flight(&mut core, 1);
         core.record_metrics("r0", m(2.0), Some(100.0), 2.0, 2.0);
         core.record_metrics("r0", m(500.0), Some(100.0), 500.0, 500.0);
         assert_eq!(core.replicas["r0"].reported, Status::Ready, "0: off");

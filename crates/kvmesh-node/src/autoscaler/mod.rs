@@ -283,8 +283,10 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             seen_index = last.log_index;
             if own_at != Some(last.at) {
                 policy.resume(mono, last.desired_replicas);
-                // Committed then (its wall time may be another node's clock): refreshed from now.
-                committed = Some((last.desired_replicas, last.ready, last.starting, mono));
+                // Its age on the wall clocks (another node's, then ours), at most one refresh: the
+                // next refresh comes REFRESH_S after it was committed, not after it was seen.
+                let age = (now - last.at).clamp(0.0, REFRESH_S);
+                committed = Some((last.desired_replicas, last.ready, last.starting, mono - age));
             }
         }
         let d = policy.decide(&inputs);

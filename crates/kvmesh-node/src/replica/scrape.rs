@@ -57,6 +57,11 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
                         );
                     }
                 }
+                // SGLang counts tokens as requests finish: its counter stands still through a
+                // long request, so it says nothing about a hang.
+                if let Some(r) = core.replicas.get_mut(&name) {
+                    r.counts_every_step = page.dialect == kvmesh_events::Dialect::Vllm;
+                }
                 core.record_metrics(&name, page.metrics, page.served_tokens, asked_at, now)
             }
             Err(e) => {
