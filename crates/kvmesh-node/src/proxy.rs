@@ -679,21 +679,11 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::NodeConfig;
 
     /// The client's side of `stream_through` over an upstream that sends `chunks`, and the
     /// outcome the booking was released with.
     async fn through(chunks: &[&'static str]) -> (String, &'static str) {
-        let config = NodeConfig {
-            node: Default::default(),
-            replicas: vec![],
-            cluster: None,
-            security: Default::default(),
-            replication: Default::default(),
-            autoscaler: Default::default(),
-            admission: Default::default(),
-        };
-        let shared = Arc::new(Shared::new(config).unwrap());
+        let shared = Arc::new(crate::state::test_node(Default::default()));
         let replica = "name = \"e0\"\nhttp = \"http://127.0.0.1:9\"\ncapacity_blocks = 100";
         shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
         let req = RouteRequest { prompt_tokens: 16, hashes: vec![], max_tokens: Some(4), key: 1 };

@@ -921,22 +921,29 @@ impl Core {
     }
 }
 
+/// A node with `node` settings and nothing else configured (no replica, no cluster), for
+/// unit tests.
+#[cfg(test)]
+pub(crate) fn test_node(node: crate::config::NodeSection) -> Shared {
+    let config = NodeConfig {
+        node,
+        replicas: vec![],
+        cluster: None,
+        security: Default::default(),
+        replication: Default::default(),
+        autoscaler: Default::default(),
+        admission: Default::default(),
+    };
+    Shared::new(config).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// A single node's state with `node` settings and no replica.
     fn node(node: crate::config::NodeSection) -> Shared {
-        let config = NodeConfig {
-            node,
-            replicas: vec![],
-            cluster: None,
-            security: Default::default(),
-            replication: Default::default(),
-            autoscaler: Default::default(),
-            admission: Default::default(),
-        };
-        Shared::new(config).unwrap()
+        super::test_node(node)
     }
 
     /// Registers a replica of 100 blocks at a closed port, with `fields` (TOML) on top.
