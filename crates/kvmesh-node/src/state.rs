@@ -1050,8 +1050,12 @@ mod tests {
         core.record_metrics("r0", busy(13.0), Some(180.0), 13.0, 13.1);
         core.record_metrics("r0", busy(16.0), Some(180.0), 16.0, 16.1);
         assert!(!progress(&core, 16.1).idle());
-        // Still for 5 s (13 to 18): stale gauges, idle.
+        // Still for 5 s (13 to 18): stale gauges, idle — on a vLLM page; SGLang's counter
+        // moves only as requests finish, so there it says nothing.
         core.record_metrics("r0", busy(18.0), Some(180.0), 18.0, 18.1);
+        core.replicas.get_mut("r0").unwrap().counts_every_step = false;
+        assert_eq!((progress(&core, 18.1).stalled, progress(&core, 18.1).idle()), (false, false));
+        core.replicas.get_mut("r0").unwrap().counts_every_step = true;
         let p = progress(&core, 18.1);
         assert_eq!((p.stalled, p.idle()), (true, true));
         assert!(core.replicas["r0"].idle_logged);
