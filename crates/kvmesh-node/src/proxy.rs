@@ -412,9 +412,6 @@ async fn forward(
         span.record("overlap_blocks", routed.decision.overlap_blocks);
         span.record("uncached_tokens", routed.decision.uncached_tokens);
         span.record("estimated_ttft_s", routed.decision.estimated_ttft_s);
-        if let Some(r) = shared.core().replicas.get_mut(&name) {
-            r.proxied += 1;
-        }
         let mut booking = Booking {
             shared: shared.clone(),
             id: Some(routed.booking),

@@ -166,7 +166,15 @@ impl<'a> Ticket<'a> {
                     {
                         Ok(Err(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0))))
                     } else {
-                        core.book(req, d, now).map(Ok)
+                        let booked = core.book(req, d, now)?;
+                        // The proxy waits on what it sends (the hung-engine check counts it);
+                        // a gRPC caller's request is the caller's to wait on.
+                        if self.via == Via::Proxy {
+                            if let Some(r) = core.replicas.get_mut(&booked.1) {
+                                r.proxied += 1;
+                            }
+                        }
+                        Ok(Ok(booked))
                     }
                 })
             };
