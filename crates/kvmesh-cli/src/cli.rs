@@ -615,13 +615,14 @@ pub fn print_policies() {
         match k {
         PolicyKind::RoundRobin => "each replica in turn",
         PolicyKind::Random => "uniformly random replica",
-        PolicyKind::LeastOutstandingRequests => "fewest requests in flight",
-        PolicyKind::PowerOfTwo => "lower token load of two random replicas",
-        PolicyKind::ConsistentHash => "hash ring on the prefix/session key, bounded load 1.25",
-        PolicyKind::CacheAware => "SGLang router: prefix match > 0.5 unless load imbalanced (32 abs, 1.1 rel)",
-        PolicyKind::PrefixAffinity => "Ray Serve: prefix match ≥ 0.1 unless queues differ by > 10; then power of two",
-        PolicyKind::KvCost => "Dynamo KV router: prefill blocks − overlap + decode blocks, lowest wins",
-        PolicyKind::WeightedScorer => "llm-d: 3·prefix + 2·queue + 2·free KV, highest wins",
+        PolicyKind::LeastOutstandingRequests => "fewest requests in flight (load-balancer anchor)",
+        PolicyKind::PowerOfTwo => "vLLM router: fewer in flight of two random replicas",
+        PolicyKind::ConsistentHash => "vLLM router: hash ring on the session key, else the prompt; no load bound",
+        PolicyKind::CacheAware => "SGLang router: own prompt tree, match > 0.3 to its creator unless in-flight imbalanced (64 abs, 1.5 rel); else least loaded",
+        PolicyKind::VllmCacheAware => "vLLM router: least loaded of the best own-prefix matches when > 0.3 and balanced (64, 1.5); else least loaded",
+        PolicyKind::PrefixAffinity => "Ray Serve: own prompt tree, match ≥ 0.1 to its holders, else smallest tree; fewest ongoing",
+        PolicyKind::KvCost => "Dynamo KV router: prefill blocks − overlap + active blocks (KV events, own sequences), lowest wins",
+        PolicyKind::WeightedScorer => "llm-d: 3·prefix (own index) + 2·queue + 2·free KV (scraped every 50 ms), highest wins",
         PolicyKind::TokenLoad => "kvmesh default: lowest estimated TTFT on token load, overlap as prefill discount, KV headroom as a hard limit",
     }
     };

@@ -11,12 +11,22 @@
 //! An entry lives `ttl` seconds from the *decision* time passed to [`RoutingRecord::record`],
 //! not from when it was stored, so a late-delivered record is not younger than the decision.
 //! Memory is bounded by `max_entries` (oldest dropped first) as well as by the TTL.
+//!
+//! Only every [`STRIDE`]-th block of a routed prompt and its last block are recorded: a
+//! block hash stands for its whole prefix, so those are enough to find where a later prompt
+//! leaves a recorded one when it leaves at a stride block or at the recorded prompt's end (a
+//! continuation); a prompt that leaves one mid-stride matches to the stride block before
+//! (at most `STRIDE − 1` blocks short). Recording costs an eighth of the lookups, and
+//! queries walk the stride blocks.
 
 use crate::ids::{BlockHash, ReplicaId};
-use crate::overlap::{leading_runs, Holding, Overlap, GPU_BIT};
+use crate::overlap::{Holding, Overlap};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
+
+/// Blocks between recorded blocks of one prompt by default (see the module docs).
+pub const STRIDE: usize = 8;
 
 #[derive(Debug, Clone, Copy)]
 struct Sent {
@@ -43,13 +53,21 @@ pub struct RoutingRecord {
     order: VecDeque<(f64, BlockHash, ReplicaId)>,
     per_replica: Vec<u64>,
     entries: usize,
+    stride: usize,
 }
 
 impl RoutingRecord {
     /// A record whose entries live `ttl` seconds, holding at most `max_entries` (block, replica)
     /// entries.
     pub fn new(ttl: f64, max_entries: usize) -> Self {
+        Self::with_stride(ttl, max_entries, STRIDE)
+    }
+
+    /// [`Self::new`], recording every `stride`-th block of a prompt and its last (1: every
+    /// block, exact runs always).
+    pub fn with_stride(ttl: f64, max_entries: usize, stride: usize) -> Self {
         RoutingRecord {
+            stride: stride.max(1),
             ttl,
             max_entries,
             blocks: FxHashMap::default(),
@@ -67,7 +85,10 @@ impl RoutingRecord {
     /// Records that a request whose blocks are `hashes` was routed to `replica` at `at`
     /// (seconds), refreshing entries already there.
     pub fn record(&mut self, replica: ReplicaId, hashes: &[BlockHash], at: f64) {
-        for &h in hashes {
+        let n = hashes.len();
+        let stride = self.stride;
+        let kept = hashes.iter().enumerate().filter(|(i, _)| (i + 1) % stride == 0 || i + 1 == n).map(|(_, h)| h);
+        for &h in kept {
             let list = self.blocks.entry(h).or_default();
             match list.binary_search_by_key(&replica, |s| s.replica) {
                 Ok(i) => list[i].at = list[i].at.max(at),
@@ -151,12 +172,63 @@ impl RoutingRecord {
         window: impl Fn(ReplicaId) -> f64,
         out: &mut Vec<(ReplicaId, Overlap)>,
     ) {
+        let n = hashes.len();
         let ttl = self.ttl;
-        let live = |s: &Sent| (s.at + window(s.replica).min(ttl) > now) as u8 * GPU_BIT;
-        leading_runs(hashes.len(), |i| self.blocks.get(&hashes[i]).map(|l| l.as_slice()), live, out);
+        let live = |s: &Sent| s.at + window(s.replica).min(ttl) > now;
+        let holders = |i: usize| self.blocks.get(&hashes[i]).map_or(&[][..], |l| l.as_slice());
+        // Each replica's run so far, blocks.
+        let mut best: SmallVec<[(ReplicaId, u32); 16]> = SmallVec::new();
+        let note = |best: &mut SmallVec<[(ReplicaId, u32); 16]>, r: ReplicaId, run: u32| match best
+            .iter_mut()
+            .find(|x| x.0 == r)
+        {
+            Some(x) => x.1 = x.1.max(run),
+            None => best.push((r, run)),
+        };
+        // Replicas that hold every stride block so far (`None`: before the first one).
+        let mut alive: Option<SmallVec<[ReplicaId; 16]>> = None;
+        let mut start = 0;
+        while start < n {
+            let stride_at = start + self.stride - 1;
+            let candidate =
+                |alive: &Option<SmallVec<[ReplicaId; 16]>>, r: ReplicaId| alive.as_ref().is_none_or(|a| a.contains(&r));
+            if stride_at >= n {
+                // The last, partial window: its recorded blocks are prompts' ends.
+                for i in start..n {
+                    for s in holders(i).iter().filter(|s| live(s) && candidate(&alive, s.replica)) {
+                        note(&mut best, s.replica, i as u32 + 1);
+                    }
+                }
+                break;
+            }
+            let next: SmallVec<[ReplicaId; 16]> = holders(stride_at)
+                .iter()
+                .filter(|s| live(s) && candidate(&alive, s.replica))
+                .map(|s| s.replica)
+                .collect();
+            // Replicas that stop in this window may still end a recorded prompt inside it.
+            let stops = |r: ReplicaId| candidate(&alive, r) && !next.contains(&r);
+            if alive.as_ref().is_none_or(|a| a.iter().any(|&r| stops(r))) {
+                for i in start..stride_at {
+                    for s in holders(i).iter().filter(|s| live(s) && stops(s.replica)) {
+                        note(&mut best, s.replica, i as u32 + 1);
+                    }
+                }
+            }
+            for &r in &next {
+                note(&mut best, r, stride_at as u32 + 1);
+            }
+            if next.is_empty() {
+                break;
+            }
+            alive = Some(next);
+            start += self.stride;
+        }
+        best.sort_unstable_by_key(|x| x.0);
+        out.extend(best.into_iter().map(|(r, run)| (r, Overlap::gpu(run))));
     }
 
-    /// Blocks recorded for `replica` (SGLang's per-worker "tree size").
+    /// (block, replica) entries recorded for `replica` (stride blocks and prompts' ends).
     pub fn replica_blocks(&self, replica: ReplicaId) -> u64 {
         self.per_replica.get(replica.index()).copied().unwrap_or(0)
     }
@@ -185,6 +257,12 @@ impl RoutingRecord {
 mod tests {
     use super::*;
 
+    impl RoutingRecord {
+        fn with_stride_1(ttl: f64, max: usize) -> Self {
+            RoutingRecord::with_stride(ttl, max, 1)
+        }
+    }
+
     fn hs(v: &[u64]) -> Vec<BlockHash> {
         v.iter().map(|&h| BlockHash(h)).collect()
     }
@@ -197,7 +275,7 @@ mod tests {
 
     #[test]
     fn entries_live_ttl_from_their_decision_time_and_refresh() {
-        let mut rec = RoutingRecord::new(10.0, 100);
+        let mut rec = RoutingRecord::with_stride_1(10.0, 100);
         rec.record(ReplicaId(1), &hs(&[1, 2, 3]), 0.0);
         rec.record(ReplicaId(2), &hs(&[1, 2]), 5.0);
         assert_eq!(overlap(&rec, &[1, 2, 3], 9.0), vec![(1, 3), (2, 2)]);
@@ -212,7 +290,7 @@ mod tests {
 
     #[test]
     fn max_entries_drops_the_oldest() {
-        let mut rec = RoutingRecord::new(100.0, 4);
+        let mut rec = RoutingRecord::with_stride_1(100.0, 4);
         rec.record(ReplicaId(0), &hs(&[1, 2, 3]), 0.0);
         rec.record(ReplicaId(1), &hs(&[7, 8]), 1.0);
         assert_eq!(rec.entries(), 4);
@@ -222,7 +300,7 @@ mod tests {
 
     #[test]
     fn refreshes_do_not_grow_memory_without_bound() {
-        let mut rec = RoutingRecord::new(1e9, 1 << 20);
+        let mut rec = RoutingRecord::with_stride_1(1e9, 1 << 20);
         for i in 0..10_000 {
             rec.record(ReplicaId(0), &hs(&[1, 2, 3, 4]), i as f64);
         }
@@ -232,8 +310,35 @@ mod tests {
     }
 
     #[test]
+    fn stride_blocks_and_prompt_ends_give_exact_runs_and_a_mid_stride_exit_rounds_down() {
+        let mut rec = RoutingRecord::new(100.0, 1 << 20);
+        let long: Vec<u64> = (1..=20).collect();
+        rec.record(ReplicaId(0), &hs(&long), 0.0);
+        rec.record(ReplicaId(1), &hs(&long[..5]), 0.0);
+        // 20 blocks: stride blocks 8 and 16 and the end, 20: 3 entries; 5 blocks: its end.
+        assert_eq!((rec.replica_blocks(ReplicaId(0)), rec.replica_blocks(ReplicaId(1))), (3, 1));
+        assert_eq!(overlap(&rec, &long, 1.0), vec![(0, 20), (1, 5)]);
+        // A continuation of the 5-block prompt, and one of the 20-block prompt.
+        let mut more = long[..5].to_vec();
+        more.extend([50, 51, 52, 53, 54]);
+        // (Replica 0 holds those 5 blocks too, inside its prompt: mid-stride, so not counted.)
+        assert_eq!(overlap(&rec, &more, 1.0), vec![(1, 5)]);
+        let mut longer = long.clone();
+        longer.extend([60, 61]);
+        assert_eq!(overlap(&rec, &longer, 1.0), vec![(0, 20), (1, 5)]);
+        // Leaving the 20-block prompt after block 12 (mid-stride): 8, the stride block before.
+        let mut left = long[..12].to_vec();
+        left.extend([70, 71, 72, 73, 74, 75]);
+        assert_eq!(overlap(&rec, &left, 1.0), vec![(0, 8), (1, 5)]);
+        // Leaving at a stride block is exact.
+        let mut at16 = long[..16].to_vec();
+        at16.push(80);
+        assert_eq!(overlap(&rec, &at16, 1.0), vec![(0, 16), (1, 5)]);
+    }
+
+    #[test]
     fn forgetting_a_replica_keeps_the_others() {
-        let mut rec = RoutingRecord::new(100.0, 100);
+        let mut rec = RoutingRecord::with_stride_1(100.0, 100);
         rec.record(ReplicaId(0), &hs(&[1, 2]), 0.0);
         rec.record(ReplicaId(1), &hs(&[1, 2]), 0.0);
         rec.forget_replica(ReplicaId(0));

@@ -677,6 +677,23 @@ impl NodeConfig {
                     .into(),
             );
         }
+        let wanted = self
+            .node
+            .policy
+            .parse::<PolicyKind>()
+            .ok()
+            .and_then(|k| k.build_with(&self.node.params()).ok())
+            .and_then(|p| p.scrape_interval_s().map(|s| (p.name(), s)));
+        if let Some((policy, s)) = wanted {
+            let ms = (s * 1e3).round() as u64;
+            if self.node.scrape_interval_ms > ms {
+                out.push(format!(
+                    "policy {policy} reproduces a router that reads engine metrics every {ms} ms; node.scrape_interval_ms \
+                     is {}, so it scores on older gauges than that router would (set node.scrape_interval_ms = {ms} to match)",
+                    self.node.scrape_interval_ms
+                ));
+            }
+        }
         let a = &self.autoscaler;
         if a.enabled && self.replicas.len() > a.max_replicas as usize {
             out.push(format!(
@@ -793,6 +810,15 @@ capacity_blocks = 100
             c.doubts(),
             ["autoscaler.max_replicas (1) is below the 2 replicas configured: no decision asks for more than 1"]
         );
+        c.node.policy = "weighted_scorer".into();
+        assert_eq!(
+            c.doubts()[0],
+            "policy weighted_scorer reproduces a router that reads engine metrics every 50 ms; node.scrape_interval_ms \
+             is 1000, so it scores on older gauges than that router would (set node.scrape_interval_ms = 50 to match)"
+        );
+        c.node.scrape_interval_ms = 50;
+        c.node.hung_after_s = 60.0;
+        assert_eq!(c.doubts().len(), 1, "only the autoscaler's doubt is left");
         let empty: NodeConfig = toml::from_str("").unwrap();
         assert_eq!(empty.doubts().len(), 1);
         assert!(empty.doubts()[0].starts_with("no [[replicas]] configured: the node routes nothing"));

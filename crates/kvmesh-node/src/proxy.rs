@@ -176,6 +176,8 @@ struct RequestFields<'a> {
     max_tokens: Option<u64>,
     #[serde(default)]
     max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    stream: bool,
 }
 
 #[derive(Deserialize)]
@@ -216,6 +218,8 @@ struct Parsed {
     max_tokens: Option<u64>,
     tokens: Vec<u32>,
     exact: bool,
+    /// The client asked for a streamed answer (its first token is seen when it comes).
+    stream: bool,
 }
 
 impl Parsed {
@@ -225,6 +229,7 @@ impl Parsed {
             max_tokens: f.max_tokens.or(f.max_completion_tokens),
             tokens,
             exact,
+            stream: f.stream,
         }
     }
 }
@@ -316,7 +321,7 @@ async fn forward(
     api: Api,
     headers: &HeaderMap,
     body: Bytes,
-    Parsed { model: asked_model, max_tokens, tokens, exact }: Parsed,
+    Parsed { model: asked_model, max_tokens, tokens, exact, stream }: Parsed,
     arrived: tokio::time::Instant,
 ) -> Response {
     let headers = upstream_headers(headers);
@@ -346,7 +351,7 @@ async fn forward(
     // What went wrong on the last replica tried, if one was.
     let mut last_failure: Option<String> = None;
     // Hashed once, outside the core lock.
-    let req = RouteRequest::new(&shared.settings.hasher, &tokens, max_tokens);
+    let req = RouteRequest::new(&shared.settings.hasher, &tokens, max_tokens).streamed(stream);
     // At debug, as the per-request events: exported to OpenTelemetry all the same (see
     // `telemetry`), but not formatted into every log line at info, where building and
     // recording its fields was ~6 % of the node's CPU (BENCHMARKS.md, router node).
@@ -683,7 +688,14 @@ mod tests {
         let shared = Arc::new(crate::state::test_node(Default::default()));
         let replica = "name = \"e0\"\nhttp = \"http://127.0.0.1:9\"\ncapacity_blocks = 100";
         shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
-        let req = RouteRequest { prompt_tokens: 16, hashes: vec![], max_tokens: Some(4), key: 1 };
+        let req = RouteRequest {
+            prompt_tokens: 16,
+            hashes: vec![],
+            max_tokens: Some(4),
+            prompt_key: 1,
+            key: 1,
+            streamed: true,
+        };
         let routed = {
             let mut core = shared.core();
             let decision = core.decide(&req, 0.0).unwrap();

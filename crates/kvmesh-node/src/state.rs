@@ -841,7 +841,7 @@ impl Core {
             .and_then(|state| self.replicas.get(&state.spec.name))
             .map(|r| (r.config.name.clone(), r.endpoints.clone()))
             .ok_or(kvmesh_core::Error::UnknownReplica(id))?;
-        let routed = self.fleet.book_decision(self.policy.as_ref(), req, decision, now)?;
+        let routed = self.fleet.book_decision(self.policy.as_mut(), req, decision, now)?;
         if let Some(out) = self.outbox.as_mut() {
             out.routed(&self.fleet, &routed, &req.hashes);
         }
@@ -984,7 +984,14 @@ mod tests {
         // Idle for a long while: a counter standing still with nothing in flight is no hang;
         // nor are bookings that are not this node's proxied requests (a gRPC Route caller's).
         core.record_metrics("r0", m(1.0), Some(100.0), 1.0, 1.0);
-        let req = RouteRequest { prompt_tokens: 64, hashes: vec![], max_tokens: Some(8), key: 1 };
+        let req = RouteRequest {
+            prompt_tokens: 64,
+            hashes: vec![],
+            max_tokens: Some(8),
+            prompt_key: 1,
+            key: 1,
+            streamed: true,
+        };
         let decision = core.decide(&req, 100.0).unwrap();
         core.book(&req, decision, 100.0).unwrap();
         core.record_metrics("r0", m(200.0), Some(100.0), 200.0, 200.0);

@@ -38,6 +38,8 @@ impl TryFrom<v1::BookingDelta> for Delta {
                     uncached_prefill_tokens: d.uncached_prefill_tokens,
                     uncached_blocks: d.uncached_blocks,
                     expected_output_tokens: d.expected_output_tokens,
+                    // A peer's first token reaches this node late, or (non-streamed) not at all.
+                    reports_first_token: false,
                 },
                 replica: d.replica,
                 prefix: d.prefix.into_iter().map(BlockHash).collect(),
@@ -84,6 +86,7 @@ impl From<v1::BookingSummary> for Summary {
                         uncached_prefill_tokens: e.uncached_prefill_tokens,
                         uncached_blocks: e.uncached_blocks,
                         expected_output_tokens: e.expected_output_tokens,
+                        reports_first_token: false,
                     },
                     first_token: e.first_token,
                 })
@@ -98,7 +101,12 @@ mod tests {
 
     #[test]
     fn deltas_and_summaries_round_trip() {
-        let spec = BookingSpec { uncached_prefill_tokens: 1000, uncached_blocks: 63, expected_output_tokens: 200 };
+        let spec = BookingSpec {
+            uncached_prefill_tokens: 1000,
+            uncached_blocks: 63,
+            expected_output_tokens: 200,
+            reports_first_token: false,
+        };
         let deltas = [
             Delta {
                 seq: 1,

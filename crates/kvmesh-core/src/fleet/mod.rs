@@ -24,12 +24,13 @@ use crate::error::Error;
 use crate::hashing::{BlockHasher, Namespace, DEFAULT_BLOCK_SIZE};
 use crate::ids::{BlockHash, ReplicaId};
 use crate::index::{ApplyOutcome, KvEvent, PrefixIndex};
-use crate::load::{BookingId, BookingSpec, Bookings, EngineMetrics};
+use crate::load::{BookingEvent, BookingId, BookingSpec, Bookings, EngineMetrics};
 use crate::overlap::Overlap;
 use crate::policy::{Decision, Policy};
 use crate::record::RoutingRecord;
 use crate::replication::ReplicationPlan;
 use rand::RngCore;
+use rustc_hash::FxHashSet;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Fleet-wide settings.
@@ -176,6 +177,12 @@ pub struct Fleet {
     peer_rank: u32,
     /// Planned replication targets treated as holding their prefix until a deadline.
     planned: Vec<PlannedWarm>,
+    /// Live bookings this fleet's own decisions made (not ones learned from peers): the
+    /// bookings whose lifecycle policies are told of.
+    own: FxHashSet<BookingId>,
+    /// First tokens and ends of `own` bookings since the last decision, oldest first; handed to
+    /// the policy before it next picks ([`Policy::observe`]). At most two per own booking.
+    lifecycle: Vec<BookingEvent>,
     // Per-decision scratch, reused so routing does not allocate.
     sparse: Vec<(ReplicaId, Overlap)>,
     overlaps: Vec<Overlap>,
@@ -202,6 +209,8 @@ impl Fleet {
             active_peers: 0,
             peer_rank: 0,
             planned: Vec::new(),
+            own: FxHashSet::default(),
+            lifecycle: Vec::new(),
             sparse: Vec::new(),
             overlaps: Vec::new(),
             record_overlaps: Vec::new(),
@@ -281,6 +290,7 @@ impl Fleet {
             last_first_token_at: None,
             events_usable: true,
             metrics: None,
+            kv_booked_at_report: 0,
             prefill: Default::default(),
         });
         self.epoch += 1;
@@ -298,6 +308,14 @@ impl Fleet {
         self.index.remove_replica(id);
         self.record.forget_replica(id);
         self.epoch += 1;
+        let bookings = &self.bookings;
+        let mut gone: Vec<BookingId> =
+            self.own.iter().copied().filter(|b| bookings.get(*b).is_some_and(|x| x.replica == id)).collect();
+        gone.sort_unstable();
+        for b in gone {
+            self.own.remove(&b);
+            self.lifecycle.push(BookingEvent::Ended(b));
+        }
         Ok(self.bookings.drop_replica(id))
     }
 
@@ -341,6 +359,7 @@ impl Fleet {
     pub fn report_metrics(&mut self, id: ReplicaId, metrics: EngineMetrics) -> Result<(), Error> {
         let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
         self.replicas[p].metrics = Some(metrics);
+        self.replicas[p].kv_booked_at_report = self.bookings.load(id).kv_blocks;
         Ok(())
     }
 
@@ -355,8 +374,11 @@ impl Fleet {
         rng: &mut dyn RngCore,
         now: f64,
     ) -> Result<Decision, Error> {
-        let with_record = policy.uses_record();
-        self.prepare(req, with_record, policy.pending_prefix_s(), now);
+        if !self.lifecycle.is_empty() {
+            policy.observe(&self.lifecycle);
+            self.lifecycle.clear();
+        }
+        self.prepare(req, policy.reads_kv_events(), policy.pending_prefix_s(), now);
         let view = FleetView {
             now,
             epoch: self.epoch,
@@ -364,8 +386,6 @@ impl Fleet {
             replicas: &self.replicas,
             loads: self.bookings.loads(),
             overlaps: &self.overlaps,
-            record_overlaps: if with_record { &self.record_overlaps } else { &[] },
-            record: &self.record,
             expected_output_tokens: self.expected_output_tokens(req),
             active_peers: self.active_peers,
             peer_rank: self.peer_rank,
@@ -405,7 +425,7 @@ impl Fleet {
     /// [`Error::UnknownReplica`] when the chosen replica is gone or no longer routable.
     pub fn book_decision(
         &mut self,
-        policy: &dyn Policy,
+        policy: &mut dyn Policy,
         req: &RouteRequest,
         decision: Decision,
         now: f64,
@@ -418,14 +438,17 @@ impl Fleet {
             uncached_prefill_tokens: decision.uncached_tokens,
             uncached_blocks: decision.uncached_blocks,
             expected_output_tokens: self.expected_output_tokens(req),
+            reports_first_token: req.streamed,
         };
         let booking = self.bookings.book(decision.replica, spec, now);
         let r = &mut self.replicas[p];
         r.last_routed_at = Some(now);
         let approx = r.overlap_source() == OverlapSource::Approximate;
-        if policy.uses_record() || policy.pending_prefix_s().is_some() || approx {
+        if policy.pending_prefix_s().is_some() || (approx && policy.reads_kv_events()) {
             self.record.record(decision.replica, &req.hashes, now);
         }
+        self.own.insert(booking);
+        policy.booked(req, &decision, booking, now);
         Ok(Routed { decision, booking })
     }
 
@@ -502,6 +525,9 @@ impl Fleet {
     /// [`Error::UnknownBooking`].
     pub fn first_token(&mut self, booking: BookingId, now: f64) -> Result<(), Error> {
         let Some(b) = self.bookings.first_token(booking, now)? else { return Ok(()) };
+        if self.own.contains(&booking) {
+            self.lifecycle.push(BookingEvent::FirstToken(booking));
+        }
         if let Some(p) = self.pos(b.replica) {
             let r = &mut self.replicas[p];
             r.last_first_token_at = Some(r.last_first_token_at.map_or(now, |t| t.max(now)));
@@ -545,14 +571,24 @@ impl Fleet {
     /// # Errors
     /// [`Error::UnknownBooking`].
     pub fn release(&mut self, booking: BookingId, output_tokens: Option<u32>) -> Result<(), Error> {
-        self.bookings.release(booking, output_tokens).map(|_| ())
+        self.bookings.release(booking, output_tokens)?;
+        if self.own.remove(&booking) {
+            self.lifecycle.push(BookingEvent::Ended(booking));
+        }
+        Ok(())
     }
 
     /// Housekeeping at `now`: ends bookings past their lease (returned) and expires old
     /// routing-record entries. Call it every second or so.
     pub fn expire(&mut self, now: f64) -> Vec<BookingId> {
         self.record.expire(now);
-        self.bookings.expire(now)
+        let gone = self.bookings.expire(now);
+        for b in &gone {
+            if self.own.remove(b) {
+                self.lifecycle.push(BookingEvent::Ended(*b));
+            }
+        }
+        gone
     }
 
     /// Replicas whose KV events show every block of `chain` (a prompt's leading block
@@ -590,21 +626,24 @@ impl Fleet {
     }
 
     /// Fills the per-replica overlap scratch for `req`: index overlaps for event-fed replicas,
-    /// record overlaps for approximate ones (and for every replica when the policy asks), and,
-    /// when the policy counts pending prefixes, recent routing-record entries merged into the
+    /// record overlaps for approximate ones (nothing at all for a policy that reads no KV
+    /// events), and, when the policy counts pending prefixes, recent routing-record entries merged into the
     /// overlaps as cached (routed there, not yet confirmed by events). "Recent" is per replica:
     /// `pending` seconds plus the replica's current prefill queue delay, since a prefix routed
     /// behind a queue is computed only when the queue reaches it — and once it should have been,
     /// only the replica's own events count (they also show evictions, which the record cannot).
-    fn prepare(&mut self, req: &RouteRequest, with_record: bool, pending: Option<f64>, now: f64) {
+    fn prepare(&mut self, req: &RouteRequest, events: bool, pending: Option<f64>, now: f64) {
         let n = self.replicas.len();
         self.overlaps.clear();
         self.overlaps.resize(n, Overlap::default());
+        if !events {
+            return;
+        }
         self.sparse.clear();
         self.index.overlaps(&req.hashes, &mut self.sparse);
         scatter(&self.sparse, &self.replicas, |p, o| self.overlaps[p] = o);
         let any_approx = self.replicas.iter().any(|r| r.overlap_source() == OverlapSource::Approximate);
-        if with_record || any_approx {
+        if any_approx {
             self.record_overlaps.clear();
             self.record_overlaps.resize(n, 0);
             self.sparse.clear();

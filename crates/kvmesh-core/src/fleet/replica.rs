@@ -71,6 +71,9 @@ pub struct ReplicaState {
     pub events_usable: bool,
     /// Its latest engine load report.
     pub metrics: Option<EngineMetrics>,
+    /// KV blocks this router had booked there when that report came, blocks: what it books
+    /// or releases after the report moves the engine's figure by as much.
+    pub kv_booked_at_report: u64,
     /// Its prefill cost as learned from delivered first tokens.
     pub prefill: PrefillRate,
 }

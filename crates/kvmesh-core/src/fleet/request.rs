@@ -2,6 +2,7 @@
 
 use crate::hashing::BlockHasher;
 use crate::ids::BlockHash;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// One request to route.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,28 +13,52 @@ pub struct RouteRequest {
     pub hashes: Vec<BlockHash>,
     /// The client's `max_tokens`, if given.
     pub max_tokens: Option<u32>,
-    /// Key for consistent hashing: the client's session key when it sends one, else the first
-    /// block's hash, else (prompt shorter than a block) a hash of the whole prompt.
+    /// A 64-bit key for the whole prompt, partial last block included: equal keys mean equal
+    /// prompts (within one namespace).
+    pub prompt_key: u64,
+    /// Key for consistent hashing: the client's session key when it sends one, else
+    /// `prompt_key` (the vLLM router hashes the request text when no session header or field
+    /// is given).
     pub key: u64,
+    /// Whether this router sees the request's first token when it comes (a streamed answer;
+    /// gRPC `Route` callers report it): a non-streamed answer shows its first token only at
+    /// its end, so its prefill is not assumed queued until then. Default true.
+    pub streamed: bool,
 }
 
 impl RouteRequest {
     /// Hashes `tokens` with `hasher`.
     pub fn new(hasher: &BlockHasher, tokens: &[u32], max_tokens: Option<u32>) -> Self {
         let hashes = hasher.hash_blocks(tokens);
-        let key = hashes.first().map_or_else(|| hasher.sequence_key(tokens), |h| h.0);
-        RouteRequest { prompt_tokens: tokens.len() as u32, hashes, max_tokens, key }
+        let prompt_key = hasher.sequence_key(tokens);
+        RouteRequest {
+            prompt_tokens: tokens.len() as u32,
+            hashes,
+            max_tokens,
+            prompt_key,
+            key: prompt_key,
+            streamed: true,
+        }
     }
 
-    /// A request whose block hashes are already known (e.g. a trace's prefix-chained ids).
+    /// A request whose block hashes are already known (e.g. a trace's prefix-chained ids). Its
+    /// prompt key mixes the last full block's hash with the length: prompts built from the same
+    /// ids agree, as their token ids would.
     pub fn from_hashes(prompt_tokens: u32, hashes: Vec<BlockHash>, max_tokens: Option<u32>) -> Self {
-        let key = hashes.first().map_or(prompt_tokens as u64, |h| h.0);
-        RouteRequest { prompt_tokens, hashes, max_tokens, key }
+        let last = hashes.last().map_or(0, |h| h.0);
+        let prompt_key = xxh3_64_with_seed(&u64::from(prompt_tokens).to_le_bytes(), last);
+        RouteRequest { prompt_tokens, hashes, max_tokens, prompt_key, key: prompt_key, streamed: true }
     }
 
     /// Uses `session` as the consistent-hashing key.
     pub fn with_key(mut self, session: u64) -> Self {
         self.key = session;
+        self
+    }
+
+    /// Sets [`Self::streamed`].
+    pub fn streamed(mut self, streamed: bool) -> Self {
+        self.streamed = streamed;
         self
     }
 

@@ -192,10 +192,11 @@ fn route_books_uncached_tokens_and_release_returns_to_zero() {
 fn removing_a_replica_drops_its_bookings_blocks_and_record() {
     let mut f = Fleet::new(FleetConfig::default()).unwrap();
     let a = f.add_replica(silent("a")).unwrap();
-    let mut p = PolicyKind::CacheAware.build();
+    let mut p = PolicyKind::TokenLoad.build();
     let req = RouteRequest::new(f.hasher(), &toks(64), None);
     f.route(p.as_mut(), &req, &mut rng(), 0.0).unwrap();
-    assert_eq!(f.record().entries(), 4);
+    // 4 blocks: the record keeps the prompt's last (stride 8).
+    assert_eq!(f.record().entries(), 1);
     assert_eq!(f.remove_replica(a).unwrap(), 1);
     assert_eq!((f.record().entries(), f.bookings().len()), (0, 0));
     assert_eq!(f.route(p.as_mut(), &req, &mut rng(), 0.0), Err(Error::NoReplicaReady));
@@ -272,8 +273,12 @@ fn pending_prefixes_count_while_the_queue_ahead_of_them_lasts() {
     });
     f.apply_event(a, &ev, 0.0).unwrap();
     // 5 s of queued prefill ahead (17.25 µs/token).
-    let queue =
-        crate::load::BookingSpec { uncached_prefill_tokens: 289_855, uncached_blocks: 0, expected_output_tokens: 0 };
+    let queue = crate::load::BookingSpec {
+        uncached_prefill_tokens: 289_855,
+        uncached_blocks: 0,
+        expected_output_tokens: 0,
+        reports_first_token: true,
+    };
     f.book(a, queue, 0.0).unwrap();
     let req = RouteRequest::new(f.hasher(), &toks(64), None);
     f.route(&mut Pin(a), &req, &mut rng(), 0.0).unwrap();
@@ -282,4 +287,62 @@ fn pending_prefixes_count_while_the_queue_ahead_of_them_lasts() {
     assert_eq!(overlap(&mut f, 3.0), 4);
     // At 4.5 s, 0.5 s is left: window 2.5 s no longer reaches back to 0.0.
     assert_eq!(overlap(&mut f, 4.5), 0);
+}
+
+/// Records what the fleet tells it, and routes to the first replica.
+#[derive(Debug, Default)]
+struct Told {
+    booked: Vec<BookingId>,
+    events: Vec<BookingEvent>,
+}
+
+impl Policy for Told {
+    fn name(&self) -> &'static str {
+        "told"
+    }
+    fn pick(
+        &mut self,
+        req: &RouteRequest,
+        view: &FleetView<'_>,
+        _: &mut dyn RngCore,
+    ) -> Result<crate::policy::Decision, Error> {
+        Ok(crate::policy::Decision::at(view, req, 0, Reason::Rotation))
+    }
+    fn booked(&mut self, _: &RouteRequest, _: &crate::policy::Decision, b: BookingId, _: f64) {
+        self.booked.push(b);
+    }
+    fn observe(&mut self, events: &[BookingEvent]) {
+        self.events.extend_from_slice(events);
+    }
+}
+
+#[test]
+fn policies_hear_of_their_own_bookings_first_tokens_and_ends_before_the_next_pick() {
+    let mut f = Fleet::new(FleetConfig { lease_s: 10.0, ..FleetConfig::default() }).unwrap();
+    let a = f.add_replica(ReplicaSpec::new("a", 10_000)).unwrap();
+    let mut p = Told::default();
+    let req = RouteRequest::new(f.hasher(), &toks(64), Some(8));
+    let one = f.route(&mut p, &req, &mut rng(), 0.0).unwrap().booking;
+    let two = f.route(&mut p, &req, &mut rng(), 0.0).unwrap().booking;
+    // A peer's booking (learned by gossip) is none of the policy's business.
+    let spec = BookingSpec {
+        uncached_prefill_tokens: 64,
+        uncached_blocks: 4,
+        expected_output_tokens: 8,
+        reports_first_token: false,
+    };
+    let peer = f.book(a, spec, 0.0).unwrap();
+    f.first_token(one, 0.5).unwrap();
+    f.first_token(peer, 0.5).unwrap();
+    f.release(one, Some(8)).unwrap();
+    f.release(peer, None).unwrap();
+    assert_eq!(p.booked, vec![one, two]);
+    assert!(p.events.is_empty(), "told at the next pick, not before");
+    f.decide(&mut p, &req, &mut rng(), 1.0).unwrap();
+    assert_eq!(p.events, vec![BookingEvent::FirstToken(one), BookingEvent::Ended(one)]);
+    // A lease that runs out ends a booking too; told once.
+    assert_eq!(f.expire(20.0), vec![two]);
+    f.decide(&mut p, &req, &mut rng(), 20.0).unwrap();
+    f.decide(&mut p, &req, &mut rng(), 20.0).unwrap();
+    assert_eq!(p.events[2..], [BookingEvent::Ended(two)]);
 }

@@ -5,11 +5,11 @@
 use super::{FleetConfig, ReplicaState, RouteRequest};
 use crate::load::TokenLoad;
 use crate::overlap::Overlap;
-use crate::record::RoutingRecord;
 
-/// What a policy may read for one decision. Slices `replicas`, `overlaps` and
-/// `record_overlaps` are parallel (position `i` is one replica); `loads` is indexed by
-/// replica id.
+/// What a policy may read for one decision. Slices `replicas` and `overlaps` are parallel
+/// (position `i` is one replica); `loads` is indexed by replica id. Policies that reproduce a
+/// peer router keep what that peer records of its own routing themselves (see
+/// [`crate::policy::Policy::booked`]).
 #[derive(Debug, Clone, Copy)]
 pub struct FleetView<'a> {
     /// Decision time, seconds.
@@ -25,11 +25,6 @@ pub struct FleetView<'a> {
     pub loads: &'a [TokenLoad],
     /// Each replica's overlap with the request, from its events (or its approximate record).
     pub overlaps: &'a [Overlap],
-    /// Each replica's overlap on the router's own routing record, in blocks; empty unless the
-    /// policy asked for it ([`crate::policy::Policy::uses_record`]).
-    pub record_overlaps: &'a [u32],
-    /// The router's own routing record.
-    pub record: &'a RoutingRecord,
     /// Expected output tokens of this request (see [`crate::load::OutputEstimator`]).
     pub expected_output_tokens: u32,
     /// Other router nodes routing to the same replicas right now (heard from recently by
@@ -51,6 +46,12 @@ pub struct Estimate {
     pub ttft_s: f64,
     /// Free KV blocks minus the blocks this request needs; negative = it does not fit now.
     pub kv_headroom_blocks: i64,
+    /// Prefill queued ahead of the request there now (booked, drained at the replica's rate),
+    /// tokens.
+    pub queued_tokens: u64,
+    /// When the request does not fit the replica's free KV now: the estimated wait for
+    /// running sequences to finish and free the blocks it lacks, seconds; else 0.
+    pub kv_wait_s: f64,
 }
 
 impl<'a> FleetView<'a> {
@@ -92,14 +93,18 @@ impl<'a> FleetView<'a> {
         }
     }
 
-    /// KV blocks in use on the replica at `i`: the larger of the router's bookings and the
-    /// engine's own report, when that report is fresh.
+    /// KV blocks in use on the replica at `i`: with a fresh engine report, the engine's figure
+    /// moved by what this router booked or released since (the report is up to a scrape old),
+    /// and at least the router's own bookings; else the bookings alone.
     pub fn kv_used_blocks(&self, i: usize) -> u64 {
         let r = &self.replicas[i];
         let booked = self.load(i).kv_blocks;
         match r.metrics {
             Some(m) if m.age(self.now) <= self.config.metrics_fresh_s => {
-                booked.max((m.kv_usage.clamp(0.0, 1.0) * r.spec.capacity_blocks as f64) as u64)
+                let reported = m.kv_usage.clamp(0.0, 1.0) * r.spec.capacity_blocks as f64;
+                let since = booked as f64 - r.kv_booked_at_report as f64;
+                let now = (reported + since).clamp(0.0, r.spec.capacity_blocks as f64) as u64;
+                booked.max(now)
             }
             _ => booked,
         }
@@ -178,12 +183,29 @@ impl Estimator<'_, '_> {
         let queued = load.queued_prefill_at(view.now, profile.prefill_s_per_token);
         let slot_wait = profile.slot_wait(load.outstanding(), load.decoding, view.expected_output_tokens);
         let ttft_s = profile.ttft(queued + uncached, load.decoding) + slot_wait;
-        let free = r.spec.capacity_blocks as i64 - view.kv_used_blocks(i) as i64;
+        let used = view.kv_used_blocks(i);
+        let free = r.spec.capacity_blocks as i64 - used as i64;
+        let headroom = free - uncached_blocks as i64 - self.output_blocks;
+        let kv_wait_s = if headroom >= 0 {
+            0.0
+        } else {
+            // Decoding sequences free what they hold as they finish: with `used` blocks spread
+            // over sequences a mean output apart, about `used / (output · step)` blocks a
+            // second, each step also carrying a prefill chunk while prefill is queued.
+            let chunk = queued.min(u64::from(profile.chunk_tokens)) as f64;
+            let step = profile.step_overhead_s
+                + profile.decode_s_per_token * f64::from(load.decoding)
+                + profile.prefill_s_per_token * chunk;
+            let output = f64::from(view.expected_output_tokens.max(1));
+            (-headroom) as f64 * output * step / used.max(1) as f64
+        };
         Estimate {
             uncached_tokens: uncached as u32,
             uncached_blocks: uncached_blocks as u32,
             ttft_s,
-            kv_headroom_blocks: free - uncached_blocks as i64 - self.output_blocks,
+            kv_headroom_blocks: headroom,
+            queued_tokens: queued,
+            kv_wait_s,
         }
     }
 }

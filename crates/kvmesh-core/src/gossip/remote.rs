@@ -2,7 +2,7 @@
 
 use super::{Delta, DeltaKind, NodeId, Summary};
 use crate::fleet::Fleet;
-use crate::load::BookingId;
+use crate::load::{BookingId, BookingSpec};
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
@@ -78,7 +78,7 @@ impl RemoteBookings {
                         stats.unknown_replica += 1;
                         continue;
                     };
-                    if let Ok(local) = fleet.book(id, *spec, now) {
+                    if let Ok(local) = fleet.book(id, remote_spec(*spec), now) {
                         p.last_book_at = now;
                         if !prefix.is_empty() {
                             fleet.record_prefix(id, prefix, now);
@@ -150,7 +150,7 @@ impl RemoteBookings {
                 stats.unknown_replica += 1;
                 continue;
             };
-            if let Ok(local) = fleet.book(id, e.spec, now) {
+            if let Ok(local) = fleet.book(id, remote_spec(e.spec), now) {
                 if e.first_token {
                     let _ = fleet.first_token_shared(local, now);
                 }
@@ -231,4 +231,11 @@ impl RemoteBookings {
     pub fn peers(&self) -> impl Iterator<Item = (NodeId, usize, f64)> + '_ {
         self.peers.iter().map(|(n, p)| (*n, p.live.len(), p.last_heard))
     }
+}
+
+/// A peer's booking as this node books it: its first token reaches this node a gossip hop
+/// late (or, for a non-streamed answer, only at its end), so its prefill is drained on the
+/// clock rather than held until then.
+fn remote_spec(spec: BookingSpec) -> BookingSpec {
+    BookingSpec { reports_first_token: false, ..spec }
 }

@@ -11,7 +11,12 @@ fn fleet() -> Fleet {
 }
 
 fn spec(prefill: u32) -> BookingSpec {
-    BookingSpec { uncached_prefill_tokens: prefill, uncached_blocks: prefill / 16, expected_output_tokens: 100 }
+    BookingSpec {
+        uncached_prefill_tokens: prefill,
+        uncached_blocks: prefill / 16,
+        expected_output_tokens: 100,
+        reports_first_token: true,
+    }
 }
 
 fn queued(f: &Fleet, r: u32) -> (u64, u32, u32) {
@@ -32,7 +37,7 @@ fn a_peer_booking_adds_its_load_until_released() {
     assert_eq!(queued(&f, 1), (512, 1, 0));
     assert_eq!(queued(&f, 0), (0, 0, 0));
     // The prefix it was routed for is pending on b for this node's policies too.
-    assert_eq!(f.record().replica_blocks(ReplicaId(1)), 2);
+    assert_eq!(f.record().replica_blocks(ReplicaId(1)), 1, "the prompt's last block (stride 8)");
     out.first_token(1);
     remote.apply(&mut f, PEER, &out.take(), 1.5);
     assert_eq!(queued(&f, 1), (0, 0, 1));

@@ -10,6 +10,7 @@ use super::{OutputEstimator, TokenLoad};
 use crate::error::Error;
 use crate::ids::ReplicaId;
 use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::fmt;
 
 /// The id of one booking, unique within one [`Bookings`].
@@ -22,6 +23,16 @@ impl fmt::Display for BookingId {
     }
 }
 
+/// What happened to a booking after its decision, as policies that track their own routed
+/// requests are told ([`crate::policy::Policy::observe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BookingEvent {
+    /// The request's first token arrived: its prefill is done.
+    FirstToken(BookingId),
+    /// The booking ended: completed, failed, released or expired.
+    Ended(BookingId),
+}
+
 /// What a routing decision books on the chosen replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BookingSpec {
@@ -32,6 +43,10 @@ pub struct BookingSpec {
     pub uncached_blocks: u32,
     /// Expected output tokens (see [`OutputEstimator`]), tokens.
     pub expected_output_tokens: u32,
+    /// Whether its first token will be reported when it comes (a streamed answer): only
+    /// then is its prefill known unstarted while it waits (see
+    /// [`crate::load::TokenLoad::queued_prefill_at`]).
+    pub reports_first_token: bool,
 }
 
 /// One live booking.
@@ -55,6 +70,12 @@ pub struct Booking {
     pub lease_until: f64,
 }
 
+/// The tokens of every booking of `order` but the oldest: the prefill the engine cannot have
+/// started yet (it prefills first come, first served).
+fn unstarted(order: &VecDeque<(BookingId, u32)>) -> u64 {
+    order.iter().skip(1).map(|x| u64::from(x.1)).sum()
+}
+
 /// All live bookings of one router, and the per-replica [`TokenLoad`] they add up to.
 #[derive(Debug)]
 pub struct Bookings {
@@ -62,6 +83,9 @@ pub struct Bookings {
     loads: Vec<TokenLoad>,
     /// Seconds per prefill token, per replica, for the virtual drain clock.
     prefill_s_per_token: Vec<f64>,
+    /// Per replica, the bookings before their first token in booking order, with their
+    /// uncached tokens.
+    prefill_order: Vec<VecDeque<(BookingId, u32)>>,
     next: u64,
     lease_s: f64,
     block_size: u32,
@@ -88,6 +112,7 @@ impl Bookings {
             live: FxHashMap::default(),
             loads: Vec::new(),
             prefill_s_per_token: Vec::new(),
+            prefill_order: Vec::new(),
             next: 0,
             lease_s,
             block_size,
@@ -192,8 +217,24 @@ impl Bookings {
         l.expected_decode_tokens += spec.expected_output_tokens as u64;
         l.kv_blocks += kv_blocks as u64;
         l.prompt_blocks += spec.uncached_blocks as u64;
+        if self.prefill_order.len() <= i {
+            self.prefill_order.resize_with(i + 1, VecDeque::new);
+        }
+        if spec.reports_first_token {
+            self.prefill_order[i].push_back((id, spec.uncached_prefill_tokens));
+            l.unstarted_tokens = unstarted(&self.prefill_order[i]);
+        }
         self.live.insert(id, b);
         id
+    }
+
+    /// `id` (on replica index `i`) is no longer before its first token.
+    fn prefill_done(&mut self, i: usize, id: BookingId) {
+        let Some(order) = self.prefill_order.get_mut(i) else { return };
+        if let Some(k) = order.iter().position(|x| x.0 == id) {
+            order.remove(k);
+        }
+        self.loads[i].unstarted_tokens = unstarted(order);
     }
 
     /// The request's first token arrived at `now`: its prefill leaves the queue and it counts
@@ -210,13 +251,16 @@ impl Bookings {
         let before = *b;
         b.first_token_at = Some(now);
         b.lease_until = now + self.lease_s;
-        let l = &mut self.loads[b.replica.index()];
+        let (i, replica) = (b.replica.index(), b.replica);
+        let l = &mut self.loads[i];
         l.prefilling -= 1;
         l.decoding += 1;
         l.queued_prefill_tokens -= b.spec.uncached_prefill_tokens as u64;
         if l.prefilling == 0 {
             l.prefill_busy_until = 0.0;
         }
+        let _ = replica;
+        self.prefill_done(i, id);
         Ok(Some(before))
     }
 
@@ -228,6 +272,9 @@ impl Bookings {
     pub fn release(&mut self, id: BookingId, output_tokens: Option<u32>) -> Result<Booking, Error> {
         let b = self.live.remove(&id).ok_or(Error::UnknownBooking(id.0))?;
         self.unload(&b);
+        if b.first_token_at.is_none() {
+            self.prefill_done(b.replica.index(), id);
+        }
         if let Some(n) = output_tokens {
             self.outputs.observe(n);
         }
@@ -242,6 +289,9 @@ impl Bookings {
         for id in &gone {
             if let Some(b) = self.live.remove(id) {
                 self.unload(&b);
+                if b.first_token_at.is_none() {
+                    self.prefill_done(b.replica.index(), *id);
+                }
             }
         }
         gone
@@ -253,6 +303,9 @@ impl Bookings {
         self.live.retain(|_, b| b.replica != replica);
         if let Some(l) = self.loads.get_mut(replica.index()) {
             *l = TokenLoad::default();
+        }
+        if let Some(order) = self.prefill_order.get_mut(replica.index()) {
+            order.clear();
         }
         before - self.live.len()
     }
@@ -280,7 +333,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn spec(uncached: u32, blocks: u32, out: u32) -> BookingSpec {
-        BookingSpec { uncached_prefill_tokens: uncached, uncached_blocks: blocks, expected_output_tokens: out }
+        BookingSpec {
+            uncached_prefill_tokens: uncached,
+            uncached_blocks: blocks,
+            expected_output_tokens: out,
+            reports_first_token: true,
+        }
     }
 
     #[test]
@@ -296,11 +354,18 @@ mod tests {
             kv_blocks: 77,
             prompt_blocks: 70,
             prefill_busy_until: 1000.0 * 17.25e-6,
+            unstarted_tokens: 0,
         };
         assert_eq!(b.load(r), want);
         b.first_token(id, 0.5).unwrap();
-        let decoding =
-            TokenLoad { queued_prefill_tokens: 0, prefilling: 0, decoding: 1, prefill_busy_until: 0.0, ..want };
+        let decoding = TokenLoad {
+            queued_prefill_tokens: 0,
+            prefilling: 0,
+            decoding: 1,
+            prefill_busy_until: 0.0,
+            unstarted_tokens: 0,
+            ..want
+        };
         assert_eq!(b.load(r), decoding);
         assert_eq!(b.get(id).unwrap().lease_until, 60.5);
         b.release(id, Some(90)).unwrap();
@@ -319,7 +384,9 @@ mod tests {
         let l = b.load(r);
         assert_eq!(l.queued_prefill_at(10.0, 1e-3), 1500);
         assert_eq!(l.queued_prefill_at(11.0, 1e-3), 500);
-        assert_eq!(l.queued_prefill_at(12.0, 1e-3), 0);
+        // No first token by 12.0: the second request cannot have started (first come, first
+        // served), so its 500 tokens stay queued however the virtual clock runs.
+        assert_eq!(l.queued_prefill_at(12.0, 1e-3), 500);
         // A first token takes its tokens out of the held count; the virtual clock stays, and
         // the smaller of the two counts: 900 tokens of virtual work are left at 10.6.
         b.first_token(c, 10.6).unwrap();

@@ -12,7 +12,7 @@ mod metrics;
 mod output;
 mod profile;
 
-pub use bookings::{Booking, BookingId, BookingSpec, Bookings};
+pub use bookings::{Booking, BookingEvent, BookingId, BookingSpec, Bookings};
 pub use learned::PrefillRate;
 pub use metrics::EngineMetrics;
 pub use output::OutputEstimator;
@@ -38,6 +38,10 @@ pub struct TokenLoad {
     /// When the booked prefill would be done if the replica worked through it back to back at
     /// its prefill rate, seconds (a virtual clock; 0 when nothing is queued).
     pub prefill_busy_until: f64,
+    /// Uncached prompt tokens of the requests before their first token behind the oldest one
+    /// (of those whose first token is reported when it comes): prefill the engine cannot have
+    /// started, first come, first served, tokens.
+    pub unstarted_tokens: u64,
 }
 
 impl TokenLoad {
@@ -50,13 +54,17 @@ impl TokenLoad {
     /// before their first token, drained over time at the replica's prefill rate
     /// (`s_per_token`, seconds per token) — a request's first token, the only exact signal,
     /// can come much later than its prefill ends, so holding the whole booking until then
-    /// would overstate a busy replica's queue.
+    /// would overstate a busy replica's queue — but never below [`Self::unstarted_tokens`]:
+    /// an engine slower than its rate (decodes in every step, waits for KV room, recomputing
+    /// preempted requests) has not started those, however the clock runs. Measured on the
+    /// Mooncake traces at ~100 % load: the plain drain put the median estimated TTFT 0.39 s
+    /// under the real one.
     #[inline]
     pub fn queued_prefill_at(&self, now: f64, s_per_token: f64) -> u64 {
-        if self.queued_prefill_tokens == 0 || self.prefill_busy_until <= now {
+        if self.queued_prefill_tokens == 0 {
             return 0;
         }
         let virtual_left = ((self.prefill_busy_until - now).max(0.0) / s_per_token).round() as u64;
-        self.queued_prefill_tokens.min(virtual_left)
+        self.queued_prefill_tokens.min(virtual_left.max(self.unstarted_tokens))
     }
 }

@@ -40,3 +40,9 @@ pub(crate) fn two(candidates: &[usize], rng: &mut dyn RngCore) -> (usize, usize)
     }
     (candidates[a], candidates[b])
 }
+
+/// The position with the lowest key, the first one among equals: the tie-break of peers that
+/// take `min_by_key` over their worker list (kvmesh's own policy never does, case C10).
+pub(crate) fn first_lowest<K: Ord + Copy>(scores: &[(usize, K)]) -> Option<usize> {
+    scores.iter().min_by_key(|s| s.1).map(|s| s.0)
+}

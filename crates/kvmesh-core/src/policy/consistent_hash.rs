@@ -1,13 +1,18 @@
-//! `consistent_hash` with bounded loads (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing
-//! with Bounded Loads", SODA 2018).
+//! `consistent_hash`: the vLLM router's consistent hashing (vllm-project/router, PyPI
+//! `vllm-router` 0.1.17, `src/policies/consistent_hash.rs` and `hash_key.rs`).
 //!
-//! Each replica owns `vnodes` points on a 64-bit ring at `xxh3(name ‖ "#" ‖ k)`, so the ring
-//! depends on names only, never on registration order, and is the same on every router node
-//! (case C11). A request's key (session key or first block hash, see
-//! [`RouteRequest::key`]) goes to the first replica clockwise whose outstanding requests are
-//! below the bound `⌈c · (m + 1) / n⌉` (`m` outstanding requests in the fleet, `n` routable
-//! replicas, `c` = 1.25 by default). Removing a replica moves only the keys it owned (while no
-//! bound binds).
+//! Each registered replica owns [`VIRTUAL_NODES`] points on a 64-bit ring at
+//! `hash(name ‖ ":" ‖ k)`, so the ring depends on names only, never on registration order, and
+//! is the same on every router node (case C11). A request's key — the client's session key
+//! when it sends one (the vLLM router reads `x-session-id`, `x-user-id`, … headers, then
+//! `session_id` / `user` body fields), else the whole prompt (the router hashes the request
+//! text) — goes to the first point clockwise. If that replica is not routable the request
+//! goes to the first routable replica (the vLLM router's `healthy_indices[0]`; it does not walk
+//! on). No load bound: a hot key stays on its replica. The ring is built over every registered
+//! replica, routable or not, so a replica going unhealthy moves only its own keys.
+//!
+//! The vLLM router hashes with mcrouter's `furc_hash` and MurmurHash64A; xxh3 here places the
+//! points as uniformly (the map of keys to replicas differs, not its statistics).
 
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
@@ -17,22 +22,23 @@ use rand::RngCore;
 use std::fmt::Write;
 use xxhash_rust::xxh3::xxh3_64;
 
+/// Ring points per replica (`VIRTUAL_NODES_PER_WORKER`).
+pub const VIRTUAL_NODES: u32 = 160;
+
 /// Parameters of [`ConsistentHash`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ConsistentHashParams {
-    /// The load bound factor `c` (> 1). Default 1.25.
-    pub load_factor: f64,
     /// Ring points per replica. Default 160.
     pub vnodes: u32,
 }
 
 impl Default for ConsistentHashParams {
     fn default() -> Self {
-        ConsistentHashParams { load_factor: 1.25, vnodes: 160 }
+        ConsistentHashParams { vnodes: VIRTUAL_NODES }
     }
 }
 
-/// Consistent hashing with bounded loads.
+/// Consistent hashing on the session or prompt key.
 #[derive(Debug)]
 pub struct ConsistentHash {
     params: ConsistentHashParams,
@@ -50,11 +56,10 @@ impl ConsistentHash {
     fn rebuild(&mut self, view: &FleetView<'_>) {
         self.ring.clear();
         let mut label = String::new();
-        for i in view.routable() {
-            let r = &view.replicas[i];
+        for r in view.replicas {
             for k in 0..self.params.vnodes {
                 label.clear();
-                let _ = write!(label, "{}#{k}", r.spec.name);
+                let _ = write!(label, "{}:{k}", r.spec.name);
                 self.ring.push((xxh3_64(label.as_bytes()), r.name_key, r.id));
             }
         }
@@ -70,32 +75,23 @@ impl Policy for ConsistentHash {
         "consistent_hash"
     }
 
+    fn reads_kv_events(&self) -> bool {
+        false
+    }
+
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, _rng: &mut dyn RngCore) -> Result<Decision, Error> {
         if self.epoch != Some(view.epoch) {
             self.rebuild(view);
         }
-        if self.ring.is_empty() {
-            return Err(Error::NoReplicaReady);
-        }
-        let routable: Vec<usize> = view.routable().collect();
-        let total: u64 = routable.iter().map(|&i| view.load(i).outstanding() as u64).sum();
-        let bound = (self.params.load_factor * (total + 1) as f64 / routable.len() as f64).ceil() as u64;
+        let first = view.routable().next().ok_or(Error::NoReplicaReady)?;
         let key = xxh3_64(&req.key.to_le_bytes());
         let start = self.ring.partition_point(|&(p, _, _)| p < key);
-        let mut owner = None;
-        for step in 0..self.ring.len() {
-            let id = self.ring[(start + step) % self.ring.len()].2;
-            let Ok(i) = view.replicas.binary_search_by_key(&id, |r| r.id) else { continue };
-            if owner.is_none() {
-                owner = Some(id);
-            }
-            if (view.load(i).outstanding() as u64) < bound {
-                let reason = if owner == Some(id) { Reason::RingOwner } else { Reason::RingSpill };
-                return Ok(Decision::at(view, req, i, reason));
-            }
+        let Some(&(_, _, owner)) = self.ring.get(start % self.ring.len().max(1)) else {
+            return Ok(Decision::at(view, req, first, Reason::RingSpill));
+        };
+        match view.replicas.binary_search_by_key(&owner, |r| r.id) {
+            Ok(i) if view.replicas[i].routable() => Ok(Decision::at(view, req, i, Reason::RingOwner)),
+            _ => Ok(Decision::at(view, req, first, Reason::RingSpill)),
         }
-        // Unreachable while c > 1 (some replica is always below the bound); stay total anyway.
-        let i = routable[0];
-        Ok(Decision::at(view, req, i, Reason::RingSpill))
     }
 }

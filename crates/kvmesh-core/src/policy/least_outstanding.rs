@@ -1,5 +1,7 @@
-//! `least_outstanding_requests`: the replica with the fewest requests booked by this router
-//! (vLLM router's and SGLang router's "least requests"), random among ties.
+//! `least_outstanding_requests`: the replica with the fewest requests this router has in flight
+//! there, random among ties: the load balancer's anchor (the rule of AWS ALB's documented "least
+//! outstanding requests" algorithm), not an LLM router's policy. None of the LLM routers
+//! compared here ships it: the vLLM router has none, SGLang's `least_load` is token-based.
 
 use super::choose::lowest;
 use super::{Decision, Policy, Reason};
@@ -16,6 +18,10 @@ pub struct LeastOutstanding {
 impl Policy for LeastOutstanding {
     fn name(&self) -> &'static str {
         "least_outstanding_requests"
+    }
+
+    fn reads_kv_events(&self) -> bool {
+        false
     }
 
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {

@@ -1,31 +1,43 @@
 //! Routing policies: one trait, one file per policy.
 //!
-//! | name | decides on | source |
-//! |---|---|---|
-//! | `round_robin` | rotation | — |
-//! | `random` | uniform choice | — |
-//! | `least_outstanding_requests` | fewest booked requests | — |
-//! | `power_of_two` | lower token load of two random replicas | Mitzenmacher, "The Power of Two Choices" (2001) |
-//! | `consistent_hash` | hash ring with bounded load, factor 1.25 | Mirrokni et al., "Consistent Hashing with Bounded Loads" (SODA 2018) |
-//! | `cache_aware` | SGLang router's cache-aware policy, on its routing record | sglang `sgl-router` `policies/cache_aware.rs` |
-//! | `prefix_affinity` | Ray Serve's `PrefixCacheAffinityRouter`, on its routing record | ray `llm/_internal/serve/request_router/prefix_aware` |
-//! | `kv_cost` | Dynamo KV router's cost: prefill blocks − overlap + decode blocks | dynamo `lib/llm/src/kv_router/scheduler.rs` |
-//! | `weighted_scorer` | llm-d's default scorers: prefix 3, queue 2, KV utilisation 2 | llm-d `inference-scheduler` default config |
-//! | `token_load` (default) | lowest estimated TTFT on token load; overlap as a prefill discount; KV headroom as a hard limit | kvmesh |
+//! Every peer policy reproduces its project's current code — formula, defaults, tie-breaks,
+//! fallbacks — and what that router sees: its own record of routed requests, scraped engine
+//! gauges, or KV events (each file names the repository, file and version it follows).
+//!
+//! | name | project | decides on | sees |
+//! |---|---|---|---|
+//! | `round_robin` | — | rotation | nothing |
+//! | `random` | — | uniform choice | nothing |
+//! | `least_outstanding_requests` | (load balancers) | fewest in flight | own in-flight counts |
+//! | `power_of_two` | vLLM router | fewer in flight of two random | own in-flight counts |
+//! | `consistent_hash` | vLLM router | hash ring on the session or prompt | nothing |
+//! | `cache_aware` | SGLang router (smg) | approximate tree, creator of the deepest match; else least loaded | own tree of routed prompts, own in-flight counts |
+//! | `vllm_cache_aware` | vLLM router | least loaded of the workers with the best own-prefix match | own tree, own in-flight counts |
+//! | `prefix_affinity` | Ray Serve | best-matching replicas, else smallest tree; fewest ongoing | own tree, ongoing requests |
+//! | `kv_cost` | Dynamo KV router | prefill blocks − overlap + active blocks | KV events, own active sequences |
+//! | `weighted_scorer` | llm-d | 3·prefix + 2·queue + 2·KV | own approximate prefix index, engine gauges scraped every 50 ms |
+//! | `token_load` (default) | kvmesh | lowest estimated TTFT on token load; overlap as a prefill discount; KV headroom as a hard limit | KV events, own bookings, engine gauges |
 //!
 //! Every policy returns a [`Decision`] with the chosen replica, the [`Reason`], the overlap
-//! in blocks and the estimated TTFT, and breaks ties at random (case C10), never by "first".
+//! in blocks and the estimated TTFT. kvmesh's own policies break ties at random (case C10),
+//! never by "first"; a peer keeps its own tie-break (SGLang, Ray and the vLLM router take the
+//! first of their worker list).
 
+mod active_sequences;
 mod cache_aware;
 mod choose;
 mod consistent_hash;
 mod kv_cost;
 mod least_outstanding;
+mod lru_prefix;
 mod power_of_two;
 mod prefix_affinity;
 mod random;
+mod recent_p99;
 mod round_robin;
+mod tenant_tree;
 mod token_load;
+mod vllm_cache_aware;
 mod weighted_scorer;
 
 pub use cache_aware::{CacheAware, CacheAwareParams};
@@ -37,25 +49,26 @@ pub use prefix_affinity::{PrefixAffinity, PrefixAffinityParams};
 pub use random::Random;
 pub use round_robin::RoundRobin;
 pub use token_load::{TokenLoadParams, TokenLoadPolicy};
+pub use vllm_cache_aware::VllmCacheAware;
 pub use weighted_scorer::{WeightedScorer, WeightedScorerParams};
 
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
 use crate::ids::ReplicaId;
+use crate::load::{BookingEvent, BookingId};
 use rand::RngCore;
 use std::fmt;
 use std::str::FromStr;
 
 /// A routing policy: picks one routable replica of the view for a request.
+///
+/// A policy that reproduces another router keeps what that router records of its own routing
+/// (SGLang's and Ray's trees of routed prompts, llm-d's approximate prefix index, Dynamo's
+/// active sequences) itself: [`Policy::booked`] tells it where each request went, and
+/// [`Policy::observe`] what became of it.
 pub trait Policy: Send + fmt::Debug {
     /// The policy's name, as in configs and reports.
     fn name(&self) -> &'static str;
-
-    /// Whether the policy reads the router's own routing record
-    /// ([`FleetView::record_overlaps`]) rather than (only) the event-fed index.
-    fn uses_record(&self) -> bool {
-        false
-    }
 
     /// When `Some(w)`: prefixes this router sent to a replica less than `w` seconds ago count
     /// as cached there in [`FleetView::overlaps`] — booked, not yet confirmed by the replica's
@@ -64,11 +77,34 @@ pub trait Policy: Send + fmt::Debug {
         None
     }
 
+    /// Whether the policy reads the replicas' KV events (their overlaps in the view). A peer
+    /// whose router never subscribes to them says no: its view then has no overlaps, the fleet
+    /// keeps no approximate record for it, and the simulator does not feed it events.
+    fn reads_kv_events(&self) -> bool {
+        true
+    }
+
+    /// How often the router this policy reproduces reads its engines' metrics, seconds (llm-d
+    /// scrapes every 50 ms); `None` when it reads none or any interval will do. The simulator
+    /// reports engine metrics to the policy at this interval.
+    fn scrape_interval_s(&self) -> Option<f64> {
+        None
+    }
+
     /// Picks a replica. `view` has at least one routable replica.
     ///
     /// # Errors
     /// [`Error::NoReplicaReady`] if no replica is routable.
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error>;
+
+    /// `decision` (this policy's, for `req`) was booked as `booking` at `now`, seconds: the
+    /// request is on its way to the replica. A decision that admission control holds back is
+    /// not booked, and not told.
+    fn booked(&mut self, _req: &RouteRequest, _decision: &Decision, _booking: BookingId, _now: f64) {}
+
+    /// First tokens and ends of bookings this router's decisions made since the last pick,
+    /// oldest first (also of bookings made under another policy: ignore unknown ids).
+    fn observe(&mut self, _events: &[BookingEvent]) {}
 }
 
 /// Why a policy chose its replica.
@@ -84,13 +120,13 @@ pub enum Reason {
     LowerOfTwo,
     /// The key's owner on the hash ring.
     RingOwner,
-    /// The owner was over its load bound; the next replica clockwise took it.
+    /// The key's owner was not routable; the first routable replica took it.
     RingSpill,
     /// Prefix match above the policy's threshold.
     PrefixMatch,
     /// Load imbalance overrode cache affinity.
     Imbalance,
-    /// No good match: the replica with the least recorded cache.
+    /// No good match: the replica with the smallest record of routed prompts.
     LeastCached,
     /// Lowest cost or estimated TTFT.
     LowestCost,
@@ -172,6 +208,8 @@ pub enum PolicyKind {
     ConsistentHash,
     /// [`CacheAware`].
     CacheAware,
+    /// [`VllmCacheAware`].
+    VllmCacheAware,
     /// [`PrefixAffinity`].
     PrefixAffinity,
     /// [`KvCost`].
@@ -185,13 +223,14 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, anchors first, ours last.
-    pub const ALL: [PolicyKind; 10] = [
+    pub const ALL: [PolicyKind; 11] = [
         PolicyKind::RoundRobin,
         PolicyKind::Random,
         PolicyKind::LeastOutstandingRequests,
         PolicyKind::PowerOfTwo,
         PolicyKind::ConsistentHash,
         PolicyKind::CacheAware,
+        PolicyKind::VllmCacheAware,
         PolicyKind::PrefixAffinity,
         PolicyKind::KvCost,
         PolicyKind::WeightedScorer,
@@ -207,6 +246,7 @@ impl PolicyKind {
             PolicyKind::PowerOfTwo => "power_of_two",
             PolicyKind::ConsistentHash => "consistent_hash",
             PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::VllmCacheAware => "vllm_cache_aware",
             PolicyKind::PrefixAffinity => "prefix_affinity",
             PolicyKind::KvCost => "kv_cost",
             PolicyKind::WeightedScorer => "weighted_scorer",
@@ -220,9 +260,10 @@ impl PolicyKind {
             PolicyKind::RoundRobin => Box::new(RoundRobin::default()),
             PolicyKind::Random => Box::new(Random),
             PolicyKind::LeastOutstandingRequests => Box::new(LeastOutstanding::default()),
-            PolicyKind::PowerOfTwo => Box::new(PowerOfTwo),
+            PolicyKind::PowerOfTwo => Box::new(PowerOfTwo::default()),
             PolicyKind::ConsistentHash => Box::new(ConsistentHash::new(ConsistentHashParams::default())),
             PolicyKind::CacheAware => Box::new(CacheAware::new(CacheAwareParams::default())),
+            PolicyKind::VllmCacheAware => Box::new(VllmCacheAware::new(CacheAwareParams::vllm_router())),
             PolicyKind::PrefixAffinity => Box::new(PrefixAffinity::new(PrefixAffinityParams::default())),
             PolicyKind::KvCost => Box::new(KvCost::new(KvCostParams::default())),
             PolicyKind::WeightedScorer => Box::new(WeightedScorer::new(WeightedScorerParams::default())),
@@ -257,10 +298,14 @@ impl PolicyKind {
         for (name, v) in params {
             match name.as_str() {
                 "vnodes" => range(name, *v, 1.0, 4096.0)?,
-                "load_factor" => range(name, *v, 1.0, 100.0)?,
-                "cache_threshold" | "balance_rel_threshold" | "match_rate_threshold" | "near_equal_rel" => {
-                    range(name, *v, 0.0, 10.0)?
-                }
+                "eviction_interval_s" => range(name, *v, 1.0, 86_400.0)?,
+                "max_tree_size" => range(name, *v, 1.0, 1e15)?,
+                "cache_threshold"
+                | "balance_rel_threshold"
+                | "match_rate_threshold"
+                | "near_equal_rel"
+                | "kv_wait_weight"
+                | "affinity_budget" => range(name, *v, 0.0, 10.0)?,
                 "near_equal_s" | "pending_prefix_s" | "peer_order_step_s" => range(name, *v, 0.0, 600.0)?,
                 _ => {}
             }
@@ -299,6 +344,8 @@ impl PolicyKind {
                         "pressure_floor" => set(&mut p.pressure_floor, *v),
                         "pending_prefix_s" => set(&mut p.pending_prefix_s, *v),
                         "peer_order_step_s" => set(&mut p.peer_order_step_s, *v),
+                        "kv_wait_weight" => set(&mut p.kv_wait_weight, *v),
+                        "affinity_budget" => set(&mut p.affinity_budget, *v),
                         other => return Err(unknown(other)),
                     }
                 }
@@ -308,30 +355,36 @@ impl PolicyKind {
                 let mut p = ConsistentHashParams::default();
                 for (name, v) in params {
                     match name.as_str() {
-                        "load_factor" => set(&mut p.load_factor, *v),
                         "vnodes" => set_u32(&mut p.vnodes, name, *v)?,
                         other => return Err(unknown(other)),
                     }
                 }
                 Box::new(ConsistentHash::new(p))
             }
-            PolicyKind::CacheAware => {
-                let mut p = CacheAwareParams::default();
+            PolicyKind::CacheAware | PolicyKind::VllmCacheAware => {
+                let vllm = *self == PolicyKind::VllmCacheAware;
+                let mut p = if vllm { CacheAwareParams::vllm_router() } else { CacheAwareParams::default() };
                 for (name, v) in params {
                     match name.as_str() {
                         "cache_threshold" => set(&mut p.cache_threshold, *v),
                         "balance_abs_threshold" => set_u32(&mut p.balance_abs_threshold, name, *v)?,
                         "balance_rel_threshold" => set(&mut p.balance_rel_threshold, *v),
+                        "eviction_interval_s" => set(&mut p.eviction_interval_s, *v),
+                        "max_tree_size" => set(&mut p.max_tree_size, *v),
                         other => return Err(unknown(other)),
                     }
                 }
-                Box::new(CacheAware::new(p))
+                if vllm {
+                    Box::new(VllmCacheAware::new(p))
+                } else {
+                    Box::new(CacheAware::new(p))
+                }
             }
             PolicyKind::PrefixAffinity => {
                 let mut p = PrefixAffinityParams::default();
                 for (name, v) in params {
                     match name.as_str() {
-                        "imbalanced_threshold" => set_u32(&mut p.imbalanced_threshold, name, *v)?,
+                        "imbalanced_threshold" => set(&mut p.imbalanced_threshold, *v),
                         "match_rate_threshold" => set(&mut p.match_rate_threshold, *v),
                         other => return Err(unknown(other)),
                     }
@@ -343,6 +396,7 @@ impl PolicyKind {
                 for (name, v) in params {
                     match name.as_str() {
                         "overlap_weight" => set(&mut p.overlap_weight, *v),
+                        "prefill_load_scale" => set(&mut p.prefill_load_scale, *v),
                         other => return Err(unknown(other)),
                     }
                 }

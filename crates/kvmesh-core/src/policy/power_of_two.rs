@@ -1,22 +1,22 @@
-//! `power_of_two`: two random routable replicas, the one with the lower token load wins
-//! (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing", IEEE TPDS 2001).
-//! Token load here is queued uncached prefill tokens plus expected decode tokens; exact ties
-//! are broken at random.
+//! `power_of_two`: the vLLM router's power of two choices (vllm-project/router, PyPI
+//! `vllm-router` 0.1.17, `src/policies/power_of_two.rs`; Mitzenmacher, "The Power of Two
+//! Choices in Randomized Load Balancing", IEEE TPDS 2001): two distinct healthy workers drawn
+//! at random, the one with fewer requests in flight from this router wins, the first drawn on
+//! ties (`load1 <= load2`; the draw order is random, so ties split evenly).
+//!
+//! The vLLM router prefers a load it polls from each worker's `/get_load` (every 30 s), which
+//! vLLM engines do not serve; it then falls back to its own in-flight count, as here.
 
 use super::choose::two;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
-use rand::{Rng, RngCore};
+use rand::RngCore;
 
-/// Power of two choices on token load.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PowerOfTwo;
-
-/// Token load of position `i`, tokens: queued uncached prefill plus expected decode tokens.
-pub(crate) fn token_load(view: &FleetView<'_>, i: usize) -> u64 {
-    let l = view.load(i);
-    l.queued_prefill_tokens + l.expected_decode_tokens
+/// Power of two choices on in-flight requests.
+#[derive(Debug, Default)]
+pub struct PowerOfTwo {
+    candidates: Vec<usize>,
 }
 
 impl Policy for PowerOfTwo {
@@ -24,19 +24,18 @@ impl Policy for PowerOfTwo {
         "power_of_two"
     }
 
+    fn reads_kv_events(&self) -> bool {
+        false
+    }
+
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {
-        let candidates: Vec<usize> = view.routable().collect();
-        if candidates.is_empty() {
+        self.candidates.clear();
+        self.candidates.extend(view.routable());
+        if self.candidates.is_empty() {
             return Err(Error::NoReplicaReady);
         }
-        let (a, b) = two(&candidates, rng);
-        let (la, lb) = (token_load(view, a), token_load(view, b));
-        let i = match la.cmp(&lb) {
-            std::cmp::Ordering::Less => a,
-            std::cmp::Ordering::Greater => b,
-            std::cmp::Ordering::Equal if rng.random_bool(0.5) => a,
-            std::cmp::Ordering::Equal => b,
-        };
+        let (a, b) = two(&self.candidates, rng);
+        let i = if view.load(a).outstanding() <= view.load(b).outstanding() { a } else { b };
         Ok(Decision::at(view, req, i, Reason::LowerOfTwo))
     }
 }

@@ -1,34 +1,46 @@
-//! `prefix_affinity`: Ray Serve's `PrefixCacheAffinityRouter`
-//! (ray `python/ray/llm/_internal/serve/request_router/prefix_aware/prefix_aware_router.py`),
-//! block-granular on the router's own routing record in place of Ray's character tree.
+//! `prefix_affinity`: Ray Serve's `PrefixCacheAffinityRouter` (ray 2.60.0, commit b7f4259e;
+//! `python/ray/llm/_internal/serve/routing_policies/prefix_aware/prefix_aware_router.py`, tree
+//! in `prefix_tree.py`), with its defaults.
 //!
-//! 1. If queue lengths (outstanding requests) are imbalanced — `max − min >
-//!    imbalanced_threshold` — fall back to power of two choices over all replicas.
-//! 2. Otherwise, if the best recorded match rate (`matched blocks / request blocks`) is at
-//!    least `match_rate_threshold`, the candidates are the replicas with that best match;
-//!    below it, the replicas with the smallest recorded cache.
-//! 3. Power of two choices (fewer outstanding requests) among the candidates.
+//! Ray routes on its own tree of the prompts it sent ([`TenantTree`], shared by the
+//! deployment's routers, never evicted by default) and on each replica's ongoing requests
+//! (probed from the replica and kept current by the router's own sends and completions: with
+//! one router, the requests it has in flight there). No KV events, no engine metrics.
 //!
-//! Defaults: imbalanced_threshold 10, match_rate_threshold 0.1.
+//! 1. If `max − min > imbalanced_threshold` over the replicas' ongoing requests: Ray's default
+//!    power of two choices (two random replicas, the one with fewer ongoing requests, the first
+//!    drawn on ties). The default threshold is infinite: never.
+//! 2. Match the prompt against the tree among the available replicas:
+//!    `match_rate = matched / prompt`. At least `match_rate_threshold`: the candidates are the
+//!    replicas holding the deepest node matched, in the order they reached it. Below it: the
+//!    replicas with the smallest tree (fewest characters; here blocks), in registration order.
+//! 3. Among the candidates, the one with the fewest ongoing requests — the first on ties.
+//!
+//! The prompt is then inserted for the chosen replica. Defaults: imbalanced_threshold ∞
+//! (`float("inf")`; 10 before Ray 2.60), match_rate_threshold 0.1, no eviction.
 
-use super::choose::two;
+use super::cache_aware::match_rate;
+use super::choose::{first_lowest, two};
+use super::tenant_tree::TenantTree;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
-use rand::{Rng, RngCore};
+use crate::load::BookingId;
+use rand::RngCore;
 
 /// Parameters of [`PrefixAffinity`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PrefixAffinityParams {
-    /// Queue-length gap (requests) above which affinity is abandoned. Default 10.
-    pub imbalanced_threshold: u32,
+    /// Ongoing-request gap above which affinity is abandoned for power of two choices.
+    /// Default `f64::INFINITY` (never).
+    pub imbalanced_threshold: f64,
     /// Minimum match rate for affinity. Default 0.1.
     pub match_rate_threshold: f64,
 }
 
 impl Default for PrefixAffinityParams {
     fn default() -> Self {
-        PrefixAffinityParams { imbalanced_threshold: 10, match_rate_threshold: 0.1 }
+        PrefixAffinityParams { imbalanced_threshold: f64::INFINITY, match_rate_threshold: 0.1 }
     }
 }
 
@@ -36,24 +48,16 @@ impl Default for PrefixAffinityParams {
 #[derive(Debug)]
 pub struct PrefixAffinity {
     params: PrefixAffinityParams,
-    candidates: Vec<usize>,
+    tree: TenantTree,
+    candidates: Vec<(usize, u32)>,
+    /// Whether each replica (by index) is available at this pick.
+    available: Vec<bool>,
 }
 
 impl PrefixAffinity {
     /// A policy with `params`.
     pub fn new(params: PrefixAffinityParams) -> Self {
-        PrefixAffinity { params, candidates: Vec::new() }
-    }
-}
-
-/// Power of two choices on outstanding requests among `candidates` (Ray's default router).
-fn pow2(view: &FleetView<'_>, candidates: &[usize], rng: &mut dyn RngCore) -> usize {
-    let (a, b) = two(candidates, rng);
-    let (la, lb) = (view.load(a).outstanding(), view.load(b).outstanding());
-    if la < lb || (la == lb && rng.random_bool(0.5)) {
-        a
-    } else {
-        b
+        PrefixAffinity { params, tree: TenantTree::new(false), candidates: Vec::new(), available: Vec::new() }
     }
 }
 
@@ -62,35 +66,59 @@ impl Policy for PrefixAffinity {
         "prefix_affinity"
     }
 
-    fn uses_record(&self) -> bool {
-        true
+    fn reads_kv_events(&self) -> bool {
+        false
     }
 
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {
         let p = self.params;
-        self.candidates.clear();
-        self.candidates.extend(view.routable());
-        if self.candidates.is_empty() {
+        let routable: Vec<usize> = view.routable().collect();
+        if routable.is_empty() {
             return Err(Error::NoReplicaReady);
         }
-        let loads = self.candidates.iter().map(|&i| view.load(i).outstanding());
+        let ongoing = |i: usize| view.load(i).outstanding();
+        let loads = routable.iter().map(|&i| ongoing(i));
         let (min, max) = loads.fold((u32::MAX, 0), |(lo, hi), l| (lo.min(l), hi.max(l)));
-        if max - min > p.imbalanced_threshold {
-            let i = pow2(view, &self.candidates, rng);
+        if f64::from(max - min) > p.imbalanced_threshold {
+            let (a, b) = two(&routable, rng);
+            let i = if ongoing(b) < ongoing(a) { b } else { a };
             return Ok(Decision::at(view, req, i, Reason::Imbalance));
         }
-        let best = self.candidates.iter().map(|&i| view.record_overlaps[i]).max().unwrap_or(0);
-        let rate = if req.blocks() == 0 { 0.0 } else { best as f64 / req.blocks() as f64 };
-        let reason = if best > 0 && rate >= p.match_rate_threshold {
-            self.candidates.retain(|&i| view.record_overlaps[i] == best);
+        self.available.clear();
+        for &i in &routable {
+            let k = view.replicas[i].id.index();
+            if self.available.len() <= k {
+                self.available.resize(k + 1, false);
+            }
+            self.available[k] = true;
+        }
+        let available = &self.available;
+        let depth = self.tree.deepest(&req.hashes, |id| available.get(id.index()).copied().unwrap_or(false));
+        let mut candidates = std::mem::take(&mut self.candidates);
+        candidates.clear();
+        let reason = if depth > 0
+            && match_rate(depth, view.config.block_size, req.prompt_tokens) >= p.match_rate_threshold
+        {
+            for id in self.tree.holders(req.hashes[depth - 1]) {
+                if let Some(i) = routable.iter().copied().find(|&i| view.replicas[i].id == id) {
+                    candidates.push((i, ongoing(i)));
+                }
+            }
             Reason::PrefixMatch
         } else {
-            let size = |i: usize| view.record.replica_blocks(view.replicas[i].id);
-            let smallest = self.candidates.iter().map(|&i| size(i)).min().unwrap_or(0);
-            self.candidates.retain(|&i| size(i) == smallest);
+            let smallest = routable.iter().map(|&i| self.tree.size(view.replicas[i].id)).min().unwrap_or(0);
+            candidates.extend(
+                routable.iter().filter(|&&i| self.tree.size(view.replicas[i].id) == smallest).map(|&i| (i, ongoing(i))),
+            );
             Reason::LeastCached
         };
-        let i = pow2(view, &self.candidates, rng);
+        let pick = first_lowest(&candidates);
+        self.candidates = candidates;
+        let i = pick.ok_or(Error::NoReplicaReady)?;
         Ok(Decision::at(view, req, i, reason))
+    }
+
+    fn booked(&mut self, req: &RouteRequest, decision: &Decision, _booking: BookingId, _now: f64) {
+        self.tree.insert(decision.replica, &req.hashes);
     }
 }

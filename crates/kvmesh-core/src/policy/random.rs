@@ -14,6 +14,10 @@ impl Policy for Random {
         "random"
     }
 
+    fn reads_kv_events(&self) -> bool {
+        false
+    }
+
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {
         let n = view.routable().count();
         if n == 0 {

@@ -16,6 +16,10 @@ impl Policy for RoundRobin {
         "round_robin"
     }
 
+    fn reads_kv_events(&self) -> bool {
+        false
+    }
+
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, _rng: &mut dyn RngCore) -> Result<Decision, Error> {
         let n = view.routable().count();
         if n == 0 {

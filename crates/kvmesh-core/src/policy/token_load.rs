@@ -1,40 +1,50 @@
-//! `token_load`, kvmesh's default: the lowest estimated time to first token on token load.
+//! `token_load`, kvmesh's default: the lowest estimated time to first token on token load,
+//! holding cache affinity where it costs the tail nothing.
 //!
 //! For each routable replica ([`crate::fleet::FleetView::estimate`]):
 //!
 //! ```text
 //! uncached = prompt tokens − (GPU overlap blocks · credit) · block_size   (≥ 1 token)
 //! TTFT     = β1·(queued uncached prefill + uncached) + ⌈…/C⌉·(β0 + β2·decoding sequences)
+//! kv_wait  = (blocks short) · output · step / blocks in use      (0 when the request fits)
 //! ```
 //!
-//! Overlap is a *discount* on prefill, not the objective: a replica holding the prefix wins
-//! only while its queue is shorter than the recompute it saves. Queued prefill drains at the
-//! replica's prefill rate between first tokens ([`crate::load::TokenLoad::queued_prefill_at`]).
-//!
-//! A greedy per-request TTFT gives up cache affinity exactly when it matters: near capacity
-//! every replica has a queue, and each move away from the replica that caches the prefix adds
-//! its recompute to the fleet's work, which every later request waits for. So each candidate
-//! is charged for the prefill it needs beyond the best-cached candidate, scaled by the fleet
-//! pressure above what spare capacity absorbs (requests queued for prefill per replica, less
-//! `pressure_floor`, capped at `max_pressure`):
+//! Overlap is a *discount* on prefill, not the objective. Queued prefill drains at the
+//! replica's prefill rate, but never below what the engine cannot have started: every booked
+//! request but the oldest still before its first token
+//! ([`crate::load::TokenLoad::queued_prefill_at`]). KV capacity is not ignored and not a wall:
+//! a replica whose free blocks (the engine's last report moved by what this router booked
+//! since) are fewer than the request's uncached prompt and expected output blocks makes it
+//! wait until running sequences free them — about `used / (output · step)` blocks a second,
+//! each step carrying a prefill chunk while prefill is queued — and that wait is priced.
 //!
 //! ```text
-//! cost = TTFT + move_weight · clamp(pressure − pressure_floor, 0, max_pressure) · β1 · (uncached − fewest uncached)
+//! cost = TTFT + kv_wait_weight · kv_wait
+//!      + move_weight · clamp(pressure − pressure_floor, 0, max_pressure) · β1 · (uncached − fewest uncached)
 //! ```
 //!
-//! A fleet with spare capacity pays nothing (it recomputes for free, and spreading a prefix
-//! to more replicas is then cheap replication); a fleet whose replicas queue holds affinity
-//! harder. The overlap `credit` fades from 1 to 0 as the replica's last KV event ages from
-//! `event_fresh_s` to `event_stale_s`, but only once the replica has delivered a first token
-//! since that event (an idle replica's silence proves nothing; see
-//! [`crate::fleet::FleetView::overlap_credit`]); stale → load only. KV headroom is a hard limit: a replica whose free blocks are fewer than the
-//! request's uncached prompt blocks plus expected output blocks is skipped while any other
-//! fits (if none fits, the lowest cost wins, reason `no_kv_headroom`). Replicas within
-//! `max(near_equal_s, near_equal_rel × best)` of the best cost are near-equal; among them the
-//! one this router sent a request to longest ago wins (random among exact ties), so equal
-//! replicas take turns instead of herding on the first.
+//! The last term charges a move away from the replica caching most of the prompt for the
+//! recompute it adds to the fleet's work, scaled by the fleet pressure (requests queued for
+//! prefill per replica) above what spare capacity absorbs.
+//!
+//! **Affinity within the tail budget.** p99 TTFT is set by the requests whose own prefill is
+//! longest; a request whose TTFT stays well under those costs the p99 nothing by waiting, and
+//! what its cache hit saves is capacity for everyone. So among the replicas whose estimated
+//! TTFT is within `affinity_budget × p99` of the last 1,024 requests' own prefill times (or
+//! the best estimate, if higher), the one caching most of the prompt wins (the cheapest of
+//! those on ties), when it caches more than the cost-best choice would.
+//!
+//! Otherwise the lowest cost wins. Replicas within `max(near_equal_s, near_equal_rel × best)`
+//! of the best cost are near-equal; among them the lowest TTFT, then the one this router sent
+//! a request to longest ago (random among exact ties), so equal replicas take turns instead of
+//! herding on the first. The overlap `credit` fades from 1 to 0 as the replica's last KV event
+//! ages from `event_fresh_s` to `event_stale_s`, but only once the replica has delivered a first
+//! token since that event (an idle replica's silence proves nothing; see
+//! [`crate::fleet::FleetView::overlap_credit`]). The reason is `no_kv_headroom` when no
+//! replica has room for the request now (admission control holds such requests).
 
 use super::choose::lowest;
+use super::recent_p99::RecentP99;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
@@ -61,6 +71,12 @@ pub struct TokenLoadParams {
     /// delay, count as cached there before its KV events confirm them (0 turns it off).
     /// Default 2.
     pub pending_prefix_s: f64,
+    /// Weight of the estimated wait for KV room in the cost. 0 skips replicas without room
+    /// instead, while any has room (a hard limit). Default 0.25.
+    pub kv_wait_weight: f64,
+    /// The tail budget for holding affinity, as a share of the p99 of recent requests' own
+    /// prefill times (see the module docs). 0 turns it off. Default 0.7.
+    pub affinity_budget: f64,
     /// With other router nodes active: costs closer than this count as equal when the nodes
     /// order candidates for their ranks (about how far apart their views of one booking are:
     /// gossip batching plus the network), seconds. Default 0.01.
@@ -76,6 +92,8 @@ impl Default for TokenLoadParams {
             max_pressure: 8.0,
             pressure_floor: 1.0,
             pending_prefix_s: 2.0,
+            kv_wait_weight: 0.25,
+            affinity_budget: 0.7,
             peer_order_step_s: 0.01,
         }
     }
@@ -89,20 +107,24 @@ pub struct TokenLoadPolicy {
     fits: Vec<(usize, f64)>,
     all: Vec<(usize, f64)>,
     near: Vec<(usize, f64)>,
+    /// Own prefill times (uncached part at the best-cached replica, no queue) of recent requests.
+    own_prefill: RecentP99,
+    /// View position → index into `estimates`, per pick.
+    slot: Vec<usize>,
 }
 
 impl TokenLoadPolicy {
     /// A policy with `params`.
     pub fn new(params: TokenLoadParams) -> Self {
-        TokenLoadPolicy { params, estimates: Vec::new(), fits: Vec::new(), all: Vec::new(), near: Vec::new() }
-    }
-}
-
-fn scores_of<'a>(fits: &'a [(usize, f64)], all: &'a [(usize, f64)]) -> &'a [(usize, f64)] {
-    if fits.is_empty() {
-        all
-    } else {
-        fits
+        TokenLoadPolicy {
+            params,
+            estimates: Vec::new(),
+            fits: Vec::new(),
+            all: Vec::new(),
+            near: Vec::new(),
+            own_prefill: RecentP99::new(),
+            slot: Vec::new(),
+        }
     }
 }
 
@@ -168,50 +190,79 @@ impl Policy for TokenLoadPolicy {
     }
 
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {
+        let p = self.params;
         self.estimates.clear();
         self.fits.clear();
         self.all.clear();
         let estimator = view.estimator(req);
         self.estimates.extend(view.routable().map(|i| (i, estimator.at(i))));
+        let Some(&(first, _)) = self.estimates.first() else { return Err(Error::NoReplicaReady) };
+        // View position → its estimate, for the lookups below (O(1) each: fleets of a thousand
+        // replicas decide here).
+        self.slot.clear();
+        self.slot.resize(view.replicas.len(), usize::MAX);
+        for (k, &(i, _)) in self.estimates.iter().enumerate() {
+            self.slot[i] = k;
+        }
         // The recompute charge: prefill a move away from the best-cached replica adds to the
         // fleet's work, weighted by how many requests already queue per replica.
         let fewest_uncached = self.estimates.iter().map(|(_, e)| e.uncached_tokens).min().unwrap_or(0);
-        let n = self.estimates.len().max(1) as f64;
+        let n = self.estimates.len() as f64;
         let pressure = self.estimates.iter().map(|&(i, _)| view.load(i).prefilling as f64).sum::<f64>() / n;
-        let charge =
-            self.params.move_weight * (pressure - self.params.pressure_floor).clamp(0.0, self.params.max_pressure);
+        let charge = p.move_weight * (pressure - p.pressure_floor).clamp(0.0, p.max_pressure);
         for &(i, e) in &self.estimates {
             let extra = e.uncached_tokens - fewest_uncached;
-            let cost = if charge > 0.0 && extra > 0 {
+            let mut cost = e.ttft_s + p.kv_wait_weight * e.kv_wait_s;
+            if charge > 0.0 && extra > 0 {
                 let s_per_token = view.replicas[i].profile(view.config.learn_prefill_rate).prefill_s_per_token;
-                e.ttft_s + charge * extra as f64 * s_per_token
-            } else {
-                e.ttft_s
-            };
+                cost += charge * extra as f64 * s_per_token;
+            }
             self.all.push((i, cost));
             if e.kv_headroom_blocks >= 0 {
                 self.fits.push((i, cost));
             }
         }
-        let (scores, reason) =
-            if self.fits.is_empty() { (&self.all, Reason::NoKvHeadroom) } else { (&self.fits, Reason::LowestCost) };
+        let reason = if self.fits.is_empty() { Reason::NoKvHeadroom } else { Reason::LowestCost };
+        let scores = if p.kv_wait_weight > 0.0 || self.fits.is_empty() { &self.all } else { &self.fits };
         let best = scores.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
         if view.active_peers > 0 {
-            let scores = scores_of(&self.fits, &self.all);
-            if let Some(i) = spread_among_peers(&self.params, scores, &self.estimates, &mut self.near, best, view) {
+            if let Some(i) = spread_among_peers(&p, scores, &self.estimates, &mut self.near, best, view) {
                 return Ok(Decision::at(view, req, i, reason));
             }
         }
-        let tolerance = self.params.near_equal_s.max(self.params.near_equal_rel * best);
-        // Among near-equal replicas, the one routed to longest ago (a random one among exact
-        // ties): the estimate cannot see a step already running, and rotating among equals
-        // spaces arrivals out on each replica, as round robin does, instead of letting two
-        // land together on one.
+        let tolerance = p.near_equal_s.max(p.near_equal_rel * best);
+        let (estimates, slot) = (&self.estimates, &self.slot);
+        let est = |i: usize| estimates[slot[i]].1;
+        let profile = view.replicas[first].profile(view.config.learn_prefill_rate);
+        self.own_prefill.observe(profile.ttft(u64::from(fewest_uncached), 0));
+        if p.affinity_budget > 0.0 {
+            let fastest = scores.iter().map(|s| est(s.0).ttft_s).fold(f64::INFINITY, f64::min);
+            let budget = (p.affinity_budget * self.own_prefill.p99()).max(fastest);
+            let within = || scores.iter().filter(|s| est(s.0).ttft_s <= budget);
+            let most_cached = within().map(|s| est(s.0).uncached_tokens).min();
+            let greedy = scores.iter().filter(|s| s.1 <= best + tolerance).map(|s| est(s.0).uncached_tokens).min();
+            if let (Some(f), Some(g)) = (most_cached, greedy) {
+                if f < g {
+                    let pick = within().filter(|s| est(s.0).uncached_tokens == f).min_by(|a, b| a.1.total_cmp(&b.1));
+                    if let Some(&(i, _)) = pick {
+                        let reason = if reason == Reason::NoKvHeadroom { reason } else { Reason::PrefixMatch };
+                        return Ok(Decision::at(view, req, i, reason));
+                    }
+                }
+            }
+        }
+        // Among near-equal replicas, the lowest TTFT, then the one routed to longest ago (a
+        // random one among exact ties): the estimate cannot see a step already running, and
+        // rotating among equals spaces arrivals out on each replica, as round robin does,
+        // instead of letting two land together on one.
+        let near_cost = |s: &&(usize, f64)| s.1 <= best + tolerance;
+        let fastest = scores.iter().filter(near_cost).map(|s| est(s.0).ttft_s).fold(f64::INFINITY, f64::min);
         self.near.clear();
         self.near.extend(
             scores
                 .iter()
-                .filter(|s| s.1 <= best + tolerance)
+                .filter(near_cost)
+                .filter(|s| est(s.0).ttft_s <= fastest + tolerance)
                 .map(|&(i, _)| (i, view.replicas[i].last_routed_at.unwrap_or(f64::NEG_INFINITY))),
         );
         let i = lowest(&self.near, 0.0, rng).ok_or(Error::NoReplicaReady)?;

@@ -1,23 +1,42 @@
-//! `weighted_scorer`: llm-d's default scheduling profile (llm-d `inference-scheduler`, the
-//! Gateway API Inference Extension scorers): the replica with the highest weighted sum of
+//! `weighted_scorer`: llm-d's default scheduling profile (llm-d/llm-d-router v0.10.0+62 at
+//! ebab6879, the inference scheduler's current home; `pkg/epp/config/loader/defaults.go`, the
+//! scorers under `pkg/epp/framework/plugins/scheduling/scorer/`, the picker
+//! `picker/maxscore/picker.go`; the llm-d inference-scheduling guide ships the same weights).
 //!
-//! - **prefix** (weight 3): `matched blocks / request blocks` on the router's own routing
-//!   record (llm-d's default prefix-cache scorer is approximate, tracking its own routing);
-//! - **queue** (weight 2): min-max normalised waiting queue, `(max − q) / (max − min)`, 1.0 when
-//!   all are equal; `q` is the engine-reported waiting count when every routable replica has
-//!   fresh metrics (llm-d reads engine metrics), else — for all replicas alike, so one scale is
-//!   normalised — the requests this router booked that are still prefilling;
-//! - **KV utilisation** (weight 2): `1 − kv_usage` from fresh engine metrics, else booked
-//!   blocks over capacity.
+//! Each candidate's score is `3·prefix + 2·queue + 2·kv`, each term clamped to [0, 1]; the
+//! highest wins, uniformly at random among exact ties (`max-score-picker` shuffles, then sorts
+//! stably). No filters.
 //!
-//! Ties at random.
+//! - **prefix** (`prefix-cache-scorer` on the approximate prefix producer): matched blocks /
+//!   the request's blocks, on llm-d's own index of where it sent each prompt ([`LruPrefixIndex`]:
+//!   64-token blocks — the engine's block size clamped to at least 64 —, the final partial block
+//!   included, at most 131,072 tokens; per server an LRU of `num_gpu_blocks` entries);
+//! - **queue** (`queue-scorer`): `(max − q) / (max − min)` of the servers' waiting queues
+//!   (`vllm:num_requests_waiting`), 1.0 for all when they are equal;
+//! - **kv** (`kv-cache-utilization-scorer`): `1 − vllm:kv_cache_usage_perc`.
+//!
+//! llm-d scrapes every server's metrics every 50 ms (`--refresh-metrics-interval`) and scores on
+//! the latest scrape, however old (its staleness threshold only feeds the saturation
+//! detector, which holds nothing back by default); a server not scraped yet reads queue 0 and
+//! KV 0. It counts none of its own in-flight requests. The policy asks for that scrape
+//! interval ([`Policy::scrape_interval_s`]).
 
 use super::choose::highest;
+use super::lru_prefix::{LruPrefixIndex, LLMD_BLOCK_TOKENS, LLMD_MAX_PREFIX_TOKENS};
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
-use crate::load::EngineMetrics;
+use crate::ids::ReplicaId;
+use crate::load::BookingId;
 use rand::RngCore;
+use rustc_hash::FxHashMap;
+
+/// llm-d's default LRU size per server, entries, when the engine does not report
+/// `num_gpu_blocks` (`LRUCapacityPerServer`).
+pub const LLMD_DEFAULT_LRU_CAPACITY: usize = 31_250;
+
+/// llm-d's default metrics refresh interval, seconds.
+pub const LLMD_SCRAPE_INTERVAL_S: f64 = 0.05;
 
 /// Parameters of [`WeightedScorer`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,27 +59,44 @@ impl Default for WeightedScorerParams {
 #[derive(Debug)]
 pub struct WeightedScorer {
     params: WeightedScorerParams,
+    index: LruPrefixIndex,
+    /// Each replica's LRU size (its `capacity_blocks`, vLLM's `num_gpu_blocks`), by index, as
+    /// of the last pick.
+    capacity: Vec<usize>,
+    block_size: u32,
+    hashes: Vec<u64>,
+    matches: FxHashMap<ReplicaId, u32>,
     scores: Vec<(usize, f64)>,
 }
 
 impl WeightedScorer {
     /// A policy with `params`.
     pub fn new(params: WeightedScorerParams) -> Self {
-        WeightedScorer { params, scores: Vec::new() }
+        WeightedScorer {
+            params,
+            index: LruPrefixIndex::default(),
+            capacity: Vec::new(),
+            block_size: 16,
+            hashes: Vec::new(),
+            matches: FxHashMap::default(),
+            scores: Vec::new(),
+        }
     }
 }
 
-/// Fresh engine metrics of position `i`.
-fn fresh(view: &FleetView<'_>, i: usize) -> Option<EngineMetrics> {
-    view.replicas[i].metrics.filter(|m| m.age(view.now) <= view.config.metrics_fresh_s)
-}
-
-/// The waiting queue of position `i`, requests, from the engine or (`engine == false`) from
-/// this router's bookings.
-fn queue(view: &FleetView<'_>, i: usize, engine: bool) -> f64 {
-    match fresh(view, i) {
-        Some(m) if engine => m.waiting as f64,
-        _ => view.load(i).prefilling as f64,
+/// llm-d's prefix block hashes of `req` into `out`, for kvmesh blocks of `block_size` tokens:
+/// blocks of the smallest multiple of `block_size` that is at least 64 tokens, each identified
+/// by kvmesh's chained hash at its last block (the whole prefix up to there), and the final
+/// partial block by the prompt's own key.
+pub(crate) fn llmd_hashes(req: &RouteRequest, block_size: u32, out: &mut Vec<u64>) {
+    out.clear();
+    let per = LLMD_BLOCK_TOKENS.div_ceil(block_size.max(1));
+    let tokens = per * block_size;
+    let prompt = req.prompt_tokens.min(LLMD_MAX_PREFIX_TOKENS);
+    let full = (prompt / tokens) as usize;
+    out.extend((0..full).filter_map(|k| req.hashes.get((k + 1) * per as usize - 1).map(|h| h.0)));
+    if !prompt.is_multiple_of(tokens) && prompt == req.prompt_tokens {
+        out.push(req.prompt_key);
     }
 }
 
@@ -69,29 +105,49 @@ impl Policy for WeightedScorer {
         "weighted_scorer"
     }
 
-    fn uses_record(&self) -> bool {
-        true
+    fn reads_kv_events(&self) -> bool {
+        false
+    }
+
+    fn scrape_interval_s(&self) -> Option<f64> {
+        Some(LLMD_SCRAPE_INTERVAL_S)
     }
 
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {
         let p = self.params;
-        let engine = view.routable().all(|i| fresh(view, i).is_some());
-        let (qmin, qmax) = view
-            .routable()
-            .map(|i| queue(view, i, engine))
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), q| (a.min(q), b.max(q)));
+        self.block_size = view.config.block_size;
+        for r in view.replicas {
+            let k = r.id.index();
+            if self.capacity.len() <= k {
+                self.capacity.resize(k + 1, LLMD_DEFAULT_LRU_CAPACITY);
+            }
+            self.capacity[k] =
+                if r.spec.capacity_blocks > 0 { r.spec.capacity_blocks as usize } else { LLMD_DEFAULT_LRU_CAPACITY };
+        }
+        llmd_hashes(req, self.block_size, &mut self.hashes);
+        self.index.matches(&self.hashes, &mut self.matches);
+        let waiting = |i: usize| view.replicas[i].metrics.map_or(0.0, |m| f64::from(m.waiting));
+        let (qmin, qmax) =
+            view.routable().map(waiting).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), q| (a.min(q), b.max(q)));
+        let total = self.hashes.len() as f64;
         self.scores.clear();
         for i in view.routable() {
-            let prefix = if req.blocks() == 0 { 0.0 } else { view.record_overlaps[i] as f64 / req.blocks() as f64 };
-            let q = if qmax > qmin { (qmax - queue(view, i, engine)) / (qmax - qmin) } else { 1.0 };
-            let used = match fresh(view, i) {
-                Some(m) => m.kv_usage.clamp(0.0, 1.0),
-                None => (view.load(i).kv_blocks as f64 / view.replicas[i].spec.capacity_blocks as f64).min(1.0),
-            };
-            let kv = 1.0 - used;
-            self.scores.push((i, p.prefix_weight * prefix + p.queue_weight * q + p.kv_weight * kv));
+            let matched = self.matches.get(&view.replicas[i].id).copied().unwrap_or(0);
+            let prefix = if total > 0.0 { f64::from(matched) / total } else { 0.0 };
+            let queue = if qmax > qmin { (qmax - waiting(i)) / (qmax - qmin) } else { 1.0 };
+            let kv = 1.0 - view.replicas[i].metrics.map_or(0.0, |m| m.kv_usage);
+            let score = p.prefix_weight * prefix.clamp(0.0, 1.0)
+                + p.queue_weight * queue.clamp(0.0, 1.0)
+                + p.kv_weight * kv.clamp(0.0, 1.0);
+            self.scores.push((i, score));
         }
         let i = highest(&self.scores, rng).ok_or(Error::NoReplicaReady)?;
         Ok(Decision::at(view, req, i, Reason::HighestScore))
+    }
+
+    fn booked(&mut self, req: &RouteRequest, decision: &Decision, _booking: BookingId, _now: f64) {
+        llmd_hashes(req, self.block_size, &mut self.hashes);
+        let capacity = self.capacity.get(decision.replica.index()).copied().unwrap_or(LLMD_DEFAULT_LRU_CAPACITY);
+        self.index.add(decision.replica, &self.hashes, capacity);
     }
 }

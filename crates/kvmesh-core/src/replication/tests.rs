@@ -151,7 +151,12 @@ fn a_hot_prefix_gets_replicas_sized_to_its_share() {
     // r1 is busy: it is chosen last.
     f.book(
         ReplicaId(1),
-        BookingSpec { uncached_prefill_tokens: 5000, uncached_blocks: 313, expected_output_tokens: 100 },
+        BookingSpec {
+            uncached_prefill_tokens: 5000,
+            uncached_blocks: 313,
+            expected_output_tokens: 100,
+            reports_first_token: true,
+        },
         0.0,
     )
     .unwrap();
@@ -331,7 +336,12 @@ fn routers_treat_planned_targets_as_warm_for_the_grace_ttl() {
     f.set_replication_plan(&plan, 10.0, 0.5);
     f.book(
         ReplicaId(0),
-        BookingSpec { uncached_prefill_tokens: 20_000, uncached_blocks: 1250, expected_output_tokens: 10 },
+        BookingSpec {
+            uncached_prefill_tokens: 20_000,
+            uncached_blocks: 1250,
+            expected_output_tokens: 10,
+            reports_first_token: false,
+        },
         0.5,
     )
     .unwrap();
@@ -361,7 +371,12 @@ fn routers_treat_planned_targets_as_warm_for_the_grace_ttl() {
     // Load r0 so the planned r1 wins on the same 64 cached blocks.
     f.book(
         ReplicaId(0),
-        BookingSpec { uncached_prefill_tokens: 20_000, uncached_blocks: 1250, expected_output_tokens: 10 },
+        BookingSpec {
+            uncached_prefill_tokens: 20_000,
+            uncached_blocks: 1250,
+            expected_output_tokens: 10,
+            reports_first_token: false,
+        },
         2.0,
     )
     .unwrap();

@@ -3,8 +3,9 @@
 //! engines ([`crate::engine::Engine`]).
 //!
 //! The router sees only what a real router sees: KV events `event_delay_s` after the engine
-//! emitted them, engine metrics polled every `metrics_interval_s`, and its own bookings (first
-//! token and completion as the proxied stream shows them). It never reads an engine's true
+//! emitted them, engine metrics polled every `metrics_interval_s` (or as often as the policy's
+//! router scrapes them, when that is more often: llm-d every 50 ms), and its own bookings
+//! (first token and completion as the proxied stream shows them). It never reads an engine's true
 //! state. Time is simulated; randomness comes from the run's seed, so a run replays exactly.
 //!
 //! With `routers` > 1, requests arrive at N router nodes in turn (a client-side round robin),
@@ -333,11 +334,17 @@ fn run(
         rejected: Vec::new(),
         waiting: BinaryHeap::new(),
         demand: vec![None; trace.requests.len()],
+        events: policy.reads_kv_events(),
+        scrape_s: policy.scrape_interval_s().filter(|&s| s.is_finite() && s > 0.0 && s < config.metrics_interval_s),
     };
     for (i, r) in trace.requests.iter().enumerate() {
         sim.queue.push(r.arrival_s, Ev::Arrival(i as u32));
     }
     sim.queue.push(0.0, Ev::Tick);
+    if let Some(s) = sim.scrape_s {
+        sim.queue.push(0.0, Ev::Scrape);
+        debug_assert!(s > 0.0);
+    }
     if let Some(sc) = sim.scaler.as_ref() {
         let off: Vec<usize> = (0..sc.slots.len()).filter(|&r| !sc.routable(r)).collect();
         for router in &mut sim.routers {
@@ -381,6 +388,12 @@ fn run(
             Ev::Tick => {
                 sim.tick(t);
                 sim.admit_waiting(policy, t)?;
+            }
+            Ev::Scrape => {
+                sim.scrape(t);
+                if let Some(s) = sim.scrape_s.filter(|_| sim.more()) {
+                    sim.queue.push(t + s, Ev::Scrape);
+                }
             }
             Ev::Autoscale => {
                 sim.autoscale(t);
@@ -473,6 +486,11 @@ struct Sim<'a> {
     waiting: BinaryHeap<Reverse<(bool, u64, u32)>>,
     /// Per request: its token load once counted as demand, tokens.
     demand: Vec<Option<u64>>,
+    /// The policy's own metrics interval, when shorter than the tick's, seconds.
+    scrape_s: Option<f64>,
+    /// Whether the routers read KV events at all ([`Policy::reads_kv_events`]): a peer that
+    /// does not is not fed them (the same decisions, without the index's cost).
+    events: bool,
 }
 
 impl Sim<'_> {
@@ -692,7 +710,7 @@ impl Sim<'_> {
             let tokens = out.prefill_tokens + (out.decoded.len() + out.first_tokens.len()) as u64;
             sc.saturated_step(r, tokens as f64, d);
         }
-        for ev in out.events {
+        for ev in out.events.into_iter().filter(|_| self.events) {
             if self.config.event_delay_s <= 0.0 {
                 for router in &mut self.routers {
                     let _ = router.fleet.apply_event(ReplicaId(r as u32), &ev, t);
@@ -744,13 +762,7 @@ impl Sim<'_> {
             let rate = std::mem::take(&mut self.booked.0) / self.config.metrics_interval_s;
             self.booked.1.push(rate);
         }
-        for (r, e) in self.engines.iter().enumerate() {
-            let (running, waiting, kv_usage) = e.metrics();
-            for router in &mut self.routers {
-                let m = EngineMetrics { running, waiting, kv_usage, at: t };
-                let _ = router.fleet.report_metrics(ReplicaId(r as u32), m);
-            }
-        }
+        self.scrape(t);
         for router in &mut self.routers {
             router.fleet.expire(t);
         }
@@ -761,6 +773,17 @@ impl Sim<'_> {
 }
 
 impl Sim<'_> {
+    /// Every router reads every engine's metrics at `t`.
+    fn scrape(&mut self, t: f64) {
+        for (r, e) in self.engines.iter().enumerate() {
+            let (running, waiting, kv_usage) = e.metrics();
+            for router in &mut self.routers {
+                let m = EngineMetrics { running, waiting, kv_usage, at: t };
+                let _ = router.fleet.report_metrics(ReplicaId(r as u32), m);
+            }
+        }
+    }
+
     /// The autoscaler's evaluation at `t`: start and drain replicas.
     fn autoscale(&mut self, t: f64) {
         // Prefill queued on the engines and the token load waiting at the router.
@@ -848,6 +871,7 @@ impl Sim<'_> {
                 uncached_prefill_tokens: w.tokens.len() as u32,
                 uncached_blocks: w.depth_blocks,
                 expected_output_tokens: 1,
+                reports_first_token: false,
             };
             let Ok(booking) = leader.book(r, spec, t) else { continue };
             let id = rep.next_warm;

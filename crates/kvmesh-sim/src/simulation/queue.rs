@@ -17,6 +17,9 @@ pub(crate) enum Ev {
     Gossip,
     /// The router polls engine metrics and expires old state.
     Tick,
+    /// The router scrapes engine metrics only, at the policy's own interval when that is
+    /// shorter than the tick's ([`kvmesh_core::Policy::scrape_interval_s`]).
+    Scrape,
     /// The leader's replication round (replication only).
     Replicate,
     /// The autoscaler's evaluation (scaling only).
