@@ -623,7 +623,7 @@ pub fn print_policies() {
         PolicyKind::PrefixAffinity => "Ray Serve: own prompt tree, match ≥ 0.1 to its holders, else smallest tree; fewest ongoing",
         PolicyKind::KvCost => "Dynamo KV router: prefill blocks − overlap + active blocks (KV events, own sequences), lowest wins",
         PolicyKind::WeightedScorer => "llm-d: 3·prefix (own index) + 2·queue + 2·free KV (scraped every 50 ms), highest wins",
-        PolicyKind::TokenLoad => "kvmesh default: lowest estimated TTFT on token load, overlap as prefill discount, KV headroom as a hard limit",
+        PolicyKind::TokenLoad => "kvmesh default: lowest estimated TTFT on token load, overlap as prefill discount, KV shortage priced as the wait until room",
     }
     };
     for k in PolicyKind::ALL {

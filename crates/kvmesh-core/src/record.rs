@@ -172,26 +172,27 @@ impl RoutingRecord {
         window: impl Fn(ReplicaId) -> f64,
         out: &mut Vec<(ReplicaId, Overlap)>,
     ) {
+        type Ids = SmallVec<[ReplicaId; 16]>;
         let n = hashes.len();
         let ttl = self.ttl;
         let live = |s: &Sent| s.at + window(s.replica).min(ttl) > now;
         let holders = |i: usize| self.blocks.get(&hashes[i]).map_or(&[][..], |l| l.as_slice());
-        // Each replica's run so far, blocks.
+        // Each replica's run so far, blocks, sorted by replica (holder lists are sorted too, so
+        // every membership test below is a binary search).
         let mut best: SmallVec<[(ReplicaId, u32); 16]> = SmallVec::new();
         let note = |best: &mut SmallVec<[(ReplicaId, u32); 16]>, r: ReplicaId, run: u32| match best
-            .iter_mut()
-            .find(|x| x.0 == r)
+            .binary_search_by_key(&r, |x| x.0)
         {
-            Some(x) => x.1 = x.1.max(run),
-            None => best.push((r, run)),
+            Ok(k) => best[k].1 = best[k].1.max(run),
+            Err(k) => best.insert(k, (r, run)),
         };
-        // Replicas that hold every stride block so far (`None`: before the first one).
-        let mut alive: Option<SmallVec<[ReplicaId; 16]>> = None;
+        // Replicas that hold every stride block so far (all of them before the first one).
+        let (mut alive, mut next): (Ids, Ids) = (SmallVec::new(), SmallVec::new());
+        let mut first = true;
         let mut start = 0;
         while start < n {
             let stride_at = start + self.stride - 1;
-            let candidate =
-                |alive: &Option<SmallVec<[ReplicaId; 16]>>, r: ReplicaId| alive.as_ref().is_none_or(|a| a.contains(&r));
+            let candidate = |alive: &Ids, r: ReplicaId| first || alive.binary_search(&r).is_ok();
             if stride_at >= n {
                 // The last, partial window: its recorded blocks are prompts' ends.
                 for i in start..n {
@@ -201,14 +202,13 @@ impl RoutingRecord {
                 }
                 break;
             }
-            let next: SmallVec<[ReplicaId; 16]> = holders(stride_at)
-                .iter()
-                .filter(|s| live(s) && candidate(&alive, s.replica))
-                .map(|s| s.replica)
-                .collect();
+            next.clear();
+            next.extend(
+                holders(stride_at).iter().filter(|s| live(s) && candidate(&alive, s.replica)).map(|s| s.replica),
+            );
             // Replicas that stop in this window may still end a recorded prompt inside it.
-            let stops = |r: ReplicaId| candidate(&alive, r) && !next.contains(&r);
-            if alive.as_ref().is_none_or(|a| a.iter().any(|&r| stops(r))) {
+            let stops = |r: ReplicaId| candidate(&alive, r) && next.binary_search(&r).is_err();
+            if first || alive.iter().any(|&r| stops(r)) {
                 for i in start..stride_at {
                     for s in holders(i).iter().filter(|s| live(s) && stops(s.replica)) {
                         note(&mut best, s.replica, i as u32 + 1);
@@ -221,10 +221,10 @@ impl RoutingRecord {
             if next.is_empty() {
                 break;
             }
-            alive = Some(next);
+            std::mem::swap(&mut alive, &mut next);
+            first = false;
             start += self.stride;
         }
-        best.sort_unstable_by_key(|x| x.0);
         out.extend(best.into_iter().map(|(r, run)| (r, Overlap::gpu(run))));
     }
 

@@ -177,7 +177,7 @@ struct RequestFields<'a> {
     #[serde(default)]
     max_completion_tokens: Option<u64>,
     #[serde(default)]
-    stream: bool,
+    stream: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -229,7 +229,7 @@ impl Parsed {
             max_tokens: f.max_tokens.or(f.max_completion_tokens),
             tokens,
             exact,
-            stream: f.stream,
+            stream: f.stream.unwrap_or(false),
         }
     }
 }

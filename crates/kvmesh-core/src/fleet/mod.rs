@@ -24,7 +24,7 @@ use crate::error::Error;
 use crate::hashing::{BlockHasher, Namespace, DEFAULT_BLOCK_SIZE};
 use crate::ids::{BlockHash, ReplicaId};
 use crate::index::{ApplyOutcome, KvEvent, PrefixIndex};
-use crate::load::{BookingEvent, BookingId, BookingSpec, Bookings, EngineMetrics};
+use crate::load::{BookingId, BookingSpec, Bookings, EngineMetrics, FleetEvent};
 use crate::overlap::Overlap;
 use crate::policy::{Decision, Policy};
 use crate::record::RoutingRecord;
@@ -180,9 +180,10 @@ pub struct Fleet {
     /// Live bookings this fleet's own decisions made (not ones learned from peers): the
     /// bookings whose lifecycle policies are told of.
     own: FxHashSet<BookingId>,
-    /// First tokens and ends of `own` bookings since the last decision, oldest first; handed to
-    /// the policy before it next picks ([`Policy::observe`]). At most two per own booking.
-    lifecycle: Vec<BookingEvent>,
+    /// First tokens and ends of `own` bookings and replica removals since the last decision,
+    /// oldest first; handed to the policy before it next picks ([`Policy::observe`]). At most
+    /// two per own booking, one per removal.
+    lifecycle: Vec<FleetEvent>,
     // Per-decision scratch, reused so routing does not allocate.
     sparse: Vec<(ReplicaId, Overlap)>,
     overlaps: Vec<Overlap>,
@@ -314,8 +315,9 @@ impl Fleet {
         gone.sort_unstable();
         for b in gone {
             self.own.remove(&b);
-            self.lifecycle.push(BookingEvent::Ended(b));
+            self.lifecycle.push(FleetEvent::Ended(b));
         }
+        self.lifecycle.push(FleetEvent::ReplicaRemoved(id));
         Ok(self.bookings.drop_replica(id))
     }
 
@@ -526,7 +528,7 @@ impl Fleet {
     pub fn first_token(&mut self, booking: BookingId, now: f64) -> Result<(), Error> {
         let Some(b) = self.bookings.first_token(booking, now)? else { return Ok(()) };
         if self.own.contains(&booking) {
-            self.lifecycle.push(BookingEvent::FirstToken(booking));
+            self.lifecycle.push(FleetEvent::FirstToken(booking));
         }
         if let Some(p) = self.pos(b.replica) {
             let r = &mut self.replicas[p];
@@ -573,7 +575,7 @@ impl Fleet {
     pub fn release(&mut self, booking: BookingId, output_tokens: Option<u32>) -> Result<(), Error> {
         self.bookings.release(booking, output_tokens)?;
         if self.own.remove(&booking) {
-            self.lifecycle.push(BookingEvent::Ended(booking));
+            self.lifecycle.push(FleetEvent::Ended(booking));
         }
         Ok(())
     }
@@ -585,7 +587,7 @@ impl Fleet {
         let gone = self.bookings.expire(now);
         for b in &gone {
             if self.own.remove(b) {
-                self.lifecycle.push(BookingEvent::Ended(*b));
+                self.lifecycle.push(FleetEvent::Ended(*b));
             }
         }
         gone

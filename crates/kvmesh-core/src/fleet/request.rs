@@ -13,16 +13,18 @@ pub struct RouteRequest {
     pub hashes: Vec<BlockHash>,
     /// The client's `max_tokens`, if given.
     pub max_tokens: Option<u32>,
-    /// A 64-bit key for the whole prompt, partial last block included: equal keys mean equal
-    /// prompts (within one namespace).
+    /// A 64-bit key for the whole prompt, partial last block included: from tokens, equal keys
+    /// mean equal prompts (within one namespace); from a trace's block hashes, equal full
+    /// blocks and length.
     pub prompt_key: u64,
     /// Key for consistent hashing: the client's session key when it sends one, else
     /// `prompt_key` (the vLLM router hashes the request text when no session header or field
     /// is given).
     pub key: u64,
-    /// Whether this router sees the request's first token when it comes (a streamed answer;
-    /// gRPC `Route` callers report it): a non-streamed answer shows its first token only at
-    /// its end, so its prefill is not assumed queued until then. Default true.
+    /// Whether this router sees the request's first token when it comes (a streamed answer
+    /// through its proxy, or the simulator): a non-streamed answer shows its first token only
+    /// at its end, and a gRPC `Route` caller may never report it, so their prefill is not
+    /// assumed queued until then. Default true.
     pub streamed: bool,
 }
 

@@ -293,7 +293,7 @@ fn pending_prefixes_count_while_the_queue_ahead_of_them_lasts() {
 #[derive(Debug, Default)]
 struct Told {
     booked: Vec<BookingId>,
-    events: Vec<BookingEvent>,
+    events: Vec<FleetEvent>,
 }
 
 impl Policy for Told {
@@ -311,7 +311,7 @@ impl Policy for Told {
     fn booked(&mut self, _: &RouteRequest, _: &crate::policy::Decision, b: BookingId, _: f64) {
         self.booked.push(b);
     }
-    fn observe(&mut self, events: &[BookingEvent]) {
+    fn observe(&mut self, events: &[FleetEvent]) {
         self.events.extend_from_slice(events);
     }
 }
@@ -339,10 +339,17 @@ fn policies_hear_of_their_own_bookings_first_tokens_and_ends_before_the_next_pic
     assert_eq!(p.booked, vec![one, two]);
     assert!(p.events.is_empty(), "told at the next pick, not before");
     f.decide(&mut p, &req, &mut rng(), 1.0).unwrap();
-    assert_eq!(p.events, vec![BookingEvent::FirstToken(one), BookingEvent::Ended(one)]);
+    assert_eq!(p.events, vec![FleetEvent::FirstToken(one), FleetEvent::Ended(one)]);
     // A lease that runs out ends a booking too; told once.
     assert_eq!(f.expire(20.0), vec![two]);
     f.decide(&mut p, &req, &mut rng(), 20.0).unwrap();
     f.decide(&mut p, &req, &mut rng(), 20.0).unwrap();
-    assert_eq!(p.events[2..], [BookingEvent::Ended(two)]);
+    assert_eq!(p.events[2..], [FleetEvent::Ended(two)]);
+    // Removing a replica ends its bookings, then says so.
+    let three = f.route(&mut p, &req, &mut rng(), 21.0).unwrap().booking;
+    f.remove_replica(a).unwrap();
+    let b = f.add_replica(ReplicaSpec::new("b", 10_000)).unwrap();
+    f.decide(&mut p, &req, &mut rng(), 22.0).unwrap();
+    assert_eq!(p.events[3..], [FleetEvent::Ended(three), FleetEvent::ReplicaRemoved(a)]);
+    let _ = b;
 }

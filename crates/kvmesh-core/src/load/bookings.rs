@@ -23,14 +23,16 @@ impl fmt::Display for BookingId {
     }
 }
 
-/// What happened to a booking after its decision, as policies that track their own routed
-/// requests are told ([`crate::policy::Policy::observe`]).
+/// What happened to a booking after its decision, or to a replica, as policies that keep
+/// their own record of routed requests are told ([`crate::policy::Policy::observe`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BookingEvent {
+pub enum FleetEvent {
     /// The request's first token arrived: its prefill is done.
     FirstToken(BookingId),
     /// The booking ended: completed, failed, released or expired.
     Ended(BookingId),
+    /// The replica was removed from the fleet (its bookings' ends come first): forget it.
+    ReplicaRemoved(ReplicaId),
 }
 
 /// What a routing decision books on the chosen replica.
@@ -70,10 +72,19 @@ pub struct Booking {
     pub lease_until: f64,
 }
 
-/// The tokens of every booking of `order` but the oldest: the prefill the engine cannot have
-/// started yet (it prefills first come, first served).
-fn unstarted(order: &VecDeque<(BookingId, u32)>) -> u64 {
-    order.iter().skip(1).map(|x| u64::from(x.1)).sum()
+/// One replica's bookings before their first token, in booking order, and their tokens.
+#[derive(Debug, Default)]
+struct PrefillOrder {
+    queue: VecDeque<(BookingId, u32)>,
+    tokens: u64,
+}
+
+impl PrefillOrder {
+    /// The tokens of every booking but the oldest: the prefill the engine cannot have started
+    /// yet (it prefills first come, first served).
+    fn unstarted(&self) -> u64 {
+        self.tokens - self.queue.front().map_or(0, |x| u64::from(x.1))
+    }
 }
 
 /// All live bookings of one router, and the per-replica [`TokenLoad`] they add up to.
@@ -85,7 +96,7 @@ pub struct Bookings {
     prefill_s_per_token: Vec<f64>,
     /// Per replica, the bookings before their first token in booking order, with their
     /// uncached tokens.
-    prefill_order: Vec<VecDeque<(BookingId, u32)>>,
+    prefill_order: Vec<PrefillOrder>,
     next: u64,
     lease_s: f64,
     block_size: u32,
@@ -218,11 +229,13 @@ impl Bookings {
         l.kv_blocks += kv_blocks as u64;
         l.prompt_blocks += spec.uncached_blocks as u64;
         if self.prefill_order.len() <= i {
-            self.prefill_order.resize_with(i + 1, VecDeque::new);
+            self.prefill_order.resize_with(i + 1, PrefillOrder::default);
         }
         if spec.reports_first_token {
-            self.prefill_order[i].push_back((id, spec.uncached_prefill_tokens));
-            l.unstarted_tokens = unstarted(&self.prefill_order[i]);
+            let order = &mut self.prefill_order[i];
+            order.queue.push_back((id, spec.uncached_prefill_tokens));
+            order.tokens += u64::from(spec.uncached_prefill_tokens);
+            l.unstarted_tokens = order.unstarted();
         }
         self.live.insert(id, b);
         id
@@ -231,10 +244,13 @@ impl Bookings {
     /// `id` (on replica index `i`) is no longer before its first token.
     fn prefill_done(&mut self, i: usize, id: BookingId) {
         let Some(order) = self.prefill_order.get_mut(i) else { return };
-        if let Some(k) = order.iter().position(|x| x.0 == id) {
-            order.remove(k);
+        // Usually the oldest: first tokens come in booking order.
+        if let Some(k) = order.queue.iter().position(|x| x.0 == id) {
+            if let Some((_, t)) = order.queue.remove(k) {
+                order.tokens -= u64::from(t);
+            }
         }
-        self.loads[i].unstarted_tokens = unstarted(order);
+        self.loads[i].unstarted_tokens = order.unstarted();
     }
 
     /// The request's first token arrived at `now`: its prefill leaves the queue and it counts
@@ -305,7 +321,7 @@ impl Bookings {
             *l = TokenLoad::default();
         }
         if let Some(order) = self.prefill_order.get_mut(replica.index()) {
-            order.clear();
+            *order = PrefillOrder::default();
         }
         before - self.live.len()
     }

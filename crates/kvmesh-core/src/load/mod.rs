@@ -12,7 +12,7 @@ mod metrics;
 mod output;
 mod profile;
 
-pub use bookings::{Booking, BookingEvent, BookingId, BookingSpec, Bookings};
+pub use bookings::{Booking, BookingId, BookingSpec, Bookings, FleetEvent};
 pub use learned::PrefillRate;
 pub use metrics::EngineMetrics;
 pub use output::OutputEstimator;
@@ -58,7 +58,8 @@ impl TokenLoad {
     /// an engine slower than its rate (decodes in every step, waits for KV room, recomputing
     /// preempted requests) has not started those, however the clock runs. Measured on the
     /// Mooncake traces at ~100 % load: the plain drain put the median estimated TTFT 0.39 s
-    /// under the real one.
+    /// under the real one. (Chunked prefill can start several short prompts in one step, so
+    /// for a queue of short requests this floor runs high by up to a chunk.)
     #[inline]
     pub fn queued_prefill_at(&self, now: f64, s_per_token: f64) -> u64 {
         if self.queued_prefill_tokens == 0 {

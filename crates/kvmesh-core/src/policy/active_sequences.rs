@@ -12,7 +12,7 @@
 //!   (`router_track_output_blocks` is off by default).
 
 use crate::ids::{BlockHash, ReplicaId};
-use crate::load::{BookingEvent, BookingId};
+use crate::load::{BookingId, FleetEvent};
 use crate::policy::tenant_tree::leading_run;
 use rustc_hash::FxHashMap;
 
@@ -75,10 +75,10 @@ impl ActiveSequences {
     }
 
     /// Applies first tokens and ends; unknown bookings are ignored.
-    pub(crate) fn observe(&mut self, events: &[BookingEvent]) {
+    pub(crate) fn observe(&mut self, events: &[FleetEvent]) {
         for ev in events {
             match *ev {
-                BookingEvent::FirstToken(b) => {
+                FleetEvent::FirstToken(b) => {
                     if let Some(l) = self.live.get_mut(&b) {
                         if l.prefilling {
                             l.prefilling = false;
@@ -86,7 +86,7 @@ impl ActiveSequences {
                         }
                     }
                 }
-                BookingEvent::Ended(b) => {
+                FleetEvent::Ended(b) => {
                     let Some(l) = self.live.remove(&b) else { continue };
                     let w = &mut self.workers[l.worker.index()];
                     if l.prefilling {
@@ -99,6 +99,12 @@ impl ActiveSequences {
                                 w.blocks.remove(h);
                             }
                         }
+                    }
+                }
+                FleetEvent::ReplicaRemoved(r) => {
+                    self.live.retain(|_, l| l.worker != r);
+                    if let Some(w) = self.workers.get_mut(r.index()) {
+                        *w = Worker::default();
                     }
                 }
             }

@@ -32,7 +32,7 @@ use super::{Decision, Policy, Reason};
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
 use crate::ids::ReplicaId;
-use crate::load::BookingId;
+use crate::load::{BookingId, FleetEvent};
 use rand::RngCore;
 
 /// Characters per token assumed where SGLang counts characters (English text under a Llama-3
@@ -182,5 +182,13 @@ impl Policy for CacheAware {
             self.processed.resize(i + 1, 0);
         }
         self.processed[i] += 1;
+    }
+
+    fn observe(&mut self, events: &[FleetEvent]) {
+        for ev in events {
+            if let FleetEvent::ReplicaRemoved(r) = *ev {
+                self.tree.forget(r);
+            }
+        }
     }
 }

@@ -27,7 +27,7 @@ use super::{Decision, Policy, Reason};
 use crate::error::Error;
 use crate::fleet::{FleetView, OverlapSource, RouteRequest};
 use crate::ids::ReplicaId;
-use crate::load::{BookingEvent, BookingId};
+use crate::load::{BookingId, FleetEvent};
 use rand::RngCore;
 
 /// Parameters of [`KvCost`].
@@ -125,7 +125,7 @@ impl Policy for KvCost {
         self.active.add(booking, decision.replica, &req.hashes, uncached);
     }
 
-    fn observe(&mut self, events: &[BookingEvent]) {
+    fn observe(&mut self, events: &[FleetEvent]) {
         self.active.observe(events);
     }
 }

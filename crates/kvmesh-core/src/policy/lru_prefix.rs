@@ -71,6 +71,20 @@ impl LruPrefixIndex {
         }
     }
 
+    /// Forgets `server` (removed from the pool, as llm-d drops servers no longer in it).
+    pub(crate) fn forget(&mut self, server: ReplicaId) {
+        let Some(lru) = self.servers.get_mut(server.index()) else { return };
+        let lru = std::mem::take(lru);
+        for h in lru.stamps.keys() {
+            if let Some(list) = self.pods.get_mut(h) {
+                list.retain(|r| *r != server);
+                if list.is_empty() {
+                    self.pods.remove(h);
+                }
+            }
+        }
+    }
+
     /// llm-d's `matchLongestPrefix`: walks `hashes` until one no server holds and, for every
     /// hash before it, counts one for each server holding it. Appends `(server, count)` to `out`.
     /// (A server missing block `i` still counts block `i + 1` while another server keeps the

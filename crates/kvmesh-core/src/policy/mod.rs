@@ -16,7 +16,7 @@
 //! | `prefix_affinity` | Ray Serve | best-matching replicas, else smallest tree; fewest ongoing | own tree, ongoing requests |
 //! | `kv_cost` | Dynamo KV router | prefill blocks − overlap + active blocks | KV events, own active sequences |
 //! | `weighted_scorer` | llm-d | 3·prefix + 2·queue + 2·KV | own approximate prefix index, engine gauges scraped every 50 ms |
-//! | `token_load` (default) | kvmesh | lowest estimated TTFT on token load; overlap as a prefill discount; KV headroom as a hard limit | KV events, own bookings, engine gauges |
+//! | `token_load` (default) | kvmesh | lowest estimated TTFT on token load; overlap as a prefill discount; a KV shortage priced as the wait until room; affinity within the tail budget | KV events, own bookings, engine gauges |
 //!
 //! Every policy returns a [`Decision`] with the chosen replica, the [`Reason`], the overlap
 //! in blocks and the estimated TTFT. kvmesh's own policies break ties at random (case C10),
@@ -55,7 +55,7 @@ pub use weighted_scorer::{WeightedScorer, WeightedScorerParams};
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
 use crate::ids::ReplicaId;
-use crate::load::{BookingEvent, BookingId};
+use crate::load::{BookingId, FleetEvent};
 use rand::RngCore;
 use std::fmt;
 use std::str::FromStr;
@@ -102,9 +102,10 @@ pub trait Policy: Send + fmt::Debug {
     /// not booked, and not told.
     fn booked(&mut self, _req: &RouteRequest, _decision: &Decision, _booking: BookingId, _now: f64) {}
 
-    /// First tokens and ends of bookings this router's decisions made since the last pick,
-    /// oldest first (also of bookings made under another policy: ignore unknown ids).
-    fn observe(&mut self, _events: &[BookingEvent]) {}
+    /// First tokens and ends of bookings this router's decisions made, and replicas removed,
+    /// since the last pick, oldest first (also of bookings made under another policy: ignore
+    /// unknown ids). Policies that keep a record per replica drop a removed one's here.
+    fn observe(&mut self, _events: &[FleetEvent]) {}
 }
 
 /// Why a policy chose its replica.

@@ -25,7 +25,7 @@ use super::tenant_tree::TenantTree;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
-use crate::load::BookingId;
+use crate::load::{BookingId, FleetEvent};
 use rand::RngCore;
 
 /// Parameters of [`PrefixAffinity`].
@@ -50,14 +50,21 @@ pub struct PrefixAffinity {
     params: PrefixAffinityParams,
     tree: TenantTree,
     candidates: Vec<(usize, u32)>,
-    /// Whether each replica (by index) is available at this pick.
-    available: Vec<bool>,
+    /// Replica index → view position of the routable ones at this pick (`usize::MAX`: none).
+    position: Vec<usize>,
+    routable: Vec<usize>,
 }
 
 impl PrefixAffinity {
     /// A policy with `params`.
     pub fn new(params: PrefixAffinityParams) -> Self {
-        PrefixAffinity { params, tree: TenantTree::new(false), candidates: Vec::new(), available: Vec::new() }
+        PrefixAffinity {
+            params,
+            tree: TenantTree::new(false),
+            candidates: Vec::new(),
+            position: Vec::new(),
+            routable: Vec::new(),
+        }
     }
 }
 
@@ -72,8 +79,11 @@ impl Policy for PrefixAffinity {
 
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, rng: &mut dyn RngCore) -> Result<Decision, Error> {
         let p = self.params;
-        let routable: Vec<usize> = view.routable().collect();
+        let mut routable = std::mem::take(&mut self.routable);
+        routable.clear();
+        routable.extend(view.routable());
         if routable.is_empty() {
+            self.routable = routable;
             return Err(Error::NoReplicaReady);
         }
         let ongoing = |i: usize| view.load(i).outstanding();
@@ -82,28 +92,27 @@ impl Policy for PrefixAffinity {
         if f64::from(max - min) > p.imbalanced_threshold {
             let (a, b) = two(&routable, rng);
             let i = if ongoing(b) < ongoing(a) { b } else { a };
+            self.routable = routable;
             return Ok(Decision::at(view, req, i, Reason::Imbalance));
         }
-        self.available.clear();
+        // Replica index → its position in the view, for the routable ones.
+        self.position.clear();
         for &i in &routable {
             let k = view.replicas[i].id.index();
-            if self.available.len() <= k {
-                self.available.resize(k + 1, false);
+            if self.position.len() <= k {
+                self.position.resize(k + 1, usize::MAX);
             }
-            self.available[k] = true;
+            self.position[k] = i;
         }
-        let available = &self.available;
-        let depth = self.tree.deepest(&req.hashes, |id| available.get(id.index()).copied().unwrap_or(false));
+        let position = &self.position;
+        let at = |id: crate::ids::ReplicaId| position.get(id.index()).copied().filter(|&i| i != usize::MAX);
+        let depth = self.tree.deepest(&req.hashes, |id| at(id).is_some());
         let mut candidates = std::mem::take(&mut self.candidates);
         candidates.clear();
         let reason = if depth > 0
             && match_rate(depth, view.config.block_size, req.prompt_tokens) >= p.match_rate_threshold
         {
-            for id in self.tree.holders(req.hashes[depth - 1]) {
-                if let Some(i) = routable.iter().copied().find(|&i| view.replicas[i].id == id) {
-                    candidates.push((i, ongoing(i)));
-                }
-            }
+            candidates.extend(self.tree.holders(req.hashes[depth - 1]).filter_map(at).map(|i| (i, ongoing(i))));
             Reason::PrefixMatch
         } else {
             let smallest = routable.iter().map(|&i| self.tree.size(view.replicas[i].id)).min().unwrap_or(0);
@@ -114,11 +123,20 @@ impl Policy for PrefixAffinity {
         };
         let pick = first_lowest(&candidates);
         self.candidates = candidates;
+        self.routable = routable;
         let i = pick.ok_or(Error::NoReplicaReady)?;
         Ok(Decision::at(view, req, i, reason))
     }
 
     fn booked(&mut self, req: &RouteRequest, decision: &Decision, _booking: BookingId, _now: f64) {
         self.tree.insert(decision.replica, &req.hashes);
+    }
+
+    fn observe(&mut self, events: &[FleetEvent]) {
+        for ev in events {
+            if let FleetEvent::ReplicaRemoved(r) = *ev {
+                self.tree.forget(r);
+            }
+        }
     }
 }

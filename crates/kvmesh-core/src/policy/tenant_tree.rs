@@ -86,10 +86,25 @@ impl TenantTree {
         leading_run(hashes.len(), held)
     }
 
-    /// The deepest leading run of `hashes` that `tenant` holds, blocks.
-    pub(crate) fn run_of(&self, tenant: ReplicaId, hashes: &[BlockHash]) -> usize {
-        let held = |k: usize| self.blocks.get(&hashes[k]).is_some_and(|l| l.iter().any(|x| x.tenant == tenant));
-        leading_run(hashes.len(), held)
+    /// Every tenant's deepest leading run of `hashes`, blocks, into `runs` (indexed by replica
+    /// index, resized to cover every tenant seen). One walk that stops at the first block no
+    /// tenant continues: O(blocks · holders), not a search per tenant.
+    pub(crate) fn runs(&self, hashes: &[BlockHash], runs: &mut Vec<u32>) {
+        runs.clear();
+        runs.resize(self.sizes.len(), 0);
+        for (k, h) in hashes.iter().enumerate() {
+            let mut any = false;
+            for x in self.blocks.get(h).into_iter().flatten() {
+                let r = &mut runs[x.tenant.index()];
+                if *r == k as u32 {
+                    *r += 1;
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
     }
 
     /// The tenants holding `hash`, in the order they first reached it.
@@ -100,6 +115,21 @@ impl TenantTree {
     /// Blocks `tenant` holds.
     pub(crate) fn size(&self, tenant: ReplicaId) -> u64 {
         self.sizes.get(tenant.index()).copied().unwrap_or(0)
+    }
+
+    /// Forgets everything `tenant` holds (its worker was removed).
+    pub(crate) fn forget(&mut self, tenant: ReplicaId) {
+        if self.size(tenant) == 0 {
+            return;
+        }
+        self.blocks.retain(|_, list| {
+            list.retain(|x| x.tenant != tenant);
+            !list.is_empty()
+        });
+        self.sizes[tenant.index()] = 0;
+        if let Some(order) = self.order.get_mut(tenant.index()) {
+            order.clear();
+        }
     }
 
     /// Evicts, from every tenant holding more than `max_blocks`, its least recently inserted

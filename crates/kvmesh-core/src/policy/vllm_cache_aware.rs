@@ -30,7 +30,7 @@ use super::{Decision, Policy, Reason};
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
 use crate::ids::ReplicaId;
-use crate::load::BookingId;
+use crate::load::{BookingId, FleetEvent};
 use rand::seq::SliceRandom;
 use rand::RngCore;
 
@@ -47,6 +47,8 @@ pub struct VllmCacheAware {
     next_eviction: Option<f64>,
     rates: Vec<(usize, f64)>,
     candidates: Vec<(usize, (u32, u32))>,
+    /// Each tenant's run of the request, by replica index.
+    runs: Vec<u32>,
 }
 
 impl VllmCacheAware {
@@ -60,11 +62,12 @@ impl VllmCacheAware {
             next_eviction: None,
             rates: Vec::new(),
             candidates: Vec::new(),
+            runs: Vec::new(),
         }
     }
 
-    /// The replica's place in the worker list; replicas registered after the list was drawn
-    /// come after it, in id order (a `DashMap` keeps existing entries in place).
+    /// The replica's place in the worker list (replicas registered after the first draw are
+    /// drawn among themselves and come after it: a `DashMap` keeps existing entries in place).
     fn place(&self, id: ReplicaId) -> u32 {
         self.order.get(id.index()).copied().unwrap_or(id.0)
     }
@@ -100,11 +103,12 @@ impl Policy for VllmCacheAware {
         }
         let p = self.params;
         let (bs, prompt) = (view.config.block_size, req.prompt_tokens);
+        self.tree.runs(&req.hashes, &mut self.runs);
         let mut rates = std::mem::take(&mut self.rates);
         rates.clear();
         for i in view.routable() {
-            let run = self.tree.run_of(view.replicas[i].id, &req.hashes);
-            rates.push((i, match_rate(run, bs, prompt)));
+            let run = self.runs.get(view.replicas[i].id.index()).copied().unwrap_or(0);
+            rates.push((i, match_rate(run as usize, bs, prompt)));
         }
         let best = rates.iter().map(|r| r.1).fold(0.0, f64::max);
         let loads = rates.iter().map(|&(i, _)| view.load(i).outstanding());
@@ -128,5 +132,13 @@ impl Policy for VllmCacheAware {
 
     fn booked(&mut self, req: &RouteRequest, decision: &Decision, _booking: BookingId, _now: f64) {
         self.tree.insert(decision.replica, &req.hashes);
+    }
+
+    fn observe(&mut self, events: &[FleetEvent]) {
+        for ev in events {
+            if let FleetEvent::ReplicaRemoved(r) = *ev {
+                self.tree.forget(r);
+            }
+        }
     }
 }

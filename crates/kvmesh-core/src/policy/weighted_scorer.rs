@@ -27,7 +27,7 @@ use super::{Decision, Policy, Reason};
 use crate::error::Error;
 use crate::fleet::{FleetView, RouteRequest};
 use crate::ids::ReplicaId;
-use crate::load::BookingId;
+use crate::load::{BookingId, FleetEvent};
 use rand::RngCore;
 use rustc_hash::FxHashMap;
 
@@ -149,5 +149,13 @@ impl Policy for WeightedScorer {
         llmd_hashes(req, self.block_size, &mut self.hashes);
         let capacity = self.capacity.get(decision.replica.index()).copied().unwrap_or(LLMD_DEFAULT_LRU_CAPACITY);
         self.index.add(decision.replica, &self.hashes, capacity);
+    }
+
+    fn observe(&mut self, events: &[FleetEvent]) {
+        for ev in events {
+            if let FleetEvent::ReplicaRemoved(r) = *ev {
+                self.index.forget(r);
+            }
+        }
     }
 }

@@ -489,7 +489,9 @@ struct Sim<'a> {
     /// The policy's own metrics interval, when shorter than the tick's, seconds.
     scrape_s: Option<f64>,
     /// Whether the routers read KV events at all ([`Policy::reads_kv_events`]): a peer that
-    /// does not is not fed them (the same decisions, without the index's cost).
+    /// does not is not fed them (its routing decisions are the same without the index's
+    /// cost; an autoscaler's drain choice and the replication planner, which read the index,
+    /// then see no blocks).
     events: bool,
 }
 

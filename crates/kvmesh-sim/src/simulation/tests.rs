@@ -114,7 +114,7 @@ impl Policy for Counting {
     fn booked(&mut self, req: &RouteRequest, d: &Decision, b: kvmesh_core::load::BookingId, now: f64) {
         self.inner.booked(req, d, b, now);
     }
-    fn observe(&mut self, events: &[kvmesh_core::load::BookingEvent]) {
+    fn observe(&mut self, events: &[kvmesh_core::load::FleetEvent]) {
         self.inner.observe(events);
     }
     fn pick(

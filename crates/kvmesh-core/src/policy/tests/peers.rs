@@ -2,7 +2,7 @@
 //! source: formulas, thresholds at their documented values, fallbacks and tie-breaks.
 
 use super::*;
-use crate::load::BookingEvent;
+use crate::load::FleetEvent;
 use crate::policy::lru_prefix::LruPrefixIndex;
 use crate::policy::weighted_scorer::llmd_hashes;
 
@@ -301,7 +301,7 @@ fn dynamo_cost_is_prefill_blocks_less_overlap_plus_active_blocks() {
             fn name(&self) -> &'static str {
                 "probe"
             }
-            fn observe(&mut self, events: &[BookingEvent]) {
+            fn observe(&mut self, events: &[FleetEvent]) {
                 self.0.observe(events);
             }
             fn pick(
@@ -413,4 +413,31 @@ fn consistent_hash_keeps_a_hot_key_on_its_owner_and_skips_a_draining_one_to_the_
     let b = RouteRequest::new(f.hasher(), &tokens(30, 40), None);
     assert_eq!(a.key, b.key);
     assert_ne!(a.key, RouteRequest::new(f.hasher(), &tokens(30, 41), None).key);
+}
+
+#[test]
+fn removed_replicas_leave_the_peers_records() {
+    // SGLang: the tree forgets a removed worker, so its prefixes no longer pull requests to
+    // "the first healthy worker" (the fallback for a matched tenant that is gone).
+    let (mut f, ids) = fleet(3);
+    let mut p = CacheAware::new(CacheAwareParams::default());
+    let toks = tokens(40, 10 * BS);
+    tell(&f, &mut p, ids[2], &toks, 100);
+    assert_eq!(p.tree_blocks(ids[2]), 10);
+    load(&mut f, ids[0], 1, 0);
+    f.remove_replica(ids[2]).unwrap();
+    let d = decide(&mut f, &mut p, &toks);
+    assert_eq!(p.tree_blocks(ids[2]), 0);
+    assert_eq!((d.replica, d.reason), (ids[1], Reason::FewestOutstanding), "a miss: the least loaded");
+    // llm-d: the server's LRU and its place in every hash's list go.
+    let mut ix = LruPrefixIndex::default();
+    ix.add(ReplicaId(0), &[1, 2], 10);
+    ix.add(ReplicaId(1), &[1, 2], 10);
+    ix.forget(ReplicaId(0));
+    let mut m = Default::default();
+    ix.matches(&[1, 2], &mut m);
+    assert_eq!(
+        (ix.len(ReplicaId(0)), m.get(&ReplicaId(0)).copied(), m.get(&ReplicaId(1)).copied()),
+        (0, None, Some(2))
+    );
 }
