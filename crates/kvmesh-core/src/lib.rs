@@ -2,7 +2,7 @@
 //!
 //! - [`hashing`]: token ids → chained [`BlockHash`]es of `block_size`-token blocks.
 //! - [`index`]: the [`PrefixIndex`] built from replicas' KV events; overlap queries.
-//! - [`record`]: the router's own [`RoutingRecord`] (approximate mode, record-based anchors).
+//! - [`record`]: the router's own [`RoutingRecord`] (approximate mode, pending prefixes).
 //! - [`load`]: the token-load model — [`Bookings`](load::Bookings), [`TokenLoad`](load::TokenLoad),
 //!   engine metrics, step-time profiles and the TTFT estimate.
 //! - [`policy`]: every routing [`Policy`], ours (`token_load`) and the published anchors.

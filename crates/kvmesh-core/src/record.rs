@@ -5,8 +5,10 @@
 //! - **approximate mode** for replicas that publish no KV events (or whose publisher is silent,
 //!   case C09): the record stands in for the prefix index, as in llm-d's approximate prefix
 //!   scorer;
-//! - the anchor policies that match on the router's own record by design (SGLang's
-//!   `cache_aware`, Ray Serve's prefix affinity, llm-d's default prefix scorer).
+//! - `token_load`'s pending prefixes: routed here, not yet confirmed by the replica's events.
+//!
+//! (The peer policies that match on their router's own record keep their own, as their
+//! projects do: see [`crate::policy`].)
 //!
 //! An entry lives `ttl` seconds from the *decision* time passed to [`RoutingRecord::record`],
 //! not from when it was stored, so a late-delivered record is not younger than the decision.
