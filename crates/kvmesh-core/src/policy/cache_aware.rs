@@ -185,10 +185,6 @@ impl Policy for CacheAware {
     }
 
     fn observe(&mut self, events: &[FleetEvent]) {
-        for ev in events {
-            if let FleetEvent::ReplicaRemoved(r) = *ev {
-                self.tree.forget(r);
-            }
-        }
+        self.tree.forget_removed(events);
     }
 }

@@ -133,10 +133,6 @@ impl Policy for PrefixAffinity {
     }
 
     fn observe(&mut self, events: &[FleetEvent]) {
-        for ev in events {
-            if let FleetEvent::ReplicaRemoved(r) = *ev {
-                self.tree.forget(r);
-            }
-        }
+        self.tree.forget_removed(events);
     }
 }

@@ -14,6 +14,7 @@
 //! in `k` and the deepest match is found by binary search.
 
 use crate::ids::{BlockHash, ReplicaId};
+use crate::load::FleetEvent;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
@@ -129,6 +130,15 @@ impl TenantTree {
         self.sizes[tenant.index()] = 0;
         if let Some(order) = self.order.get_mut(tenant.index()) {
             order.clear();
+        }
+    }
+
+    /// Forgets the tenants `events` say were removed.
+    pub(crate) fn forget_removed(&mut self, events: &[FleetEvent]) {
+        for ev in events {
+            if let FleetEvent::ReplicaRemoved(r) = *ev {
+                self.forget(r);
+            }
         }
     }
 

@@ -135,10 +135,6 @@ impl Policy for VllmCacheAware {
     }
 
     fn observe(&mut self, events: &[FleetEvent]) {
-        for ev in events {
-            if let FleetEvent::ReplicaRemoved(r) = *ev {
-                self.tree.forget(r);
-            }
-        }
+        self.tree.forget_removed(events);
     }
 }
