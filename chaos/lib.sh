@@ -63,10 +63,13 @@ write_config() {
   } >"$WORK/n$i.toml"
 }
 
+# Every node of the run shares one cluster token (a cluster never runs unauthenticated).
+CHAOS_CLUSTER_TOKEN="${CHAOS_CLUSTER_TOKEN:-chaos-$$-$RANDOM$RANDOM}"
+
 start_node() {
   local i=$1
   [ -f "$WORK/n$i.toml" ] || write_config "$i"
-  RUST_LOG="${RUST_LOG:-info,openraft=error}" "$BIN/kvmesh" node --config "$WORK/n$i.toml" --id "$i" \
+  KVMESH_CLUSTER_TOKEN="$CHAOS_CLUSTER_TOKEN" RUST_LOG="${RUST_LOG:-info,openraft=error}" "$BIN/kvmesh" node --config "$WORK/n$i.toml" --id "$i" \
     --peers "$PEERS" --data-dir "$WORK/data$i" >>"$WORK/node$i.log" 2>&1 &
   disown $!
   echo $! >"$WORK/node$i.pid"

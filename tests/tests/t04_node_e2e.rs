@@ -138,8 +138,20 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
         .into_inner();
     assert_ne!(routed.replica_id, first);
     assert_eq!(routed.block_size, 16);
-    router.release(v1::ReleaseRequest { booking_id: routed.booking_id, output_tokens: Some(3) }).await.unwrap();
-    let again = router.release(v1::ReleaseRequest { booking_id: routed.booking_id, output_tokens: None }).await;
+    // A stranger cannot end the booking: not with its handle under another token, not with
+    // a guessed one (the old sequential ids), not with the id swapped under its tag.
+    assert_eq!(routed.booking.len(), 48);
+    let mut stranger = v1::ReleaseRequest { booking: routed.booking.clone(), output_tokens: None };
+    let mut with_token = tonic::Request::new(stranger.clone());
+    with_token.metadata_mut().insert("authorization", "Bearer someone-else".parse().unwrap());
+    assert_eq!(router.release(with_token).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+    stranger.booking = format!("{:016x}{}", 0u64, &routed.booking[16..]);
+    assert_eq!(router.release(stranger.clone()).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+    stranger.booking = "1".into();
+    assert_eq!(router.release(stranger).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    assert_eq!(node.shared.core().fleet.bookings().len(), 1, "the refused releases ended nothing");
+    router.release(v1::ReleaseRequest { booking: routed.booking.clone(), output_tokens: Some(3) }).await.unwrap();
+    let again = router.release(v1::ReleaseRequest { booking: routed.booking.clone(), output_tokens: None }).await;
     assert_eq!(again.unwrap_err().code(), tonic::Code::NotFound);
 
     // Every admitted request was released.

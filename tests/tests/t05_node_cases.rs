@@ -1,7 +1,8 @@
 //! The router node against misbehaving engines, one case each (see `../shared/cases`): event
 //! gaps recovered by replay or by clearing (C07), engine restart (C08), silent publisher (C09),
 //! block-size mismatch (C04), leaked bookings on client disconnect (C14), partial health for
-//! `/v1/models` (C17), overload marks that expire (C18); and the metrics page parses.
+//! `/v1/models` (C17), overload marks that expire (C18); a hostile event stream quarantined
+//! while the others serve; and the metrics page parses.
 
 mod common;
 
@@ -398,6 +399,138 @@ async fn prompts_over_the_limit_are_refused_before_any_work() {
     assert_eq!(send_text(&node, "abcd".repeat(64)).await, 200);
     assert_eq!(send_text(&node, "abcd".repeat(65)).await, 413);
     assert_eq!(node.shared.core().fleet.bookings().len(), 0);
+    node.stop().await;
+    e.stop().await;
+}
+
+/// `[ts, [nil × n], nil]`: the shape of the ~4 MiB message that once stalled every node.
+fn nil_batch(n: usize) -> Vec<u8> {
+    let mut b = vec![0x93, 0xcb];
+    b.extend_from_slice(&1.0f64.to_be_bytes());
+    b.push(0xdd);
+    b.extend_from_slice(&(n as u32).to_be_bytes());
+    b.extend(std::iter::repeat_n(0xc0, n));
+    b.push(0xc0);
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_while_the_others_serve() {
+    use zeromq::{Socket, SocketSend};
+    let (good, other) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
+    // Replica e1's KV events come from this test's publisher, not from its engine.
+    let mut publisher = zeromq::PubSocket::new();
+    let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let hostile = ReplicaConfig { kv_events: Some(endpoint), replay: None, ..common::replica(1, &other) };
+    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let mut config = common::single(section, vec![replica(0, &good, true), hostile]);
+    config.limits.kv_event_quarantine_s = 1.0;
+    let node = kvmesh_node::start(config).await.unwrap();
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    // Over the 65,536-event budget: refused from its header, never decoded. Sent until the
+    // subscriber has joined (a PUB drops messages before that) and five have counted.
+    let bad = nil_batch(70_000);
+    let mut seq = 0u64;
+    eventually("e1 quarantined", || {
+        seq += 1;
+        let m: Vec<bytes::Bytes> = vec![
+            bytes::Bytes::new(),
+            bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
+            bytes::Bytes::from(bad.clone()),
+        ];
+        let _ = futures_block(publisher.send(zeromq::ZmqMessage::try_from(m).unwrap()));
+        status(&node, "e1") == Status::BadEvents
+    })
+    .await;
+    let page = metric(&node, "kvmesh_events_rejected_total");
+    assert!(
+        page.contains("replica=\"e1\",reason=\"over_budget\"} 5")
+            || page.contains("reason=\"over_budget\",replica=\"e1\"} 5"),
+        "{page}"
+    );
+    assert!(metric(&node, "kvmesh_event_quarantines_total").contains("replica=\"e1\"} 1"));
+    // The other replica kept its status and its events apply; requests still route (e1 on
+    // load only: it holds no block).
+    assert_eq!(status(&node, "e0"), Status::Ready);
+    for tag in 2..22 {
+        assert_eq!(send(&node, tag, 2).await, 200);
+        if blocks(&node, "e0") > 0 {
+            break;
+        }
+    }
+    eventually("e0's events applied", || blocks(&node, "e0") > 0).await;
+    assert_eq!(blocks(&node, "e1"), 0);
+    // The quarantine ends by itself.
+    eventually("e1 out of quarantine", || status(&node, "e1") != Status::BadEvents).await;
+    assert!(node.shared.core().replicas["e1"].bad_events_until.is_none());
+    node.stop().await;
+    good.stop().await;
+    other.stop().await;
+}
+
+/// Runs a future to completion from a synchronous closure (the publisher's send is quick).
+fn futures_block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_and_body_floods_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = engine(16, Faults::default()).await;
+    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let mut config = common::single(section, vec![replica(0, &e, true)]);
+    config.limits.http_header_timeout_ms = 200;
+    config.limits.http_body_budget_bytes = 1 << 20;
+    config.limits.http_max_body_bytes = 1 << 20;
+    let node = kvmesh_node::start(config).await.unwrap();
+    // Slowloris: headers never finished; the node closes the connection.
+    let mut slow = tokio::net::TcpStream::connect(node.http).await.unwrap();
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(5), slow.read(&mut buf)).await;
+    assert!(matches!(closed, Ok(Ok(_)) | Ok(Err(_))), "the half-sent request's connection was not closed");
+    // A body that holds 600 KiB of the 1 MiB budget while it trickles in...
+    let mut holder = tokio::net::TcpStream::connect(node.http).await.unwrap();
+    holder
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 614400\r\n\r\n{")
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v1/completions", node.http);
+    let body = |n: usize| format!("{{\"model\":\"m\",\"prompt\":\"{}\",\"max_tokens\":1}}", "a".repeat(n));
+    let mut refused = None;
+    for _ in 0..100 {
+        let r =
+            client.post(&url).header("content-type", "application/json").body(body(600 << 10)).send().await.unwrap();
+        if r.status() == 503 {
+            refused = Some(r);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // ...leaves no room for a second: 503 with Retry-After, nothing read.
+    let refused = refused.expect("a second large body was admitted beside the first");
+    assert_eq!(refused.headers()["retry-after"], "1");
+    // Over the per-body cap: 413 before any byte of it is read.
+    let r = client.post(&url).header("content-type", "application/json").body(body(2 << 20)).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    // Once the holder goes, the budget is whole again.
+    drop(holder);
+    let mut ok = 0;
+    for _ in 0..100 {
+        let r = client
+            .post(&url)
+            .json(&json!({"model": "m", "prompt": prompt(1, 2), "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            ok += 1;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(ok, 1);
     node.stop().await;
     e.stop().await;
 }

@@ -37,6 +37,7 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
         summary_interval_ms: 200,
         snapshot_every: 20,
         allow_fault_injection: true,
+        insecure: true,
         ..ClusterSection::default()
     };
     NodeConfig {
@@ -47,6 +48,7 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
         replication: Default::default(),
         autoscaler: Default::default(),
         admission: Default::default(),
+        limits: Default::default(),
     }
 }
 
@@ -217,7 +219,7 @@ async fn a_partitioned_minority_keeps_routing_cannot_write_and_catches_up() {
     };
     let routed = router.route(req.clone()).await.unwrap().into_inner();
     assert!(["e0", "e1"].contains(&routed.replica_id.as_str()), "{}", routed.replica_id);
-    router.release(v1::ReleaseRequest { booking_id: routed.booking_id, output_tokens: None }).await.unwrap();
+    router.release(v1::ReleaseRequest { booking: routed.booking.clone(), output_tokens: None }).await.unwrap();
     // …but cannot change the configuration.
     let mut admin_cut = v1::admin_client::AdminClient::new(grpc(cut.grpc).await);
     let refused = admin_cut.remove_replica(v1::ReplicaRef { name: "e0".into() }).await.unwrap_err();
@@ -442,11 +444,11 @@ async fn shared_bookings_converge_with_10_percent_of_gossip_lost() {
         };
         let r = c.route(req).await.unwrap().into_inner();
         if i % 2 == 0 {
-            c.release(v1::ReleaseRequest { booking_id: r.booking_id, output_tokens: Some(16) }).await.unwrap();
+            c.release(v1::ReleaseRequest { booking: r.booking.clone(), output_tokens: Some(16) }).await.unwrap();
         } else {
             live += 1;
             if i % 3 == 0 {
-                c.first_token(v1::FirstTokenRequest { booking_id: r.booking_id }).await.unwrap();
+                c.first_token(v1::FirstTokenRequest { booking: r.booking.clone() }).await.unwrap();
             }
         }
         if i % 10 == 0 {
@@ -654,7 +656,7 @@ async fn c11_every_node_maps_a_key_to_the_same_replica() {
                 ..Default::default()
             };
             let r = router.route(req).await.unwrap().into_inner();
-            router.release(v1::ReleaseRequest { booking_id: r.booking_id, output_tokens: None }).await.unwrap();
+            router.release(v1::ReleaseRequest { booking: r.booking.clone(), output_tokens: None }).await.unwrap();
             map.push(r.replica_id);
         }
         maps.push(map);

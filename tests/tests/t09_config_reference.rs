@@ -1,11 +1,11 @@
 //! docs/configuration.md is generated from the node's config types: every key of `[node]`,
-//! `[[replicas]]`, `[cluster]`, `[security]`, `[replication]`, `[autoscaler]` and `[admission]` with its default and its doc comment, read from
+//! `[[replicas]]`, `[cluster]`, `[security]`, `[replication]`, `[autoscaler]`, `[admission]` and `[limits]` with its default and its doc comment, read from
 //! the sources. This test fails when the file is stale; `KVMESH_BLESS=1 cargo test -p
 //! kvmesh-tests --test t09_config_reference` rewrites it.
 
 use kvmesh_node::auth::SecuritySection;
 use kvmesh_node::config::{
-    AdmissionSection, AutoscalerSection, ClusterSection, NodeSection, ReplicaConfig, ReplicationSection,
+    AdmissionSection, AutoscalerSection, ClusterSection, LimitsSection, NodeSection, ReplicaConfig, ReplicationSection,
 };
 use std::path::PathBuf;
 
@@ -76,6 +76,9 @@ fn generate() -> String {
     section(&mut out, "[autoscaler]", &fields(&config, "AutoscalerSection"), &autoscaler, &[]);
     let admission = defaults(&AdmissionSection::default());
     section(&mut out, "[admission]", &fields(&config, "AdmissionSection"), &admission, &[]);
+    let limits_src = std::fs::read_to_string(root().join("crates/kvmesh-node/src/config/limits.rs")).unwrap();
+    let limits = defaults(&LimitsSection::default());
+    section(&mut out, "[limits]", &fields(&limits_src, "LimitsSection"), &limits, &[]);
     out
 }
 

@@ -86,6 +86,7 @@ async fn a_hot_prompt_is_planned_warmed_spread_and_retired() {
         replication: fast(),
         autoscaler: Default::default(),
         admission: Default::default(),
+        limits: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually_within("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
@@ -211,6 +212,7 @@ async fn the_grpc_service_lists_watches_and_triggers_through_a_transfer_sidecar(
         replication,
         autoscaler: Default::default(),
         admission: Default::default(),
+        limits: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually_within("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
@@ -296,6 +298,7 @@ fn cluster_config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfi
         peers: ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect(),
         data_dir: dir.join(format!("node{id}")),
         summary_interval_ms: 200,
+        insecure: true,
         ..ClusterSection::default()
     };
     NodeConfig {
@@ -306,6 +309,7 @@ fn cluster_config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfi
         replication: fast(),
         autoscaler: Default::default(),
         admission: Default::default(),
+        limits: Default::default(),
     }
 }
 

@@ -144,6 +144,7 @@ async fn a_cluster_runs_raft_over_mtls_and_refuses_clients_without_a_certificate
             id,
             peers: ports.iter().enumerate().map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1)).collect(),
             data_dir: dir.path().join(format!("node{id}")),
+            insecure: true,
             ..ClusterSection::default()
         };
         let config = NodeConfig {
@@ -154,6 +155,7 @@ async fn a_cluster_runs_raft_over_mtls_and_refuses_clients_without_a_certificate
             replication: Default::default(),
             autoscaler: Default::default(),
             admission: Default::default(),
+            limits: Default::default(),
         };
         nodes.push(kvmesh_node::start(config).await.unwrap());
     }
@@ -193,6 +195,7 @@ async fn half_configured_tls_is_a_clear_error() {
             replication: Default::default(),
             autoscaler: Default::default(),
             admission: Default::default(),
+            limits: Default::default(),
         };
         kvmesh_node::start(config).await.err().map(|e| format!("{e:#}"))
     };

@@ -52,6 +52,7 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
         replication: Default::default(),
         autoscaler: autoscaler(),
         admission: Default::default(),
+        limits: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("both replicas ready", || {
@@ -130,6 +131,7 @@ async fn three_nodes(dir: &std::path::Path, replicas: &[ReplicaConfig], autoscal
             id,
             peers: ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect(),
             data_dir: dir.join(format!("node{id}")),
+            insecure: true,
             ..ClusterSection::default()
         };
         let config = NodeConfig {
@@ -140,6 +142,7 @@ async fn three_nodes(dir: &std::path::Path, replicas: &[ReplicaConfig], autoscal
             replication: Default::default(),
             autoscaler: autoscaler.clone(),
             admission: Default::default(),
+            limits: Default::default(),
         };
         nodes.push(kvmesh_node::start(config).await.unwrap());
     }
@@ -268,6 +271,7 @@ async fn short_node(booking_lease_s: f64) -> (Node, Vec<kvmesh_engine_sim::Engin
         replication: Default::default(),
         autoscaler: AutoscalerSection { capacity_tokens_per_s: 200.0, ..Default::default() },
         admission: AdmissionSection { enabled: true, queue_limit: 2, max_wait_s: 10.0, ttft_slo_s: None },
+        limits: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
@@ -335,12 +339,12 @@ async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_re
                 session_key: None,
                 lora_name: None,
             };
-            router.route(req).await.map(|r| r.into_inner().booking_id)
+            router.route(req).await.map(|r| r.into_inner().booking)
         }
     };
-    let release = |booking_id: u64| {
+    let release = |booking: String| {
         let mut router = v1::router_client::RouterClient::new(ch.clone());
-        async move { router.release(v1::ReleaseRequest { booking_id, output_tokens: Some(16) }).await.unwrap() }
+        async move { router.release(v1::ReleaseRequest { booking, output_tokens: Some(16) }).await.unwrap() }
     };
     // The first is booked at once; the next two wait (nothing booked for them); the fourth
     // finds the queue full.
@@ -455,19 +459,19 @@ async fn a_route_never_released_ends_at_its_lease_and_the_waiting_one_goes() {
         lora_name: None,
     };
     // Booked and never released: it fills the replica.
-    let forgotten = router.route(route(0)).await.unwrap().into_inner().booking_id;
+    let forgotten = router.route(route(0)).await.unwrap().into_inner().booking;
     let mut r2 = router.clone();
-    let second = tokio::spawn(async move { r2.route(route(1)).await.map(|r| r.into_inner().booking_id) });
+    let second = tokio::spawn(async move { r2.route(route(1)).await.map(|r| r.into_inner().booking) });
     eventually("the second waiting", || node.shared.admission.depth() == 1).await;
     // The lease (1 s) ends the forgotten booking, and the second is booked in its place.
     let booked = second.await.unwrap().unwrap();
     assert_ne!(booked, forgotten);
     // Released before its own 1 s lease can end it.
-    router.release(v1::ReleaseRequest { booking_id: booked, output_tokens: None }).await.unwrap();
+    router.release(v1::ReleaseRequest { booking: booked, output_tokens: None }).await.unwrap();
     let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
     assert!(page.contains("kvmesh_bookings_expired_total 1\n"), "{page}");
     // Releasing it late is an unknown booking, not an error that hurts anything.
-    let late = router.release(v1::ReleaseRequest { booking_id: forgotten, output_tokens: None }).await;
+    let late = router.release(v1::ReleaseRequest { booking: forgotten, output_tokens: None }).await;
     assert_eq!(late.unwrap_err().code(), tonic::Code::NotFound);
     assert!(node.shared.core().fleet.bookings().is_empty());
     node.stop().await;
@@ -486,6 +490,7 @@ async fn slow_node(ttft_slo_s: Option<f64>) -> (Node, kvmesh_engine_sim::EngineS
         replication: Default::default(),
         autoscaler: Default::default(),
         admission: AdmissionSection { enabled: true, ttft_slo_s, ..AdmissionSection::default() },
+        limits: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
@@ -585,6 +590,7 @@ async fn capacity_is_measured(admission: bool) {
         replication: Default::default(),
         autoscaler: AutoscalerSection { capacity_tokens_per_s: 0.0, ..autoscaler() },
         admission: AdmissionSection { enabled: admission, queue_limit: 64, max_wait_s: 30.0, ttft_slo_s: None },
+        limits: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
@@ -652,6 +658,7 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
             ..autoscaler()
         },
         admission: Default::default(),
+        limits: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("three replicas ready", || {

@@ -445,6 +445,11 @@ pub struct NodeArgs {
     /// Cluster: the Raft store's directory; `[cluster] data_dir`.
     #[arg(long, value_name = "DIR", env = "KVMESH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Cluster: run without authentication (`[cluster] insecure`): Raft, gossip and registry
+    /// writes open to anyone who reaches the gRPC port. Without it a cluster node needs a
+    /// cluster token or mTLS. Logs a warning at every start.
+    #[arg(long)]
+    pub insecure: bool,
     /// Log lines as `text` or `json` (one object per line). The level comes from RUST_LOG
     /// (default `info`).
     #[arg(long, default_value = "text", value_name = "FORMAT", env = "KVMESH_LOG_FORMAT")]

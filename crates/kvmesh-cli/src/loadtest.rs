@@ -415,9 +415,8 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
                     let result = match client.route(req).await {
                         Ok(r) => {
                             let us = t.elapsed().as_micros() as u64;
-                            let id = r.into_inner().booking_id;
-                            let _ =
-                                client.release(v1::ReleaseRequest { booking_id: id, output_tokens: Some(16) }).await;
+                            let booking = r.into_inner().booking;
+                            let _ = client.release(v1::ReleaseRequest { booking, output_tokens: Some(16) }).await;
                             Ok(us)
                         }
                         Err(e) => Err(format!("{:?}", e.code())),

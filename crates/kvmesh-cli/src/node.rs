@@ -61,6 +61,9 @@ fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs) -> anyhow::Result
     if any {
         apply_cluster_flags(config.cluster.get_or_insert_with(Default::default), args);
     }
+    if let (true, Some(c)) = (args.insecure, config.cluster.as_mut()) {
+        c.insecure = true;
+    }
     config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", args.config_path().display()))?;
     Ok(config)
 }

@@ -180,6 +180,7 @@ fn status_name(raw: i32) -> &'static str {
         Ok(v1::ReplicaStatus::BlockSizeMismatch) => "block_size_mismatch",
         Ok(v1::ReplicaStatus::Unhealthy) => "unhealthy",
         Ok(v1::ReplicaStatus::Overloaded) => "overloaded",
+        Ok(v1::ReplicaStatus::BadEvents) => "bad_events",
         _ => "unknown",
     }
 }

@@ -1,6 +1,7 @@
 //! The msgpack payload of one message: vLLM's `KVEventBatch`, encoded array-like by msgspec as
 //! `[ts, events, data_parallel_rank]` (the rank is omitted by older vLLM and may be nil).
 
+use crate::budget::{check_budget, DecodeLimits};
 use crate::error::DecodeError;
 use crate::event::decode_event;
 use kvmesh_core::index::KvEvent;
@@ -39,6 +40,16 @@ pub struct SkippedEvent {
 /// when they hold anything but one array `[ts, events, rank?]` (trailing elements are
 /// ignored, trailing bytes are not).
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
+    decode_batch_with(payload, &DecodeLimits::default())
+}
+
+/// [`decode_batch`] within `limits`, checked on the bytes before anything is allocated
+/// ([`check_budget`]).
+///
+/// # Errors
+/// As [`decode_batch`], and [`DecodeError::OverBudget`].
+pub fn decode_batch_with(payload: &[u8], limits: &DecodeLimits) -> Result<EventBatch, DecodeError> {
+    check_budget(payload, limits)?;
     let mut rd = payload;
     let value = rmpv::decode::read_value_with_max_depth(&mut rd, MAX_DEPTH).map_err(msgpack_error)?;
     if !rd.is_empty() {

@@ -19,7 +19,8 @@
 //! - [`replay`]: the replay request and both reply framings.
 //! - [`encode`]: the publishing side (core events → vLLM's format), for stand-in engines.
 //! - [`metrics`]: an engine's load from its Prometheus `/metrics` page (vLLM and SGLang names).
-//! - [`DecodeError`]: "incomplete" (truncated) versus "malformed" (never valid).
+//! - [`budget`]: [`DecodeLimits`] checked on the raw bytes before decoding allocates.
+//! - [`DecodeError`]: "incomplete" (truncated), "malformed" (never valid) or "over budget".
 //!
 //! Nothing here panics on any input (fuzzed: `crates/kvmesh-events/fuzz`); one bad event in a
 //! batch is reported in [`EventBatch::skipped`] and the others still apply.
@@ -28,6 +29,7 @@
 #![deny(missing_docs)]
 
 pub mod batch;
+pub mod budget;
 pub mod encode;
 pub mod error;
 pub mod event;
@@ -35,8 +37,9 @@ pub mod message;
 pub mod metrics;
 pub mod replay;
 
-pub use batch::{decode_batch, EventBatch, SkippedEvent};
+pub use batch::{decode_batch, decode_batch_with, EventBatch, SkippedEvent};
+pub use budget::{check_budget, DecodeLimits};
 pub use error::DecodeError;
-pub use message::{decode_message, EventMessage};
+pub use message::{decode_message, decode_message_with, EventMessage};
 pub use metrics::{parse_engine_metrics, parse_engine_page, parse_served_tokens, Dialect, EnginePage, MetricsError};
-pub use replay::{decode_replay_reply, replay_request, ReplayReply};
+pub use replay::{decode_replay_reply, decode_replay_reply_with, replay_request, ReplayReply};

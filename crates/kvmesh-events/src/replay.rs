@@ -6,9 +6,10 @@
 //! delimiter, newer publishers send `[topic, seq, payload]` and older ones `[seq, payload]`;
 //! both are accepted, as are replies without the delimiter.
 
-use crate::batch::{decode_batch, EventBatch};
+use crate::batch::{decode_batch_with, EventBatch};
+use crate::budget::DecodeLimits;
 use crate::error::DecodeError;
-use crate::message::seq_number;
+use crate::message::{check_size, seq_number};
 
 /// The frames of a replay request for every message from `start_seq` on.
 pub fn replay_request(start_seq: u64) -> [Vec<u8>; 2] {
@@ -35,6 +36,18 @@ pub enum ReplayReply {
 /// [`DecodeError::Malformed`] for fewer than 2 or more than 4 frames or a bad sequence frame;
 /// the payload's errors from [`decode_batch`].
 pub fn decode_replay_reply<F: AsRef<[u8]>>(frames: &[F]) -> Result<ReplayReply, DecodeError> {
+    decode_replay_reply_with(frames, &DecodeLimits::default())
+}
+
+/// [`decode_replay_reply`] within `limits` (as [`crate::decode_message_with`]).
+///
+/// # Errors
+/// As [`decode_replay_reply`], and [`DecodeError::OverBudget`].
+pub fn decode_replay_reply_with<F: AsRef<[u8]>>(
+    frames: &[F],
+    limits: &DecodeLimits,
+) -> Result<ReplayReply, DecodeError> {
+    check_size(frames, limits)?;
     if !(2..=4).contains(&frames.len()) {
         return Err(DecodeError::malformed(format!(
             "replay reply of {} frames, expected [\"\", topic?, seq, payload]",
@@ -46,5 +59,5 @@ pub fn decode_replay_reply<F: AsRef<[u8]>>(frames: &[F]) -> Result<ReplayReply, 
         return Ok(ReplayReply::End);
     }
     let seq = seq_number(frames[frames.len() - 2].as_ref())?;
-    Ok(ReplayReply::Message { seq, batch: decode_batch(payload)? })
+    Ok(ReplayReply::Message { seq, batch: decode_batch_with(payload, limits)? })
 }

@@ -176,7 +176,9 @@ fn truncated_input_is_incomplete_and_wrong_input_is_malformed() {
     let deep = vec![0x91u8; 100_000];
     assert_eq!(decode_batch(&deep), Err(DecodeError::Malformed("payload nests too deeply".into())));
     // A claimed 2^32-element array with no elements: incomplete, nothing preallocated.
-    assert!(decode_batch(&[0xdd, 0xff, 0xff, 0xff, 0xff]).unwrap_err().is_incomplete());
+    assert!(decode_batch(&[0xdc, 0x00, 0x05]).unwrap_err().is_incomplete());
+    // A claim no budget allows is refused at its header, before any allocation.
+    assert_eq!(decode_batch(&[0xdd, 0xff, 0xff, 0xff, 0xff]).unwrap_err().kind(), "over_budget");
 }
 
 #[test]

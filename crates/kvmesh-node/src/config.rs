@@ -32,6 +32,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 mod hints;
+mod limits;
+pub use limits::LimitsSection;
 
 /// Everything a node runs with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,6 +60,9 @@ pub struct NodeConfig {
     /// Admission control while capacity is short; off unless `enabled`.
     #[serde(default)]
     pub admission: AdmissionSection,
+    /// Caps on what one replica, client or peer may cost the node.
+    #[serde(default)]
+    pub limits: LimitsSection,
 }
 
 /// `[admission]`: while capacity is short — no replica with KV headroom for a request, or
@@ -372,6 +377,12 @@ pub struct ClusterSection {
     pub snapshot_every: u64,
     /// Accept `Cluster.InjectFault` (`kvmesh cluster fault`): tests and chaos runs only.
     pub allow_fault_injection: bool,
+    /// Run the cluster without authentication: anyone who reaches the gRPC port can then
+    /// send Raft and gossip messages and write the registry. Without it a node in a cluster
+    /// refuses to start unless it has a cluster token (`[security] cluster_token_file` or
+    /// `KVMESH_CLUSTER_TOKEN`) or mTLS (`tls_client_auth`); with it, it warns at every start.
+    /// `kvmesh node --insecure` sets it.
+    pub insecure: bool,
 }
 
 impl Default for ClusterSection {
@@ -390,6 +401,7 @@ impl Default for ClusterSection {
             election_timeout_max_ms: 600,
             snapshot_every: 1000,
             allow_fault_injection: false,
+            insecure: false,
         }
     }
 }
@@ -738,6 +750,7 @@ impl NodeConfig {
         self.replication.validate()?;
         self.autoscaler.validate()?;
         self.admission.validate()?;
+        self.limits.validate()?;
         if let Some(c) = &self.cluster {
             if c.id == 0 {
                 return Err("cluster.id must be positive (or --id / KVMESH_NODE_ID)".into());

@@ -33,7 +33,7 @@ impl router_server::Router for Services {
     async fn route(&self, request: Request<v1::RouteRequest>) -> Result<Response<v1::RouteResponse>, GrpcStatus> {
         // The TTFT gate's clock starts here.
         let arrived = tokio::time::Instant::now();
-        let r = request.into_inner();
+        let (meta, _, r) = request.into_parts();
         let model = &self.shared.settings.model;
         if !model.is_empty() && !r.model.is_empty() && &r.model != model {
             return Err(GrpcStatus::not_found(format!("model {:?} is not served here (serving {model:?})", r.model)));
@@ -97,7 +97,7 @@ impl router_server::Router for Services {
             uncached_tokens: d.uncached_tokens,
             estimated_ttft_s: d.estimated_ttft_s,
             reason: d.reason.as_str().into(),
-            booking_id: routed.booking.0,
+            booking: self.shared.booking_keys.issue(routed.booking, &meta),
         }))
     }
 
@@ -105,15 +105,16 @@ impl router_server::Router for Services {
         &self,
         request: Request<v1::FirstTokenRequest>,
     ) -> Result<Response<v1::FirstTokenResponse>, GrpcStatus> {
-        let id = BookingId(request.into_inner().booking_id);
+        let id = self.open_booking(request.metadata(), &request.get_ref().booking)?;
         let now = self.shared.now();
         self.shared.core().first_token(id, now).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         Ok(Response::new(v1::FirstTokenResponse {}))
     }
 
     async fn release(&self, request: Request<v1::ReleaseRequest>) -> Result<Response<v1::ReleaseResponse>, GrpcStatus> {
+        let id = self.open_booking(request.metadata(), &request.get_ref().booking)?;
         let r = request.into_inner();
-        let released = self.shared.core().release(BookingId(r.booking_id), r.output_tokens);
+        let released = self.shared.core().release(id, r.output_tokens);
         self.shared.admission.capacity_freed();
         released.map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         Ok(Response::new(v1::ReleaseResponse {}))
@@ -130,6 +131,7 @@ fn wire_status(s: Status) -> v1::ReplicaStatus {
         Status::BlockSizeMismatch => v1::ReplicaStatus::BlockSizeMismatch,
         Status::Unhealthy => v1::ReplicaStatus::Unhealthy,
         Status::Overloaded => v1::ReplicaStatus::Overloaded,
+        Status::BadEvents => v1::ReplicaStatus::BadEvents,
     }
 }
 
@@ -174,6 +176,18 @@ fn not_found_or(e: ClusterError) -> GrpcStatus {
 impl Services {
     /// Admission control's refusal: `RESOURCE_EXHAUSTED` saying why, with when to retry in
     /// seconds in a `retry-after` metadata entry (as the proxy's `Retry-After` header).
+    /// The booking a `FirstToken` or `Release` names, if it was issued to this caller.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a malformed handle, `PERMISSION_DENIED` for another's.
+    fn open_booking(&self, meta: &tonic::metadata::MetadataMap, handle: &str) -> Result<BookingId, GrpcStatus> {
+        use crate::booking_token::HandleError;
+        self.shared.booking_keys.open(handle, meta).map_err(|e| match e {
+            HandleError::Malformed(_) => GrpcStatus::invalid_argument(e.to_string()),
+            HandleError::NotYours => GrpcStatus::permission_denied(e.to_string()),
+        })
+    }
+
     fn too_many(&self, why: Refused) -> GrpcStatus {
         let (after, message) = self.shared.refusal(why);
         let mut status = GrpcStatus::resource_exhausted(message);

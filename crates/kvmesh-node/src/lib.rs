@@ -19,9 +19,12 @@
 pub mod admission;
 pub mod auth;
 pub mod autoscaler;
+pub mod body_budget;
+pub mod booking_token;
 pub mod cluster;
 pub mod config;
 pub mod grpc;
+pub mod http_server;
 pub mod metrics;
 pub mod proxy;
 pub mod proxy_runtime;
@@ -169,6 +172,24 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
              reach the gRPC port; set cluster_token_file (or KVMESH_CLUSTER_TOKEN) too"
         );
     }
+    if let Some(c) = &config.cluster {
+        let authenticated = shared.tokens.cluster.is_some() || config.security.tls_client_auth;
+        if !authenticated && !c.insecure {
+            anyhow::bail!(
+                "[cluster] without authentication: anyone who reaches the gRPC port could join Raft, forge a leader \
+                 and write the registry. Give every node the same cluster token (e.g. `openssl rand -hex 32 > \
+                 cluster.token`, then `[security] cluster_token_file = \"cluster.token\"` or KVMESH_CLUSTER_TOKEN), \
+                 or mTLS (`[security] tls_client_auth`); or, on a network you trust, `--insecure` \
+                 (`[cluster] insecure = true`)"
+            );
+        }
+        if !authenticated {
+            tracing::warn!(
+                "cluster running INSECURE (--insecure): Raft, gossip and registry writes are open to anyone who can \
+                 reach the gRPC port"
+            );
+        }
+    }
     if config.node.booking_lease_s < config.node.request_timeout_s as f64 {
         tracing::warn!(
             booking_lease_s = config.node.booking_lease_s,
@@ -287,7 +308,14 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     }));
     let app = proxy::router(shared.clone());
     let http_tls = tls.as_ref().map(|t| t.http.clone());
-    match proxy_runtime::spawn(http_listener, http_tls, app, config.node.proxy_threads, stopped.clone()) {
+    match proxy_runtime::spawn(
+        http_listener,
+        http_tls,
+        app,
+        http_server::ServeLimits::from_config(&config.limits),
+        config.node.proxy_threads,
+        stopped.clone(),
+    ) {
         Ok(t) => tasks.push(t),
         Err(e) => {
             let _ = supervisor.stop_and_wait(None, Some(std::time::Duration::from_secs(5))).await;
@@ -334,9 +362,13 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         stopped: s2.clone(),
     });
     let grpc_tls = tls.as_ref().map(|t| t.grpc.clone());
+    let limits = config.limits.clone();
     tasks.push(tokio::spawn(async move {
         use kvmesh_proto::v1::{cluster_server::ClusterServer, gossip_server::GossipServer, raft_server::RaftServer};
-        let mut builder = tonic::transport::Server::builder();
+        let mut builder = tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(limits.grpc_concurrency_per_connection);
+        let public = limits.grpc_public_max_message_bytes;
+        let cluster_max = cluster::MAX_MESSAGE_BYTES;
         if let Some(t) = grpc_tls {
             builder = match builder.tls_config(t) {
                 Ok(b) => b,
@@ -350,23 +382,46 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             .add_service(health)
             .add_service(reflection)
             .add_service(reflection_v1alpha)
-            .add_service(RouterServer::new(services.clone()))
-            .add_service(AdminServer::new(services.clone()))
-            .add_service(EventsServer::new(services))
-            .add_service(kvmesh_proto::v1::replication_server::ReplicationServer::new(replication_service))
-            .add_service(kvmesh_proto::v1::autoscaler_server::AutoscalerServer::new(autoscaler_service.clone()))
-            .add_service(kvmesh_proto::externalscaler::external_scaler_server::ExternalScalerServer::new(
-                autoscaler_service,
-            ))
-            .add_optional_service(
-                cluster_services
-                    .clone()
-                    .map(|s| RaftServer::new(s).max_decoding_message_size(cluster::MAX_MESSAGE_BYTES)),
+            .add_service(
+                RouterServer::new(services.clone()).max_decoding_message_size(public).max_encoding_message_size(public),
             )
-            .add_optional_service(cluster_services.clone().map(ClusterServer::new))
-            .add_optional_service(
-                cluster_services.map(|s| GossipServer::new(s).max_decoding_message_size(cluster::MAX_MESSAGE_BYTES)),
+            .add_service(
+                // Its calls' credentials go with the writes they forward (cluster::operator).
+                cluster::operator::Scoped(
+                    AdminServer::new(services.clone())
+                        .max_decoding_message_size(public)
+                        .max_encoding_message_size(public),
+                ),
             )
+            .add_service(
+                EventsServer::new(services).max_decoding_message_size(public).max_encoding_message_size(public),
+            )
+            .add_service(
+                kvmesh_proto::v1::replication_server::ReplicationServer::new(replication_service)
+                    .max_decoding_message_size(public)
+                    .max_encoding_message_size(public),
+            )
+            .add_service(
+                kvmesh_proto::v1::autoscaler_server::AutoscalerServer::new(autoscaler_service.clone())
+                    .max_decoding_message_size(public)
+                    .max_encoding_message_size(public),
+            )
+            .add_service(
+                kvmesh_proto::externalscaler::external_scaler_server::ExternalScalerServer::new(autoscaler_service)
+                    .max_decoding_message_size(public)
+                    .max_encoding_message_size(public),
+            )
+            .add_optional_service(cluster_services.clone().map(|s| {
+                RaftServer::new(s).max_decoding_message_size(cluster_max).max_encoding_message_size(cluster_max)
+            }))
+            .add_optional_service(cluster_services.clone().map(|s| {
+                cluster::operator::Scoped(
+                    ClusterServer::new(s).max_decoding_message_size(cluster_max).max_encoding_message_size(cluster_max),
+                )
+            }))
+            .add_optional_service(cluster_services.map(|s| {
+                GossipServer::new(s).max_decoding_message_size(cluster_max).max_encoding_message_size(cluster_max)
+            }))
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = s2.wait_for(|s| *s).await;
             })

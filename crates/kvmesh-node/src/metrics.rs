@@ -62,6 +62,8 @@ pub struct Metrics {
     /// `clear` (a gap without replay: blocks dropped), `restart` (the sequence went back),
     /// `recovery` (the replica came back from unhealthy), `unknown_parent` (case C03).
     pub resyncs: Family<Labels, Counter>,
+    /// KV-event quarantines begun, by replica (its stream kept bringing bad messages).
+    pub quarantines: Family<Labels, Counter>,
     replica_status: Family<Labels, Gauge>,
     replica_queued_prefill: Family<Labels, Gauge>,
     replica_bookings: Family<Labels, Gauge>,
@@ -116,6 +118,7 @@ impl Metrics {
             events_applied: Family::default(),
             events_rejected: Family::default(),
             resyncs: Family::default(),
+            quarantines: Family::default(),
             replica_status: Family::default(),
             replica_queued_prefill: Family::default(),
             replica_bookings: Family::default(),
@@ -169,6 +172,11 @@ impl Metrics {
         registry.register("events_applied", "KV events applied by replica and kind", m.events_applied.clone());
         registry.register("events_rejected", "KV events rejected by replica and reason", m.events_rejected.clone());
         registry.register("resyncs", "Event-stream resyncs by replica and method", m.resyncs.clone());
+        registry.register(
+            "event_quarantines",
+            "KV-event quarantines begun by replica (bad messages kept coming)",
+            m.quarantines.clone(),
+        );
         registry.register("replica_status", "1 for the replica's current status", m.replica_status.clone());
         registry.register(
             "replica_queued_prefill_tokens",

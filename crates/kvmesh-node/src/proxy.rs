@@ -28,15 +28,28 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 /// The proxy's routes (plus `/health` and `/metrics`).
+///
+/// The completion routes read their bodies within the node's body budget
+/// ([`crate::body_budget`]): `limits.http_max_body_bytes` each (long multi-turn and multimodal
+/// bodies exceed axum's 2 MB default), `limits.http_body_budget_bytes` in all.
 pub fn router(shared: Arc<Shared>) -> Router {
-    Router::new()
+    let l = &shared.limits;
+    let budget = crate::body_budget::BodyBudget::new(
+        l.http_body_budget_bytes,
+        l.http_max_body_bytes,
+        std::time::Duration::from_secs(l.http_idle_timeout_s),
+    );
+    let max_body = l.http_max_body_bytes;
+    let completions = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route_layer(axum::middleware::from_fn_with_state(budget, crate::body_budget::limit));
+    Router::new()
+        .merge(completions)
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        // Long multi-turn and multimodal bodies exceed axum's 2 MB default.
-        .layer(DefaultBodyLimit::max(64 << 20))
+        .layer(DefaultBodyLimit::max(max_body))
         .with_state(shared)
 }
 

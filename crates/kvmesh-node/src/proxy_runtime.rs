@@ -24,6 +24,7 @@ pub fn spawn(
     listener: tokio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     app: Router,
+    limits: crate::http_server::ServeLimits,
     threads: u32,
     mut stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
@@ -54,7 +55,7 @@ pub fn spawn(
                     let _ = stopped.wait_for(|s| *s).await;
                 };
                 tokio::select! {
-                    r = listener.serve(app, shutdown) => if let Err(e) = r {
+                    r = listener.serve(app, limits, shutdown) => if let Err(e) = r {
                         tracing::error!(error = %e, "HTTP proxy ended");
                     },
                     _ = abort_rx => {}
@@ -89,10 +90,12 @@ impl Listener {
     async fn serve(
         self,
         app: Router,
+        limits: crate::http_server::ServeLimits,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        use crate::http_server::serve;
         match self {
-            Listener::Tls(l) => axum::serve(l, app).with_graceful_shutdown(shutdown).await,
+            Listener::Tls(l) => serve(l, app, limits, shutdown).await,
             // No Nagle on client connections: streamed tokens leave as the engine sends them
             // (what nginx and Envoy do for proxied traffic).
             Listener::Plain(l) => {
@@ -100,7 +103,7 @@ impl Listener {
                 let l = l.tap_io(|tcp| {
                     let _ = tcp.set_nodelay(true);
                 });
-                axum::serve(l, app).with_graceful_shutdown(shutdown).await
+                serve(l, app, limits, shutdown).await
             }
         }
     }

@@ -50,6 +50,9 @@ pub enum Status {
     NoEvents,
     /// Its events carry another block size (routed on load only).
     BlockSizeMismatch,
+    /// Its KV-event stream kept bringing bad messages: quarantined, its blocks dropped and
+    /// its events ignored for `limits.kv_event_quarantine_s` (routed on load only).
+    BadEvents,
     /// Failing health checks or connects; not routed to.
     Unhealthy,
     /// Answered 429/503; out of rotation until the backoff ends.
@@ -66,19 +69,21 @@ impl Status {
             Status::OutOfSync => "out_of_sync",
             Status::NoEvents => "no_events",
             Status::BlockSizeMismatch => "block_size_mismatch",
+            Status::BadEvents => "bad_events",
             Status::Unhealthy => "unhealthy",
             Status::Overloaded => "overloaded",
         }
     }
 
     /// Every status, for metrics.
-    pub const ALL: [Status; 8] = [
+    pub const ALL: [Status; 9] = [
         Status::Ready,
         Status::Draining,
         Status::Starting,
         Status::OutOfSync,
         Status::NoEvents,
         Status::BlockSizeMismatch,
+        Status::BadEvents,
         Status::Unhealthy,
         Status::Overloaded,
     ];
@@ -152,6 +157,8 @@ pub struct Replica {
     pub events_applied: u64,
     /// Events rejected by the decoder or the index.
     pub events_rejected: u64,
+    /// End of its KV-event quarantine, node seconds (status `bad_events` until then).
+    pub bad_events_until: Option<f64>,
     /// The status last logged: a change is logged once, when it is first seen.
     pub reported: Status,
 }
@@ -225,6 +232,10 @@ pub struct Shared {
     pub config: Mutex<NodeConfig>,
     /// Settings the request path reads.
     pub settings: Settings,
+    /// The key of `Router.Route`'s booking handles.
+    pub booking_keys: crate::booking_token::BookingKeys,
+    /// `[limits]`, fixed at start.
+    pub limits: crate::config::LimitsSection,
     /// Prompt text → token ids.
     pub tokenizer: crate::tokenize::Tokenizer,
     /// The routing policy's name and parameters (they change when the cluster's do).
@@ -362,6 +373,8 @@ impl Shared {
         let autoscaler = crate::autoscaler::Autoscaling::new(config.autoscaler.clone());
         let admission = crate::admission::Admission::new(config.admission.clone());
         Ok(Shared {
+            booking_keys: crate::booking_token::BookingKeys::random(),
+            limits: config.limits.clone(),
             config: Mutex::new(config),
             settings,
             tokenizer,
@@ -509,6 +522,7 @@ impl Shared {
             last_resync_at: None,
             events_applied: 0,
             events_rejected: 0,
+            bad_events_until: None,
             reported: Status::Ready,
         };
         core.replicas.insert(config.name.clone(), replica);
@@ -589,6 +603,9 @@ impl Core {
         if r.overloaded_until > now {
             return Status::Overloaded;
         }
+        if r.bad_events_until.is_some() {
+            return Status::BadEvents;
+        }
         if let Some(health) = self.fleet.index().health(r.id) {
             if health.block_size_mismatch.is_some() {
                 return Status::BlockSizeMismatch;
@@ -640,6 +657,13 @@ impl Core {
             }
             Status::Unhealthy => r.last_error.clone().unwrap_or_default(),
             Status::Overloaded => "answered 429/503; backing off".into(),
+            Status::BadEvents => r.bad_events_until.map_or(String::new(), |u| {
+                format!(
+                    "its KV events kept being refused: quarantined for {:.0} s more (blocks dropped, events \
+                     ignored; routed on load only), then rebuilt",
+                    (u - now).max(0.0)
+                )
+            }),
             Status::NoEvents => "serving, but no KV event arrives: routed on load and the router's record".into(),
             Status::OutOfSync => {
                 "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
@@ -684,7 +708,7 @@ impl Core {
             Status::BlockSizeMismatch => {
                 tracing::error!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
             }
-            Status::Unhealthy | Status::OutOfSync | Status::NoEvents => {
+            Status::Unhealthy | Status::OutOfSync | Status::NoEvents | Status::BadEvents => {
                 tracing::warn!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
             }
         }
@@ -933,6 +957,7 @@ pub(crate) fn test_node(node: crate::config::NodeSection) -> Shared {
         replication: Default::default(),
         autoscaler: Default::default(),
         admission: Default::default(),
+        limits: Default::default(),
     };
     Shared::new(config).unwrap()
 }

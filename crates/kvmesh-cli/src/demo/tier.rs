@@ -104,6 +104,7 @@ impl Tier {
                 id: i as u64 + 1,
                 peers: peers.clone(),
                 data_dir: spec.data_dir.join(format!("node{}", i + 1)),
+                insecure: true,
                 ..ClusterSection::default()
             });
             let config = NodeConfig {
@@ -122,6 +123,7 @@ impl Tier {
                     ..Default::default()
                 },
                 admission: Default::default(),
+                limits: Default::default(),
             };
             nodes.push(kvmesh_node::start(config).await.with_context(|| format!("starting router node {}", i + 1))?);
         }

@@ -14,6 +14,7 @@
 pub mod follow;
 pub mod gossip;
 pub mod network;
+pub mod operator;
 pub mod registry;
 pub mod service;
 pub mod store;
@@ -467,6 +468,7 @@ impl Cluster {
             let mut c = v1::cluster_client::ClusterClient::new(channel_to(&leader, self.tls.as_ref())?);
             let mut request = tonic::Request::new(v1::LeaveRequest { node_id: id });
             mark_forwarded(request.metadata_mut(), &self.token);
+            operator::attach(request.metadata_mut());
             return c.leave(request).await.map(|_| ()).map_err(|s| from_forwarded(&leader, &s));
         }
         let voters = self.voters();
@@ -583,8 +585,9 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Metadata marking a write forwarded by another node.
 pub const FORWARDED: &str = "x-kvmesh-forwarded";
 
-/// Marks a request as forwarded by a node and signs it with the nodes' token (the leader
-/// accepts the nodes' token on writes only with this mark).
+/// Marks a request as forwarded by a node and signs it with the nodes' token. The leader
+/// takes the nodes' token as the *node's* credential only; an operator's write forwarded
+/// carries the operator's own too ([`operator`]).
 fn mark_forwarded(meta: &mut tonic::metadata::MetadataMap, token: &Option<crate::auth::Secret>) {
     meta.insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
     if let Some(t) = token {
@@ -609,6 +612,7 @@ async fn forward_join(
     let mut c = v1::cluster_client::ClusterClient::new(channel_to(leader, tls)?);
     let mut request = tonic::Request::new(v1::JoinRequest { node_id: id, addr });
     mark_forwarded(request.metadata_mut(), token);
+    operator::attach(request.metadata_mut());
     c.join(request).await.map(|_| ()).map_err(|s| from_forwarded(leader, &s))
 }
 
@@ -643,6 +647,7 @@ async fn forward_write(
     let json = serde_json::to_vec(cmd).map_err(|e| fwd(e.to_string()))?;
     let mut request = tonic::Request::new(v1::WriteRequest { command_json: json });
     mark_forwarded(request.metadata_mut(), token);
+    operator::attach(request.metadata_mut());
     let reply = c.write(request).await.map_err(|s| {
         let e = from_forwarded(addr, &s);
         if connection_refused(&s) {

@@ -117,6 +117,15 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// Whether only an operator may issue it (the registry and the policy); the others are
+    /// the nodes' own (the leader's autoscaler decisions and replication plans), which a
+    /// member may forward with the nodes' token alone.
+    pub fn by_operator(&self) -> bool {
+        !matches!(self, Command::SetReplicationPlan { .. } | Command::RecordScaleDecision { .. })
+    }
+}
+
 /// What a command did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct CommandResult {

@@ -42,11 +42,17 @@ impl ClusterServices {
         crate::auth::check(meta, &[&self.shared.tokens.admin])
     }
 
-    /// Calls an operator makes (the admin token) or a node forwards (marked forwarded, with
-    /// the nodes' token): the nodes' token alone is not an operator's credential.
+    /// Calls an operator makes (the admin token), or a node forwards for one: marked
+    /// forwarded, signed with the nodes' token, *and* carrying the operator's admin token,
+    /// which this node verifies itself ([`super::operator`]). The nodes' token alone is not
+    /// an operator's credential.
     fn admin_or_peer_auth(&self, meta: &tonic::metadata::MetadataMap) -> Result<(), Status> {
         if meta.contains_key(super::FORWARDED) {
-            crate::auth::check(meta, &[&self.shared.tokens.admin, &self.cluster.token])
+            self.peer_auth(meta)?;
+            let operator = super::operator::forwarded_credential(meta);
+            crate::auth::check(&operator, &[&self.shared.tokens.admin]).map_err(|_| {
+                Status::permission_denied("a forwarded operator write must carry the operator's own admin token")
+            })
         } else {
             crate::auth::check(meta, &[&self.shared.tokens.admin])
         }
@@ -135,14 +141,20 @@ impl cluster_server::Cluster for ClusterServices {
     }
 
     async fn write(&self, r: Request<v1::WriteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
-        self.admin_or_peer_auth(r.metadata())?;
         let forwarded = r.metadata().contains_key(super::FORWARDED);
+        let (meta, _, body) = r.into_parts();
+        let cmd: Command = serde_json::from_slice(&body.command_json)
+            .map_err(|e| Status::invalid_argument(format!("bad command: {e}")))?;
+        if forwarded && !cmd.by_operator() {
+            // A node's own write (an autoscaler decision, a replication plan): the nodes' token.
+            self.peer_auth(&meta)?;
+        } else {
+            self.admin_or_peer_auth(&meta)?;
+        }
         if forwarded {
             // Another node's write: an injected partition drops it like the network would.
             self.reachable()?;
         }
-        let cmd: Command = serde_json::from_slice(&r.into_inner().command_json)
-            .map_err(|e| Status::invalid_argument(format!("bad command: {e}")))?;
         let (result, log_index) = self.cluster.write_from(cmd, forwarded).await.map_err(Status::from)?;
         let result_json = serde_json::to_vec(&result).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(v1::WriteResponse { result_json, log_index }))

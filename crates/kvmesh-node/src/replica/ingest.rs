@@ -6,10 +6,17 @@
 //! that goes back (seq ≤ last) is an engine restart: its old blocks are dropped (case C08).
 //! Every reconnect of the SUB is treated as a possible gap (zeromq 0.7's SUB reconnects on
 //! its own and the slow-joiner loss is silent).
+//!
+//! A message is checked against `[limits]` before it is decoded (size, then the payload's
+//! declared counts, without allocating). Bad messages are counted per replica and reason and
+//! complained about at most every 10 s, never under the core lock; a replica whose stream
+//! stays bad is quarantined ([`EventGuard`]): status `bad_events`, its blocks dropped, its
+//! messages dropped undecoded until the quarantine ends and its blocks are rebuilt.
 
+use super::event_guard::{EventGuard, Problems};
 use crate::state::Shared;
 use kvmesh_core::index::KvEvent;
-use kvmesh_events::{decode_message, decode_replay_reply, replay_request, EventBatch, ReplayReply};
+use kvmesh_events::{decode_message_with, decode_replay_reply_with, replay_request, EventBatch, ReplayReply};
 use std::sync::Arc;
 use std::time::Duration;
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -32,6 +39,8 @@ pub struct Source {
 /// Follows `source` until the task is aborted. Returns only on a socket setup error that
 /// retrying cannot fix (a bad endpoint), which fails the actor.
 pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
+    let mut guard = EventGuard::new(&shared.limits);
+    let limits = shared.limits.kv_events();
     let mut backoff = Duration::from_millis(100);
     loop {
         let mut sub = zeromq::SubSocket::new();
@@ -62,6 +71,10 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     }
                 },
                 _ = check.tick() => {
+                    if guard.quarantine_over(shared.now()) {
+                        end_quarantine(&shared, &source).await;
+                        continue;
+                    }
                     let requested = shared.core().replicas.get_mut(&source.name).and_then(|r| r.resync_requested.take());
                     if let Some(why) = requested {
                         rebuild(&shared, &source, why).await;
@@ -70,14 +83,30 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                 }
             };
             let frames: Vec<bytes::Bytes> = msg.into_vec();
-            match decode_message(&frames) {
-                Ok(m) => handle(&shared, &source, m.seq, m.batch).await,
+            if guard.quarantined(shared.now()) {
+                shared.metrics.events_rejected.get_or_create(&labels(&source.name, "quarantined")).inc();
+                continue;
+            }
+            let problem = match decode_message_with(&frames, &limits) {
+                Ok(m) => {
+                    let p = handle(&shared, &source, m.seq, m.batch).await;
+                    p.first.map(|why| format!("{} bad events, the first: {why}", p.events))
+                }
                 Err(e) => {
-                    tracing::warn!(replica = %source.name, error = %e, "undecodable KV-event message dropped");
-                    shared.metrics.events_rejected.get_or_create(&labels(&source.name, "undecodable")).inc();
+                    shared.metrics.events_rejected.get_or_create(&labels(&source.name, e.kind())).inc();
                     if let Some(r) = shared.core().replicas.get_mut(&source.name) {
                         r.events_rejected += 1;
                     }
+                    Some(format!("message dropped: {e}"))
+                }
+            };
+            if let Some(why) = problem {
+                let now = shared.now();
+                if let Some(held) = guard.log.allow(now) {
+                    tracing::warn!(replica = %source.name, problem = %why, held_back = held, "bad KV events");
+                }
+                if let Some(until) = guard.bad_message(now) {
+                    quarantine(&shared, &source.name, until);
                 }
             }
         }
@@ -88,8 +117,33 @@ fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
     vec![("replica", replica.to_string()), ("reason", what.to_string())]
 }
 
-/// Sequence check, recovery, then apply.
-async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) {
+/// Drops `name`'s blocks and marks it `bad_events` until `until` (node seconds).
+fn quarantine(shared: &Shared, name: &str, until: f64) {
+    let now = shared.now();
+    {
+        let mut core = shared.core();
+        core.apply(name, &KvEvent::Cleared, now);
+        if let Some(r) = core.replicas.get_mut(name) {
+            r.bad_events_until = Some(until);
+            r.last_seq = None;
+        }
+        let _ = core.sync_routable(name, now);
+    }
+    shared.metrics.quarantines.get_or_create(&vec![("replica", name.to_string())]).inc();
+}
+
+/// Ends `source`'s quarantine: its status clears and its blocks are rebuilt.
+async fn end_quarantine(shared: &Shared, source: &Source) {
+    if let Some(r) = shared.core().replicas.get_mut(&source.name) {
+        r.bad_events_until = None;
+    }
+    tracing::info!(replica = %source.name, "KV-event quarantine over");
+    rebuild(shared, source, "quarantine_end").await;
+}
+
+/// Sequence check, recovery, then apply. Returns the bad events found (replayed ones too).
+async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) -> Problems {
+    let mut problems = Problems::default();
     let last = shared.core().replicas.get(&source.name).and_then(|r| r.last_seq);
     match last {
         Some(l) if seq == l.wrapping_add(1) => {}
@@ -120,7 +174,8 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) {
             }
         }
     }
-    apply(shared, &source.name, seq, &batch);
+    problems.add(apply(shared, &source.name, seq, &batch));
+    problems
 }
 
 /// Drops the replica's blocks and rebuilds them from its replay buffer when it has one, else
@@ -149,14 +204,24 @@ fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
     shared.metrics.resyncs.get_or_create(&vec![("replica", name.to_string()), ("method", how.to_string())]).inc();
 }
 
-fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
+/// Applies `batch` under the core lock; returns its bad events (for the caller to log and
+/// count outside the lock). An unknown parent is not one: it means this node missed events,
+/// and leads to a rebuild instead.
+fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -> Problems {
     let now = shared.now();
+    let mut problems = Problems {
+        events: batch.skipped.len() as u64,
+        first: batch.skipped.first().map(|s| format!("event {}: {}", s.index, s.reason)),
+    };
+    if !batch.skipped.is_empty() {
+        shared
+            .metrics
+            .events_rejected
+            .get_or_create(&labels(name, "undecodable_event"))
+            .inc_by(batch.skipped.len() as u64);
+    }
     let mut core = shared.core();
     let mut unknown_parent = false;
-    for s in &batch.skipped {
-        tracing::warn!(replica = %name, index = s.index, reason = %s.reason, "KV event skipped");
-        shared.metrics.events_rejected.get_or_create(&labels(name, "undecodable_event")).inc();
-    }
     for e in &batch.events {
         let kind = match e {
             KvEvent::Stored(_) => "stored",
@@ -173,11 +238,17 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
                         .inc();
                 }
                 Some(r) => {
-                    unknown_parent |= matches!(r, kvmesh_core::index::Rejection::UnknownParent);
+                    if matches!(r, kvmesh_core::index::Rejection::UnknownParent) {
+                        unknown_parent = true;
+                    } else if !matches!(r, kvmesh_core::index::Rejection::BlockSizeMismatch { .. }) {
+                        // A block-size mismatch is a configuration error with its own status.
+                        problems.events += 1;
+                        problems.first.get_or_insert_with(|| format!("{kind} event rejected: {}", r.as_str()));
+                    }
                     shared.metrics.events_rejected.get_or_create(&labels(name, r.as_str())).inc();
                 }
             },
-            None => return,
+            None => return problems,
         }
     }
     if let Some(r) = core.replicas.get_mut(name) {
@@ -186,12 +257,18 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) {
         r.resyncing = false;
         // Case C03: blocks are missing; rebuild, at most every UNKNOWN_PARENT_RESYNC_S.
         if unknown_parent && r.last_resync_at.is_none_or(|t| now - t > UNKNOWN_PARENT_RESYNC_S) {
-            tracing::warn!(replica = %name, seq, "a stored event names a parent never seen: replica out of sync, rebuilding");
             r.resync_requested = Some("unknown_parent");
+        } else {
+            unknown_parent = false;
         }
     }
     // A status the events change (block size mismatch, back in sync) is logged once, now.
     let _ = core.sync_routable(name, now);
+    drop(core);
+    if unknown_parent {
+        tracing::warn!(replica = %name, seq, "a stored event names a parent never seen: replica out of sync, rebuilding");
+    }
+    problems
 }
 
 /// The shortest time between rebuilds caused by unknown parents, seconds.
@@ -244,7 +321,7 @@ async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from:
                 break;
             }
         };
-        match decode_replay_reply(&reply) {
+        match decode_replay_reply_with(&reply, &shared.limits.kv_events()) {
             Ok(ReplayReply::End) => {
                 ended = true;
                 break;

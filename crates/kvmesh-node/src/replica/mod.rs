@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! Supervisor ──spawns/links──► ReplicaActor (one per replica)
-//!                                ├─ ingest task: ZMQ SUB → decode → seq check (replay | clear) → core
+//!                                ├─ ingest task: ZMQ SUB → budget → decode → seq check (replay | clear) → core
+//!                                │               (a stream that stays bad: quarantined, `event_guard`)
 //!                                └─ scrape task: GET /metrics → load + health → core
 //! ```
 //!
@@ -12,6 +13,7 @@
 
 pub mod actor;
 pub mod endpoints;
+pub mod event_guard;
 pub mod ingest;
 pub mod scrape;
 pub mod supervisor;

@@ -1,0 +1,210 @@
+//! A decode budget, checked on the raw bytes before anything is allocated.
+//!
+//! A decoded msgpack tree costs far more memory than its bytes: one nil is 1 byte on the
+//! wire and a 32-byte `rmpv::Value` (plus its share of the array) in memory, so a 4 MiB
+//! message of nils costs ~140 MiB to decode and milliseconds per MiB under whatever lock the
+//! caller holds. [`check_budget`] walks the bytes once, without allocating, and refuses a
+//! message whose *declared* sizes exceed [`DecodeLimits`] — an array that claims 2^32
+//! elements is refused at its header, before its first element is read.
+//!
+//! The defaults were sized from vLLM's publisher (`vllm/distributed/kv_events.py`,
+//! `vllm/v1/core/block_pool.py`, v0.11): one batch per engine step, holding at most one
+//! `BlockStored` per request scheduled in the step (its `token_ids` bounded by
+//! `max_num_batched_tokens`) and one `BlockRemoved` per evicted block. At
+//! `max_num_batched_tokens = 131072` (long-context serving without chunked prefill) and
+//! 16-token blocks that is ≤ 131,072 token ids, ≤ 8,192 stored block hashes and ≤ 8,192
+//! removals: ~160 k msgpack elements, < 1.5 MiB. The defaults leave ~6× headroom on each.
+
+use crate::error::DecodeError;
+
+/// Limits on one KV-event message, applied before decoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeLimits {
+    /// Largest message accepted, bytes (all frames together).
+    pub max_message_bytes: usize,
+    /// Most events in one batch's `events` array.
+    pub max_events: usize,
+    /// Most msgpack values in the payload, containers and scalars alike.
+    pub max_elements: usize,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        DecodeLimits { max_message_bytes: 8 << 20, max_events: 65_536, max_elements: 1 << 20 }
+    }
+}
+
+/// Deepest container nesting [`check_budget`] accepts. A real payload nests 5 levels (batch →
+/// events → event → `extra_keys` → key).
+pub const MAX_NESTING: usize = 16;
+
+/// Checks `payload` (one batch `[ts, events, rank?]`) against `limits` without allocating.
+///
+/// # Errors
+/// [`DecodeError::OverBudget`] when the payload is larger than `max_message_bytes`, its second
+/// top-level element is an array of more than `max_events`, or it declares more than
+/// `max_elements` values; [`DecodeError::Malformed`] when it nests deeper than
+/// [`MAX_NESTING`] or uses the reserved marker; [`DecodeError::Incomplete`] when a declared
+/// length runs past the end.
+pub fn check_budget(payload: &[u8], limits: &DecodeLimits) -> Result<(), DecodeError> {
+    if payload.len() > limits.max_message_bytes {
+        return Err(DecodeError::OverBudget(format!(
+            "payload of {} bytes, over the {}-byte limit",
+            payload.len(),
+            limits.max_message_bytes
+        )));
+    }
+    // Values still to read at each open container level; [0] is the top level (one value).
+    let mut open = [0u64; MAX_NESTING + 1];
+    let mut depth = 0usize;
+    open[0] = 1;
+    // Position of the next value within the top-level array (the events array is its [1]).
+    let mut top_index = 0u64;
+    let mut elements = 0u64;
+    let mut pos = 0usize;
+    while depth > 0 || open[0] > 0 {
+        if open[depth] == 0 {
+            depth -= 1;
+            if depth == 1 {
+                top_index += 1;
+            }
+            continue;
+        }
+        open[depth] -= 1;
+        elements += 1;
+        let (skip, children) = header(payload, &mut pos)?;
+        pos = pos
+            .checked_add(skip)
+            .filter(|&p| p <= payload.len())
+            .ok_or_else(|| DecodeError::Incomplete("payload ends inside a msgpack value".into()))?;
+        // The events array: the top-level array's second element.
+        if depth == 1 && top_index == 1 && children > limits.max_events as u64 {
+            return Err(DecodeError::OverBudget(format!(
+                "batch of {children} events, over the {}-event limit",
+                limits.max_events
+            )));
+        }
+        if elements + children > limits.max_elements as u64 {
+            return Err(DecodeError::OverBudget(format!(
+                "payload declares more than {} msgpack values",
+                limits.max_elements
+            )));
+        }
+        match children {
+            0 if depth == 1 => top_index += 1,
+            0 => {}
+            n => {
+                if depth == MAX_NESTING {
+                    return Err(DecodeError::malformed("payload nests too deeply"));
+                }
+                depth += 1;
+                open[depth] = n;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads one value's header at `*pos` (advancing past it): the payload bytes that follow it
+/// and, for a container, the values it holds (a map's keys and values both count).
+fn header(b: &[u8], pos: &mut usize) -> Result<(usize, u64), DecodeError> {
+    let marker = take(b, pos, 1)?[0];
+    let len = |pos: &mut usize, n: usize| -> Result<u64, DecodeError> {
+        Ok(take(b, pos, n)?.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+    };
+    Ok(match marker {
+        0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (0, 0),
+        0x80..=0x8f => (0, 2 * u64::from(marker & 0x0f)),
+        0x90..=0x9f => (0, u64::from(marker & 0x0f)),
+        0xa0..=0xbf => (usize::from(marker & 0x1f), 0),
+        0xc1 => return Err(DecodeError::malformed("reserved msgpack marker 0xc1")),
+        0xc4 | 0xd9 => (len(pos, 1)? as usize, 0),
+        0xc5 | 0xda => (len(pos, 2)? as usize, 0),
+        0xc6 | 0xdb => (len(pos, 4)? as usize, 0),
+        // ext: length, then a type byte, then the data.
+        0xc7 => (len(pos, 1)? as usize + 1, 0),
+        0xc8 => (len(pos, 2)? as usize + 1, 0),
+        0xc9 => (len(pos, 4)? as usize + 1, 0),
+        0xca => (4, 0),
+        0xcb => (8, 0),
+        0xcc | 0xd0 => (1, 0),
+        0xcd | 0xd1 => (2, 0),
+        0xce | 0xd2 => (4, 0),
+        0xcf | 0xd3 => (8, 0),
+        0xd4 => (2, 0),
+        0xd5 => (3, 0),
+        0xd6 => (5, 0),
+        0xd7 => (9, 0),
+        0xd8 => (17, 0),
+        0xdc => (0, len(pos, 2)?),
+        0xdd => (0, len(pos, 4)?),
+        0xde => (0, 2 * len(pos, 2)?),
+        0xdf => (0, 2 * len(pos, 4)?),
+    })
+}
+
+fn take<'a>(b: &'a [u8], pos: &mut usize, n: usize) -> Result<&'a [u8], DecodeError> {
+    let s =
+        b.get(*pos..*pos + n).ok_or_else(|| DecodeError::Incomplete("payload ends inside a msgpack value".into()))?;
+    *pos += n;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(events: usize, elements: usize) -> DecodeLimits {
+        DecodeLimits { max_message_bytes: 1 << 20, max_events: events, max_elements: elements }
+    }
+
+    /// `[1.0, [nil × n], nil]`.
+    fn nils(n: usize) -> Vec<u8> {
+        let mut b = vec![0x93, 0xcb];
+        b.extend_from_slice(&1.0f64.to_be_bytes());
+        b.push(0xdd);
+        b.extend_from_slice(&(n as u32).to_be_bytes());
+        b.extend(std::iter::repeat_n(0xc0, n));
+        b.push(0xc0);
+        b
+    }
+
+    #[test]
+    fn counts_every_value_and_the_events_array() {
+        // 1 batch + ts + events array + 10 nils + rank = 14 values.
+        assert_eq!(check_budget(&nils(10), &limits(10, 14)), Ok(()));
+        assert!(matches!(check_budget(&nils(10), &limits(10, 13)), Err(DecodeError::OverBudget(_))));
+        let e = check_budget(&nils(11), &limits(10, 100)).unwrap_err();
+        assert_eq!(e, DecodeError::OverBudget("batch of 11 events, over the 10-event limit".into()));
+    }
+
+    #[test]
+    fn a_declared_length_is_refused_at_its_header() {
+        // An array claiming 2^32 − 1 values in 6 bytes: refused before reading any.
+        let b = [0x92, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff];
+        let e = check_budget(&b, &DecodeLimits::default()).unwrap_err();
+        assert_eq!(e, DecodeError::OverBudget("batch of 4294967295 events, over the 65536-event limit".into()));
+        let deep_map = [0x91, 0xdf, 0x7f, 0xff, 0xff, 0xff];
+        assert!(matches!(check_budget(&deep_map, &DecodeLimits::default()), Err(DecodeError::OverBudget(_))));
+    }
+
+    #[test]
+    fn nesting_truncation_and_size() {
+        let mut deep = vec![0x91; MAX_NESTING];
+        deep.push(0xc0);
+        assert_eq!(check_budget(&deep, &DecodeLimits::default()), Ok(()));
+        let mut deeper = vec![0x91; MAX_NESTING + 1];
+        deeper.push(0xc0);
+        assert_eq!(
+            check_budget(&deeper, &DecodeLimits::default()),
+            Err(DecodeError::malformed("payload nests too deeply"))
+        );
+        assert!(check_budget(&[0x92, 0xc0], &DecodeLimits::default()).unwrap_err().is_incomplete());
+        assert!(check_budget(&[0xda, 0x00, 0x05, b'a'], &DecodeLimits::default()).unwrap_err().is_incomplete());
+        let small = DecodeLimits { max_message_bytes: 4, ..DecodeLimits::default() };
+        assert_eq!(
+            check_budget(&nils(1), &small),
+            Err(DecodeError::OverBudget("payload of 17 bytes, over the 4-byte limit".into()))
+        );
+    }
+}

@@ -1,0 +1,120 @@
+//! `[limits]`: what one replica, client or peer may cost the node before it is refused.
+
+use serde::{Deserialize, Serialize};
+
+/// `[limits]`: caps that keep a hostile or broken replica, client or peer from degrading the
+/// others. Every key has a default sized for real traffic with headroom (see each key).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Largest KV-event message accepted, bytes (all frames). vLLM's largest real batch (one
+    /// engine step at `max_num_batched_tokens = 131072`) is < 1.5 MiB. zeromq 0.7 has no
+    /// `ZMQ_MAXMSGSIZE`, so a larger message is received, then dropped undecoded.
+    pub kv_event_max_message_bytes: usize,
+    /// Most events in one KV-event batch (vLLM: one per request stored in a step plus one per
+    /// evicted block, ≤ ~16 k at 131072 batched tokens).
+    pub kv_event_max_events: usize,
+    /// Most msgpack values one KV-event payload may declare (a real step: ≤ ~160 k), checked
+    /// on the bytes before decoding allocates.
+    pub kv_event_max_elements: usize,
+    /// A replica whose stream brings this many bad messages (refused or undecodable, or with
+    /// events the decoder or index rejected) within `kv_event_bad_window_s` is quarantined:
+    /// status `bad_events`, its blocks dropped and its events ignored, routed on load only.
+    pub kv_event_bad_messages: u32,
+    /// The window `kv_event_bad_messages` counts over, seconds.
+    pub kv_event_bad_window_s: f64,
+    /// How long a quarantine lasts, seconds; then the replica's blocks are rebuilt (from its
+    /// replay socket when it has one) and its events apply again.
+    pub kv_event_quarantine_s: f64,
+    /// A client must send a request's headers within this, milliseconds (slowloris).
+    pub http_header_timeout_ms: u64,
+    /// A client connection with no request in flight and no bytes moving for this long is
+    /// closed, seconds.
+    pub http_idle_timeout_s: u64,
+    /// Most client connections open at once; further ones wait in the listen backlog. Keep
+    /// it below the process's open-file limit (the node lowers it to that limit less 256 for
+    /// its own sockets and files, with a warning).
+    pub http_max_connections: usize,
+    /// Request bodies being received or routed at once, all clients together, bytes; beyond
+    /// it: 503 with `Retry-After`.
+    pub http_body_budget_bytes: usize,
+    /// Largest body of a completion or chat request, bytes (413 beyond).
+    pub http_max_body_bytes: usize,
+    /// Largest gRPC message of the public services (`Router`, `Admin`, `Events`,
+    /// `Replication`, `Autoscaler`, KEDA's scaler), bytes, both directions. The services
+    /// between cluster members (Raft, gossip, `Cluster`) take up to 64 MiB, fixed, since every
+    /// member must agree on it (a Raft snapshot or an append of many entries).
+    pub grpc_public_max_message_bytes: usize,
+    /// Requests one gRPC connection may have in flight at once; further ones wait.
+    pub grpc_concurrency_per_connection: usize,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        let events = kvmesh_events::DecodeLimits::default();
+        LimitsSection {
+            kv_event_max_message_bytes: events.max_message_bytes,
+            kv_event_max_events: events.max_events,
+            kv_event_max_elements: events.max_elements,
+            kv_event_bad_messages: 5,
+            kv_event_bad_window_s: 30.0,
+            kv_event_quarantine_s: 60.0,
+            http_header_timeout_ms: 10_000,
+            http_idle_timeout_s: 120,
+            http_max_connections: 4096,
+            http_body_budget_bytes: 256 << 20,
+            http_max_body_bytes: 64 << 20,
+            grpc_public_max_message_bytes: 4 << 20,
+            grpc_concurrency_per_connection: 256,
+        }
+    }
+}
+
+impl LimitsSection {
+    /// The KV-event decode limits.
+    pub fn kv_events(&self) -> kvmesh_events::DecodeLimits {
+        kvmesh_events::DecodeLimits {
+            max_message_bytes: self.kv_event_max_message_bytes,
+            max_events: self.kv_event_max_events,
+            max_elements: self.kv_event_max_elements,
+        }
+    }
+
+    /// Checks every limit is usable.
+    ///
+    /// # Errors
+    /// The first zero or non-positive limit, or a body cap above the body budget.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("kv_event_max_message_bytes", self.kv_event_max_message_bytes),
+            ("kv_event_max_events", self.kv_event_max_events),
+            ("kv_event_max_elements", self.kv_event_max_elements),
+            ("kv_event_bad_messages", self.kv_event_bad_messages as usize),
+            ("http_header_timeout_ms", self.http_header_timeout_ms as usize),
+            ("http_idle_timeout_s", self.http_idle_timeout_s as usize),
+            ("http_max_connections", self.http_max_connections),
+            ("http_body_budget_bytes", self.http_body_budget_bytes),
+            ("http_max_body_bytes", self.http_max_body_bytes),
+            ("grpc_public_max_message_bytes", self.grpc_public_max_message_bytes),
+            ("grpc_concurrency_per_connection", self.grpc_concurrency_per_connection),
+        ];
+        if let Some((k, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("limits.{k} must be positive"));
+        }
+        for (k, v) in [
+            ("kv_event_bad_window_s", self.kv_event_bad_window_s),
+            ("kv_event_quarantine_s", self.kv_event_quarantine_s),
+        ] {
+            if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
+                return Err(format!("limits.{k} must be positive seconds, at most a day, got {v}"));
+            }
+        }
+        if self.http_max_body_bytes > self.http_body_budget_bytes {
+            return Err(format!(
+                "limits.http_max_body_bytes ({}) is above limits.http_body_budget_bytes ({}): no such body could ever be accepted",
+                self.http_max_body_bytes, self.http_body_budget_bytes
+            ));
+        }
+        Ok(())
+    }
+}

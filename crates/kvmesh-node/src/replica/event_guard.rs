@@ -1,0 +1,155 @@
+//! What one replica's bad KV-event stream may cost: complaints logged at a bounded rate, and
+//! a quarantine once bad messages keep coming. Pure bookkeeping on node seconds; the ingest
+//! task owns one per replica and acts on its answers (outside the core lock).
+
+use crate::config::LimitsSection;
+use std::collections::VecDeque;
+
+/// One replica's bad-message record.
+#[derive(Debug)]
+pub struct EventGuard {
+    window_s: f64,
+    threshold: usize,
+    quarantine_s: f64,
+    /// Node seconds of the bad messages within the window, oldest first.
+    bad: VecDeque<f64>,
+    /// End of the current quarantine, node seconds.
+    until: Option<f64>,
+    /// Complaints about this replica's events.
+    pub log: LogLimiter,
+}
+
+/// Problems found in one message's events (decoder skips and index rejections).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Problems {
+    /// Events that were not applied because they were bad.
+    pub events: u64,
+    /// The first one's reason, for the log.
+    pub first: Option<String>,
+}
+
+impl Problems {
+    /// Adds `other`'s problems to these.
+    pub fn add(&mut self, other: Problems) {
+        self.events += other.events;
+        if self.first.is_none() {
+            self.first = other.first;
+        }
+    }
+}
+
+impl EventGuard {
+    /// A clean record with `limits`' thresholds; complaints at most every 10 s.
+    pub fn new(limits: &LimitsSection) -> Self {
+        EventGuard {
+            window_s: limits.kv_event_bad_window_s,
+            threshold: limits.kv_event_bad_messages.max(1) as usize,
+            quarantine_s: limits.kv_event_quarantine_s,
+            bad: VecDeque::new(),
+            until: None,
+            log: LogLimiter::new(10.0),
+        }
+    }
+
+    /// Counts a bad message at `now`. Returns the end of a quarantine that starts now, when
+    /// this message makes `kv_event_bad_messages` within the window.
+    pub fn bad_message(&mut self, now: f64) -> Option<f64> {
+        while self.bad.front().is_some_and(|&t| now - t >= self.window_s) {
+            self.bad.pop_front();
+        }
+        self.bad.push_back(now);
+        if self.until.is_none() && self.bad.len() >= self.threshold {
+            self.bad.clear();
+            let until = now + self.quarantine_s;
+            self.until = Some(until);
+            return Some(until);
+        }
+        None
+    }
+
+    /// Whether the replica is quarantined at `now`.
+    pub fn quarantined(&self, now: f64) -> bool {
+        self.until.is_some_and(|u| now < u)
+    }
+
+    /// True once, at the first call at or after the quarantine's end: the caller rebuilds the
+    /// replica's blocks and applies its events again.
+    pub fn quarantine_over(&mut self, now: f64) -> bool {
+        if self.until.is_some_and(|u| now >= u) {
+            self.until = None;
+            return true;
+        }
+        false
+    }
+}
+
+/// Lets one log line through per `every_s`, counting the ones held back.
+#[derive(Debug)]
+pub struct LogLimiter {
+    every_s: f64,
+    last: Option<f64>,
+    held: u64,
+}
+
+impl LogLimiter {
+    /// A limiter that lets a line through at most every `every_s` seconds.
+    pub fn new(every_s: f64) -> Self {
+        LogLimiter { every_s, last: None, held: 0 }
+    }
+
+    /// `Some(lines held back since the last one let through)` when a line may be logged at
+    /// `now`; `None` (and one more held back) otherwise.
+    pub fn allow(&mut self, now: f64) -> Option<u64> {
+        if self.last.is_some_and(|t| now - t < self.every_s) {
+            self.held += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard() -> EventGuard {
+        EventGuard::new(&LimitsSection {
+            kv_event_bad_messages: 3,
+            kv_event_bad_window_s: 10.0,
+            kv_event_quarantine_s: 60.0,
+            ..LimitsSection::default()
+        })
+    }
+
+    #[test]
+    fn quarantines_at_the_threshold_within_the_window_and_ends_once() {
+        let mut g = guard();
+        assert_eq!(g.bad_message(0.0), None);
+        assert_eq!(g.bad_message(5.0), None);
+        // The first has left the window at 10 s: two within it.
+        assert_eq!(g.bad_message(10.0), None);
+        assert_eq!(g.bad_message(12.0), Some(72.0));
+        assert!(g.quarantined(71.9));
+        // More bad messages while quarantined do not extend it.
+        assert_eq!(g.bad_message(20.0), None);
+        assert!(!g.quarantine_over(71.9));
+        assert!(g.quarantine_over(72.0));
+        assert!(!g.quarantine_over(73.0));
+        assert!(!g.quarantined(72.0));
+        // Counting starts afresh after it.
+        assert_eq!(g.bad_message(75.0), None);
+        assert_eq!(g.bad_message(76.0), None);
+        assert_eq!(g.bad_message(77.0), Some(137.0));
+    }
+
+    #[test]
+    fn the_limiter_counts_what_it_held_back() {
+        let mut l = LogLimiter::new(10.0);
+        assert_eq!(l.allow(0.0), Some(0));
+        assert_eq!(l.allow(1.0), None);
+        assert_eq!(l.allow(9.9), None);
+        assert_eq!(l.allow(10.0), Some(2));
+        assert_eq!(l.allow(25.0), Some(0));
+    }
+}
