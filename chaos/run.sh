@@ -10,7 +10,7 @@ if [ -z "${KVMESH_BIN:-}" ]; then
   cargo build --quiet --locked -p kvmesh-cli -p kvmesh-engine-sim
   export KVMESH_BIN=target/debug
 fi
-for s in leader_kill partition restart_all gossip_drop replication_leader_kill autoscaler_leader_kill; do
+for s in leader_kill partition restart_all gossip_drop replication_leader_kill autoscaler_leader_kill kv_flood; do
   echo "== chaos: $s =="
   bash "chaos/$s.sh"
 done

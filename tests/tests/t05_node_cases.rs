@@ -489,26 +489,35 @@ async fn slow_clients_and_body_floods_are_cut_off() {
     let mut buf = [0u8; 256];
     let closed = tokio::time::timeout(std::time::Duration::from_secs(5), slow.read(&mut buf)).await;
     assert!(matches!(closed, Ok(Ok(_)) | Ok(Err(_))), "the half-sent request's connection was not closed");
-    // A body that holds 600 KiB of the 1 MiB budget while it trickles in...
-    let mut holder = tokio::net::TcpStream::connect(node.http).await.unwrap();
-    holder
-        .write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 614400\r\n\r\n{")
+    // A client that declares 64 MiB and sends one byte holds one byte's worth...
+    let mut teaser = tokio::net::TcpStream::connect(node.http).await.unwrap();
+    teaser
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\n\r\n{")
         .await
         .unwrap();
+    // ...but one that has sent 600 KiB of a 900 KiB body holds its buffer, 900 KiB of the
+    // 1 MiB budget, while the rest trickles in...
+    let mut holder = tokio::net::TcpStream::connect(node.http).await.unwrap();
+    holder
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 921600\r\n\r\n")
+        .await
+        .unwrap();
+    holder.write_all(&vec![b' '; 600 << 10]).await.unwrap();
     let client = reqwest::Client::new();
     let url = format!("http://{}/v1/completions", node.http);
     let body = |n: usize| format!("{{\"model\":\"m\",\"prompt\":\"{}\",\"max_tokens\":1}}", "a".repeat(n));
     let mut refused = None;
-    for _ in 0..100 {
-        let r =
-            client.post(&url).header("content-type", "application/json").body(body(600 << 10)).send().await.unwrap();
-        if r.status() == 503 {
-            refused = Some(r);
-            break;
+    // (Until the node has read the holder's 600 KiB, a second may still fit: ask again.)
+    for _ in 0..500 {
+        match client.post(&url).header("content-type", "application/json").body(body(600 << 10)).send().await {
+            Ok(r) if r.status() == 503 => {
+                refused = Some(r);
+                break;
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
         }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    // ...leaves no room for a second: 503 with Retry-After, nothing read.
+    // ...which leaves no room for a second: 503 with Retry-After.
     let refused = refused.expect("a second large body was admitted beside the first");
     assert_eq!(refused.headers()["retry-after"], "1");
     // Over the per-body cap: 413 before any byte of it is read.
@@ -516,6 +525,7 @@ async fn slow_clients_and_body_floods_are_cut_off() {
     assert_eq!(r.status(), 413);
     // Once the holder goes, the budget is whole again.
     drop(holder);
+    drop(teaser);
     let mut ok = 0;
     for _ in 0..100 {
         let r = client
@@ -533,4 +543,51 @@ async fn slow_clients_and_body_floods_are_cut_off() {
     assert_eq!(ok, 1);
     node.stop().await;
     e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_header_declaring_a_petabyte_is_cut_before_zeromq_allocates() {
+    use tokio::io::AsyncWriteExt;
+    let (good, other) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
+    // A "publisher" that greets like a ZMTP 3.0 PUB (NULL mechanism, READY), then declares a
+    // 2^50-byte frame, on every connection.
+    let fake = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", fake.local_addr().unwrap());
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let a = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = fake.accept().await.unwrap();
+            a.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tokio::spawn(async move {
+                let mut greeting = vec![0u8; 64];
+                greeting[0] = 0xff;
+                greeting[9] = 0x7f;
+                greeting[10] = 3;
+                greeting[12..16].copy_from_slice(b"NULL");
+                let _ = s.write_all(&greeting).await;
+                let mut ready = b"\x05READY\x0bSocket-Type".to_vec();
+                ready.extend_from_slice(&3u32.to_be_bytes());
+                ready.extend_from_slice(b"PUB");
+                let _ = s.write_all(&[0b100, ready.len() as u8]).await;
+                let _ = s.write_all(&ready).await;
+                let mut header = vec![0b10u8];
+                header.extend_from_slice(&(1u64 << 50).to_be_bytes());
+                let _ = s.write_all(&header).await;
+                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            });
+        }
+    });
+    let hostile = ReplicaConfig { kv_events: Some(endpoint), replay: None, ..common::replica(1, &other) };
+    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let node = kvmesh_node::start(common::single(section, vec![replica(0, &good, true), hostile])).await.unwrap();
+    eventually("e1 quarantined after five cut connections", || status(&node, "e1") == Status::BadEvents).await;
+    assert!(accepted.load(std::sync::atomic::Ordering::Relaxed) >= 5);
+    let page = metric(&node, "kvmesh_events_rejected_total");
+    assert!(page.contains("replica=\"e1\",reason=\"frame_too_large\"} 5"), "{page}");
+    // The node is alive and routes.
+    assert_eq!(send(&node, 1, 2).await, 200);
+    node.stop().await;
+    good.stop().await;
+    other.stop().await;
 }

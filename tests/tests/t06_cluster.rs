@@ -747,11 +747,53 @@ async fn tokens_guard_admin_calls_and_nodes_still_talk() {
     let mut leave = tonic::Request::new(v1::LeaveRequest { node_id: 9 });
     leave.metadata_mut().insert("authorization", bearer("operator-secret"));
     assert_eq!(cw.leave(leave).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
-    // Status stays readable.
-    c1.status(v1::ClusterStatusRequest {}).await.unwrap();
+    // The cluster token plus the forwarded mark is not an operator either: an operator write
+    // "forwarded" without the operator's own token is refused by the leader itself.
+    let leader_node = nodes.iter().find(|n| n.cluster.as_ref().unwrap().id == leader).unwrap();
+    let mut cl = v1::cluster_client::ClusterClient::new(grpc(leader_node.grpc).await);
+    let mut forged =
+        tonic::Request::new(v1::WriteRequest { command_json: br#"{"op":"set_policy","policy":"kv_cost"}"#.to_vec() });
+    forged.metadata_mut().insert("authorization", bearer("node-secret"));
+    forged.metadata_mut().insert("x-kvmesh-forwarded", "1".parse().unwrap());
+    assert_eq!(cl.write(forged).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+    assert_eq!(leader_node.shared.policy_name().as_ref(), "token_load", "the forged write changed nothing");
+    // Without any token, a forged AppendEntries (a "leader 99") is refused.
+    let mut raft_leader = v1::raft_client::RaftClient::new(grpc(&leader_node.grpc).await);
+    let append = br#"{"vote":{"leader_id":{"term":99,"node_id":99},"committed":true},"prev_log_id":null,"entries":[],"leader_commit":null}"#;
+    let refused = raft_leader.append_entries(v1::RaftPayload { json: append.to_vec() }).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    // Message sizes: 5 MiB is refused unread without the nodes' token, read with it (Raft's
+    // limit is 64 MiB: here it is read and found no Raft payload), and too large for the
+    // public Router (4 MiB).
+    let big = vec![b' '; 5 << 20];
+    let raft_big = raft_leader.append_entries(v1::RaftPayload { json: big.clone() }).await.unwrap_err();
+    assert_eq!(raft_big.code(), tonic::Code::Unauthenticated, "{raft_big:?}");
+    let mut with_token = tonic::Request::new(v1::RaftPayload { json: big.clone() });
+    with_token.metadata_mut().insert("authorization", bearer("node-secret"));
+    let read = raft_leader.append_entries(with_token).await.unwrap_err();
+    assert_eq!(read.code(), tonic::Code::InvalidArgument, "{read:?}");
+    let mut router = v1::router_client::RouterClient::new(grpc(&leader_node.grpc).await);
+    let text = String::from_utf8(big).unwrap();
+    let route = v1::RouteRequest { prompt: Some(v1::route_request::Prompt::Text(text)), ..Default::default() };
+    let too_big = router.route(route).await.unwrap_err();
+    assert_eq!(too_big.code(), tonic::Code::OutOfRange, "{too_big:?}");
+    // With tokens on, the topology reads need one: the admin's or the nodes'.
+    assert_eq!(c1.status(v1::ClusterStatusRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    for t in ["operator-secret", "node-secret"] {
+        let mut read = tonic::Request::new(v1::ClusterStatusRequest {});
+        read.metadata_mut().insert("authorization", bearer(t));
+        c1.status(read).await.unwrap();
+    }
+    let mut plan = v1::replication_client::ReplicationClient::new(grpc(&nodes[0].grpc).await);
+    assert_eq!(plan.get_plan(v1::GetPlanRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
     for n in nodes {
         n.stop().await;
     }
+    // A cluster without a token (nor mTLS) runs only when asked to be insecure.
+    let mut open = config(1, &ports, dir.path(), vec![], true);
+    open.cluster.as_mut().unwrap().insecure = false;
+    let err = kvmesh_node::start(open).await.err().expect("refused").to_string();
+    assert!(err.contains("--insecure") && err.contains("cluster token"), "{err}");
     // An admin token without a cluster token would leave Raft open: the node refuses to start.
     let mut c = config(1, &ports, dir.path(), vec![], true);
     c.security.admin_token_file = Some(admin_file.clone());

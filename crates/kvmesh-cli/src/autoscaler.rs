@@ -17,7 +17,7 @@ pub fn run(cmd: &AutoscalerCommand) -> anyhow::Result<()> {
         match cmd {
             AutoscalerCommand::Decisions(_) => {
                 let list = client
-                    .list_decisions(request)
+                    .list_decisions(crate::cluster::authed(&a.target, request)?)
                     .await
                     .map_err(|s| anyhow::anyhow!("Autoscaler.ListDecisions: {}", s.message()))
                     .context("reading the decisions")?
@@ -31,7 +31,7 @@ pub fn run(cmd: &AutoscalerCommand) -> anyhow::Result<()> {
             }
             AutoscalerCommand::Recommend(_) => {
                 let d = client
-                    .get_recommendation(request)
+                    .get_recommendation(crate::cluster::authed(&a.target, request)?)
                     .await
                     .map_err(|s| anyhow::anyhow!("Autoscaler.GetRecommendation: {}", s.message()))
                     .context("reading the latest decision")?
@@ -44,7 +44,7 @@ pub fn run(cmd: &AutoscalerCommand) -> anyhow::Result<()> {
             }
             AutoscalerCommand::Watch(_) => {
                 let mut stream = client
-                    .watch_decisions(request)
+                    .watch_decisions(crate::cluster::authed(&a.target, request)?)
                     .await
                     .map_err(|s| anyhow::anyhow!("Autoscaler.WatchDecisions: {}", s.message()))
                     .context("watching the decisions")?

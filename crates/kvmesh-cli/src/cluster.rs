@@ -26,7 +26,10 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
                 print!("{}", render(&status));
             }
             ClusterCommand::Status(a) => {
-                let s = answer(client(&a.target).await?.status(v1::ClusterStatusRequest {}).await, "Cluster.Status")?;
+                let s = answer(
+                    client(&a.target).await?.status(authed(&a.target, v1::ClusterStatusRequest {})?).await,
+                    "Cluster.Status",
+                )?;
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&status_json(&s))?);
                 } else {

@@ -13,11 +13,15 @@ pub fn run(cmd: &ReplicationCommand) -> anyhow::Result<()> {
             ReplicationCommand::Status(a) => {
                 let mut c = client(&a.target).await?;
                 let hot = c
-                    .list_hot_prefixes(v1::ListHotPrefixesRequest { limit: a.limit })
+                    .list_hot_prefixes(authed(&a.target, v1::ListHotPrefixesRequest { limit: a.limit })?)
                     .await
                     .context("Replication.ListHotPrefixes")?
                     .into_inner();
-                let plan = c.get_plan(v1::GetPlanRequest {}).await.context("Replication.GetPlan")?.into_inner();
+                let plan = c
+                    .get_plan(authed(&a.target, v1::GetPlanRequest {})?)
+                    .await
+                    .context("Replication.GetPlan")?
+                    .into_inner();
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&json(&hot, &plan))?);
                 } else {

@@ -12,28 +12,25 @@ use std::fmt::Write as _;
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let token = crate::cluster::admin_token(args.target.token_file.as_deref())?;
-    let authed = |msg| {
-        let mut r = tonic::Request::new(msg);
-        if let Some(t) = &token {
-            t.attach(r.metadata_mut());
-        }
-        r
-    };
     let (cluster, replicas, decisions, replication, scale) = runtime.block_on(async {
         let channel = crate::connect::channel(&args.target.grpc, "is `kvmesh node` running?").await?;
         let mut admin = v1::admin_client::AdminClient::new(channel.clone());
         let mut rep = v1::replication_client::ReplicationClient::new(channel.clone());
         // Older nodes have no Replication service; nodes with it off show nothing.
-        let replication = match rep.list_hot_prefixes(v1::ListHotPrefixesRequest { limit: 5 }).await {
-            Ok(hot) if hot.get_ref().enabled => {
-                rep.get_plan(v1::GetPlanRequest {}).await.ok().map(|plan| (hot.into_inner(), plan.into_inner()))
-            }
+        let replication = match rep.list_hot_prefixes(with_token(&token, v1::ListHotPrefixesRequest { limit: 5 })).await
+        {
+            Ok(hot) if hot.get_ref().enabled => rep
+                .get_plan(with_token(&token, v1::GetPlanRequest {}))
+                .await
+                .ok()
+                .map(|plan| (hot.into_inner(), plan.into_inner())),
             _ => None,
         };
-        let list = admin.list_replicas(authed(v1::ListReplicasRequest {})).await.context("Admin.ListReplicas")?;
+        let list =
+            admin.list_replicas(with_token(&token, v1::ListReplicasRequest {})).await.context("Admin.ListReplicas")?;
         // A single node has no Cluster service; an older node no RecentDecisions: both optional.
         let cluster = v1::cluster_client::ClusterClient::new(channel.clone())
-            .status(v1::ClusterStatusRequest {})
+            .status(with_token(&token, v1::ClusterStatusRequest {}))
             .await
             .ok()
             .map(|s| s.into_inner());
@@ -41,12 +38,12 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
             Vec::new()
         } else {
             let mut admin = admin.clone();
-            let req = authed_decisions(&token, args.decisions);
+            let req = with_token(&token, v1::RecentDecisionsRequest { limit: args.decisions });
             admin.recent_decisions(req).await.map(|r| r.into_inner().decisions).unwrap_or_default()
         };
         // Nodes without the autoscaler (or older ones) show nothing.
         let scale = v1::autoscaler_client::AutoscalerClient::new(channel.clone())
-            .get_recommendation(v1::AutoscalerRequest { pool: String::new() })
+            .get_recommendation(with_token(&token, v1::AutoscalerRequest { pool: String::new() }))
             .await
             .ok()
             .map(|r| r.into_inner());
@@ -85,11 +82,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     crate::emit(&out)
 }
 
-fn authed_decisions(
-    token: &Option<kvmesh_node::auth::Secret>,
-    limit: u32,
-) -> tonic::Request<v1::RecentDecisionsRequest> {
-    let mut r = tonic::Request::new(v1::RecentDecisionsRequest { limit });
+/// `msg` with the admin token, when there is one.
+fn with_token<T>(token: &Option<kvmesh_node::auth::Secret>, msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
     if let Some(t) = token {
         t.attach(r.metadata_mut());
     }

@@ -52,6 +52,7 @@ pub async fn start(
     let mut stop_pub = stop.clone();
     let publish = tokio::spawn(async move {
         let mut seq = 0u64;
+        let mut last_hostile: Option<tokio::time::Instant> = None;
         loop {
             let events = tokio::select! {
                 e = batches.recv() => match e { Some(e) => e, None => break },
@@ -71,6 +72,14 @@ pub async fn start(
                 }
             }
             let f = faults.get();
+            if f.hostile_events && last_hostile.is_none_or(|t| t.elapsed() >= Duration::from_millis(500)) {
+                last_hostile = Some(tokio::time::Instant::now());
+                let frames = vec![top.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), nil_batch(4_194_280)];
+                if let Ok(msg) = ZmqMessage::try_from(frames) {
+                    let _ = pub_socket.send(msg).await;
+                }
+                seq += 1;
+            }
             let dropped = f.drop_events || (f.drop_every > 0 && (seq + 1).is_multiple_of(f.drop_every));
             if !dropped {
                 if f.delay_events_ms > 0 {
@@ -120,4 +129,16 @@ pub async fn start(
         }
     });
     Ok(Publisher { sender, kv_events, replay, tasks: vec![publish, serve_replay] })
+}
+
+/// `[ts, [nil × n], nil]`: a batch of `n` events that are all nil (the hostile fault).
+fn nil_batch(n: u32) -> Bytes {
+    let mut b = Vec::with_capacity(n as usize + 16);
+    b.extend_from_slice(&[0x93, 0xcb]);
+    b.extend_from_slice(&0.0f64.to_be_bytes());
+    b.push(0xdd);
+    b.extend_from_slice(&n.to_be_bytes());
+    b.resize(b.len() + n as usize, 0xc0);
+    b.push(0xc0);
+    Bytes::from(b)
 }

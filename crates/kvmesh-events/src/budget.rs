@@ -124,7 +124,7 @@ fn header(b: &[u8], pos: &mut usize) -> Result<(usize, u64), DecodeError> {
         // ext: length, then a type byte, then the data.
         0xc7 => (len(pos, 1)? as usize + 1, 0),
         0xc8 => (len(pos, 2)? as usize + 1, 0),
-        0xc9 => (len(pos, 4)? as usize + 1, 0),
+        0xc9 => ((len(pos, 4)? as usize).saturating_add(1), 0),
         0xca => (4, 0),
         0xcb => (8, 0),
         0xcc | 0xd0 => (1, 0),

@@ -141,7 +141,12 @@ fn load(parsed: &Exposition, at: f64) -> Result<(Dialect, EngineMetrics), Metric
     let usage =
         names.kv_usage.iter().find_map(|n| values(parsed, n)).ok_or(MetricsError::Missing(names.kv_usage[0]))?;
     let count = |v: &[f64]| v.iter().sum::<f64>().clamp(0.0, u32::MAX as f64).round() as u32;
-    let kv_usage = (usage.iter().sum::<f64>() / usage.len() as f64).clamp(0.0, 1.0);
+    let kv_usage = usage.iter().sum::<f64>() / usage.len() as f64;
+    // NaN passes a clamp untouched (Prometheus text may say `NaN`): refuse the page instead.
+    if kv_usage.is_nan() {
+        return Err(MetricsError::Unparseable(format!("{} is NaN", names.kv_usage[0])));
+    }
+    let kv_usage = kv_usage.clamp(0.0, 1.0);
     Ok((dialect, EngineMetrics { running: count(&running), waiting: count(&waiting), kv_usage, at }))
 }
 

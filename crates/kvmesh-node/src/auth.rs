@@ -149,6 +149,21 @@ pub fn check(meta: &MetadataMap, accepted: &[&Option<Secret>]) -> Result<(), Sta
     }
 }
 
+/// The reads that show the fleet's topology and plans (`Cluster.Status`, `Replication`'s
+/// reads, `Autoscaler`'s reads): open while no admin token is configured; with one, the admin
+/// or the cluster token. The data plane (`Router`), health, reflection (the public schema)
+/// and KEDA's `ExternalScaler` (whose protocol carries no credential; it reveals a replica
+/// count) stay open: protect them with the network, or mTLS (`tls_client_auth`).
+///
+/// # Errors
+/// `UNAUTHENTICATED`, as [`check`].
+pub fn check_read(meta: &MetadataMap, tokens: &Tokens) -> Result<(), Status> {
+    if tokens.admin.is_none() {
+        return Ok(());
+    }
+    check(meta, &[&tokens.admin, &tokens.cluster])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +182,20 @@ mod tests {
         assert_eq!(check(&meta, &[&cluster]).unwrap_err().message(), "the bearer token is not accepted here");
         assert!(check(&meta, &[&cluster, &admin]).is_ok());
         assert_eq!(Secret::new("  ").unwrap_err(), "the token is empty");
+    }
+
+    #[test]
+    fn reads_need_a_token_only_once_an_admin_token_is_set() {
+        let (admin, cluster) = (Some(Secret::new("a").unwrap()), Some(Secret::new("c").unwrap()));
+        let anonymous = MetadataMap::new();
+        let only_cluster = Tokens { cluster: cluster.clone(), ..Tokens::default() };
+        assert!(check_read(&anonymous, &only_cluster).is_ok());
+        let both = Tokens { admin: admin.clone(), cluster: cluster.clone(), events: None };
+        assert_eq!(check_read(&anonymous, &both).unwrap_err().code(), tonic::Code::Unauthenticated);
+        for t in [&admin, &cluster] {
+            let mut m = MetadataMap::new();
+            t.as_ref().unwrap().attach(&mut m);
+            assert!(check_read(&m, &both).is_ok());
+        }
     }
 }

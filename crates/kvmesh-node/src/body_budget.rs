@@ -1,8 +1,9 @@
 //! One budget for the request bodies all clients have in flight, so that many large bodies
-//! at once cannot take the node's memory: a body is admitted only while the bytes it declares
-//! (or, without a `Content-Length`, the bytes received so far) fit; otherwise 503 with
-//! `Retry-After`. A body over the per-route cap gets 413; one that stalls for the idle
-//! timeout, 408. The bytes stay reserved until the request's response is ready.
+//! at once cannot take the node's memory. A body's buffer is reserved from the budget as it
+//! grows (so a client that declares 64 MiB and sends a byte holds a byte's worth, not 64 MiB);
+//! a body that no longer fits gets 503 with `Retry-After`. A body over the per-route cap gets
+//! 413 (from its `Content-Length`, before any of it is read); one not complete within the
+//! body deadline, 408. The bytes stay reserved until the request's response is ready.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -21,14 +22,14 @@ pub struct BodyBudget {
     used: AtomicUsize,
     /// Largest body accepted, bytes.
     pub max_body: usize,
-    /// Longest wait for the next chunk of a body.
-    pub stall: Duration,
+    /// Longest a whole body may take to arrive.
+    pub deadline: Duration,
 }
 
 impl BodyBudget {
     /// A budget of `budget` bytes for bodies of at most `max_body` bytes each.
-    pub fn new(budget: usize, max_body: usize, stall: Duration) -> Arc<Self> {
-        Arc::new(BodyBudget { budget, used: AtomicUsize::new(0), max_body, stall })
+    pub fn new(budget: usize, max_body: usize, deadline: Duration) -> Arc<Self> {
+        Arc::new(BodyBudget { budget, used: AtomicUsize::new(0), max_body, deadline })
     }
 
     /// Bytes reserved now.
@@ -83,31 +84,33 @@ pub async fn limit(State(budget): State<Arc<BodyBudget>>, req: Request, next: Ne
         return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("request body of {n} bytes, over the {max}-byte limit"));
     }
     let mut held = Held { budget: budget.clone(), bytes: 0 };
-    if let Some(n) = declared {
-        if !held.grow(n) {
-            return busy(&budget);
-        }
-    }
     let (parts, body) = req.into_parts();
     let mut stream = body.into_data_stream();
-    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0));
+    let mut buf = bytes::BytesMut::new();
+    let deadline = tokio::time::Instant::now() + budget.deadline;
     loop {
-        let chunk = match tokio::time::timeout(budget.stall, stream.next()).await {
+        let chunk = match tokio::time::timeout_at(deadline, stream.next()).await {
             Err(_) => {
                 return refuse(
                     StatusCode::REQUEST_TIMEOUT,
-                    format!("request body stalled for {} s", budget.stall.as_secs()),
+                    format!("request body not complete within {} s", budget.deadline.as_secs()),
                 )
             }
             Ok(None) => break,
             Ok(Some(Err(e))) => return refuse(StatusCode::BAD_REQUEST, format!("reading the request body: {e}")),
             Ok(Some(Ok(c))) => c,
         };
-        if buf.len() + chunk.len() > max || declared.is_some_and(|n| buf.len() + chunk.len() > n) {
+        let need = buf.len() + chunk.len();
+        if need > max || declared.is_some_and(|n| need > n) {
             return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("request body over the {max}-byte limit"));
         }
-        if declared.is_none() && !held.grow(chunk.len()) {
-            return busy(&budget);
+        if need > buf.capacity() {
+            // Grow by doubling (to the declared length at most), paying for the new room first.
+            let cap = need.max(buf.capacity() * 2).min(declared.unwrap_or(max)).max(need);
+            if !held.grow(cap.saturating_sub(held.bytes)) {
+                return busy(&budget);
+            }
+            buf.reserve(cap - buf.len());
         }
         buf.extend_from_slice(&chunk);
     }

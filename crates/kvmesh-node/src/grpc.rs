@@ -174,8 +174,6 @@ fn not_found_or(e: ClusterError) -> GrpcStatus {
 }
 
 impl Services {
-    /// Admission control's refusal: `RESOURCE_EXHAUSTED` saying why, with when to retry in
-    /// seconds in a `retry-after` metadata entry (as the proxy's `Retry-After` header).
     /// The booking a `FirstToken` or `Release` names, if it was issued to this caller.
     ///
     /// # Errors
@@ -188,6 +186,8 @@ impl Services {
         })
     }
 
+    /// Admission control's refusal: `RESOURCE_EXHAUSTED` saying why, with when to retry in
+    /// seconds in a `retry-after` metadata entry (as the proxy's `Retry-After` header).
     fn too_many(&self, why: Refused) -> GrpcStatus {
         let (after, message) = self.shared.refusal(why);
         let mut status = GrpcStatus::resource_exhausted(message);

@@ -3,9 +3,15 @@
 //! hold connections open cannot take the node's file descriptors.
 //!
 //! ```text
-//! accept (one permit of `max_connections` each) ─► hyper http1 (header_read_timeout)
-//!     └─ watchdog: no request in flight and no byte moved for `idle_timeout` ─► graceful close
+//! accept (one permit of `max_connections` each) ─► hyper http1
+//!     └─ watchdog, while no request is in flight on the connection:
+//!          a request's first bytes came `header_timeout` ago, its headers still incomplete ─► close
+//!          nothing came for `idle_timeout` since the last response (or the connect)      ─► close
 //! ```
+//!
+//! The watchdog, not hyper's `header_read_timeout`, keeps both clocks: hyper starts that timer
+//! as soon as a keep-alive connection goes idle, which would make the idle timeout the header
+//! timeout.
 
 use axum::body::Body;
 use axum::Router;
@@ -26,7 +32,7 @@ use tower::ServiceExt;
 pub struct ServeLimits {
     /// A request's headers must arrive within this.
     pub header_timeout: Duration,
-    /// A connection with nothing in flight and no byte moving for this long is closed.
+    /// A connection with nothing in flight and no new request for this long is closed.
     pub idle_timeout: Duration,
     /// Most connections open at once (the rest wait in the listen backlog).
     pub max_connections: usize,
@@ -108,11 +114,14 @@ async fn connection<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let started = Instant::now();
-    let last_byte = Arc::new(AtomicU64::new(0));
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let io = Watched { inner: io, started, last_byte: last_byte.clone() };
-    let requests = in_flight.clone();
+    let activity = Arc::new(Activity {
+        started: Instant::now(),
+        first_read_ms: AtomicU64::new(0),
+        idle_since_ms: AtomicU64::new(0),
+        in_flight: AtomicUsize::new(0),
+    });
+    let io = Watched { inner: io, activity: activity.clone() };
+    let requests = activity.clone();
     let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let guard = InFlight::new(requests.clone());
         let app = app.clone();
@@ -123,10 +132,11 @@ async fn connection<I>(
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
+    builder.timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
     let conn = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
     let mut conn = std::pin::pin!(conn);
-    let check = (limits.idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let check =
+        (limits.idle_timeout.min(limits.header_timeout) / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
     let mut closing = false;
     loop {
         tokio::select! {
@@ -137,10 +147,9 @@ async fn connection<I>(
                 return;
             }
             _ = tokio::time::sleep(check), if !closing => {
-                let idle = started.elapsed().saturating_sub(Duration::from_millis(last_byte.load(Ordering::Relaxed)));
-                if in_flight.load(Ordering::Relaxed) == 0 && idle >= limits.idle_timeout {
-                    closing = true;
-                    conn.as_mut().graceful_shutdown();
+                // Nothing of the client's is in flight: dropping the connection loses nothing.
+                if activity.overdue(&limits).is_some() {
+                    return;
                 }
             }
             _ = stop.wait_for(|s| *s), if !closing => {
@@ -151,19 +160,60 @@ async fn connection<I>(
     }
 }
 
+/// One connection's clocks, milliseconds since `started` (0: not set; stamps are +1).
+struct Activity {
+    started: Instant,
+    /// When the first byte of a request not yet handed to the service came.
+    first_read_ms: AtomicU64,
+    /// When the last request ended (its response body sent or dropped).
+    idle_since_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+/// Why a connection is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Overdue {
+    /// Its request's headers did not complete within the header timeout.
+    Headers,
+    /// It sat idle past the idle timeout.
+    Idle,
+}
+
+impl Activity {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Whether the connection, with nothing in flight, is past a limit now.
+    fn overdue(&self, limits: &ServeLimits) -> Option<Overdue> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let now = self.now_ms();
+        let since = |t: u64| Duration::from_millis(now.saturating_sub(t));
+        match self.first_read_ms.load(Ordering::Acquire) {
+            0 => (since(self.idle_since_ms.load(Ordering::Acquire)) >= limits.idle_timeout).then_some(Overdue::Idle),
+            first => (since(first) >= limits.header_timeout).then_some(Overdue::Headers),
+        }
+    }
+}
+
 /// Counts one request in flight on its connection until dropped.
-struct InFlight(Arc<AtomicUsize>);
+struct InFlight(Arc<Activity>);
 
 impl InFlight {
-    fn new(n: Arc<AtomicUsize>) -> Self {
-        n.fetch_add(1, Ordering::Relaxed);
-        InFlight(n)
+    fn new(a: Arc<Activity>) -> Self {
+        a.in_flight.fetch_add(1, Ordering::AcqRel);
+        // Its headers are in: the header clock stops.
+        a.first_read_ms.store(0, Ordering::Release);
+        InFlight(a)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.idle_since_ms.store(self.0.now_ms(), Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -193,16 +243,18 @@ impl http_body::Body for Guarded {
     }
 }
 
-/// An IO that notes when a byte last moved, milliseconds since `started`.
+/// An IO that starts the header clock at the first byte of a request.
 struct Watched<I> {
     inner: I,
-    started: Instant,
-    last_byte: Arc<AtomicU64>,
+    activity: Arc<Activity>,
 }
 
 impl<I> Watched<I> {
-    fn touch(&self) {
-        self.last_byte.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    fn read_some(&self) {
+        let a = &self.activity;
+        if a.in_flight.load(Ordering::Acquire) == 0 {
+            let _ = a.first_read_ms.compare_exchange(0, a.now_ms(), Ordering::AcqRel, Ordering::Acquire);
+        }
     }
 }
 
@@ -211,7 +263,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.touch();
+            self.read_some();
         }
         r
     }
@@ -219,11 +271,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
 
 impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.touch();
-        }
-        r
+        Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -232,5 +280,38 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_clock_runs_from_a_requests_first_byte_and_the_idle_clock_from_the_last_response() {
+        let limits = ServeLimits {
+            header_timeout: Duration::from_millis(100),
+            idle_timeout: Duration::from_millis(1000),
+            max_connections: 1,
+        };
+        let a = Arc::new(Activity {
+            started: Instant::now() - Duration::from_millis(5000),
+            first_read_ms: AtomicU64::new(0),
+            idle_since_ms: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        });
+        // Connected 5 s ago, nothing sent: idle.
+        assert_eq!(a.overdue(&limits), Some(Overdue::Idle));
+        // Half a header, 200 ms ago: slowloris.
+        a.first_read_ms.store(a.now_ms() - 200, Ordering::Release);
+        assert_eq!(a.overdue(&limits), Some(Overdue::Headers));
+        // Its headers done: in flight, never overdue however long it runs.
+        let req = InFlight::new(a.clone());
+        assert_eq!(a.overdue(&limits), None);
+        drop(req);
+        // Just answered: neither clock has run out.
+        assert_eq!(a.overdue(&limits), None);
+        a.idle_since_ms.store(a.now_ms() - 1500, Ordering::Release);
+        assert_eq!(a.overdue(&limits), Some(Overdue::Idle));
     }
 }

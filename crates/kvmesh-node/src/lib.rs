@@ -411,16 +411,26 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
                     .max_decoding_message_size(public)
                     .max_encoding_message_size(public),
             )
+            // Raft and gossip check the nodes' token before a message is read (an interceptor
+            // sees the metadata only), so a stranger cannot make the node buffer 64 MiB.
             .add_optional_service(cluster_services.clone().map(|s| {
-                RaftServer::new(s).max_decoding_message_size(cluster_max).max_encoding_message_size(cluster_max)
+                let token = s.cluster.token.clone();
+                tonic::service::interceptor::InterceptedService::new(
+                    RaftServer::new(s).max_decoding_message_size(cluster_max).max_encoding_message_size(cluster_max),
+                    move |r: tonic::Request<()>| auth::check(r.metadata(), &[&token]).map(|_| r),
+                )
             }))
             .add_optional_service(cluster_services.clone().map(|s| {
                 cluster::operator::Scoped(
-                    ClusterServer::new(s).max_decoding_message_size(cluster_max).max_encoding_message_size(cluster_max),
+                    ClusterServer::new(s).max_decoding_message_size(public).max_encoding_message_size(public),
                 )
             }))
             .add_optional_service(cluster_services.map(|s| {
-                GossipServer::new(s).max_decoding_message_size(cluster_max).max_encoding_message_size(cluster_max)
+                let token = s.cluster.token.clone();
+                tonic::service::interceptor::InterceptedService::new(
+                    GossipServer::new(s).max_decoding_message_size(cluster_max).max_encoding_message_size(cluster_max),
+                    move |r: tonic::Request<()>| auth::check(r.metadata(), &[&token]).map(|_| r),
+                )
             }))
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = s2.wait_for(|s| *s).await;

@@ -42,7 +42,7 @@ pub fn spawn(
     let listener: StdListener = listener.into_std().context("moving the HTTP listener to the proxy runtime")?;
     let listener = {
         let _inside = runtime.enter();
-        Listener::new(tokio::net::TcpListener::from_std(listener)?, tls)?
+        Listener::new(tokio::net::TcpListener::from_std(listener)?, tls, limits.max_connections)?
     };
     let (done_tx, done_rx) = oneshot::channel::<()>();
     // Dropped when the waiting task below ends or is aborted: the proxy stops serving at once.
@@ -79,10 +79,15 @@ enum Listener {
 }
 
 impl Listener {
-    /// Call inside the proxy's runtime: a TLS listener starts its handshake task there.
-    fn new(tcp: tokio::net::TcpListener, tls: Option<tokio_rustls::TlsAcceptor>) -> std::io::Result<Listener> {
+    /// Call inside the proxy's runtime: a TLS listener starts its handshake task there. At
+    /// most `max_pending` TLS connections wait accepted and not yet served.
+    fn new(
+        tcp: tokio::net::TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        max_pending: usize,
+    ) -> std::io::Result<Listener> {
         Ok(match tls {
-            Some(acceptor) => Listener::Tls(crate::tls::TlsListener::new(tcp, acceptor)?),
+            Some(acceptor) => Listener::Tls(crate::tls::TlsListener::new(tcp, acceptor, max_pending)?),
             None => Listener::Plain(tcp),
         })
     }

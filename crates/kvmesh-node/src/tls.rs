@@ -94,10 +94,11 @@ impl Tls {
 
 /// A TCP listener whose connections complete a TLS handshake before axum sees them.
 /// Handshakes run concurrently (a slow or plain-text client delays nobody) and a failed one
-/// drops that connection only.
+/// drops that connection only. At most `max_pending` connections are accepted and not yet
+/// handed out (handshaking or handshaken): beyond, new ones wait in the listen backlog.
 pub struct TlsListener {
     addr: std::net::SocketAddr,
-    ready: tokio::sync::mpsc::Receiver<(TlsStream, std::net::SocketAddr)>,
+    ready: tokio::sync::mpsc::Receiver<(TlsStream, std::net::SocketAddr, tokio::sync::OwnedSemaphorePermit)>,
 }
 
 type TlsStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
@@ -107,11 +108,20 @@ impl TlsListener {
     ///
     /// # Errors
     /// The socket has no local address.
-    pub fn new(tcp: tokio::net::TcpListener, acceptor: tokio_rustls::TlsAcceptor) -> std::io::Result<Self> {
+    pub fn new(
+        tcp: tokio::net::TcpListener,
+        acceptor: tokio_rustls::TlsAcceptor,
+        max_pending: usize,
+    ) -> std::io::Result<Self> {
         let addr = tcp.local_addr()?;
         let (tx, ready) = tokio::sync::mpsc::channel(64);
+        let pending = std::sync::Arc::new(tokio::sync::Semaphore::new(max_pending.max(1)));
         tokio::spawn(async move {
             loop {
+                let permit = tokio::select! {
+                    p = pending.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                    _ = tx.closed() => return,
+                };
                 let accepted = tokio::select! {
                     a = tcp.accept() => a,
                     // The listener was dropped (the server stopped): free the port.
@@ -132,7 +142,7 @@ impl TlsListener {
                     let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream));
                     match handshake.await {
                         Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
+                            let _ = tx.send((tls, peer, permit)).await;
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -150,7 +160,8 @@ impl axum::serve::Listener for TlsListener {
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         match self.ready.recv().await {
-            Some(c) => c,
+            // Handed out: the server's own connection cap counts it from here.
+            Some((tls, peer, _permit)) => (tls, peer),
             // The accept task ends only with the listener; never resolve after that.
             None => std::future::pending().await,
         }

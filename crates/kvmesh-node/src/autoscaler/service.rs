@@ -95,6 +95,7 @@ impl Autoscaler for AutoscalerService {
         &self,
         r: Request<v1::AutoscalerRequest>,
     ) -> Result<Response<v1::ScaleDecision>, Status> {
+        crate::auth::check_read(r.metadata(), &self.shared.tokens)?;
         self.check_pool(&r.into_inner().pool)?;
         Ok(Response::new(message(&self.latest()?)))
     }
@@ -103,6 +104,7 @@ impl Autoscaler for AutoscalerService {
         &self,
         r: Request<v1::AutoscalerRequest>,
     ) -> Result<Response<v1::ScaleDecisionList>, Status> {
+        crate::auth::check_read(r.metadata(), &self.shared.tokens)?;
         self.check_pool(&r.into_inner().pool)?;
         let decisions = self.shared.autoscaler.all().iter().map(message).collect();
         Ok(Response::new(v1::ScaleDecisionList { decisions }))
@@ -114,6 +116,7 @@ impl Autoscaler for AutoscalerService {
         &self,
         r: Request<v1::AutoscalerRequest>,
     ) -> Result<Response<Self::WatchDecisionsStream>, Status> {
+        crate::auth::check_read(r.metadata(), &self.shared.tokens)?;
         self.check_pool(&r.into_inner().pool)?;
         Ok(Response::new(follow(&self.shared, |d| d.last().map(message))))
     }

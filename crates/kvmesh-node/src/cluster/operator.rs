@@ -9,9 +9,11 @@
 //! ```
 //!
 //! The operator's credential travels with the call in a task-local: [`Scoped`] wraps the
-//! services operators call (`Admin`, `Cluster`) and scopes the call's `authorization` over
-//! its handler; node-initiated writes (autoscaler decisions, replication plans) run outside
-//! any scope and are forwarded as the node's own.
+//! services operators call (`Admin`, `Cluster`) and scopes the call's `authorization` (on a
+//! call forwarded already, the operator's header) over its handler; node-initiated writes
+//! (autoscaler decisions, replication plans) run outside any scope and are forwarded as the
+//! node's own. The cluster token is still the cluster's master key: its holder can send Raft
+//! messages and the nodes' own writes, so keep it as secret as the admin token.
 
 use std::task::{Context, Poll};
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
@@ -62,7 +64,11 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let auth = req.headers().get("authorization").and_then(|v| AsciiMetadataValue::try_from(v.as_bytes()).ok());
+        // A call another node forwarded carries the operator's credential in its own header
+        // (its `authorization` is the nodes' token): that is what goes on if it is forwarded
+        // again.
+        let header = if req.headers().contains_key(super::FORWARDED) { OPERATOR_AUTH } else { "authorization" };
+        let auth = req.headers().get(header).and_then(|v| AsciiMetadataValue::try_from(v.as_bytes()).ok());
         CALLER.scope(auth, self.0.call(req))
     }
 }

@@ -136,19 +136,24 @@ impl cluster_server::Cluster for ClusterServices {
         Ok(Response::new(self.status()))
     }
 
-    async fn status(&self, _: Request<v1::ClusterStatusRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
+    async fn status(&self, r: Request<v1::ClusterStatusRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
+        crate::auth::check_read(r.metadata(), &self.shared.tokens)?;
         Ok(Response::new(self.status()))
     }
 
     async fn write(&self, r: Request<v1::WriteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
         let forwarded = r.metadata().contains_key(super::FORWARDED);
         let (meta, _, body) = r.into_parts();
-        let cmd: Command = serde_json::from_slice(&body.command_json)
-            .map_err(|e| Status::invalid_argument(format!("bad command: {e}")))?;
-        if forwarded && !cmd.by_operator() {
-            // A node's own write (an autoscaler decision, a replication plan): the nodes' token.
+        // A credential first, then the command is parsed.
+        if forwarded {
             self.peer_auth(&meta)?;
         } else {
+            self.admin_auth(&meta)?;
+        }
+        let cmd: Command = serde_json::from_slice(&body.command_json)
+            .map_err(|e| Status::invalid_argument(format!("bad command: {e}")))?;
+        if forwarded && cmd.by_operator() {
+            // An operator's write a node forwards: the operator's own token too.
             self.admin_or_peer_auth(&meta)?;
         }
         if forwarded {

@@ -26,24 +26,27 @@ pub struct LimitsSection {
     /// How long a quarantine lasts, seconds; then the replica's blocks are rebuilt (from its
     /// replay socket when it has one) and its events apply again.
     pub kv_event_quarantine_s: f64,
-    /// A client must send a request's headers within this, milliseconds (slowloris).
+    /// A request's headers must be complete this long after their first byte arrived,
+    /// milliseconds, or the connection is closed (slowloris).
     pub http_header_timeout_ms: u64,
-    /// A client connection with no request in flight and no bytes moving for this long is
-    /// closed, seconds.
+    /// A client connection with no request in flight and none begun for this long (since the
+    /// connect or the last response) is closed, seconds. It is also how long a request body
+    /// may take to arrive in full (408 beyond).
     pub http_idle_timeout_s: u64,
-    /// Most client connections open at once; further ones wait in the listen backlog. Keep
-    /// it below the process's open-file limit (the node lowers it to that limit less 256 for
-    /// its own sockets and files, with a warning).
+    /// Most client connections open at once (TLS handshakes included), at most 1,048,576;
+    /// further ones wait in the listen backlog. Keep it below the process's open-file limit
+    /// (the node lowers it to that limit less 256 for its own sockets and files, with a
+    /// warning).
     pub http_max_connections: usize,
-    /// Request bodies being received or routed at once, all clients together, bytes; beyond
-    /// it: 503 with `Retry-After`.
+    /// Request bodies being received or routed at once, all clients together, bytes (each
+    /// body's buffer as it grows); beyond it: 503 with `Retry-After`.
     pub http_body_budget_bytes: usize,
     /// Largest body of a completion or chat request, bytes (413 beyond).
     pub http_max_body_bytes: usize,
-    /// Largest gRPC message of the public services (`Router`, `Admin`, `Events`,
-    /// `Replication`, `Autoscaler`, KEDA's scaler), bytes, both directions. The services
-    /// between cluster members (Raft, gossip, `Cluster`) take up to 64 MiB, fixed, since every
-    /// member must agree on it (a Raft snapshot or an append of many entries).
+    /// Largest gRPC message of the services operators and clients call (`Router`, `Admin`,
+    /// `Events`, `Cluster`, `Replication`, `Autoscaler`, KEDA's scaler), bytes, both
+    /// directions. Raft and gossip take up to 64 MiB, fixed, since every member must agree on
+    /// it (a Raft snapshot or an append of many entries), and only after the nodes' token.
     pub grpc_public_max_message_bytes: usize,
     /// Requests one gRPC connection may have in flight at once; further ones wait.
     pub grpc_concurrency_per_connection: usize,
@@ -108,6 +111,12 @@ impl LimitsSection {
             if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
                 return Err(format!("limits.{k} must be positive seconds, at most a day, got {v}"));
             }
+        }
+        if self.http_max_connections > 1 << 20 {
+            return Err(format!(
+                "limits.http_max_connections must be at most 1048576, got {}",
+                self.http_max_connections
+            ));
         }
         if self.http_max_body_bytes > self.http_body_budget_bytes {
             return Err(format!(

@@ -11,9 +11,13 @@
 //! declared counts, without allocating). Bad messages are counted per replica and reason and
 //! complained about at most every 10 s, never under the core lock; a replica whose stream
 //! stays bad is quarantined ([`EventGuard`]): status `bad_events`, its blocks dropped, its
-//! messages dropped undecoded until the quarantine ends and its blocks are rebuilt.
+//! messages dropped undecoded until the quarantine ends and its blocks are rebuilt. Before
+//! any of that, the ZMQ sockets reach the engine through a [`FrameGuard`], which cuts the
+//! connection at a frame or message over the size limit (zeromq would allocate whatever a
+//! frame header declares).
 
 use super::event_guard::{EventGuard, Problems};
+use super::frame_guard::{tcp_address, Direction, FrameGuard};
 use crate::state::Shared;
 use kvmesh_core::index::KvEvent;
 use kvmesh_events::{decode_message_with, decode_replay_reply_with, replay_request, EventBatch, ReplayReply};
@@ -41,17 +45,31 @@ pub struct Source {
 pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
     let mut guard = EventGuard::new(&shared.limits);
     let limits = shared.limits.kv_events();
+    let address = tcp_address(&source.endpoint)?;
+    let direction =
+        if source.bind { Direction::FromEngine { listen: address } } else { Direction::ToEngine { engine: address } };
+    let relay = FrameGuard::start(direction, limits.max_message_bytes, &source.name).await?;
+    let mut cut_seen = 0u64;
+    // A restarted task starts with a clean record: a quarantine it did not start is over.
+    if let Some(r) = shared.core().replicas.get_mut(&source.name) {
+        r.bad_events_until = None;
+    }
     let mut backoff = Duration::from_millis(100);
     loop {
         let mut sub = zeromq::SubSocket::new();
         let setup = async {
-            if source.bind {
-                sub.bind(&source.endpoint).await.map(|_| ())
+            if relay.socket_binds {
+                sub.bind(&relay.socket_endpoint).await.map(|_| ())
             } else {
-                sub.connect(&source.endpoint).await
+                sub.connect(&relay.socket_endpoint).await
             }
         };
         if let Err(e) = setup.await {
+            // A handshake the frame guard cut counts as a bad message like any other.
+            count_cuts(&shared, &source.name, &relay, &mut cut_seen, &mut guard);
+            if guard.quarantine_over(shared.now()) {
+                end_quarantine(&shared, &source).await;
+            }
             tracing::warn!(replica = %source.name, endpoint = %source.endpoint, error = %e, "KV-event socket not up; retrying");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -71,8 +89,14 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     }
                 },
                 _ = check.tick() => {
-                    if guard.quarantine_over(shared.now()) {
+                    let now = shared.now();
+                    count_cuts(&shared, &source.name, &relay, &mut cut_seen, &mut guard);
+                    if guard.quarantine_over(now) {
                         end_quarantine(&shared, &source).await;
+                        continue;
+                    }
+                    if guard.quarantined(now) {
+                        // Its rebuild waits for the quarantine's end.
                         continue;
                     }
                     let requested = shared.core().replicas.get_mut(&source.name).and_then(|r| r.resync_requested.take());
@@ -117,6 +141,22 @@ fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
     vec![("replica", replica.to_string()), ("reason", what.to_string())]
 }
 
+/// Counts the connections the frame guard cut since `seen` as bad messages.
+fn count_cuts(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut u64, guard: &mut EventGuard) {
+    let cut = relay.cut.load(std::sync::atomic::Ordering::Relaxed);
+    let now = shared.now();
+    for _ in *seen..cut {
+        shared.metrics.events_rejected.get_or_create(&labels(name, "frame_too_large")).inc();
+        if let Some(r) = shared.core().replicas.get_mut(name) {
+            r.events_rejected += 1;
+        }
+        if let Some(until) = guard.bad_message(now) {
+            quarantine(shared, name, until);
+        }
+    }
+    *seen = cut;
+}
+
 /// Drops `name`'s blocks and marks it `bad_events` until `until` (node seconds).
 fn quarantine(shared: &Shared, name: &str, until: f64) {
     let now = shared.now();
@@ -141,7 +181,8 @@ async fn end_quarantine(shared: &Shared, source: &Source) {
     rebuild(shared, source, "quarantine_end").await;
 }
 
-/// Sequence check, recovery, then apply. Returns the bad events found (replayed ones too).
+/// Sequence check, recovery, then apply. Returns the message's bad events (a replay's are
+/// counted in the metrics only).
 async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) -> Problems {
     let mut problems = Problems::default();
     let last = shared.core().replicas.get(&source.name).and_then(|r| r.last_seq);
@@ -205,8 +246,9 @@ fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
 }
 
 /// Applies `batch` under the core lock; returns its bad events (for the caller to log and
-/// count outside the lock). An unknown parent is not one: it means this node missed events,
-/// and leads to a rebuild instead.
+/// count outside the lock): events the decoder skipped, and stores no sound engine sends
+/// (token count off, self-referential). An unknown parent is not one: it means this node
+/// missed events, and leads to a rebuild instead.
 fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -> Problems {
     let now = shared.now();
     let mut problems = Problems {
@@ -238,10 +280,13 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -> Problems 
                         .inc();
                 }
                 Some(r) => {
-                    if matches!(r, kvmesh_core::index::Rejection::UnknownParent) {
+                    use kvmesh_core::index::Rejection as R;
+                    if matches!(r, R::UnknownParent) {
                         unknown_parent = true;
-                    } else if !matches!(r, kvmesh_core::index::Rejection::BlockSizeMismatch { .. }) {
-                        // A block-size mismatch is a configuration error with its own status.
+                    } else if matches!(r, R::TokenCountMismatch | R::SelfReferential) {
+                        // Never valid from a sound engine. The others happen to sound streams:
+                        // removals of blocks this node never saw (after any clear or a join
+                        // mid-stream), a block-size mismatch (its own status).
                         problems.events += 1;
                         problems.first.get_or_insert_with(|| format!("{kind} event rejected: {}", r.as_str()));
                     }
@@ -300,7 +345,22 @@ async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to:
 async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64) -> (bool, bool) {
     let mut dealer = zeromq::DealerSocket::new();
     let t = source.replay_timeout;
-    if !matches!(tokio::time::timeout(t, dealer.connect(endpoint)).await, Ok(Ok(()))) {
+    // The replay socket's answers pass the same frame guard as the live stream.
+    let relay = match tcp_address(endpoint) {
+        Ok(engine) => {
+            FrameGuard::start(Direction::ToEngine { engine }, shared.limits.kv_event_max_message_bytes, &source.name)
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    let relay = match relay {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(replica = %source.name, %endpoint, error = %e, "replay socket unusable");
+            return (false, false);
+        }
+    };
+    if !matches!(tokio::time::timeout(t, dealer.connect(&relay.socket_endpoint)).await, Ok(Ok(()))) {
         tracing::warn!(replica = %source.name, %endpoint, "replay socket unreachable");
         return (false, false);
     }
@@ -333,7 +393,9 @@ async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from:
                 }
             }
             Err(e) => {
+                // One line per replay at most: the exchange ends here.
                 tracing::warn!(replica = %source.name, error = %e, "bad replay reply");
+                shared.metrics.events_rejected.get_or_create(&labels(&source.name, e.kind())).inc();
                 break;
             }
         }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! Supervisor ──spawns/links──► ReplicaActor (one per replica)
-//!                                ├─ ingest task: ZMQ SUB → budget → decode → seq check (replay | clear) → core
+//!                                ├─ ingest task: frame guard → ZMQ SUB → budget → decode → seq check (replay | clear) → core
 //!                                │               (a stream that stays bad: quarantined, `event_guard`)
 //!                                └─ scrape task: GET /metrics → load + health → core
 //! ```
@@ -14,6 +14,7 @@
 pub mod actor;
 pub mod endpoints;
 pub mod event_guard;
+pub mod frame_guard;
 pub mod ingest;
 pub mod scrape;
 pub mod supervisor;

@@ -36,6 +36,7 @@ impl replication_server::Replication for ReplicationService {
         &self,
         request: Request<v1::ListHotPrefixesRequest>,
     ) -> Result<Response<v1::HotPrefixList>, Status> {
+        crate::auth::check_read(request.metadata(), &self.shared.tokens)?;
         let limit = match request.into_inner().limit {
             0 => 20,
             n => n as usize,
@@ -91,13 +92,15 @@ impl replication_server::Replication for ReplicationService {
         }))
     }
 
-    async fn get_plan(&self, _: Request<v1::GetPlanRequest>) -> Result<Response<v1::ReplicationPlan>, Status> {
+    async fn get_plan(&self, r: Request<v1::GetPlanRequest>) -> Result<Response<v1::ReplicationPlan>, Status> {
+        crate::auth::check_read(r.metadata(), &self.shared.tokens)?;
         Ok(Response::new(self.plan_message(&self.shared.replication.plan())))
     }
 
     type WatchPlanStream = Pin<Box<dyn Stream<Item = Result<v1::ReplicationPlan, Status>> + Send>>;
 
-    async fn watch_plan(&self, _: Request<v1::GetPlanRequest>) -> Result<Response<Self::WatchPlanStream>, Status> {
+    async fn watch_plan(&self, r: Request<v1::GetPlanRequest>) -> Result<Response<Self::WatchPlanStream>, Status> {
+        crate::auth::check_read(r.metadata(), &self.shared.tokens)?;
         let mut rx = self.shared.replication.watch();
         let this = self.clone();
         let stream = async_stream(move |tx| async move {
