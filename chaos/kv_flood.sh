@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # One replica's KV-event stream turns hostile while the tier serves.
 # Load: the same steady traffic through every node twice, first with every stream sound, then
-# while engine e1 publishes, every 500 ms, a 4 MiB batch of nils before its real messages
-# (kvmesh-engine-sim's `hostile_events` fault; the message that once stalled every node that
-# follows the replica for ~11 s).
-# Safety: no client-visible failure; every node quarantines e1 (`bad_events`, its messages
-# refused from their bytes, never decoded) and keeps the other replicas ready; the load's
-# p99 stays within 20 % (plus 10 ms of loopback noise) of the quiet run's.
-# Heal: once the stream is sound again, e1 leaves quarantine by itself (here after 3 s).
+# while engine e1 turns hostile one second in: every 500 ms, besides its real messages, a
+# 4 MiB batch of nils (kvmesh-engine-sim's `hostile_events` fault; the message that once
+# stalled every node that follows the replica for ~11 s).
+# Safety: no client-visible failure; every node quarantines e1 (`bad_events`: its messages
+# refused from their bytes, never decoded, then its stream not followed) and keeps the other
+# replicas ready; the load's p99 stays within 20 % (plus 5 ms of loopback noise) of the quiet
+# run's, the attack's onset included.
+# Heal: once the stream is sound again, e1 leaves quarantine by itself (here after 12 s).
 export CHAOS_EXTRA_TOML='[limits]
-kv_event_quarantine_s = 3'
+kv_event_quarantine_s = 12'
 source "$(dirname "$0")/lib.sh"
 
 p99() { json "d['p99_ms']" <"$WORK/load.json"; }
@@ -25,15 +26,17 @@ setup_cluster
 start_load 40 8
 check_load
 quiet="$(p99)"
-hostile true
-for i in $(seq 1 $NODES); do wait_for 20 "node $i to quarantine e1" e1_is "$i" bad_events; done
+# e1 publishes (and so turns hostile) only while it serves: the load runs throughout.
 start_load 40 8
+sleep 1
+hostile true
+for i in $(seq 1 $NODES); do wait_for 7 "node $i to quarantine e1" e1_is "$i" bad_events; done
 check_load
 attacked="$(p99)"
 for i in $(seq 1 $NODES); do others_ready "$i" || fail "node $i: the other replicas are not ready: $(statuses "$i")"; done
 log "p99: quiet ${quiet} ms, e1 hostile ${attacked} ms"
-python3 -c "import sys; q, a = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if a <= 1.2 * q + 10 else 1)" \
+python3 -c "import sys; q, a = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if a <= 1.2 * q + 5 else 1)" \
   "$quiet" "$attacked" || fail "the hostile stream moved the others' p99: ${quiet} → ${attacked} ms"
 hostile false
-for i in $(seq 1 $NODES); do wait_for 30 "node $i to let e1 out of quarantine" e1_is "$i" ready; done
+for i in $(seq 1 $NODES); do wait_for 40 "node $i to let e1 out of quarantine" e1_is "$i" ready; done
 log "PASS: e1's hostile stream quarantined on every node; p99 ${quiet} → ${attacked} ms; e1 recovered"

@@ -12,7 +12,8 @@ measures and stops everything:
 - slowloris: the node runs under `ulimit -n 1024`; 1,100 connections each send half a
   request's headers and hold. Reports the node's open descriptors, then the time a fresh
   client's `/health` takes (or that it failed).
-- body_flood: 16 clients at once each send a 60 MiB completion body. Reports the answers'
+- body_flood: 16 clients at once each send a 60 MiB completion body (its prompt is over
+  `max_prompt_tokens`, so an admitted one ends in 413 once read). Reports the answers'
   statuses and the node's peak RSS.
 
 Needs pyzmq (`pip install pyzmq`) for kv_flood. Nothing here runs in CI: it is a benchmark.
@@ -184,7 +185,7 @@ def body_flood(args):
     lock = threading.Lock()
 
     def send():
-        # Headers first; a node that refuses the body answers before it is sent.
+        # Headers first, then the body; a node that refuses it answers, perhaps mid-body.
         s = socket.create_connection(("127.0.0.1", rig.http), timeout=120)
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                   + f"content-length: {length}\r\n\r\n".encode())
@@ -197,6 +198,9 @@ def body_flood(args):
                 for _ in range(n >> 20):
                     s.sendall(chunk)
                 s.sendall(suffix)
+        except OSError:
+            pass  # refused mid-body: the answer may be waiting to be read
+        try:
             line = s.makefile("rb").readline().decode()
             code = line.split()[1] if line else "closed"
         except OSError as e:

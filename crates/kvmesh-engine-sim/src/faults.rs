@@ -22,9 +22,9 @@ pub struct Faults {
     pub hang: bool,
     /// Die: close every socket and stop (the binary exits), as a crashed engine does.
     pub die: bool,
-    /// A hostile publisher: at most every 500 ms, before a real message, publish a 4 MiB
-    /// batch of nils (`[ts, [nil × 4,194,280], nil]`, numbered like the others, never in the
-    /// replay buffer): the message that once stalled every node following a replica.
+    /// A hostile publisher: every 500 ms, besides the real messages, publish a 4 MiB batch of
+    /// nils (`[ts, [nil × 4,194,280], nil]`, numbered like the others, never in the replay
+    /// buffer): the message that once stalled every node following a replica.
     pub hostile_events: bool,
 }
 

@@ -52,11 +52,22 @@ pub async fn start(
     let mut stop_pub = stop.clone();
     let publish = tokio::spawn(async move {
         let mut seq = 0u64;
-        let mut last_hostile: Option<tokio::time::Instant> = None;
+        let mut hostile_tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             let events = tokio::select! {
-                e = batches.recv() => match e { Some(e) => e, None => break },
+                e = batches.recv() => match e { Some(e) => Some(e), None => break },
                 _ = stop_pub.wait_for(|s| *s) => break,
+                _ = hostile_tick.tick() => None,
+            };
+            let Some(events) = events else {
+                if faults.get().hostile_events {
+                    let frames = vec![top.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), nil_batch(4_194_280)];
+                    if let Ok(msg) = ZmqMessage::try_from(frames) {
+                        let _ = pub_socket.send(msg).await;
+                    }
+                    seq += 1;
+                }
+                continue;
             };
             if faults.take_restart() {
                 seq = 0;
@@ -72,14 +83,6 @@ pub async fn start(
                 }
             }
             let f = faults.get();
-            if f.hostile_events && last_hostile.is_none_or(|t| t.elapsed() >= Duration::from_millis(500)) {
-                last_hostile = Some(tokio::time::Instant::now());
-                let frames = vec![top.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), nil_batch(4_194_280)];
-                if let Ok(msg) = ZmqMessage::try_from(frames) {
-                    let _ = pub_socket.send(msg).await;
-                }
-                seq += 1;
-            }
             let dropped = f.drop_events || (f.drop_every > 0 && (seq + 1).is_multiple_of(f.drop_every));
             if !dropped {
                 if f.delay_events_ms > 0 {

@@ -51,7 +51,7 @@ pub enum Status {
     /// Its events carry another block size (routed on load only).
     BlockSizeMismatch,
     /// Its KV-event stream kept bringing bad messages: quarantined, its blocks dropped and
-    /// its events ignored for `limits.kv_event_quarantine_s` (routed on load only).
+    /// its stream not followed for `limits.kv_event_quarantine_s` (routed on load only).
     BadEvents,
     /// Failing health checks or connects; not routed to.
     Unhealthy,
@@ -659,8 +659,8 @@ impl Core {
             Status::Overloaded => "answered 429/503; backing off".into(),
             Status::BadEvents => r.bad_events_until.map_or(String::new(), |u| {
                 format!(
-                    "its KV events kept being refused: quarantined for {:.0} s more (blocks dropped, events \
-                     ignored; routed on load only), then rebuilt",
+                    "its KV events kept being refused: quarantined for {:.0} s more (blocks dropped, stream \
+                     not followed; routed on load only), then rebuilt",
                     (u - now).max(0.0)
                 )
             }),

@@ -19,7 +19,8 @@ pub struct LimitsSection {
     pub kv_event_max_elements: usize,
     /// A replica whose stream brings this many bad messages (refused or undecodable, or with
     /// events the decoder or index rejected) within `kv_event_bad_window_s` is quarantined:
-    /// status `bad_events`, its blocks dropped and its events ignored, routed on load only.
+    /// status `bad_events`, its blocks dropped and its stream not followed (disconnected),
+    /// routed on load only.
     pub kv_event_bad_messages: u32,
     /// The window `kv_event_bad_messages` counts over, seconds.
     pub kv_event_bad_window_s: f64,

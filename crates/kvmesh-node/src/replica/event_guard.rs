@@ -67,6 +67,11 @@ impl EventGuard {
         None
     }
 
+    /// Seconds of quarantine left at `now`, if quarantined.
+    pub fn remaining(&self, now: f64) -> Option<f64> {
+        self.until.filter(|&u| now < u).map(|u| u - now)
+    }
+
     /// Whether the replica is quarantined at `now`.
     pub fn quarantined(&self, now: f64) -> bool {
         self.until.is_some_and(|u| now < u)
@@ -131,6 +136,8 @@ mod tests {
         assert_eq!(g.bad_message(10.0), None);
         assert_eq!(g.bad_message(12.0), Some(72.0));
         assert!(g.quarantined(71.9));
+        assert_eq!(g.remaining(62.0), Some(10.0));
+        assert_eq!(g.remaining(72.0), None);
         // More bad messages while quarantined do not extend it.
         assert_eq!(g.bad_message(20.0), None);
         assert!(!g.quarantine_over(71.9));

@@ -11,7 +11,8 @@
 //! declared counts, without allocating). Bad messages are counted per replica and reason and
 //! complained about at most every 10 s, never under the core lock; a replica whose stream
 //! stays bad is quarantined ([`EventGuard`]): status `bad_events`, its blocks dropped, its
-//! messages dropped undecoded until the quarantine ends and its blocks are rebuilt. Before
+//! stream not followed at all (the socket closed, so it costs the node nothing) until the
+//! quarantine ends and its blocks are rebuilt. Before
 //! any of that, the ZMQ sockets reach the engine through a [`FrameGuard`], which cuts the
 //! connection at a frame or message over the size limit (zeromq would allocate whatever a
 //! frame header declares).
@@ -56,6 +57,13 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
     }
     let mut backoff = Duration::from_millis(100);
     loop {
+        // Quarantined: not followed at all (no socket, nothing received) until it ends.
+        if let Some(left) = guard.remaining(shared.now()) {
+            tokio::time::sleep(Duration::from_secs_f64(left)).await;
+        }
+        if guard.quarantine_over(shared.now()) {
+            end_quarantine(&shared, &source).await;
+        }
         let mut sub = zeromq::SubSocket::new();
         let setup = async {
             if relay.socket_binds {
@@ -67,8 +75,8 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
         if let Err(e) = setup.await {
             // A handshake the frame guard cut counts as a bad message like any other.
             count_cuts(&shared, &source.name, &relay, &mut cut_seen, &mut guard);
-            if guard.quarantine_over(shared.now()) {
-                end_quarantine(&shared, &source).await;
+            if guard.quarantined(shared.now()) {
+                continue;
             }
             tracing::warn!(replica = %source.name, endpoint = %source.endpoint, error = %e, "KV-event socket not up; retrying");
             tokio::time::sleep(backoff).await;
@@ -89,15 +97,9 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     }
                 },
                 _ = check.tick() => {
-                    let now = shared.now();
                     count_cuts(&shared, &source.name, &relay, &mut cut_seen, &mut guard);
-                    if guard.quarantine_over(now) {
-                        end_quarantine(&shared, &source).await;
-                        continue;
-                    }
-                    if guard.quarantined(now) {
-                        // Its rebuild waits for the quarantine's end.
-                        continue;
+                    if guard.quarantined(shared.now()) {
+                        break;
                     }
                     let requested = shared.core().replicas.get_mut(&source.name).and_then(|r| r.resync_requested.take());
                     if let Some(why) = requested {
@@ -107,10 +109,6 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                 }
             };
             let frames: Vec<bytes::Bytes> = msg.into_vec();
-            if guard.quarantined(shared.now()) {
-                shared.metrics.events_rejected.get_or_create(&labels(&source.name, "quarantined")).inc();
-                continue;
-            }
             let problem = match decode_message_with(&frames, &limits) {
                 Ok(m) => {
                     let p = handle(&shared, &source, m.seq, m.batch).await;
@@ -131,6 +129,8 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                 }
                 if let Some(until) = guard.bad_message(now) {
                     quarantine(&shared, &source.name, until);
+                    // Stop following it: dropping the socket disconnects from its publisher.
+                    break;
                 }
             }
         }
