@@ -403,17 +403,6 @@ async fn prompts_over_the_limit_are_refused_before_any_work() {
     e.stop().await;
 }
 
-/// `[ts, [nil × n], nil]`: the shape of the ~4 MiB message that once stalled every node.
-fn nil_batch(n: usize) -> Vec<u8> {
-    let mut b = vec![0x93, 0xcb];
-    b.extend_from_slice(&1.0f64.to_be_bytes());
-    b.push(0xdd);
-    b.extend_from_slice(&(n as u32).to_be_bytes());
-    b.extend(std::iter::repeat_n(0xc0, n));
-    b.push(0xc0);
-    b
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_while_the_others_serve() {
     use zeromq::{Socket, SocketSend};
@@ -429,7 +418,7 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
     // Over the 65,536-event budget: refused from its header, never decoded. Sent until the
     // subscriber has joined (a PUB drops messages before that) and five have counted.
-    let bad = nil_batch(70_000);
+    let bad = kvmesh_events::encode::encode_nil_batch(1.0, 70_000);
     let mut seq = 0u64;
     eventually("e1 quarantined", || {
         seq += 1;

@@ -68,11 +68,16 @@ pub fn admin_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<kvme
 
 /// `msg` as a request carrying the admin token, if one is given.
 pub fn authed<T>(t: &ClusterTarget, msg: T) -> anyhow::Result<tonic::Request<T>> {
+    Ok(with_token(&admin_token(t.token_file.as_deref())?, msg))
+}
+
+/// `msg` with the admin token, when there is one.
+pub fn with_token<T>(token: &Option<kvmesh_node::auth::Secret>, msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
-    if let Some(s) = admin_token(t.token_file.as_deref())? {
-        s.attach(r.metadata_mut());
+    if let Some(t) = token {
+        t.attach(r.metadata_mut());
     }
-    Ok(r)
+    r
 }
 
 async fn client(t: &ClusterTarget) -> anyhow::Result<v1::cluster_client::ClusterClient<tonic::transport::Channel>> {

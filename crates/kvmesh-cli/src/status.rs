@@ -5,6 +5,7 @@
 //! `Admin.RecentDecisions`).
 
 use crate::cli::StatusArgs;
+use crate::cluster::with_token;
 use anyhow::Context;
 use kvmesh_proto::v1;
 use std::fmt::Write as _;
@@ -80,15 +81,6 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         let _ = writeln!(out, "\n{}", render_decisions(&decisions));
     }
     crate::emit(&out)
-}
-
-/// `msg` with the admin token, when there is one.
-fn with_token<T>(token: &Option<kvmesh_node::auth::Secret>, msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    if let Some(t) = token {
-        t.attach(r.metadata_mut());
-    }
-    r
 }
 
 /// The autoscaler's latest committed decision, one line, with its age at `now` (Unix seconds):

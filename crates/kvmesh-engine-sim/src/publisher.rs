@@ -61,7 +61,11 @@ pub async fn start(
             };
             let Some(events) = events else {
                 if faults.get().hostile_events {
-                    let frames = vec![top.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), nil_batch(4_194_280)];
+                    let frames = vec![
+                        top.clone(),
+                        Bytes::copy_from_slice(&seq.to_be_bytes()),
+                        Bytes::from(kvmesh_events::encode::encode_nil_batch(0.0, 4_194_280)),
+                    ];
                     if let Ok(msg) = ZmqMessage::try_from(frames) {
                         let _ = pub_socket.send(msg).await;
                     }
@@ -132,16 +136,4 @@ pub async fn start(
         }
     });
     Ok(Publisher { sender, kv_events, replay, tasks: vec![publish, serve_replay] })
-}
-
-/// `[ts, [nil × n], nil]`: a batch of `n` events that are all nil (the hostile fault).
-fn nil_batch(n: u32) -> Bytes {
-    let mut b = Vec::with_capacity(n as usize + 16);
-    b.extend_from_slice(&[0x93, 0xcb]);
-    b.extend_from_slice(&0.0f64.to_be_bytes());
-    b.push(0xdd);
-    b.extend_from_slice(&n.to_be_bytes());
-    b.resize(b.len() + n as usize, 0xc0);
-    b.push(0xc0);
-    Bytes::from(b)
 }

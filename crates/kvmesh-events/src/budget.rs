@@ -158,15 +158,8 @@ mod tests {
         DecodeLimits { max_message_bytes: 1 << 20, max_events: events, max_elements: elements }
     }
 
-    /// `[1.0, [nil × n], nil]`.
     fn nils(n: usize) -> Vec<u8> {
-        let mut b = vec![0x93, 0xcb];
-        b.extend_from_slice(&1.0f64.to_be_bytes());
-        b.push(0xdd);
-        b.extend_from_slice(&(n as u32).to_be_bytes());
-        b.extend(std::iter::repeat_n(0xc0, n));
-        b.push(0xc0);
-        b
+        crate::encode::encode_nil_batch(1.0, n as u32)
     }
 
     #[test]

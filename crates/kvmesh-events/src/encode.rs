@@ -30,6 +30,20 @@ pub fn encode_batch(ts: f64, events: &[KvEvent], data_parallel_rank: Option<i64>
     out
 }
 
+/// `[ts, [nil × n], nil]`: a batch of `n` events that are all nil, written directly (no
+/// msgpack tree) — the hostile message that once stalled every node following a replica, for
+/// stand-in engines' `hostile_events` fault and tests.
+pub fn encode_nil_batch(ts: f64, n: u32) -> Vec<u8> {
+    let mut b = Vec::with_capacity(n as usize + 16);
+    b.extend_from_slice(&[0x93, 0xcb]);
+    b.extend_from_slice(&ts.to_be_bytes());
+    b.push(0xdd);
+    b.extend_from_slice(&n.to_be_bytes());
+    b.resize(b.len() + n as usize, 0xc0);
+    b.push(0xc0);
+    b
+}
+
 /// The three frames of one publisher message: `[topic, seq (u64 big-endian), payload]`.
 pub fn message_frames(topic: &[u8], seq: u64, payload: Vec<u8>) -> [Vec<u8>; 3] {
     [topic.to_vec(), seq.to_be_bytes().to_vec(), payload]
