@@ -585,3 +585,114 @@ async fn a_frame_header_declaring_a_petabyte_is_cut_before_zeromq_allocates() {
     good.stop().await;
     other.stop().await;
 }
+
+/// A stored event of `blocks` blocks from `first` on (block size 16), with `tokens` token ids
+/// (16 × `blocks` is the sound count).
+fn pushed_store(first: u64, blocks: u64, tokens: usize) -> kvmesh_proto::v1::KvEvent {
+    use kvmesh_proto::v1;
+    v1::KvEvent {
+        event: Some(v1::kv_event::Event::Stored(v1::BlockStored {
+            block_hashes: (first..first + blocks).collect(),
+            parent_block_hash: None,
+            token_ids: (0..tokens as u32).collect(),
+            block_size: 16,
+            medium: v1::Medium::Gpu.into(),
+            lora_name: None,
+        })),
+    }
+}
+
+fn pushed(replica: &str, seq: u64, events: Vec<kvmesh_proto::v1::KvEvent>) -> kvmesh_proto::v1::PublishRequest {
+    kvmesh_proto::v1::PublishRequest { replica_id: replica.into(), seq, ts: 1.0, events }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushed_events_apply_and_a_bad_pusher_is_quarantined_alone_then_recovers() {
+    use kvmesh_proto::v1::{self, events_client::EventsClient};
+    let (good, other) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
+    // e1's events come by Events.Publish, from this test.
+    let pushing = ReplicaConfig { kv_events: None, replay: None, ..common::replica(1, &other) };
+    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let mut config = common::single(section, vec![replica(0, &good, true), pushing]);
+    config.limits.kv_event_max_events = 4;
+    config.limits.kv_event_quarantine_s = 1.0;
+    let node = kvmesh_node::start(config).await.unwrap();
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    let events = EventsClient::new(common::grpc(node.grpc).await);
+    let publish = |batches: Vec<v1::PublishRequest>| {
+        let mut c = events.clone();
+        async move { c.publish(tokio_stream::iter(batches)).await.map(|r| r.into_inner()) }
+    };
+
+    let ok = publish(vec![pushed("e1", 0, vec![pushed_store(100, 2, 32)])]).await.unwrap();
+    assert_eq!((ok.batches, ok.events_applied, ok.events_rejected), (1, 1, 0));
+    assert_eq!(blocks(&node, "e1"), 2);
+    let unknown = publish(vec![pushed("nobody", 0, vec![])]).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+
+    // One batch over the 4-event budget (refused whole), four with impossible stores (32
+    // blocks' hashes, 10 tokens): five bad messages quarantine e1; the next batch is refused.
+    let cleared = || v1::KvEvent { event: Some(v1::kv_event::Event::Cleared(v1::AllBlocksCleared {})) };
+    let mut bad = vec![pushed("e1", 1, (0..5).map(|_| cleared()).collect())];
+    bad.extend((2..6).map(|seq| pushed("e1", seq, vec![pushed_store(200 + seq * 10, 2, 10)])));
+    bad.push(pushed("e1", 6, vec![pushed_store(300, 1, 16)]));
+    let refused = publish(bad).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("quarantined"), "{}", refused.message());
+    assert_eq!(status(&node, "e1"), Status::BadEvents);
+    assert_eq!(blocks(&node, "e1"), 0, "its blocks dropped");
+    let page = metric(&node, "kvmesh_events_rejected_total");
+    assert!(page.contains("replica=\"e1\",reason=\"over_budget\"} 1"), "{page}");
+    assert!(page.contains("replica=\"e1\",reason=\"token_count_mismatch\"} 4"), "{page}");
+    assert!(metric(&node, "kvmesh_event_quarantines_total").contains("replica=\"e1\"} 1"));
+    // The other replica did not notice; requests route.
+    assert_eq!(status(&node, "e0"), Status::Ready);
+    assert_eq!(send(&node, 1, 2).await, 200);
+
+    // The quarantine ends by itself (nothing pushes meanwhile), and pushes apply again.
+    eventually("e1 out of quarantine", || status(&node, "e1") != Status::BadEvents).await;
+    let again = publish(vec![pushed("e1", 0, vec![pushed_store(400, 3, 48)])]).await.unwrap();
+    assert_eq!((again.batches, again.events_applied, again.events_rejected), (1, 1, 0));
+    assert_eq!(blocks(&node, "e1"), 3);
+    node.stop().await;
+    good.stop().await;
+    other.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_calls_beyond_the_per_connection_limit_wait_while_other_connections_are_served() {
+    use kvmesh_proto::v1::{self, events_client::EventsClient, router_client::RouterClient};
+    use std::time::Duration;
+    let e = engine(16, Faults::default()).await;
+    let mut config = common::single(common::section(), vec![replica(0, &e, true)]);
+    config.limits.grpc_concurrency_per_connection = 1;
+    let node = kvmesh_node::start(config).await.unwrap();
+    let route = |mut r: RouterClient<tonic::transport::Channel>| async move {
+        let req = v1::RouteRequest {
+            model: String::new(),
+            prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: (0..64).collect() })),
+            max_tokens: Some(4),
+            session_key: None,
+            lora_name: None,
+        };
+        tokio::time::timeout(Duration::from_millis(500), r.route(req)).await
+    };
+    // A publish stream held open takes connection A's one slot.
+    let a = common::grpc(node.grpc).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pushed("e0", 0, vec![])).await.unwrap();
+    let mut events = EventsClient::new(a.clone());
+    let held = tokio::spawn(async move { events.publish(tokio_stream::wrappers::ReceiverStream::new(rx)).await });
+    eventually("the batch applied", || node.shared.core().replicas["e0"].last_seq == Some(0)).await;
+    assert!(route(RouterClient::new(a.clone())).await.is_err(), "connection A's second call waits");
+    // Connection B is not held up by A.
+    let b = common::grpc(node.grpc).await;
+    assert!(route(RouterClient::new(b)).await.expect("B answered").is_ok());
+    // Once A's stream ends, A is served again.
+    drop(tx);
+    let summary = held.await.unwrap().unwrap().into_inner();
+    assert_eq!(summary.batches, 1);
+    assert!(route(RouterClient::new(a)).await.expect("A answered").is_ok());
+    node.stop().await;
+    e.stop().await;
+}

@@ -8,7 +8,6 @@ use crate::cluster::{Cluster, ClusterError};
 use crate::config::ReplicaConfig;
 use crate::replica::SupervisorMsg;
 use crate::state::{Shared, Status};
-use kvmesh_core::index::KvEvent;
 use kvmesh_core::load::BookingId;
 use kvmesh_core::prompt::approximate_tokens;
 use kvmesh_core::RouteRequest;
@@ -26,6 +25,8 @@ pub struct Services {
     pub supervisor: ActorRef<SupervisorMsg>,
     /// In a cluster, admin writes go through Raft.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Pushing replicas' bad-event records (`Events.Publish`).
+    pub push: Arc<crate::replica::push::PushGuards>,
 }
 
 #[tonic::async_trait]
@@ -473,30 +474,14 @@ impl events_server::Events for Services {
         let mut stream = request.into_inner();
         let mut summary = v1::PublishResponse::default();
         while let Some(batch) = stream.message().await? {
-            let now = self.shared.now();
-            let mut core = self.shared.core();
-            if !core.replicas.contains_key(&batch.replica_id) {
-                return Err(GrpcStatus::not_found(format!("unknown replica {:?}", batch.replica_id)));
-            }
-            // The same sequence rules as the ZMQ path: a restart or a gap drops the replica's
-            // blocks (a pushing client has no replay socket).
-            let last = core.replicas.get(&batch.replica_id).and_then(|r| r.last_seq);
-            if last.is_some_and(|l| batch.seq != l.wrapping_add(1)) {
-                core.apply(&batch.replica_id, &KvEvent::Cleared, now);
-            }
+            use crate::replica::push::PushError;
+            let pushed = self.push.apply(&self.shared, batch).map_err(|e| match e {
+                PushError::UnknownReplica(_) => GrpcStatus::not_found(e.to_string()),
+                PushError::Quarantined { .. } => GrpcStatus::unavailable(e.to_string()),
+            })?;
             summary.batches += 1;
-            for e in batch.events {
-                match KvEvent::try_from(e) {
-                    Ok(e) => match core.apply(&batch.replica_id, &e, now) {
-                        Some(o) if o.rejection.is_none() => summary.events_applied += 1,
-                        _ => summary.events_rejected += 1,
-                    },
-                    Err(_) => summary.events_rejected += 1,
-                }
-            }
-            if let Some(r) = core.replicas.get_mut(&batch.replica_id) {
-                r.last_seq = Some(batch.seq);
-            }
+            summary.events_applied += pushed.applied;
+            summary.events_rejected += pushed.rejected;
         }
         Ok(Response::new(summary))
     }

@@ -338,7 +338,12 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     tasks.push(tokio::spawn(replication::run(shared.clone(), cluster.clone(), stopped.clone())));
     tasks.push(tokio::spawn(autoscaler::run(shared.clone(), cluster.clone(), stopped.clone())));
     let autoscaler_service = autoscaler::service::AutoscalerService { shared: shared.clone() };
-    let services = grpc::Services { shared: shared.clone(), supervisor: supervisor.clone(), cluster: cluster.clone() };
+    let services = grpc::Services {
+        shared: shared.clone(),
+        supervisor: supervisor.clone(),
+        cluster: cluster.clone(),
+        push: Arc::new(replica::push::PushGuards::new(&shared.limits)),
+    };
     let replication_service =
         replication::service::ReplicationService { shared: shared.clone(), cluster: cluster.clone() };
     let (health_reporter, health) = tonic_health::server::health_reporter();

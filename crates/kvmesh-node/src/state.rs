@@ -6,11 +6,13 @@
 //! across I/O.
 
 mod drain;
+mod guard;
 
 use crate::config::{NodeConfig, ReplicaConfig};
 use crate::metrics::Metrics;
 use crate::replica::endpoints::Endpoints;
 pub use drain::{DrainProgress, DRAIN_SETTLE_S, ENGINE_STALL_S};
+pub use guard::{CoreGuard, StatusChange};
 use kvmesh_core::fleet::ReplicaStatus as CoreStatus;
 use kvmesh_core::index::{ApplyOutcome, KvEvent};
 use kvmesh_core::load::{BookingId, EngineMetrics};
@@ -20,7 +22,7 @@ use kvmesh_core::{
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 /// Leading block hashes a shared booking carries (the prefix other nodes credit as pending):
 /// 512 blocks of 16 tokens cover 8k-token prompts; longer ones share their first 8k.
@@ -205,6 +207,8 @@ pub struct Core {
     pub own_demand_tokens: f64,
     /// Per peer: its incarnation and the last own demand it reported, tokens.
     peer_demand: BTreeMap<u64, (u64, f64)>,
+    /// Status changes found in this lock section, logged by [`CoreGuard`] after it.
+    status_changes: Vec<StatusChange>,
 }
 
 /// The node settings the request path reads, fixed at start (no lock).
@@ -346,6 +350,7 @@ impl Shared {
             booked_tokens: 0.0,
             own_demand_tokens: 0.0,
             peer_demand: BTreeMap::new(),
+            status_changes: Vec::new(),
             sketch: config.replication.enabled.then(|| {
                 kvmesh_core::replication::PrefixSketch::new(config.replication.core().sketch, config.node.block_size)
             }),
@@ -398,9 +403,10 @@ impl Shared {
         self.started.elapsed().as_secs_f64()
     }
 
-    /// The routing core, locked. Keep the guard for one short, I/O-free section.
-    pub fn core(&self) -> MutexGuard<'_, Core> {
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    /// The routing core, locked. Keep the guard for one short, I/O-free section; the status
+    /// changes the section finds are logged when it ends.
+    pub fn core(&self) -> CoreGuard<'_> {
+        CoreGuard::new(self.core.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// What a client refused by admission control is told: seconds before retrying and why
@@ -603,7 +609,9 @@ impl Core {
         if r.overloaded_until > now {
             return Status::Overloaded;
         }
-        if r.bad_events_until.is_some() {
+        // Time-based: a quarantine ends by itself even when nothing acts on its end (an
+        // `Events.Publish` pusher that never comes back).
+        if r.bad_events_until.is_some_and(|u| now < u) {
             return Status::BadEvents;
         }
         if let Some(health) = self.fleet.index().health(r.id) {
@@ -678,8 +686,9 @@ impl Core {
         }
     }
 
-    /// Brings the core's ready/draining flag in line with `name`'s status, and logs a change
-    /// of status once; returns the change, (from, to), if there was one.
+    /// Brings the core's ready/draining flag in line with `name`'s status, and queues a change
+    /// of status to be logged once, after the lock ([`CoreGuard`]); returns the change, (from,
+    /// to), if there was one.
     pub fn sync_routable(&mut self, name: &str, now: f64) -> Option<(Status, Status)> {
         let r = self.replicas.get(name)?;
         let status = self.status(r, now);
@@ -691,27 +700,7 @@ impl Core {
             return None;
         }
         let detail = self.status_detail(r, status, now);
-        let (from_s, to_s) = (from.as_str(), status.as_str());
-        match status {
-            // Backpressure comes and goes every `overload_backoff_ms` under load; it is
-            // counted (`kvmesh_requests_total{outcome="backpressure"}`), and logged at debug.
-            Status::Overloaded => {
-                tracing::debug!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
-            }
-            Status::Ready if from == Status::Overloaded => {
-                tracing::debug!(replica = %name, from = from_s, "replica ready")
-            }
-            Status::Ready => tracing::info!(replica = %name, from = from_s, "replica ready"),
-            Status::Draining | Status::Starting => {
-                tracing::info!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
-            }
-            Status::BlockSizeMismatch => {
-                tracing::error!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
-            }
-            Status::Unhealthy | Status::OutOfSync | Status::NoEvents | Status::BadEvents => {
-                tracing::warn!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
-            }
-        }
+        self.status_changes.push(StatusChange { replica: name.to_string(), from, to: status, detail });
         if let Some(r) = self.replicas.get_mut(name) {
             r.reported = status;
         }
@@ -997,6 +986,39 @@ mod tests {
         assert_eq!(core.sync_routable("r0", 4.0), None);
         assert_eq!(core.sync_routable("r0", 6.0), Some((Status::Overloaded, Status::Ready)));
         assert_eq!(core.sync_routable("nobody", 6.0), None);
+    }
+
+    #[test]
+    fn status_changes_are_logged_after_the_lock_is_released() {
+        let shared = Arc::new(node(crate::config::NodeSection::default()));
+        add(&shared, "name = \"r0\"");
+        // Each log line's writer records whether the core was free when the line was written.
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (s, w) = (shared.clone(), seen.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || {
+                w.lock().unwrap().push(s.core.try_lock().is_ok());
+                std::io::sink()
+            })
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let mut core = shared.core();
+            core.record_down("r0", "connection refused".into(), 1.0);
+            let queued = core.status_changes.clone();
+            assert_eq!(
+                queued,
+                vec![StatusChange {
+                    replica: "r0".into(),
+                    from: Status::Ready,
+                    to: Status::Unhealthy,
+                    detail: "connection refused".into()
+                }]
+            );
+            assert!(seen.lock().unwrap().is_empty(), "nothing logged under the lock");
+            drop(core);
+        });
+        assert_eq!(*seen.lock().unwrap(), vec![true]);
+        assert!(shared.core().status_changes.is_empty());
     }
 
     #[test]

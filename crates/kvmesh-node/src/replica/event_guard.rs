@@ -17,6 +17,9 @@ pub struct EventGuard {
     until: Option<f64>,
     /// Complaints about this replica's events.
     pub log: LogLimiter,
+    /// Complaints about its sequence (gaps, restarts) and replays: a stream that restarts at
+    /// every message is recovered each time, and logged about once per 10 s.
+    pub seq_log: LogLimiter,
 }
 
 /// Problems found in one message's events (decoder skips and index rejections).
@@ -48,6 +51,7 @@ impl EventGuard {
             bad: VecDeque::new(),
             until: None,
             log: LogLimiter::new(10.0),
+            seq_log: LogLimiter::new(10.0),
         }
     }
 

@@ -17,7 +17,7 @@
 //! connection at a frame or message over the size limit (zeromq would allocate whatever a
 //! frame header declares).
 
-use super::event_guard::{EventGuard, Problems};
+use super::event_guard::{EventGuard, LogLimiter, Problems};
 use super::frame_guard::{tcp_address, Direction, FrameGuard};
 use crate::state::Shared;
 use kvmesh_core::index::KvEvent;
@@ -62,7 +62,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_secs_f64(left)).await;
         }
         if guard.quarantine_over(shared.now()) {
-            end_quarantine(&shared, &source).await;
+            end_quarantine(&shared, &source, &mut guard.seq_log).await;
         }
         let mut sub = zeromq::SubSocket::new();
         let setup = async {
@@ -103,7 +103,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     }
                     let requested = shared.core().replicas.get_mut(&source.name).and_then(|r| r.resync_requested.take());
                     if let Some(why) = requested {
-                        rebuild(&shared, &source, why).await;
+                        rebuild(&shared, &source, why, &mut guard.seq_log).await;
                     }
                     continue;
                 }
@@ -111,7 +111,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
             let frames: Vec<bytes::Bytes> = msg.into_vec();
             let problem = match decode_message_with(&frames, &limits) {
                 Ok(m) => {
-                    let p = handle(&shared, &source, m.seq, m.batch).await;
+                    let p = handle(&shared, &source, m.seq, m.batch, &mut guard.seq_log).await;
                     p.first.map(|why| format!("{} bad events, the first: {why}", p.events))
                 }
                 Err(e) => {
@@ -158,7 +158,7 @@ fn count_cuts(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut u64, g
 }
 
 /// Drops `name`'s blocks and marks it `bad_events` until `until` (node seconds).
-fn quarantine(shared: &Shared, name: &str, until: f64) {
+pub(super) fn quarantine(shared: &Shared, name: &str, until: f64) {
     let now = shared.now();
     {
         let mut core = shared.core();
@@ -173,17 +173,17 @@ fn quarantine(shared: &Shared, name: &str, until: f64) {
 }
 
 /// Ends `source`'s quarantine: its status clears and its blocks are rebuilt.
-async fn end_quarantine(shared: &Shared, source: &Source) {
+async fn end_quarantine(shared: &Shared, source: &Source, log: &mut LogLimiter) {
     if let Some(r) = shared.core().replicas.get_mut(&source.name) {
         r.bad_events_until = None;
     }
     tracing::info!(replica = %source.name, "KV-event quarantine over");
-    rebuild(shared, source, "quarantine_end").await;
+    rebuild(shared, source, "quarantine_end", log).await;
 }
 
 /// Sequence check, recovery, then apply. Returns the message's bad events (a replay's are
-/// counted in the metrics only).
-async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) -> Problems {
+/// counted in the metrics only). Sequence trouble is logged through `log`.
+async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch, log: &mut LogLimiter) -> Problems {
     let mut problems = Problems::default();
     let last = shared.core().replicas.get(&source.name).and_then(|r| r.last_seq);
     match last {
@@ -192,22 +192,26 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) -
             // Joined a running engine: what it cached before is only in its replay buffer.
             if let Some(ep) = &source.replay {
                 tracing::info!(replica = %source.name, seq, "joining mid-stream: replaying from 0");
-                replay(shared, source, ep, 0, seq).await;
+                replay(shared, source, ep, 0, seq, log).await;
             }
         }
         None => {}
         Some(l) if seq <= l => {
-            tracing::warn!(replica = %source.name, seq, last = l, "sequence restarted: engine restart, dropping its blocks");
+            if let Some(held) = log.allow(shared.now()) {
+                tracing::warn!(replica = %source.name, seq, last = l, held_back = held, "sequence restarted: engine restart, dropping its blocks");
+            }
             resync_by_clearing(shared, &source.name, "restart");
             // The restarted engine's messages before this one are in its replay buffer.
             if let (true, Some(ep)) = (seq > 0, &source.replay) {
-                replay(shared, source, ep, 0, seq).await;
+                replay(shared, source, ep, 0, seq, log).await;
             }
         }
         Some(l) => {
-            tracing::warn!(replica = %source.name, seq, last = l, "sequence gap: recovering {} messages", seq - l - 1);
+            if let Some(held) = log.allow(shared.now()) {
+                tracing::warn!(replica = %source.name, seq, last = l, held_back = held, "sequence gap: recovering {} messages", seq - l - 1);
+            }
             let recovered = match &source.replay {
-                Some(ep) => replay(shared, source, ep, l.wrapping_add(1), seq).await,
+                Some(ep) => replay(shared, source, ep, l.wrapping_add(1), seq, log).await,
                 None => false,
             };
             if !recovered {
@@ -215,7 +219,7 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) -
             }
         }
     }
-    problems.add(apply(shared, &source.name, seq, &batch));
+    problems.add(apply(shared, &source.name, seq, &batch).0);
     problems
 }
 
@@ -223,7 +227,7 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch) -
 /// from its next events: after it recovered from being unhealthy (perhaps a restarted engine
 /// whose first messages were published before this subscriber reconnected), or after a stored
 /// event named a parent this node never saw (case C03). `why` labels the resync metric.
-async fn rebuild(shared: &Shared, source: &Source, why: &'static str) {
+async fn rebuild(shared: &Shared, source: &Source, why: &'static str, log: &mut LogLimiter) {
     tracing::info!(replica = %source.name, why, "rebuilding the replica's blocks");
     resync_by_clearing(shared, &source.name, why);
     let now = shared.now();
@@ -232,7 +236,7 @@ async fn rebuild(shared: &Shared, source: &Source, why: &'static str) {
         r.last_resync_at = Some(now);
     }
     if let Some(ep) = &source.replay {
-        replay(shared, source, ep, 0, u64::MAX).await;
+        replay(shared, source, ep, 0, u64::MAX, log).await;
     }
 }
 
@@ -247,9 +251,9 @@ fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
 
 /// Applies `batch` under the core lock; returns its bad events (for the caller to log and
 /// count outside the lock): events the decoder skipped, and stores no sound engine sends
-/// (token count off, self-referential). An unknown parent is not one: it means this node
-/// missed events, and leads to a rebuild instead.
-fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -> Problems {
+/// (token count off, self-referential); and the number of events applied. An unknown parent
+/// is not a bad event: it means this node missed events, and leads to a rebuild instead.
+pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -> (Problems, u64) {
     let now = shared.now();
     let mut problems = Problems {
         events: batch.skipped.len() as u64,
@@ -264,6 +268,7 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -> Problems 
     }
     let mut core = shared.core();
     let mut unknown_parent = false;
+    let mut applied = 0;
     for e in &batch.events {
         let kind = match e {
             KvEvent::Stored(_) => "stored",
@@ -273,6 +278,7 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -> Problems 
         match core.apply(name, e, now) {
             Some(o) => match o.rejection {
                 None => {
+                    applied += 1;
                     shared
                         .metrics
                         .events_applied
@@ -293,7 +299,7 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -> Problems 
                     shared.metrics.events_rejected.get_or_create(&labels(name, r.as_str())).inc();
                 }
             },
-            None => return problems,
+            None => return (problems, applied),
         }
     }
     if let Some(r) = core.replicas.get_mut(name) {
@@ -313,7 +319,7 @@ fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -> Problems 
     if unknown_parent {
         tracing::warn!(replica = %name, seq, "a stored event names a parent never seen: replica out of sync, rebuilding");
     }
-    problems
+    (problems, applied)
 }
 
 /// The shortest time between rebuilds caused by unknown parents, seconds.
@@ -323,8 +329,8 @@ const UNKNOWN_PARENT_RESYNC_S: f64 = 30.0;
 /// what comes back, in sequence. True when every message in `from..to` was recovered. The
 /// replica shows `out_of_sync` while it runs; once the replay socket has sent all it holds
 /// (nothing, for a fresh engine), no longer; a replay that failed leaves it `out_of_sync`
-/// until the next live event.
-async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64) -> bool {
+/// until the next live event. Its trouble is logged through `log`.
+async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64, log: &mut LogLimiter) -> bool {
     let set = |on: bool| {
         let now = shared.now();
         let mut core = shared.core();
@@ -334,7 +340,7 @@ async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to:
         let _ = core.sync_routable(&source.name, now);
     };
     set(true);
-    let (complete, ended) = replay_messages(shared, source, endpoint, from, to).await;
+    let (complete, ended) = replay_messages(shared, source, endpoint, from, to, log).await;
     if ended {
         set(false);
     }
@@ -342,7 +348,19 @@ async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to:
 }
 
 /// [`replay`]'s exchange: (every message in `from..to` recovered, the socket sent its end).
-async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64) -> (bool, bool) {
+async fn replay_messages(
+    shared: &Shared,
+    source: &Source,
+    endpoint: &str,
+    from: u64,
+    to: u64,
+    log: &mut LogLimiter,
+) -> (bool, bool) {
+    let mut warn = |what: &str, error: Option<String>| {
+        if let Some(held) = log.allow(shared.now()) {
+            tracing::warn!(replica = %source.name, %endpoint, error = error.unwrap_or_default(), held_back = held, "{what}");
+        }
+    };
     let mut dealer = zeromq::DealerSocket::new();
     let t = source.replay_timeout;
     // The replay socket's answers pass the same frame guard as the live stream.
@@ -356,12 +374,12 @@ async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from:
     let relay = match relay {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!(replica = %source.name, %endpoint, error = %e, "replay socket unusable");
+            warn("replay socket unusable", Some(e.to_string()));
             return (false, false);
         }
     };
     if !matches!(tokio::time::timeout(t, dealer.connect(&relay.socket_endpoint)).await, Ok(Ok(()))) {
-        tracing::warn!(replica = %source.name, %endpoint, "replay socket unreachable");
+        warn("replay socket unreachable", None);
         return (false, false);
     }
     let [delim, start] = replay_request(from);
@@ -377,7 +395,7 @@ async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from:
         let reply = match tokio::time::timeout(t, dealer.recv()).await {
             Ok(Ok(m)) => m.into_vec(),
             _ => {
-                tracing::warn!(replica = %source.name, "replay timed out");
+                warn("replay timed out", None);
                 break;
             }
         };
@@ -394,7 +412,7 @@ async fn replay_messages(shared: &Shared, source: &Source, endpoint: &str, from:
             }
             Err(e) => {
                 // One line per replay at most: the exchange ends here.
-                tracing::warn!(replica = %source.name, error = %e, "bad replay reply");
+                warn("bad replay reply", Some(e.to_string()));
                 shared.metrics.events_rejected.get_or_create(&labels(&source.name, e.kind())).inc();
                 break;
             }

@@ -5,6 +5,7 @@
 //!                                ├─ ingest task: frame guard → ZMQ SUB → budget → decode → seq check (replay | clear) → core
 //!                                │               (a stream that stays bad: quarantined, `event_guard`)
 //!                                └─ scrape task: GET /metrics → load + health → core
+//! Events.Publish (gRPC) ──────────────► push: budget → seq check (clear) → core, same quarantine
 //! ```
 //!
 //! A replica actor fails when one of its tasks dies; the supervisor restarts it (with a
@@ -16,6 +17,7 @@ pub mod endpoints;
 pub mod event_guard;
 pub mod frame_guard;
 pub mod ingest;
+pub mod push;
 pub mod scrape;
 pub mod supervisor;
 

@@ -1,0 +1,131 @@
+//! KV events pushed over gRPC (`Events.Publish`, for engines without ZMQ): the same budget,
+//! accounting and quarantine as a followed ZMQ stream ([`super::ingest`]), one record per
+//! replica. A quarantined replica's pushes are refused before the core lock is taken.
+
+use super::event_guard::EventGuard;
+use super::ingest;
+use crate::config::LimitsSection;
+use crate::state::Shared;
+use kvmesh_core::index::KvEvent;
+use kvmesh_events::{EventBatch, SkippedEvent};
+use kvmesh_proto::v1;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Every pushing replica's bad-message record.
+#[derive(Debug)]
+pub struct PushGuards {
+    limits: LimitsSection,
+    guards: Mutex<HashMap<String, EventGuard>>,
+}
+
+/// Why a pushed batch was refused whole.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PushError {
+    /// No replica of that name is registered.
+    #[error("unknown replica {0:?}")]
+    UnknownReplica(String),
+    /// The replica's pushes kept bringing bad events.
+    #[error(
+        "replica {replica:?} is quarantined for {left_s:.0} s more: its pushed KV events kept being refused \
+         (see kvmesh_events_rejected_total)"
+    )]
+    Quarantined {
+        /// The replica.
+        replica: String,
+        /// Seconds of quarantine left.
+        left_s: f64,
+    },
+}
+
+/// What one pushed batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pushed {
+    /// Events applied to the index.
+    pub applied: u64,
+    /// Events not applied (undecodable, over the budget, or refused by the index).
+    pub rejected: u64,
+}
+
+impl PushGuards {
+    /// A clean record for every replica, with `limits`' budget and thresholds.
+    pub fn new(limits: &LimitsSection) -> Self {
+        PushGuards { limits: limits.clone(), guards: Mutex::new(HashMap::new()) }
+    }
+
+    /// Applies `batch` to its replica: the sequence checked as on the ZMQ path (a gap or a
+    /// restart drops the replica's blocks: a pusher has no replay socket), then its events.
+    /// A batch over `kv_event_max_events`, or one holding undecodable or impossible events,
+    /// counts as a bad message; `kv_event_bad_messages` of them within the window quarantine
+    /// the replica (`bad_events`, its blocks dropped) for `kv_event_quarantine_s`.
+    ///
+    /// # Errors
+    /// [`PushError::UnknownReplica`]; [`PushError::Quarantined`] while the quarantine lasts.
+    pub fn apply(&self, shared: &Shared, batch: v1::PublishRequest) -> Result<Pushed, PushError> {
+        let name = batch.replica_id;
+        let now = shared.now();
+        let last = match shared.core().replicas.get(&name) {
+            Some(r) => r.last_seq,
+            None => return Err(PushError::UnknownReplica(name)),
+        };
+        if let Some(left_s) = self.guard(&name, |g| {
+            g.quarantine_over(now);
+            g.remaining(now)
+        }) {
+            return Err(PushError::Quarantined { replica: name, left_s });
+        }
+        let total = batch.events.len() as u64;
+        if batch.events.len() > self.limits.kv_event_max_events {
+            shared.metrics.events_rejected.get_or_create(&labels(&name, "over_budget")).inc();
+            if let Some(r) = shared.core().replicas.get_mut(&name) {
+                r.events_rejected += 1;
+            }
+            let why = format!("batch of {total} events, over the {} allowed", self.limits.kv_event_max_events);
+            self.bad_message(shared, &name, &why);
+            return Ok(Pushed { applied: 0, rejected: total });
+        }
+        let mut decoded =
+            EventBatch { ts: batch.ts, events: Vec::new(), data_parallel_rank: None, skipped: Vec::new() };
+        for (index, e) in batch.events.into_iter().enumerate() {
+            match KvEvent::try_from(e) {
+                Ok(e) => decoded.events.push(e),
+                Err(e) => decoded.skipped.push(SkippedEvent { index, reason: e.to_string() }),
+            }
+        }
+        if last.is_some_and(|l| batch.seq != l.wrapping_add(1)) {
+            let mut core = shared.core();
+            core.apply(&name, &KvEvent::Cleared, now);
+            drop(core);
+            let how = if last.is_some_and(|l| batch.seq <= l) { "restart" } else { "clear" };
+            shared.metrics.resyncs.get_or_create(&vec![("replica", name.clone()), ("method", how.to_string())]).inc();
+        }
+        let (problems, applied) = ingest::apply(shared, &name, batch.seq, &decoded);
+        if let Some(first) = problems.first {
+            self.bad_message(shared, &name, &format!("{} bad events, the first: {first}", problems.events));
+        }
+        Ok(Pushed { applied, rejected: total - applied })
+    }
+
+    /// Counts a bad message from `name` (logged at a bounded rate); quarantines it when that
+    /// makes the threshold.
+    fn bad_message(&self, shared: &Shared, name: &str, why: &str) {
+        let now = shared.now();
+        let (held, until) = self.guard(name, |g| (g.log.allow(now), g.bad_message(now)));
+        if let Some(held) = held {
+            tracing::warn!(replica = %name, problem = %why, held_back = held, "bad pushed KV events");
+        }
+        if let Some(until) = until {
+            ingest::quarantine(shared, name, until);
+        }
+    }
+
+    fn guard<T>(&self, name: &str, f: impl FnOnce(&mut EventGuard) -> T) -> T {
+        let mut guards = self.guards.lock().unwrap_or_else(|p| p.into_inner());
+        let g = guards.entry(name.to_string()).or_insert_with(|| EventGuard::new(&self.limits));
+        f(g)
+    }
+}
+
+fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
+    vec![("replica", replica.to_string()), ("reason", what.to_string())]
+}
