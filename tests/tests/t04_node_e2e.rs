@@ -149,6 +149,17 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
     assert_eq!(router.release(stranger.clone()).await.unwrap_err().code(), tonic::Code::PermissionDenied);
     stranger.booking = "1".into();
     assert_eq!(router.release(stranger).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    // Without a token the handle is bound to the caller's address: the same handle from
+    // another host (127.0.0.2 stands in for one) is refused.
+    let elsewhere = tonic::transport::Endpoint::from_shared(format!("http://{}", node.grpc))
+        .unwrap()
+        .local_address(Some("127.0.0.2".parse().unwrap()))
+        .connect()
+        .await
+        .unwrap();
+    let from_elsewhere = v1::ReleaseRequest { booking: routed.booking.clone(), output_tokens: None };
+    let refused = v1::router_client::RouterClient::new(elsewhere).release(from_elsewhere).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
     assert_eq!(node.shared.core().fleet.bookings().len(), 1, "the refused releases ended nothing");
     router.release(v1::ReleaseRequest { booking: routed.booking.clone(), output_tokens: Some(3) }).await.unwrap();
     let again = router.release(v1::ReleaseRequest { booking: routed.booking.clone(), output_tokens: None }).await;

@@ -416,8 +416,10 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     config.limits.kv_event_quarantine_s = 1.0;
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
-    // Over the 65,536-event budget: refused from its header, never decoded. Sent until the
-    // subscriber has joined (a PUB drops messages before that) and five have counted.
+    // Over the 65,536-event budget: the frame guard cuts the connection at the payload's
+    // first bytes, so it is never decoded (nor wholly read). Sent until the subscriber has
+    // joined (a PUB drops messages before that, and after each cut until it reconnects) and
+    // five have counted.
     let bad = kvmesh_events::encode::encode_nil_batch(1.0, 70_000);
     let mut seq = 0u64;
     eventually("e1 quarantined", || {

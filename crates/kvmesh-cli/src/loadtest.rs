@@ -5,7 +5,8 @@
 //!   (arrivals evenly spaced; at most `--concurrency` in flight, excess counted as dropped),
 //!   or closed-loop with `--concurrency` workers when `--rate 0` (saturation). Reports
 //!   achieved requests/s and latency p50/p90/p99 (HdrHistogram; successful requests only),
-//!   errors by status. With
+//!   errors by status, and the same latencies by the replica that served each request (a
+//!   kvmesh node's `x-kvmesh-replica` answer header). With
 //!   `--baseline`, a second stream at the same rate goes to other URLs, interleaved, and the
 //!   difference of the two is reported (a router's added latency).
 //! - `--mode route`: closed-loop gRPC `Router.Route` + `Router.Release` pairs against a kvmesh
@@ -30,23 +31,31 @@ struct Tally {
     retried: u64,
     /// Open loop: arrivals not sent because `--concurrency` requests were in flight.
     dropped: u64,
+    /// Successful requests' latency by the replica that served them (`x-kvmesh-replica`).
+    by_replica: BTreeMap<String, Histogram<u64>>,
 }
+
+/// What one successful request brought back: microseconds to its first chunk when streamed,
+/// and the replica a kvmesh node says served it.
+type Answer = (Option<u64>, Option<String>);
 
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds")
 }
 
 impl Tally {
-    /// One request that took `us` microseconds; on success, `Some` time to its first chunk
-    /// when streamed.
-    fn record(&mut self, us: u64, result: Result<Option<u64>, String>) {
+    /// One request that took `us` microseconds; on success, what it brought back.
+    fn record(&mut self, us: u64, result: Result<Answer, String>) {
         let h = self.latency.get_or_insert_with(histogram);
         match result {
-            Ok(ttft_us) => {
+            Ok((ttft_us, replica)) => {
                 self.ok += 1;
                 let _ = h.record(us.max(1));
                 if let Some(t) = ttft_us {
                     let _ = self.ttft.get_or_insert_with(histogram).record(t.max(1));
+                }
+                if let Some(r) = replica {
+                    let _ = self.by_replica.entry(r).or_insert_with(histogram).record(us.max(1));
                 }
             }
             Err(e) => *self.errors.entry(e).or_default() += 1,
@@ -103,6 +112,18 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
             "errors": tally.errors, "retried": tally.retried, "dropped": tally.dropped, "p50_ms": target.p50_ms,
             "p90_ms": target.p90_ms, "p99_ms": target.p99_ms, "max_ms": target.max_ms, "seconds": elapsed,
         });
+        if !tally.by_replica.is_empty() {
+            let by: serde_json::Map<String, serde_json::Value> = tally
+                .by_replica
+                .iter()
+                .map(|(name, h)| {
+                    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+                    let v = serde_json::json!({"ok": h.len(), "p50_ms": q(0.5), "p99_ms": q(0.99), "max_ms": h.max() as f64 / 1000.0});
+                    (name.clone(), v)
+                })
+                .collect();
+            v["by_replica"] = by.into();
+        }
         let ttft = |v: &mut serde_json::Value, s: &Summary| {
             if let Some([p50, p90, p99]) = s.ttft_ms {
                 v["ttft_p50_ms"] = p50.into();
@@ -126,6 +147,10 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
     } else {
         println!("{}", headline(args, target.rps, elapsed));
         target.print();
+        for (name, h) in &tally.by_replica {
+            let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+            println!("  served by {name}: {} ok, p50 {:.2} ms, p99 {:.2} ms", h.len(), q(0.5), q(0.99));
+        }
         if let (Some(b), Some(url)) = (&baseline, &args.baseline) {
             println!("baseline {url}: {:.0} ok/s (interleaved with the above)", b.rps);
             b.print();
@@ -286,7 +311,10 @@ async fn one(client: reqwest::Client, stream: Arc<Stream>, knobs: Knobs, measure
         let request = client.post(url).json(&body);
         async move {
             match request.send().await {
-                Ok(r) if r.status().is_success() => read_body(r, streamed.then_some(t)).await,
+                Ok(r) if r.status().is_success() => {
+                    let replica = r.headers().get("x-kvmesh-replica").and_then(|v| v.to_str().ok()).map(str::to_string);
+                    read_body(r, streamed.then_some(t)).await.map(|ttft| (ttft, replica))
+                }
                 Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
                 Err(e) => Err(if e.is_connect() { "connect".into() } else { "request".into() }),
             }
@@ -424,7 +452,7 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
                     if t >= measure_from {
                         let mut tl = tally.lock().unwrap_or_else(|p| p.into_inner());
                         match result {
-                            Ok(us) => tl.record(us, Ok(None)),
+                            Ok(us) => tl.record(us, Ok((None, None))),
                             Err(e) => tl.record(0, Err(e)),
                         }
                     }

@@ -2,15 +2,45 @@
 //! for the caller that routed.
 //!
 //! A handle is 48 hex digits: the core's booking id (8 bytes) and a 16-byte tag,
-//! HMAC-SHA256(node key, id ‖ SHA-256(caller)) cut to 128 bits, where the caller is the
-//! `authorization` header the `Route` call carried (empty without one). Nothing is stored:
-//! `FirstToken` and `Release` recompute the tag from the handle's id and *their* caller, so
-//! a stranger can neither guess a handle (2^128 tags) nor use one it saw with another token.
-//! The key is random per process: a restarted node's handles are void, as are its bookings.
+//! HMAC-SHA256(node key, id ‖ SHA-256(caller)) cut to 128 bits, where the caller ([`Caller`])
+//! is the `authorization` header the `Route` call carried or, without one, the IP address it
+//! came from. Nothing is stored: `FirstToken` and `Release` recompute the tag from the
+//! handle's id and *their* caller, so a stranger can neither guess a handle (2^128 tags) nor
+//! use one it saw with another token or from another host. (Not the connection itself: a
+//! gateway's pool routes on one connection and releases on another.) The key is random per
+//! process: a restarted node's handles are void, as are its bookings.
 
 use kvmesh_core::load::BookingId;
 use ring::{digest, hmac, rand::SecureRandom};
-use tonic::metadata::MetadataMap;
+use std::net::IpAddr;
+
+/// Who a booking handle is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// A caller with an `authorization` header: that header's bytes.
+    Token(Vec<u8>),
+    /// A caller without one: the address it connected from (`None` when the transport has
+    /// no address, as in-process tests).
+    Address(Option<IpAddr>),
+}
+
+impl Caller {
+    /// The caller of a gRPC request.
+    pub fn of<T>(request: &tonic::Request<T>) -> Self {
+        match request.metadata().get("authorization") {
+            Some(v) => Caller::Token(v.as_bytes().to_vec()),
+            None => Caller::Address(request.remote_addr().map(|a| a.ip())),
+        }
+    }
+
+    /// The bytes the tag is computed over; the prefixes keep a token from posing as an address.
+    fn identity(&self) -> Vec<u8> {
+        match self {
+            Caller::Token(t) => [b"token:".as_slice(), t].concat(),
+            Caller::Address(a) => format!("address:{}", a.map_or(String::new(), |a| a.to_string())).into_bytes(),
+        }
+    }
+}
 
 /// A node's booking-handle key.
 pub struct BookingKeys {
@@ -45,9 +75,9 @@ impl BookingKeys {
         BookingKeys { key: hmac::Key::new(hmac::HMAC_SHA256, &k) }
     }
 
-    /// The handle of `id` for the caller of `meta`.
-    pub fn issue(&self, id: BookingId, meta: &MetadataMap) -> String {
-        let tag = self.tag(id, meta);
+    /// The handle of `id` for `caller`.
+    pub fn issue(&self, id: BookingId, caller: &Caller) -> String {
+        let tag = self.tag(id, caller);
         let mut out = String::with_capacity(48);
         for b in id.0.to_be_bytes().iter().chain(tag.iter()) {
             out.push_str(&format!("{b:02x}"));
@@ -55,11 +85,11 @@ impl BookingKeys {
         out
     }
 
-    /// The booking `handle` names, if it was issued to the caller of `meta`.
+    /// The booking `handle` names, if it was issued to `caller`.
     ///
     /// # Errors
     /// [`HandleError`].
-    pub fn open(&self, handle: &str, meta: &MetadataMap) -> Result<BookingId, HandleError> {
+    pub fn open(&self, handle: &str, caller: &Caller) -> Result<BookingId, HandleError> {
         let malformed = || HandleError::Malformed(handle.chars().take(64).collect());
         if handle.len() != 48 || !handle.is_ascii() {
             return Err(malformed());
@@ -69,7 +99,7 @@ impl BookingKeys {
             *b = u8::from_str_radix(&handle[2 * i..2 * i + 2], 16).map_err(|_| malformed())?;
         }
         let id = BookingId(u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes")));
-        let want = self.tag(id, meta);
+        let want = self.tag(id, caller);
         // Every byte compared, whatever differs.
         let diff = want.iter().zip(&bytes[8..]).fold(0u8, |acc, (a, b)| acc | (a ^ b));
         if diff != 0 {
@@ -78,9 +108,8 @@ impl BookingKeys {
         Ok(id)
     }
 
-    fn tag(&self, id: BookingId, meta: &MetadataMap) -> [u8; 16] {
-        let caller = meta.get("authorization").map_or(&[][..], |v| v.as_bytes());
-        let caller = digest::digest(&digest::SHA256, caller);
+    fn tag(&self, id: BookingId, caller: &Caller) -> [u8; 16] {
+        let caller = digest::digest(&digest::SHA256, &caller.identity());
         let mut ctx = hmac::Context::with_key(&self.key);
         ctx.update(&id.0.to_be_bytes());
         ctx.update(caller.as_ref());
@@ -93,12 +122,11 @@ impl BookingKeys {
 mod tests {
     use super::*;
 
-    fn caller(token: Option<&str>) -> MetadataMap {
-        let mut m = MetadataMap::new();
-        if let Some(t) = token {
-            m.insert("authorization", format!("Bearer {t}").parse().unwrap());
+    fn caller(token: Option<&str>) -> Caller {
+        match token {
+            Some(t) => Caller::Token(format!("Bearer {t}").into_bytes()),
+            None => Caller::Address(Some("10.0.0.1".parse().unwrap())),
         }
-        m
     }
 
     #[test]
@@ -119,6 +147,12 @@ mod tests {
         let anon_h = keys.issue(BookingId(7), &anon);
         assert_ne!(anon_h, h);
         assert_eq!(keys.open(&anon_h, &anon), Ok(BookingId(7)));
+        // Without a token, another host is another caller.
+        let elsewhere = Caller::Address(Some("10.0.0.2".parse().unwrap()));
+        assert_eq!(keys.open(&anon_h, &elsewhere), Err(HandleError::NotYours));
+        assert_eq!(keys.open(&anon_h, &Caller::Address(None)), Err(HandleError::NotYours));
+        // A token spelled as an address's identity is still a token.
+        assert_eq!(keys.open(&anon_h, &Caller::Token(b"10.0.0.1".to_vec())), Err(HandleError::NotYours));
         assert_eq!(keys.open("7", &anon), Err(HandleError::Malformed("7".into())));
         assert_eq!(keys.open(&"zz".repeat(24), &anon), Err(HandleError::Malformed("zz".repeat(24))));
     }

@@ -34,7 +34,8 @@ impl router_server::Router for Services {
     async fn route(&self, request: Request<v1::RouteRequest>) -> Result<Response<v1::RouteResponse>, GrpcStatus> {
         // The TTFT gate's clock starts here.
         let arrived = tokio::time::Instant::now();
-        let (meta, _, r) = request.into_parts();
+        let caller = crate::booking_token::Caller::of(&request);
+        let r = request.into_inner();
         let model = &self.shared.settings.model;
         if !model.is_empty() && !r.model.is_empty() && &r.model != model {
             return Err(GrpcStatus::not_found(format!("model {:?} is not served here (serving {model:?})", r.model)));
@@ -98,7 +99,7 @@ impl router_server::Router for Services {
             uncached_tokens: d.uncached_tokens,
             estimated_ttft_s: d.estimated_ttft_s,
             reason: d.reason.as_str().into(),
-            booking: self.shared.booking_keys.issue(routed.booking, &meta),
+            booking: self.shared.booking_keys.issue(routed.booking, &caller),
         }))
     }
 
@@ -106,14 +107,14 @@ impl router_server::Router for Services {
         &self,
         request: Request<v1::FirstTokenRequest>,
     ) -> Result<Response<v1::FirstTokenResponse>, GrpcStatus> {
-        let id = self.open_booking(request.metadata(), &request.get_ref().booking)?;
+        let id = self.open_booking(&request, &request.get_ref().booking)?;
         let now = self.shared.now();
         self.shared.core().first_token(id, now).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         Ok(Response::new(v1::FirstTokenResponse {}))
     }
 
     async fn release(&self, request: Request<v1::ReleaseRequest>) -> Result<Response<v1::ReleaseResponse>, GrpcStatus> {
-        let id = self.open_booking(request.metadata(), &request.get_ref().booking)?;
+        let id = self.open_booking(&request, &request.get_ref().booking)?;
         let r = request.into_inner();
         let released = self.shared.core().release(id, r.output_tokens);
         self.shared.admission.capacity_freed();
@@ -175,13 +176,13 @@ fn not_found_or(e: ClusterError) -> GrpcStatus {
 }
 
 impl Services {
-    /// The booking a `FirstToken` or `Release` names, if it was issued to this caller.
+    /// The booking a `FirstToken` or `Release` names, if it was issued to `request`'s caller.
     ///
     /// # Errors
     /// `INVALID_ARGUMENT` for a malformed handle, `PERMISSION_DENIED` for another's.
-    fn open_booking(&self, meta: &tonic::metadata::MetadataMap, handle: &str) -> Result<BookingId, GrpcStatus> {
-        use crate::booking_token::HandleError;
-        self.shared.booking_keys.open(handle, meta).map_err(|e| match e {
+    fn open_booking<T>(&self, request: &Request<T>, handle: &str) -> Result<BookingId, GrpcStatus> {
+        use crate::booking_token::{Caller, HandleError};
+        self.shared.booking_keys.open(handle, &Caller::of(request)).map_err(|e| match e {
             HandleError::Malformed(_) => GrpcStatus::invalid_argument(e.to_string()),
             HandleError::NotYours => GrpcStatus::permission_denied(e.to_string()),
         })

@@ -9,11 +9,18 @@
 //! over the cap. zeromq then reconnects by itself; the messages lost in between are a
 //! sequence gap, recovered like any other.
 //!
+//! It also reads the first bytes of each message's last frame (the msgpack payload, in vLLM's
+//! `[topic, seq, payload]` and in replay answers) and cuts the connection when they already
+//! declare more events or values than the decode budget allows
+//! ([`kvmesh_events::check_budget`] on that prefix): such a message is refused whatever
+//! follows, so none of its bytes need reach the node.
+//!
 //! ```text
 //! node's SUB/DEALER ──tcp──► 127.0.0.1:guard ──tcp──► engine's PUB/ROUTER
 //!                     bytes out: copied      bytes in: frame sizes checked, then copied
 //! ```
 
+use kvmesh_events::{check_budget, DecodeError, DecodeLimits};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +29,36 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// How long dialing the engine may take before the node's socket is turned away.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Bytes of a payload's start checked against the budget: a batch's array header, its
+/// timestamp (≤ 9 bytes) and its events array's header fit with room to spare.
+const PAYLOAD_PREFIX: usize = 64;
+
+/// Connections a relay cut, by reason, since it started.
+#[derive(Debug, Default)]
+pub struct Cuts {
+    /// A frame or multipart message over the size cap (`frame_too_large`).
+    pub too_large: AtomicU64,
+    /// A payload whose first bytes declare more than the decode budget (`over_budget`).
+    pub over_budget: AtomicU64,
+}
+
+/// Why a relay cut a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cut {
+    /// Over the size cap.
+    TooLarge(String),
+    /// Over the decode budget, from the payload's first bytes.
+    OverBudget(String),
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cut::TooLarge(why) | Cut::OverBudget(why) => f.write_str(why),
+        }
+    }
+}
 
 /// Where the relay sits and what it relays to.
 #[derive(Debug, Clone)]
@@ -48,8 +85,8 @@ pub struct FrameGuard {
     pub socket_endpoint: String,
     /// Whether the node's socket must bind `socket_endpoint`.
     pub socket_binds: bool,
-    /// Connections cut for an oversized frame or message, since the start.
-    pub cut: Arc<AtomicU64>,
+    /// Connections cut, by reason, since the start.
+    pub cuts: Arc<Cuts>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -75,12 +112,13 @@ pub fn tcp_address(endpoint: &str) -> anyhow::Result<String> {
 }
 
 impl FrameGuard {
-    /// Starts a relay for `direction` that cuts frames and messages over `max_bytes`.
+    /// Starts a relay for `direction` that cuts frames and messages over
+    /// `limits.max_message_bytes`, and payloads that declare more than `limits` allow.
     ///
     /// # Errors
     /// A listening socket cannot be bound.
-    pub async fn start(direction: Direction, max_bytes: usize, replica: &str) -> anyhow::Result<FrameGuard> {
-        let cut = Arc::new(AtomicU64::new(0));
+    pub async fn start(direction: Direction, limits: DecodeLimits, replica: &str) -> anyhow::Result<FrameGuard> {
+        let cut = Arc::new(Cuts::default());
         let replica = replica.to_string();
         match direction {
             Direction::ToEngine { engine } => {
@@ -94,12 +132,12 @@ impl FrameGuard {
                         tokio::spawn(async move {
                             let dialed = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(&engine)).await;
                             if let Ok(Ok(engine_side)) = dialed {
-                                relay(engine_side, node_side, max_bytes, &c, &replica).await;
+                                relay(engine_side, node_side, limits, &c, &replica).await;
                             }
                         });
                     }
                 });
-                Ok(FrameGuard { socket_endpoint, socket_binds: false, cut, task })
+                Ok(FrameGuard { socket_endpoint, socket_binds: false, cuts: cut, task })
             }
             Direction::FromEngine { listen } => {
                 let listener = TcpListener::bind(&listen).await?;
@@ -114,20 +152,20 @@ impl FrameGuard {
                         tokio::spawn(async move {
                             let dialed = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(private)).await;
                             if let Ok(Ok(node_side)) = dialed {
-                                relay(engine_side, node_side, max_bytes, &c, &replica).await;
+                                relay(engine_side, node_side, limits, &c, &replica).await;
                             }
                         });
                     }
                 });
-                Ok(FrameGuard { socket_endpoint, socket_binds: true, cut, task })
+                Ok(FrameGuard { socket_endpoint, socket_binds: true, cuts: cut, task })
             }
         }
     }
 }
 
 /// Copies both ways until either side closes or the engine sends a frame or message over
-/// `max_bytes` (then both are closed and `cut` counts it).
-async fn relay(engine: TcpStream, node: TcpStream, max_bytes: usize, cut: &AtomicU64, replica: &str) {
+/// the cap, or a payload over the budget (then both are closed and `cuts` counts it).
+async fn relay(engine: TcpStream, node: TcpStream, limits: DecodeLimits, cuts: &Cuts, replica: &str) {
     let _ = engine.set_nodelay(true);
     let _ = node.set_nodelay(true);
     let (mut engine_rd, mut engine_wr) = engine.into_split();
@@ -136,7 +174,7 @@ async fn relay(engine: TcpStream, node: TcpStream, max_bytes: usize, cut: &Atomi
         let _ = tokio::io::copy(&mut node_rd, &mut engine_wr).await;
     };
     let inbound = async {
-        let mut frames = Frames::new(max_bytes as u64);
+        let mut frames = Frames::new(limits);
         let mut buf = vec![0u8; 64 << 10];
         loop {
             let n = match engine_rd.read(&mut buf).await {
@@ -144,8 +182,13 @@ async fn relay(engine: TcpStream, node: TcpStream, max_bytes: usize, cut: &Atomi
                 Ok(n) => n,
             };
             if let Err(why) = frames.check(&buf[..n]) {
-                cut.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%replica, %why, "KV-event connection cut before decoding");
+                let counter = match why {
+                    Cut::TooLarge(_) => &cuts.too_large,
+                    Cut::OverBudget(_) => &cuts.over_budget,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                // The ingest task counts cuts and complains about them at a bounded rate.
+                tracing::debug!(%replica, %why, "KV-event connection cut before decoding");
                 return;
             }
             if node_wr.write_all(&buf[..n]).await.is_err() {
@@ -159,13 +202,17 @@ async fn relay(engine: TcpStream, node: TcpStream, max_bytes: usize, cut: &Atomi
     }
 }
 
-/// The engine's side of a ZMTP 3 stream, parsed incrementally for frame sizes only.
+/// The engine's side of a ZMTP 3 stream, parsed incrementally for frame sizes and the first
+/// bytes of each message's last frame.
 #[derive(Debug)]
 pub struct Frames {
     max: u64,
+    limits: DecodeLimits,
     state: State,
     /// Bytes of the multipart message so far (frames with MORE, then the last).
     message: u64,
+    /// The current payload's first bytes, while they are being gathered.
+    prefix: Vec<u8>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -176,21 +223,29 @@ enum State {
     Flags,
     /// Size bytes read so far, of `len` (1 or 8), the flags, and the value so far.
     Size { flags: u8, len: u8, got: u8, value: u64 },
-    /// Body bytes still to pass.
-    Body { left: u64 },
+    /// Body bytes still to pass; `payload`: a message's last frame, whose first bytes are
+    /// gathered in `prefix` and checked against the budget.
+    Body { left: u64, payload: bool },
 }
 
 impl Frames {
-    /// A fresh stream whose frames and messages may hold at most `max` bytes.
-    pub fn new(max: u64) -> Self {
-        Frames { max, state: State::Greeting(64), message: 0 }
+    /// A fresh stream whose frames and messages may hold at most `limits.max_message_bytes`
+    /// bytes, and whose payloads must not declare more than `limits` allow.
+    pub fn new(limits: DecodeLimits) -> Self {
+        Frames {
+            max: limits.max_message_bytes as u64,
+            limits,
+            state: State::Greeting(64),
+            message: 0,
+            prefix: Vec::with_capacity(PAYLOAD_PREFIX),
+        }
     }
 
     /// Checks the next `bytes` of the stream.
     ///
     /// # Errors
-    /// What went over the cap.
-    pub fn check(&mut self, mut bytes: &[u8]) -> Result<(), String> {
+    /// What went over the cap or the budget.
+    pub fn check(&mut self, mut bytes: &[u8]) -> Result<(), Cut> {
         while !bytes.is_empty() {
             match self.state {
                 State::Greeting(left) => {
@@ -213,30 +268,52 @@ impl Frames {
                     }
                     let command = flags & 0b100 != 0;
                     if value > self.max {
-                        return Err(format!("a frame of {value} bytes, over the {}-byte limit", self.max));
+                        return Err(Cut::TooLarge(format!(
+                            "a frame of {value} bytes, over the {}-byte limit",
+                            self.max
+                        )));
                     }
                     if !command {
                         self.message += value;
                         if self.message > self.max {
-                            return Err(format!(
+                            return Err(Cut::TooLarge(format!(
                                 "a message of {} bytes or more, over the {}-byte limit",
                                 self.message, self.max
-                            ));
+                            )));
                         }
                         if flags & 1 == 0 {
                             self.message = 0;
                         }
                     }
-                    self.state = if value == 0 { State::Flags } else { State::Body { left: value } };
+                    let payload = !command && flags & 1 == 0;
+                    self.prefix.clear();
+                    self.state = if value == 0 { State::Flags } else { State::Body { left: value, payload } };
                 }
-                State::Body { left } => {
+                State::Body { left, payload } => {
                     let take = left.min(bytes.len() as u64);
+                    let gathering = payload && self.prefix.len() < PAYLOAD_PREFIX;
+                    if gathering {
+                        let want = (PAYLOAD_PREFIX - self.prefix.len()).min(take as usize);
+                        self.prefix.extend_from_slice(&bytes[..want]);
+                        if self.prefix.len() == PAYLOAD_PREFIX || left == want as u64 {
+                            self.check_prefix()?;
+                        }
+                    }
                     bytes = &bytes[take as usize..];
-                    self.state = if left == take { State::Flags } else { State::Body { left: left - take } };
+                    self.state = if left == take { State::Flags } else { State::Body { left: left - take, payload } };
                 }
             }
         }
         Ok(())
+    }
+
+    /// Refuses the payload when its first bytes already declare more than the budget; what
+    /// they cannot tell (truncated, malformed) the decoder judges on the whole message.
+    fn check_prefix(&self) -> Result<(), Cut> {
+        match check_budget(&self.prefix, &self.limits) {
+            Err(DecodeError::OverBudget(why)) => Err(Cut::OverBudget(why)),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -265,15 +342,15 @@ mod tests {
         stream.extend(frame(false, 300));
         // Fed a byte at a time or whole, the same verdict.
         for step in [1, 7, stream.len()] {
-            let mut f = Frames::new(308);
+            let mut f = Frames::new(cap(308));
             for chunk in stream.chunks(step) {
                 f.check(chunk).unwrap();
             }
         }
-        let mut f = Frames::new(307);
+        let mut f = Frames::new(cap(307));
         assert_eq!(
             stream.chunks(5).try_for_each(|c| f.check(c)),
-            Err("a message of 308 bytes or more, over the 307-byte limit".into())
+            Err(Cut::TooLarge("a message of 308 bytes or more, over the 307-byte limit".into()))
         );
     }
 
@@ -282,14 +359,59 @@ mod tests {
         let mut stream = vec![0u8; 64];
         stream.push(0b10);
         stream.extend_from_slice(&(1u64 << 50).to_be_bytes());
-        let mut f = Frames::new(8 << 20);
-        assert_eq!(f.check(&stream), Err(format!("a frame of {} bytes, over the 8388608-byte limit", 1u64 << 50)));
+        let mut f = Frames::new(DecodeLimits::default());
+        assert_eq!(
+            f.check(&stream),
+            Err(Cut::TooLarge(format!("a frame of {} bytes, over the 8388608-byte limit", 1u64 << 50)))
+        );
         // Commands (READY, …) count against the frame cap but are not message parts.
-        let mut f = Frames::new(10);
+        let mut f = Frames::new(cap(10));
         let mut s = vec![0u8; 64];
         s.extend([0b100, 10]);
         s.extend([0u8; 10]);
         s.extend(frame(false, 10));
+        assert_eq!(f.check(&s), Ok(()));
+    }
+
+    fn cap(bytes: usize) -> DecodeLimits {
+        DecodeLimits { max_message_bytes: bytes, ..DecodeLimits::default() }
+    }
+
+    /// A vLLM message `[topic "", seq, payload]` as ZMTP frames.
+    fn message(payload: &[u8]) -> Vec<u8> {
+        let mut m = frame(true, 0);
+        m.extend(frame(true, 8));
+        let mut last = frame(false, payload.len());
+        let start = last.len() - payload.len();
+        last[start..].copy_from_slice(payload);
+        m.extend(last);
+        m
+    }
+
+    #[test]
+    fn a_payload_declaring_too_many_events_is_refused_from_its_first_bytes() {
+        let limits = DecodeLimits { max_events: 1000, ..DecodeLimits::default() };
+        let sound = kvmesh_events::encode::encode_nil_batch(1.0, 1000);
+        let hostile = kvmesh_events::encode::encode_nil_batch(1.0, 100_000);
+        let mut stream = vec![0u8; 64];
+        stream.extend(message(&sound));
+        let hostile_at = stream.len();
+        stream.extend(message(&hostile));
+        for step in [1, 13, 4096] {
+            let mut f = Frames::new(limits);
+            let mut fed = 0;
+            let verdict = stream.chunks(step).try_for_each(|c| {
+                fed += c.len();
+                f.check(c)
+            });
+            assert_eq!(verdict, Err(Cut::OverBudget("batch of 100000 events, over the 1000-event limit".into())));
+            // Refused within its first 64 payload bytes (plus the frame headers), not after its 100 kB.
+            assert!(fed <= hostile_at + 2 + 9 + 9 + PAYLOAD_PREFIX + step, "read {fed} of {}", stream.len());
+        }
+        // Topic and sequence frames are not payloads: only a message's last frame is checked.
+        let mut f = Frames::new(DecodeLimits { max_events: 0, ..DecodeLimits::default() });
+        let mut s = vec![0u8; 64];
+        s.extend(frame(true, 8));
         assert_eq!(f.check(&s), Ok(()));
     }
 

@@ -15,7 +15,7 @@
 //! quarantine ends and its blocks are rebuilt. Before
 //! any of that, the ZMQ sockets reach the engine through a [`FrameGuard`], which cuts the
 //! connection at a frame or message over the size limit (zeromq would allocate whatever a
-//! frame header declares).
+//! frame header declares), or at a payload whose first bytes declare more than the budget.
 
 use super::event_guard::{EventGuard, LogLimiter, Problems};
 use super::frame_guard::{tcp_address, Direction, FrameGuard};
@@ -49,8 +49,8 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
     let address = tcp_address(&source.endpoint)?;
     let direction =
         if source.bind { Direction::FromEngine { listen: address } } else { Direction::ToEngine { engine: address } };
-    let relay = FrameGuard::start(direction, limits.max_message_bytes, &source.name).await?;
-    let mut cut_seen = 0u64;
+    let relay = FrameGuard::start(direction, limits, &source.name).await?;
+    let mut cut_seen = (0u64, 0u64);
     // A restarted task starts with a clean record: a quarantine it did not start is over.
     if let Some(r) = shared.core().replicas.get_mut(&source.name) {
         r.bad_events_until = None;
@@ -141,17 +141,28 @@ fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
     vec![("replica", replica.to_string()), ("reason", what.to_string())]
 }
 
-/// Counts the connections the frame guard cut since `seen` as bad messages.
-fn count_cuts(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut u64, guard: &mut EventGuard) {
-    let cut = relay.cut.load(std::sync::atomic::Ordering::Relaxed);
+/// Counts the connections the frame guard cut since `seen` (too large, over budget) as bad
+/// messages.
+fn count_cuts(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut (u64, u64), guard: &mut EventGuard) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let cut = (relay.cuts.too_large.load(Relaxed), relay.cuts.over_budget.load(Relaxed));
     let now = shared.now();
-    for _ in *seen..cut {
-        shared.metrics.events_rejected.get_or_create(&labels(name, "frame_too_large")).inc();
-        if let Some(r) = shared.core().replicas.get_mut(name) {
-            r.events_rejected += 1;
+    let new = [("frame_too_large", seen.0, cut.0), ("over_budget", seen.1, cut.1)];
+    for (reason, from, to) in new {
+        if to == from {
+            continue;
         }
-        if let Some(until) = guard.bad_message(now) {
-            quarantine(shared, name, until);
+        shared.metrics.events_rejected.get_or_create(&labels(name, reason)).inc_by(to - from);
+        if let Some(r) = shared.core().replicas.get_mut(name) {
+            r.events_rejected += to - from;
+        }
+        if let Some(held) = guard.log.allow(now) {
+            tracing::warn!(replica = %name, reason, cut = to - from, held_back = held, "KV-event connection cut before decoding");
+        }
+        for _ in from..to {
+            if let Some(until) = guard.bad_message(now) {
+                quarantine(shared, name, until);
+            }
         }
     }
     *seen = cut;
@@ -365,10 +376,7 @@ async fn replay_messages(
     let t = source.replay_timeout;
     // The replay socket's answers pass the same frame guard as the live stream.
     let relay = match tcp_address(endpoint) {
-        Ok(engine) => {
-            FrameGuard::start(Direction::ToEngine { engine }, shared.limits.kv_event_max_message_bytes, &source.name)
-                .await
-        }
+        Ok(engine) => FrameGuard::start(Direction::ToEngine { engine }, shared.limits.kv_events(), &source.name).await,
         Err(e) => Err(e),
     };
     let relay = match relay {
