@@ -8,8 +8,8 @@
 # refused from their bytes, never decoded, then its stream not followed) and keeps the other
 # replicas ready; the load's p99, the attack's onset included, stays under 3× the quiet
 # run's plus 50 ms — a gate against the stall this attack once caused (12–13 s), loose
-# enough for debug builds on a busy CI machine. The figure itself (release build: +13–22 %)
-# is a benchmark, in BENCHMARKS.md, not a gate.
+# enough for debug builds on a busy CI machine. The figure itself (release build, ten rounds:
+# median +14 %, one round of ten +24 %) is a benchmark, in BENCHMARKS.md, not a gate.
 # Heal: once the stream is sound again, e1 leaves quarantine by itself (here after 12 s).
 export CHAOS_EXTRA_TOML='[limits]
 kv_event_quarantine_s = 12'
@@ -18,7 +18,7 @@ source "$(dirname "$0")/lib.sh"
 p99() { json "d['p99_ms']" <"$WORK/load.json"; }
 # The worst p99 among the replicas other than e1 (each request's serving replica is in the
 # node's x-kvmesh-replica answer header; kvmesh loadtest tallies by it).
-others_p99() { json "max(v['p99_ms'] for k, v in d.get('by_replica', {}).items() if k != 'e1')" <"$WORK/load.json"; }
+others_p99() { json "max((v['p99_ms'] for k, v in d.get('by_replica', {}).items() if k != 'e1'), default=float('nan'))" <"$WORK/load.json"; }
 statuses() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "sorted((r['name'], r['status']) for r in d['replicas'])"; }
 e1_is() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "[r['status'] for r in d['replicas'] if r['name']=='e1']==['$2']" | grep -q True; }
 others_ready() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "all(r['status']=='ready' for r in d['replicas'] if r['name']!='e1')" | grep -q True; }

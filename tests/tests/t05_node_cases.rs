@@ -434,11 +434,8 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     })
     .await;
     let page = metric(&node, "kvmesh_events_rejected_total");
-    assert!(
-        page.contains("replica=\"e1\",reason=\"over_budget\"} 5")
-            || page.contains("reason=\"over_budget\",replica=\"e1\"} 5"),
-        "{page}"
-    );
+    // Five or more: the ingest task counts cuts every 250 ms, and may find several at once.
+    assert!(counted(&page, "replica=\"e1\",reason=\"over_budget\"") >= 5, "{page}");
     assert!(metric(&node, "kvmesh_event_quarantines_total").contains("replica=\"e1\"} 1"));
     // The other replica kept its status and its events apply; requests still route (e1 on
     // load only: it holds no block).
@@ -452,11 +449,21 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     eventually("e0's events applied", || blocks(&node, "e0") > 0).await;
     assert_eq!(blocks(&node, "e1"), 0);
     // The quarantine ends by itself.
-    eventually("e1 out of quarantine", || status(&node, "e1") != Status::BadEvents).await;
-    assert!(node.shared.core().replicas["e1"].bad_events_until.is_none());
+    // (The status turns at the quarantine's end; the ingest task clears the mark once it wakes.)
+    eventually("e1 out of quarantine, its mark cleared", || {
+        status(&node, "e1") != Status::BadEvents && node.shared.core().replicas["e1"].bad_events_until.is_none()
+    })
+    .await;
     node.stop().await;
     good.stop().await;
     other.stop().await;
+}
+
+/// The value of the sample whose labels are exactly `labels` on an OpenMetrics page (0 when absent).
+fn counted(page: &str, labels: &str) -> u64 {
+    page.lines()
+        .find_map(|l| l.split_once(&format!("{{{labels}}} ")).and_then(|(_, v)| v.trim().parse().ok()))
+        .unwrap_or(0)
 }
 
 /// Runs a future to completion from a synchronous closure (the publisher's send is quick).
@@ -498,8 +505,10 @@ async fn slow_clients_and_body_floods_are_cut_off() {
     let url = format!("http://{}/v1/completions", node.http);
     let body = |n: usize| format!("{{\"model\":\"m\",\"prompt\":\"{}\",\"max_tokens\":1}}", "a".repeat(n));
     let mut refused = None;
-    // (Until the node has read the holder's 600 KiB, a second may still fit: ask again.)
-    for _ in 0..500 {
+    // (Until the node has read the holder's 600 KiB, a second may still fit: ask again, for
+    // up to 30 s on a loaded machine.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
         match client.post(&url).header("content-type", "application/json").body(body(600 << 10)).send().await {
             Ok(r) if r.status() == 503 => {
                 refused = Some(r);
@@ -580,7 +589,8 @@ async fn a_frame_header_declaring_a_petabyte_is_cut_before_zeromq_allocates() {
     eventually("e1 quarantined after five cut connections", || status(&node, "e1") == Status::BadEvents).await;
     assert!(accepted.load(std::sync::atomic::Ordering::Relaxed) >= 5);
     let page = metric(&node, "kvmesh_events_rejected_total");
-    assert!(page.contains("replica=\"e1\",reason=\"frame_too_large\"} 5"), "{page}");
+    // Five or more: the ingest task counts cuts every 250 ms, and may find several at once.
+    assert!(counted(&page, "replica=\"e1\",reason=\"frame_too_large\"") >= 5, "{page}");
     // The node is alive and routes.
     assert_eq!(send(&node, 1, 2).await, 200);
     node.stop().await;
@@ -632,13 +642,20 @@ async fn pushed_events_apply_and_a_bad_pusher_is_quarantined_alone_then_recovers
     let unknown = publish(vec![pushed("nobody", 0, vec![])]).await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
 
-    // One batch over the 4-event budget (refused whole), four with impossible stores (32
-    // blocks' hashes, 10 tokens): five bad messages quarantine e1; the next batch is refused.
+    // One batch over the 4-event budget (refused whole: its loss is a gap, which drops e1's
+    // blocks at the next batch), three with impossible stores (2 blocks' hashes, 10 tokens),
+    // then a sound store: four bad messages, not yet a quarantine.
     let cleared = || v1::KvEvent { event: Some(v1::kv_event::Event::Cleared(v1::AllBlocksCleared {})) };
     let mut bad = vec![pushed("e1", 1, (0..5).map(|_| cleared()).collect())];
-    bad.extend((2..6).map(|seq| pushed("e1", seq, vec![pushed_store(200 + seq * 10, 2, 10)])));
-    bad.push(pushed("e1", 6, vec![pushed_store(300, 1, 16)]));
-    let refused = publish(bad).await.unwrap_err();
+    bad.extend((2..5).map(|seq| pushed("e1", seq, vec![pushed_store(200 + seq * 10, 2, 10)])));
+    bad.push(pushed("e1", 5, vec![pushed_store(300, 1, 16)]));
+    let four = publish(bad).await.unwrap();
+    assert_eq!((four.batches, four.events_applied, four.events_rejected), (5, 1, 8));
+    assert_eq!(status(&node, "e1"), Status::Ready);
+    assert_eq!(blocks(&node, "e1"), 1);
+    // The fifth quarantines e1 and drops its blocks; the next batch is refused.
+    let fifth = vec![pushed("e1", 6, vec![pushed_store(400, 2, 10)]), pushed("e1", 7, vec![pushed_store(500, 1, 16)])];
+    let refused = publish(fifth).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     assert!(refused.message().contains("quarantined"), "{}", refused.message());
     assert_eq!(status(&node, "e1"), Status::BadEvents);
@@ -653,7 +670,7 @@ async fn pushed_events_apply_and_a_bad_pusher_is_quarantined_alone_then_recovers
 
     // The quarantine ends by itself (nothing pushes meanwhile), and pushes apply again.
     eventually("e1 out of quarantine", || status(&node, "e1") != Status::BadEvents).await;
-    let again = publish(vec![pushed("e1", 0, vec![pushed_store(400, 3, 48)])]).await.unwrap();
+    let again = publish(vec![pushed("e1", 0, vec![pushed_store(600, 3, 48)])]).await.unwrap();
     assert_eq!((again.batches, again.events_applied, again.events_rejected), (1, 1, 0));
     assert_eq!(blocks(&node, "e1"), 3);
     node.stop().await;

@@ -17,9 +17,32 @@ pub struct EventGuard {
     until: Option<f64>,
     /// Complaints about this replica's events.
     pub log: LogLimiter,
-    /// Complaints about its sequence (gaps, restarts) and replays: a stream that restarts at
-    /// every message is recovered each time, and logged about once per 10 s.
-    pub seq_log: LogLimiter,
+    /// Complaints about its stream: a stream that restarts at every message is recovered
+    /// each time, and logged about once per 10 s.
+    pub stream: StreamLogs,
+}
+
+/// The limiters of one replica's stream complaints, kept apart so that a gap's warning does
+/// not hide why its recovery failed.
+#[derive(Debug)]
+pub struct StreamLogs {
+    /// Sequence gaps and restarts, socket errors.
+    pub sequence: LogLimiter,
+    /// Replay failures (unreachable, timed out, bad or cut answers).
+    pub replay: LogLimiter,
+}
+
+impl StreamLogs {
+    /// Both limiters at one line per 10 s.
+    pub fn new() -> Self {
+        StreamLogs { sequence: LogLimiter::new(10.0), replay: LogLimiter::new(10.0) }
+    }
+}
+
+impl Default for StreamLogs {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// Problems found in one message's events (decoder skips and index rejections).
@@ -51,7 +74,7 @@ impl EventGuard {
             bad: VecDeque::new(),
             until: None,
             log: LogLimiter::new(10.0),
-            seq_log: LogLimiter::new(10.0),
+            stream: StreamLogs::new(),
         }
     }
 

@@ -408,11 +408,25 @@ mod tests {
             // Refused within its first 64 payload bytes (plus the frame headers), not after its 100 kB.
             assert!(fed <= hostile_at + 2 + 9 + 9 + PAYLOAD_PREFIX + step, "read {fed} of {}", stream.len());
         }
-        // Topic and sequence frames are not payloads: only a message's last frame is checked.
-        let mut f = Frames::new(DecodeLimits { max_events: 0, ..DecodeLimits::default() });
+        // Only a message's last frame is a payload: the same over-budget header in a MORE
+        // frame or a command passes (the decoder judges those), in the last frame it is cut.
+        let header = [0x92, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff];
+        let with_body = |flags: u8| {
+            let mut f = vec![flags, header.len() as u8];
+            f.extend_from_slice(&header);
+            f
+        };
         let mut s = vec![0u8; 64];
-        s.extend(frame(true, 8));
-        assert_eq!(f.check(&s), Ok(()));
+        s.extend(with_body(0b001));
+        s.extend(with_body(0b100));
+        assert_eq!(Frames::new(DecodeLimits::default()).check(&s), Ok(()));
+        // A payload shorter than the 64-byte prefix is checked at its end, however it is split.
+        s.extend(with_body(0b000));
+        for step in [1, 2, 5] {
+            let mut f = Frames::new(DecodeLimits::default());
+            let verdict = s.chunks(step).try_for_each(|c| f.check(c));
+            assert_eq!(verdict, Err(Cut::OverBudget("batch of 4294967295 events, over the 65536-event limit".into())));
+        }
     }
 
     #[test]

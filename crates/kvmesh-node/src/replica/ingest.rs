@@ -17,7 +17,7 @@
 //! connection at a frame or message over the size limit (zeromq would allocate whatever a
 //! frame header declares), or at a payload whose first bytes declare more than the budget.
 
-use super::event_guard::{EventGuard, LogLimiter, Problems};
+use super::event_guard::{EventGuard, Problems, StreamLogs};
 use super::frame_guard::{tcp_address, Direction, FrameGuard};
 use crate::state::Shared;
 use kvmesh_core::index::KvEvent;
@@ -56,13 +56,14 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
         r.bad_events_until = None;
     }
     let mut backoff = Duration::from_millis(100);
+    let mut first_follow = true;
     loop {
         // Quarantined: not followed at all (no socket, nothing received) until it ends.
         if let Some(left) = guard.remaining(shared.now()) {
             tokio::time::sleep(Duration::from_secs_f64(left)).await;
         }
         if guard.quarantine_over(shared.now()) {
-            end_quarantine(&shared, &source, &mut guard.seq_log).await;
+            end_quarantine(&shared, &source, &mut guard.stream).await;
         }
         let mut sub = zeromq::SubSocket::new();
         let setup = async {
@@ -85,14 +86,21 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
         }
         backoff = Duration::from_millis(100);
         sub.subscribe("").await?;
-        tracing::info!(replica = %source.name, endpoint = %source.endpoint, "following KV events");
+        // Said once; a stream cut again and again (frame guard) reconnects each time.
+        if std::mem::take(&mut first_follow) {
+            tracing::info!(replica = %source.name, endpoint = %source.endpoint, "following KV events");
+        } else {
+            tracing::debug!(replica = %source.name, endpoint = %source.endpoint, "following KV events again");
+        }
         let mut check = tokio::time::interval(Duration::from_millis(250));
         loop {
             let msg = tokio::select! {
                 m = sub.recv() => match m {
                     Ok(m) => m,
                     Err(e) => {
-                        tracing::warn!(replica = %source.name, error = %e, "KV-event socket error; reconnecting");
+                        if let Some(held) = guard.stream.sequence.allow(shared.now()) {
+                            tracing::warn!(replica = %source.name, error = %e, held_back = held, "KV-event socket error; reconnecting");
+                        }
                         break;
                     }
                 },
@@ -103,7 +111,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     }
                     let requested = shared.core().replicas.get_mut(&source.name).and_then(|r| r.resync_requested.take());
                     if let Some(why) = requested {
-                        rebuild(&shared, &source, why, &mut guard.seq_log).await;
+                        rebuild(&shared, &source, why, &mut guard.stream).await;
                     }
                     continue;
                 }
@@ -111,7 +119,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
             let frames: Vec<bytes::Bytes> = msg.into_vec();
             let problem = match decode_message_with(&frames, &limits) {
                 Ok(m) => {
-                    let p = handle(&shared, &source, m.seq, m.batch, &mut guard.seq_log).await;
+                    let p = handle(&shared, &source, m.seq, m.batch, &mut guard.stream).await;
                     p.first.map(|why| format!("{} bad events, the first: {why}", p.events))
                 }
                 Err(e) => {
@@ -139,6 +147,15 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
 
 fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
     vec![("replica", replica.to_string()), ("reason", what.to_string())]
+}
+
+/// The connections `relay` cut, by reason (metric label), for the reasons with any.
+fn cut_reasons(relay: &FrameGuard) -> Vec<(&'static str, u64)> {
+    use std::sync::atomic::Ordering::Relaxed;
+    [("frame_too_large", relay.cuts.too_large.load(Relaxed)), ("over_budget", relay.cuts.over_budget.load(Relaxed))]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 /// Counts the connections the frame guard cut since `seen` (too large, over budget) as bad
@@ -184,17 +201,17 @@ pub(super) fn quarantine(shared: &Shared, name: &str, until: f64) {
 }
 
 /// Ends `source`'s quarantine: its status clears and its blocks are rebuilt.
-async fn end_quarantine(shared: &Shared, source: &Source, log: &mut LogLimiter) {
+async fn end_quarantine(shared: &Shared, source: &Source, logs: &mut StreamLogs) {
     if let Some(r) = shared.core().replicas.get_mut(&source.name) {
         r.bad_events_until = None;
     }
     tracing::info!(replica = %source.name, "KV-event quarantine over");
-    rebuild(shared, source, "quarantine_end", log).await;
+    rebuild(shared, source, "quarantine_end", logs).await;
 }
 
 /// Sequence check, recovery, then apply. Returns the message's bad events (a replay's are
-/// counted in the metrics only). Sequence trouble is logged through `log`.
-async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch, log: &mut LogLimiter) -> Problems {
+/// counted in the metrics only). Sequence trouble is logged through `logs`.
+async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch, logs: &mut StreamLogs) -> Problems {
     let mut problems = Problems::default();
     let last = shared.core().replicas.get(&source.name).and_then(|r| r.last_seq);
     match last {
@@ -203,26 +220,26 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch, l
             // Joined a running engine: what it cached before is only in its replay buffer.
             if let Some(ep) = &source.replay {
                 tracing::info!(replica = %source.name, seq, "joining mid-stream: replaying from 0");
-                replay(shared, source, ep, 0, seq, log).await;
+                replay(shared, source, ep, 0, seq, logs).await;
             }
         }
         None => {}
         Some(l) if seq <= l => {
-            if let Some(held) = log.allow(shared.now()) {
+            if let Some(held) = logs.sequence.allow(shared.now()) {
                 tracing::warn!(replica = %source.name, seq, last = l, held_back = held, "sequence restarted: engine restart, dropping its blocks");
             }
             resync_by_clearing(shared, &source.name, "restart");
             // The restarted engine's messages before this one are in its replay buffer.
             if let (true, Some(ep)) = (seq > 0, &source.replay) {
-                replay(shared, source, ep, 0, seq, log).await;
+                replay(shared, source, ep, 0, seq, logs).await;
             }
         }
         Some(l) => {
-            if let Some(held) = log.allow(shared.now()) {
+            if let Some(held) = logs.sequence.allow(shared.now()) {
                 tracing::warn!(replica = %source.name, seq, last = l, held_back = held, "sequence gap: recovering {} messages", seq - l - 1);
             }
             let recovered = match &source.replay {
-                Some(ep) => replay(shared, source, ep, l.wrapping_add(1), seq, log).await,
+                Some(ep) => replay(shared, source, ep, l.wrapping_add(1), seq, logs).await,
                 None => false,
             };
             if !recovered {
@@ -238,7 +255,7 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch, l
 /// from its next events: after it recovered from being unhealthy (perhaps a restarted engine
 /// whose first messages were published before this subscriber reconnected), or after a stored
 /// event named a parent this node never saw (case C03). `why` labels the resync metric.
-async fn rebuild(shared: &Shared, source: &Source, why: &'static str, log: &mut LogLimiter) {
+async fn rebuild(shared: &Shared, source: &Source, why: &'static str, logs: &mut StreamLogs) {
     tracing::info!(replica = %source.name, why, "rebuilding the replica's blocks");
     resync_by_clearing(shared, &source.name, why);
     let now = shared.now();
@@ -247,7 +264,7 @@ async fn rebuild(shared: &Shared, source: &Source, why: &'static str, log: &mut 
         r.last_resync_at = Some(now);
     }
     if let Some(ep) = &source.replay {
-        replay(shared, source, ep, 0, u64::MAX, log).await;
+        replay(shared, source, ep, 0, u64::MAX, logs).await;
     }
 }
 
@@ -340,8 +357,8 @@ const UNKNOWN_PARENT_RESYNC_S: f64 = 30.0;
 /// what comes back, in sequence. True when every message in `from..to` was recovered. The
 /// replica shows `out_of_sync` while it runs; once the replay socket has sent all it holds
 /// (nothing, for a fresh engine), no longer; a replay that failed leaves it `out_of_sync`
-/// until the next live event. Its trouble is logged through `log`.
-async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64, log: &mut LogLimiter) -> bool {
+/// until the next live event. Its trouble is logged through `logs`.
+async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64, logs: &mut StreamLogs) -> bool {
     let set = |on: bool| {
         let now = shared.now();
         let mut core = shared.core();
@@ -351,7 +368,7 @@ async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to:
         let _ = core.sync_routable(&source.name, now);
     };
     set(true);
-    let (complete, ended) = replay_messages(shared, source, endpoint, from, to, log).await;
+    let (complete, ended) = replay_messages(shared, source, endpoint, from, to, logs).await;
     if ended {
         set(false);
     }
@@ -365,10 +382,10 @@ async fn replay_messages(
     endpoint: &str,
     from: u64,
     to: u64,
-    log: &mut LogLimiter,
+    logs: &mut StreamLogs,
 ) -> (bool, bool) {
     let mut warn = |what: &str, error: Option<String>| {
-        if let Some(held) = log.allow(shared.now()) {
+        if let Some(held) = logs.replay.allow(shared.now()) {
             tracing::warn!(replica = %source.name, %endpoint, error = error.unwrap_or_default(), held_back = held, "{what}");
         }
     };
@@ -403,7 +420,11 @@ async fn replay_messages(
         let reply = match tokio::time::timeout(t, dealer.recv()).await {
             Ok(Ok(m)) => m.into_vec(),
             _ => {
-                warn("replay timed out", None);
+                // An answer the relay cut shows here as a timeout: say why.
+                match cut_reasons(&relay).first() {
+                    Some((reason, _)) => warn("replay answer cut before decoding", Some(reason.to_string())),
+                    None => warn("replay timed out", None),
+                }
                 break;
             }
         };
@@ -425,6 +446,9 @@ async fn replay_messages(
                 break;
             }
         }
+    }
+    for (reason, n) in cut_reasons(&relay) {
+        shared.metrics.events_rejected.get_or_create(&labels(&source.name, reason)).inc_by(n);
     }
     // A bounded replay is complete with its last message; "everything it holds" only at the end.
     let complete = if to == u64::MAX { ended } else { next == to };

@@ -1,6 +1,6 @@
 //! KV events pushed over gRPC (`Events.Publish`, for engines without ZMQ): the same budget,
 //! accounting and quarantine as a followed ZMQ stream ([`super::ingest`]), one record per
-//! replica. A quarantined replica's pushes are refused before the core lock is taken.
+//! replica. A quarantined replica's pushes are refused before the routing core is locked.
 
 use super::event_guard::EventGuard;
 use super::ingest;
@@ -55,8 +55,8 @@ impl PushGuards {
 
     /// Applies `batch` to its replica: the sequence checked as on the ZMQ path (a gap or a
     /// restart drops the replica's blocks: a pusher has no replay socket), then its events.
-    /// A batch over `kv_event_max_events`, or one holding undecodable or impossible events,
-    /// counts as a bad message; `kv_event_bad_messages` of them within the window quarantine
+    /// A batch over the budget (`over_budget`: refused whole), or one holding
+    /// undecodable or impossible events, counts as a bad message; `kv_event_bad_messages` of them within the window quarantine
     /// the replica (`bad_events`, its blocks dropped) for `kv_event_quarantine_s`.
     ///
     /// # Errors
@@ -64,23 +64,28 @@ impl PushGuards {
     pub fn apply(&self, shared: &Shared, batch: v1::PublishRequest) -> Result<Pushed, PushError> {
         let name = batch.replica_id;
         let now = shared.now();
+        // Only replicas that already sent bad batches have a record; none is made here, so
+        // unknown names cannot grow the map.
+        let left = {
+            let mut guards = self.guards.lock().unwrap_or_else(|p| p.into_inner());
+            guards.get_mut(&name).and_then(|g| {
+                g.quarantine_over(now);
+                g.remaining(now)
+            })
+        };
+        if let Some(left_s) = left {
+            return Err(PushError::Quarantined { replica: name, left_s });
+        }
         let last = match shared.core().replicas.get(&name) {
             Some(r) => r.last_seq,
             None => return Err(PushError::UnknownReplica(name)),
         };
-        if let Some(left_s) = self.guard(&name, |g| {
-            g.quarantine_over(now);
-            g.remaining(now)
-        }) {
-            return Err(PushError::Quarantined { replica: name, left_s });
-        }
         let total = batch.events.len() as u64;
-        if batch.events.len() > self.limits.kv_event_max_events {
+        if let Some(why) = self.over_budget(&batch.events) {
             shared.metrics.events_rejected.get_or_create(&labels(&name, "over_budget")).inc();
             if let Some(r) = shared.core().replicas.get_mut(&name) {
                 r.events_rejected += 1;
             }
-            let why = format!("batch of {total} events, over the {} allowed", self.limits.kv_event_max_events);
             self.bad_message(shared, &name, &why);
             return Ok(Pushed { applied: 0, rejected: total });
         }
@@ -93,17 +98,58 @@ impl PushGuards {
             }
         }
         if last.is_some_and(|l| batch.seq != l.wrapping_add(1)) {
-            let mut core = shared.core();
-            core.apply(&name, &KvEvent::Cleared, now);
-            drop(core);
+            shared.core().apply(&name, &KvEvent::Cleared, now);
             let how = if last.is_some_and(|l| batch.seq <= l) { "restart" } else { "clear" };
             shared.metrics.resyncs.get_or_create(&vec![("replica", name.clone()), ("method", how.to_string())]).inc();
         }
         let (problems, applied) = ingest::apply(shared, &name, batch.seq, &decoded);
+        self.rebuild_if_asked(shared, &name, now);
         if let Some(first) = problems.first {
             self.bad_message(shared, &name, &format!("{} bad events, the first: {first}", problems.events));
         }
         Ok(Pushed { applied, rejected: total - applied })
+    }
+
+    /// Why `events` are over the budget, if they are: more than `kv_event_max_events`, or
+    /// more than `kv_event_max_elements` block hashes and token ids together (the ZMQ path
+    /// counts msgpack values; these are the repeated fields that can be large).
+    fn over_budget(&self, events: &[v1::KvEvent]) -> Option<String> {
+        let max_events = self.limits.kv_event_max_events;
+        if events.len() > max_events {
+            return Some(format!("batch of {} events, over the {max_events} allowed", events.len()));
+        }
+        let elements: usize = events
+            .iter()
+            .map(|e| match &e.event {
+                Some(v1::kv_event::Event::Stored(s)) => s.block_hashes.len() + s.token_ids.len(),
+                Some(v1::kv_event::Event::Removed(r)) => r.block_hashes.len(),
+                _ => 0,
+            })
+            .sum();
+        let max_elements = self.limits.kv_event_max_elements;
+        (elements > max_elements)
+            .then(|| format!("batch of {elements} block hashes and token ids, over the {max_elements} allowed"))
+    }
+
+    /// A stored event named a parent this node never saw: the replica missed events. A
+    /// pusher has no replay socket (and no ingest task to act on the request), so its blocks
+    /// are dropped here and rebuild from its next events; at most every 30 s, as on the ZMQ
+    /// path, since `ingest::apply` asks only that often.
+    fn rebuild_if_asked(&self, shared: &Shared, name: &str, now: f64) {
+        let mut core = shared.core();
+        let asked = core.replicas.get_mut(name).and_then(|r| r.resync_requested.take());
+        if asked.is_some() {
+            core.apply(name, &KvEvent::Cleared, now);
+            if let Some(r) = core.replicas.get_mut(name) {
+                r.last_resync_at = Some(now);
+            }
+            drop(core);
+            shared
+                .metrics
+                .resyncs
+                .get_or_create(&vec![("replica", name.to_string()), ("method", "clear".into())])
+                .inc();
+        }
     }
 
     /// Counts a bad message from `name` (logged at a bounded rate); quarantines it when that
