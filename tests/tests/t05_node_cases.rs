@@ -715,3 +715,46 @@ async fn grpc_calls_beyond_the_per_connection_limit_wait_while_other_connections
     node.stop().await;
     e.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metrics_page_over_the_limit_fails_the_scrape_without_being_read_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (good, other) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
+    // e1's metrics come from this fake: a 200 with no length, then page text without end.
+    let fake = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_url = format!("http://{}/metrics", fake.local_addr().unwrap());
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let s = served.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut c, _) = fake.accept().await.unwrap();
+            let s = s.clone();
+            tokio::spawn(async move {
+                let mut req = [0u8; 1024];
+                let _ = c.read(&mut req).await;
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n").await;
+                let line = b"vllm:num_requests_running{engine=\"0\"} 0\n".repeat(1024);
+                while c.write_all(&line).await.is_ok() {
+                    s.fetch_add(line.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let hostile = ReplicaConfig { metrics_url: Some(metrics_url), ..replica(1, &other, false) };
+    let section = NodeSection { scrape_interval_ms: 50, unhealthy_after: 2, ..common::section() };
+    let mut config = common::single(section, vec![replica(0, &good, true), hostile]);
+    config.limits.metrics_max_page_bytes = 1 << 20;
+    let node = kvmesh_node::start(config).await.unwrap();
+    eventually("e1 unhealthy from its oversized page", || status(&node, "e1") == Status::Unhealthy).await;
+    let error = node.shared.core().replicas["e1"].last_error.clone().unwrap_or_default();
+    assert!(error.contains("page over limits.metrics_max_page_bytes (1048576 bytes)"), "{error}");
+    // Each scrape stopped reading at the limit: a few MiB written in all (socket buffers
+    // included), not the unbounded page.
+    assert_eq!(status(&node, "e0"), Status::Ready);
+    assert_eq!(send(&node, 1, 2).await, 200);
+    node.stop().await;
+    let per_scrape = served.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(per_scrape < 256 << 20, "{per_scrape} bytes written");
+    good.stop().await;
+    other.stop().await;
+}

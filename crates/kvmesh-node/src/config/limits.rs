@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 pub struct LimitsSection {
     /// Largest KV-event message accepted, bytes (all frames). vLLM's largest real batch (one
     /// engine step at `max_num_batched_tokens = 131072`) is < 1.5 MiB. zeromq 0.7 has no
-    /// `ZMQ_MAXMSGSIZE`, so a larger message is received, then dropped undecoded.
+    /// `ZMQ_MAXMSGSIZE`: the node's frame guard cuts the connection at the first frame or
+    /// message over this, before zeromq allocates for it.
     pub kv_event_max_message_bytes: usize,
     /// Most events in one KV-event batch (vLLM: one per request stored in a step plus one per
     /// evicted block, ≤ ~16 k at 131072 batched tokens).
@@ -51,6 +52,10 @@ pub struct LimitsSection {
     pub grpc_public_max_message_bytes: usize,
     /// Requests one gRPC connection may have in flight at once; further ones wait.
     pub grpc_concurrency_per_connection: usize,
+    /// Largest engine `/metrics` page read, bytes; a longer one fails the scrape (counted
+    /// like any failed scrape). vLLM's page, histograms and LoRA series included, is well
+    /// under 1 MiB.
+    pub metrics_max_page_bytes: usize,
 }
 
 impl Default for LimitsSection {
@@ -70,6 +75,7 @@ impl Default for LimitsSection {
             http_max_body_bytes: 64 << 20,
             grpc_public_max_message_bytes: 4 << 20,
             grpc_concurrency_per_connection: 256,
+            metrics_max_page_bytes: 8 << 20,
         }
     }
 }
@@ -101,6 +107,7 @@ impl LimitsSection {
             ("http_max_body_bytes", self.http_max_body_bytes),
             ("grpc_public_max_message_bytes", self.grpc_public_max_message_bytes),
             ("grpc_concurrency_per_connection", self.grpc_concurrency_per_connection),
+            ("metrics_max_page_bytes", self.metrics_max_page_bytes),
         ];
         if let Some((k, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("limits.{k} must be positive"));

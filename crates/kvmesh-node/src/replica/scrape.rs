@@ -4,8 +4,10 @@
 //! engine served to the autoscaler's capacity meter (at full load while requests wait at the
 //! engine, or in the router's admission queue while the engine runs full), and clears the
 //! failure count;
-//! `unhealthy_after` failures in a row (connect error, non-200, unparseable page) take the
-//! replica out of rotation until a scrape succeeds again.
+//! `unhealthy_after` failures in a row (connect error, non-200, unparseable page, a page over
+//! `limits.metrics_max_page_bytes`) take the replica out of rotation until a scrape succeeds
+//! again. The page is parsed on tokio's blocking pool: a slow parse of one engine's page never
+//! holds a runtime worker that routing needs.
 
 use crate::state::Shared;
 use kvmesh_events::parse_engine_page;
@@ -26,8 +28,14 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
         let asked_at = shared.now();
         let fetched = scrape(&shared, &url, interval).await;
         let now = shared.now();
-        // Parse before taking the core lock: a vLLM page runs to hundreds of kilobytes.
-        let result = fetched.and_then(|text| parse_engine_page(&text, now).map_err(|e| e.to_string()));
+        // Parse before taking the core lock, off the runtime's workers: a vLLM page runs to
+        // hundreds of kilobytes, and a hostile one is built to parse slowly.
+        let result = match fetched {
+            Ok(text) => tokio::task::spawn_blocking(move || parse_engine_page(&text, now).map_err(|e| e.to_string()))
+                .await
+                .unwrap_or_else(|e| Err(format!("parsing the page: {e}"))),
+            Err(e) => Err(e),
+        };
         if let Ok(kvmesh_events::EnginePage { metrics: m, served_tokens: Some(served), .. }) = &result {
             // Requests held at the router by admission control queue for this replica too
             // (the router keeps the engines' own queues empty while capacity is short) — when
@@ -85,5 +93,19 @@ async fn scrape(shared: &Shared, url: &str, interval: Duration) -> Result<String
     if !resp.status().is_success() {
         return Err(format!("GET {url}: HTTP {}", resp.status()));
     }
-    resp.text().await.map_err(|e| format!("GET {url}: {e}"))
+    let max = shared.limits.metrics_max_page_bytes;
+    let too_long = || format!("GET {url}: page over limits.metrics_max_page_bytes ({max} bytes)");
+    if resp.content_length().is_some_and(|n| n > max as u64) {
+        return Err(too_long());
+    }
+    // Read by chunks, so a page without a length (or lying about it) is cut at the limit.
+    let mut page = Vec::new();
+    let mut resp = resp;
+    while let Some(chunk) = resp.chunk().await.map_err(|e| format!("GET {url}: {e}"))? {
+        if page.len() + chunk.len() > max {
+            return Err(too_long());
+        }
+        page.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&page).into_owned())
 }
