@@ -16,7 +16,8 @@ pub struct LimitsSection {
     /// evicted block, ≤ ~16 k at 131072 batched tokens).
     pub kv_event_max_events: usize,
     /// Most msgpack values one KV-event payload may declare (a real step: ≤ ~160 k), checked
-    /// on the bytes before decoding allocates.
+    /// on the bytes before decoding allocates. For batches pushed over `Events.Publish`: most
+    /// block hashes and token ids in one batch, all its events together.
     pub kv_event_max_elements: usize,
     /// A replica whose stream brings this many bad messages (refused or undecodable, or with
     /// events the decoder or index rejected) within `kv_event_bad_window_s` is quarantined:

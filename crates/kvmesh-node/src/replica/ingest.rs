@@ -449,6 +449,9 @@ async fn replay_messages(
     }
     for (reason, n) in cut_reasons(&relay) {
         shared.metrics.events_rejected.get_or_create(&labels(&source.name, reason)).inc_by(n);
+        if let Some(r) = shared.core().replicas.get_mut(&source.name) {
+            r.events_rejected += n;
+        }
     }
     // A bounded replay is complete with its last message; "everything it holds" only at the end.
     let complete = if to == u64::MAX { ended } else { next == to };

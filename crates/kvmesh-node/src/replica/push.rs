@@ -134,22 +134,23 @@ impl PushGuards {
     /// A stored event named a parent this node never saw: the replica missed events. A
     /// pusher has no replay socket (and no ingest task to act on the request), so its blocks
     /// are dropped here and rebuild from its next events; at most every 30 s, as on the ZMQ
-    /// path, since `ingest::apply` asks only that often.
+    /// path, since `ingest::apply` asks only that often. A replica that also has a ZMQ stream
+    /// leaves the request to its ingest task, which can replay.
     fn rebuild_if_asked(&self, shared: &Shared, name: &str, now: f64) {
         let mut core = shared.core();
-        let asked = core.replicas.get_mut(name).and_then(|r| r.resync_requested.take());
-        if asked.is_some() {
-            core.apply(name, &KvEvent::Cleared, now);
-            if let Some(r) = core.replicas.get_mut(name) {
-                r.last_resync_at = Some(now);
-            }
-            drop(core);
-            shared
-                .metrics
-                .resyncs
-                .get_or_create(&vec![("replica", name.to_string()), ("method", "clear".into())])
-                .inc();
+        let Some(r) = core.replicas.get_mut(name) else { return };
+        if r.config.kv_events.is_some() || r.resync_requested != Some("unknown_parent") {
+            return;
         }
+        r.resync_requested = None;
+        r.last_resync_at = Some(now);
+        core.apply(name, &KvEvent::Cleared, now);
+        drop(core);
+        shared
+            .metrics
+            .resyncs
+            .get_or_create(&vec![("replica", name.to_string()), ("method", "unknown_parent".into())])
+            .inc();
     }
 
     /// Counts a bad message from `name` (logged at a bounded rate); quarantines it when that
