@@ -460,6 +460,22 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     other.stop().await;
 }
 
+/// A loopback server that runs `serve` on each connection it accepts; returns its address.
+async fn fake_server<F, Fut>(serve: F) -> std::net::SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((c, _)) = listener.accept().await {
+            tokio::spawn(serve(c));
+        }
+    });
+    addr
+}
+
 /// The value of the sample whose labels are exactly `labels` on an OpenMetrics page (0 when absent).
 fn counted(page: &str, labels: &str) -> u64 {
     page.lines()
@@ -557,33 +573,30 @@ async fn a_frame_header_declaring_a_petabyte_is_cut_before_zeromq_allocates() {
     let (good, other) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
     // A "publisher" that greets like a ZMTP 3.0 PUB (NULL mechanism, READY), then declares a
     // 2^50-byte frame, on every connection.
-    let fake = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("tcp://{}", fake.local_addr().unwrap());
     let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let a = accepted.clone();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = fake.accept().await.unwrap();
-            a.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tokio::spawn(async move {
-                let mut greeting = vec![0u8; 64];
-                greeting[0] = 0xff;
-                greeting[9] = 0x7f;
-                greeting[10] = 3;
-                greeting[12..16].copy_from_slice(b"NULL");
-                let _ = s.write_all(&greeting).await;
-                let mut ready = b"\x05READY\x0bSocket-Type".to_vec();
-                ready.extend_from_slice(&3u32.to_be_bytes());
-                ready.extend_from_slice(b"PUB");
-                let _ = s.write_all(&[0b100, ready.len() as u8]).await;
-                let _ = s.write_all(&ready).await;
-                let mut header = vec![0b10u8];
-                header.extend_from_slice(&(1u64 << 50).to_be_bytes());
-                let _ = s.write_all(&header).await;
-                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
-            });
+    let fake = fake_server(move |mut s| {
+        a.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        async move {
+            let mut greeting = vec![0u8; 64];
+            greeting[0] = 0xff;
+            greeting[9] = 0x7f;
+            greeting[10] = 3;
+            greeting[12..16].copy_from_slice(b"NULL");
+            let _ = s.write_all(&greeting).await;
+            let mut ready = b"\x05READY\x0bSocket-Type".to_vec();
+            ready.extend_from_slice(&3u32.to_be_bytes());
+            ready.extend_from_slice(b"PUB");
+            let _ = s.write_all(&[0b100, ready.len() as u8]).await;
+            let _ = s.write_all(&ready).await;
+            let mut header = vec![0b10u8];
+            header.extend_from_slice(&(1u64 << 50).to_be_bytes());
+            let _ = s.write_all(&header).await;
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
         }
-    });
+    })
+    .await;
+    let endpoint = format!("tcp://{fake}");
     let hostile = ReplicaConfig { kv_events: Some(endpoint), replay: None, ..common::replica(1, &other) };
     let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
     let node = kvmesh_node::start(common::single(section, vec![replica(0, &good, true), hostile])).await.unwrap();
@@ -740,28 +753,25 @@ async fn a_metrics_page_over_the_limit_fails_the_scrape_without_being_read_whole
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (good, other) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
     // e1's metrics come from this fake: a 200 with no length, then page text without end.
-    let fake = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics_url = format!("http://{}/metrics", fake.local_addr().unwrap());
     // The most any one scrape's connection was sent.
     let served = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let s = served.clone();
-    tokio::spawn(async move {
-        loop {
-            let (mut c, _) = fake.accept().await.unwrap();
-            let s = s.clone();
-            tokio::spawn(async move {
-                let mut req = [0u8; 1024];
-                let _ = c.read(&mut req).await;
-                let _ = c.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n").await;
-                let line = b"vllm:num_requests_running{engine=\"0\"} 0\n".repeat(1024);
-                let mut sent = 0u64;
-                while c.write_all(&line).await.is_ok() {
-                    sent += line.len() as u64;
-                    s.fetch_max(sent, std::sync::atomic::Ordering::Relaxed);
-                }
-            });
+    let fake = fake_server(move |mut c| {
+        let s = s.clone();
+        async move {
+            let mut req = [0u8; 1024];
+            let _ = c.read(&mut req).await;
+            let _ = c.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n").await;
+            let line = b"vllm:num_requests_running{engine=\"0\"} 0\n".repeat(1024);
+            let mut sent = 0u64;
+            while c.write_all(&line).await.is_ok() {
+                sent += line.len() as u64;
+                s.fetch_max(sent, std::sync::atomic::Ordering::Relaxed);
+            }
         }
-    });
+    })
+    .await;
+    let metrics_url = format!("http://{fake}/metrics");
     let hostile = ReplicaConfig { metrics_url: Some(metrics_url), ..replica(1, &other, false) };
     let section = NodeSection { scrape_interval_ms: 50, unhealthy_after: 2, ..common::section() };
     let mut config = common::single(section, vec![replica(0, &good, true), hostile]);

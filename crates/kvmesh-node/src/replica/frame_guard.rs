@@ -43,6 +43,16 @@ pub struct Cuts {
     pub over_budget: AtomicU64,
 }
 
+impl Cuts {
+    /// The counts by reason, as metric labels: `frame_too_large`, then `over_budget`.
+    pub fn by_reason(&self) -> [(&'static str, u64); 2] {
+        [
+            ("frame_too_large", self.too_large.load(Ordering::Relaxed)),
+            ("over_budget", self.over_budget.load(Ordering::Relaxed)),
+        ]
+    }
+}
+
 /// Why a relay cut a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cut {

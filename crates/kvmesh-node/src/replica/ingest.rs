@@ -50,7 +50,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
     let direction =
         if source.bind { Direction::FromEngine { listen: address } } else { Direction::ToEngine { engine: address } };
     let relay = FrameGuard::start(direction, limits, &source.name).await?;
-    let mut cut_seen = (0u64, 0u64);
+    let mut cut_seen = [0u64; 2];
     // A restarted task starts with a clean record: a quarantine it did not start is over.
     if let Some(r) = shared.core().replicas.get_mut(&source.name) {
         r.bad_events_until = None;
@@ -123,10 +123,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     p.first.map(|why| format!("{} bad events, the first: {why}", p.events))
                 }
                 Err(e) => {
-                    shared.metrics.events_rejected.get_or_create(&labels(&source.name, e.kind())).inc();
-                    if let Some(r) = shared.core().replicas.get_mut(&source.name) {
-                        r.events_rejected += 1;
-                    }
+                    count_rejected(&shared, &source.name, e.kind(), 1);
                     Some(format!("message dropped: {e}"))
                 }
             };
@@ -149,30 +146,27 @@ fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
     vec![("replica", replica.to_string()), ("reason", what.to_string())]
 }
 
-/// The connections `relay` cut, by reason (metric label), for the reasons with any.
-fn cut_reasons(relay: &FrameGuard) -> Vec<(&'static str, u64)> {
-    use std::sync::atomic::Ordering::Relaxed;
-    [("frame_too_large", relay.cuts.too_large.load(Relaxed)), ("over_budget", relay.cuts.over_budget.load(Relaxed))]
-        .into_iter()
-        .filter(|(_, n)| *n > 0)
-        .collect()
+/// Counts `n` whole messages of `name` refused for `reason` (a metric label): in the metrics
+/// and in the replica's own record.
+pub(super) fn count_rejected(shared: &Shared, name: &str, reason: &str, n: u64) {
+    shared.metrics.events_rejected.get_or_create(&labels(name, reason)).inc_by(n);
+    if let Some(r) = shared.core().replicas.get_mut(name) {
+        r.events_rejected += n;
+    }
 }
 
-/// Counts the connections the frame guard cut since `seen` (too large, over budget) as bad
-/// messages.
-fn count_cuts(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut (u64, u64), guard: &mut EventGuard) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let cut = (relay.cuts.too_large.load(Relaxed), relay.cuts.over_budget.load(Relaxed));
+/// Counts the connections the frame guard cut since `seen` (by reason, as
+/// [`super::frame_guard::Cuts::by_reason`]) as bad messages.
+fn count_cuts(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut [u64; 2], guard: &mut EventGuard) {
+    let cut = relay.cuts.by_reason();
     let now = shared.now();
-    let new = [("frame_too_large", seen.0, cut.0), ("over_budget", seen.1, cut.1)];
-    for (reason, from, to) in new {
+    for (i, (reason, to)) in cut.into_iter().enumerate() {
+        let from = seen[i];
+        seen[i] = to;
         if to == from {
             continue;
         }
-        shared.metrics.events_rejected.get_or_create(&labels(name, reason)).inc_by(to - from);
-        if let Some(r) = shared.core().replicas.get_mut(name) {
-            r.events_rejected += to - from;
-        }
+        count_rejected(shared, name, reason, to - from);
         if let Some(held) = guard.log.allow(now) {
             tracing::warn!(replica = %name, reason, cut = to - from, held_back = held, "KV-event connection cut before decoding");
         }
@@ -182,7 +176,6 @@ fn count_cuts(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut (u64, 
             }
         }
     }
-    *seen = cut;
 }
 
 /// Drops `name`'s blocks and marks it `bad_events` until `until` (node seconds).
@@ -269,7 +262,7 @@ async fn rebuild(shared: &Shared, source: &Source, why: &'static str, logs: &mut
 }
 
 /// Drops the replica's blocks so they rebuild from its next events.
-fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
+pub(super) fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
     let now = shared.now();
     let mut core = shared.core();
     // A clear also ends the index's out-of-sync mark: the replica rebuilds from here.
@@ -421,7 +414,7 @@ async fn replay_messages(
             Ok(Ok(m)) => m.into_vec(),
             _ => {
                 // An answer the relay cut shows here as a timeout: say why.
-                match cut_reasons(&relay).first() {
+                match relay.cuts.by_reason().into_iter().find(|(_, n)| *n > 0) {
                     Some((reason, _)) => warn("replay answer cut before decoding", Some(reason.to_string())),
                     None => warn("replay timed out", None),
                 }
@@ -447,10 +440,9 @@ async fn replay_messages(
             }
         }
     }
-    for (reason, n) in cut_reasons(&relay) {
-        shared.metrics.events_rejected.get_or_create(&labels(&source.name, reason)).inc_by(n);
-        if let Some(r) = shared.core().replicas.get_mut(&source.name) {
-            r.events_rejected += n;
+    for (reason, n) in relay.cuts.by_reason() {
+        if n > 0 {
+            count_rejected(shared, &source.name, reason, n);
         }
     }
     // A bounded replay is complete with its last message; "everything it holds" only at the end.

@@ -82,10 +82,7 @@ impl PushGuards {
         };
         let total = batch.events.len() as u64;
         if let Some(why) = self.over_budget(&batch.events) {
-            shared.metrics.events_rejected.get_or_create(&labels(&name, "over_budget")).inc();
-            if let Some(r) = shared.core().replicas.get_mut(&name) {
-                r.events_rejected += 1;
-            }
+            ingest::count_rejected(shared, &name, "over_budget", 1);
             self.bad_message(shared, &name, &why);
             return Ok(Pushed { applied: 0, rejected: total });
         }
@@ -97,10 +94,8 @@ impl PushGuards {
                 Err(e) => decoded.skipped.push(SkippedEvent { index, reason: e.to_string() }),
             }
         }
-        if last.is_some_and(|l| batch.seq != l.wrapping_add(1)) {
-            shared.core().apply(&name, &KvEvent::Cleared, now);
-            let how = if last.is_some_and(|l| batch.seq <= l) { "restart" } else { "clear" };
-            shared.metrics.resyncs.get_or_create(&vec![("replica", name.clone()), ("method", how.to_string())]).inc();
+        if let Some(l) = last.filter(|l| batch.seq != l.wrapping_add(1)) {
+            ingest::resync_by_clearing(shared, &name, if batch.seq <= l { "restart" } else { "clear" });
         }
         let (problems, applied) = ingest::apply(shared, &name, batch.seq, &decoded);
         self.rebuild_if_asked(shared, &name, now);
@@ -144,13 +139,8 @@ impl PushGuards {
         }
         r.resync_requested = None;
         r.last_resync_at = Some(now);
-        core.apply(name, &KvEvent::Cleared, now);
         drop(core);
-        shared
-            .metrics
-            .resyncs
-            .get_or_create(&vec![("replica", name.to_string()), ("method", "unknown_parent".into())])
-            .inc();
+        ingest::resync_by_clearing(shared, name, "unknown_parent");
     }
 
     /// Counts a bad message from `name` (logged at a bounded rate); quarantines it when that
@@ -171,8 +161,4 @@ impl PushGuards {
         let g = guards.entry(name.to_string()).or_insert_with(|| EventGuard::new(&self.limits));
         f(g)
     }
-}
-
-fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
-    vec![("replica", replica.to_string()), ("reason", what.to_string())]
 }
