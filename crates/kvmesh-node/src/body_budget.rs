@@ -11,6 +11,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use prometheus_client::metrics::gauge::Gauge;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,12 +25,15 @@ pub struct BodyBudget {
     pub max_body: usize,
     /// Longest a whole body may take to arrive.
     pub deadline: Duration,
+    /// Mirrors `used` (`kvmesh_http_body_bytes_in_flight`).
+    gauge: Gauge,
 }
 
 impl BodyBudget {
-    /// A budget of `budget` bytes for bodies of at most `max_body` bytes each.
-    pub fn new(budget: usize, max_body: usize, deadline: Duration) -> Arc<Self> {
-        Arc::new(BodyBudget { budget, used: AtomicUsize::new(0), max_body, deadline })
+    /// A budget of `budget` bytes for bodies of at most `max_body` bytes each, whose use is
+    /// kept in `gauge`.
+    pub fn new(budget: usize, max_body: usize, deadline: Duration, gauge: Gauge) -> Arc<Self> {
+        Arc::new(BodyBudget { budget, used: AtomicUsize::new(0), max_body, deadline, gauge })
     }
 
     /// Bytes reserved now.
@@ -38,9 +42,14 @@ impl BodyBudget {
     }
 
     fn try_reserve(self: &Arc<Self>, n: usize) -> bool {
-        self.used
+        let ok = self
+            .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| u.checked_add(n).filter(|&t| t <= self.budget))
-            .is_ok()
+            .is_ok();
+        if ok {
+            self.gauge.inc_by(n as i64);
+        }
+        ok
     }
 }
 
@@ -63,6 +72,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.budget.gauge.dec_by(self.bytes as i64);
     }
 }
 

@@ -88,6 +88,9 @@ pub struct Metrics {
     autoscaler: Family<Labels, Gauge<f64, AtomicU64>>,
     autoscaler_evaluated: Family<Labels, Gauge<f64, AtomicU64>>,
     admission_queue: Gauge,
+    /// Bytes of request bodies reserved from `limits.http_body_budget_bytes` now; kept by
+    /// [`crate::body_budget::BodyBudget`].
+    pub http_body_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -138,6 +141,7 @@ impl Metrics {
             autoscaler: Family::default(),
             autoscaler_evaluated: Family::default(),
             admission_queue: Gauge::default(),
+            http_body_bytes: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("decisions", "Routing decisions by policy and reason", m.decisions.clone());
@@ -259,6 +263,11 @@ impl Metrics {
             "admission_queue_depth",
             "Requests waiting for capacity in the admission queue",
             m.admission_queue.clone(),
+        );
+        registry.register(
+            "http_body_bytes_in_flight",
+            "Bytes of HTTP request bodies being read or handled, reserved from limits.http_body_budget_bytes (a full budget answers 503)",
+            m.http_body_bytes.clone(),
         );
         registry.register(
             "admission_abandoned",

@@ -38,6 +38,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         l.http_body_budget_bytes,
         l.http_max_body_bytes,
         std::time::Duration::from_secs(l.http_idle_timeout_s),
+        shared.metrics.http_body_bytes.clone(),
     );
     let max_body = l.http_max_body_bytes;
     let completions = Router::new()
