@@ -47,18 +47,60 @@ impl Run {
     }
 }
 
-/// Computes, for each replica holding the first block, its longest leading run per medium over
-/// `blocks`, appending `(replica, overlap)` sorted by replica id to `out` (replicas that hold
-/// nothing are left out). `holders(i)` gives block `i`'s holders sorted by replica id, or `None`
-/// when nobody holds it; `held(h)` gives the media holder `h` holds it in, as a mask of
-/// [`GPU_BIT`] and [`CPU_BIT`].
-///
-/// One pass: a shrinking set of replicas still matching is intersected with each block's
-/// holders (merge, or binary search when the holder list is much longer than the set), and the
-/// walk stops as soon as that set is empty. Lookups are issued [`AHEAD`] blocks at a time:
-/// they are independent, so their cache misses overlap instead of queueing one after another
-/// (at most `AHEAD − 1` lookups are wasted past the end of the match).
-pub(crate) fn leading_runs<'a, H, F, G>(n_blocks: usize, mut holders: F, held: G, out: &mut Vec<(ReplicaId, Overlap)>)
+/// Each replica's runs during one walk over a request's blocks: start with the first block's
+/// holders, [`Runs::step`] each later block's (in order), [`Runs::finish`] where the walk
+/// stopped. A shrinking set of replicas still matching is intersected with each block's
+/// holders (merge, or binary search when the holder list is much longer than the set); the
+/// walk can stop as soon as [`Runs::is_done`].
+pub(crate) struct Runs {
+    active: Vec<Run>,
+    start: usize,
+}
+
+impl Runs {
+    /// Runs for every holder of the first block (`held(h)`: the media `h` holds it in, as a
+    /// mask of [`GPU_BIT`] and [`CPU_BIT`]); `out` is where ended runs go.
+    pub(crate) fn start<H: Holding>(first: &[H], held: impl Fn(&H) -> u8, out: &[(ReplicaId, Overlap)]) -> Self {
+        let active = first
+            .iter()
+            .filter_map(|h| {
+                let alive = held(h);
+                (alive != 0).then(|| Run { replica: h.replica(), alive, len: [0, 0] })
+            })
+            .collect();
+        Runs { active, start: out.len() }
+    }
+
+    /// Whether every run has ended.
+    #[inline]
+    pub(crate) fn is_done(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    /// Matches block number `block` (holders `hs`, sorted by replica id) against every run.
+    #[inline]
+    pub(crate) fn step<H: Holding, G: Fn(&H) -> u8>(
+        &mut self,
+        hs: &[H],
+        block: u32,
+        held: &G,
+        out: &mut Vec<(ReplicaId, Overlap)>,
+    ) {
+        step(&mut self.active, hs, block, held, out);
+    }
+
+    /// Ends the walk after `walked` blocks: the runs still going have that length. Appends
+    /// every replica's overlap to `out`, sorted by replica id.
+    pub(crate) fn finish(self, walked: u32, out: &mut Vec<(ReplicaId, Overlap)>) {
+        out.extend(self.active.iter().map(|r| (r.replica, r.overlap(walked))));
+        out[self.start..].sort_unstable_by_key(|(r, _)| *r);
+    }
+}
+
+/// [`Runs`] over `n_blocks` blocks whose holders `holders(i)` gives (`None`: nobody holds
+/// block `i`), for the tests of the run logic.
+#[cfg(test)]
+fn leading_runs<'a, H, F, G>(n_blocks: usize, mut holders: F, held: G, out: &mut Vec<(ReplicaId, Overlap)>)
 where
     H: Holding + 'a,
     F: FnMut(usize) -> Option<&'a [H]>,
@@ -68,37 +110,14 @@ where
         return;
     }
     let Some(first) = holders(0) else { return };
-    let mut active: Vec<Run> = first
-        .iter()
-        .filter_map(|h| {
-            let alive = held(h);
-            (alive != 0).then(|| Run { replica: h.replica(), alive, len: [0, 0] })
-        })
-        .collect();
-    let start = out.len();
-    let mut window: [Option<&'a [H]>; AHEAD] = [None; AHEAD];
-    // `base` is the block being matched; every block before it matched all active runs.
-    let mut base = 1;
-    'walk: while base < n_blocks && !active.is_empty() {
-        let end = (base + AHEAD).min(n_blocks);
-        for (slot, i) in window.iter_mut().zip(base..end) {
-            *slot = holders(i);
-        }
-        for hs in &window[..end - base] {
-            if active.is_empty() {
-                break 'walk;
-            }
-            step(&mut active, hs.unwrap_or(&[]), base as u32, &held, out);
-            base += 1;
-        }
+    let mut runs = Runs::start(first, &held, out);
+    let mut i = 1;
+    while i < n_blocks && !runs.is_done() {
+        runs.step(holders(i).unwrap_or(&[]), i as u32, &held, out);
+        i += 1;
     }
-    let walked = base as u32;
-    out.extend(active.iter().map(|r| (r.replica, r.overlap(walked))));
-    out[start..].sort_unstable_by_key(|(r, _)| *r);
+    runs.finish(i as u32, out);
 }
-
-/// Blocks looked up together in [`leading_runs`].
-const AHEAD: usize = 16;
 
 /// Matches block `block` (holders `hs`) against every active run; runs that end there go to
 /// `out` with their lengths. Runs that go on are not written to: the common case (the same

@@ -3,14 +3,17 @@
 //!
 //! A [`Holder`] is either one replica's copy counts or, when its replica field is [`MANY`], a
 //! handle to a list in the [`Arena`] (sorted by replica id). Keeping the map value at 8 bytes
-//! keeps each `(BlockHash, Holder)` slot at 16 bytes — the index's memory is dominated by
-//! these slots.
+//! keeps each segment slot (block hash and holder) at 16 bytes — the index's memory is
+//! dominated by these slots and the engine-id maps.
 
 use crate::ids::{Medium, ReplicaId};
 use crate::overlap::{Holding, CPU_BIT, GPU_BIT};
 
 /// The replica-field marker of a handle to an arena list. Fleets never assign this id.
 pub(crate) const MANY: ReplicaId = ReplicaId(u32::MAX);
+
+/// In a handle's index: "the previous slot's list is equal" (lists number below 2^31).
+const SAME_BIT: u32 = 1 << 31;
 
 /// One replica's copies of one block, per medium — or, with `replica == MANY`, an arena handle
 /// whose index is `copies[0] | copies[1] << 16`.
@@ -22,7 +25,7 @@ pub(crate) struct Holder {
     pub(crate) copies: [u16; 2],
 }
 
-/// An empty table slot's filler; never read as a holder.
+/// Nobody: the holder of an empty segment slot ([`Holder::is_empty`]).
 impl Default for Holder {
     fn default() -> Self {
         Holder { replica: ReplicaId(0), copies: [0, 0] }
@@ -44,10 +47,21 @@ impl Holder {
         Holder { replica, copies }
     }
 
-    /// Whether the block is held, as `[GPU, CPU]`.
+    /// Whether nobody holds the block (the [`Default`] holder).
     #[inline]
-    pub(crate) fn held(&self) -> [bool; 2] {
-        [self.copies[0] > 0, self.copies[1] > 0]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.replica != MANY && self.copies == [0, 0]
+    }
+
+    /// Whether `self`, the next slot of `previous` in a segment, is held by exactly the same
+    /// replicas in the same media (copy counts aside): then a walk over the chain can skip it.
+    #[inline]
+    pub(crate) fn same_holders_as(&self, previous: &Holder) -> bool {
+        self.same_as_previous()
+            || (self.replica != MANY
+                && self.replica == previous.replica
+                && self.media() != 0
+                && self.media() == previous.media())
     }
 
     /// The media the block is held in, as a mask of `GPU_BIT` and `CPU_BIT`.
@@ -61,7 +75,14 @@ impl Holder {
     }
 
     fn list_index(&self) -> usize {
-        (self.copies[0] as u32 | (self.copies[1] as u32) << 16) as usize
+        ((self.copies[0] as u32 | (self.copies[1] as u32) << 16) & !SAME_BIT) as usize
+    }
+
+    /// Whether this handle's list holds the same replicas in the same media as the previous
+    /// slot's (see [`Arena::refresh_same`]); always false for an inline holder.
+    #[inline]
+    pub(crate) fn same_as_previous(&self) -> bool {
+        self.replica == MANY && self.copies[1] & (SAME_BIT >> 16) as u16 != 0
     }
 }
 
@@ -148,6 +169,24 @@ impl Arena {
         Removal { left: 0, replica_gone: true, block_empty: false }
     }
 
+    /// Sets `h`'s "same as previous" mark: true when both are handles whose lists hold the same
+    /// replicas in the same media (copy counts aside). A query then reuses the previous
+    /// block's list and skips this one's: on a prefix many replicas share, each block would
+    /// otherwise cost a cache miss on its own list.
+    pub(crate) fn refresh_same(&self, previous: Option<&Holder>, h: &mut Holder) {
+        if h.replica != MANY {
+            return;
+        }
+        let same = previous.is_some_and(|p| {
+            p.replica == MANY && {
+                let (a, b) = (self.slice(p), self.slice(h));
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.replica == y.replica && x.media() == y.media())
+            }
+        });
+        let index = h.list_index() as u32 | if same { SAME_BIT } else { 0 };
+        *h = Holder::handle(index);
+    }
+
     /// Heap bytes held by the arena.
     pub(crate) fn heap_bytes(&self) -> usize {
         let lists: usize = self.lists.iter().map(|l| l.capacity() * std::mem::size_of::<Holder>()).sum();
@@ -170,6 +209,11 @@ impl Arena {
     fn release(&mut self, index: usize) {
         self.lists[index] = Vec::new();
         self.free.push(index as u32);
+        if self.free.len() == self.lists.len() {
+            // Nothing shared any more (e.g. after clears): give the handle table back too.
+            self.lists = Vec::new();
+            self.free = Vec::new();
+        }
     }
 }
 
@@ -178,8 +222,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn map_slot_is_16_bytes() {
-        assert_eq!(std::mem::size_of::<(crate::BlockHash, Holder)>(), 16);
+    fn holder_is_8_bytes() {
+        assert_eq!(std::mem::size_of::<Holder>(), 8);
     }
 
     #[test]
@@ -197,12 +241,23 @@ mod tests {
         assert_eq!(r, Removal { left: 0, replica_gone: true, block_empty: false });
         arena.remove(&mut h, ReplicaId(2), Medium::Gpu, 1);
         assert_eq!(h, Holder { replica: ReplicaId(9), copies: [0, 1] }, "collapsed back inline");
-        assert_eq!(arena.free, vec![0]);
+        assert_eq!((arena.lists.len(), arena.free.len()), (0, 0), "the last list freed gives the table back");
         let r = arena.remove(&mut h, ReplicaId(9), Medium::Cpu, u16::MAX);
         assert_eq!(r, Removal { left: 0, replica_gone: true, block_empty: true });
-        // A freed list is reused.
+        // A new list starts the table again.
         let mut g = Holder::one(ReplicaId(1), Medium::Gpu);
         arena.add(&mut g, ReplicaId(3), Medium::Gpu);
         assert_eq!((g.replica, g.list_index()), (MANY, 0));
+        // Equal lists mark the second; a medium that differs clears the mark.
+        let mut k = Holder::one(ReplicaId(1), Medium::Gpu);
+        arena.add(&mut k, ReplicaId(3), Medium::Gpu);
+        arena.refresh_same(Some(&g), &mut k);
+        assert!(k.same_as_previous() && !g.same_as_previous());
+        assert_eq!(arena.slice(&k).len(), 2, "the mark leaves the handle's list alone");
+        arena.add(&mut k, ReplicaId(3), Medium::Cpu);
+        arena.refresh_same(Some(&g), &mut k);
+        assert!(!k.same_as_previous());
+        arena.refresh_same(None, &mut k);
+        assert!(!k.same_as_previous());
     }
 }

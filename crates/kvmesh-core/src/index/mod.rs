@@ -1,23 +1,26 @@
 //! The prefix index: which replica holds which block, built from the replicas' KV events.
 //!
 //! ```text
-//!  replica r's events ──apply──► per-replica engine-id map ──► blocks: BlockHash → holders
+//!  replica r's events ──apply──► per-replica engine-id map ──► segments: chains of (block, holders)
 //!  request block hashes ──overlaps──► each replica's longest leading run, per medium
 //! ```
 //!
 //! Engine block ids are opaque (vLLM and SGLang compute them differently), so a `Stored` event's
 //! tokens are re-hashed with kvmesh's own chained [`crate::BlockHasher`], chained from the
-//! parent's kvmesh hash. Each replica keeps an engine-id → block map for its removals. Copies
+//! parent's kvmesh hash. Blocks live in [`segments`]: chains stored contiguously, so a query
+//! reads consecutive blocks from consecutive memory and looks a block up by hash only where a
+//! chain branches. Each replica keeps an engine-id → position map for its removals. Copies
 //! are counted, not set-membership (case C20): the per-medium copy count lives with the
 //! block's holder, and an engine id's mapping goes when its block's last copy on that replica
 //! and medium does. Bad events are counted no-ops
 //! ([`Rejection`]), never panics. Memory follows what the replicas hold: removals and clears
-//! free entries and shrink the per-replica maps; [`PrefixIndex::memory_bytes`] reports it.
+//! free slots and shrink the per-replica maps; [`PrefixIndex::memory_bytes`] reports it.
 
 mod event;
 mod holders;
 mod outcome;
 mod replica_blocks;
+mod segments;
 mod table;
 
 pub use event::{KvEvent, Removed, Stored};
@@ -26,21 +29,24 @@ pub use replica_blocks::IndexHealth;
 
 use crate::hashing::BlockHasher;
 use crate::ids::{BlockHash, Medium, ReplicaId};
-use crate::overlap::{leading_runs, Overlap};
+use crate::overlap::{Overlap, Runs};
 use holders::{Arena, Holder};
 use replica_blocks::ReplicaBlocks;
 use rustc_hash::FxHashSet;
+use segments::{Pos, Segments};
 use table::Table;
 
 /// The fleet-wide prefix index for one namespace and block size.
 #[derive(Debug)]
 pub struct PrefixIndex {
     hasher: BlockHasher,
-    blocks: Table<Holder>,
+    blocks: Segments,
     arena: Arena,
     replicas: Vec<Option<ReplicaBlocks>>,
     entries: usize,
     seed: u64,
+    /// A stored event's block hashes, reused between events.
+    scratch: Vec<BlockHash>,
 }
 
 impl PrefixIndex {
@@ -55,11 +61,12 @@ impl PrefixIndex {
     pub fn with_seed(hasher: BlockHasher, seed: u64) -> Self {
         PrefixIndex {
             hasher,
-            blocks: Table::with_seed(seed),
+            blocks: Segments::with_seed(seed),
             arena: Arena::default(),
             replicas: Vec::new(),
             entries: 0,
             seed,
+            scratch: Vec::new(),
         }
     }
 
@@ -117,18 +124,53 @@ impl PrefixIndex {
     }
 
     /// Each replica's longest leading run of `hashes` it holds, per medium, appended to `out`
-    /// sorted by replica id; replicas holding no leading block are left out. One pass over the
-    /// blocks that stops as soon as no replica can match further.
+    /// sorted by replica id; replicas holding no leading block are left out.
+    ///
+    /// One pass along the chains the blocks are stored in: within a segment the request's
+    /// hashes are compared with the slots in order, and a slot held exactly as the one before
+    /// it changes no run and is skipped; a hash is looked up only where the stored chain
+    /// branches or ends. Stops as soon as no replica can match further.
     pub fn overlaps(&self, hashes: &[BlockHash], out: &mut Vec<(ReplicaId, Overlap)>) {
-        leading_runs(hashes.len(), |i| self.blocks.get(hashes[i].0).map(|h| self.arena.slice(h)), Holder::media, out);
-    }
-
-    /// Whether `replica` holds `block`, as `[GPU, CPU]`.
-    pub fn holds(&self, replica: ReplicaId, block: BlockHash) -> [bool; 2] {
-        self.blocks
-            .get(block.0)
-            .and_then(|h| self.arena.slice(h).iter().find(|x| x.replica == replica).map(|x| x.held()))
-            .unwrap_or([false, false])
+        let Some(first) = hashes.first() else { return };
+        let Some(mut pos) = self.blocks.next(None, first.0) else { return };
+        let mut previous = self.blocks.slot(pos).holder;
+        if previous.is_empty() {
+            return;
+        }
+        let held = Holder::media;
+        let mut runs = Runs::start(self.arena.slice(&previous), held, out);
+        // Every block before `i` matched every run still going; `pos` is block `i − 1`'s.
+        let mut i = 1;
+        'walk: while i < hashes.len() && !runs.is_done() {
+            let slots = self.blocks.after(pos);
+            let k = slots.iter().zip(&hashes[i..]).take_while(|(s, h)| s.hash == h.0).count();
+            for s in &slots[..k] {
+                if !s.holder.same_holders_as(&previous) {
+                    if s.holder.is_empty() {
+                        break 'walk;
+                    }
+                    runs.step(self.arena.slice(&s.holder), i as u32, &held, out);
+                    if runs.is_done() {
+                        break 'walk;
+                    }
+                }
+                previous = s.holder;
+                i += 1;
+            }
+            if i == hashes.len() {
+                break;
+            }
+            // The stored chain branches or ends here: the block may start a segment of its own.
+            let Some(p) = self.blocks.next(None, hashes[i].0) else { break };
+            previous = self.blocks.slot(p).holder;
+            if previous.is_empty() {
+                break;
+            }
+            runs.step(self.arena.slice(&previous), i as u32, &held, out);
+            pos = p;
+            i += 1;
+        }
+        runs.finish(i as u32, out);
     }
 
     /// (block, replica) pairs held, whatever the medium or copy count.
@@ -138,7 +180,7 @@ impl PrefixIndex {
 
     /// Distinct blocks held by any replica.
     pub fn blocks(&self) -> usize {
-        self.blocks.len()
+        self.blocks.live()
     }
 
     /// Distinct (engine id, medium) mappings `replica` holds; 0 for an unknown replica.
@@ -187,11 +229,11 @@ impl PrefixIndex {
             return out;
         }
         let m = s.medium.index();
-        let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+        let rb = self.replicas[replica.index()].as_ref().expect("slot registered by apply");
         let mut prev = match s.parent {
             None => None,
             Some(p) => match rb.engine[m].get(p.0).or_else(|| rb.engine[1 - m].get(p.0)) {
-                Some(&block) => Some(BlockHash(block)),
+                Some(&pos) => Some(Pos::unpack(pos)),
                 None => {
                     out.rejection = Some(Rejection::UnknownParent);
                     return out;
@@ -202,55 +244,97 @@ impl PrefixIndex {
             Some(adapter) if prev.is_none() => self.hasher.for_adapter(adapter),
             _ => self.hasher,
         };
-        let chunks = s.token_ids.chunks_exact(want as usize);
-        for (&engine_hash, tokens) in s.block_hashes.iter().zip(chunks) {
-            let block = hasher.hash_block(prev, tokens);
-            prev = Some(block);
-            match rb.engine[m].insert(engine_hash.0, block.0) {
-                Some(old) if old != block.0 => {
+        // Hash every block first, then read the table slots the loop below will probe: the
+        // reads are independent, so their cache misses overlap instead of coming one by one.
+        let mut blocks = std::mem::take(&mut self.scratch);
+        blocks.clear();
+        let mut parent_hash = prev.map(|p| BlockHash(self.blocks.slot(p).hash));
+        for tokens in s.token_ids.chunks_exact(want as usize) {
+            let block = hasher.hash_block(parent_hash, tokens);
+            blocks.push(block);
+            parent_hash = Some(block);
+        }
+        let mut sink = 0;
+        for (block, engine_hash) in blocks.iter().zip(&s.block_hashes) {
+            sink ^= self.blocks.touch_start(block.0) ^ rb.engine[m].touch(engine_hash.0);
+        }
+        std::hint::black_box(sink);
+        let n = s.block_hashes.len();
+        for (k, (&engine_hash, &block)) in s.block_hashes.iter().zip(&blocks).enumerate() {
+            // The block gets its holder before the engine map changes: an id reused for other
+            // tokens may empty the old block's slot, which must never be this one.
+            let pos = self.blocks.locate_or_insert(prev, block.0, n - k);
+            let h = self.blocks.holder_mut(pos);
+            let added = if h.is_empty() {
+                *h = Holder::one(replica, s.medium);
+                self.blocks.occupied(pos);
+                true
+            } else {
+                self.arena.add(h, replica, s.medium)
+            };
+            self.entries += added as usize;
+            self.refresh_same(pos);
+            let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+            match rb.engine[m].insert(engine_hash.0, pos.pack()) {
+                Some(old) if old != pos.pack() => {
                     // The engine reused an id for other tokens: trust the newest event and drop
                     // the old block's copies in this medium.
-                    if let Some(h) = self.blocks.get_mut(old) {
-                        let r = self.arena.remove(h, replica, s.medium, u16::MAX);
-                        self.entries -= r.replica_gone as usize;
-                        if r.block_empty {
-                            self.blocks.remove(old);
-                        }
-                    }
+                    self.drop_copies(replica, Pos::unpack(old), s.medium, u16::MAX);
                     out.rejection.get_or_insert(Rejection::ConflictingBlock);
                 }
                 _ => {}
             }
-            let added = match self.blocks.entry(block.0, Holder::one(replica, s.medium)) {
-                (_, true) => true,
-                (h, false) => self.arena.add(h, replica, s.medium),
-            };
-            self.entries += added as usize;
+            prev = Some(pos);
             out.stored += 1;
         }
+        self.scratch = blocks;
         out
+    }
+
+    /// Removes `n` of `replica`'s copies of the block at `pos` in `medium`, emptying the slot
+    /// when nobody holds the block any more.
+    fn drop_copies(&mut self, replica: ReplicaId, pos: Pos, medium: Medium, n: u16) -> holders::Removal {
+        let h = self.blocks.holder_mut(pos);
+        if h.is_empty() {
+            return holders::Removal { left: 0, replica_gone: false, block_empty: false };
+        }
+        let r = self.arena.remove(h, replica, medium, n);
+        if r.block_empty {
+            *h = Holder::default();
+            self.blocks.vacated(pos);
+        }
+        self.entries -= r.replica_gone as usize;
+        self.refresh_same(pos);
+        r
+    }
+
+    /// Re-marks whether the lists at `pos` and after it equal their previous slot's, after
+    /// `pos`'s holders changed.
+    fn refresh_same(&mut self, pos: Pos) {
+        for off in [pos.off, pos.off + 1] {
+            if let Some((previous, h)) = self.blocks.with_previous(Pos { seg: pos.seg, off }) {
+                self.arena.refresh_same(previous.as_ref(), h);
+            }
+        }
     }
 
     fn remove(&mut self, replica: ReplicaId, r: &Removed) -> ApplyOutcome {
         let mut out = ApplyOutcome::default();
         let m = r.medium.index();
-        let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+        if let Some(Some(rb)) = self.replicas.get(replica.index()) {
+            let sink = r.block_hashes.iter().fold(0, |x, h| x ^ rb.engine[m].touch(h.0));
+            std::hint::black_box(sink);
+        }
         for engine_hash in &r.block_hashes {
-            let Some(&block) = rb.engine[m].get(engine_hash.0) else {
+            let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+            let Some(&pos) = rb.engine[m].get(engine_hash.0) else {
                 out.rejection.get_or_insert(Rejection::UnknownBlock);
                 continue;
             };
-            let removal = match self.blocks.get_mut(block) {
-                Some(h) => self.arena.remove(h, replica, r.medium, 1),
-                None => holders::Removal { left: 0, replica_gone: false, block_empty: false },
-            };
-            if removal.left == 0 {
+            if self.drop_copies(replica, Pos::unpack(pos), r.medium, 1).left == 0 {
+                let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
                 rb.engine[m].remove(engine_hash.0);
             }
-            if removal.block_empty {
-                self.blocks.remove(block);
-            }
-            self.entries -= removal.replica_gone as usize;
             out.removed += 1;
         }
         out
@@ -258,21 +342,26 @@ impl PrefixIndex {
 
     fn clear(&mut self, replica: ReplicaId) -> u32 {
         let Some(Some(rb)) = self.replicas.get_mut(replica.index()) else { return 0 };
+        let maps = [
+            std::mem::replace(&mut rb.engine[0], Table::with_seed(self.seed)),
+            std::mem::replace(&mut rb.engine[1], Table::with_seed(self.seed)),
+        ];
         let mut cleared = 0;
-        for medium in Medium::ALL {
-            let map = std::mem::replace(&mut rb.engine[medium.index()], Table::with_seed(self.seed));
-            for (_, block) in map.iter() {
-                let Some(h) = self.blocks.get_mut(block) else { continue };
-                let before =
-                    self.arena.slice(h).iter().find(|x| x.replica == replica).map_or(0, |x| x.copies[medium.index()]);
-                let r = self.arena.remove(h, replica, medium, u16::MAX);
-                cleared += before as u32;
-                self.entries -= r.replica_gone as usize;
-                if r.block_empty {
-                    self.blocks.remove(block);
-                }
+        for (medium, map) in Medium::ALL.into_iter().zip(maps) {
+            for (_, pos) in map.iter() {
+                let pos = Pos::unpack(pos);
+                let Some(slot) = self.blocks.get(pos) else { continue };
+                let copies = self
+                    .arena
+                    .slice(&slot.holder)
+                    .iter()
+                    .find(|x| x.replica == replica)
+                    .map_or(0, |x| x.copies[medium.index()]);
+                cleared += copies as u32;
+                self.drop_copies(replica, pos, medium, u16::MAX);
             }
         }
+        let rb = self.replicas[replica.index()].as_mut().expect("checked above");
         rb.health.out_of_sync = false;
         rb.health.counters.clears += 1;
         cleared

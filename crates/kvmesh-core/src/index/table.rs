@@ -104,14 +104,12 @@ impl<V: Copy + Default> Table<V> {
         Some(&self.slots[i].value)
     }
 
-    /// The value of `key` for update, if present.
+    /// Reads `key`'s home slot and nothing else: no branch depends on what is read, so a
+    /// batch of these keeps many cache misses in flight at once and the lookups that follow
+    /// find their slots in cache. Returns the slot's tag, to keep the read observable.
     #[inline]
-    pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut V> {
-        if key == self.seed {
-            return self.zero.as_mut();
-        }
-        let i = self.find(mix(key ^ self.seed)).ok()?;
-        Some(&mut self.slots[i].value)
+    pub(crate) fn touch(&self, key: u64) -> u64 {
+        self.slots.get(self.home(mix(key ^ self.seed))).map_or(0, |s| s.m)
     }
 
     /// Sets `key` to `value`; returns the value it replaced.
