@@ -1,5 +1,5 @@
 //! Overlap: how many leading blocks of a request a replica already holds, and the one-pass
-//! longest-leading-run computation shared by the prefix index and the routing record.
+//! longest-leading-run computation ([`Runs`]) the prefix index walks with.
 
 use crate::ids::ReplicaId;
 
@@ -20,7 +20,7 @@ impl Overlap {
     }
 }
 
-/// One replica's entry in one block's holder list, as seen by [`leading_runs`].
+/// One replica's entry in one block's holder list, as seen by [`Runs`].
 pub(crate) trait Holding {
     fn replica(&self) -> ReplicaId;
 }

@@ -496,7 +496,7 @@ impl Fleet {
     }
 
     /// Whether capacity is short for `decision`: no replica had KV headroom for the request
-    /// (reason [`Reason::NoKvHeadroom`]), or every routable replica already carries its
+    /// (reason [`crate::Reason::NoKvHeadroom`]), or every routable replica already carries its
     /// profile's `max_num_seqs` requests or more (`decision` is not booked yet: admission
     /// control checks before [`Fleet::book_decision`]). This is the trigger of admission
     /// control (wait rather than pile onto full replicas).

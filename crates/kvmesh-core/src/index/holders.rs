@@ -93,7 +93,7 @@ pub(crate) struct Removal {
     pub(crate) left: u16,
     /// The replica no longer holds the block in any medium (a (block, replica) entry ended).
     pub(crate) replica_gone: bool,
-    /// Nobody holds the block any more: drop it from the map.
+    /// Nobody holds the block any more: its slot is emptied.
     pub(crate) block_empty: bool,
 }
 

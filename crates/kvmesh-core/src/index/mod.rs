@@ -7,14 +7,16 @@
 //!
 //! Engine block ids are opaque (vLLM and SGLang compute them differently), so a `Stored` event's
 //! tokens are re-hashed with kvmesh's own chained [`crate::BlockHasher`], chained from the
-//! parent's kvmesh hash. Blocks live in [`segments`]: chains stored contiguously, so a query
+//! parent's kvmesh hash. Blocks live in `segments`: chains stored contiguously, so a query
 //! reads consecutive blocks from consecutive memory and looks a block up by hash only where a
 //! chain branches. Each replica keeps an engine-id → position map for its removals. Copies
-//! are counted, not set-membership (case C20): the per-medium copy count lives with the
-//! block's holder, and an engine id's mapping goes when its block's last copy on that replica
-//! and medium does. Bad events are counted no-ops
+//! are counted, not set-membership (case C20): per engine id in that map, and per replica and
+//! medium (all ids together) with the block's holder; an id's mapping goes with its last copy,
+//! so one block held under two ids (a cache salt) loses each id's copies on their own. Bad events are counted no-ops
 //! ([`Rejection`]), never panics. Memory follows what the replicas hold: removals and clears
-//! free slots and shrink the per-replica maps; [`PrefixIndex::memory_bytes`] reports it.
+//! shrink the per-replica maps, pop empty slots off a segment's end and free a segment nobody
+//! holds anything in (an empty slot before a held one stays until then; the segment table
+//! itself shrinks only when every segment is free); [`PrefixIndex::memory_bytes`] reports it.
 
 mod event;
 mod holders;
@@ -31,7 +33,7 @@ use crate::hashing::BlockHasher;
 use crate::ids::{BlockHash, Medium, ReplicaId};
 use crate::overlap::{Overlap, Runs};
 use holders::{Arena, Holder};
-use replica_blocks::ReplicaBlocks;
+use replica_blocks::{Mapping, ReplicaBlocks};
 use rustc_hash::FxHashSet;
 use segments::{Pos, Segments};
 use table::Table;
@@ -233,7 +235,7 @@ impl PrefixIndex {
         let mut prev = match s.parent {
             None => None,
             Some(p) => match rb.engine[m].get(p.0).or_else(|| rb.engine[1 - m].get(p.0)) {
-                Some(&pos) => Some(Pos::unpack(pos)),
+                Some(&v) => Some(Mapping::unpack(v).pos),
                 None => {
                     out.rejection = Some(Rejection::UnknownParent);
                     return out;
@@ -261,34 +263,48 @@ impl PrefixIndex {
         std::hint::black_box(sink);
         let n = s.block_hashes.len();
         for (k, (&engine_hash, &block)) in s.block_hashes.iter().zip(&blocks).enumerate() {
-            // The block gets its holder before the engine map changes: an id reused for other
-            // tokens may empty the old block's slot, which must never be this one.
             let pos = self.blocks.locate_or_insert(prev, block.0, n - k);
-            let h = self.blocks.holder_mut(pos);
-            let added = if h.is_empty() {
-                *h = Holder::one(replica, s.medium);
-                self.blocks.occupied(pos);
-                true
-            } else {
-                self.arena.add(h, replica, s.medium)
+            let rb = self.replicas[replica.index()].as_ref().expect("slot registered by apply");
+            let old = rb.engine[m].get(engine_hash.0).map(|&v| Mapping::unpack(v));
+            let copies = match old {
+                // The same id for the same block again: one more copy (case C20), up to what
+                // the mapping counts; past that the store is counted and changes nothing.
+                Some(o) if o.pos == pos && o.copies == u8::MAX => None,
+                Some(o) if o.pos == pos => Some(o.copies + 1),
+                _ => Some(1),
             };
-            self.entries += added as usize;
-            self.refresh_same(pos);
-            let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
-            match rb.engine[m].insert(engine_hash.0, pos.pack()) {
-                Some(old) if old != pos.pack() => {
-                    // The engine reused an id for other tokens: trust the newest event and drop
-                    // the old block's copies in this medium.
-                    self.drop_copies(replica, Pos::unpack(old), s.medium, u16::MAX);
-                    out.rejection.get_or_insert(Rejection::ConflictingBlock);
-                }
-                _ => {}
+            if let Some(copies) = copies {
+                // The block gets its copy before an old block of this id loses its own: that
+                // may empty a slot, which must never be this one.
+                self.add_copy(replica, pos, s.medium);
+                let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+                rb.engine[m].insert(engine_hash.0, Mapping { pos, copies }.pack());
+            }
+            if let Some(o) = old.filter(|o| o.pos != pos) {
+                // The engine reused an id for other tokens: trust the newest event and drop
+                // the copies the old block had under this id.
+                self.drop_copies(replica, o.pos, s.medium, o.copies as u16);
+                out.rejection.get_or_insert(Rejection::ConflictingBlock);
             }
             prev = Some(pos);
             out.stored += 1;
         }
         self.scratch = blocks;
         out
+    }
+
+    /// Adds one copy of the block at `pos` for `replica` in `medium`.
+    fn add_copy(&mut self, replica: ReplicaId, pos: Pos, medium: Medium) {
+        let h = self.blocks.holder_mut(pos);
+        let added = if h.is_empty() {
+            *h = Holder::one(replica, medium);
+            self.blocks.occupied(pos);
+            true
+        } else {
+            self.arena.add(h, replica, medium)
+        };
+        self.entries += added as usize;
+        self.refresh_same(pos);
     }
 
     /// Removes `n` of `replica`'s copies of the block at `pos` in `medium`, emptying the slot
@@ -327,14 +343,18 @@ impl PrefixIndex {
         }
         for engine_hash in &r.block_hashes {
             let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
-            let Some(&pos) = rb.engine[m].get(engine_hash.0) else {
+            let Some(o) = rb.engine[m].get(engine_hash.0).map(|&v| Mapping::unpack(v)) else {
                 out.rejection.get_or_insert(Rejection::UnknownBlock);
                 continue;
             };
-            if self.drop_copies(replica, Pos::unpack(pos), r.medium, 1).left == 0 {
-                let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+            // Copies are counted per engine id: the id's mapping goes with its last copy, so
+            // no id ever points at a slot its replica no longer holds.
+            if o.copies <= 1 {
                 rb.engine[m].remove(engine_hash.0);
+            } else {
+                rb.engine[m].insert(engine_hash.0, Mapping { copies: o.copies - 1, ..o }.pack());
             }
+            self.drop_copies(replica, o.pos, r.medium, 1);
             out.removed += 1;
         }
         out
@@ -348,17 +368,10 @@ impl PrefixIndex {
         ];
         let mut cleared = 0;
         for (medium, map) in Medium::ALL.into_iter().zip(maps) {
-            for (_, pos) in map.iter() {
-                let pos = Pos::unpack(pos);
-                let Some(slot) = self.blocks.get(pos) else { continue };
-                let copies = self
-                    .arena
-                    .slice(&slot.holder)
-                    .iter()
-                    .find(|x| x.replica == replica)
-                    .map_or(0, |x| x.copies[medium.index()]);
-                cleared += copies as u32;
-                self.drop_copies(replica, pos, medium, u16::MAX);
+            for (_, v) in map.iter() {
+                let o = Mapping::unpack(v);
+                cleared += o.copies as u32;
+                self.drop_copies(replica, o.pos, medium, o.copies as u16);
             }
         }
         let rb = self.replicas[replica.index()].as_mut().expect("checked above");

@@ -2,13 +2,34 @@
 //! event counters and its sync status.
 
 use super::outcome::EventCounters;
+use super::segments::Pos;
 use super::table::Table;
+
+/// One engine id's block and copies, packed into a `u64`: segment (32 bits), offset (24 bits,
+/// [`super::segments::MAX_SEGMENT`] keeps offsets below 2^24), copies (8 bits, 1–255: a store
+/// past 255 copies under one id is counted and changes nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mapping {
+    pub(crate) pos: Pos,
+    pub(crate) copies: u8,
+}
+
+impl Mapping {
+    pub(crate) fn pack(self) -> u64 {
+        (self.pos.seg as u64) << 32 | (self.pos.off as u64) << 8 | self.copies as u64
+    }
+
+    pub(crate) fn unpack(v: u64) -> Self {
+        Mapping { pos: Pos { seg: (v >> 32) as u32, off: (v >> 8) as u32 & 0xFF_FFFF }, copies: v as u8 }
+    }
+}
 
 /// Per-replica index state.
 #[derive(Debug, Default)]
 pub(crate) struct ReplicaBlocks {
-    /// Engine id → kvmesh block hash (the ids' `u64`s), per medium (`[GPU, CPU]`): removals
-    /// carry engine ids only. Copy counts live with the block's holder.
+    /// Engine id → where its block is and the copies stored under this id ([`Mapping`],
+    /// packed), per medium (`[GPU, CPU]`): removals carry engine ids only. The block's holder
+    /// counts the replica's copies under all its ids together.
     pub(crate) engine: [Table<u64>; 2],
     pub(crate) health: IndexHealth,
 }
@@ -25,6 +46,15 @@ pub struct IndexHealth {
     /// The block size, in tokens, of the last event rejected for a block-size mismatch
     /// (case C04); `None` once a matching event has been applied.
     pub block_size_mismatch: Option<u32>,
+}
+
+#[cfg(test)]
+#[test]
+fn mappings_pack_losslessly() {
+    let m = Mapping { pos: Pos { seg: u32::MAX, off: 0xFF_FFFF }, copies: 255 };
+    assert_eq!(Mapping::unpack(m.pack()), m);
+    let m = Mapping { pos: Pos { seg: 7, off: 9 }, copies: 1 };
+    assert_eq!(Mapping::unpack(m.pack()), m);
 }
 
 impl ReplicaBlocks {

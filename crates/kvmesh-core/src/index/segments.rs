@@ -7,8 +7,8 @@
 //! its own, found through `starts` (first block hash → segment). Block hashes are chained, so a
 //! hash names its whole prefix and `starts` needs no parent in its key. Segments never split
 //! or move: a second child of a block mid-segment starts a segment of its own, so the
-//! positions the replicas' engine-id maps point to stay valid for as long as the block is
-//! held. A block nobody holds leaves an empty slot ([`Holder::is_empty`]): popped when it is
+//! positions the replicas' engine-id maps point to stay valid while the replica holds the
+//! block (copies are counted per engine id, and an id's mapping goes with its last copy). A block nobody holds leaves an empty slot ([`Holder::is_empty`]): popped when it is
 //! the segment's last, the whole segment freed (and its id reused) when no slot is held.
 //!
 //! This is Dynamo's compressed radix tree turned inside out: its edges are found by walking
@@ -18,21 +18,15 @@
 use super::holders::Holder;
 use super::table::Table;
 
-/// A block's place: segment id and offset, packed as `seg << 32 | off` in the engine-id maps.
+/// Slots per segment at most (offsets fit the engine-id maps' 24 bits); a longer chain goes
+/// on in a segment of its own.
+pub(crate) const MAX_SEGMENT: usize = 1 << 24;
+
+/// A block's place: segment id and offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Pos {
     pub(crate) seg: u32,
     pub(crate) off: u32,
-}
-
-impl Pos {
-    pub(crate) fn pack(self) -> u64 {
-        (self.seg as u64) << 32 | self.off as u64
-    }
-
-    pub(crate) fn unpack(v: u64) -> Self {
-        Pos { seg: (v >> 32) as u32, off: v as u32 }
-    }
 }
 
 /// One block in a segment: 16 bytes.
@@ -75,11 +69,6 @@ impl Segments {
     #[inline]
     pub(crate) fn slot(&self, p: Pos) -> &Slot {
         &self.segs[p.seg as usize].slots[p.off as usize]
-    }
-
-    /// The slot of `p`, if the position exists (positions from the engine maps always do).
-    pub(crate) fn get(&self, p: Pos) -> Option<&Slot> {
-        self.segs.get(p.seg as usize)?.slots.get(p.off as usize)
     }
 
     /// The slots after `p` in its segment (the blocks that continue `p`'s chain in place).
@@ -126,9 +115,11 @@ impl Segments {
         }
         if let Some(p) = parent {
             let seg = &mut self.segs[p.seg as usize];
-            if p.off as usize + 1 == seg.slots.len() {
+            if p.off as usize + 1 == seg.slots.len() && seg.slots.len() < MAX_SEGMENT {
                 if seg.slots.len() == seg.slots.capacity() {
-                    seg.slots.reserve_exact(reserve.max(1));
+                    // The rest of the event, and at least a quarter more: chains built a block
+                    // at a time (decode) grow in amortised constant time.
+                    seg.slots.reserve_exact(reserve.max(seg.slots.len() / 4).max(1));
                 }
                 seg.slots.push(Slot { hash, holder: Holder::default() });
                 return Pos { seg: p.seg, off: p.off + 1 };
@@ -240,6 +231,5 @@ mod tests {
         empty(&mut s, d);
         assert_eq!((s.next(Some(b), 13), s.free.clone()), (None, vec![1]));
         assert_eq!(s.locate_or_insert(None, 20, 1), Pos { seg: 1, off: 0 });
-        assert_eq!(Pos::unpack(Pos { seg: 7, off: 9 }.pack()), Pos { seg: 7, off: 9 });
     }
 }

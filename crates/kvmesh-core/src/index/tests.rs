@@ -301,20 +301,45 @@ fn engine_id(prefix: &[u32]) -> u64 {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Store { r: u32, doc: u8, start: usize, len: usize, cpu: bool },
-    Remove { r: u32, doc: u8, block: usize, cpu: bool },
-    Clear { r: u32 },
-    DropReplica { r: u32 },
-    WrongBlockSize { r: u32 },
-    SelfRef { r: u32, doc: u8 },
+    /// `salt`: the engine names the same blocks with other ids (vLLM's `cache_salt` or
+    /// multimodal keys change its hash, not the tokens), so one replica can hold a block under
+    /// two ids.
+    Store {
+        r: u32,
+        doc: u8,
+        start: usize,
+        len: usize,
+        cpu: bool,
+        salt: bool,
+    },
+    Remove {
+        r: u32,
+        doc: u8,
+        block: usize,
+        cpu: bool,
+        salt: bool,
+    },
+    Clear {
+        r: u32,
+    },
+    DropReplica {
+        r: u32,
+    },
+    WrongBlockSize {
+        r: u32,
+    },
+    SelfRef {
+        r: u32,
+        doc: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..3u32, 0..16u8, 0..4usize, 1..4usize, prop::bool::weighted(0.2))
-            .prop_map(|(r, doc, start, len, cpu)| Op::Store { r, doc, start, len, cpu }),
-        4 => (0..3u32, 0..16u8, 0..6usize, prop::bool::weighted(0.2))
-            .prop_map(|(r, doc, block, cpu)| Op::Remove { r, doc, block, cpu }),
+        6 => (0..3u32, 0..16u8, 0..4usize, 1..4usize, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
+            .prop_map(|(r, doc, start, len, cpu, salt)| Op::Store { r, doc, start, len, cpu, salt }),
+        4 => (0..3u32, 0..16u8, 0..6usize, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
+            .prop_map(|(r, doc, block, cpu, salt)| Op::Remove { r, doc, block, cpu, salt }),
         1 => (0..3u32).prop_map(|r| Op::Clear { r }),
         1 => (0..3u32).prop_map(|r| Op::DropReplica { r }),
         1 => (0..3u32).prop_map(|r| Op::WrongBlockSize { r }),
@@ -326,11 +351,12 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
     let medium = |cpu: bool| if cpu { Medium::Cpu } else { Medium::Gpu };
     let b = BS as usize;
     match *op {
-        Op::Store { r, doc: d, start, len, cpu } => {
+        Op::Store { r, doc: d, start, len, cpu, salt } => {
             let t = doc(d);
             let end = (start + len).min(6);
-            let ids = (start..end).map(|k| e(engine_id(&t[..(k + 1) * b]))).collect();
-            let parent = (start > 0).then(|| e(engine_id(&t[..start * b])));
+            let id = |k: usize| e(engine_id(&t[..k * b]) + 500 * salt as u64);
+            let ids = (start..end).map(|k| id(k + 1)).collect();
+            let parent = (start > 0).then(|| id(start));
             let ev = Stored {
                 block_hashes: ids,
                 parent,
@@ -341,9 +367,10 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
             };
             (r, Some(KvEvent::Stored(ev)))
         }
-        Op::Remove { r, doc: d, block, cpu } => {
+        Op::Remove { r, doc: d, block, cpu, salt } => {
             let t = doc(d);
-            let ev = Removed { block_hashes: vec![e(engine_id(&t[..(block + 1) * b]))], medium: medium(cpu) };
+            let id = e(engine_id(&t[..(block + 1) * b]) + 500 * salt as u64);
+            let ev = Removed { block_hashes: vec![id], medium: medium(cpu) };
             (r, Some(KvEvent::Removed(ev)))
         }
         Op::Clear { r } => (r, Some(KvEvent::Cleared)),
@@ -440,4 +467,42 @@ fn a_seeded_index_answers_like_an_unseeded_one_for_every_engine_id() {
     // Stored 3, removed the last, stored it again, removed the middle: the run stops at 1.
     assert_eq!(seen, vec![3, 2, 3, 1]);
     assert_eq!((plain.entries(), seeded.entries()), (2, 2));
+}
+
+#[test]
+fn one_block_under_two_engine_ids_keeps_each_ids_copies() {
+    // The engine names block B twice (ids 2 and 3, as with a cache salt): each id's copy is
+    // its own, and an id whose copies are gone is unknown, whatever happened to the slot.
+    let mut ix = index();
+    let ab: Vec<u32> = (0..8).collect();
+    ix.apply(R0, &stored(&[1, 2], None, ab.clone()));
+    ix.apply(R0, &stored(&[3], Some(1), ab[4..].to_vec()));
+    assert_eq!((ix.entries(), ix.replica_blocks(R0)), (2, 3));
+    assert_eq!(ix.apply(R0, &removed(&[2])).rejection, None);
+    assert_eq!(gpu_overlap(&ix, R0, &ab), 2, "B is still held under id 3");
+    ix.apply(R0, &removed(&[3]));
+    assert_eq!(gpu_overlap(&ix, R0, &ab), 1);
+    assert_eq!(ix.apply(R0, &removed(&[2])).rejection, Some(Rejection::UnknownBlock));
+    let c: Vec<u32> = (8..12).collect();
+    assert_eq!(ix.apply(R0, &stored(&[4], Some(2), c)).rejection, Some(Rejection::UnknownParent));
+    assert_eq!((ix.entries(), ix.blocks()), (1, 1));
+
+    // T under ids 1 and 2, both removed; U takes the freed place; T again under id 1 is a
+    // plain store, not a conflict with U.
+    let mut ix = index();
+    let (t, u): (Vec<u32>, Vec<u32>) = ((0..4).collect(), (10..14).collect());
+    ix.apply(R0, &stored(&[1], None, t.clone()));
+    ix.apply(R0, &stored(&[2], None, t.clone()));
+    ix.apply(R0, &removed(&[1]));
+    assert_eq!(gpu_overlap(&ix, R0, &t), 1);
+    ix.apply(R0, &removed(&[2]));
+    assert_eq!((ix.entries(), gpu_overlap(&ix, R0, &t)), (0, 0));
+    ix.apply(R0, &stored(&[3], None, u.clone()));
+    assert_eq!(ix.apply(R0, &stored(&[1], None, t.clone())).rejection, None);
+    assert_eq!((gpu_overlap(&ix, R0, &u), gpu_overlap(&ix, R0, &t), ix.entries()), (1, 1, 2));
+    // An id reused for other tokens drops only the copies stored under it.
+    ix.apply(R0, &stored(&[5], None, u.clone()));
+    assert_eq!(ix.apply(R0, &stored(&[5], None, t.clone())).rejection, Some(Rejection::ConflictingBlock));
+    assert_eq!((gpu_overlap(&ix, R0, &u), gpu_overlap(&ix, R0, &t)), (1, 1), "U keeps its copy under id 3");
+    assert_eq!(ix.apply(R0, &KvEvent::Cleared).cleared, 3);
 }
