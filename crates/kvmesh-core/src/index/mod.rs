@@ -273,6 +273,10 @@ impl PrefixIndex {
                 Some(o) if o.pos == pos => Some(o.copies + 1),
                 _ => Some(1),
             };
+            // The holder's count (all ids together) saturates too: a copy it cannot count is
+            // not counted under the id either, so the two always agree.
+            let held = self.arena.slice(&self.blocks.slot(pos).holder).iter().find(|x| x.replica == replica);
+            let copies = copies.filter(|_| held.is_none_or(|x| x.copies[m] < u16::MAX));
             if let Some(copies) = copies {
                 // The block gets its copy before an old block of this id loses its own: that
                 // may empty a slot, which must never be this one.
@@ -283,6 +287,10 @@ impl PrefixIndex {
             if let Some(o) = old.filter(|o| o.pos != pos) {
                 // The engine reused an id for other tokens: trust the newest event and drop
                 // the copies the old block had under this id.
+                if copies.is_none() {
+                    let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+                    rb.engine[m].remove(engine_hash.0);
+                }
                 self.drop_copies(replica, o.pos, s.medium, o.copies as u16);
                 out.rejection.get_or_insert(Rejection::ConflictingBlock);
             }

@@ -506,3 +506,21 @@ fn one_block_under_two_engine_ids_keeps_each_ids_copies() {
     assert_eq!((gpu_overlap(&ix, R0, &u), gpu_overlap(&ix, R0, &t)), (1, 1), "U keeps its copy under id 3");
     assert_eq!(ix.apply(R0, &KvEvent::Cleared).cleared, 3);
 }
+
+#[test]
+fn a_holder_full_of_copies_takes_no_more_under_any_id() {
+    // 65,535 copies per replica and medium is the holder's limit: a store under yet another id
+    // is counted and changes nothing, so clearing every id empties the block exactly once.
+    let mut ix = index();
+    let t: Vec<u32> = (0..4).collect();
+    for id in 1..=65_536u64 {
+        ix.apply(R0, &stored(&[id], None, t.clone()));
+    }
+    assert_eq!((ix.replica_blocks(R0), gpu_overlap(&ix, R0, &t)), (65_535, 1));
+    assert_eq!(ix.apply(R0, &removed(&[65_536])).rejection, Some(Rejection::UnknownBlock));
+    assert_eq!(ix.apply(R0, &KvEvent::Cleared).cleared, 65_535);
+    assert_eq!((ix.entries(), ix.blocks(), gpu_overlap(&ix, R0, &t)), (0, 0, 0));
+    let other: Vec<u32> = (10..14).collect();
+    ix.apply(R1, &stored(&[1], None, other.clone()));
+    assert_eq!(ix.apply(R0, &stored(&[2], Some(65_536), other)).rejection, Some(Rejection::UnknownParent));
+}
