@@ -120,7 +120,9 @@ fn measure(w: &Workload, config: &WorkloadConfig, concurrent: bool) -> Report {
 }
 
 fn row<I: Index>(make: impl Fn() -> I, w: &Workload, entries: usize, conc: Option<ConcurrentFigures>) -> IndexRow {
-    let name = make().name();
+    let probe = make();
+    let (name, query_includes) = (probe.name(), probe.query_includes());
+    drop(probe);
     eprintln!("  {name}: apply pass");
     let a = apply_pass(&make, w);
     eprintln!("  {name}: query pass");
@@ -128,10 +130,9 @@ fn row<I: Index>(make: impl Fn() -> I, w: &Workload, entries: usize, conc: Optio
     if let Some(m) = &q.first_mismatch {
         eprintln!("  {name}: {} mismatches; first: {m}", q.mismatches);
     }
-    let probe = make();
     IndexRow {
         index: name.to_string(),
-        query_includes: probe.query_includes().to_string(),
+        query_includes: query_includes.to_string(),
         pre: Latency::of(&q.pre),
         post: Latency::of(&q.post),
         apply_mblocks_per_s: a.mblocks_per_s(),

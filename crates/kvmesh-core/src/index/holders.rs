@@ -86,6 +86,17 @@ impl Holder {
     }
 }
 
+/// What adding a copy did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Added {
+    /// The replica did not hold the block before.
+    NewHolder,
+    /// The replica held it; one more copy is counted.
+    Copy,
+    /// The replica holds 65,535 copies in that medium: nothing was counted.
+    Full,
+}
+
 /// What removing copies did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Removal {
@@ -115,28 +126,32 @@ impl Arena {
         }
     }
 
-    /// Adds one copy for `replica` in `medium`; returns true when the replica is a new holder.
-    pub(crate) fn add(&mut self, h: &mut Holder, replica: ReplicaId, medium: Medium) -> bool {
+    /// Adds one copy for `replica` in `medium`; says whether the replica is a new holder, or
+    /// already held it and the copy was counted, or was at 65,535 copies there already.
+    pub(crate) fn add(&mut self, h: &mut Holder, replica: ReplicaId, medium: Medium) -> Added {
         let m = medium.index();
+        let count = |copies: &mut u16| match copies.checked_add(1) {
+            Some(c) => {
+                *copies = c;
+                Added::Copy
+            }
+            None => Added::Full,
+        };
         if h.replica == replica {
-            h.copies[m] = h.copies[m].saturating_add(1);
-            return false;
+            return count(&mut h.copies[m]);
         }
         if h.replica != MANY {
             let new = Holder::one(replica, medium);
             let list = if h.replica < replica { vec![*h, new] } else { vec![new, *h] };
             *h = Holder::handle(self.alloc(list));
-            return true;
+            return Added::NewHolder;
         }
         let list = &mut self.lists[h.list_index()];
         match list.binary_search_by_key(&replica, |x| x.replica) {
-            Ok(i) => {
-                list[i].copies[m] = list[i].copies[m].saturating_add(1);
-                false
-            }
+            Ok(i) => count(&mut list[i].copies[m]),
             Err(i) => {
                 list.insert(i, Holder::one(replica, medium));
-                true
+                Added::NewHolder
             }
         }
     }
@@ -230,9 +245,9 @@ mod tests {
     fn add_and_remove_keep_sorted_and_collapse() {
         let mut arena = Arena::default();
         let mut h = Holder::one(ReplicaId(5), Medium::Gpu);
-        assert!(arena.add(&mut h, ReplicaId(2), Medium::Gpu));
-        assert!(arena.add(&mut h, ReplicaId(9), Medium::Cpu));
-        assert!(!arena.add(&mut h, ReplicaId(5), Medium::Gpu));
+        assert_eq!(arena.add(&mut h, ReplicaId(2), Medium::Gpu), Added::NewHolder);
+        assert_eq!(arena.add(&mut h, ReplicaId(9), Medium::Cpu), Added::NewHolder);
+        assert_eq!(arena.add(&mut h, ReplicaId(5), Medium::Gpu), Added::Copy);
         let ids: Vec<u32> = arena.slice(&h).iter().map(|x| x.replica.0).collect();
         assert_eq!(ids, vec![2, 5, 9]);
         let r = arena.remove(&mut h, ReplicaId(5), Medium::Gpu, 1);

@@ -32,7 +32,7 @@ pub use replica_blocks::IndexHealth;
 use crate::hashing::BlockHasher;
 use crate::ids::{BlockHash, Medium, ReplicaId};
 use crate::overlap::{Overlap, Runs};
-use holders::{Arena, Holder};
+use holders::{Added, Arena, Holder};
 use replica_blocks::{Mapping, ReplicaBlocks};
 use rustc_hash::FxHashSet;
 use segments::{Pos, Segments};
@@ -273,14 +273,11 @@ impl PrefixIndex {
                 Some(o) if o.pos == pos => Some(o.copies + 1),
                 _ => Some(1),
             };
-            // The holder's count (all ids together) saturates too: a copy it cannot count is
-            // not counted under the id either, so the two always agree.
-            let held = self.arena.slice(&self.blocks.slot(pos).holder).iter().find(|x| x.replica == replica);
-            let copies = copies.filter(|_| held.is_none_or(|x| x.copies[m] < u16::MAX));
+            // The block gets its copy before an old block of this id loses its own (that may
+            // empty a slot, which must never be this one). A copy the holder cannot count (it
+            // saturates too) is not counted under the id either, so the two always agree.
+            let copies = copies.filter(|_| self.add_copy(replica, pos, s.medium));
             if let Some(copies) = copies {
-                // The block gets its copy before an old block of this id loses its own: that
-                // may empty a slot, which must never be this one.
-                self.add_copy(replica, pos, s.medium);
                 let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
                 rb.engine[m].insert(engine_hash.0, Mapping { pos, copies }.pack());
             }
@@ -301,26 +298,28 @@ impl PrefixIndex {
         out
     }
 
-    /// Adds one copy of the block at `pos` for `replica` in `medium`.
-    fn add_copy(&mut self, replica: ReplicaId, pos: Pos, medium: Medium) {
+    /// Adds one copy of the block at `pos` for `replica` in `medium`; false when the holder
+    /// already counts as many as it can and nothing was added.
+    fn add_copy(&mut self, replica: ReplicaId, pos: Pos, medium: Medium) -> bool {
         let h = self.blocks.holder_mut(pos);
         let added = if h.is_empty() {
             *h = Holder::one(replica, medium);
             self.blocks.occupied(pos);
-            true
+            Added::NewHolder
         } else {
             self.arena.add(h, replica, medium)
         };
-        self.entries += added as usize;
+        self.entries += (added == Added::NewHolder) as usize;
         self.refresh_same(pos);
+        added != Added::Full
     }
 
     /// Removes `n` of `replica`'s copies of the block at `pos` in `medium`, emptying the slot
     /// when nobody holds the block any more.
-    fn drop_copies(&mut self, replica: ReplicaId, pos: Pos, medium: Medium, n: u16) -> holders::Removal {
+    fn drop_copies(&mut self, replica: ReplicaId, pos: Pos, medium: Medium, n: u16) {
         let h = self.blocks.holder_mut(pos);
         if h.is_empty() {
-            return holders::Removal { left: 0, replica_gone: false, block_empty: false };
+            return;
         }
         let r = self.arena.remove(h, replica, medium, n);
         if r.block_empty {
@@ -329,7 +328,6 @@ impl PrefixIndex {
         }
         self.entries -= r.replica_gone as usize;
         self.refresh_same(pos);
-        r
     }
 
     /// Re-marks whether the lists at `pos` and after it equal their previous slot's, after
