@@ -219,6 +219,21 @@ async fn the_metrics_page_is_valid_openmetrics() {
     }
     // Outcomes that have not happened yet are series at 0, not missing ones.
     assert!(page.contains("kvmesh_admission_refused_total{outcome=\"queue_full\"} 0\n"), "{page}");
+    // The request's blocks came back as a live event batch: its publish-to-applied time is
+    // recorded (one host, one clock), under a second.
+    let field = |page: &str, name: &str| {
+        page.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
+    };
+    let mut page = page;
+    for _ in 0..100 {
+        if field(&page, "kvmesh_event_lag_seconds_count ") >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
+    }
+    let (count, sum) = (field(&page, "kvmesh_event_lag_seconds_count "), field(&page, "kvmesh_event_lag_seconds_sum "));
+    assert!(count >= 1.0 && (0.0..count).contains(&sum), "lag count {count}, sum {sum} s:\n{page}");
     assert!(page.contains("kvmesh_requests_total{outcome=\"upstream_error\"} 0\n"), "{page}");
     node.stop().await;
     e.stop().await;

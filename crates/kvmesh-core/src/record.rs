@@ -166,7 +166,11 @@ impl RoutingRecord {
 
     /// Like [`Self::overlaps`], counting only entries recorded less than `window(replica)`
     /// seconds before `now` (and within the TTL): prefixes routed recently enough that the
-    /// replica's KV events may not have confirmed them yet.
+    /// replica's KV events may not have confirmed them yet. `out` is sorted by replica.
+    ///
+    /// Cost: one visit per (recorded block of the prompt, replica) entry, O(1) each (dense
+    /// per-replica scratch instead of sorted sets): a hot prefix routed to all of a large
+    /// fleet lists every replica under each of its stride blocks.
     pub fn overlaps_within(
         &self,
         hashes: &[BlockHash],
@@ -174,60 +178,66 @@ impl RoutingRecord {
         window: impl Fn(ReplicaId) -> f64,
         out: &mut Vec<(ReplicaId, Overlap)>,
     ) {
-        type Ids = SmallVec<[ReplicaId; 16]>;
         let n = hashes.len();
         let ttl = self.ttl;
         let live = |s: &Sent| s.at + window(s.replica).min(ttl) > now;
         let holders = |i: usize| self.blocks.get(&hashes[i]).map_or(&[][..], |l| l.as_slice());
-        // Each replica's run so far, blocks, sorted by replica (holder lists are sorted too, so
-        // every membership test below is a binary search).
-        let mut best: SmallVec<[(ReplicaId, u32); 16]> = SmallVec::new();
-        let note = |best: &mut SmallVec<[(ReplicaId, u32); 16]>, r: ReplicaId, run: u32| match best
-            .binary_search_by_key(&r, |x| x.0)
-        {
-            Ok(k) => best[k].1 = best[k].1.max(run),
-            Err(k) => best.insert(k, (r, run)),
-        };
-        // Replicas that hold every stride block so far (all of them before the first one).
-        let (mut alive, mut next): (Ids, Ids) = (SmallVec::new(), SmallVec::new());
-        let mut first = true;
+        // Every recorded replica has an index below `per_replica.len()`.
+        let m = self.per_replica.len();
+        // Each replica's run so far, blocks; and the last stride window it held the stride
+        // block of (`NONE`: not yet), so "held every stride block so far" is one comparison.
+        const NONE: u32 = u32::MAX;
+        let mut run = vec![0u32; m];
+        let mut held_through = vec![NONE; m];
+        let mut w = 0u32;
+        // Replicas holding every stride block so far (all of them before the first one).
+        let mut alive = 0usize;
         let mut start = 0;
         while start < n {
             let stride_at = start + self.stride - 1;
-            let candidate = |alive: &Ids, r: ReplicaId| first || alive.binary_search(&r).is_ok();
+            let candidate = |held_through: &[u32], r: ReplicaId| w == 0 || held_through[r.index()] == w - 1;
             if stride_at >= n {
                 // The last, partial window: its recorded blocks are prompts' ends.
                 for i in start..n {
-                    for s in holders(i).iter().filter(|s| live(s) && candidate(&alive, s.replica)) {
-                        note(&mut best, s.replica, i as u32 + 1);
+                    for s in holders(i).iter().filter(|s| live(s) && candidate(&held_through, s.replica)) {
+                        let r = &mut run[s.replica.index()];
+                        *r = (*r).max(i as u32 + 1);
                     }
                 }
                 break;
             }
-            next.clear();
-            next.extend(
-                holders(stride_at).iter().filter(|s| live(s) && candidate(&alive, s.replica)).map(|s| s.replica),
-            );
+            let mut next = 0usize;
+            for s in holders(stride_at) {
+                if live(s) && candidate(&held_through, s.replica) {
+                    held_through[s.replica.index()] = w;
+                    next += 1;
+                }
+            }
             // Replicas that stop in this window may still end a recorded prompt inside it.
-            let stops = |r: ReplicaId| candidate(&alive, r) && next.binary_search(&r).is_err();
-            if first || alive.iter().any(|&r| stops(r)) {
+            if w == 0 || next < alive {
+                let stops = |r: ReplicaId| candidate(&held_through, r) && held_through[r.index()] != w;
                 for i in start..stride_at {
                     for s in holders(i).iter().filter(|s| live(s) && stops(s.replica)) {
-                        note(&mut best, s.replica, i as u32 + 1);
+                        let r = &mut run[s.replica.index()];
+                        *r = (*r).max(i as u32 + 1);
                     }
                 }
             }
-            for &r in &next {
-                note(&mut best, r, stride_at as u32 + 1);
+            for s in holders(stride_at) {
+                if held_through[s.replica.index()] == w {
+                    run[s.replica.index()] = stride_at as u32 + 1;
+                }
             }
-            if next.is_empty() {
+            if next == 0 {
                 break;
             }
-            std::mem::swap(&mut alive, &mut next);
-            first = false;
+            alive = next;
+            w += 1;
             start += self.stride;
         }
-        out.extend(best.into_iter().map(|(r, run)| (r, Overlap::gpu(run))));
+        out.extend(
+            run.iter().enumerate().filter(|(_, &r)| r > 0).map(|(i, &r)| (ReplicaId(i as u32), Overlap::gpu(r))),
+        );
     }
 
     /// (block, replica) entries recorded for `replica` (stride blocks and prompts' ends).
@@ -258,8 +268,74 @@ impl RoutingRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     impl RoutingRecord {
+        /// The previous implementation of [`Self::overlaps_within`] (sorted sets, binary
+        /// searches): the property test holds the new one to it.
+        pub(super) fn overlaps_within_reference(
+            &self,
+            hashes: &[BlockHash],
+            now: f64,
+            window: impl Fn(ReplicaId) -> f64,
+            out: &mut Vec<(ReplicaId, Overlap)>,
+        ) {
+            type Ids = SmallVec<[ReplicaId; 16]>;
+            let n = hashes.len();
+            let ttl = self.ttl;
+            let live = |s: &Sent| s.at + window(s.replica).min(ttl) > now;
+            let holders = |i: usize| self.blocks.get(&hashes[i]).map_or(&[][..], |l| l.as_slice());
+            // Each replica's run so far, blocks, sorted by replica (holder lists are sorted too, so
+            // every membership test below is a binary search).
+            let mut best: SmallVec<[(ReplicaId, u32); 16]> = SmallVec::new();
+            let note = |best: &mut SmallVec<[(ReplicaId, u32); 16]>, r: ReplicaId, run: u32| match best
+                .binary_search_by_key(&r, |x| x.0)
+            {
+                Ok(k) => best[k].1 = best[k].1.max(run),
+                Err(k) => best.insert(k, (r, run)),
+            };
+            // Replicas that hold every stride block so far (all of them before the first one).
+            let (mut alive, mut next): (Ids, Ids) = (SmallVec::new(), SmallVec::new());
+            let mut first = true;
+            let mut start = 0;
+            while start < n {
+                let stride_at = start + self.stride - 1;
+                let candidate = |alive: &Ids, r: ReplicaId| first || alive.binary_search(&r).is_ok();
+                if stride_at >= n {
+                    // The last, partial window: its recorded blocks are prompts' ends.
+                    for i in start..n {
+                        for s in holders(i).iter().filter(|s| live(s) && candidate(&alive, s.replica)) {
+                            note(&mut best, s.replica, i as u32 + 1);
+                        }
+                    }
+                    break;
+                }
+                next.clear();
+                next.extend(
+                    holders(stride_at).iter().filter(|s| live(s) && candidate(&alive, s.replica)).map(|s| s.replica),
+                );
+                // Replicas that stop in this window may still end a recorded prompt inside it.
+                let stops = |r: ReplicaId| candidate(&alive, r) && next.binary_search(&r).is_err();
+                if first || alive.iter().any(|&r| stops(r)) {
+                    for i in start..stride_at {
+                        for s in holders(i).iter().filter(|s| live(s) && stops(s.replica)) {
+                            note(&mut best, s.replica, i as u32 + 1);
+                        }
+                    }
+                }
+                for &r in &next {
+                    note(&mut best, r, stride_at as u32 + 1);
+                }
+                if next.is_empty() {
+                    break;
+                }
+                std::mem::swap(&mut alive, &mut next);
+                first = false;
+                start += self.stride;
+            }
+            out.extend(best.into_iter().map(|(r, run)| (r, Overlap::gpu(run))));
+        }
+
         fn with_stride_1(ttl: f64, max: usize) -> Self {
             RoutingRecord::with_stride(ttl, max, 1)
         }
@@ -346,5 +422,40 @@ mod tests {
         rec.forget_replica(ReplicaId(0));
         assert_eq!((rec.entries(), rec.replica_blocks(ReplicaId(0))), (2, 0));
         assert_eq!(overlap(&rec, &[1, 2], 1.0), vec![(1, 2)]);
+    }
+
+    proptest! {
+        /// The dense-scratch walk gives exactly what the sorted-set walk gave, on records of
+        /// prompts that share, branch from and continue each other, with expiry, refreshes and
+        /// per-replica windows.
+        #[test]
+        fn overlaps_within_matches_the_reference(
+            stride in 1usize..5,
+            prompts in prop::collection::vec((0u32..6, 0u64..4, 1usize..24, 0u32..20), 1..40),
+            query in (0u64..4, 1usize..30, 0usize..60),
+            now in 0u32..25,
+            windows in prop::collection::vec(0u32..12, 6),
+        ) {
+            // A prompt: a shared trunk `t` for its first blocks, then its own tail.
+            let blocks = |trunk: u64, len: usize, own: u64| -> Vec<BlockHash> {
+                (0..len).map(|i| BlockHash(if i < 10 { trunk * 1000 + i as u64 } else { own * 100_000 + i as u64 })).collect()
+            };
+            let mut rec = RoutingRecord::with_stride(8.0, 1 << 20, stride);
+            for (k, &(replica, trunk, len, at)) in prompts.iter().enumerate() {
+                rec.record(ReplicaId(replica), &blocks(trunk, len, k as u64 + 7), f64::from(at));
+            }
+            rec.expire(f64::from(now) - 1.0);
+            // Half the time a recorded prompt, cut short or run on (continuations, mid-stride
+            // exits); else a new prompt on a trunk.
+            let q = match prompts.get(query.2) {
+                Some(&(_, trunk, _, _)) => blocks(trunk, query.1, query.2 as u64 + 7),
+                None => blocks(query.0, query.1, 3),
+            };
+            let window = |r: ReplicaId| f64::from(windows[r.index() % windows.len()]);
+            let (mut got, mut want) = (Vec::new(), Vec::new());
+            rec.overlaps_within(&q, f64::from(now), window, &mut got);
+            rec.overlaps_within_reference(&q, f64::from(now), window, &mut want);
+            prop_assert_eq!(got, want);
+        }
     }
 }

@@ -12,11 +12,16 @@
 //! - **faults** settable at start or at runtime (`POST /admin/faults`): drop or delay events,
 //!   restart the sequence, answer 400/429/503, hang, die — [`faults`].
 //!
+//! [`fleet`] (binary `kvmesh-fleet-sim`) is another kind of stand-in: many busy replicas'
+//! KV events and metrics from one process, no serving, for measuring how many replicas one
+//! node can follow.
+//!
 //! Prompts are tokenized with kvmesh's approximate scheme ([`kvmesh_core::prompt`]), so a
 //! kvmesh node without a tokenizer computes exactly the engine's token ids.
 
 pub mod engine_task;
 pub mod faults;
+pub mod fleet;
 pub mod http;
 pub mod publisher;
 

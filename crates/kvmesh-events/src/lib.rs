@@ -1,5 +1,5 @@
-//! kvmesh-events: engines' wire formats — KV-cache events and load metrics — decoded into
-//! [`kvmesh_core`] types. No I/O.
+//! kvmesh-events: engines' wire formats — KV-cache events, load metrics and streamed
+//! completions — decoded into [`kvmesh_core`] types. No I/O.
 //!
 //! vLLM publishes KV events on a ZMQ PUB socket (`vllm/distributed/kv_events.py`,
 //! `ZmqEventPublisher`) as multipart messages
@@ -19,6 +19,8 @@
 //! - [`replay`]: the replay request and both reply framings.
 //! - [`encode`]: the publishing side (core events → vLLM's format), for stand-in engines.
 //! - [`metrics`]: an engine's load from its Prometheus `/metrics` page (vLLM and SGLang names).
+//! - [`sse`]: server-sent events, as engines stream completions (one parser for the proxy and
+//!   the clients).
 //! - [`budget`]: [`DecodeLimits`] checked on the raw bytes before decoding allocates.
 //! - [`DecodeError`]: "incomplete" (truncated), "malformed" (never valid) or "over budget".
 //!
@@ -36,6 +38,7 @@ pub mod event;
 pub mod message;
 pub mod metrics;
 pub mod replay;
+pub mod sse;
 
 pub use batch::{decode_batch, decode_batch_with, EventBatch, SkippedEvent};
 pub use budget::{check_budget, DecodeLimits};
@@ -43,3 +46,4 @@ pub use error::DecodeError;
 pub use message::{decode_message, decode_message_with, EventMessage};
 pub use metrics::{parse_engine_metrics, parse_engine_page, parse_served_tokens, Dialect, EnginePage, MetricsError};
 pub use replay::{decode_replay_reply, decode_replay_reply_with, replay_request, ReplayReply};
+pub use sse::{SseEvent, SseReader};

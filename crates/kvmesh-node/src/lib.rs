@@ -360,7 +360,13 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     let reflection = described().build_v1().context("gRPC reflection")?;
     let reflection_v1alpha = described().build_v1alpha().context("gRPC reflection (v1alpha)")?;
     let mut s2 = stopped;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
+    // No Nagle: a small gRPC answer held for the client's delayed ACK costs ~40 ms (tonic
+    // sets this only on listeners it binds itself).
+    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(grpc_listener), |s| {
+        s.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    });
     let cluster_services = cluster.as_ref().map(|c| cluster::service::ClusterServices {
         cluster: c.clone(),
         shared: shared.clone(),

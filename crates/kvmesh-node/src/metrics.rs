@@ -56,6 +56,10 @@ pub struct Metrics {
     pub engine_cached_tokens: Counter,
     /// KV events applied, by replica and kind.
     pub events_applied: Family<Labels, Counter>,
+    /// Time from an engine's publish (its batch's `ts`) to the batch applied at this node,
+    /// seconds, live batches only (not replayed ones). Engine clock against node clock: exact
+    /// on one host, off by the clocks' skew across hosts.
+    pub event_lag: Histogram,
     /// KV events rejected (decoder or index), by replica and reason.
     pub events_rejected: Family<Labels, Counter>,
     /// Resyncs, by replica and method: `replay` (a gap fully recovered), `replay_incomplete`,
@@ -119,6 +123,7 @@ impl Metrics {
             predicted_cached_tokens: Counter::default(),
             engine_cached_tokens: Counter::default(),
             events_applied: Family::default(),
+            event_lag: Histogram::new(exponential_buckets(0.000_25, 1.5, 20)),
             events_rejected: Family::default(),
             resyncs: Family::default(),
             quarantines: Family::default(),
@@ -174,6 +179,11 @@ impl Metrics {
             m.engine_cached_tokens.clone(),
         );
         registry.register("events_applied", "KV events applied by replica and kind", m.events_applied.clone());
+        registry.register(
+            "event_lag_seconds",
+            "Engine publish (batch ts) to applied at this node, live KV-event batches",
+            m.event_lag.clone(),
+        );
         registry.register("events_rejected", "KV events rejected by replica and reason", m.events_rejected.clone());
         registry.register("resyncs", "Event-stream resyncs by replica and method", m.resyncs.clone());
         registry.register(

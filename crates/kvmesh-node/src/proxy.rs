@@ -577,9 +577,9 @@ fn stream_through(
         events: u32,
         /// The closing `data: [DONE]` event came (vLLM and SGLang end every stream with it).
         done: bool,
-        /// Bytes after the last whole event (`\n\n`): passed on with the rest of their event,
-        /// so an error event never lands inside a half-sent one.
-        pending: Vec<u8>,
+        /// The stream parsed so far; bytes after the last whole event are passed on with the
+        /// rest of their event, so an error event never lands inside a half-sent one.
+        sse: kvmesh_events::SseReader,
     }
     /// An SSE error event (what OpenAI's clients raise on) for a stream that broke off.
     fn broken(booking: &mut Booking, why: String, timeout: bool) -> Bytes {
@@ -591,18 +591,31 @@ fn stream_through(
         let event = json!({"error": {"message": message, "type": kind, "code": code}});
         Bytes::from(format!("data: {event}\n\n"))
     }
-    let st = St { upstream: Box::pin(resp.bytes_stream()), booking, events: 0, done: false, pending: Vec::new() };
+    let st = St {
+        upstream: Box::pin(resp.bytes_stream()),
+        booking,
+        events: 0,
+        done: false,
+        sse: kvmesh_events::SseReader::new(),
+    };
     futures_util::stream::unfold(Some(st), |st| async move {
         let mut st = st?;
         loop {
             match st.upstream.next().await {
                 Some(Ok(chunk)) => {
                     st.booking.first_token(true);
-                    st.pending.extend_from_slice(&chunk);
-                    let Some(end) = event_end(&st.pending) else { continue };
-                    let whole: Vec<u8> = st.pending.drain(..end).collect();
-                    st.events += count_events(&whole);
-                    st.done |= whole.split(|&b| b == b'\n').any(|line| line.trim_ascii() == b"data: [DONE]");
+                    st.sse.push(&chunk);
+                    while let Some(event) = st.sse.next_event() {
+                        if event.is_done() {
+                            st.done = true;
+                        } else {
+                            st.events += 1;
+                        }
+                    }
+                    let whole = st.sse.take_parsed();
+                    if whole.is_empty() {
+                        continue;
+                    }
                     return Some((Ok(Bytes::from(whole)), Some(st)));
                 }
                 // Headers and some tokens are sent: the status cannot change any more. An error
@@ -620,26 +633,12 @@ fn stream_through(
                 Some(Err(_)) | None => {
                     // Each token is one `data:` event, plus a last one with the finish reason.
                     st.booking.release(Some(st.events.saturating_sub(1).max(1)), "ok");
-                    let rest = std::mem::take(&mut st.pending);
+                    let rest = std::mem::take(&mut st.sse).into_buffered();
                     return (!rest.is_empty()).then(|| (Ok(Bytes::from(rest)), None));
                 }
             }
         }
     })
-}
-
-/// Where the last whole SSE event in `bytes` ends (after its blank line, `\n\n` or
-/// `\r\n\r\n`), if one does.
-fn event_end(bytes: &[u8]) -> Option<usize> {
-    let lf = bytes.windows(2).rposition(|w| w == b"\n\n").map(|i| i + 2);
-    let crlf = bytes.windows(3).rposition(|w| w == b"\n\r\n").map(|i| i + 3);
-    lf.max(crlf)
-}
-
-fn count_events(chunk: &[u8]) -> u32 {
-    let data = chunk.windows(6).filter(|w| w == b"data: ").count();
-    let done = chunk.windows(6).filter(|w| w == b"[DONE]").count();
-    (data - done.min(data)) as u32
 }
 
 async fn models(State(shared): State<Arc<Shared>>) -> Response {

@@ -107,25 +107,37 @@ impl Index for Kvmesh {
 }
 
 /// kvmesh's index shared by a writer and readers the way a node shares it: behind one lock
-/// (a `RwLock` here, so readers do not wait for each other; the node takes a mutex).
+/// (a `RwLock` here, so readers do not wait for each other; the node takes a mutex), the
+/// writer applying an event [`SECTION_BLOCKS`] blocks at a time and handing the lock to a
+/// waiting reader between sections (`bump`), as the node's ingest does.
 pub struct SharedKvmesh {
-    index: std::sync::RwLock<PrefixIndex>,
+    index: parking_lot::RwLock<PrefixIndex>,
     queries: Vec<Vec<BlockHash>>,
 }
+
+/// Most blocks the writer applies under one hold of the lock (the node's
+/// `replica::ingest::SECTION_BLOCKS`).
+pub const SECTION_BLOCKS: usize = 64;
 
 impl SharedKvmesh {
     /// An empty index and the workload's queries as block hashes.
     pub fn new(w: &crate::workload::Workload) -> Self {
         let k = Kvmesh::new();
         let queries = w.queries.iter().map(|q| block_hashes(&k.hasher, q)).collect();
-        SharedKvmesh { index: std::sync::RwLock::new(k.index), queries }
+        SharedKvmesh { index: parking_lot::RwLock::new(k.index), queries }
     }
 }
 
 impl crate::run::Shared for SharedKvmesh {
     fn write(&self, op: &Op) {
         if let Some((replica, event)) = event_of(op) {
-            self.index.write().expect("no writer panics").apply(replica, &event);
+            let mut index = self.index.write();
+            for (i, piece) in event.sections(SECTION_BLOCKS).enumerate() {
+                if i > 0 {
+                    parking_lot::RwLockWriteGuard::bump(&mut index);
+                }
+                index.apply(replica, &piece);
+            }
         }
     }
 
@@ -133,7 +145,7 @@ impl crate::run::Shared for SharedKvmesh {
         thread_local!(static OUT: RefCell<Vec<(ReplicaId, Overlap)>> = const { RefCell::new(Vec::new()) });
         OUT.with_borrow_mut(|out| {
             out.clear();
-            self.index.read().expect("no writer panics").overlaps(&self.queries[q], out);
+            self.index.read().overlaps(&self.queries[q], out);
             out.len()
         })
     }

@@ -113,24 +113,22 @@ async fn one(client: &reqwest::Client, url: &str, body: serde_json::Value, speed
     o.replica = resp.headers().get("x-kvmesh-replica").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     // Server-sent events: `data: {json}\n\n` chunks; a chunk with choices is a token, the one
     // with `usage` and no choices carries the cached tokens, `[DONE]` ends the stream.
-    let mut pending = String::new();
+    let mut sse = kvmesh_events::SseReader::new();
     loop {
         match resp.chunk().await {
-            Ok(Some(bytes)) => pending.push_str(&String::from_utf8_lossy(&bytes)),
+            Ok(Some(bytes)) => sse.push(&bytes),
             Ok(None) => break,
             Err(e) => {
                 o.error = Some(format!("stream: {e}"));
                 return o;
             }
         }
-        while let Some(end) = pending.find("\n\n") {
-            let event: String = pending.drain(..end + 2).collect();
-            let Some(data) = event.trim().strip_prefix("data: ") else { continue };
-            if data == "[DONE]" {
+        while let Some(event) = sse.next_event() {
+            if event.is_done() {
                 o.e2e_s = Some(t0.elapsed().as_secs_f64() * speed);
                 continue;
             }
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else { continue };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&event.data) else { continue };
             if let Some(err) = v.get("error") {
                 o.error = Some(format!("engine: {}", err["message"].as_str().unwrap_or("error")));
                 return o;
@@ -142,6 +140,8 @@ async fn one(client: &reqwest::Client, url: &str, body: serde_json::Value, speed
                 o.cached_tokens = c as u32;
             }
         }
+        // Events are taken as they complete; nothing of them is kept.
+        drop(sse.take_parsed());
     }
     if o.ttft_s.is_none() {
         o.error = Some("stream ended before the first token".into());

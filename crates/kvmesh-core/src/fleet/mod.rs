@@ -188,6 +188,8 @@ pub struct Fleet {
     sparse: Vec<(ReplicaId, Overlap)>,
     overlaps: Vec<Overlap>,
     record_overlaps: Vec<u32>,
+    /// Each replica's pending-prefix window this decision, by replica id; NaN until asked.
+    pending_windows: Vec<std::cell::Cell<f64>>,
 }
 
 impl Fleet {
@@ -215,6 +217,7 @@ impl Fleet {
             sparse: Vec::new(),
             overlaps: Vec::new(),
             record_overlaps: Vec::new(),
+            pending_windows: Vec::new(),
         })
     }
 
@@ -661,12 +664,25 @@ impl Fleet {
             self.sparse.clear();
             let (bookings, config) = (&self.bookings, &self.config);
             let replicas = &self.replicas;
+            // Asked once per record entry, so once per replica listed under each of the
+            // prompt's recorded blocks: each replica's window is worked out once.
+            self.pending_windows.clear();
+            self.pending_windows.resize(self.next_id as usize, std::cell::Cell::new(f64::NAN));
+            let memo = &self.pending_windows;
             let window = |id: ReplicaId| {
-                let rate = match replicas.binary_search_by_key(&id, |r| r.id) {
-                    Ok(p) => replicas[p].profile(config.learn_prefill_rate).prefill_s_per_token,
-                    Err(_) => return 0.0,
+                let Some(cell) = memo.get(id.index()) else { return 0.0 };
+                if !cell.get().is_nan() {
+                    return cell.get();
+                }
+                let w = match replicas.binary_search_by_key(&id, |r| r.id) {
+                    Ok(p) => {
+                        let rate = replicas[p].profile(config.learn_prefill_rate).prefill_s_per_token;
+                        base + bookings.load(id).queued_prefill_at(now, rate) as f64 * rate
+                    }
+                    Err(_) => 0.0,
                 };
-                base + bookings.load(id).queued_prefill_at(now, rate) as f64 * rate
+                cell.set(w);
+                w
             };
             self.record.overlaps_within(&req.hashes, now, window, &mut self.sparse);
             scatter(&self.sparse, &self.replicas, |p, o| self.overlaps[p].gpu = self.overlaps[p].gpu.max(o.gpu));

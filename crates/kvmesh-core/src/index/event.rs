@@ -46,3 +46,125 @@ pub struct Removed {
     /// The medium they were removed from.
     pub medium: Medium,
 }
+
+impl KvEvent {
+    /// Blocks the event names (0 for a clear).
+    pub fn blocks(&self) -> usize {
+        match self {
+            KvEvent::Stored(s) => s.block_hashes.len(),
+            KvEvent::Removed(r) => r.block_hashes.len(),
+            KvEvent::Cleared => 0,
+        }
+    }
+
+    /// The event as events of at most `most` blocks each, in order, which apply to the index
+    /// as the whole one does: a store is split into consecutive stores, each chained to the
+    /// last block of the one before, a removal into removals of its parts. A store the index
+    /// rejects whole (token count off, a block id repeated or its own parent: case C02) is
+    /// left whole, so it still is; so is any event of at most `most` blocks (borrowed).
+    ///
+    /// What it is for: a writer that must let readers in (a router's routing decisions)
+    /// applies a long prefill chunk or eviction a part at a time.
+    pub fn sections(&self, most: usize) -> impl Iterator<Item = std::borrow::Cow<'_, KvEvent>> {
+        use std::borrow::Cow;
+        let most = most.max(1);
+        let n = self.blocks();
+        let splits = match self {
+            KvEvent::Stored(s) => {
+                n > most && s.token_ids.len() == n * s.block_size as usize && {
+                    let mut ids: std::collections::HashSet<_> = s.block_hashes.iter().copied().collect();
+                    ids.len() == n && s.parent.is_none_or(|p| ids.insert(p))
+                }
+            }
+            KvEvent::Removed(_) => n > most,
+            KvEvent::Cleared => false,
+        };
+        let pieces = if splits { n.div_ceil(most) } else { 1 };
+        (0..pieces).map(move |i| {
+            if !splits {
+                return Cow::Borrowed(self);
+            }
+            let range = i * most..((i + 1) * most).min(n);
+            Cow::Owned(match self {
+                KvEvent::Stored(s) => {
+                    let bs = s.block_size as usize;
+                    KvEvent::Stored(Stored {
+                        block_hashes: s.block_hashes[range.clone()].to_vec(),
+                        parent: if i == 0 { s.parent } else { Some(s.block_hashes[range.start - 1]) },
+                        token_ids: s.token_ids[range.start * bs..range.end * bs].to_vec(),
+                        block_size: s.block_size,
+                        medium: s.medium,
+                        lora_name: s.lora_name.clone(),
+                    })
+                }
+                KvEvent::Removed(r) => {
+                    KvEvent::Removed(Removed { block_hashes: r.block_hashes[range].to_vec(), medium: r.medium })
+                }
+                KvEvent::Cleared => KvEvent::Cleared,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{EngineBlockHash as H, Medium};
+
+    fn stored(ids: std::ops::Range<u64>, parent: Option<u64>) -> KvEvent {
+        let n = ids.end - ids.start;
+        KvEvent::Stored(Stored {
+            block_hashes: ids.map(H).collect(),
+            parent: parent.map(H),
+            token_ids: (0..n as u32 * 2).collect(),
+            block_size: 2,
+            medium: Medium::Gpu,
+            lora_name: None,
+        })
+    }
+
+    #[test]
+    fn a_long_store_splits_into_chained_stores_and_a_removal_into_parts() {
+        let e = stored(10..15, Some(9));
+        let pieces: Vec<KvEvent> = e.sections(2).map(|p| p.into_owned()).collect();
+        let KvEvent::Stored(first) = &pieces[0] else { panic!() };
+        assert_eq!(pieces.len(), 3);
+        assert_eq!(
+            (first.block_hashes.clone(), first.parent, first.token_ids.clone()),
+            (vec![H(10), H(11)], Some(H(9)), vec![0, 1, 2, 3])
+        );
+        let KvEvent::Stored(last) = &pieces[2] else { panic!() };
+        assert_eq!(
+            (last.block_hashes.clone(), last.parent, last.token_ids.clone()),
+            (vec![H(14)], Some(H(13)), vec![8, 9])
+        );
+        let r = KvEvent::Removed(Removed { block_hashes: (1..6).map(H).collect(), medium: Medium::Cpu });
+        let parts: Vec<Vec<u64>> = r
+            .sections(2)
+            .map(|p| match p.into_owned() {
+                KvEvent::Removed(r) => r.block_hashes.iter().map(|h| h.0).collect(),
+                _ => panic!(),
+            })
+            .collect();
+        assert_eq!(parts, vec![vec![1, 2], vec![3, 4], vec![5]]);
+    }
+
+    #[test]
+    fn events_the_index_rejects_whole_are_not_split() {
+        // A repeated id, its own parent, a token count off: case C02 and the like stay whole.
+        let mut repeated = stored(1..6, None);
+        if let KvEvent::Stored(s) = &mut repeated {
+            s.block_hashes[4] = H(1);
+        }
+        let own_parent = stored(1..6, Some(3));
+        let mut short = stored(1..6, None);
+        if let KvEvent::Stored(s) = &mut short {
+            s.token_ids.pop();
+        }
+        for e in [repeated, own_parent, short, stored(1..3, None), KvEvent::Cleared] {
+            let pieces: Vec<_> = e.sections(2).collect();
+            assert_eq!(pieces.len(), 1);
+            assert!(matches!(pieces[0], std::borrow::Cow::Borrowed(_)));
+        }
+    }
+}

@@ -98,6 +98,7 @@ impl PushGuards {
             ingest::resync_by_clearing(shared, &name, if batch.seq <= l { "restart" } else { "clear" });
         }
         let (problems, applied) = ingest::apply(shared, &name, batch.seq, &decoded);
+        ingest::record_lag(shared, batch.ts);
         self.rebuild_if_asked(shared, &name, now);
         if let Some(first) = problems.first {
             self.bad_message(shared, &name, &format!("{} bad events, the first: {first}", problems.events));
