@@ -588,6 +588,16 @@ pub struct ReplayArgs {
     /// Draw each policy's TTFT CDF into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// Write every request's outcome to this CSV (policy, seed, arrival, replica, prompt,
+    /// cached and output tokens, TTFT, the router's estimated TTFT, E2E; seconds), in trace
+    /// order per run: to see which requests make a tail.
+    #[arg(long, value_name = "FILE.csv")]
+    pub outcomes_csv: Option<PathBuf>,
+    /// Set one parameter of one policy, `POLICY.NAME=VALUE` (repeatable), e.g.
+    /// `token_load.affinity_budget=0.6`: the names and ranges a cluster's `policy_params`
+    /// takes (README: policies). The rest keep their defaults.
+    #[arg(long = "policy-param", value_name = "POLICY.NAME=VALUE")]
+    pub policy_params: Vec<String>,
     /// No progress bars.
     #[arg(long)]
     pub quiet: bool,

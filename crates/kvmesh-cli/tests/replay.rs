@@ -229,3 +229,106 @@ fn the_ttft_slo_flag_and_its_former_name_set_the_same_slo() {
     let strip = |s: &str| s.lines().filter(|l| !l.starts_with("simulated")).collect::<Vec<_>>().join("\n");
     assert_eq!(strip(&new), strip(&old));
 }
+
+#[test]
+fn a_policy_param_changes_that_policy_only_and_bad_ones_are_refused() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "replay",
+            "--scenario",
+            "shared-90",
+            "--requests",
+            "300",
+            "--replicas",
+            "4",
+            "--rate",
+            "40",
+            "--policies",
+            "kv_cost,round_robin",
+            "--json",
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let out = kvmesh(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mean = |i: usize| {
+            let mut m = v["results"][i]["mean"].clone();
+            m.as_object_mut().unwrap().remove("wall_s");
+            m
+        };
+        (mean(0), mean(1))
+    };
+    let (kv, rr) = run(&[]);
+    // Dynamo's cost without its overlap term spreads the shared prompt by load alone and loses
+    // cache hits; round robin is untouched.
+    let (kv_off, rr_off) = run(&["--policy-param", "kv_cost.overlap_weight=0"]);
+    assert_eq!(rr, rr_off);
+    let hit = |m: &serde_json::Value| m["hit_rate"].as_f64().unwrap();
+    assert!(hit(&kv_off) < hit(&kv), "hit rate {} with overlap_weight 0, {} without", hit(&kv_off), hit(&kv));
+    for (args, msg) in [
+        ("x=1", "error: --policy-param \"x=1\": expected POLICY.NAME=VALUE, e.g. token_load.affinity_budget=0.6\n"),
+        (
+            "token_load.nope=1",
+            "error: --policy-param for token_load: invalid policy_params: policy token_load has no parameter \"nope\"\n",
+        ),
+        (
+            "token_load.affinity_budget=-1",
+            "error: --policy-param for token_load: invalid policy_params: affinity_budget must be within 0..=10, got -1\n",
+        ),
+        ("kv_cost.overlap_weight=2", "error: --policy-param \"kv_cost.overlap_weight=2\" names kv_cost, which --policies does not run\n"),
+    ] {
+        let out = kvmesh(&["replay", "--scenario", "chat", "--quiet", "--policies", "token_load", "--policy-param", args]);
+        assert_eq!((out.status.code(), text(&out.stderr)), (Some(1), msg.to_string()), "{args}");
+    }
+}
+
+#[test]
+fn the_outcomes_csv_has_one_row_per_request_and_agrees_with_the_table() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-outcomes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("o.csv");
+    let out = kvmesh(&[
+        "replay",
+        "--scenario",
+        "shared-50",
+        "--requests",
+        "120",
+        "--replicas",
+        "2",
+        "--policies",
+        "token_load,random",
+        "--seeds",
+        "2",
+        "--json",
+        "--quiet",
+        "--outcomes-csv",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let csv = std::fs::read_to_string(&path).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("policy,seed,arrival_s,replica,prompt_tokens,cached_tokens,output_tokens,ttft_s,estimated_ttft_s,e2e_s,rejected")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2 * 2 * 120);
+    // Sorted by policy, then seed, trace order within a run.
+    assert_eq!((rows[0][0], rows[0][1]), ("random", "1"));
+    assert_eq!((rows[120][0], rows[120][1]), ("random", "2"));
+    assert_eq!((rows[479][0], rows[479][1]), ("token_load", "2"));
+    for (k, policy) in ["token_load", "random"].iter().enumerate() {
+        let seed1: Vec<&Vec<&str>> = rows.iter().filter(|r| r[0] == *policy && r[1] == "1").collect();
+        let num = |r: &Vec<&str>, c: usize| r[c].parse::<f64>().unwrap();
+        let (cached, prompt) = seed1.iter().fold((0.0, 0.0), |(c, p), r| (c + num(r, 5), p + num(r, 4)));
+        let hit = v["results"][k]["per_seed"][0]["hit_rate"].as_f64().unwrap();
+        assert!((cached / prompt - hit).abs() < 1e-9, "{policy}: {} against {hit}", cached / prompt);
+        assert!(seed1.iter().all(|r| r[3].parse::<u32>().unwrap() < 2 && num(r, 7) > 0.0 && num(r, 9) >= num(r, 7)));
+        let max_ttft = seed1.iter().map(|r| num(r, 7)).fold(0.0, f64::max);
+        let p99 = v["results"][k]["per_seed"][0]["ttft_p99"].as_f64().unwrap();
+        assert!(p99 <= max_ttft + 1e-6, "{policy}: p99 {p99} above the CSV's largest TTFT {max_ttft}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

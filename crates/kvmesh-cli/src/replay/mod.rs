@@ -288,6 +288,52 @@ fn scale_row(policy: &str, seed: u64, p: &kvmesh_sim::simulation::ScalePoint) ->
     )
 }
 
+/// `--outcomes-csv` columns.
+const OUTCOMES_CSV_HEADER: &str =
+    "policy,seed,arrival_s,replica,prompt_tokens,cached_tokens,output_tokens,ttft_s,estimated_ttft_s,e2e_s,rejected";
+
+/// One run's `--outcomes-csv` rows (TTFT and E2E empty when never served).
+fn outcome_rows(policy: &str, seed: u64, outcomes: &[kvmesh_sim::simulation::Outcome]) -> String {
+    use std::fmt::Write;
+    let mut csv = String::new();
+    let secs = |x: f64| if x.is_finite() { format!("{x:.6}") } else { String::new() };
+    for o in outcomes {
+        let _ = writeln!(
+            csv,
+            "{policy},{seed},{:.6},{},{},{},{},{},{},{},{}",
+            o.arrival_s,
+            o.replica,
+            o.prompt_tokens,
+            o.cached_tokens,
+            o.output_tokens,
+            secs(o.first_token_s - o.arrival_s),
+            secs(o.estimated_ttft_s),
+            secs(o.finish_s - o.arrival_s),
+            o.rejected
+        );
+    }
+    csv
+}
+
+/// The `--policy-param POLICY.NAME=VALUE` settings that name `kind`.
+///
+/// # Errors
+/// A setting without `.` and `=`, with a value that is not a number, or naming no policy.
+fn policy_params(settings: &[String], kind: PolicyKind) -> anyhow::Result<Vec<(String, f64)>> {
+    let mut mine = Vec::new();
+    for s in settings {
+        let parsed = s.split_once('=').and_then(|(key, v)| Some((key.split_once('.')?, v.trim().parse::<f64>().ok()?)));
+        let Some(((policy, name), v)) = parsed else {
+            anyhow::bail!("--policy-param {s:?}: expected POLICY.NAME=VALUE, e.g. token_load.affinity_budget=0.6");
+        };
+        let named: PolicyKind = policy.parse().map_err(|e| anyhow::anyhow!("--policy-param {s:?}: {e}"))?;
+        if named == kind {
+            mine.push((name.to_string(), v));
+        }
+    }
+    Ok(mine)
+}
+
 /// Runs every (policy, seed) pair on `--jobs` threads, with a progress bar each.
 fn run_all(
     config: &SimConfig,
@@ -296,6 +342,17 @@ fn run_all(
     seeds: &[u64],
     args: &ReplayArgs,
 ) -> anyhow::Result<Vec<PolicyResult>> {
+    let params =
+        policies.iter().map(|v| policy_params(&args.policy_params, v.kind)).collect::<anyhow::Result<Vec<_>>>()?;
+    for s in &args.policy_params {
+        let named = s.split_once('.').and_then(|(policy, _)| policy.parse::<PolicyKind>().ok());
+        if let Some(named) = named.filter(|k| !policies.iter().any(|v| v.kind == *k)) {
+            bail!("--policy-param {s:?} names {}, which --policies does not run", named.as_str());
+        }
+    }
+    for (v, params) in policies.iter().zip(&params) {
+        v.kind.build_with(params).map_err(|e| anyhow::anyhow!("--policy-param for {}: {e}", v.kind.as_str()))?;
+    }
     let jobs: Vec<(usize, usize)> = (0..policies.len()).flat_map(|p| (0..seeds.len()).map(move |s| (p, s))).collect();
     let next = Mutex::new(0usize);
     type Slot = Option<(RunMetrics, Vec<f64>)>;
@@ -311,6 +368,8 @@ fn run_all(
     let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
     // `--scale-csv` rows as (policy, seed, time, row), sorted on those before writing.
     let timelines: Mutex<Vec<(String, u64, f64, String)>> = Mutex::new(Vec::new());
+    // `--outcomes-csv` rows per run as (policy, seed, rows).
+    let outcomes: Mutex<Vec<(String, u64, String)>> = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..workers.min(jobs.len()) {
             scope.spawn(|| loop {
@@ -325,7 +384,13 @@ fn run_all(
                 let bar = bars.add(ProgressBar::new(trace.requests.len() as u64));
                 bar.set_style(style.clone());
                 bar.set_prefix(format!("{} seed {}", policies[p], seeds[s]));
-                let mut policy = policies[p].kind.build();
+                let mut policy = match policies[p].kind.build_with(&params[p]) {
+                    Ok(policy) => policy,
+                    Err(e) => {
+                        errors.lock().expect("errors").push(format!("{}: {e}", policies[p]));
+                        continue;
+                    }
+                };
                 let config = &SimConfig {
                     replication: policies[p].replication.then(ReplicationConfig::default),
                     scaling: policies[p].autoscaler.map(|autoscaler| ScalingConfig {
@@ -354,6 +419,11 @@ fn run_all(
                                     .map(|pt| (label.clone(), seeds[s], pt.at, scale_row(&label, seeds[s], pt))),
                             );
                         }
+                        if args.outcomes_csv.is_some() {
+                            let label = policies[p].to_string();
+                            let csv = outcome_rows(&label, seeds[s], &run.outcomes);
+                            outcomes.lock().expect("outcomes").push((label, seeds[s], csv));
+                        }
                         let mut ttfts: Vec<f64> = run
                             .outcomes
                             .iter()
@@ -376,6 +446,12 @@ fn run_all(
         let mut rows = timelines.into_inner().expect("timelines");
         rows.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.total_cmp(&b.2)));
         let csv = rows.iter().fold(format!("{SCALE_CSV_HEADER}\n"), |csv, row| csv + &row.3);
+        std::fs::write(path, csv).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.outcomes_csv {
+        let mut runs = outcomes.into_inner().expect("outcomes");
+        runs.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        let csv = runs.iter().fold(format!("{OUTCOMES_CSV_HEADER}\n"), |csv, run| csv + &run.2);
         std::fs::write(path, csv).with_context(|| format!("writing {}", path.display()))?;
     }
     let done = done.into_inner().expect("results");
