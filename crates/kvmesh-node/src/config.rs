@@ -589,12 +589,16 @@ impl Default for NodeSection {
 pub struct ReplicaConfig {
     /// Unique name.
     pub name: String,
-    /// Base URL of its OpenAI API (`http://host:port`).
+    /// Base URL of its OpenAI API (`http://host:port`, optionally with a path prefix). Plain
+    /// HTTP only: `https://` is refused at load (the node's engine client has no TLS).
     pub http: String,
-    /// Its KV-event publisher endpoint (`tcp://host:port`); `None`: it publishes none.
+    /// Its KV-event publisher endpoint (`tcp://host:port`; `tcp://*:port` with
+    /// `kv_events_bind`); `None`: it publishes none. Other transports (`ipc://`) are refused
+    /// at load.
     #[serde(default)]
     pub kv_events: Option<String>,
-    /// Its replay endpoint; `None`: gaps are recovered by dropping its blocks.
+    /// Its replay endpoint (`tcp://host:port`); `None`: gaps are recovered by dropping its
+    /// blocks.
     #[serde(default)]
     pub replay: Option<String>,
     /// Bind the event endpoint instead of connecting (when the engine connects to the router).
@@ -637,16 +641,27 @@ impl ReplicaConfig {
         if self.name.is_empty() {
             return Err("a replica has an empty name".into());
         }
-        if !(self.http.starts_with("http://") || self.http.starts_with("https://")) {
-            return bad(&format!("http must be an http:// or https:// URL, got {:?}", self.http));
+        if self.http.starts_with("https://") {
+            // Accepting it would fail every request later: the node's engine client is built
+            // without a TLS backend.
+            return bad(&format!(
+                "http {:?}: https:// engines are not supported (the node talks plain HTTP to engines); \
+                 use the engine's http:// address on the pod network, or a TLS-terminating sidecar beside it",
+                self.http
+            ));
+        }
+        if !self.http.starts_with("http://") {
+            return bad(&format!("http must be an http:// URL, got {:?}", self.http));
         }
         if let Err(e) = crate::replica::endpoints::Endpoints::parse(&self.http) {
             return bad(&format!("http: {e}"));
         }
         for (field, ep) in [("kv_events", &self.kv_events), ("replay", &self.replay)] {
             if let Some(ep) = ep {
-                if !(ep.starts_with("tcp://") || ep.starts_with("ipc://")) {
-                    return bad(&format!("{field} must be a tcp:// or ipc:// ZMQ endpoint, got {ep:?}"));
+                // What the frame guard will need at start; checked here, since at start a bad
+                // endpoint would fail the replica's actor again and again.
+                if let Err(e) = crate::replica::frame_guard::tcp_address(ep) {
+                    return bad(&format!("{field} {e}"));
                 }
             }
         }
@@ -902,8 +917,29 @@ capacity_blocks = 100
         let c: NodeConfig = toml::from_str(&bad).unwrap();
         assert_eq!(
             c.validate().unwrap_err(),
-            "replica \"vllm-0\": kv_events must be a tcp:// or ipc:// ZMQ endpoint, got \"10.0.0.7:5557\""
+            "replica \"vllm-0\": kv_events \"10.0.0.7:5557\": only tcp://host:port endpoints are supported"
         );
+        // No port: refused here, not retried as a parse error at every restart of the actor.
+        let c: NodeConfig = toml::from_str(&EXAMPLE.replace("tcp://10.0.0.7:5557", "tcp://10.0.0.7")).unwrap();
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "replica \"vllm-0\": kv_events \"tcp://10.0.0.7\" has no port (tcp://host:port)"
+        );
+        let c: NodeConfig = toml::from_str(&EXAMPLE.replace(
+            "kv_events = \"tcp://10.0.0.7:5557\"",
+            "kv_events = \"tcp://10.0.0.7:5557\"\nreplay = \"ipc:///tmp/replay\"",
+        ))
+        .unwrap();
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "replica \"vllm-0\": replay \"ipc:///tmp/replay\": only tcp://host:port endpoints are supported"
+        );
+        // https engines: refused up front (the engine client has no TLS backend).
+        let c: NodeConfig = toml::from_str(&EXAMPLE.replace("http://10.0.0.7:8000", "https://10.0.0.7:8000")).unwrap();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .starts_with("replica \"vllm-0\": http \"https://10.0.0.7:8000\": https:// engines are not supported"));
         let clustered = format!("{EXAMPLE}\n[cluster]\nid = 2\npeers = [\"1=a:1\", \"3=c:3\"]\n");
         let c: NodeConfig = toml::from_str(&clustered).unwrap();
         assert_eq!(c.validate().unwrap_err(), "cluster.peers must include this node (id 2)");

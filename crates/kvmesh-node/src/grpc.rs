@@ -62,6 +62,13 @@ impl router_server::Router for Services {
         if let Some(key) = &r.session_key {
             req = req.with_key(hasher.sequence_key(&approximate_tokens(key)));
         }
+        // A sequence no replica can ever hold is refused, admission on or off: booked, it would
+        // take its replica's whole KV until the lease ended, and the engine refuses it anyway.
+        // With an approximate prompt count, judged by max_tokens alone.
+        let counted = if exact { tokens.len() as u32 } else { 0 };
+        if let Some(f) = self.shared.core().fleet.fits_nowhere(counted, r.max_tokens).filter(|f| f.certain()) {
+            return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f)));
+        }
         let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived);
         let Admitted { routed, replica: name, endpoints, at: now, decision_s } = match ticket
             .route(&req, &tokens, r.max_tokens)

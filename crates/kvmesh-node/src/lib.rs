@@ -24,6 +24,7 @@ pub mod booking_token;
 pub mod cluster;
 pub mod config;
 pub mod grpc;
+pub mod health;
 pub mod http_server;
 pub mod metrics;
 pub mod proxy;
@@ -350,6 +351,8 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     health_reporter.set_serving::<RouterServer<grpc::Services>>().await;
     health_reporter.set_serving::<AdminServer<grpc::Services>>().await;
     health_reporter.set_serving::<EventsServer<grpc::Services>>().await;
+    // Router (and the server as a whole) follow the replicas, as /health does.
+    tasks.push(tokio::spawn(health::follow_grpc(shared.clone(), health_reporter.clone(), stopped.clone())));
     // Both reflection versions: grpcurl speaks v1, many clients (grpc-requests, older
     // grpcurl, Postman) only v1alpha.
     let described = || {

@@ -63,9 +63,13 @@ pub struct Metrics {
     /// KV events rejected (decoder or index), by replica and reason.
     pub events_rejected: Family<Labels, Counter>,
     /// Resyncs, by replica and method: `replay` (a gap fully recovered), `replay_incomplete`,
-    /// `clear` (a gap without replay: blocks dropped), `restart` (the sequence went back),
+    /// `clear` (a gap without replay: blocks dropped), `restart` (the sequence went back, or
+    /// the engine's served-token counters did),
     /// `recovery` (the replica came back from unhealthy), `unknown_parent` (case C03).
     pub resyncs: Family<Labels, Counter>,
+    /// Live KV-event messages skipped as copies of ones a replay had just applied (queued in
+    /// the subscriber while the replay ran), by replica. Not restarts.
+    pub replay_copies: Family<Labels, Counter>,
     /// KV-event quarantines begun, by replica (its stream kept bringing bad messages).
     pub quarantines: Family<Labels, Counter>,
     replica_status: Family<Labels, Gauge>,
@@ -126,6 +130,7 @@ impl Metrics {
             event_lag: Histogram::new(exponential_buckets(0.000_25, 1.5, 20)),
             events_rejected: Family::default(),
             resyncs: Family::default(),
+            replay_copies: Family::default(),
             quarantines: Family::default(),
             replica_status: Family::default(),
             replica_queued_prefill: Family::default(),
@@ -186,6 +191,11 @@ impl Metrics {
         );
         registry.register("events_rejected", "KV events rejected by replica and reason", m.events_rejected.clone());
         registry.register("resyncs", "Event-stream resyncs by replica and method", m.resyncs.clone());
+        registry.register(
+            "event_replay_copies",
+            "Live KV-event messages skipped as copies of ones a replay had just applied, by replica",
+            m.replay_copies.clone(),
+        );
         registry.register(
             "event_quarantines",
             "KV-event quarantines begun by replica (bad messages kept coming)",

@@ -671,15 +671,13 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn health(State(shared): State<Arc<Shared>>) -> Response {
-    let now = shared.now();
-    let mut core = shared.core();
-    core.sync_all(now);
-    let total = core.replicas.len();
-    let routable = core.fleet.replicas().iter().filter(|r| r.routable()).count();
-    let body = Json(
-        json!({"status": if routable > 0 { "ok" } else { "no_replica_ready" }, "replicas": total, "routable": routable}),
-    );
-    if routable > 0 {
+    let r = crate::health::Readiness::of(&shared);
+    let body = Json(json!({
+        "status": if r.ready() { "ok" } else { "no_replica_ready" },
+        "replicas": r.replicas,
+        "routable": r.routable,
+    }));
+    if r.ready() {
         body.into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, body).into_response()

@@ -22,7 +22,10 @@ pub struct LimitsSection {
     /// A replica whose stream brings this many bad messages (refused or undecodable, or with
     /// events the decoder or index rejected) within `kv_event_bad_window_s` is quarantined:
     /// status `bad_events`, its blocks dropped and its stream not followed (disconnected),
-    /// routed on load only.
+    /// routed on load only. Only what no sound engine sends counts, so two are already a
+    /// pattern; each one before the quarantine costs the node a cut connection and a
+    /// reconnect (and, for a cut message, the engine's write of it), which is what the other
+    /// replicas feel of a hostile one.
     pub kv_event_bad_messages: u32,
     /// The window `kv_event_bad_messages` counts over, seconds.
     pub kv_event_bad_window_s: f64,
@@ -66,7 +69,7 @@ impl Default for LimitsSection {
             kv_event_max_message_bytes: events.max_message_bytes,
             kv_event_max_events: events.max_events,
             kv_event_max_elements: events.max_elements,
-            kv_event_bad_messages: 5,
+            kv_event_bad_messages: 2,
             kv_event_bad_window_s: 30.0,
             kv_event_quarantine_s: 60.0,
             http_header_timeout_ms: 10_000,

@@ -113,10 +113,10 @@ impl Drop for FrameGuard {
 pub fn tcp_address(endpoint: &str) -> anyhow::Result<String> {
     let rest = endpoint
         .strip_prefix("tcp://")
-        .ok_or_else(|| anyhow::anyhow!("KV-event endpoint {endpoint:?}: only tcp:// is supported"))?;
+        .ok_or_else(|| anyhow::anyhow!("{endpoint:?}: only tcp://host:port endpoints are supported"))?;
     let rest = rest.strip_prefix("*:").map_or_else(|| rest.to_string(), |port| format!("0.0.0.0:{port}"));
     if rest.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) {
-        anyhow::bail!("KV-event endpoint {endpoint:?} has no port");
+        anyhow::bail!("{endpoint:?} has no port (tcp://host:port)");
     }
     Ok(rest)
 }

@@ -3,7 +3,11 @@
 //! vLLM numbers its messages from 0 at engine start. A gap (seq > last + 1) is recovered from
 //! the replica's replay socket (a fresh DEALER per request: zeromq's DEALER does not
 //! reconnect) when it has one, else by dropping the replica's blocks (case C07). A sequence
-//! that goes back (seq ≤ last) is an engine restart: its old blocks are dropped (case C08).
+//! that goes back (seq ≤ last) is an engine restart: its old blocks are dropped (case C08) —
+//! unless the message is a live copy of one a replay just applied ([`Replayed`]). Whenever
+//! the node does not know where the replica's stream stands (its first subscription, or after
+//! a quarantine), it asks the replay socket for everything the engine holds at once, so a warm
+//! engine that publishes nothing (its prompts already cached) is still indexed.
 //! Every reconnect of the SUB is treated as a possible gap (zeromq 0.7's SUB reconnects on
 //! its own and the slow-joiner loss is silent).
 //!
@@ -19,6 +23,7 @@
 
 use super::event_guard::{EventGuard, Problems, StreamLogs};
 use super::frame_guard::{tcp_address, Direction, FrameGuard};
+use super::replayed::Replayed;
 use crate::state::Shared;
 use kvmesh_core::index::KvEvent;
 use kvmesh_events::{decode_message_with, decode_replay_reply_with, replay_request, EventBatch, ReplayReply};
@@ -51,6 +56,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
         if source.bind { Direction::FromEngine { listen: address } } else { Direction::ToEngine { engine: address } };
     let relay = FrameGuard::start(direction, limits, &source.name).await?;
     let mut cut_seen = [0u64; 2];
+    let mut replayed = Replayed::default();
     // A restarted task starts with a clean record: a quarantine it did not start is over.
     if let Some(r) = shared.core().replicas.get_mut(&source.name) {
         r.bad_events_until = None;
@@ -63,7 +69,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_secs_f64(left)).await;
         }
         if guard.quarantine_over(shared.now()) {
-            end_quarantine(&shared, &source, &mut guard.stream).await;
+            end_quarantine(&shared, &source, &mut guard.stream, &mut replayed).await;
         }
         let mut sub = zeromq::SubSocket::new();
         let setup = async {
@@ -92,6 +98,15 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
         } else {
             tracing::debug!(replica = %source.name, endpoint = %source.endpoint, "following KV events again");
         }
+        // A warm engine (this node restarted, or the replica was added to a running fleet) may
+        // publish nothing for long: a prompt it holds whole stores no block. So what it holds
+        // is asked for now, with the subscriber already connected (what it publishes meanwhile
+        // queues there; the copies of replayed messages among it are told apart, `Replayed`).
+        let unknown = shared.core().replicas.get(&source.name).is_some_and(|r| r.last_seq.is_none());
+        if let (true, Some(ep)) = (unknown, &source.replay) {
+            tracing::info!(replica = %source.name, "asking the replay socket for everything the engine holds");
+            replay(&shared, &source, ep, 0, u64::MAX, &mut guard.stream, &mut replayed).await;
+        }
         let mut check = tokio::time::interval(Duration::from_millis(250));
         loop {
             let msg = tokio::select! {
@@ -111,7 +126,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     }
                     let requested = shared.core().replicas.get_mut(&source.name).and_then(|r| r.resync_requested.take());
                     if let Some(why) = requested {
-                        rebuild(&shared, &source, why, &mut guard.stream).await;
+                        rebuild(&shared, &source, why, &mut guard.stream, &mut replayed).await;
                     }
                     continue;
                 }
@@ -119,7 +134,8 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
             let frames: Vec<bytes::Bytes> = msg.into_vec();
             let problem = match decode_message_with(&frames, &limits) {
                 Ok(m) => {
-                    let p = handle(&shared, &source, m.seq, m.batch, &mut guard.stream).await;
+                    let payload = frames.last().map_or(&[][..], |f| &f[..]);
+                    let p = handle(&shared, &source, m.seq, m.batch, payload, &mut guard.stream, &mut replayed).await;
                     p.first.map(|why| format!("{} bad events, the first: {why}", p.events))
                 }
                 Err(e) => {
@@ -194,17 +210,26 @@ pub(super) fn quarantine(shared: &Shared, name: &str, until: f64) {
 }
 
 /// Ends `source`'s quarantine: its status clears and its blocks are rebuilt.
-async fn end_quarantine(shared: &Shared, source: &Source, logs: &mut StreamLogs) {
+async fn end_quarantine(shared: &Shared, source: &Source, logs: &mut StreamLogs, replayed: &mut Replayed) {
     if let Some(r) = shared.core().replicas.get_mut(&source.name) {
         r.bad_events_until = None;
     }
     tracing::info!(replica = %source.name, "KV-event quarantine over");
-    rebuild(shared, source, "quarantine_end", logs).await;
+    rebuild(shared, source, "quarantine_end", logs, replayed).await;
 }
 
 /// Sequence check, recovery, then apply. Returns the message's bad events (a replay's are
-/// counted in the metrics only). Sequence trouble is logged through `logs`.
-async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch, logs: &mut StreamLogs) -> Problems {
+/// counted in the metrics only). Sequence trouble is logged through `logs`. `payload` is the
+/// message's last frame, to tell a copy of a replayed message from a restart.
+async fn handle(
+    shared: &Shared,
+    source: &Source,
+    seq: u64,
+    batch: EventBatch,
+    payload: &[u8],
+    logs: &mut StreamLogs,
+    replayed: &mut Replayed,
+) -> Problems {
     let mut problems = Problems::default();
     let last = shared.core().replicas.get(&source.name).and_then(|r| r.last_seq);
     match last {
@@ -213,10 +238,16 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch, l
             // Joined a running engine: what it cached before is only in its replay buffer.
             if let Some(ep) = &source.replay {
                 tracing::info!(replica = %source.name, seq, "joining mid-stream: replaying from 0");
-                replay(shared, source, ep, 0, seq, logs).await;
+                replay(shared, source, ep, 0, seq, logs, replayed).await;
             }
         }
         None => {}
+        Some(_) if replayed.is_copy(seq, payload) => {
+            // Queued live while the replay sent it: applied already.
+            tracing::debug!(replica = %source.name, seq, "live copy of a replayed message; skipped");
+            shared.metrics.replay_copies.get_or_create(&vec![("replica", source.name.clone())]).inc();
+            return problems;
+        }
         Some(l) if seq <= l => {
             if let Some(held) = logs.sequence.allow(shared.now()) {
                 tracing::warn!(replica = %source.name, seq, last = l, held_back = held, "sequence restarted: engine restart, dropping its blocks");
@@ -224,7 +255,7 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch, l
             resync_by_clearing(shared, &source.name, "restart");
             // The restarted engine's messages before this one are in its replay buffer.
             if let (true, Some(ep)) = (seq > 0, &source.replay) {
-                replay(shared, source, ep, 0, seq, logs).await;
+                replay(shared, source, ep, 0, seq, logs, replayed).await;
             }
         }
         Some(l) => {
@@ -232,7 +263,7 @@ async fn handle(shared: &Shared, source: &Source, seq: u64, batch: EventBatch, l
                 tracing::warn!(replica = %source.name, seq, last = l, held_back = held, "sequence gap: recovering {} messages", seq - l - 1);
             }
             let recovered = match &source.replay {
-                Some(ep) => replay(shared, source, ep, l.wrapping_add(1), seq, logs).await,
+                Some(ep) => replay(shared, source, ep, l.wrapping_add(1), seq, logs, replayed).await,
                 None => false,
             };
             if !recovered {
@@ -259,7 +290,7 @@ pub(super) fn record_lag(shared: &Shared, ts: f64) {
 /// from its next events: after it recovered from being unhealthy (perhaps a restarted engine
 /// whose first messages were published before this subscriber reconnected), or after a stored
 /// event named a parent this node never saw (case C03). `why` labels the resync metric.
-async fn rebuild(shared: &Shared, source: &Source, why: &'static str, logs: &mut StreamLogs) {
+async fn rebuild(shared: &Shared, source: &Source, why: &'static str, logs: &mut StreamLogs, replayed: &mut Replayed) {
     tracing::info!(replica = %source.name, why, "rebuilding the replica's blocks");
     resync_by_clearing(shared, &source.name, why);
     let now = shared.now();
@@ -268,7 +299,7 @@ async fn rebuild(shared: &Shared, source: &Source, why: &'static str, logs: &mut
         r.last_resync_at = Some(now);
     }
     if let Some(ep) = &source.replay {
-        replay(shared, source, ep, 0, u64::MAX, logs).await;
+        replay(shared, source, ep, 0, u64::MAX, logs, replayed).await;
     }
 }
 
@@ -404,8 +435,17 @@ const UNKNOWN_PARENT_RESYNC_S: f64 = 30.0;
 /// what comes back, in sequence. True when every message in `from..to` was recovered. The
 /// replica shows `out_of_sync` while it runs; once the replay socket has sent all it holds
 /// (nothing, for a fresh engine), no longer; a replay that failed leaves it `out_of_sync`
-/// until the next live event. Its trouble is logged through `logs`.
-async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to: u64, logs: &mut StreamLogs) -> bool {
+/// until the next live event. Its trouble is logged through `logs`; what it applied is
+/// remembered in `replayed` (and the previous replay's record forgotten).
+async fn replay(
+    shared: &Shared,
+    source: &Source,
+    endpoint: &str,
+    from: u64,
+    to: u64,
+    logs: &mut StreamLogs,
+    replayed: &mut Replayed,
+) -> bool {
     let set = |on: bool| {
         let now = shared.now();
         let mut core = shared.core();
@@ -415,7 +455,8 @@ async fn replay(shared: &Shared, source: &Source, endpoint: &str, from: u64, to:
         let _ = core.sync_routable(&source.name, now);
     };
     set(true);
-    let (complete, ended) = replay_messages(shared, source, endpoint, from, to, logs).await;
+    replayed.start();
+    let (complete, ended) = replay_messages(shared, source, endpoint, from, to, logs, replayed).await;
     if ended {
         set(false);
     }
@@ -430,6 +471,7 @@ async fn replay_messages(
     from: u64,
     to: u64,
     logs: &mut StreamLogs,
+    replayed: &mut Replayed,
 ) -> (bool, bool) {
     let mut warn = |what: &str, error: Option<String>| {
         if let Some(held) = logs.replay.allow(shared.now()) {
@@ -483,6 +525,7 @@ async fn replay_messages(
             Ok(ReplayReply::Message { seq, batch }) => {
                 if seq == next && seq < to {
                     apply(shared, &source.name, seq, &batch);
+                    replayed.record(seq, reply.last().map_or(&[][..], |f| &f[..]));
                     next += 1;
                 }
             }

@@ -3,7 +3,9 @@
 //! ```text
 //! Supervisor ──spawns/links──► ReplicaActor (one per replica)
 //!                                ├─ ingest task: frame guard → ZMQ SUB → budget → decode → seq check (replay | clear) → core
-//!                                │               (a stream that stays bad: quarantined, `event_guard`)
+//!                                │               (at subscribe: replay all the engine holds; live copies of
+//!                                │               replayed messages skipped, `replayed`; a stream that stays
+//!                                │               bad: quarantined, `event_guard`)
 //!                                └─ scrape task: GET /metrics → load + health → core
 //! Events.Publish (gRPC) ──────────────► push: budget → seq check (clear) → core, same quarantine
 //! ```
@@ -18,6 +20,7 @@ pub mod event_guard;
 pub mod frame_guard;
 pub mod ingest;
 pub mod push;
+pub mod replayed;
 pub mod scrape;
 pub mod supervisor;
 

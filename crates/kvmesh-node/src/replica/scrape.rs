@@ -8,6 +8,11 @@
 //! `limits.metrics_max_page_bytes`) take the replica out of rotation until a scrape succeeds
 //! again. The page is parsed on tokio's blocking pool: a slow parse of one engine's page never
 //! holds a runtime worker that routing needs.
+//!
+//! The served-token counters also tell when the engine restarted: they start again from 0, so
+//! a page whose count is below the previous one means the engine's cache is gone, even if the
+//! engine publishes no KV event afterwards (an idle one does not). Its blocks are then dropped
+//! and, with a replay socket, rebuilt from what the new engine holds.
 
 use crate::state::Shared;
 use kvmesh_events::parse_engine_page;
@@ -23,6 +28,8 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Whether the engine's own KV block count was compared with `capacity_blocks` (once).
     let mut capacity_checked = false;
+    // The served-token count of the last good page.
+    let mut last_served: Option<f64> = None;
     loop {
         tick.tick().await;
         let asked_at = shared.now();
@@ -45,6 +52,9 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
             let held = if full { u32::try_from(shared.admission.depth()).unwrap_or(u32::MAX) } else { 0 };
             shared.autoscaler.observe_served(&name, *served, m.waiting.saturating_add(held), now);
         }
+        let served = result.as_ref().ok().and_then(|p| p.served_tokens);
+        let restarted = served.is_some_and(|s| last_served.is_some_and(|last| s < last));
+        last_served = served.or(last_served);
         let mut core = shared.core();
         match result {
             Ok(page) => {
@@ -76,6 +86,19 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
                 if let Some(status) = core.record_failure(&name, e.clone(), now) {
                     tracing::debug!(replica = %name, error = %e, status = status.as_str(), "scrape failed");
                 }
+            }
+        }
+        if restarted {
+            // The ingest task rebuilds (clear, then replay); without one, clear here.
+            let follows = core.replicas.get_mut(&name).and_then(|r| {
+                r.config.kv_events.as_ref()?;
+                r.resync_requested.get_or_insert("restart");
+                Some(())
+            });
+            drop(core);
+            tracing::warn!(replica = %name, "the engine's token counters went back: it restarted; dropping its blocks");
+            if follows.is_none() {
+                super::ingest::resync_by_clearing(&shared, &name, "restart");
             }
         }
     }

@@ -1,0 +1,82 @@
+//! The node's readiness, one answer for both protocols: HTTP `/health` and gRPC
+//! `grpc.health.v1.Health` say the same thing, so a Kubernetes probe, a gRPC load balancer
+//! and an operator reading `/health` never disagree.
+//!
+//! Ready means at least one replica is routable (the proxy and `Router.Route` can place a
+//! request). gRPC reports it for the server as a whole (`""`) and for `kvmesh.v1.Router`;
+//! `Admin` and `Events` answer whatever the replicas do, so they stay `SERVING`.
+
+use crate::state::Shared;
+use kvmesh_proto::v1::router_server::RouterServer;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
+/// How often the gRPC health status follows the replicas: well under a probe's period
+/// (Kubernetes: 10 s by default) and cheap (one routable sync).
+pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+
+/// The replicas a node knows and how many of them are routable now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness {
+    /// Replicas in the node's registry.
+    pub replicas: usize,
+    /// Of those, the ones a request may be routed to now.
+    pub routable: usize,
+}
+
+impl Readiness {
+    /// Reads it now (after a routable sync, so expired marks count).
+    pub fn of(shared: &Shared) -> Readiness {
+        let now = shared.now();
+        let mut core = shared.core();
+        core.sync_all(now);
+        Readiness {
+            replicas: core.replicas.len(),
+            routable: core.fleet.replicas().iter().filter(|r| r.routable()).count(),
+        }
+    }
+
+    /// Whether a request can be placed.
+    pub fn ready(&self) -> bool {
+        self.routable > 0
+    }
+
+    /// The gRPC health status this readiness answers with.
+    pub fn serving(&self) -> ServingStatus {
+        if self.ready() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        }
+    }
+}
+
+/// Keeps `reporter`'s status of the server (`""`) and of `kvmesh.v1.Router` equal to
+/// [`Readiness::of`] every [`FOLLOW_EVERY`], logging each change, until `stop` turns true.
+pub async fn follow_grpc(shared: Arc<Shared>, reporter: HealthReporter, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(FOLLOW_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let readiness = Readiness::of(&shared);
+        let status = readiness.serving();
+        if last == Some(status) {
+            continue;
+        }
+        if last.is_some() {
+            tracing::info!(routable = readiness.routable, replicas = readiness.replicas, status = ?status, "gRPC health changed");
+        }
+        last = Some(status);
+        reporter.set_service_status("", status).await;
+        reporter
+            .set_service_status(<RouterServer<crate::grpc::Services> as tonic::server::NamedService>::NAME, status)
+            .await;
+    }
+}

@@ -1,0 +1,256 @@
+//! A router that restarts while its engines stay warm: the new node asks each replay socket
+//! for everything the engine holds as soon as it subscribes (it does not wait for a live
+//! message, which a warm engine serving cached prompts may never send), and the live copies
+//! of replayed messages it queued meanwhile are not taken for an engine restart.
+
+mod common;
+
+use common::eventually_within;
+use kvmesh_core::index::{KvEvent, Stored};
+use kvmesh_core::{EngineBlockHash, Medium};
+use kvmesh_events::encode::{encode_batch, Encoding};
+use kvmesh_node::config::{NodeSection, ReplicaConfig};
+use kvmesh_node::Node;
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+fn blocks(node: &Node, name: &str) -> usize {
+    let core = node.shared.core();
+    core.replicas.get(name).map_or(0, |r| core.fleet.index().replica_blocks(r.id))
+}
+
+fn last_seq(node: &Node, name: &str) -> Option<u64> {
+    node.shared.core().replicas.get(name).and_then(|r| r.last_seq)
+}
+
+fn metric(node: &Node, name: &str) -> String {
+    kvmesh_node::metrics::Metrics::render(&node.shared)
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+async fn start(replicas: Vec<ReplicaConfig>) -> Node {
+    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    kvmesh_node::start(common::single(section, replicas)).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_indexes_warm_engines_without_waiting_for_their_events() {
+    let mut engines = common::engines(2, 20.0).await;
+    let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| common::replica(i, e)).collect();
+    let first = start(replicas.clone()).await;
+    let client = reqwest::Client::new();
+    // Warm both engines: 8 distinct prompts of 6 full blocks each (4 bytes per approximate token).
+    for tag in 0..8 {
+        let prompt = format!("{tag:03}:").repeat(6 * 16);
+        let r = client
+            .post(format!("http://{}/v1/completions", first.http))
+            .json(&json!({"model": "m", "prompt": prompt, "max_tokens": 2}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    eventually_within("the first node indexed both engines", 10, || blocks(&first, "e0") + blocks(&first, "e1") >= 48)
+        .await;
+    let held = [blocks(&first, "e0"), blocks(&first, "e1")];
+    first.stop().await;
+
+    // A new node, nothing sent: the engines publish nothing, yet their blocks are back.
+    let second = start(replicas).await;
+    let took = eventually_within("the new node indexed what the engines hold", 5, || {
+        [blocks(&second, "e0"), blocks(&second, "e1")] == held
+    })
+    .await;
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // A full replay, not a restart or a clear.
+    let resyncs = metric(&second, "kvmesh_resyncs_total");
+    assert!(!resyncs.contains("method=\"restart\""), "{resyncs}");
+    assert!(!resyncs.contains("method=\"clear\""), "{resyncs}");
+    second.stop().await;
+    for e in engines.drain(..) {
+        e.stop().await;
+    }
+}
+
+/// A stand-in publisher speaking vLLM's `ZmqEventPublisher` protocol: a PUB for
+/// `[topic, seq, payload]` and a ROUTER answering `["", start_seq]` with every buffered
+/// message from `start_seq` on, then an end marker (sequence -1, empty payload). The test
+/// decides what is live and what is buffered.
+struct Publisher {
+    live: zeromq::PubSocket,
+    buffer: Arc<Mutex<Vec<(u64, bytes::Bytes)>>>,
+    kv_events: String,
+    replay: String,
+}
+
+impl Publisher {
+    async fn start() -> Publisher {
+        let mut live = zeromq::PubSocket::new();
+        let kv_events = live.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        let mut router = zeromq::RouterSocket::new();
+        let replay = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        let buffer: Arc<Mutex<Vec<(u64, bytes::Bytes)>>> = Arc::default();
+        let b = buffer.clone();
+        tokio::spawn(async move {
+            while let Ok(m) = router.recv().await {
+                let frames = m.into_vec();
+                let id = frames[0].clone();
+                let from = u64::from_be_bytes(frames.last().unwrap().as_ref().try_into().unwrap());
+                let held: Vec<_> = b.lock().unwrap().iter().filter(|(s, _)| *s >= from).cloned().collect();
+                for (seq, payload) in held.into_iter().chain([(u64::MAX, bytes::Bytes::new())]) {
+                    let frames = vec![
+                        id.clone(),
+                        bytes::Bytes::new(),
+                        bytes::Bytes::new(),
+                        bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
+                        payload,
+                    ];
+                    router.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+                }
+            }
+        });
+        Publisher { live, buffer, kv_events, replay }
+    }
+
+    async fn send(&mut self, seq: u64, payload: &bytes::Bytes) {
+        let frames = vec![bytes::Bytes::new(), bytes::Bytes::copy_from_slice(&seq.to_be_bytes()), payload.clone()];
+        self.live.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+    }
+}
+
+/// One stored block `hash` (a sequence's first), 16 tokens, in a batch stamped `ts`.
+fn stored(hash: u64, ts: f64) -> bytes::Bytes {
+    let event = KvEvent::Stored(Stored {
+        block_hashes: vec![EngineBlockHash(hash)],
+        parent: None,
+        token_ids: (0..16).map(|t| (hash as u32) * 100 + t).collect(),
+        block_size: 16,
+        medium: Medium::Gpu,
+        lora_name: None,
+    });
+    bytes::Bytes::from(encode_batch(ts, &[event], Some(0), Encoding::Map))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_copies_of_replayed_messages_are_not_a_restart_and_a_real_restart_still_is() {
+    let mut publisher = Publisher::start().await;
+    // The engine's buffer holds messages 0..5: five blocks.
+    let payloads: Vec<bytes::Bytes> = (0..5).map(|s| stored(1000 + s, 1.0 + s as f64)).collect();
+    *publisher.buffer.lock().unwrap() = payloads.iter().cloned().enumerate().map(|(s, p)| (s as u64, p)).collect();
+    let engine = common::engines(1, 20.0).await.remove(0);
+    let replica = ReplicaConfig {
+        kv_events: Some(publisher.kv_events.clone()),
+        replay: Some(publisher.replay.clone()),
+        ..common::replica(0, &engine)
+    };
+    let node = start(vec![replica]).await;
+    // Replayed at subscribe, before any live message.
+    eventually_within("the replay at subscribe", 5, || last_seq(&node, "e0") == Some(4)).await;
+    assert_eq!(blocks(&node, "e0"), 5);
+    // The subscription reached the publisher before the replay was asked for; give the PUB a
+    // moment to have it on its side too.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // What the subscriber queued while the replay ran: copies of 3 and 4, then a new 5.
+    publisher.send(3, &payloads[3]).await;
+    publisher.send(4, &payloads[4]).await;
+    let fifth = stored(1005, 6.0);
+    publisher.send(5, &fifth).await;
+    eventually_within("message 5 applied", 5, || last_seq(&node, "e0") == Some(5)).await;
+    assert_eq!(blocks(&node, "e0"), 6);
+    assert!(metric(&node, "kvmesh_event_replay_copies_total").contains("replica=\"e0\"} 2"));
+    assert!(!metric(&node, "kvmesh_resyncs_total").contains("method=\"restart\""));
+
+    // The engine restarts: its message 0 is another batch. That is a restart: the old blocks
+    // go (the new buffer is empty, so nothing is replayed) and the new one is indexed.
+    publisher.buffer.lock().unwrap().clear();
+    publisher.send(0, &stored(2000, 10.0)).await;
+    eventually_within("the restart seen", 5, || last_seq(&node, "e0") == Some(0)).await;
+    assert_eq!(blocks(&node, "e0"), 1);
+    let resyncs = metric(&node, "kvmesh_resyncs_total");
+    let restarts = resyncs.lines().find(|l| l.contains("method=\"restart\"")).and_then(|l| l.rsplit(' ').next());
+    assert_eq!(restarts, Some("1"), "{resyncs}");
+    assert!(metric(&node, "kvmesh_event_replay_copies_total").contains("replica=\"e0\"} 2"));
+    node.stop().await;
+    engine.stop().await;
+}
+
+/// A vLLM `/metrics` page of an idle engine that has served `prompt` prompt tokens.
+fn vllm_page(prompt: u64) -> String {
+    let mut out = String::new();
+    for (name, kind, value) in [
+        ("vllm:num_requests_running", "gauge", 0),
+        ("vllm:num_requests_waiting", "gauge", 0),
+        ("vllm:kv_cache_usage_perc", "gauge", 0),
+        ("vllm:prompt_tokens_total", "counter", prompt),
+        ("vllm:generation_tokens_total", "counter", 0),
+        ("vllm:prefix_cache_hits_total", "counter", 0),
+    ] {
+        out.push_str(&format!("# TYPE {name} {kind}\n{name}{{engine=\"0\",model_name=\"m\"}} {value}.0\n"));
+    }
+    out
+}
+
+/// An HTTP server answering every request with [`vllm_page`] of the count in `served`.
+async fn metrics_server(served: Arc<std::sync::atomic::AtomicU64>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            let page = vllm_page(served.load(std::sync::atomic::Ordering::Relaxed));
+            tokio::spawn(async move {
+                let mut request = [0u8; 4096];
+                let _ = c.read(&mut request).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    page.len()
+                );
+                let _ = c.write_all(head.as_bytes()).await;
+                let _ = c.write_all(page.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{addr}/metrics")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_counters_went_back_restarted_and_loses_its_blocks_without_an_event() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let engine = common::engines(1, 20.0).await.remove(0);
+    let served = Arc::new(AtomicU64::new(1000));
+    // Its load from a page the test sets; its events from the engine itself; no replay socket,
+    // so a rebuild can only clear.
+    let replica = ReplicaConfig {
+        replay: None,
+        metrics_url: Some(metrics_server(served.clone()).await),
+        ..common::replica(0, &engine)
+    };
+    let node = start(vec![replica]).await;
+    let prompt = "abc:".repeat(4 * 16);
+    eventually_within("e0 scraped", 10, || node.shared.core().replicas["e0"].engine.is_some()).await;
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", node.http))
+        .json(&json!({"model": "m", "prompt": prompt, "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    eventually_within("its blocks indexed", 10, || blocks(&node, "e0") >= 4).await;
+    // Counters that grow are no restart.
+    served.store(2000, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(blocks(&node, "e0") >= 4);
+    // The engine restarted (its counters start again) and publishes nothing.
+    served.store(16, Ordering::Relaxed);
+    eventually_within("its blocks dropped", 10, || blocks(&node, "e0") == 0).await;
+    let resyncs = metric(&node, "kvmesh_resyncs_total");
+    let restarts = resyncs.lines().find(|l| l.contains("method=\"restart\"")).and_then(|l| l.rsplit(' ').next());
+    assert_eq!(restarts, Some("1"), "{resyncs}");
+    node.stop().await;
+    engine.stop().await;
+}
