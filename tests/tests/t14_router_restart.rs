@@ -6,15 +6,12 @@
 mod common;
 
 use common::eventually_within;
-use kvmesh_core::index::{KvEvent, Stored};
-use kvmesh_core::{EngineBlockHash, Medium};
-use kvmesh_events::encode::{encode_batch, Encoding};
+use common::publisher::{stored_batch, Publisher};
 use kvmesh_node::config::{NodeSection, ReplicaConfig};
 use kvmesh_node::Node;
 use serde_json::json;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 fn blocks(node: &Node, name: &str) -> usize {
     let core = node.shared.core();
@@ -77,63 +74,10 @@ async fn a_restarted_node_indexes_warm_engines_without_waiting_for_their_events(
     }
 }
 
-/// A stand-in publisher speaking vLLM's `ZmqEventPublisher` protocol: a PUB for
-/// `[topic, seq, payload]` and a ROUTER answering `["", start_seq]` with every buffered
-/// message from `start_seq` on, then an end marker (sequence -1, empty payload). The test
-/// decides what is live and what is buffered.
-struct Publisher {
-    live: zeromq::PubSocket,
-    buffer: Arc<Mutex<Vec<(u64, bytes::Bytes)>>>,
-    kv_events: String,
-    replay: String,
-}
-
-impl Publisher {
-    async fn start() -> Publisher {
-        let mut live = zeromq::PubSocket::new();
-        let kv_events = live.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
-        let mut router = zeromq::RouterSocket::new();
-        let replay = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
-        let buffer: Arc<Mutex<Vec<(u64, bytes::Bytes)>>> = Arc::default();
-        let b = buffer.clone();
-        tokio::spawn(async move {
-            while let Ok(m) = router.recv().await {
-                let frames = m.into_vec();
-                let id = frames[0].clone();
-                let from = u64::from_be_bytes(frames.last().unwrap().as_ref().try_into().unwrap());
-                let held: Vec<_> = b.lock().unwrap().iter().filter(|(s, _)| *s >= from).cloned().collect();
-                for (seq, payload) in held.into_iter().chain([(u64::MAX, bytes::Bytes::new())]) {
-                    let frames = vec![
-                        id.clone(),
-                        bytes::Bytes::new(),
-                        bytes::Bytes::new(),
-                        bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
-                        payload,
-                    ];
-                    router.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
-                }
-            }
-        });
-        Publisher { live, buffer, kv_events, replay }
-    }
-
-    async fn send(&mut self, seq: u64, payload: &bytes::Bytes) {
-        let frames = vec![bytes::Bytes::new(), bytes::Bytes::copy_from_slice(&seq.to_be_bytes()), payload.clone()];
-        self.live.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
-    }
-}
-
 /// One stored block `hash` (a sequence's first), 16 tokens, in a batch stamped `ts`.
 fn stored(hash: u64, ts: f64) -> bytes::Bytes {
-    let event = KvEvent::Stored(Stored {
-        block_hashes: vec![EngineBlockHash(hash)],
-        parent: None,
-        token_ids: (0..16).map(|t| (hash as u32) * 100 + t).collect(),
-        block_size: 16,
-        medium: Medium::Gpu,
-        lora_name: None,
-    });
-    bytes::Bytes::from(encode_batch(ts, &[event], Some(0), Encoding::Map))
+    let tokens: Vec<u32> = (0..16).map(|t| (hash as u32) * 100 + t).collect();
+    stored_batch(&[hash], &tokens, None, ts)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

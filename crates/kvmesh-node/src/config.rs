@@ -465,6 +465,13 @@ pub struct NodeSection {
     pub block_size: u32,
     /// Served model name; requests naming another model get 404. Empty: accept any.
     pub model: String,
+    /// LoRA adapters the replicas serve (vLLM `--lora-modules NAME=PATH`; clients ask for one
+    /// by `model: NAME`). A request for one of these is routed on the prefix overlap of blocks
+    /// stored under that adapter only (vLLM's block hash and its `BlockStored.lora_name`
+    /// include the adapter), never the base model's. gRPC `Route` takes the adapter in
+    /// `lora_name` (any name when this list is empty).
+    #[serde(default)]
+    pub lora_adapters: Vec<String>,
     /// Engine metrics scrape (and health check) interval, milliseconds.
     pub scrape_interval_ms: u64,
     /// Consecutive failed scrapes or connects before a replica is unhealthy.
@@ -564,6 +571,7 @@ impl Default for NodeSection {
             policy_params: Default::default(),
             block_size: 16,
             model: String::new(),
+            lora_adapters: Vec::new(),
             scrape_interval_ms: 1000,
             unhealthy_after: 3,
             overload_backoff_ms: 2000,
@@ -758,6 +766,15 @@ impl NodeConfig {
                 2.0 * scrape_s
             ));
         }
+        let mut adapters = std::collections::HashSet::new();
+        for a in &self.node.lora_adapters {
+            if a.is_empty() || *a == self.node.model {
+                return Err(format!("node.lora_adapters: {a:?} is empty or the base model's name"));
+            }
+            if !adapters.insert(a) {
+                return Err(format!("node.lora_adapters: {a:?} appears twice"));
+            }
+        }
         let lease = self.node.booking_lease_s;
         if !(lease > 0.0 && lease <= 86_400.0) {
             return Err(format!("node.booking_lease_s must be positive seconds, at most a day, got {lease}"));
@@ -906,6 +923,18 @@ capacity_blocks = 100
         assert_eq!(lease("0").unwrap_err(), "node.booking_lease_s must be positive seconds, at most a day, got 0");
         lease("30").unwrap();
         assert_eq!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().admission.ttft_slo_s, None);
+    }
+
+    #[test]
+    fn lora_adapters_are_named_once_and_not_the_base_model() {
+        let with = |v: &str| {
+            let text = EXAMPLE.replacen("[node]\n", &format!("[node]\nmodel = \"m\"\nlora_adapters = {v}\n"), 1);
+            toml::from_str::<NodeConfig>(&text).unwrap().validate()
+        };
+        with("[\"sql\", \"chat\"]").unwrap();
+        assert_eq!(with("[\"sql\", \"sql\"]").unwrap_err(), "node.lora_adapters: \"sql\" appears twice");
+        assert_eq!(with("[\"m\"]").unwrap_err(), "node.lora_adapters: \"m\" is empty or the base model's name");
+        assert_eq!(with("[\"\"]").unwrap_err(), "node.lora_adapters: \"\" is empty or the base model's name");
     }
 
     #[test]

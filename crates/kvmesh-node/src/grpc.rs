@@ -55,8 +55,16 @@ impl router_server::Router for Services {
                 tokens.len()
             )));
         }
+        // An adapter's blocks chain from its own seed: overlap counts only blocks stored under it.
+        let adapter = r.lora_name.as_deref().filter(|a| !a.is_empty());
+        let adapters = &self.shared.settings.lora_adapters;
+        if let Some(a) = adapter.filter(|a| !adapters.is_empty() && !adapters.iter().any(|x| x == a)) {
+            return Err(GrpcStatus::not_found(format!(
+                "LoRA adapter {a:?} is not served here (node.lora_adapters: {adapters:?})"
+            )));
+        }
         // Hash before taking the core lock: a long prompt is microseconds of work.
-        let hasher = &self.shared.settings.hasher;
+        let hasher = &self.shared.settings.hasher_for(adapter);
         // A gRPC caller may never report its first token: its prefill drains on the clock.
         let mut req = RouteRequest::new(hasher, &tokens, r.max_tokens).streamed(false);
         if let Some(key) = &r.session_key {

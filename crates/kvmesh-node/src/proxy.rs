@@ -341,7 +341,9 @@ async fn forward(
     let headers = upstream_headers(headers);
     let (model, retries, backoff_s) =
         (&shared.settings.model, shared.settings.retries, shared.settings.overload_backoff_s);
-    if let (false, Some(asked)) = (model.is_empty(), &asked_model) {
+    // A request for a LoRA adapter names it as its model (vLLM's OpenAI server).
+    let adapter = asked_model.as_deref().filter(|m| shared.settings.lora_adapters.iter().any(|a| a == m));
+    if let (false, Some(asked), None) = (model.is_empty(), &asked_model, adapter) {
         if asked != model {
             shared.metrics.request("unknown_model");
             return error(
@@ -365,7 +367,7 @@ async fn forward(
     // What went wrong on the last replica tried, if one was.
     let mut last_failure: Option<String> = None;
     // Hashed once, outside the core lock.
-    let req = RouteRequest::new(&shared.settings.hasher, &tokens, max_tokens).streamed(stream);
+    let req = RouteRequest::new(&shared.settings.hasher_for(adapter), &tokens, max_tokens).streamed(stream);
     // At debug, as the per-request events: exported to OpenTelemetry all the same (see
     // `telemetry`), but not formatted into every log line at info, where building and
     // recording its fields was ~6 % of the node's CPU (BENCHMARKS.md, router node).

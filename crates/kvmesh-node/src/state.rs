@@ -212,11 +212,21 @@ pub struct Core {
     status_changes: Vec<StatusChange>,
 }
 
+impl Settings {
+    /// The hasher of requests for `adapter` (`None`: the base model). Adapter blocks chain
+    /// from the adapter's seed, as the index hashes stores with that `lora_name`.
+    pub fn hasher_for(&self, adapter: Option<&str>) -> kvmesh_core::BlockHasher {
+        adapter.map_or(self.hasher, |a| self.hasher.for_adapter(a))
+    }
+}
+
 /// The node settings the request path reads, fixed at start (no lock).
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Served model name; empty accepts any.
     pub model: String,
+    /// LoRA adapters served (`node.lora_adapters`).
+    pub lora_adapters: Vec<String>,
     /// Other replicas tried after a connect failure or backpressure.
     pub retries: u32,
     /// How long a 429/503 keeps a replica out, seconds.
@@ -365,6 +375,7 @@ impl Shared {
         let (http, probe_http) = (client()?, client()?);
         let settings = Settings {
             model: config.node.model.clone(),
+            lora_adapters: config.node.lora_adapters.clone(),
             retries: config.node.retries,
             overload_backoff_s: config.node.overload_backoff_ms as f64 / 1000.0,
             block_size: config.node.block_size,

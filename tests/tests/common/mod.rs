@@ -5,6 +5,8 @@
 // Each test file uses its own subset.
 #![allow(dead_code)]
 
+pub mod publisher;
+
 use kvmesh_engine_sim::{EngineSim, EngineSimConfig};
 use std::time::{Duration, Instant};
 
