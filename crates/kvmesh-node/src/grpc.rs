@@ -131,7 +131,8 @@ impl router_server::Router for Services {
     async fn release(&self, request: Request<v1::ReleaseRequest>) -> Result<Response<v1::ReleaseResponse>, GrpcStatus> {
         let id = self.open_booking(&request, &request.get_ref().booking)?;
         let r = request.into_inner();
-        let released = self.shared.core().release(id, r.output_tokens);
+        let now = self.shared.now();
+        let released = self.shared.core().release(id, r.output_tokens, now);
         self.shared.admission.capacity_freed();
         released.map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         Ok(Response::new(v1::ReleaseResponse {}))

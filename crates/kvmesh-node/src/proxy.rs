@@ -122,8 +122,9 @@ impl Booking {
         if let Some(id) = self.id.take() {
             // Whatever happens below, a queued request may fit now.
             let _wake = WakeOnDrop(&self.shared);
+            let now = self.shared.now();
             let mut core = self.shared.core();
-            let _ = core.release(id, output_tokens);
+            let _ = core.release(id, output_tokens, now);
             if let Some(r) = core.replicas.get_mut(&self.replica) {
                 r.proxied = r.proxied.saturating_sub(1);
             }

@@ -563,8 +563,9 @@ impl Shared {
         let r = core.replicas.remove(name).ok_or_else(|| RegistryError::Unknown(name.into()))?;
         let _ = core.fleet.remove_replica(r.id);
         // Its bookings went with it: tell the peers they ended.
+        let now = self.now();
         if let Some(out) = core.outbox.as_mut() {
-            out.release_replica(name);
+            out.release_replica(name, now);
         }
         drop(core);
         self.autoscaler.forget(name);
@@ -868,7 +869,7 @@ impl Core {
             .ok_or(kvmesh_core::Error::UnknownReplica(id))?;
         let routed = self.fleet.book_decision(self.policy.as_mut(), req, decision, now)?;
         if let Some(out) = self.outbox.as_mut() {
-            out.routed(&self.fleet, &routed, &req.hashes);
+            out.routed(&self.fleet, &routed, &req.hashes, now);
         }
         Ok((routed, name, endpoints))
     }
@@ -912,20 +913,25 @@ impl Core {
     pub fn first_token(&mut self, booking: BookingId, now: f64) -> Result<(), kvmesh_core::Error> {
         self.fleet.first_token(booking, now)?;
         if let Some(out) = self.outbox.as_mut() {
-            out.first_token(booking.0);
+            out.first_token(booking.0, now);
         }
         Ok(())
     }
 
-    /// Ends a booking.
+    /// Ends a booking at `now`.
     ///
     /// # Errors
     /// An unknown booking (already released or expired): nothing changes.
-    pub fn release(&mut self, booking: BookingId, output_tokens: Option<u32>) -> Result<(), kvmesh_core::Error> {
+    pub fn release(
+        &mut self,
+        booking: BookingId,
+        output_tokens: Option<u32>,
+        now: f64,
+    ) -> Result<(), kvmesh_core::Error> {
         // Peers hear of the end even when the fleet no longer holds the booking (its replica
         // was removed, or its lease ran out first): a booking advertised must be ended.
         if let Some(out) = self.outbox.as_mut() {
-            out.release(booking.0, output_tokens);
+            out.release(booking.0, output_tokens, now);
         }
         self.fleet.release(booking, output_tokens)
     }
@@ -936,7 +942,7 @@ impl Core {
         let expired = self.fleet.expire(now);
         if let Some(out) = self.outbox.as_mut() {
             for b in &expired {
-                out.release(b.0, None);
+                out.release(b.0, None, now);
             }
         }
         for peer in self.remote.expire(&mut self.fleet, now, peer_timeout_s) {

@@ -35,7 +35,7 @@ impl fmt::Display for NodeId {
 }
 
 /// One change to one of a node's bookings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Delta {
     /// The sending node's sequence number: 1, 2, 3, … per node, never reused while it runs.
     pub seq: u64,
@@ -43,6 +43,12 @@ pub struct Delta {
     pub booking: u64,
     /// What happened.
     pub kind: DeltaKind,
+    /// When it happened (for a Book: the routing decision), node seconds of the node holding
+    /// the delta: the sender's clock in its outbox, the receiver's once received. Nodes'
+    /// clocks differ, so the wire carries its age instead (`BookingDelta.age_s`): a delta that
+    /// waited (a paused sender, a slow link) arrives as old as it is, and a peer's prefix
+    /// credit and prefill drain count from the decision, not from the arrival.
+    pub at: f64,
 }
 
 /// What happened to a booking.
@@ -68,7 +74,7 @@ pub enum DeltaKind {
 }
 
 /// A node's complete live set: everything its deltas up to `seq` add up to.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Summary {
     /// The last delta sequence number this summary reflects.
     pub seq: u64,
@@ -77,7 +83,7 @@ pub struct Summary {
 }
 
 /// One live booking in a [`Summary`] (no prefix: a summary repairs load, and stays small).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SummaryEntry {
     /// The booking's id on the sending node.
     pub booking: u64,
@@ -87,6 +93,8 @@ pub struct SummaryEntry {
     pub spec: BookingSpec,
     /// Whether its first token arrived.
     pub first_token: bool,
+    /// When it was booked, node seconds of the node holding the summary (as [`Delta::at`]).
+    pub booked_at: f64,
 }
 
 #[cfg(test)]

@@ -34,56 +34,59 @@ impl Outbox {
         }
     }
 
-    fn push(&mut self, booking: u64, kind: DeltaKind) {
+    fn push(&mut self, booking: u64, kind: DeltaKind, now: f64) {
         self.seq += 1;
         if self.pending.len() >= self.max_pending {
             let half = self.max_pending / 2;
             self.dropped += half as u64;
             self.pending.drain(..half.max(1));
         }
-        self.pending.push(Delta { seq: self.seq, booking, kind });
+        self.pending.push(Delta { seq: self.seq, booking, kind, at: now });
     }
 
-    /// A local request was routed to `replica`; `prefix` is its block hashes.
-    pub fn book(&mut self, booking: u64, replica: &str, spec: BookingSpec, prefix: &[BlockHash]) {
+    /// A local request was routed to `replica` at `now` (node seconds); `prefix` is its block
+    /// hashes.
+    pub fn book(&mut self, booking: u64, replica: &str, spec: BookingSpec, prefix: &[BlockHash], now: f64) {
         let prefix = prefix[..prefix.len().min(self.max_prefix_blocks)].to_vec();
-        self.live.insert(booking, SummaryEntry { booking, replica: replica.to_string(), spec, first_token: false });
-        self.push(booking, DeltaKind::Book { replica: replica.to_string(), spec, prefix });
+        let entry = SummaryEntry { booking, replica: replica.to_string(), spec, first_token: false, booked_at: now };
+        self.live.insert(booking, entry);
+        self.push(booking, DeltaKind::Book { replica: replica.to_string(), spec, prefix }, now);
     }
 
-    /// `routed` was just booked in `fleet` for a prompt with block hashes `prefix`: announces
-    /// it with the replica's name and the booking's spec (nothing if the fleet no longer has
-    /// either).
-    pub fn routed(&mut self, fleet: &Fleet, routed: &Routed, prefix: &[BlockHash]) {
+    /// `routed` was just booked in `fleet` at `now` for a prompt with block hashes `prefix`:
+    /// announces it with the replica's name and the booking's spec (nothing if the fleet no
+    /// longer has either).
+    pub fn routed(&mut self, fleet: &Fleet, routed: &Routed, prefix: &[BlockHash], now: f64) {
         let name = fleet.replica(routed.decision.replica).map(|r| r.spec.name.as_str());
         if let (Some(name), Some(b)) = (name, fleet.bookings().get(routed.booking)) {
-            self.book(routed.booking.0, name, b.spec, prefix);
+            self.book(routed.booking.0, name, b.spec, prefix, now);
         }
     }
 
-    /// A local booking's first token arrived (ignored for an unknown booking).
-    pub fn first_token(&mut self, booking: u64) {
+    /// A local booking's first token arrived at `now` (ignored for an unknown booking).
+    pub fn first_token(&mut self, booking: u64, now: f64) {
         if let Some(e) = self.live.get_mut(&booking) {
             if !e.first_token {
                 e.first_token = true;
-                self.push(booking, DeltaKind::FirstToken);
+                self.push(booking, DeltaKind::FirstToken, now);
             }
         }
     }
 
-    /// A local booking ended (ignored for an unknown booking, so a double release sends once).
-    pub fn release(&mut self, booking: u64, output_tokens: Option<u32>) {
+    /// A local booking ended at `now` (ignored for an unknown booking, so a double release
+    /// sends once).
+    pub fn release(&mut self, booking: u64, output_tokens: Option<u32>, now: f64) {
         if self.live.remove(&booking).is_some() {
-            self.push(booking, DeltaKind::Release { output_tokens });
+            self.push(booking, DeltaKind::Release { output_tokens }, now);
         }
     }
 
-    /// Every local booking on `replica` ended at once (the replica was removed, its bookings
-    /// dropped with it); returns how many.
-    pub fn release_replica(&mut self, replica: &str) -> usize {
+    /// Every local booking on `replica` ended at once at `now` (the replica was removed, its
+    /// bookings dropped with it); returns how many.
+    pub fn release_replica(&mut self, replica: &str, now: f64) -> usize {
         let gone: Vec<u64> = self.live.values().filter(|e| e.replica == replica).map(|e| e.booking).collect();
         for b in &gone {
-            self.release(*b, None);
+            self.release(*b, None, now);
         }
         gone.len()
     }

@@ -57,7 +57,9 @@ impl RemoteBookings {
         RemoteBookings { peers: BTreeMap::new(), tombstone_s }
     }
 
-    /// Applies `peer`'s deltas received at `now` (seconds).
+    /// Applies `peer`'s deltas received at `now` (seconds). A Book counts from its decision
+    /// ([`Delta::at`], at most `now`): its prefill drains, and its prefix credit fades, from
+    /// then; so does a first token.
     pub fn apply(&mut self, fleet: &mut Fleet, peer: NodeId, deltas: &[Delta], now: f64) -> MergeStats {
         let tombstone_s = self.tombstone_s;
         let p = self.peers.entry(peer).or_default();
@@ -78,10 +80,11 @@ impl RemoteBookings {
                         stats.unknown_replica += 1;
                         continue;
                     };
-                    if let Ok(local) = fleet.book(id, remote_spec(*spec), now) {
-                        p.last_book_at = now;
+                    let at = d.at.min(now);
+                    if let Ok(local) = fleet.book(id, remote_spec(*spec), at) {
+                        p.last_book_at = p.last_book_at.max(at);
                         if !prefix.is_empty() {
-                            fleet.record_prefix(id, prefix, now);
+                            fleet.record_prefix(id, prefix, at);
                         }
                         p.live.insert(d.booking, (local, d.seq, false));
                         stats.booked += 1;
@@ -90,7 +93,7 @@ impl RemoteBookings {
                 DeltaKind::FirstToken => match p.live.get_mut(&d.booking) {
                     Some((local, _, seen)) if !*seen => {
                         *seen = true;
-                        let _ = fleet.first_token_shared(*local, now);
+                        let _ = fleet.first_token_shared(*local, d.at.min(now));
                         stats.first_tokens += 1;
                     }
                     _ => stats.ignored += 1,
@@ -150,7 +153,7 @@ impl RemoteBookings {
                 stats.unknown_replica += 1;
                 continue;
             };
-            if let Ok(local) = fleet.book(id, remote_spec(e.spec), now) {
+            if let Ok(local) = fleet.book(id, remote_spec(e.spec), e.booked_at.min(now)) {
                 if e.first_token {
                     let _ = fleet.first_token_shared(local, now);
                 }

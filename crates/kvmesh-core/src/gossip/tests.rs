@@ -29,7 +29,7 @@ const PEER: NodeId = NodeId(7);
 #[test]
 fn a_peer_booking_adds_its_load_until_released() {
     let mut out = Outbox::new(64, 1000);
-    out.book(1, "b", spec(512), &[BlockHash(11), BlockHash(12)]);
+    out.book(1, "b", spec(512), &[BlockHash(11), BlockHash(12)], 0.0);
     let mut f = fleet();
     let mut remote = RemoteBookings::new(60.0);
     let s = remote.apply(&mut f, PEER, &out.take(), 1.0);
@@ -38,10 +38,10 @@ fn a_peer_booking_adds_its_load_until_released() {
     assert_eq!(queued(&f, 0), (0, 0, 0));
     // The prefix it was routed for is pending on b for this node's policies too.
     assert_eq!(f.record().replica_blocks(ReplicaId(1)), 1, "the prompt's last block (stride 8)");
-    out.first_token(1);
+    out.first_token(1, 0.0);
     remote.apply(&mut f, PEER, &out.take(), 1.5);
     assert_eq!(queued(&f, 1), (0, 0, 1));
-    out.release(1, Some(90));
+    out.release(1, Some(90), 0.0);
     let s = remote.apply(&mut f, PEER, &out.take(), 2.0);
     assert_eq!(s.released, 1);
     assert_eq!(queued(&f, 1), (0, 0, 0));
@@ -49,11 +49,43 @@ fn a_peer_booking_adds_its_load_until_released() {
 }
 
 #[test]
+fn a_peer_booking_counts_from_its_decision_not_its_arrival() {
+    let mut out = Outbox::new(64, 1000);
+    out.book(1, "b", spec(512), &[BlockHash(11), BlockHash(12)], 3.0);
+    let mut f = fleet();
+    let ttl = f.record().ttl();
+    let mut remote = RemoteBookings::new(60.0);
+    // The batch waited (a paused sender) past the record's lifetime: its prefix is stale
+    // on arrival and earns no credit, though its load counts while it lives.
+    let late = 3.0 + ttl + 1.0;
+    remote.apply(&mut f, PEER, &out.take(), late);
+    f.expire(late);
+    assert_eq!(f.record().replica_blocks(ReplicaId(1)), 0);
+    assert_eq!(remote.live(PEER), 1);
+    // Delivered in time, the same booking's prefix is credited from its decision on.
+    let mut out = Outbox::new(64, 1000);
+    out.book(2, "b", spec(512), &[BlockHash(11), BlockHash(12)], 3.0);
+    let mut f = fleet();
+    remote.apply(&mut f, NodeId(8), &out.take(), 4.0);
+    f.expire(3.0 + ttl - 0.5);
+    assert_eq!(f.record().replica_blocks(ReplicaId(1)), 1);
+    f.expire(3.0 + ttl);
+    assert_eq!(f.record().replica_blocks(ReplicaId(1)), 0, "gone ttl after the decision, not the arrival");
+    // A delta timed after its arrival (clocks are per node; the wire carries ages, but a
+    // summary or a bad peer might not): never later than the arrival.
+    let mut out = Outbox::new(64, 1000);
+    out.book(3, "a", spec(512), &[BlockHash(21)], 50.0);
+    remote.apply(&mut f, NodeId(9), &out.take(), 10.0);
+    f.expire(10.0 + ttl);
+    assert_eq!(f.record().replica_blocks(ReplicaId(0)), 0);
+}
+
+#[test]
 fn duplicates_change_nothing() {
     let mut out = Outbox::new(64, 1000);
-    out.book(1, "a", spec(100), &[]);
-    out.first_token(1);
-    out.first_token(1); // a second first token is not sent twice
+    out.book(1, "a", spec(100), &[], 0.0);
+    out.first_token(1, 0.0);
+    out.first_token(1, 0.0); // a second first token is not sent twice
     let batch = out.take();
     assert_eq!(batch.iter().map(|d| d.seq).collect::<Vec<_>>(), vec![1, 2]);
     let mut f = fleet();
@@ -68,8 +100,8 @@ fn duplicates_change_nothing() {
 #[test]
 fn a_release_that_overtakes_its_book_wins() {
     let mut out = Outbox::new(64, 1000);
-    out.book(5, "a", spec(300), &[]);
-    out.release(5, None);
+    out.book(5, "a", spec(300), &[], 0.0);
+    out.release(5, None, 0.0);
     let mut batch = out.take();
     batch.reverse();
     let mut f = fleet();
@@ -89,13 +121,13 @@ fn a_summary_repairs_lost_books_and_releases() {
     let mut out = Outbox::new(64, 1000);
     let mut f = fleet();
     let mut remote = RemoteBookings::new(60.0);
-    out.book(1, "a", spec(100), &[]);
-    out.book(2, "b", spec(200), &[]);
+    out.book(1, "a", spec(100), &[], 0.0);
+    out.book(2, "b", spec(200), &[], 0.0);
     remote.apply(&mut f, PEER, &out.take(), 1.0);
     // Lost: the release of 1 and the book of 3.
-    out.release(1, None);
-    out.book(3, "a", spec(400), &[]);
-    out.first_token(3);
+    out.release(1, None, 0.0);
+    out.book(3, "a", spec(400), &[], 0.0);
+    out.first_token(3, 0.0);
     let _ = out.take();
     let summary = out.summary();
     assert_eq!(summary.seq, 5);
@@ -111,8 +143,12 @@ fn a_summary_repairs_lost_books_and_releases() {
 fn a_summary_keeps_bookings_newer_than_itself() {
     let mut f = fleet();
     let mut remote = RemoteBookings::new(60.0);
-    let book =
-        Delta { seq: 9, booking: 4, kind: DeltaKind::Book { replica: "a".into(), spec: spec(64), prefix: vec![] } };
+    let book = Delta {
+        seq: 9,
+        booking: 4,
+        kind: DeltaKind::Book { replica: "a".into(), spec: spec(64), prefix: vec![] },
+        at: 0.0,
+    };
     remote.apply(&mut f, PEER, &[book], 1.0);
     // A summary taken before seq 9 does not list booking 4: it must stay.
     let s = remote.apply_summary(&mut f, PEER, &Summary { seq: 8, live: vec![] }, 1.1);
@@ -123,8 +159,8 @@ fn a_summary_keeps_bookings_newer_than_itself() {
 #[test]
 fn a_silent_peer_loses_its_bookings() {
     let mut out = Outbox::new(64, 1000);
-    out.book(1, "a", spec(100), &[]);
-    out.book(2, "a", spec(100), &[]);
+    out.book(1, "a", spec(100), &[], 0.0);
+    out.book(2, "a", spec(100), &[], 0.0);
     let mut f = fleet();
     let mut remote = RemoteBookings::new(60.0);
     remote.apply(&mut f, PEER, &out.take(), 1.0);
@@ -137,7 +173,7 @@ fn a_silent_peer_loses_its_bookings() {
 #[test]
 fn unknown_replicas_are_counted_not_booked() {
     let mut out = Outbox::new(64, 1000);
-    out.book(1, "zzz", spec(100), &[]);
+    out.book(1, "zzz", spec(100), &[], 0.0);
     let mut f = fleet();
     let mut remote = RemoteBookings::new(60.0);
     let s = remote.apply(&mut f, PEER, &out.take(), 1.0);
@@ -148,11 +184,11 @@ fn unknown_replicas_are_counted_not_booked() {
 #[test]
 fn removing_a_replica_releases_its_bookings_to_peers() {
     let mut out = Outbox::new(64, 1000);
-    out.book(1, "a", spec(100), &[]);
-    out.book(2, "b", spec(100), &[]);
-    out.book(3, "a", spec(100), &[]);
+    out.book(1, "a", spec(100), &[], 0.0);
+    out.book(2, "b", spec(100), &[], 0.0);
+    out.book(3, "a", spec(100), &[], 0.0);
     let _ = out.take();
-    assert_eq!(out.release_replica("a"), 2);
+    assert_eq!(out.release_replica("a", 0.0), 2);
     let kinds: Vec<(u64, bool)> =
         out.take().iter().map(|d| (d.booking, matches!(d.kind, DeltaKind::Release { .. }))).collect();
     assert_eq!(kinds, vec![(1, true), (3, true)]);
@@ -162,13 +198,13 @@ fn removing_a_replica_releases_its_bookings_to_peers() {
 #[test]
 fn the_outbox_caps_prefixes_and_pending_deltas() {
     let mut out = Outbox::new(2, 4);
-    out.book(1, "a", spec(1), &[BlockHash(1), BlockHash(2), BlockHash(3)]);
+    out.book(1, "a", spec(1), &[BlockHash(1), BlockHash(2), BlockHash(3)], 0.0);
     match &out.take()[0].kind {
         DeltaKind::Book { prefix, .. } => assert_eq!(prefix, &vec![BlockHash(1), BlockHash(2)]),
         other => panic!("{other:?}"),
     }
     for b in 2..=6 {
-        out.book(b, "a", spec(1), &[]);
+        out.book(b, "a", spec(1), &[], 0.0);
     }
     // 5 deltas into room for 4: the oldest two went, the summary still lists all six.
     assert_eq!(out.take_at_most(2).iter().map(|d| d.seq).collect::<Vec<_>>(), vec![4, 5]);
@@ -180,7 +216,7 @@ fn the_outbox_caps_prefixes_and_pending_deltas() {
 #[test]
 fn a_restarted_peer_starts_over() {
     let mut out = Outbox::new(64, 1000);
-    out.book(1, "a", spec(100), &[]);
+    out.book(1, "a", spec(100), &[], 0.0);
     let mut f = fleet();
     let mut remote = RemoteBookings::new(60.0);
     assert!(!remote.observe_incarnation(&mut f, PEER, 111));
@@ -188,7 +224,7 @@ fn a_restarted_peer_starts_over() {
     remote.apply_summary(&mut f, PEER, &out.summary(), 1.1);
     // The new process numbers from 1 again; its first Book must count.
     let mut fresh = Outbox::new(64, 1000);
-    fresh.book(1, "b", spec(300), &[]);
+    fresh.book(1, "b", spec(300), &[], 0.0);
     assert!(!remote.observe_incarnation(&mut f, PEER, 111));
     assert!(remote.observe_incarnation(&mut f, PEER, 222));
     assert_eq!(remote.apply(&mut f, PEER, &fresh.take(), 2.0).booked, 1);
@@ -213,10 +249,10 @@ proptest! {
             match op {
                 0 => {
                     next += 1;
-                    out.book(next, if *on_b { "b" } else { "a" }, spec(*tokens), &[BlockHash(next)]);
+                    out.book(next, if *on_b { "b" } else { "a" }, spec(*tokens), &[BlockHash(next)], 0.0);
                 }
-                1 => out.first_token(b % (next + 1)),
-                _ => out.release(b % (next + 1), None),
+                1 => out.first_token(b % (next + 1), 0.0),
+                _ => out.release(b % (next + 1), None, 0.0),
             }
             sent.extend(out.take());
         }

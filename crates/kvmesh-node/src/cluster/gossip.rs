@@ -75,11 +75,12 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
         if summary.is_some() {
             last_summary = tokio::time::Instant::now();
         }
+        let now = shared.now();
         let batch = v1::GossipBatch {
             node_id: cluster.id,
             incarnation,
-            deltas: deltas.iter().map(v1::BookingDelta::from).collect(),
-            summary: summary.as_ref().map(v1::BookingSummary::from),
+            deltas: deltas.iter().map(|d| kvmesh_proto::gossip::delta_to_proto(d, now)).collect(),
+            summary: summary.as_ref().map(|s| kvmesh_proto::gossip::summary_to_proto(s, now)),
             hot,
             demand_tokens: Some(demand),
         };

@@ -3,7 +3,7 @@
 use super::registry::Command;
 use super::Cluster;
 use crate::state::Shared;
-use kvmesh_core::gossip::{Delta, NodeId, Summary};
+use kvmesh_core::gossip::{Delta, NodeId};
 use kvmesh_proto::v1::{self, cluster_server, gossip_server, raft_server};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -203,9 +203,14 @@ impl gossip_server::Gossip for ClusterServices {
             if batch.node_id == self.cluster.id {
                 return Err(Status::invalid_argument("a node does not gossip to itself (two nodes share an id?)"));
             }
-            let deltas: Vec<Delta> = batch.deltas.into_iter().filter_map(|d| Delta::try_from(d).ok()).collect();
+            let arrived = self.shared.now();
+            let deltas: Vec<Delta> = batch
+                .deltas
+                .into_iter()
+                .filter_map(|d| kvmesh_proto::gossip::delta_from_proto(d, arrived).ok())
+                .collect();
             self.shared.metrics.gossip_deltas_received.inc_by(deltas.len() as u64);
-            let summary = batch.summary.map(Summary::from);
+            let summary = batch.summary.map(|s| kvmesh_proto::gossip::summary_from_proto(s, arrived));
             if let Some(hot) = batch.hot {
                 if self.shared.replication.enabled() {
                     let bs = self.shared.settings.block_size;

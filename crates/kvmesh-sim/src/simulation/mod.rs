@@ -600,7 +600,7 @@ impl Sim<'_> {
             sketch.observe(t, &route.hashes, Some(&tokens), load as f64);
         }
         if let Some(out) = router.outbox.as_mut() {
-            out.routed(&router.fleet, &routed, &route.hashes);
+            out.routed(&router.fleet, &routed, &route.hashes, t);
         }
         self.send_gossip(k, t);
         self.bookings[i] = Some(routed.booking);
@@ -691,7 +691,7 @@ impl Sim<'_> {
         let router = &mut self.routers[k];
         let _ = router.fleet.release(b, output_tokens);
         if let Some(out) = router.outbox.as_mut() {
-            out.release(b.0, output_tokens);
+            out.release(b.0, output_tokens, t);
         }
         self.send_gossip(k, t);
     }
@@ -735,7 +735,7 @@ impl Sim<'_> {
                 let router = &mut self.routers[k];
                 let _ = router.fleet.first_token(b, t);
                 if let Some(out) = router.outbox.as_mut() {
-                    out.first_token(b.0);
+                    out.first_token(b.0, t);
                 }
                 self.send_gossip(k, t);
             }
