@@ -169,3 +169,30 @@ fn token_load_holds_affinity_within_the_tail_budget() {
     }
     assert_eq!(decide(&mut f, &mut off, &toks).replica, ids[1]);
 }
+
+#[test]
+fn token_load_spreads_among_peers_only_after_holding_affinity() {
+    let (mut f, ids) = fleet(3);
+    let toks = tokens(13, 64 * BS); // 1,024 tokens, all cached on replica 0
+    hold(&mut f, ids[0], &toks, 64, 1.0);
+    load(&mut f, ids[0], 4, 2000);
+    let greedy = TokenLoadParams { move_weight: 0.0, ..TokenLoadParams::default() };
+    let mut p = TokenLoadPolicy::new(greedy);
+    for s in 0..10 {
+        decide(&mut f, &mut p, &tokens(100 + s, 1250 * BS));
+    }
+    // Three other router nodes routing: replicas 1 and 2 are equally cheap and cache nothing,
+    // so by rank this node would take one of them; but replica 0's hit is within the tail
+    // budget (as in the test above) and is held.
+    f.set_active_peers(3, 1);
+    let d = decide(&mut f, &mut p, &toks);
+    assert_eq!((d.replica, d.reason), (ids[0], Reason::PrefixMatch));
+    // Without a hit worth holding, the ranks split the equal replicas: rank 1 and rank 2 take
+    // different ones.
+    let fresh = tokens(77, 64 * BS);
+    let one = decide(&mut f, &mut p, &fresh).replica;
+    f.set_active_peers(3, 2);
+    let two = decide(&mut f, &mut p, &fresh).replica;
+    assert_ne!(one, two);
+    assert!([one, two].iter().all(|r| *r != ids[0]), "{one:?} {two:?}");
+}
