@@ -19,6 +19,9 @@
 //! Prompts are tokenized with kvmesh's approximate scheme ([`kvmesh_core::prompt`]), so a
 //! kvmesh node without a tokenizer computes exactly the engine's token ids.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 pub mod engine_task;
 pub mod faults;
 pub mod fleet;

@@ -16,6 +16,9 @@
 //! A single node is complete on its own; a cluster of 3 or 5 adds availability and shared
 //! load without putting Raft on the request path.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 pub mod admission;
 pub mod auth;
 pub mod autoscaler;
