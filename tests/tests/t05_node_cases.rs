@@ -235,6 +235,20 @@ async fn the_metrics_page_is_valid_openmetrics() {
     let (count, sum) = (field(&page, "kvmesh_event_lag_seconds_count "), field(&page, "kvmesh_event_lag_seconds_sum "));
     assert!(count >= 1.0 && (0.0..count).contains(&sum), "lag count {count}, sum {sum} s:\n{page}");
     assert!(page.contains("kvmesh_requests_total{outcome=\"upstream_error\"} 0\n"), "{page}");
+    // A scraper asking for the classic text format gets it, its counters typed as counters.
+    let classic = reqwest::Client::new()
+        .get(format!("http://{}/metrics", node.http))
+        .header("accept", "text/plain;version=0.0.4")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(classic.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+    let text = classic.text().await.unwrap();
+    let parsed = openmetrics_parser::prometheus::parse_prometheus(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let kind = |f: &str| parsed.families.get(f).map(|f| f.family_type.clone());
+    assert_eq!(kind("kvmesh_requests_total"), Some(openmetrics_parser::PrometheusType::Counter), "{text}");
+    assert_eq!(kind("kvmesh_decision_latency_seconds"), Some(openmetrics_parser::PrometheusType::Histogram));
+    assert!(!text.contains("# EOF"));
     node.stop().await;
     e.stop().await;
 }

@@ -30,6 +30,7 @@ pub mod grpc;
 pub mod health;
 pub mod http_server;
 pub mod metrics;
+pub mod metrics_text;
 pub mod proxy;
 pub mod proxy_runtime;
 pub mod replica;

@@ -687,9 +687,15 @@ async fn health(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+/// OpenMetrics, or Prometheus' classic text when `Accept` asks for it and not for OpenMetrics
+/// (see [`crate::metrics_text`]).
+async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    use crate::metrics_text::{to_classic, wants_classic, CLASSIC, OPENMETRICS};
     let text = crate::metrics::Metrics::render(&shared);
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+    if wants_classic(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok())) {
+        return ([(header::CONTENT_TYPE, CLASSIC)], to_classic(&text)).into_response();
+    }
+    ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
 }
 
 #[cfg(test)]
