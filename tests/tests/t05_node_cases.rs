@@ -235,6 +235,14 @@ async fn the_metrics_page_is_valid_openmetrics() {
     let (count, sum) = (field(&page, "kvmesh_event_lag_seconds_count "), field(&page, "kvmesh_event_lag_seconds_sum "));
     assert!(count >= 1.0 && (0.0..count).contains(&sum), "lag count {count}, sum {sum} s:\n{page}");
     assert!(page.contains("kvmesh_requests_total{outcome=\"upstream_error\"} 0\n"), "{page}");
+    // Per replica: the one request (not streamed) counted, its TTFT and E2E observed once.
+    for line in [
+        "kvmesh_replica_requests_total{replica=\"e0\",outcome=\"ok\"} 1\n",
+        "kvmesh_replica_ttft_seconds_count{replica=\"e0\",streamed=\"false\"} 1\n",
+        "kvmesh_replica_e2e_seconds_count{replica=\"e0\"} 1\n",
+    ] {
+        assert!(page.contains(line), "{line} missing:\n{page}");
+    }
     // A scraper asking for the classic text format gets it, its counters typed as counters.
     let classic = reqwest::Client::new()
         .get(format!("http://{}/metrics", node.http))

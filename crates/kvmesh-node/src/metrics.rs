@@ -12,6 +12,14 @@ use std::sync::atomic::AtomicU64;
 
 type Labels = Vec<(&'static str, String)>;
 
+/// A histogram per label set, all with the request-latency buckets.
+pub type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Request latency buckets, seconds: 5 ms to ~41 s, doubling.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+
 /// Every metric the node exports.
 pub struct Metrics {
     registry: Registry,
@@ -25,6 +33,17 @@ pub struct Metrics {
     pub ttft: Histogram,
     /// Streamed requests whose TTFT exceeded `admission.ttft_slo_s` (counted only when set).
     pub ttft_over_slo: Counter,
+    /// Proxied requests by replica and outcome (the outcomes of [`Metrics::requests`] that
+    /// reached a replica: `ok`, `client_error`, `upstream_error`, `backpressure`,
+    /// `disconnected`).
+    pub replica_requests: Family<Labels, Counter>,
+    /// TTFT by replica, from the request's arrival at the node, seconds, with `streamed`
+    /// `true` (the first streamed chunk) or `false` (a non-streamed answer: its first byte is
+    /// the whole answer).
+    pub replica_ttft: Histograms,
+    /// End-to-end time of proxied requests that completed (`ok`), by replica, from arrival at
+    /// the node to the answer's end, seconds.
+    pub replica_e2e: Histograms,
     /// Time requests that waited in the admission queue spent there, until routed or
     /// refused, seconds.
     pub admission_wait: Histogram,
@@ -117,6 +136,9 @@ impl Metrics {
             // 5 ms to 41 s.
             ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             ttft_over_slo: Counter::default(),
+            replica_requests: Family::default(),
+            replica_ttft: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            replica_e2e: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             // 5 ms to 41 s.
             admission_wait: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             requests: Family::default(),
@@ -160,6 +182,17 @@ impl Metrics {
             "ttft_seconds",
             "Time from a streamed request's arrival at the node to its first chunk (queueing and retries included)",
             m.ttft.clone(),
+        );
+        registry.register("replica_requests", "Proxied requests by replica and outcome", m.replica_requests.clone());
+        registry.register(
+            "replica_ttft_seconds",
+            "Time from a request's arrival at the node to its first token from the replica (streamed: the first chunk; not streamed: the answer)",
+            m.replica_ttft.clone(),
+        );
+        registry.register(
+            "replica_e2e_seconds",
+            "Time from a request's arrival at the node to the end of its answer, completed requests, by replica",
+            m.replica_e2e.clone(),
         );
         registry.register(
             "ttft_over_slo",
