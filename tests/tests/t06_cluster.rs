@@ -603,6 +603,32 @@ async fn cluster_metrics_are_valid_openmetrics() {
     let leader = leader_of(&all).unwrap();
     assert!(page.contains(&format!("kvmesh_raft{{what=\"leader_id\"}} {leader}\n")), "{page}");
     assert!(page.contains("kvmesh_raft{what=\"voters\"} 3\n"), "{page}");
+    let id = |n: &Node| n.cluster.as_ref().unwrap().id;
+    let (me, gone) = (id(&nodes[1]), id(&nodes[2]));
+    let up = |page: &str, peer: u64| {
+        page.lines()
+            .find_map(|l| l.strip_prefix(&format!("kvmesh_gossip_peer_up{{peer=\"{peer}\"}} ")))
+            .map(str::to_string)
+    };
+    assert_eq!(up(&page, gone).as_deref(), Some("1"), "{page}");
+    assert_eq!(up(&page, me), None, "no series for the node itself");
+    // A peer that goes silent keeps its series: down, its age growing past the timeout.
+    let mut nodes = nodes;
+    nodes.pop().unwrap().stop().await;
+    let t0 = Instant::now();
+    let page = loop {
+        let page = reqwest::get(format!("http://{}/metrics", nodes[1].http)).await.unwrap().text().await.unwrap();
+        if up(&page, gone).as_deref() == Some("0") {
+            break page;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "peer {gone} still up:\n{page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let age = page
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("kvmesh_gossip_peer_age_seconds{{peer=\"{gone}\"}} ")))
+        .map(|v| v.parse::<f64>().unwrap());
+    assert!(age.is_some_and(|a| a > 5.0), "{page}");
     for n in nodes {
         n.stop().await;
     }

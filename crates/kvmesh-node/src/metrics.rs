@@ -105,6 +105,7 @@ pub struct Metrics {
     pub gossip_deltas_received: Counter,
     gossip_peer_bookings: Family<Labels, Gauge>,
     gossip_peer_age: Family<Labels, Gauge<f64, AtomicU64>>,
+    gossip_peer_up: Family<Labels, Gauge>,
     raft: Family<Labels, Gauge>,
     /// Warm-ups by result: `sent` (the engine answered), `failed`, `transferred` (the
     /// transfer sidecar accepted it).
@@ -165,6 +166,7 @@ impl Metrics {
             gossip_deltas_received: Counter::default(),
             gossip_peer_bookings: Family::default(),
             gossip_peer_age: Family::default(),
+            gossip_peer_up: Family::default(),
             raft: Family::default(),
             replication_warmups: Family::default(),
             replication: Family::default(),
@@ -271,6 +273,11 @@ impl Metrics {
             "gossip_peer_bookings",
             "A peer's live bookings as this node holds them",
             m.gossip_peer_bookings.clone(),
+        );
+        registry.register(
+            "gossip_peer_up",
+            "1 while a cluster member is heard from within cluster.peer_timeout_ms, 0 once it is silent",
+            m.gossip_peer_up.clone(),
         );
         registry.register(
             "gossip_peer_age_seconds",
@@ -401,10 +408,23 @@ impl Metrics {
         }
         m.gossip_peer_bookings.clear();
         m.gossip_peer_age.clear();
-        for (peer, live, heard) in shared.core().remote.peers() {
-            let l = vec![("peer", peer.0.to_string())];
-            m.gossip_peer_bookings.get_or_create(&l).set(live as i64);
-            m.gossip_peer_age.get_or_create(&l).set(now - heard);
+        m.gossip_peer_up.clear();
+        {
+            let core = shared.core();
+            for (peer, live, _) in core.remote.peers() {
+                m.gossip_peer_bookings.get_or_create(&vec![("peer", peer.0.to_string())]).set(live as i64);
+            }
+            // Every other member has an age and an up/down series, silent ones included (a
+            // peer never heard counts from this node's start), so a lag alert can fire.
+            if let Some(c) = shared.cluster.get() {
+                let timeout_s = c.section.peer_timeout_ms as f64 / 1000.0;
+                for id in c.members().into_keys().filter(|id| *id != c.id) {
+                    let l = vec![("peer", id.to_string())];
+                    let age = core.remote.last_heard(kvmesh_core::gossip::NodeId(id)).map_or(now, |h| now - h);
+                    m.gossip_peer_age.get_or_create(&l).set(age);
+                    m.gossip_peer_up.get_or_create(&l).set(i64::from(age <= timeout_s));
+                }
+            }
         }
         if let Some(c) = shared.cluster.get() {
             let r = c.raft.metrics().borrow().clone();

@@ -48,13 +48,16 @@ struct Peer {
 pub struct RemoteBookings {
     peers: BTreeMap<NodeId, Peer>,
     tombstone_s: f64,
+    /// When each peer was last heard, node seconds, kept after its bookings are dropped (a
+    /// silent peer's gossip age goes on growing, so a lag alert can fire).
+    heard: BTreeMap<NodeId, f64>,
 }
 
 impl RemoteBookings {
     /// An empty view; ended bookings are remembered for `tombstone_s` seconds (use the
     /// booking lease: no delta about a booking outlives it).
     pub fn new(tombstone_s: f64) -> Self {
-        RemoteBookings { peers: BTreeMap::new(), tombstone_s }
+        RemoteBookings { peers: BTreeMap::new(), tombstone_s, heard: BTreeMap::new() }
     }
 
     /// Applies `peer`'s deltas received at `now` (seconds). A Book counts from its decision
@@ -64,6 +67,7 @@ impl RemoteBookings {
         let tombstone_s = self.tombstone_s;
         let p = self.peers.entry(peer).or_default();
         p.last_heard = now;
+        self.heard.insert(peer, now);
         let mut stats = MergeStats::default();
         for d in deltas {
             if d.seq <= p.summary_seq {
@@ -120,6 +124,7 @@ impl RemoteBookings {
         let tombstone_s = self.tombstone_s;
         let p = self.peers.entry(peer).or_default();
         p.last_heard = now;
+        self.heard.insert(peer, now);
         let mut stats = MergeStats::default();
         p.summary_seq = p.summary_seq.max(summary.seq);
         let listed: rustc_hash::FxHashSet<u64> = summary.live.iter().map(|e| e.booking).collect();
@@ -228,6 +233,12 @@ impl RemoteBookings {
     /// `peer`'s live bookings as this node holds them.
     pub fn live(&self, peer: NodeId) -> usize {
         self.peers.get(&peer).map_or(0, |p| p.live.len())
+    }
+
+    /// When `peer` was last heard, node seconds, even after its bookings were dropped for its
+    /// silence; `None` if never.
+    pub fn last_heard(&self, peer: NodeId) -> Option<f64> {
+        self.heard.get(&peer).copied()
     }
 
     /// Peers heard from, with their live bookings and the node time they were last heard.

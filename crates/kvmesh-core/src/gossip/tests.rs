@@ -334,3 +334,17 @@ fn simultaneous_routers_with_one_view_take_different_replicas() {
     }
     assert!(alone.windows(2).all(|w| w[0] == w[1]), "{alone:?}");
 }
+
+#[test]
+fn a_silent_peer_is_still_known_by_when_it_was_last_heard() {
+    let mut out = Outbox::new(64, 1000);
+    out.book(1, "a", spec(100), &[], 0.0);
+    let mut f = fleet();
+    let mut remote = RemoteBookings::new(60.0);
+    assert_eq!(remote.last_heard(PEER), None);
+    remote.apply(&mut f, PEER, &out.take(), 2.0);
+    assert_eq!(remote.last_heard(PEER), Some(2.0));
+    // Silent past the timeout: its bookings go, its last hearing stays.
+    assert_eq!(remote.expire(&mut f, 10.0, 5.0), vec![PEER]);
+    assert_eq!((remote.live(PEER), remote.last_heard(PEER)), (0, Some(2.0)));
+}
