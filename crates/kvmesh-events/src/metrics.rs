@@ -69,6 +69,12 @@ pub struct EnginePage {
     pub metrics: EngineMetrics,
     /// Tokens served so far ([`parse_served_tokens`]).
     pub served_tokens: Option<f64>,
+    /// Tokens generated so far, summed over the page's series: vLLM
+    /// `vllm:generation_tokens_total`, SGLang `sglang:generation_tokens_total`. Unlike
+    /// `served_tokens` it only ever rises while the engine runs (vLLM adds prefix-cache hits
+    /// when it schedules a request but its prompt tokens only at its first token, and counts
+    /// a preempted request's hits again), so a fall means the engine restarted.
+    pub generated_tokens: Option<f64>,
     /// KV blocks the engine allocated: vLLM's `vllm:cache_config_info{num_gpu_blocks="…"}`
     /// (vllm/v1/metrics/loggers.py). With data-parallel ranks vLLM already sums the ranks'
     /// blocks into the one cache config it labels for every engine, so this is the largest
@@ -91,6 +97,7 @@ pub fn parse_engine_page(text: &str, at: f64) -> Result<EnginePage, MetricsError
         dialect,
         metrics,
         served_tokens: served(&parsed),
+        generated_tokens: generated(&parsed),
         kv_blocks,
         kv_block_size: kv_block_size.flatten(),
     })
@@ -148,6 +155,16 @@ fn load(parsed: &Exposition, at: f64) -> Result<(Dialect, EngineMetrics), Metric
     }
     let kv_usage = kv_usage.clamp(0.0, 1.0);
     Ok((dialect, EngineMetrics { running: count(&running), waiting: count(&waiting), kv_usage, at }))
+}
+
+fn generated(parsed: &Exposition) -> Option<f64> {
+    let names: &[&str] = if parsed.families.contains_key(VLLM.running) {
+        &["vllm:generation_tokens_total", "vllm:generation_tokens"]
+    } else {
+        &["sglang:generation_tokens_total"]
+    };
+    let total = names.iter().find_map(|n| values(parsed, n)).map(|v| v.iter().sum::<f64>())?;
+    (total.is_finite() && total >= 0.0).then_some(total)
 }
 
 fn served(parsed: &Exposition) -> Option<f64> {

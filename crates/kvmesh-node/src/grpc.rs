@@ -77,7 +77,8 @@ impl router_server::Router for Services {
         if let Some(f) = self.shared.core().fleet.fits_nowhere(counted, r.max_tokens).filter(|f| f.certain()) {
             return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f)));
         }
-        let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived);
+        let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived)
+            .for_adapter(adapter);
         let Admitted { routed, replica: name, endpoints, at: now, decision_s } = match ticket
             .route(&req, &tokens, r.max_tokens)
             .await

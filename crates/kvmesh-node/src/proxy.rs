@@ -397,7 +397,8 @@ async fn forward(
         outcome = tracing::field::Empty,
     );
     // Kept across retries: demand counted once, one `max_wait_s` for all the waits.
-    let mut ticket = crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived);
+    let mut ticket =
+        crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived).for_adapter(adapter);
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
         let crate::admission::Admitted { routed, replica: name, endpoints, at: now, decision_s } =

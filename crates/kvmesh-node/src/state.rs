@@ -156,6 +156,9 @@ pub struct Replica {
     /// Node time of the last such rebuild (rebuilds from unknown parents are spaced out, so a
     /// replay buffer that starts mid-chain cannot loop).
     pub last_resync_at: Option<f64>,
+    /// Node time the ingest task last saw its engine restart (the sequence went back), so a
+    /// scrape that then sees the counters fall does not drop the new engine's blocks again.
+    pub restart_seen_at: Option<f64>,
     /// Event counts.
     pub events_applied: u64,
     /// Events rejected by the decoder or the index.
@@ -384,7 +387,9 @@ impl Shared {
             max_prompt_tokens: config.node.max_prompt_tokens,
         };
         let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
-        let policy_name = Mutex::new((Arc::from(config.node.policy.as_str()), config.node.policy_params.clone()));
+        // The canonical name (`kv-cost` is `kv_cost`): it labels metrics and status.
+        let canonical = config.node.policy.parse::<PolicyKind>().map_or(config.node.policy.as_str(), |k| k.as_str());
+        let policy_name = Mutex::new((Arc::from(canonical), config.node.policy_params.clone()));
         let config_security = config.security.clone();
         let replication = crate::replication::Replication::new(config.replication.clone());
         let autoscaler = crate::autoscaler::Autoscaling::new(config.autoscaler.clone());
@@ -476,11 +481,12 @@ impl Shared {
     /// # Errors
     /// An unknown policy name or parameter.
     pub fn set_policy(&self, name: &str, params: &std::collections::BTreeMap<String, f64>) -> Result<(), String> {
+        let kind: PolicyKind = name.parse().map_err(|e| format!("{e}"))?;
+        let name = kind.as_str();
         let mut current = self.policy_name.lock().unwrap_or_else(|p| p.into_inner());
         if &*current.0 == name && &current.1 == params {
             return Ok(());
         }
-        let kind: PolicyKind = name.parse().map_err(|e| format!("{e}"))?;
         let list: Vec<(String, f64)> = params.iter().map(|(k, v)| (k.clone(), *v)).collect();
         self.core().policy = kind.build_with(&list).map_err(|e| e.to_string())?;
         *current = (Arc::from(name), params.clone());
@@ -538,6 +544,7 @@ impl Shared {
             resyncing: false,
             resync_requested: None,
             last_resync_at: None,
+            restart_seen_at: None,
             events_applied: 0,
             events_rejected: 0,
             bad_events_until: None,
@@ -876,14 +883,23 @@ impl Core {
 
     /// Counts `req` (decided as `decision`) as arriving demand: its token load (uncached
     /// prefill plus expected output, tokens) for the autoscaler, and its prompt `tokens` for
-    /// the hot-prefix sketch. Once per request — not again on a retry, nor on a re-route after
-    /// waiting in the admission queue — whether or not it is ever sent.
-    pub fn count_demand(&mut self, req: &RouteRequest, tokens: &[u32], decision: &Decision, now: f64) {
+    /// the hot-prefix sketch (`hot_prefix` false: not, e.g. a LoRA adapter's request, whose
+    /// blocks replication's base-model warm-ups would not reproduce). Once per request — not
+    /// again on a retry, nor on a re-route after waiting in the admission queue — whether or
+    /// not it is ever sent.
+    pub fn count_demand(
+        &mut self,
+        req: &RouteRequest,
+        tokens: &[u32],
+        decision: &Decision,
+        now: f64,
+        hot_prefix: bool,
+    ) {
         let output = self.fleet.expected_output_tokens(req);
         let load = decision.uncached_tokens as f64 + output as f64;
         self.booked_tokens += load;
         self.own_demand_tokens += load;
-        if let Some(sketch) = self.sketch.as_mut() {
+        if let Some(sketch) = self.sketch.as_mut().filter(|_| hot_prefix) {
             sketch.observe(now, &req.hashes, Some(tokens), load);
         }
     }

@@ -72,6 +72,8 @@ pub struct Ticket<'a> {
     arrived: tokio::time::Instant,
     demand_counted: bool,
     deadline: Option<tokio::time::Instant>,
+    /// Whether its prompt feeds the hot-prefix sketch (see [`Ticket::for_adapter`]).
+    hot_prefix: bool,
 }
 
 /// Observes a wait in the admission queue once, however it ends (routed, refused after
@@ -111,7 +113,14 @@ impl<'a> Ticket<'a> {
     /// A request that reached the node at `arrived` by `via`; `exact`: its prompt's token
     /// count is exact (a tokenizer, or token ids given), not kvmesh's approximate one.
     pub fn new(shared: &'a Shared, via: Via, exact: bool, arrived: tokio::time::Instant) -> Self {
-        Ticket { shared, via, exact, unqueued: false, arrived, demand_counted: false, deadline: None }
+        Ticket { shared, via, exact, unqueued: false, arrived, demand_counted: false, deadline: None, hot_prefix: true }
+    }
+
+    /// For a LoRA adapter's request (`adapter` set): its prompt stays out of the hot-prefix
+    /// sketch, since replication warms base-model prefixes only.
+    pub fn for_adapter(mut self, adapter: Option<&str>) -> Self {
+        self.hot_prefix = adapter.is_none();
+        self
     }
 
     /// Decides where `req` (`tokens`, answer of at most `max_tokens` tokens) goes and books
@@ -154,7 +163,7 @@ impl<'a> Ticket<'a> {
                 let mut core = shared.core();
                 core.decide(req, now).and_then(|d| {
                     if !std::mem::replace(&mut self.demand_counted, true) {
-                        core.count_demand(req, tokens, &d, now);
+                        core.count_demand(req, tokens, &d, now, self.hot_prefix);
                     }
                     // Capacity short, or (with the TTFT gate) the best replica would make it
                     // miss its SLO: wait rather than pile onto a full replica.

@@ -253,6 +253,10 @@ async fn handle(
                 tracing::warn!(replica = %source.name, seq, last = l, held_back = held, "sequence restarted: engine restart, dropping its blocks");
             }
             resync_by_clearing(shared, &source.name, "restart");
+            let now = shared.now();
+            if let Some(r) = shared.core().replicas.get_mut(&source.name) {
+                r.restart_seen_at = Some(now);
+            }
             // The restarted engine's messages before this one are in its replay buffer.
             if let (true, Some(ep)) = (seq > 0, &source.replay) {
                 replay(shared, source, ep, 0, seq, logs, replayed).await;
@@ -505,6 +509,9 @@ async fn replay_messages(
     }
     let mut next = from;
     let mut ended = false;
+    // Asked for all it holds from the start: the buffer keeps the newest `buffer_steps`
+    // messages (vLLM: 10,000) and answers from its oldest, so start from whatever comes first.
+    let mut first = from == 0;
     loop {
         let reply = match tokio::time::timeout(t, dealer.recv()).await {
             Ok(Ok(m)) => m.into_vec(),
@@ -523,6 +530,9 @@ async fn replay_messages(
                 break;
             }
             Ok(ReplayReply::Message { seq, batch }) => {
+                if std::mem::take(&mut first) {
+                    next = seq;
+                }
                 if seq == next && seq < to {
                     apply(shared, &source.name, seq, &batch);
                     replayed.record(seq, reply.last().map_or(&[][..], |f| &f[..]));

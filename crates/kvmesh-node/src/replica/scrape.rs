@@ -9,10 +9,13 @@
 //! again. The page is parsed on tokio's blocking pool: a slow parse of one engine's page never
 //! holds a runtime worker that routing needs.
 //!
-//! The served-token counters also tell when the engine restarted: they start again from 0, so
-//! a page whose count is below the previous one means the engine's cache is gone, even if the
-//! engine publishes no KV event afterwards (an idle one does not). Its blocks are then dropped
-//! and, with a replay socket, rebuilt from what the new engine holds.
+//! The generated-token counter also tells when the engine restarted: it only rises while the
+//! engine runs and starts again from 0, so a page whose count is below the previous one means
+//! the engine's cache is gone, even if the engine publishes no KV event afterwards (an idle one
+//! does not). Its blocks are then dropped and, with a replay socket, rebuilt from what the new
+//! engine holds — unless the ingest task saw the restart itself since the previous page (its
+//! sequence went back), which it has handled already. (Not the served-token count: vLLM's can
+//! fall for a while without a restart, see [`kvmesh_events::EnginePage::generated_tokens`].)
 
 use crate::state::Shared;
 use kvmesh_events::parse_engine_page;
@@ -28,8 +31,8 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Whether the engine's own KV block count was compared with `capacity_blocks` (once).
     let mut capacity_checked = false;
-    // The served-token count of the last good page.
-    let mut last_served: Option<f64> = None;
+    // The generated-token count of the last good page, and when it was read (node seconds).
+    let mut last_generated: Option<(f64, f64)> = None;
     loop {
         tick.tick().await;
         let asked_at = shared.now();
@@ -52,9 +55,12 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
             let held = if full { u32::try_from(shared.admission.depth()).unwrap_or(u32::MAX) } else { 0 };
             shared.autoscaler.observe_served(&name, *served, m.waiting.saturating_add(held), now);
         }
-        let served = result.as_ref().ok().and_then(|p| p.served_tokens);
-        let restarted = served.is_some_and(|s| last_served.is_some_and(|last| s < last));
-        last_served = served.or(last_served);
+        let generated = result.as_ref().ok().and_then(|p| p.generated_tokens);
+        let previous = last_generated;
+        let restarted = generated.is_some_and(|g| previous.is_some_and(|(last, _)| g < last));
+        if let Some(g) = generated {
+            last_generated = Some((g, now));
+        }
         let mut core = shared.core();
         match result {
             Ok(page) => {
@@ -88,7 +94,10 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
                 }
             }
         }
-        if restarted {
+        // Seen by the ingest task since the previous page: handled there already.
+        let seen =
+            |r: &crate::state::Replica| r.restart_seen_at.is_some_and(|t| previous.is_some_and(|(_, at)| t >= at));
+        if restarted && !core.replicas.get(&name).is_some_and(seen) {
             // The ingest task rebuilds (clear, then replay); without one, clear here.
             let follows = core.replicas.get_mut(&name).and_then(|r| {
                 r.config.kv_events.as_ref()?;
