@@ -118,12 +118,14 @@ vllm:generation_tokens_total{engine="1"} 300.0
          # TYPE sglang:generation_tokens_total counter\nsglang:generation_tokens_total 50.0\n"
     );
     assert_eq!(kvmesh_events::parse_served_tokens(&sglang), Some(850.0));
-    // One parse of the page gives the scrape both: the load and the served tokens.
+    // One parse of the page gives the scrape all: the load, the served tokens, and the
+    // generated tokens (what tells an engine restart).
     let (dialect, metrics) = parse_engine_metrics(&sglang, 3.0).unwrap();
     let page = kvmesh_events::EnginePage {
         dialect,
         metrics,
         served_tokens: Some(850.0),
+        generated_tokens: Some(50.0),
         kv_blocks: None,
         kv_block_size: None,
     };
