@@ -83,7 +83,7 @@ pub struct Metrics {
     pub events_rejected: Family<Labels, Counter>,
     /// Resyncs, by replica and method: `replay` (a gap fully recovered), `replay_incomplete`,
     /// `clear` (a gap without replay: blocks dropped), `restart` (the sequence went back, or
-    /// the engine's served-token counters did),
+    /// the engine's generated-token counter did),
     /// `recovery` (the replica came back from unhealthy), `unknown_parent` (case C03).
     pub resyncs: Family<Labels, Counter>,
     /// Live KV-event messages skipped as copies of ones a replay had just applied (queued in

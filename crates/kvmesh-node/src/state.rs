@@ -150,7 +150,7 @@ pub struct Replica {
     /// Its blocks must be rebuilt, and why (the ingest task takes this): `recovery` — it came
     /// back after being unhealthy, perhaps a new engine whose first messages went out before
     /// this node's subscriber reconnected; `unknown_parent` — a stored event chained to a
-    /// block this node never saw (case C03); `restart` — its served-token counters went back
+    /// block this node never saw (case C03); `restart` — its generated-token counter went back
     /// (the engine restarted, whether or not it publishes again).
     pub resync_requested: Option<&'static str>,
     /// Node time of the last such rebuild (rebuilds from unknown parents are spaced out, so a

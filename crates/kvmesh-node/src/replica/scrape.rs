@@ -105,7 +105,7 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
                 Some(())
             });
             drop(core);
-            tracing::warn!(replica = %name, "the engine's token counters went back: it restarted; dropping its blocks");
+            tracing::warn!(replica = %name, "the engine's generated-token counter went back: it restarted; dropping its blocks");
             if follows.is_none() {
                 super::ingest::resync_by_clearing(&shared, &name, "restart");
             }
