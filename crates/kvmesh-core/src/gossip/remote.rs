@@ -86,7 +86,9 @@ impl RemoteBookings {
                     };
                     let at = d.at.min(now);
                     if let Ok(local) = fleet.book(id, remote_spec(*spec), at) {
-                        p.last_book_at = p.last_book_at.max(at);
+                        // Above 0, which means "never booked" (a decision from before this
+                        // node started is timed below 0).
+                        p.last_book_at = p.last_book_at.max(at.max(f64::MIN_POSITIVE));
                         if !prefix.is_empty() {
                             fleet.record_prefix(id, prefix, at);
                         }
