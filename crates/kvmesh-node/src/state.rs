@@ -1182,6 +1182,17 @@ mod tests {
     }
 
     #[test]
+    fn the_policy_goes_by_its_canonical_name() {
+        // `kv-cost` is `kv_cost`: one label value per policy in metrics and status.
+        let shared = node(crate::config::NodeSection { policy: "kv-cost".into(), ..Default::default() });
+        assert_eq!(&*shared.policy_name(), "kv_cost");
+        shared.set_policy(" round-robin", &Default::default()).unwrap();
+        assert_eq!(&*shared.policy_name(), "round_robin");
+        assert!(shared.set_policy("fastest", &Default::default()).is_err());
+        assert_eq!(&*shared.policy_name(), "round_robin");
+    }
+
+    #[test]
     fn a_kv_event_owed_longer_than_events_silent_s_means_no_events() {
         let shared = node(crate::config::NodeSection { events_silent_s: 10.0, ..Default::default() });
         let replica =
