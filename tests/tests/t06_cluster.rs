@@ -595,14 +595,17 @@ async fn cluster_metrics_are_valid_openmetrics() {
         .await;
     let page = reqwest::get(format!("http://{}/metrics", nodes[1].http)).await.unwrap().text().await.unwrap();
     let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
-    for family in
-        ["kvmesh_raft", "kvmesh_gossip_peer_bookings", "kvmesh_gossip_peer_age_seconds", "kvmesh_gossip_batches_sent"]
-    {
+    for family in [
+        "kvmesh_raft_term",
+        "kvmesh_gossip_peer_bookings",
+        "kvmesh_gossip_peer_age_seconds",
+        "kvmesh_gossip_batches_sent",
+    ] {
         assert!(parsed.families.contains_key(family), "{family} missing:\n{page}");
     }
     let leader = leader_of(&all).unwrap();
-    assert!(page.contains(&format!("kvmesh_raft{{what=\"leader_id\"}} {leader}\n")), "{page}");
-    assert!(page.contains("kvmesh_raft{what=\"voters\"} 3\n"), "{page}");
+    assert!(page.contains(&format!("kvmesh_raft_leader_id {leader}\n")), "{page}");
+    assert!(page.contains("kvmesh_raft_voters 3\n"), "{page}");
     let id = |n: &Node| n.cluster.as_ref().unwrap().id;
     let (me, gone) = (id(&nodes[1]), id(&nodes[2]));
     let up = |page: &str, peer: u64| {

@@ -129,14 +129,16 @@ async fn a_hot_prompt_is_planned_warmed_spread_and_retired() {
     let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
     let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
     for family in [
-        "kvmesh_replication_plan",
+        "kvmesh_replication_plan_version",
+        "kvmesh_replication_plan_prefixes",
+        "kvmesh_replication_plan_blocks",
         "kvmesh_replication_targets",
         "kvmesh_replication_warmups",
         "kvmesh_replication_top_prefix_load_share",
     ] {
         assert!(parsed.families.contains_key(family), "{family} missing:\n{page}");
     }
-    assert!(page.contains("kvmesh_replication_plan{what=\"prefixes\"} 1"), "{page}");
+    assert!(page.contains("kvmesh_replication_plan_prefixes 1\n"), "{page}");
     assert!(page.contains(&format!("kvmesh_replication_targets{{state=\"confirmed\"}} {}", p.targets.len())));
     assert!(page.contains("kvmesh_replication_warmups_total{result=\"sent\"}"));
 

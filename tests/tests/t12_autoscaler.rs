@@ -102,10 +102,10 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
     // The decision is on the metrics page.
     let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
     let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
-    assert!(parsed.families.contains_key("kvmesh_autoscaler_decision"), "{page}");
-    assert!(page.contains("kvmesh_autoscaler_decision{what=\"desired_replicas\"}"), "{page}");
+    assert!(parsed.families.contains_key("kvmesh_autoscaler_desired_replicas"), "{page}");
+    assert!(page.contains("kvmesh_autoscaler_desired_replicas{decision=\"committed\"}"), "{page}");
     // This node's evaluation, every interval, committed or not.
-    assert!(page.contains("kvmesh_autoscaler_evaluated{what=\"demand_tokens_per_s\"}"), "{page}");
+    assert!(page.contains("kvmesh_autoscaler_demand_tokens_per_second{decision=\"evaluated\"}"), "{page}");
     // Unknown pools and metrics are clear errors.
     let e = api.get_recommendation(v1::AutoscalerRequest { pool: "gpu-b".into() }).await.unwrap_err();
     assert_eq!((e.code(), e.message()), (tonic::Code::NotFound, "unknown pool \"gpu-b\"; this tier's is \"default\""));

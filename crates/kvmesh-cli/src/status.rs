@@ -85,7 +85,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
 
 /// The autoscaler's latest committed decision, one line, with its age at `now` (Unix seconds):
 /// an unchanged decision is committed again only every 30 s, so its load figures can be that
-/// old (`kvmesh_autoscaler_evaluated` on `/metrics` has every interval's).
+/// old (`kvmesh_autoscaler_*{decision="evaluated"}` on `/metrics` has every interval's).
 fn render_scale(d: &v1::ScaleDecision, now: f64) -> String {
     format!(
         "autoscaler (pool {}): {} {} wanted ({}{}) · {} ready, {} starting · load {:.0} tokens/s, sized for {:.0} tokens/s at {:.0} per replica{} · decided {:.0} s ago",

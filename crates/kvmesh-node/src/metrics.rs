@@ -12,6 +12,37 @@ use std::sync::atomic::AtomicU64;
 
 type Labels = Vec<(&'static str, String)>;
 
+/// `kvmesh_raft_*`: this node's Raft state, one gauge each (name, help).
+const RAFT: [(&str, &str); 6] = [
+    ("term", "This node's Raft term"),
+    ("leader_id", "The Raft leader's node id as this node knows it (0: none)"),
+    ("is_leader", "1 while this node leads the Raft group"),
+    ("last_applied_index", "The last Raft log index applied to this node's state machine"),
+    ("last_log_index", "The last Raft log index in this node's log"),
+    ("voters", "Voting members of the Raft group"),
+];
+
+/// `kvmesh_replication_plan_*`: the committed replication plan, one gauge each.
+const PLAN: [(&str, &str); 3] = [
+    ("version", "The committed replication plan's version"),
+    ("prefixes", "Hot prefixes in the committed replication plan"),
+    ("blocks", "KV blocks the committed replication plan places on its targets"),
+];
+
+/// `kvmesh_autoscaler_*{decision}`: the latest autoscaler decision, one gauge each, with
+/// `decision` `committed` (the leader's, through Raft) or `evaluated` (this node's latest
+/// evaluation, committed or not).
+const AUTOSCALER: [(&str, &str); 8] = [
+    ("desired_replicas", "Replicas the autoscaler wants"),
+    ("ready_replicas", "Ready replicas the autoscaler counted"),
+    ("starting_replicas", "Replicas still starting (cold start) the autoscaler counted"),
+    ("demand_tokens_per_second", "Token load arriving across the tier, tokens per second"),
+    ("forecast_tokens_per_second", "Token load forecast over the cold start, tokens per second"),
+    ("capacity_tokens_per_second", "Token load one replica serves, tokens per second"),
+    ("panic", "1 while the autoscaler is in panic mode (a burst)"),
+    ("decided_at_unix_seconds", "When the decision was taken, Unix seconds"),
+];
+
 /// A histogram per label set, all with the request-latency buckets.
 pub type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
 
@@ -106,15 +137,14 @@ pub struct Metrics {
     gossip_peer_bookings: Family<Labels, Gauge>,
     gossip_peer_age: Family<Labels, Gauge<f64, AtomicU64>>,
     gossip_peer_up: Family<Labels, Gauge>,
-    raft: Family<Labels, Gauge>,
+    raft: [Gauge; RAFT.len()],
     /// Warm-ups by result: `sent` (the engine answered), `failed`, `transferred` (the
     /// transfer sidecar accepted it).
     pub replication_warmups: Family<Labels, Counter>,
-    replication: Family<Labels, Gauge>,
+    replication: [Gauge; PLAN.len()],
     replication_targets: Family<Labels, Gauge>,
     replication_top_share: Gauge<f64, AtomicU64>,
-    autoscaler: Family<Labels, Gauge<f64, AtomicU64>>,
-    autoscaler_evaluated: Family<Labels, Gauge<f64, AtomicU64>>,
+    autoscaler: [Family<Labels, Gauge<f64, AtomicU64>>; AUTOSCALER.len()],
     admission_queue: Gauge,
     /// Bytes of request bodies reserved from `limits.http_body_budget_bytes` now; kept by
     /// [`crate::body_budget::BodyBudget`].
@@ -167,13 +197,12 @@ impl Metrics {
             gossip_peer_bookings: Family::default(),
             gossip_peer_age: Family::default(),
             gossip_peer_up: Family::default(),
-            raft: Family::default(),
+            raft: Default::default(),
             replication_warmups: Family::default(),
-            replication: Family::default(),
+            replication: Default::default(),
             replication_targets: Family::default(),
             replication_top_share: Gauge::default(),
-            autoscaler: Family::default(),
-            autoscaler_evaluated: Family::default(),
+            autoscaler: Default::default(),
             admission_queue: Gauge::default(),
             http_body_bytes: Gauge::default(),
             registry: Registry::default(),
@@ -284,21 +313,17 @@ impl Metrics {
             "Seconds since this node last heard a peer's gossip (gossip lag)",
             m.gossip_peer_age.clone(),
         );
-        registry.register(
-            "raft",
-            "Raft state of this node: term, leader_id (0: none), is_leader, last_applied_index, last_log_index, voters",
-            m.raft.clone(),
-        );
+        for ((name, help), g) in RAFT.iter().zip(&m.raft) {
+            registry.register(format!("raft_{name}"), *help, g.clone());
+        }
         registry.register(
             "replication_warmups",
             "Replication warm-ups by result (sent, failed, transferred)",
             m.replication_warmups.clone(),
         );
-        registry.register(
-            "replication_plan",
-            "The committed replication plan: version, prefixes, planned_blocks (KV blocks on targets)",
-            m.replication.clone(),
-        );
+        for ((name, help), g) in PLAN.iter().zip(&m.replication) {
+            registry.register(format!("replication_plan_{name}"), *help, g.clone());
+        }
         registry.register(
             "replication_targets",
             "Replication targets by state (pending, warming, confirmed, failed)",
@@ -309,16 +334,10 @@ impl Metrics {
             "Token-load share of the hottest prefix this node knows of, 0 to 1",
             m.replication_top_share.clone(),
         );
-        registry.register(
-            "autoscaler_decision",
-            "The latest committed autoscaler decision: desired_replicas, ready, starting, demand_tokens_per_s, forecast_tokens_per_s, capacity_tokens_per_s, panic (0/1), at_unix_seconds",
-            m.autoscaler.clone(),
-        );
-        registry.register(
-            "autoscaler_evaluated",
-            "This node's latest autoscaler evaluation (every interval_s, committed or not; the same fields as kvmesh_autoscaler_decision): what the policy would decide now",
-            m.autoscaler_evaluated.clone(),
-        );
+        for ((name, help), f) in AUTOSCALER.iter().zip(&m.autoscaler) {
+            let help = format!("{help}: the latest decision, committed (the leader's) or evaluated (this node's)");
+            registry.register(format!("autoscaler_{name}"), help, f.clone());
+        }
         registry.register(
             "admission_queue_depth",
             "Requests waiting for capacity in the admission queue",
@@ -429,26 +448,24 @@ impl Metrics {
         if let Some(c) = shared.cluster.get() {
             let r = c.raft.metrics().borrow().clone();
             let membership = r.membership_config.membership();
+            // In RAFT's order.
             let values = [
-                ("term", r.current_term as i64),
-                ("leader_id", r.current_leader.unwrap_or(0) as i64),
-                ("is_leader", c.leads() as i64),
-                ("last_applied_index", r.last_applied.map_or(0, |l| l.index) as i64),
-                ("last_log_index", r.last_log_index.unwrap_or(0) as i64),
-                ("voters", membership.voter_ids().count() as i64),
+                r.current_term as i64,
+                r.current_leader.unwrap_or(0) as i64,
+                c.leads() as i64,
+                r.last_applied.map_or(0, |l| l.index) as i64,
+                r.last_log_index.unwrap_or(0) as i64,
+                membership.voter_ids().count() as i64,
             ];
-            for (what, v) in values {
-                m.raft.get_or_create(&vec![("what", what.to_string())]).set(v);
+            for (g, v) in m.raft.iter().zip(values) {
+                g.set(v);
             }
         }
         if shared.replication.enabled() {
             let plan = shared.replication.plan();
-            for (what, v) in [
-                ("version", plan.version),
-                ("prefixes", plan.prefixes.len() as u64),
-                ("planned_blocks", plan.planned_blocks()),
-            ] {
-                m.replication.get_or_create(&vec![("what", what.to_string())]).set(v as i64);
+            // In PLAN's order.
+            for (g, v) in m.replication.iter().zip([plan.version, plan.prefixes.len() as u64, plan.planned_blocks()]) {
+                g.set(v as i64);
             }
             let counts = plan.target_counts();
             for (state, n) in ["pending", "warming", "confirmed", "failed"].into_iter().zip(counts) {
@@ -463,21 +480,22 @@ impl Metrics {
             });
         }
         m.admission_queue.set(shared.admission.depth() as i64);
-        for (family, d) in
-            [(&m.autoscaler, shared.autoscaler.latest()), (&m.autoscaler_evaluated, shared.autoscaler.evaluated())]
-        {
+        for (which, d) in [("committed", shared.autoscaler.latest()), ("evaluated", shared.autoscaler.evaluated())] {
             let Some(d) = d else { continue };
-            for (what, v) in [
-                ("desired_replicas", f64::from(d.desired_replicas)),
-                ("ready", f64::from(d.ready)),
-                ("starting", f64::from(d.starting)),
-                ("demand_tokens_per_s", d.demand_tokens_per_s),
-                ("forecast_tokens_per_s", d.forecast_tokens_per_s),
-                ("capacity_tokens_per_s", d.capacity_tokens_per_s),
-                ("panic", f64::from(u8::from(d.panic))),
-                ("at_unix_seconds", d.at),
-            ] {
-                family.get_or_create(&vec![("what", what.to_string())]).set(v);
+            // In AUTOSCALER's order.
+            let values = [
+                f64::from(d.desired_replicas),
+                f64::from(d.ready),
+                f64::from(d.starting),
+                d.demand_tokens_per_s,
+                d.forecast_tokens_per_s,
+                d.capacity_tokens_per_s,
+                f64::from(u8::from(d.panic)),
+                d.at,
+            ];
+            let l = vec![("decision", which.to_string())];
+            for (f, v) in m.autoscaler.iter().zip(values) {
+                f.get_or_create(&l).set(v);
             }
         }
         let mut out = String::new();
