@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{eventually, eventually_within};
+use common::{blocks, eventually, eventually_within, metric};
 use kvmesh_engine_sim::{EngineSim, EngineSimConfig, Faults};
 use kvmesh_node::config::{NodeSection, ReplicaConfig};
 use kvmesh_node::state::Status;
@@ -49,23 +49,10 @@ async fn send(node: &Node, tag: usize, blocks: usize) -> u16 {
         .as_u16()
 }
 
-fn blocks(node: &Node, name: &str) -> usize {
-    let core = node.shared.core();
-    core.replicas.get(name).map_or(0, |r| core.fleet.index().replica_blocks(r.id))
-}
-
 fn status(node: &Node, name: &str) -> Status {
     let now = node.shared.now();
     let core = node.shared.core();
     core.status(&core.replicas[name], now)
-}
-
-fn metric(node: &Node, name: &str) -> String {
-    kvmesh_node::metrics::Metrics::render(&node.shared)
-        .lines()
-        .filter(|l| l.starts_with(name))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// `kvmesh_requests_total{outcome}`: requests that ended so.
@@ -323,6 +310,19 @@ async fn grpc_health(node: &Node) -> [i32; 3] {
     out
 }
 
+/// Waits up to 10 s for [`grpc_health`] to read `want`.
+async fn grpc_health_becomes(node: &Node, want: [i32; 3]) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let got = grpc_health(node).await;
+        if got == want {
+            return;
+        }
+        assert!(t0.elapsed().as_secs() < 10, "gRPC health {got:?}, want {want:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 async fn http_health(node: &Node) -> u16 {
     reqwest::get(format!("http://{}/health", node.http)).await.unwrap().status().as_u16()
 }
@@ -336,11 +336,7 @@ async fn grpc_health_says_what_http_health_says() {
     eventually("e0 ready", || status(&node, "e0") == Status::Ready).await;
     assert_eq!(http_health(&node).await, 200);
     // The follower runs every 500 ms: within a few periods of a change.
-    let t0 = std::time::Instant::now();
-    while grpc_health(&node).await != [serving, serving, serving] {
-        assert!(t0.elapsed().as_secs() < 10, "gRPC health {:?} while /health is 200", grpc_health(&node).await);
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    grpc_health_becomes(&node, [serving, serving, serving]).await;
     // The only replica dies: /health turns 503, and so do the server's and Router's gRPC
     // statuses; Admin still answers (it works without replicas).
     let r = reqwest::Client::new()
@@ -353,11 +349,7 @@ async fn grpc_health_says_what_http_health_says() {
     a.stopped().await;
     eventually("e0 unhealthy", || status(&node, "e0") == Status::Unhealthy).await;
     assert_eq!(http_health(&node).await, 503);
-    let t0 = std::time::Instant::now();
-    while grpc_health(&node).await != [not_serving, not_serving, serving] {
-        assert!(t0.elapsed().as_secs() < 10, "gRPC health {:?} while /health is 503", grpc_health(&node).await);
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    grpc_health_becomes(&node, [not_serving, not_serving, serving]).await;
     node.stop().await;
     a.stop().await;
 }

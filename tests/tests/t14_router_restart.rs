@@ -5,29 +5,16 @@
 
 mod common;
 
-use common::eventually_within;
 use common::publisher::{stored_batch, Publisher};
+use common::{blocks, eventually_within, metric};
 use kvmesh_node::config::{NodeSection, ReplicaConfig};
 use kvmesh_node::Node;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 
-fn blocks(node: &Node, name: &str) -> usize {
-    let core = node.shared.core();
-    core.replicas.get(name).map_or(0, |r| core.fleet.index().replica_blocks(r.id))
-}
-
 fn last_seq(node: &Node, name: &str) -> Option<u64> {
     node.shared.core().replicas.get(name).and_then(|r| r.last_seq)
-}
-
-fn metric(node: &Node, name: &str) -> String {
-    kvmesh_node::metrics::Metrics::render(&node.shared)
-        .lines()
-        .filter(|l| l.starts_with(name))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 async fn start(replicas: Vec<ReplicaConfig>) -> Node {
@@ -87,11 +74,7 @@ async fn live_copies_of_replayed_messages_are_not_a_restart_and_a_real_restart_s
     let payloads: Vec<bytes::Bytes> = (0..5).map(|s| stored(1000 + s, 1.0 + s as f64)).collect();
     *publisher.buffer.lock().unwrap() = payloads.iter().cloned().enumerate().map(|(s, p)| (s as u64, p)).collect();
     let engine = common::engines(1, 20.0).await.remove(0);
-    let replica = ReplicaConfig {
-        kv_events: Some(publisher.kv_events.clone()),
-        replay: Some(publisher.replay.clone()),
-        ..common::replica(0, &engine)
-    };
+    let replica = publisher.replica(0, &engine);
     let node = start(vec![replica]).await;
     // Replayed at subscribe, before any live message.
     eventually_within("the replay at subscribe", 5, || last_seq(&node, "e0") == Some(4)).await;
@@ -216,11 +199,7 @@ async fn a_replay_buffer_that_wrapped_is_applied_from_its_oldest_message() {
     let publisher = Publisher::start().await;
     *publisher.buffer.lock().unwrap() = (5..10u64).map(|s| (s, stored(3000 + s, s as f64))).collect();
     let engine = common::engines(1, 20.0).await.remove(0);
-    let replica = ReplicaConfig {
-        kv_events: Some(publisher.kv_events.clone()),
-        replay: Some(publisher.replay.clone()),
-        ..common::replica(0, &engine)
-    };
+    let replica = publisher.replica(0, &engine);
     let node = start(vec![replica]).await;
     eventually_within("what the buffer holds, replayed at subscribe", 5, || last_seq(&node, "e0") == Some(9)).await;
     assert_eq!(blocks(&node, "e0"), 5);

@@ -5,18 +5,12 @@
 
 mod common;
 
-use common::eventually_within;
 use common::publisher::{stored_batch, Publisher};
-use kvmesh_node::config::{NodeSection, ReplicaConfig};
+use common::{blocks, eventually_within};
+use kvmesh_node::config::NodeSection;
 use kvmesh_node::tokenize::Tokenizer;
-use kvmesh_node::Node;
 use kvmesh_proto::v1;
 use serde_json::json;
-
-fn blocks(node: &Node, name: &str) -> usize {
-    let core = node.shared.core();
-    core.replicas.get(name).map_or(0, |r| core.fleet.index().replica_blocks(r.id))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adapter_requests_match_only_their_adapters_blocks() {
@@ -33,16 +27,15 @@ async fn adapter_requests_match_only_their_adapters_blocks() {
     on_sql.buffer.lock().unwrap().push((0, stored_batch(&sql_hashes, &tokens, Some("sql"), 1.0)));
     on_base.buffer.lock().unwrap().push((0, stored_batch(&base_hashes, &tokens, None, 1.0)));
     let engines = common::engines(2, 20.0).await;
-    let replica = |i: usize, p: &Publisher| ReplicaConfig {
-        kv_events: Some(p.kv_events.clone()),
-        replay: Some(p.replay.clone()),
-        ..common::replica(i, &engines[i])
-    };
     let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
     section.model = "m".into();
     section.lora_adapters = vec!["sql".into(), "chat".into()];
-    let node =
-        kvmesh_node::start(common::single(section, vec![replica(0, &on_sql), replica(1, &on_base)])).await.unwrap();
+    let node = kvmesh_node::start(common::single(
+        section,
+        vec![on_sql.replica(0, &engines[0]), on_base.replica(1, &engines[1])],
+    ))
+    .await
+    .unwrap();
     eventually_within("both replicas indexed and ready", 10, || {
         blocks(&node, "e0") == 64
             && blocks(&node, "e1") == 64

@@ -64,3 +64,18 @@ pub async fn eventually_within(what: &str, secs: u64, mut ok: impl FnMut() -> bo
 pub async fn grpc(addr: impl std::fmt::Display) -> tonic::transport::Channel {
     tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap()
 }
+
+/// Blocks the node's prefix index holds for replica `name` (0 for an unknown one).
+pub fn blocks(node: &kvmesh_node::Node, name: &str) -> usize {
+    let core = node.shared.core();
+    core.replicas.get(name).map_or(0, |r| core.fleet.index().replica_blocks(r.id))
+}
+
+/// The lines of the node's metrics page that start with `name`.
+pub fn metric(node: &kvmesh_node::Node, name: &str) -> String {
+    kvmesh_node::metrics::Metrics::render(&node.shared)
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

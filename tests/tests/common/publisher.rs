@@ -50,6 +50,16 @@ impl Publisher {
         Publisher { live, buffer, kv_events, replay }
     }
 
+    /// Replica `e{i}` whose HTTP and metrics are engine-sim `engine`'s but whose KV events
+    /// and replay socket are this publisher's.
+    pub fn replica(&self, i: usize, engine: &kvmesh_engine_sim::EngineSim) -> kvmesh_node::config::ReplicaConfig {
+        kvmesh_node::config::ReplicaConfig {
+            kv_events: Some(self.kv_events.clone()),
+            replay: Some(self.replay.clone()),
+            ..super::replica(i, engine)
+        }
+    }
+
     /// Publishes live message `seq` (empty topic).
     pub async fn send(&mut self, seq: u64, payload: &bytes::Bytes) {
         let frames = vec![bytes::Bytes::new(), bytes::Bytes::copy_from_slice(&seq.to_be_bytes()), payload.clone()];
