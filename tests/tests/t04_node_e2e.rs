@@ -132,6 +132,7 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
             max_tokens: Some(3),
             session_key: None,
             lora_name: None,
+            expected_output_tokens: None,
         })
         .await
         .unwrap()

@@ -367,6 +367,7 @@ async fn a_route_that_fits_no_replica_is_refused_not_booked() {
         max_tokens: Some(max_tokens),
         session_key: None,
         lora_name: None,
+        expected_output_tokens: None,
     };
     let ids = || v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: (0..32).collect() });
     let capacity = node.shared.core().fleet.largest_kv_tokens() / 16;
@@ -387,6 +388,50 @@ async fn a_route_that_fits_no_replica_is_refused_not_booked() {
     assert_eq!(node.shared.core().fleet.bookings().len(), 1);
     let refused = router.route(ask(fits + 1, ids())).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    node.stop().await;
+    a.stop().await;
+}
+
+/// A client's output-length hint is booked as the request's decode work, capped by its
+/// max_tokens; a malformed hint header is a clear 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_length_hint_is_booked_and_a_bad_one_refused() {
+    use kvmesh_proto::v1;
+    let a = engine(16, Faults::default()).await;
+    let node = node(vec![replica(0, &a, true)], |_| {}).await;
+    let mut router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);
+    let ask = |hint: Option<u32>| v1::RouteRequest {
+        prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: (0..32).collect() })),
+        max_tokens: Some(8192),
+        expected_output_tokens: hint,
+        ..Default::default()
+    };
+    let booked =
+        |node: &Node| node.shared.core().fleet.bookings().loads().iter().map(|l| l.expected_decode_tokens).sum::<u64>();
+    router.route(ask(Some(300))).await.unwrap();
+    assert_eq!(booked(&node), 300);
+    // Without a hint, and nothing learned yet, max_tokens is booked.
+    router.route(ask(None)).await.unwrap();
+    assert_eq!(booked(&node), 300 + 8192);
+    // A hint above max_tokens is capped by it.
+    router.route(ask(Some(100_000))).await.unwrap();
+    assert_eq!(booked(&node), 300 + 2 * 8192);
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", node.http))
+        .header("x-kvmesh-expected-output-tokens", "lots")
+        .json(&json!({"model": "m", "prompt": prompt(1, 1), "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains(
+            "x-kvmesh-expected-output-tokens must be a whole number of tokens from 1 to 4294967295, got \\\"lots\\\""
+        ),
+        "{body}"
+    );
+    assert_eq!(send(&node, 2, 1).await, 200, "the node serves on");
     node.stop().await;
     a.stop().await;
 }
@@ -881,6 +926,7 @@ async fn grpc_calls_beyond_the_per_connection_limit_wait_while_other_connections
             max_tokens: Some(4),
             session_key: None,
             lora_name: None,
+            expected_output_tokens: None,
         };
         tokio::time::timeout(Duration::from_millis(500), r.route(req)).await
     };

@@ -53,9 +53,22 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
 }
 
 async fn start_all(ports: &[u16], dir: &Path, replicas: &[ReplicaConfig], gossip: bool) -> Vec<Node> {
+    start_all_with(ports, dir, replicas, gossip, |_| {}).await
+}
+
+/// [`start_all`] with each node's config changed by `edit` first.
+async fn start_all_with(
+    ports: &[u16],
+    dir: &Path,
+    replicas: &[ReplicaConfig],
+    gossip: bool,
+    edit: impl Fn(&mut NodeConfig),
+) -> Vec<Node> {
     let mut nodes = Vec::new();
     for id in 1..=ports.len() as u64 {
-        nodes.push(kvmesh_node::start(config(id, ports, dir, replicas.to_vec(), gossip)).await.unwrap());
+        let mut c = config(id, ports, dir, replicas.to_vec(), gossip);
+        edit(&mut c);
+        nodes.push(kvmesh_node::start(c).await.unwrap());
     }
     nodes
 }
@@ -345,7 +358,17 @@ async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
     for gossip in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let ports = ports(4);
-        let nodes = start_all(&ports, dir.path(), &replicas, gossip).await;
+        // A wave's four calls are meant to be decided at the same instant, before any gossip
+        // of that wave arrives. On a loaded 2-core machine they are served up to tens of ms
+        // apart, and at the default 5 ms tick a late decider has heard an earlier one (a CI
+        // run met two such pairs). A 250 ms tick (summaries every 1 s) keeps the premise:
+        // deliveries inside a wave become rare, and the test waits for them between waves.
+        let slow_tick = |c: &mut NodeConfig| {
+            let cluster = c.cluster.as_mut().expect("a cluster config");
+            cluster.gossip_interval_ms = 250;
+            cluster.summary_interval_ms = 1000;
+        };
+        let nodes = start_all_with(&ports, dir.path(), &replicas, gossip, slow_tick).await;
         let all: Vec<&Node> = nodes.iter().collect();
         eventually("scraped everywhere", || {
             all.iter().all(|n| n.shared.core().replicas.values().all(|r| r.engine.is_some()))

@@ -345,6 +345,8 @@ mod tests {
                     input_tokens: input,
                     output_tokens: 64,
                     block_ids: ids.to_vec(),
+                    max_tokens: None,
+                    group: None,
                 })
                 .collect(),
             skipped: Vec::new(),

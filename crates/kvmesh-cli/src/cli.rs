@@ -473,7 +473,9 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Built-in scenario instead of a trace: shared-0, shared-50, shared-90, hot-prompt, hot-rotating, zipf,
-    /// bursts, chat. Default when no --trace: chat.
+    /// bursts, chat, rl (RL rollouts: steps of 16 prompts × 8 samples, heavy-tailed outputs,
+    /// max_tokens 8,192; a decode table with step completion times follows the main one).
+    /// Default when no --trace: chat.
     #[arg(long, value_name = "NAME")]
     pub scenario: Option<String>,
     /// Engine replicas.
@@ -572,6 +574,15 @@ pub struct ReplayArgs {
     /// Clients send max_tokens equal to the true output length.
     #[arg(long)]
     pub max_tokens_known: bool,
+    /// What the router knows of each request's output length: learned (a node's default: a
+    /// request with max_tokens is expected at the mean output of completed requests whose
+    /// first 64 prompt tokens match, re-estimated as it decodes), max-tokens (its max_tokens,
+    /// booked whole: a node with learn_output_lengths off), hint (the client sends the true
+    /// length rounded up to a power of two), oracle (the client sends the true length).
+    /// Requests without max_tokens (the public traces) are expected at the running mean in
+    /// every mode but hint and oracle.
+    #[arg(long, default_value = "learned", value_name = "MODE")]
+    pub output_info: String,
     /// Keep bucketed timestamps as they are (default: spread each bucket over the gap to the
     /// next, as Mooncake's 3 s buckets need).
     #[arg(long)]

@@ -439,6 +439,7 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
                         max_tokens: Some(16),
                         session_key: None,
                         lora_name: None,
+                        expected_output_tokens: None,
                     };
                     let result = match client.route(req).await {
                         Ok(r) => {

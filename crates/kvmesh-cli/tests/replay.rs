@@ -184,6 +184,10 @@ fn flag_values_that_cannot_simulate_are_rejected_up_front() {
             "error: --target-utilisation must be in (0, 1], got 0\n",
         ),
         (&["--scale-csv", "x.csv"][..], "error: --scale-csv writes autoscaling decisions: give --autoscale too\n"),
+        (
+            &["--output-info", "soon"][..],
+            "error: --output-info: unknown output info \"soon\"; known: max-tokens, learned, hint, oracle\n",
+        ),
     ] {
         let mut all = vec!["replay", "--scenario", "chat", "--quiet"];
         all.extend_from_slice(args);
@@ -331,4 +335,47 @@ fn the_outcomes_csv_has_one_row_per_request_and_agrees_with_the_table() {
         assert!(p99 <= max_ttft + 1e-6, "{policy}: p99 {p99} above the CSV's largest TTFT {max_ttft}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn rl_rollouts_get_a_decode_table_with_their_steps() {
+    let args = |info: &'static str| {
+        [
+            "replay",
+            "--scenario",
+            "rl",
+            "--requests",
+            "512",
+            "--rate",
+            "64",
+            "--replicas",
+            "2",
+            "--policies",
+            "token_load",
+            "--output-info",
+            info,
+            "--json",
+            "--quiet",
+        ]
+    };
+    for info in ["max-tokens", "learned", "hint", "oracle"] {
+        let out = kvmesh(&args(info));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["output_info"], info);
+        let m = &v["results"][0]["mean"];
+        // 512 rollouts are 4 steps of 128; every one completes.
+        assert_eq!((m["completed"].as_u64(), m["steps"].as_u64()), (Some(512), Some(4)), "{info}");
+        // A step lasts at least its longest rollout's decode.
+        assert!(m["step_p99"].as_f64().unwrap() >= m["e2e_p99"].as_f64().unwrap(), "{info}: {m}");
+    }
+    let mut plain = args("learned")[..13].to_vec();
+    plain.push("--quiet");
+    let table = text(&kvmesh(&plain).stdout);
+    let decode = table.split("decode and steps (output lengths known to the router: learned)\n").nth(1).unwrap();
+    assert!(
+        decode
+            .starts_with("policy      E2E p50  E2E p99  steps  step p50  step p99  out tok/s  preemptions\ntoken_load"),
+        "{table}"
+    );
 }

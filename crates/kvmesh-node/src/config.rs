@@ -487,6 +487,12 @@ pub struct NodeSection {
     /// `Release` (or crashed) stops counting then. Keep it at least `request_timeout_s`, or
     /// long proxied requests stop counting while they run.
     pub booking_lease_s: f64,
+    /// Expect a request that gives `max_tokens` to produce what completed requests whose first
+    /// 64 prompt tokens match produced, re-estimated as it decodes, instead of booking its whole
+    /// `max_tokens` as decode work and KV. RL trainers and agents send a `max_tokens` far above
+    /// their outputs; booked whole it made every replica look full (BENCHMARKS.md, decode-heavy
+    /// traffic). Off: `max_tokens` is booked as given.
+    pub learn_output_lengths: bool,
     /// A replica that owes a KV event this long (a request filled KV blocks it did not hold,
     /// and no event came since the request began) is reported `no_events`, seconds.
     pub events_silent_s: f64,
@@ -578,6 +584,7 @@ impl Default for NodeSection {
             retries: 2,
             request_timeout_s: 600,
             booking_lease_s: 600.0,
+            learn_output_lengths: true,
             events_silent_s: 30.0,
             hung_after_s: 60.0,
             replay_timeout_ms: 1000,

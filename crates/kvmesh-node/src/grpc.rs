@@ -66,7 +66,8 @@ impl router_server::Router for Services {
         // Hash before taking the core lock: a long prompt is microseconds of work.
         let hasher = &self.shared.settings.hasher_for(adapter);
         // A gRPC caller may never report its first token: its prefill drains on the clock.
-        let mut req = RouteRequest::new(hasher, &tokens, r.max_tokens).streamed(false);
+        let mut req =
+            RouteRequest::new(hasher, &tokens, r.max_tokens).streamed(false).with_output_hint(r.expected_output_tokens);
         if let Some(key) = &r.session_key {
             req = req.with_key(hasher.sequence_key(&approximate_tokens(key)));
         }

@@ -165,6 +165,23 @@ impl Drop for Booking {
 
 /// Request headers passed to the engine: everything but hop-by-hop headers and the ones the
 /// client connection defines (`Authorization` for vLLM's `--api-key` included).
+/// The client's output-length hint: the [`HINT_HEADER`] header as a positive whole number of
+/// tokens, if sent.
+///
+/// # Errors
+/// A message for a 400 when the header is not a number from 1 to 4,294,967,295.
+fn expected_output_tokens(headers: &HeaderMap) -> Result<Option<u32>, String> {
+    let Some(v) = headers.get(HINT_HEADER) else { return Ok(None) };
+    match v.to_str().ok().and_then(|s| s.trim().parse::<u32>().ok()).filter(|&n| n > 0) {
+        Some(n) => Ok(Some(n)),
+        None => Err(format!("{HINT_HEADER} must be a whole number of tokens from 1 to {}, got {v:?}", u32::MAX)),
+    }
+}
+
+/// The request header carrying a client's expected output length, tokens (an agent harness
+/// or RL trainer that knows its length class); gRPC `Route`'s `expected_output_tokens`.
+pub const HINT_HEADER: &str = "x-kvmesh-expected-output-tokens";
+
 fn upstream_headers(headers: &HeaderMap) -> HeaderMap {
     const SKIP: [&str; 9] = [
         "host",
@@ -376,10 +393,19 @@ async fn forward(
         );
     }
     let max_tokens = max_tokens.map(|n| n.min(u32::MAX as u64) as u32);
+    let hint = match expected_output_tokens(&headers) {
+        Ok(h) => h,
+        Err(msg) => {
+            shared.metrics.request("bad_request");
+            return error(StatusCode::BAD_REQUEST, msg);
+        }
+    };
     // What went wrong on the last replica tried, if one was.
     let mut last_failure: Option<String> = None;
     // Hashed once, outside the core lock.
-    let req = RouteRequest::new(&shared.settings.hasher_for(adapter), &tokens, max_tokens).streamed(stream);
+    let req = RouteRequest::new(&shared.settings.hasher_for(adapter), &tokens, max_tokens)
+        .streamed(stream)
+        .with_output_hint(hint);
     // At debug, as the per-request events: exported to OpenTelemetry all the same (see
     // `telemetry`), but not formatted into every log line at info, where building and
     // recording its fields was ~6 % of the node's CPU (BENCHMARKS.md, router node).
@@ -727,6 +753,7 @@ mod tests {
             prompt_key: 1,
             key: 1,
             streamed: true,
+            output_hint: None,
         };
         let routed = {
             let mut core = shared.core();

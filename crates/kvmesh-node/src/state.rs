@@ -331,6 +331,7 @@ impl Shared {
             block_size: config.node.block_size,
             namespace: Namespace { model: config.node.model.clone(), ..Namespace::default() },
             lease_s: config.node.booking_lease_s,
+            learn_output_lengths: config.node.learn_output_lengths,
             // A per-process secret: engine ids from the network cannot be chosen to collide.
             index_seed: {
                 use std::hash::{BuildHasher, Hasher};
@@ -1072,6 +1073,7 @@ mod tests {
             prompt_key: 1,
             key: 1,
             streamed: true,
+            output_hint: None,
         };
         let decision = core.decide(&req, 100.0).unwrap();
         core.book(&req, decision, 100.0).unwrap();

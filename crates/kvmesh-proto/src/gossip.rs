@@ -53,6 +53,8 @@ pub fn delta_from_proto(d: v1::BookingDelta, now: f64) -> Result<Delta, ConvertE
                 expected_output_tokens: d.expected_output_tokens,
                 // A peer's first token reaches this node late, or (non-streamed) not at all.
                 reports_first_token: false,
+                output_key: None,
+                reestimate_up_to: None,
             },
             replica: d.replica,
             prefix: d.prefix.into_iter().map(BlockHash).collect(),
@@ -99,6 +101,8 @@ pub fn summary_from_proto(s: v1::BookingSummary, now: f64) -> Summary {
                     uncached_blocks: e.uncached_blocks,
                     expected_output_tokens: e.expected_output_tokens,
                     reports_first_token: false,
+                    output_key: None,
+                    reestimate_up_to: None,
                 },
                 first_token: e.first_token,
                 booked_at: now - received_age(e.age_s),
@@ -118,6 +122,8 @@ mod tests {
             uncached_blocks: 63,
             expected_output_tokens: 200,
             reports_first_token: false,
+            output_key: None,
+            reestimate_up_to: None,
         };
         let book = DeltaKind::Book { replica: "vllm-3".into(), spec, prefix: vec![BlockHash(u64::MAX), BlockHash(1)] };
         let deltas = [

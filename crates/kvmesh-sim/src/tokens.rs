@@ -50,7 +50,14 @@ mod tests {
     use super::*;
 
     fn r(ids: &[u64], input: u32) -> TraceRequest {
-        TraceRequest { arrival_s: 0.0, input_tokens: input, output_tokens: 1, block_ids: ids.to_vec() }
+        TraceRequest {
+            arrival_s: 0.0,
+            input_tokens: input,
+            output_tokens: 1,
+            block_ids: ids.to_vec(),
+            max_tokens: None,
+            group: None,
+        }
     }
 
     #[test]

@@ -89,6 +89,8 @@ pub struct Report {
     pub seeds: Vec<u64>,
     /// TTFT SLO, seconds.
     pub ttft_slo_s: f64,
+    /// What the router knew of output lengths (`--output-info`).
+    pub output_info: String,
     /// The floors no router can beat.
     pub floors: Floors,
     /// Per policy, in the order asked.
@@ -129,6 +131,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         event_delay_s: args.event_delay_ms / 1000.0,
         ttft_slo_s: args.ttft_slo,
         send_max_tokens: args.max_tokens_known,
+        output_info: args.output_info.parse().map_err(anyhow::Error::msg)?, // checked in validate
         routers: args.routers,
         gossip: !args.no_gossip,
         gossip_delay_s: args.gossip_delay_ms / 1000.0,
@@ -152,6 +155,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         gossip_delay_s: config.gossip_delay_s,
         seeds,
         ttft_slo_s: args.ttft_slo,
+        output_info: config.output_info.to_string(),
         floors,
         results,
     };
@@ -180,6 +184,9 @@ fn validate(args: &ReplayArgs) -> anyhow::Result<()> {
     }
     if args.routers == 0 {
         bail!("--routers must be at least 1");
+    }
+    if let Err(e) = args.output_info.parse::<kvmesh_sim::simulation::OutputInfo>() {
+        bail!("--output-info: {e}");
     }
     if !(args.gossip_delay_ms.is_finite() && args.gossip_delay_ms >= 0.0) {
         bail!("--gossip-delay-ms must be a non-negative number, got {}", args.gossip_delay_ms);

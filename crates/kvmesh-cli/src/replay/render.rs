@@ -96,6 +96,7 @@ pub fn table(r: &Report) -> String {
         let _ = writeln!(out, "{}", line(row));
     }
     out.push_str(&replication_notes(r));
+    out.push_str(&decode_table(r, false));
     let wall: f64 = r.results.iter().flat_map(|p| p.per_seed.iter().map(|m| m.wall_s)).sum();
     let events: u64 = r.results.iter().flat_map(|p| p.per_seed.iter().map(|m| m.events)).sum();
     let _ = writeln!(
@@ -117,6 +118,64 @@ pub fn markdown(r: &Report) -> String {
         let _ = writeln!(out, "| {} |", row.join(" | "));
     }
     out.push_str(&replication_notes(r));
+    out.push_str(&decode_table(r, true));
+    out
+}
+
+/// With a trace of groups (RL steps) or any preemption: E2E, step completion, throughput and
+/// preemptions per policy, the figures decode-heavy traffic is judged by.
+fn decode_table(r: &Report, markdown: bool) -> String {
+    if !r.results.iter().any(|p| p.mean.steps > 0 || p.mean.preemptions > 0) {
+        return String::new();
+    }
+    let columns = ["policy", "E2E p50", "E2E p99", "steps", "step p50", "step p99", "out tok/s", "preemptions"];
+    let rows: Vec<Vec<String>> = r
+        .results
+        .iter()
+        .map(|p| {
+            let m = &p.mean;
+            vec![
+                p.policy.clone(),
+                secs(m.e2e_p50),
+                secs(m.e2e_p99),
+                m.steps.to_string(),
+                secs(m.step_p50),
+                secs(m.step_p99),
+                format!("{:.0}", m.output_tps),
+                m.preemptions.to_string(),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "
+decode and steps (output lengths known to the router: {})
+",
+        r.output_info
+    );
+    if markdown {
+        out.push('\n');
+        let _ = writeln!(out, "| {} |", columns.join(" | "));
+        let _ = writeln!(out, "|{}", "---|".repeat(columns.len()));
+        for row in rows {
+            let _ = writeln!(out, "| {} |", row.join(" | "));
+        }
+        return out;
+    }
+    let widths: Vec<usize> = (0..columns.len())
+        .map(|c| rows.iter().map(|row| row[c].len()).chain([columns[c].len()]).max().unwrap_or(0))
+        .collect();
+    let line = |cells: &[String]| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(c, s)| if c == 0 { format!("{s:<w$}", w = widths[c]) } else { format!("{s:>w$}", w = widths[c]) })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    let _ = writeln!(out, "{}", line(&columns.map(String::from)));
+    for row in &rows {
+        let _ = writeln!(out, "{}", line(row));
+    }
     out
 }
 

@@ -74,6 +74,13 @@ pub struct FleetConfig {
     /// sets a random one, since engine ids come from the network; default 0 keeps simulations
     /// reproducible.
     pub index_seed: u64,
+    /// Expect a request that gives `max_tokens` to produce what completed requests whose
+    /// prompts start alike produced (the mean per output key, once a key has 4 of them), not
+    /// its `max_tokens`, and re-estimate it as it decodes (E[L | L > generated]): see
+    /// [`crate::load::OutputEstimator`]. RL trainers and agents send a `max_tokens` ~10× the
+    /// median output; booked whole, it made every replica look full of KV (BENCHMARKS.md,
+    /// decode-heavy traffic). Default true.
+    pub learn_output_lengths: bool,
 }
 
 impl Default for FleetConfig {
@@ -90,6 +97,7 @@ impl Default for FleetConfig {
             learn_prefill_rate: false,
             prefill_efficiency: 0.95,
             index_seed: 0,
+            learn_output_lengths: true,
         }
     }
 }
@@ -190,7 +198,15 @@ pub struct Fleet {
     record_overlaps: Vec<u32>,
     /// Each replica's pending-prefix window this decision, by replica id; NaN until asked.
     pending_windows: Vec<std::cell::Cell<f64>>,
+    /// When decoding bookings' expected outputs were last re-estimated, seconds.
+    outputs_refreshed_at: f64,
+    /// Per replica id, its decode step time, seconds (scratch for the re-estimate).
+    step_s: Vec<f64>,
 }
+
+/// How often decoding bookings' expected outputs are re-estimated from what they generated,
+/// seconds (with [`FleetConfig::learn_output_lengths`]): O(live bookings) each time.
+const OUTPUT_REFRESH_S: f64 = 0.25;
 
 impl Fleet {
     /// An empty fleet.
@@ -218,6 +234,8 @@ impl Fleet {
             overlaps: Vec::new(),
             record_overlaps: Vec::new(),
             pending_windows: Vec::new(),
+            outputs_refreshed_at: f64::NEG_INFINITY,
+            step_s: Vec::new(),
         })
     }
 
@@ -383,6 +401,7 @@ impl Fleet {
             policy.observe(&self.lifecycle);
             self.lifecycle.clear();
         }
+        self.refresh_outputs(now);
         self.prepare(req, policy.reads_kv_events(), policy.pending_prefix_s(), now);
         let view = FleetView {
             now,
@@ -444,6 +463,11 @@ impl Fleet {
             uncached_blocks: decision.uncached_blocks,
             expected_output_tokens: self.expected_output_tokens(req),
             reports_first_token: req.streamed,
+            output_key: crate::load::output_key(&req.hashes),
+            reestimate_up_to: req
+                .max_tokens
+                .filter(|_| self.config.learn_output_lengths && req.output_hint.is_none())
+                .map(|m| m.min(u32::try_from(self.largest_kv_tokens()).unwrap_or(u32::MAX))),
         };
         let booking = self.bookings.book(decision.replica, spec, now);
         let r = &mut self.replicas[p];
@@ -455,6 +479,28 @@ impl Fleet {
         self.own.insert(booking);
         policy.booked(req, &decision, booking, now);
         Ok(Routed { decision, booking })
+    }
+
+    /// With [`FleetConfig::learn_output_lengths`], at most every [`OUTPUT_REFRESH_S`]:
+    /// re-estimates decoding bookings' outputs from what each has generated (its time since
+    /// first token over its replica's decode step, β0 + β2 · decoding).
+    fn refresh_outputs(&mut self, now: f64) {
+        if !self.config.learn_output_lengths || now - self.outputs_refreshed_at < OUTPUT_REFRESH_S {
+            return;
+        }
+        self.outputs_refreshed_at = now;
+        self.step_s.clear();
+        for r in &self.replicas {
+            let i = r.id.index();
+            if self.step_s.len() <= i {
+                self.step_s.resize(i + 1, f64::NAN);
+            }
+            let decoding = self.bookings.load(r.id).decoding;
+            let p = &r.spec.profile;
+            self.step_s[i] = p.step_overhead_s + p.decode_s_per_token * f64::from(decoding);
+        }
+        let steps = &self.step_s;
+        self.bookings.refresh_outputs(now, |i| steps.get(i).copied().unwrap_or(f64::NAN));
     }
 
     /// The most KV any registered replica holds, tokens (its `capacity_blocks` blocks of
@@ -489,12 +535,16 @@ impl Fleet {
     }
 
     /// The output tokens `req` is expected to produce, booked as its decode work and KV:
-    /// its `max_tokens`, else the running mean of outputs ([`crate::load::OutputEstimator`]);
+    /// its hint, its output key's learned mean (with [`FleetConfig::learn_output_lengths`]),
+    /// its `max_tokens`, else the running mean of outputs (in that order:
+    /// [`crate::load::OutputEstimator::expect_for`]);
     /// at most the largest replica's KV, so that a `max_tokens` of 4,294,967,295 does not book
     /// more decode work than any replica could ever run. (Not less: with its prompt, a request
     /// that fits nowhere must still fit nowhere.)
     pub fn expected_output_tokens(&self, req: &RouteRequest) -> u32 {
-        let expected = self.bookings.outputs().expect(req.max_tokens);
+        let key = crate::load::output_key(&req.hashes);
+        let learn = self.config.learn_output_lengths;
+        let expected = self.bookings.outputs().expect_for(req.max_tokens, req.output_hint, key, learn);
         expected.min(u32::try_from(self.largest_kv_tokens()).unwrap_or(u32::MAX))
     }
 

@@ -26,6 +26,10 @@ pub struct RouteRequest {
     /// at its end, and a gRPC `Route` caller may never report it, so their prefill is not
     /// assumed queued until then. Default true.
     pub streamed: bool,
+    /// The client's expected output length, tokens (a length hint an agent harness or RL
+    /// trainer sends): trusted over everything but `max_tokens`, which caps it
+    /// ([`crate::load::OutputEstimator::expect_for`]).
+    pub output_hint: Option<u32>,
 }
 
 impl RouteRequest {
@@ -40,6 +44,7 @@ impl RouteRequest {
             prompt_key,
             key: prompt_key,
             streamed: true,
+            output_hint: None,
         }
     }
 
@@ -49,7 +54,21 @@ impl RouteRequest {
     pub fn from_hashes(prompt_tokens: u32, hashes: Vec<BlockHash>, max_tokens: Option<u32>) -> Self {
         let last = hashes.last().map_or(0, |h| h.0);
         let prompt_key = xxh3_64_with_seed(&u64::from(prompt_tokens).to_le_bytes(), last);
-        RouteRequest { prompt_tokens, hashes, max_tokens, prompt_key, key: prompt_key, streamed: true }
+        RouteRequest {
+            prompt_tokens,
+            hashes,
+            max_tokens,
+            prompt_key,
+            key: prompt_key,
+            streamed: true,
+            output_hint: None,
+        }
+    }
+
+    /// Expects `tokens` output tokens (a client's hint; see [`Self::output_hint`]).
+    pub fn with_output_hint(mut self, tokens: Option<u32>) -> Self {
+        self.output_hint = tokens;
+        self
     }
 
     /// Uses `session` as the consistent-hashing key.

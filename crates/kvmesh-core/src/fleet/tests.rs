@@ -149,6 +149,38 @@ fn a_huge_max_tokens_books_no_more_output_than_the_largest_replica_holds() {
     assert_eq!(f.bookings().load(a).expected_decode_tokens + f.bookings().load(b).expected_decode_tokens, 160_000);
 }
 
+/// Requests whose first 64 tokens match learn from each other's outputs; a hint beats both.
+#[test]
+fn output_lengths_are_learned_per_leading_prompt_and_hints_win() {
+    for learn in [false, true] {
+        let mut f = Fleet::new(FleetConfig { learn_output_lengths: learn, ..FleetConfig::default() }).unwrap();
+        f.add_replica(silent("a")).unwrap();
+        let mut p = PolicyKind::TokenLoad.build();
+        // Four tasks' prompts: the same first 64 tokens, different tails.
+        let hasher = *f.hasher();
+        let task = |tail: u32| {
+            let mut t = toks(64);
+            t.extend(1000 + tail * 100..1000 + tail * 100 + 40);
+            RouteRequest::new(&hasher, &t, Some(8192))
+        };
+        for (k, out) in [100, 200, 300, 400].into_iter().enumerate() {
+            let req = task(k as u32);
+            let r = f.route(p.as_mut(), &req, &mut rng(), k as f64).unwrap();
+            // Until four have finished, max_tokens is booked.
+            assert_eq!(f.bookings().load(r.decision.replica).expected_decode_tokens, 8192);
+            f.release(r.booking, Some(out)).unwrap();
+        }
+        let next = task(9);
+        let other = RouteRequest::new(f.hasher(), &(500..580).collect::<Vec<u32>>(), Some(8192));
+        assert_eq!(f.expected_output_tokens(&next), if learn { 250 } else { 8192 });
+        assert_eq!(f.expected_output_tokens(&other), 8192, "another leading prompt learned nothing");
+        let hinted = next.clone().with_output_hint(Some(600));
+        assert_eq!(f.expected_output_tokens(&hinted), 600);
+        let r = f.route(p.as_mut(), &hinted, &mut rng(), 9.0).unwrap();
+        assert_eq!(f.bookings().load(r.decision.replica).expected_decode_tokens, 600);
+    }
+}
+
 #[test]
 fn a_request_fits_nowhere_by_its_blocks_and_surely_only_by_its_whole_sequence() {
     let mut f = Fleet::new(FleetConfig::default()).unwrap();
@@ -278,6 +310,8 @@ fn pending_prefixes_count_while_the_queue_ahead_of_them_lasts() {
         uncached_blocks: 0,
         expected_output_tokens: 0,
         reports_first_token: true,
+        output_key: None,
+        reestimate_up_to: None,
     };
     f.book(a, queue, 0.0).unwrap();
     let req = RouteRequest::new(f.hasher(), &toks(64), None);
@@ -330,6 +364,8 @@ fn policies_hear_of_their_own_bookings_first_tokens_and_ends_before_the_next_pic
         uncached_blocks: 4,
         expected_output_tokens: 8,
         reports_first_token: false,
+        output_key: None,
+        reestimate_up_to: None,
     };
     let peer = f.book(a, spec, 0.0).unwrap();
     f.first_token(one, 0.5).unwrap();

@@ -16,6 +16,8 @@ fn spec(prefill: u32) -> BookingSpec {
         uncached_blocks: prefill / 16,
         expected_output_tokens: 100,
         reports_first_token: true,
+        output_key: None,
+        reestimate_up_to: None,
     }
 }
 

@@ -15,7 +15,7 @@ mod profile;
 pub use bookings::{Booking, BookingId, BookingSpec, Bookings, FleetEvent};
 pub use learned::PrefillRate;
 pub use metrics::EngineMetrics;
-pub use output::OutputEstimator;
+pub use output::{output_key, Lengths, OutputEstimator};
 pub use profile::ReplicaProfile;
 
 /// The router-side load one replica carries, summed over its live bookings.

@@ -307,6 +307,7 @@ impl PolicyKind {
                 | "near_equal_rel"
                 | "kv_wait_weight"
                 | "affinity_budget" => range(name, *v, 0.0, 10.0)?,
+                "affinity_room_share" => range(name, *v, 0.0, 100.0)?,
                 "near_equal_s" | "pending_prefix_s" | "peer_order_step_s" => range(name, *v, 0.0, 600.0)?,
                 _ => {}
             }
@@ -347,6 +348,7 @@ impl PolicyKind {
                         "peer_order_step_s" => set(&mut p.peer_order_step_s, *v),
                         "kv_wait_weight" => set(&mut p.kv_wait_weight, *v),
                         "affinity_budget" => set(&mut p.affinity_budget, *v),
+                        "affinity_room_share" => set(&mut p.affinity_room_share, *v),
                         other => return Err(unknown(other)),
                     }
                 }

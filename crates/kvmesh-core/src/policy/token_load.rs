@@ -77,6 +77,11 @@ pub struct TokenLoadParams {
     /// The tail budget for holding affinity, as a share of the p99 of recent requests' own
     /// prefill times (see the module docs). 0 turns it off. Default 0.7.
     pub affinity_budget: f64,
+    /// A request whose expected output is at least this share of its prompt (decode-heavy:
+    /// its KV grows while it runs) holds affinity only on a replica with KV room for it while
+    /// any replica has room; 0 turns it off (affinity on any replica within the budget).
+    /// Default 0.5.
+    pub affinity_room_share: f64,
     /// With other router nodes active: costs closer than this count as equal when the nodes
     /// order candidates for their ranks (about how far apart their views of one booking are:
     /// gossip batching plus the network), seconds. Default 0.01.
@@ -94,6 +99,7 @@ impl Default for TokenLoadParams {
             pending_prefix_s: 2.0,
             kv_wait_weight: 0.25,
             affinity_budget: 0.7,
+            affinity_room_share: 0.5,
             peer_order_step_s: 0.01,
         }
     }
@@ -240,7 +246,18 @@ impl Policy for TokenLoadPolicy {
             let wait = |i: usize| est(i).ttft_s;
             let fastest = scores.iter().map(|s| wait(s.0)).fold(f64::INFINITY, f64::min);
             let budget = (p.affinity_budget * self.own_prefill.p99()).max(fastest);
-            let within = || scores.iter().filter(|s| wait(s.0) <= budget);
+            // A request that grows in decode, held on a replica short of KV room while others
+            // have room, fills it to preemption: running sequences' next blocks evict each
+            // other (RL rollouts at ~100 % load: 51,118 preemptions, step p99 94.6 s → 0 and
+            // 63.0 s; BENCHMARKS.md, decode-heavy traffic). A prompt-heavy one only waits there
+            // for room, which the budget prices: requiring room for every request cost p99
+            // TTFT on the Mooncake conversation trace at ×22 (1.62 → 1.77 s), for those whose
+            // output is at least a quarter of the prompt 1.73 s, half or more 1.62 s.
+            let share = p.affinity_room_share;
+            let room = share > 0.0 && !self.fits.is_empty();
+            let heavy = room && f64::from(view.expected_output_tokens) >= share * f64::from(req.prompt_tokens);
+            let fits = move |i: usize| !heavy || est(i).kv_headroom_blocks >= 0;
+            let within = || scores.iter().filter(move |s| wait(s.0) <= budget && fits(s.0));
             let most_cached = within().map(|s| est(s.0).uncached_tokens).min();
             let greedy = scores.iter().filter(|s| s.1 <= best + tolerance).map(|s| est(s.0).uncached_tokens).min();
             if let (Some(f), Some(g)) = (most_cached, greedy) {

@@ -156,6 +156,8 @@ fn a_hot_prefix_gets_replicas_sized_to_its_share() {
             uncached_blocks: 313,
             expected_output_tokens: 100,
             reports_first_token: true,
+            output_key: None,
+            reestimate_up_to: None,
         },
         0.0,
     )
@@ -341,6 +343,8 @@ fn routers_treat_planned_targets_as_warm_for_the_grace_ttl() {
             uncached_blocks: 1250,
             expected_output_tokens: 10,
             reports_first_token: false,
+            output_key: None,
+            reestimate_up_to: None,
         },
         0.5,
     )
@@ -376,6 +380,8 @@ fn routers_treat_planned_targets_as_warm_for_the_grace_ttl() {
             uncached_blocks: 1250,
             expected_output_tokens: 10,
             reports_first_token: false,
+            output_key: None,
+            reestimate_up_to: None,
         },
         2.0,
     )

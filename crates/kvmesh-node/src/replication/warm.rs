@@ -35,6 +35,8 @@ pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::Unbounded
             uncached_blocks: w.depth_blocks,
             expected_output_tokens: 1,
             reports_first_token: false,
+            output_key: None,
+            reestimate_up_to: None,
         };
         let booking = core.fleet.book(id, spec, now).ok();
         (url.unwrap_or_default(), model.unwrap_or_else(|| shared.settings.model.clone()), holder, booking)

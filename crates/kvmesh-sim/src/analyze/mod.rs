@@ -195,7 +195,14 @@ mod tests {
     use crate::trace::TraceRequest;
 
     fn req(at: f64, input: u32, ids: &[u64]) -> TraceRequest {
-        TraceRequest { arrival_s: at, input_tokens: input, output_tokens: input / 2, block_ids: ids.to_vec() }
+        TraceRequest {
+            arrival_s: at,
+            input_tokens: input,
+            output_tokens: input / 2,
+            block_ids: ids.to_vec(),
+            max_tokens: None,
+            group: None,
+        }
     }
 
     #[test]

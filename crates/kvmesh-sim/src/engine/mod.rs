@@ -105,6 +105,8 @@ pub struct Engine {
     stepping: bool,
     /// Prefill tokens not yet computed, over waiting and running sequences, tokens.
     pending_prefill: u64,
+    /// Sequences preempted so far (their KV freed, to be recomputed).
+    preemptions: u64,
 }
 
 impl Engine {
@@ -122,6 +124,7 @@ impl Engine {
             running: Vec::new(),
             stepping: false,
             pending_prefill: 0,
+            preemptions: 0,
         }
     }
 
@@ -171,6 +174,12 @@ impl Engine {
         self.pending_prefill
     }
 
+    /// Sequences preempted so far: their KV freed when a running sequence needed a block and
+    /// none was free, their prompt and output so far recomputed when readmitted.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
     /// The KV cache.
     pub fn kv(&self) -> &KvCache {
         &self.kv
@@ -201,6 +210,7 @@ impl Engine {
                 // Preempt the most recently admitted sequence (possibly this one) and retry.
                 let victim = self.running.pop().expect("running is not empty");
                 self.requeue(victim);
+                self.preemptions += 1;
                 preempted = true;
                 continue;
             }

@@ -24,8 +24,20 @@ pub struct RunMetrics {
     pub tpot_p50: f64,
     /// 99th percentile TPOT.
     pub tpot_p99: f64,
+    /// Median end-to-end latency (arrival to last token).
+    pub e2e_p50: f64,
     /// 99th percentile end-to-end latency.
     pub e2e_p99: f64,
+    /// Groups of the trace (RL steps); 0 without groups.
+    pub steps: u64,
+    /// Median step completion time (a group's first arrival to its last finish); 0 without
+    /// groups, infinite if a step never completed.
+    pub step_p50: f64,
+    /// 99th percentile step completion time (nearest rank: with fewer than 100 steps, the
+    /// slowest).
+    pub step_p99: f64,
+    /// Sequences the engines preempted for KV (see [`super::Run::preemptions`]).
+    pub preemptions: u64,
     /// Completed requests per second, first arrival to last completion.
     pub throughput_rps: f64,
     /// Output tokens per second over the same span.
@@ -91,6 +103,7 @@ impl RunMetrics {
                 .collect(),
         );
         let e2e = sorted(done.iter().map(|o| o.finish_s - o.arrival_s).collect());
+        let steps = sorted(run.group_times.clone());
         let start = run.outcomes.iter().map(|o| o.arrival_s).fold(f64::INFINITY, f64::min);
         let end = done.iter().map(|o| o.finish_s).fold(f64::NEG_INFINITY, f64::max);
         let span = (end - start).max(f64::MIN_POSITIVE);
@@ -111,7 +124,12 @@ impl RunMetrics {
             ttft_p99: pct(&ttft, 0.99),
             tpot_p50: pct(&tpot, 0.5),
             tpot_p99: pct(&tpot, 0.99),
+            e2e_p50: pct(&e2e, 0.5),
             e2e_p99: pct(&e2e, 0.99),
+            steps: run.group_times.len() as u64,
+            step_p50: pct(&steps, 0.5),
+            step_p99: pct(&steps, 0.99),
+            preemptions: run.preemptions,
             throughput_rps: done.len() as f64 / span,
             output_tps: output as f64 / span,
             hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
@@ -148,7 +166,12 @@ impl RunMetrics {
             ttft_p99: avg(|m| m.ttft_p99),
             tpot_p50: avg(|m| m.tpot_p50),
             tpot_p99: avg(|m| m.tpot_p99),
+            e2e_p50: avg(|m| m.e2e_p50),
             e2e_p99: avg(|m| m.e2e_p99),
+            steps: avg_u(|m| m.steps),
+            step_p50: avg(|m| m.step_p50),
+            step_p99: avg(|m| m.step_p99),
+            preemptions: avg_u(|m| m.preemptions),
             throughput_rps: avg(|m| m.throughput_rps),
             output_tps: avg(|m| m.output_tps),
             hit_rate: avg(|m| m.hit_rate),

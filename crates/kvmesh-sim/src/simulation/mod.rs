@@ -23,7 +23,7 @@ pub use scaling::{Autoscaler, ScalePoint, ScalingConfig, ScalingStats};
 
 use crate::engine::{Engine, EngineProfile, EngineRequest};
 use crate::tokens::prompt_tokens;
-use crate::trace::Trace;
+use crate::trace::{Trace, TraceRequest};
 use kvmesh_core::admission::TtftGate;
 use kvmesh_core::gossip::{Delta, NodeId, Outbox, RemoteBookings};
 use kvmesh_core::index::KvEvent;
@@ -56,9 +56,12 @@ pub struct SimConfig {
     pub metrics_interval_s: f64,
     /// TTFT above which a request counts as queued past the SLO, seconds. Default 5.
     pub ttft_slo_s: f64,
-    /// Whether clients send `max_tokens` equal to the true output length (default false: the
-    /// router estimates output length).
+    /// Whether clients send `max_tokens` equal to the true output length (default false: they
+    /// send the trace's `max_tokens`, if it has one).
     pub send_max_tokens: bool,
+    /// What the router is told or learns of each request's output length (default
+    /// [`OutputInfo::Learned`]; it overrides `fleet.learn_output_lengths`).
+    pub output_info: OutputInfo,
     /// Router nodes sharing the fleet. Default 1. Nodes after the first run the same policy
     /// kind with its default parameters.
     pub routers: u32,
@@ -97,6 +100,7 @@ impl Default for SimConfig {
             metrics_interval_s: 1.0,
             ttft_slo_s: 5.0,
             send_max_tokens: false,
+            output_info: OutputInfo::Learned,
             routers: 1,
             gossip_delay_s: 0.005,
             gossip: true,
@@ -106,6 +110,78 @@ impl Default for SimConfig {
             fleet: FleetConfig { lease_s: 1e9, ..FleetConfig::default() },
         }
     }
+}
+
+/// What the router is told or learns of a request's output length, which it needs for the
+/// decode work and KV a request will take (see [`kvmesh_core::load::OutputEstimator`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputInfo {
+    /// Nothing but the request's `max_tokens` (the trace's, when it has one), booked whole: a
+    /// node with `learn_output_lengths` off.
+    MaxTokens,
+    /// A request with `max_tokens` is expected at what requests alike produced, re-estimated
+    /// as it decodes ([`FleetConfig::learn_output_lengths`], a node's default).
+    #[default]
+    Learned,
+    /// The client sends a length class as its hint: the true length rounded up to a power of
+    /// two (what a harness that knows its task kinds can say: within 2× above the truth).
+    Hint,
+    /// The client's hint is the true length (an oracle: the bound the others are judged by).
+    Oracle,
+}
+
+impl OutputInfo {
+    /// Every mode's name, as `kvmesh replay --output-info` takes it.
+    pub const NAMES: [&'static str; 4] = ["max-tokens", "learned", "hint", "oracle"];
+
+    /// The hint a client sends in this mode for a request of `truth` output tokens.
+    pub fn hint(self, truth: u32) -> Option<u32> {
+        match self {
+            OutputInfo::Hint => Some(truth.max(1).next_power_of_two()),
+            OutputInfo::Oracle => Some(truth.max(1)),
+            OutputInfo::MaxTokens | OutputInfo::Learned => None,
+        }
+    }
+}
+
+impl std::str::FromStr for OutputInfo {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "max-tokens" => Ok(OutputInfo::MaxTokens),
+            "learned" => Ok(OutputInfo::Learned),
+            "hint" => Ok(OutputInfo::Hint),
+            "oracle" => Ok(OutputInfo::Oracle),
+            other => Err(format!("unknown output info {other:?}; known: {}", OutputInfo::NAMES.join(", "))),
+        }
+    }
+}
+
+impl std::fmt::Display for OutputInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = match self {
+            OutputInfo::MaxTokens => 0,
+            OutputInfo::Learned => 1,
+            OutputInfo::Hint => 2,
+            OutputInfo::Oracle => 3,
+        };
+        f.write_str(OutputInfo::NAMES[i])
+    }
+}
+
+/// Per group of `requests` (in group order), the last finish minus the first arrival among
+/// `outcomes` (parallel to `requests`), seconds; infinite when one was never served. Empty
+/// when no request has a group.
+fn group_times(requests: &[TraceRequest], outcomes: &[Outcome]) -> Vec<f64> {
+    let mut span: std::collections::BTreeMap<u32, (f64, f64)> = std::collections::BTreeMap::new();
+    for (r, o) in requests.iter().zip(outcomes) {
+        let Some(g) = r.group else { continue };
+        let e = span.entry(g).or_insert((f64::INFINITY, f64::NEG_INFINITY));
+        e.0 = e.0.min(o.arrival_s);
+        e.1 = e.1.max(if o.finish_s.is_finite() { o.finish_s } else { f64::INFINITY });
+    }
+    span.values().map(|(first, last)| last - first).collect()
 }
 
 /// Admission control's settings (a router node's `[admission]`).
@@ -177,6 +253,12 @@ pub struct Run {
     /// Token load the first router booked in each metrics interval, tokens per second (what an
     /// oracle autoscaler is told ahead of time).
     pub booked_load: Vec<f64>,
+    /// Sequences the engines preempted (KV freed for a running sequence's next block, then
+    /// recomputed), warm-ups' included.
+    pub preemptions: u64,
+    /// Per group of the trace (an RL step), in group order: the last finish minus the first
+    /// arrival, seconds; infinite when one of its requests was never served.
+    pub group_times: Vec<f64>,
 }
 
 /// What replication did in one run.
@@ -238,7 +320,11 @@ fn run(
     if !(config.gossip_delay_s.is_finite() && config.gossip_delay_s >= 0.0) {
         return Err(format!("gossip delay must be a non-negative number of seconds, got {}", config.gossip_delay_s));
     }
-    let fleet_config = FleetConfig { block_size: config.block_size, ..config.fleet.clone() };
+    let fleet_config = FleetConfig {
+        block_size: config.block_size,
+        learn_output_lengths: config.output_info == OutputInfo::Learned,
+        ..config.fleet.clone()
+    };
     let engine_ns = Namespace { model: "kvmesh-engine-sim".into(), ..Namespace::default() };
     let engine_hasher = BlockHasher::new(config.block_size, &engine_ns).map_err(|e| e.to_string())?;
     let mut engines = Vec::new();
@@ -416,7 +502,10 @@ fn run(
     progress(sim.arrived);
     let n = sim.arrived.max(1) as f64;
     let end = sim.outcomes.iter().map(|o| o.finish_s).filter(|f| f.is_finite()).fold(0.0, f64::max);
+    let group_times = group_times(&trace.requests, &sim.outcomes);
     Ok(Run {
+        preemptions: sim.engines.iter().map(Engine::preemptions).sum(),
+        group_times,
         load_max_mean: (sim.load_sum.0 / n, sim.load_sum.1 / n),
         events: sim.queue.processed(),
         wall_s: started.elapsed().as_secs_f64(),
@@ -559,10 +648,12 @@ impl Sim<'_> {
     ) -> Result<(Vec<u32>, RouteRequest, kvmesh_core::policy::Decision, u64), String> {
         let req = &self.trace.requests[i];
         let tokens = prompt_tokens(req, i as u64, self.trace.block_tokens);
-        let max_tokens = self.config.send_max_tokens.then_some(req.output_tokens.max(1));
+        let truth = req.output_tokens.max(1);
+        let max_tokens = if self.config.send_max_tokens { Some(truth) } else { req.max_tokens };
+        let hint = self.config.output_info.hint(truth);
         let k = i % self.routers.len();
         let router = &mut self.routers[k];
-        let route = RouteRequest::new(router.fleet.hasher(), &tokens, max_tokens);
+        let route = RouteRequest::new(router.fleet.hasher(), &tokens, max_tokens).with_output_hint(hint);
         let (peers, rank) = router.remote.active_peers(NodeId(k as u64), t, 10.0);
         router.fleet.set_active_peers(peers, rank);
         let policy: &mut dyn Policy = match router.policy.as_mut() {
@@ -570,8 +661,7 @@ impl Sim<'_> {
             None => policy,
         };
         let decision = router.fleet.decide(policy, &route, &mut router.rng, t).map_err(|e| e.to_string())?;
-        let load =
-            u64::from(decision.uncached_tokens) + u64::from(router.fleet.bookings().outputs().expect(max_tokens));
+        let load = u64::from(decision.uncached_tokens) + u64::from(router.fleet.expected_output_tokens(&route));
         Ok((tokens, route, decision, load))
     }
 
@@ -874,6 +964,8 @@ impl Sim<'_> {
                 uncached_blocks: w.depth_blocks,
                 expected_output_tokens: 1,
                 reports_first_token: false,
+                output_key: None,
+                reestimate_up_to: None,
             };
             let Ok(booking) = leader.book(r, spec, t) else { continue };
             let id = rep.next_warm;

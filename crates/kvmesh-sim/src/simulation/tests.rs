@@ -32,6 +32,8 @@ fn trace(reqs: &[(f64, &[u64])]) -> Trace {
             input_tokens: 4 * ids.len() as u32,
             output_tokens: 1,
             block_ids: ids.to_vec(),
+            max_tokens: None,
+            group: None,
         })
         .collect();
     Trace { format: TraceFormat::Mooncake, block_tokens: Some(4), requests, skipped: vec![] }
@@ -335,4 +337,81 @@ fn raise_to_keeps_the_larger_load_of_each_interval_and_the_longer_run() {
     assert_eq!(known, [5.0, 4.0, 2.0]);
     super::scaling::raise_to(&mut known, &[6.0]);
     assert_eq!(known, [6.0, 4.0, 2.0]);
+}
+
+#[test]
+fn group_times_run_from_first_arrival_to_last_finish() {
+    let req = |group| TraceRequest {
+        arrival_s: 0.0,
+        input_tokens: 4,
+        output_tokens: 1,
+        block_ids: vec![],
+        max_tokens: None,
+        group,
+    };
+    let out = |arrival_s: f64, finish_s: f64| Outcome {
+        arrival_s,
+        replica: 0,
+        router: 0,
+        first_token_s: finish_s,
+        finish_s,
+        prompt_tokens: 4,
+        cached_tokens: 0,
+        output_tokens: 1,
+        estimated_ttft_s: 0.0,
+        rejected: !finish_s.is_finite(),
+    };
+    let requests = [req(Some(1)), req(Some(0)), req(Some(1)), req(None), req(Some(0)), req(Some(2))];
+    let outcomes = [out(1.0, 3.0), out(0.5, 1.0), out(1.5, 9.0), out(0.0, 99.0), out(0.0, 2.0), out(4.0, f64::NAN)];
+    // Group 0: 0.0 → 2.0; group 1: 1.0 → 9.0; group 2 never finished; the ungrouped one ignored.
+    assert_eq!(group_times(&requests, &outcomes), vec![2.0, 8.0, f64::INFINITY]);
+    assert!(group_times(&requests[3..4], &outcomes[3..4]).is_empty());
+}
+
+#[test]
+fn output_info_hints_and_names() {
+    assert_eq!(OutputInfo::MaxTokens.hint(300), None);
+    assert_eq!(OutputInfo::Learned.hint(300), None);
+    assert_eq!(OutputInfo::Hint.hint(300), Some(512));
+    assert_eq!(OutputInfo::Hint.hint(512), Some(512));
+    assert_eq!(OutputInfo::Oracle.hint(300), Some(300));
+    assert_eq!(OutputInfo::Oracle.hint(0), Some(1));
+    for n in OutputInfo::NAMES {
+        assert_eq!(n.parse::<OutputInfo>().unwrap().to_string(), n);
+    }
+    assert!("soon".parse::<OutputInfo>().unwrap_err().starts_with("unknown output info \"soon\""));
+}
+
+/// With `--output-info learned` the router books what requests alike produced, not their
+/// `max_tokens`; the preemptions and step times a grouped trace is judged by are reported.
+#[test]
+fn learned_output_lengths_book_less_than_max_tokens_and_steps_are_timed() {
+    // 12 requests of one leading prompt (6 blocks of 4 tokens), in two groups, max_tokens
+    // 1,000 against true outputs of 8.
+    let requests: Vec<TraceRequest> = (0..12u64)
+        .map(|i| TraceRequest {
+            arrival_s: i as f64,
+            input_tokens: 24,
+            output_tokens: 8,
+            block_ids: vec![1, 2, 3, 4, 5, 100 + i],
+            max_tokens: Some(1000),
+            group: Some(i as u32 / 6),
+        })
+        .collect();
+    let t = Trace { format: TraceFormat::Mooncake, block_tokens: Some(4), requests, skipped: vec![] };
+    for info in [OutputInfo::MaxTokens, OutputInfo::Learned] {
+        let cfg = SimConfig { output_info: info, ..config(0.0) };
+        let r = run(&cfg, &t);
+        let m = RunMetrics::of(&r, &cfg);
+        assert_eq!((m.completed, m.steps, m.preemptions), (12, 2, 0));
+        // Each group: 6 arrivals 1 s apart, the last done within a second of arriving.
+        assert!(m.step_p50 > 5.0 && m.step_p50 < 6.0 && m.step_p99 < 6.0, "{m:?}");
+        // The next request of that prompt: 8 tokens expected once learned, else its max_tokens.
+        let tokens = prompt_tokens(&t.requests[0], 0, Some(4));
+        let next = RouteRequest::new(r.fleet.hasher(), &tokens, Some(1000));
+        let want = if info == OutputInfo::Learned { 8 } else { 1000 };
+        assert_eq!(r.fleet.expected_output_tokens(&next), want, "{info}");
+        assert_eq!(r.fleet.bookings().outputs().observed(), 12);
+        assert_eq!(r.fleet.bookings().outputs().keys(), 1, "one leading prompt");
+    }
 }

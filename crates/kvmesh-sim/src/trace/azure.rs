@@ -48,6 +48,8 @@ pub fn read(reader: impl Read) -> Result<Trace, TraceError> {
             input_tokens: input,
             output_tokens: output,
             block_ids: Vec::new(),
+            max_tokens: None,
+            group: None,
         })
         .collect();
     Ok(Trace { format: TraceFormat::Azure, block_tokens: None, requests, skipped })

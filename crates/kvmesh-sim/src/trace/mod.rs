@@ -54,6 +54,12 @@ pub struct TraceRequest {
     /// Prefix-chained block ids (Mooncake `hash_ids`, blocks of [`Trace::block_tokens`]
     /// tokens); empty when the format has no prefix information.
     pub block_ids: Vec<u64>,
+    /// The client's `max_tokens`, when the trace gives one (its generated scenarios: the RL
+    /// rollouts' cap); `None` for the public traces.
+    pub max_tokens: Option<u32>,
+    /// The group the request belongs to (an RL step: the rollouts a trainer waits for
+    /// together), when the trace has groups; `None` otherwise.
+    pub group: Option<u32>,
 }
 
 /// A loaded trace.

@@ -42,6 +42,8 @@ pub fn read(reader: impl BufRead) -> Result<Trace, TraceError> {
             input_tokens: l.input_length,
             output_tokens: l.output_length,
             block_ids: l.hash_ids,
+            max_tokens: None,
+            group: None,
         })
     })?;
     Ok(Trace { format: TraceFormat::Mooncake, block_tokens: Some(BLOCK_TOKENS), requests, skipped })
@@ -67,7 +69,14 @@ mod tests {
         assert_eq!(t.requests[0].block_ids, vec![3]);
         assert_eq!(
             t.requests[2],
-            TraceRequest { arrival_s: 3.1, input_tokens: 512, output_tokens: 7, block_ids: vec![0] }
+            TraceRequest {
+                arrival_s: 3.1,
+                input_tokens: 512,
+                output_tokens: 7,
+                block_ids: vec![0],
+                max_tokens: None,
+                group: None
+            }
         );
         let lines: Vec<u64> = t.skipped.iter().map(|e| e.line).collect();
         assert_eq!(lines, vec![3, 4]);

@@ -53,6 +53,8 @@ pub fn read(reader: impl BufRead) -> Result<Trace, TraceError> {
             input_tokens: l.input_tokens,
             output_tokens: l.output_tokens,
             block_ids: l.block_ids,
+            max_tokens: None,
+            group: None,
         })
     })?;
     Ok(Trace { format: TraceFormat::Native, block_tokens, requests, skipped })

@@ -93,7 +93,14 @@ mod tests {
     fn trace(times: &[f64]) -> Trace {
         let requests = times
             .iter()
-            .map(|&t| TraceRequest { arrival_s: t, input_tokens: 1, output_tokens: 1, block_ids: vec![] })
+            .map(|&t| TraceRequest {
+                arrival_s: t,
+                input_tokens: 1,
+                output_tokens: 1,
+                block_ids: vec![],
+                max_tokens: None,
+                group: None,
+            })
             .collect();
         Trace { format: TraceFormat::Mooncake, block_tokens: Some(512), requests, skipped: vec![] }
     }

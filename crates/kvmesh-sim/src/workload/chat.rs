@@ -144,6 +144,8 @@ impl Workload {
                     input_tokens: len,
                     output_tokens: output,
                     block_ids: ids.clone(),
+                    max_tokens: None,
+                    group: None,
                 });
                 // The previous prompt's trailing partial block is recomputed next turn.
                 ids.truncate(full_blocks(len));

@@ -6,10 +6,13 @@
 //!   scenario, 2,000 requests at 10 req/s).
 //! - [`scenarios`]: the shapes that decide strategy choice — shared system prompts at a given
 //!   sharing ratio, a hot prompt, Zipf prefix popularity, agent bursts.
+//! - [`rollouts`]: asynchronous RL rollouts (the `rl` scenario): groups of samples per
+//!   prompt, heavy-tailed output lengths, steps a trainer waits for.
 //! - [`arrivals`]: rate scaling and spreading of bucketed timestamps.
 
 pub mod arrivals;
 pub mod chat;
+pub mod rollouts;
 pub mod scenarios;
 
 pub use chat::Workload;

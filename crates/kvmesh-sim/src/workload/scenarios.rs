@@ -13,6 +13,7 @@
 //! | `zipf` | 3,072-token documents drawn from 1,000 with Zipf popularity (s = 1.1), then 1,024 unique tokens |
 //! | `bursts` | agent traffic: bursts of 64 requests within 1 s sharing one 3,072-token context, bursts every `64 / rate` s on average; peak concurrency far above the mean rate |
 //! | `chat` | multi-turn sessions ([`super::Workload`]) |
+//! | `rl` | asynchronous RL rollouts: steps of 16 prompts × 8 samples, heavy-tailed outputs, `max_tokens` 8,192 ([`super::rollouts`]) |
 
 use super::Workload;
 use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceFormat, TraceRequest};
@@ -42,6 +43,8 @@ pub enum Scenario {
     Bursts,
     /// Multi-turn chat sessions.
     Chat,
+    /// RL rollouts in steps ([`super::rollouts`]).
+    Rl,
 }
 
 /// Size and pace of a generated scenario.
@@ -64,13 +67,14 @@ impl Default for ScenarioParams {
 
 impl Scenario {
     /// Every scenario name.
-    pub const NAMES: [&'static str; 8] =
-        ["shared-0", "shared-50", "shared-90", "hot-prompt", "hot-rotating", "zipf", "bursts", "chat"];
+    pub const NAMES: [&'static str; 9] =
+        ["shared-0", "shared-50", "shared-90", "hot-prompt", "hot-rotating", "zipf", "bursts", "chat", "rl"];
 
     /// Generates the scenario's trace.
     pub fn generate(&self, p: &ScenarioParams) -> Trace {
         let mut g = Gen { rng: SmallRng::seed_from_u64(p.seed), next_id: 0, t: 0.0, out: Vec::new() };
         match *self {
+            Scenario::Rl => return super::rollouts::generate(p),
             Scenario::Chat => {
                 // Sessions average 3.5 turns: pace sessions so requests arrive at `rate`; make
                 // twice the sessions needed and keep the first `requests` arrivals, so the count
@@ -183,7 +187,14 @@ impl Gen {
 
     fn push(&mut self, block_ids: Vec<u64>, input_tokens: u32) {
         let output_tokens = self.rng.random_range(64..=512);
-        self.out.push(TraceRequest { arrival_s: self.t, input_tokens, output_tokens, block_ids });
+        self.out.push(TraceRequest {
+            arrival_s: self.t,
+            input_tokens,
+            output_tokens,
+            block_ids,
+            max_tokens: None,
+            group: None,
+        });
     }
 }
 
@@ -213,6 +224,7 @@ impl FromStr for Scenario {
             "zipf" => Scenario::Zipf,
             "bursts" => Scenario::Bursts,
             "chat" => Scenario::Chat,
+            "rl" => Scenario::Rl,
             other => return Err(format!("unknown scenario {other:?}; known: {}", Scenario::NAMES.join(", "))),
         })
     }
@@ -227,6 +239,7 @@ impl fmt::Display for Scenario {
             Scenario::Zipf => f.write_str("zipf"),
             Scenario::Bursts => f.write_str("bursts"),
             Scenario::Chat => f.write_str("chat"),
+            Scenario::Rl => f.write_str("rl"),
         }
     }
 }

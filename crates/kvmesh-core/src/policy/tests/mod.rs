@@ -54,6 +54,8 @@ fn load_at(f: &mut Fleet, r: ReplicaId, n: u32, prefill: u32, at: f64) {
             uncached_blocks: 0,
             expected_output_tokens: 0,
             reports_first_token: true,
+            output_key: None,
+            reestimate_up_to: None,
         };
         f.book(r, spec, at).unwrap();
     }

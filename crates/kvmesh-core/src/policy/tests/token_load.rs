@@ -72,6 +72,8 @@ fn token_load_overlap_credit_fades_only_once_the_replica_serves_silently() {
         uncached_blocks: 0,
         expected_output_tokens: 0,
         reports_first_token: true,
+        output_key: None,
+        reestimate_up_to: None,
     };
     let b = f.book(ids[0], spec, 5.0).unwrap();
     f.first_token(b, 10.0).unwrap();
@@ -195,4 +197,37 @@ fn token_load_spreads_among_peers_only_after_holding_affinity() {
     let two = decide(&mut f, &mut p, &fresh).replica;
     assert_ne!(one, two);
     assert!([one, two].iter().all(|r| *r != ids[0]), "{one:?} {two:?}");
+}
+
+/// A decode-heavy request (output at least half its prompt) holds affinity only where its KV
+/// fits while another replica has room; a prompt-heavy one holds it where it waits for room.
+#[test]
+fn token_load_holds_a_decode_heavy_request_only_where_it_has_kv_room() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    let small = f.add_replica(ReplicaSpec::new("small", 64)).unwrap();
+    let big = f.add_replica(ReplicaSpec::new("big", 10_000)).unwrap();
+    let toks = tokens(13, 64 * BS); // 1,024 tokens, all 64 blocks cached on the small replica
+    hold(&mut f, small, &toks, 64, 1.0);
+    let ask = |f: &mut Fleet, p: &mut TokenLoadPolicy, max_tokens: u32| {
+        let req = RouteRequest::new(f.hasher(), &toks, Some(max_tokens));
+        f.decide(p, &req, &mut rng(), 1.0).unwrap()
+    };
+    let mut p = TokenLoadPolicy::new(TokenLoadParams::default());
+    // 16 output tokens: 1 uncached block + 1 output block fit in the 64 free blocks; cached.
+    let d = ask(&mut f, &mut p, 16);
+    assert_eq!((d.replica, d.uncached_tokens), (small, 1));
+    // 512 output tokens (half the prompt): 1 + 32 blocks still fit.
+    assert_eq!(ask(&mut f, &mut p, 512).replica, small);
+    // 1,024: 1 + 64 blocks do not. The priced wait for room makes the big replica cheapest,
+    // and without the rule the tail budget would hold the cached prefix anyway (its TTFT,
+    // 5.77 ms, is the fastest)…
+    let mut without = TokenLoadPolicy::new(TokenLoadParams { affinity_room_share: 0.0, ..TokenLoadParams::default() });
+    let d = ask(&mut f, &mut without, 1024);
+    assert_eq!((d.replica, d.reason), (small, Reason::PrefixMatch));
+    // …where with it the request goes where it fits, recomputing its 1,024 tokens.
+    let d = ask(&mut f, &mut p, 1024);
+    assert_eq!((d.replica, d.uncached_tokens), (big, 1024));
+    // A share of 2 counts 1,024 output tokens on a 1,024-token prompt as prompt-heavy.
+    let mut lax = TokenLoadPolicy::new(TokenLoadParams { affinity_room_share: 2.0, ..TokenLoadParams::default() });
+    assert_eq!(ask(&mut f, &mut lax, 1024).replica, small);
 }
