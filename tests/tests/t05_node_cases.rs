@@ -416,6 +416,9 @@ async fn an_output_length_hint_is_booked_and_a_bad_one_refused() {
     // A hint above max_tokens is capped by it.
     router.route(ask(Some(100_000))).await.unwrap();
     assert_eq!(booked(&node), 300 + 2 * 8192);
+    let zero = router.route(ask(Some(0))).await.unwrap_err();
+    assert_eq!(zero.code(), tonic::Code::InvalidArgument, "{zero:?}");
+    assert_eq!(zero.message(), "expected_output_tokens must be a whole number of tokens from 1 to 4294967295, got 0");
     let r = reqwest::Client::new()
         .post(format!("http://{}/v1/completions", node.http))
         .header("x-kvmesh-expected-output-tokens", "lots")

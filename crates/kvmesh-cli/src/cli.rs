@@ -576,7 +576,7 @@ pub struct ReplayArgs {
     pub max_tokens_known: bool,
     /// What the router knows of each request's output length: learned (a node's default: a
     /// request with max_tokens is expected at the mean output of completed requests whose
-    /// first 64 prompt tokens match, re-estimated as it decodes), max-tokens (its max_tokens,
+    /// first 4 prompt blocks (64 tokens) match, re-estimated as it decodes), max-tokens (its max_tokens,
     /// booked whole: a node with learn_output_lengths off), hint (the client sends the true
     /// length rounded up to a power of two), oracle (the client sends the true length).
     /// Requests without max_tokens (the public traces) are expected at the running mean in

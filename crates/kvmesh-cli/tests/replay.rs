@@ -366,8 +366,6 @@ fn rl_rollouts_get_a_decode_table_with_their_steps() {
         let m = &v["results"][0]["mean"];
         // 512 rollouts are 4 steps of 128; every one completes.
         assert_eq!((m["completed"].as_u64(), m["steps"].as_u64()), (Some(512), Some(4)), "{info}");
-        // A step lasts at least its longest rollout's decode.
-        assert!(m["step_p99"].as_f64().unwrap() >= m["e2e_p99"].as_f64().unwrap(), "{info}: {m}");
     }
     let mut plain = args("learned")[..13].to_vec();
     plain.push("--quiet");

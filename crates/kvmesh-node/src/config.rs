@@ -488,10 +488,11 @@ pub struct NodeSection {
     /// long proxied requests stop counting while they run.
     pub booking_lease_s: f64,
     /// Expect a request that gives `max_tokens` to produce what completed requests whose first
-    /// 64 prompt tokens match produced, re-estimated as it decodes, instead of booking its whole
-    /// `max_tokens` as decode work and KV. RL trainers and agents send a `max_tokens` far above
-    /// their outputs; booked whole it made every replica look full (BENCHMARKS.md, decode-heavy
-    /// traffic). Off: `max_tokens` is booked as given.
+    /// 4 KV blocks of prompt match produced (once 4 have), re-estimated as a streamed answer
+    /// decodes, instead of booking its whole `max_tokens` as decode work and KV. RL trainers and
+    /// agents send a `max_tokens` far above their outputs; booked whole it made every replica
+    /// look full (BENCHMARKS.md, decode-heavy traffic). Off: `max_tokens` is booked as given
+    /// (a client's `x-kvmesh-expected-output-tokens` hint still wins).
     pub learn_output_lengths: bool,
     /// A replica that owes a KV event this long (a request filled KV blocks it did not hold,
     /// and no event came since the request began) is reported `no_events`, seconds.

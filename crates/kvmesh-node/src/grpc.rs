@@ -66,6 +66,11 @@ impl router_server::Router for Services {
         // Hash before taking the core lock: a long prompt is microseconds of work.
         let hasher = &self.shared.settings.hasher_for(adapter);
         // A gRPC caller may never report its first token: its prefill drains on the clock.
+        if r.expected_output_tokens == Some(0) {
+            return Err(GrpcStatus::invalid_argument(
+                "expected_output_tokens must be a whole number of tokens from 1 to 4294967295, got 0",
+            ));
+        }
         let mut req =
             RouteRequest::new(hasher, &tokens, r.max_tokens).streamed(false).with_output_hint(r.expected_output_tokens);
         if let Some(key) = &r.session_key {

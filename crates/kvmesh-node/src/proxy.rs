@@ -163,8 +163,6 @@ impl Drop for Booking {
     }
 }
 
-/// Request headers passed to the engine: everything but hop-by-hop headers and the ones the
-/// client connection defines (`Authorization` for vLLM's `--api-key` included).
 /// The client's output-length hint: the [`HINT_HEADER`] header as a positive whole number of
 /// tokens, if sent.
 ///
@@ -182,6 +180,8 @@ fn expected_output_tokens(headers: &HeaderMap) -> Result<Option<u32>, String> {
 /// or RL trainer that knows its length class); gRPC `Route`'s `expected_output_tokens`.
 pub const HINT_HEADER: &str = "x-kvmesh-expected-output-tokens";
 
+/// Request headers passed to the engine: everything but hop-by-hop headers and the ones the
+/// client connection defines (`Authorization` for vLLM's `--api-key` included).
 fn upstream_headers(headers: &HeaderMap) -> HeaderMap {
     const SKIP: [&str; 9] = [
         "host",

@@ -28,6 +28,8 @@ pub fn delta_to_proto(d: &Delta, now: f64) -> v1::BookingDelta {
             out.uncached_prefill_tokens = spec.uncached_prefill_tokens;
             out.uncached_blocks = spec.uncached_blocks;
             out.expected_output_tokens = spec.expected_output_tokens;
+            out.output_key = spec.output_key;
+            out.reestimate_up_to = spec.reestimate_up_to;
             out.prefix = prefix.iter().map(|h| h.0).collect();
         }
         DeltaKind::FirstToken => out.kind = v1::booking_delta::Kind::FirstToken as i32,
@@ -53,8 +55,8 @@ pub fn delta_from_proto(d: v1::BookingDelta, now: f64) -> Result<Delta, ConvertE
                 expected_output_tokens: d.expected_output_tokens,
                 // A peer's first token reaches this node late, or (non-streamed) not at all.
                 reports_first_token: false,
-                output_key: None,
-                reestimate_up_to: None,
+                output_key: d.output_key,
+                reestimate_up_to: d.reestimate_up_to,
             },
             replica: d.replica,
             prefix: d.prefix.into_iter().map(BlockHash).collect(),
@@ -81,6 +83,8 @@ pub fn summary_to_proto(s: &Summary, now: f64) -> v1::BookingSummary {
                 expected_output_tokens: e.spec.expected_output_tokens,
                 first_token: e.first_token,
                 age_s: Some((now - e.booked_at).max(0.0)),
+                output_key: e.spec.output_key,
+                reestimate_up_to: e.spec.reestimate_up_to,
             })
             .collect(),
     }
@@ -101,8 +105,8 @@ pub fn summary_from_proto(s: v1::BookingSummary, now: f64) -> Summary {
                     uncached_blocks: e.uncached_blocks,
                     expected_output_tokens: e.expected_output_tokens,
                     reports_first_token: false,
-                    output_key: None,
-                    reestimate_up_to: None,
+                    output_key: e.output_key,
+                    reestimate_up_to: e.reestimate_up_to,
                 },
                 first_token: e.first_token,
                 booked_at: now - received_age(e.age_s),
@@ -122,8 +126,8 @@ mod tests {
             uncached_blocks: 63,
             expected_output_tokens: 200,
             reports_first_token: false,
-            output_key: None,
-            reestimate_up_to: None,
+            output_key: Some(u64::MAX - 7),
+            reestimate_up_to: Some(8192),
         };
         let book = DeltaKind::Book { replica: "vllm-3".into(), spec, prefix: vec![BlockHash(u64::MAX), BlockHash(1)] };
         let deltas = [

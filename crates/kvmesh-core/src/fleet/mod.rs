@@ -75,9 +75,11 @@ pub struct FleetConfig {
     /// reproducible.
     pub index_seed: u64,
     /// Expect a request that gives `max_tokens` to produce what completed requests whose
-    /// prompts start alike produced (the mean per output key, once a key has 4 of them), not
-    /// its `max_tokens`, and re-estimate it as it decodes (E[L | L > generated]): see
-    /// [`crate::load::OutputEstimator`]. RL trainers and agents send a `max_tokens` ~10× the
+    /// prompts start alike produced (the mean per output key, once a key has 4 of them; its
+    /// `max_tokens` until then), and re-estimate it from its first token on as it decodes
+    /// (E[L | L > generated], from its key's lengths or all): see
+    /// [`crate::load::OutputEstimator`]. Requests without a first-token report (non-streamed
+    /// answers, gRPC callers that do not report it) keep their estimate. RL trainers and agents send a `max_tokens` ~10× the
     /// median output; booked whole, it made every replica look full of KV (BENCHMARKS.md,
     /// decode-heavy traffic). Default true.
     pub learn_output_lengths: bool,

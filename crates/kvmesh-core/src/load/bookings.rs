@@ -50,8 +50,8 @@ pub struct BookingSpec {
     /// [`crate::load::TokenLoad::queued_prefill_at`]).
     pub reports_first_token: bool,
     /// The request's output key ([`crate::load::output_key`]): its output, when it
-    /// finishes, is learned under it. `None` for a prompt without a full block, and for
-    /// bookings learned from other router nodes.
+    /// finishes, is learned under it (on every node: gossip carries it). `None` for a prompt
+    /// without a full block.
     pub output_key: Option<u64>,
     /// When its expected output came from learned lengths (no hint): re-estimated as it
     /// decodes ([`Bookings::refresh_outputs`]), at most this many tokens (its `max_tokens`).
@@ -395,6 +395,35 @@ mod tests {
             output_key: None,
             reestimate_up_to: None,
         }
+    }
+
+    #[test]
+    fn decoding_bookings_are_re_expected_as_they_run_and_release_to_zero() {
+        let mut b = Bookings::new(600.0, 16).unwrap();
+        for n in [100, 100, 100, 1000] {
+            b.outputs.observe_keyed(Some(1), n);
+        }
+        let r = ReplicaId(0);
+        let learned = BookingSpec { output_key: Some(1), reestimate_up_to: Some(8192), ..spec(32, 2, 8192) };
+        let id = b.book(r, learned, 0.0);
+        let fixed = b.book(r, spec(32, 2, 300), 0.0);
+        let step = |_: usize| 0.01;
+        // Before its first token nothing is re-estimated: 2 + 512 and 2 + 19 blocks.
+        b.refresh_outputs(1.0, step);
+        assert_eq!((b.load(r).expected_decode_tokens, b.load(r).kv_blocks), (8192 + 300, 514 + 21));
+        b.first_token(id, 1.0).unwrap();
+        b.first_token(fixed, 1.0).unwrap();
+        // 200 tokens in (2 s at 10 ms a step): only the 1,000 of its key's lengths lies beyond,
+        // its bucket's middle 2^(39.5/4) ≈ 939 tokens: 2 + 59 blocks.
+        b.refresh_outputs(3.0, step);
+        assert_eq!((b.load(r).expected_decode_tokens, b.load(r).kv_blocks), (939 + 300, 61 + 21));
+        // 2,000 in: past every length seen, 1.25 × 2,000.
+        b.refresh_outputs(21.0, step);
+        assert_eq!((b.load(r).expected_decode_tokens, b.load(r).kv_blocks), (2500 + 300, 159 + 21));
+        assert_eq!(b.get(id).unwrap().spec.expected_output_tokens, 2500);
+        b.release(id, Some(2100)).unwrap();
+        b.release(fixed, Some(300)).unwrap();
+        assert_eq!(b.load(r), TokenLoad::default());
     }
 
     #[test]

@@ -5,9 +5,9 @@
 //!    by `max_tokens`;
 //! 2. for a request that gives `max_tokens`, with learning on, the **learned** mean of
 //!    completed outputs of requests with the same *output key* — the hash of the prompt's
-//!    leading blocks ([`output_key`]): requests that start alike (one task's system prompt and
-//!    instructions) produce outputs alike — once [`MIN_KEYED`] of them completed, capped by
-//!    `max_tokens`;
+//!    first [`KEY_BLOCKS`] blocks ([`output_key`]): requests that start alike (one task's
+//!    system prompt and instructions) produce outputs alike — once [`MIN_KEYED`] of them
+//!    completed, capped by `max_tokens`;
 //! 3. `max_tokens` — a hard upper bound on the KV the request can take, so KV headroom checks
 //!    stay safe; but RL trainers and agents send a `max_tokens` far above the median (8,192
 //!    against a few hundred), and booking it reserves KV that never fills;
@@ -25,7 +25,9 @@
 //! with heavy-tailed lengths the running population is length-biased, so booking every live
 //! request at the mean undercounts the KV its survivors will still take.
 //! [`OutputEstimator::expect_given`] answers E[L | L > g] from a histogram of completed
-//! lengths (per key, else all), in buckets of a quarter octave ([`Lengths`]).
+//! lengths (the key's once it has [`MIN_KEYED`], else all), in buckets of a quarter octave
+//! ([`Lengths`]). A request booked at its `max_tokens` because its key is new is re-estimated
+//! so from its first token on, from all completed lengths.
 
 use crate::ids::BlockHash;
 use rustc_hash::FxHashMap;
@@ -54,7 +56,8 @@ const BUCKETS: usize = 96;
 
 /// A histogram of output lengths in quarter-octave buckets (bucket `k` holds lengths in
 /// [2^(k/4), 2^((k+1)/4)), represented by its geometric middle), halved whenever it holds
-/// 4,096 observations, so it follows the recent past.
+/// 4,096 observations (rounding up, so a rare long length is not forgotten), so it follows
+/// the recent past.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lengths {
     counts: [u32; BUCKETS],
@@ -81,7 +84,7 @@ impl Lengths {
         if self.total >= 4096 {
             self.total = 0;
             for c in &mut self.counts {
-                *c /= 2;
+                *c = c.div_ceil(2);
                 self.total += *c;
             }
         }
@@ -99,8 +102,8 @@ impl Lengths {
         self.total == 0
     }
 
-    /// E[L | L > g], tokens: the mean over the buckets whose middle is above `g`; `None`
-    /// when none holds a length.
+    /// E[L | L > g], tokens: the mean over the buckets whose middle is at least `g + 1` (the
+    /// bucket holding `g + 1` counts only then); `None` when none holds a length.
     pub fn expect_given(&self, g: u32) -> Option<f64> {
         let next = g.saturating_add(1);
         let mut from = Self::bucket(next);
@@ -168,7 +171,7 @@ impl OutputEstimator {
             lengths: Lengths::default(),
         });
         k.lengths.observe(output_tokens);
-        k.observed += 1;
+        k.observed = k.observed.saturating_add(1);
         k.seen = observed;
         let w = KEY_ALPHA.max(1.0 / f64::from(k.observed));
         k.mean += w * (output_tokens as f64 - k.mean);
@@ -199,8 +202,8 @@ impl OutputEstimator {
 
     /// Expected output tokens of a request with output `key` that has generated `generated`
     /// tokens so far: E[L | L > generated] from the key's completed lengths once it has
-    /// [`MIN_KEYED`] of them, else from all, capped by `cap` (its `max_tokens`) and at least
-    /// `generated + 1`; `None` before any length was observed.
+    /// [`MIN_KEYED`] of them, else from all, at least `generated + 1` and at most `cap` (its
+    /// `max_tokens`, which wins); `None` before any length was observed.
     pub fn expect_given(&self, key: Option<u64>, generated: u32, cap: u32) -> Option<u32> {
         let keyed = key.and_then(|k| self.keyed.get(&k)).filter(|k| k.observed >= MIN_KEYED).map(|k| &k.lengths);
         let lengths = keyed.unwrap_or(&self.lengths);
@@ -312,13 +315,13 @@ mod tests {
         assert_eq!(l.expect_given(300), None);
         // 17 is below the middle of its bucket (17.45): the bucket still counts.
         assert!((l.expect_given(16).unwrap() - (3.0 * m16 + m256) / 4.0).abs() < 1e-9);
-        // Halved at 4,096: counts 3 → 1 and 1 → 0, then the new one.
+        // Halved at 4,096, rounding up: 4,095 → 2,048 and 1 → 1, then the new one.
         for _ in 0..4092 {
             l.observe(16);
         }
         assert_eq!(l.len(), 4096);
         l.observe(4096);
-        assert_eq!(l.len(), 2048);
+        assert_eq!(l.len(), 2050);
         assert_eq!(l.expect_given(300).map(|e| e.round()), Some(2f64.powf(48.5 / 4.0).round()));
 
         let mut e = OutputEstimator::new(256);

@@ -248,8 +248,9 @@ impl Policy for TokenLoadPolicy {
             let budget = (p.affinity_budget * self.own_prefill.p99()).max(fastest);
             // A request that grows in decode, held on a replica short of KV room while others
             // have room, fills it to preemption: running sequences' next blocks evict each
-            // other (RL rollouts at ~100 % load: 51,118 preemptions, step p99 94.6 s → 0 and
-            // 63.0 s; BENCHMARKS.md, decode-heavy traffic). A prompt-heavy one only waits there
+            // other (RL rollouts at ~100 % load, seed 1: 29,174 preemptions, step p99 85.7 s →
+            // 0 and 63.3 s; BENCHMARKS.md, decode-heavy traffic). It applies to requests
+            // without max_tokens too: expected at the running mean, a short prompt counts. A prompt-heavy one only waits there
             // for room, which the budget prices: requiring room for every request cost p99
             // TTFT on the Mooncake conversation trace at ×22 (1.62 → 1.77 s), for those whose
             // output is at least a quarter of the prompt 1.73 s, half or more 1.62 s.

@@ -322,7 +322,8 @@ fn run(
     }
     let fleet_config = FleetConfig {
         block_size: config.block_size,
-        learn_output_lengths: config.output_info == OutputInfo::Learned,
+        // A client that sends its true length as max_tokens is believed, as before learning.
+        learn_output_lengths: config.output_info == OutputInfo::Learned && !config.send_max_tokens,
         ..config.fleet.clone()
     };
     let engine_ns = Namespace { model: "kvmesh-engine-sim".into(), ..Namespace::default() };
