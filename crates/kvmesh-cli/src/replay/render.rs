@@ -77,24 +77,9 @@ fn header(r: &Report) -> String {
 
 /// A fixed-width table for a terminal.
 pub fn table(r: &Report) -> String {
-    let rows = rows(r);
-    let widths: Vec<usize> = (0..COLUMNS.len())
-        .map(|c| rows.iter().map(|row| row[c].len()).chain([COLUMNS[c].len()]).max().unwrap_or(0))
-        .collect();
     let mut out = header(r);
     out.push('\n');
-    let line = |cells: &[String]| {
-        cells
-            .iter()
-            .enumerate()
-            .map(|(c, s)| if c == 0 { format!("{s:<w$}", w = widths[c]) } else { format!("{s:>w$}", w = widths[c]) })
-            .collect::<Vec<_>>()
-            .join("  ")
-    };
-    let _ = writeln!(out, "{}", line(&COLUMNS.map(String::from)));
-    for row in &rows {
-        let _ = writeln!(out, "{}", line(row));
-    }
+    out.push_str(&aligned(&COLUMNS, &rows(r)));
     out.push_str(&replication_notes(r));
     out.push_str(&decode_table(r, false));
     let wall: f64 = r.results.iter().flat_map(|p| p.per_seed.iter().map(|m| m.wall_s)).sum();
@@ -108,15 +93,40 @@ pub fn table(r: &Report) -> String {
     out
 }
 
+/// `columns` over `rows`, fixed-width: the first column left-aligned, the rest right-aligned.
+fn aligned<R: AsRef<[String]>>(columns: &[&str], rows: &[R]) -> String {
+    let widths: Vec<usize> = (0..columns.len())
+        .map(|c| rows.iter().map(|row| row.as_ref()[c].len()).chain([columns[c].len()]).max().unwrap_or(0))
+        .collect();
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        cells
+            .enumerate()
+            .map(|(c, s)| if c == 0 { format!("{s:<w$}", w = widths[c]) } else { format!("{s:>w$}", w = widths[c]) })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    let mut out = line(&mut columns.iter().copied()) + "\n";
+    for row in rows {
+        out += &line(&mut row.as_ref().iter().map(String::as_str));
+        out.push('\n');
+    }
+    out
+}
+
+/// `columns` over `rows` as Markdown table lines.
+fn markdown_rows<R: AsRef<[String]>>(columns: &[&str], rows: &[R]) -> String {
+    let mut out = format!("| {} |\n|{}\n", columns.join(" | "), "---|".repeat(columns.len()));
+    for row in rows {
+        let _ = writeln!(out, "| {} |", row.as_ref().join(" | "));
+    }
+    out
+}
+
 /// A Markdown table (for BENCHMARKS.md).
 pub fn markdown(r: &Report) -> String {
     let mut out = header(r).lines().map(|l| format!("{l}  \n")).collect::<String>();
     out.push('\n');
-    let _ = writeln!(out, "| {} |", COLUMNS.join(" | "));
-    let _ = writeln!(out, "|{}", "---|".repeat(COLUMNS.len()));
-    for row in rows(r) {
-        let _ = writeln!(out, "| {} |", row.join(" | "));
-    }
+    out.push_str(&markdown_rows(&COLUMNS, &rows(r)));
     out.push_str(&replication_notes(r));
     out.push_str(&decode_table(r, true));
     out
@@ -146,35 +156,12 @@ fn decode_table(r: &Report, markdown: bool) -> String {
             ]
         })
         .collect();
-    let mut out = format!(
-        "
-decode and steps (output lengths known to the router: {})
-",
-        r.output_info
-    );
+    let mut out = format!("\ndecode and steps (output lengths known to the router: {})\n", r.output_info);
     if markdown {
         out.push('\n');
-        let _ = writeln!(out, "| {} |", columns.join(" | "));
-        let _ = writeln!(out, "|{}", "---|".repeat(columns.len()));
-        for row in rows {
-            let _ = writeln!(out, "| {} |", row.join(" | "));
-        }
-        return out;
-    }
-    let widths: Vec<usize> = (0..columns.len())
-        .map(|c| rows.iter().map(|row| row[c].len()).chain([columns[c].len()]).max().unwrap_or(0))
-        .collect();
-    let line = |cells: &[String]| {
-        cells
-            .iter()
-            .enumerate()
-            .map(|(c, s)| if c == 0 { format!("{s:<w$}", w = widths[c]) } else { format!("{s:>w$}", w = widths[c]) })
-            .collect::<Vec<_>>()
-            .join("  ")
-    };
-    let _ = writeln!(out, "{}", line(&columns.map(String::from)));
-    for row in &rows {
-        let _ = writeln!(out, "{}", line(row));
+        out.push_str(&markdown_rows(&columns, &rows));
+    } else {
+        out.push_str(&aligned(&columns, &rows));
     }
     out
 }
