@@ -87,6 +87,7 @@ async fn a_hot_prompt_is_planned_warmed_spread_and_retired() {
         autoscaler: Default::default(),
         admission: Default::default(),
         limits: Default::default(),
+        epp: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually_within("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
@@ -215,6 +216,7 @@ async fn the_grpc_service_lists_watches_and_triggers_through_a_transfer_sidecar(
         autoscaler: Default::default(),
         admission: Default::default(),
         limits: Default::default(),
+        epp: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually_within("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
@@ -312,6 +314,7 @@ fn cluster_config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfi
         autoscaler: Default::default(),
         admission: Default::default(),
         limits: Default::default(),
+        epp: Default::default(),
     }
 }
 

@@ -31,8 +31,10 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
 
+mod epp;
 mod hints;
 mod limits;
+pub use epp::EppSection;
 pub use limits::LimitsSection;
 
 /// Everything a node runs with.
@@ -63,6 +65,9 @@ pub struct NodeConfig {
     /// Caps on what one replica, client or peer may cost the node.
     #[serde(default)]
     pub limits: LimitsSection,
+    /// The Gateway API Inference Extension endpoint picker (Envoy ext_proc on the gRPC port).
+    #[serde(default)]
+    pub epp: EppSection,
 }
 
 /// `[admission]`: while capacity is short — no replica with KV headroom for a request, or
@@ -791,6 +796,7 @@ impl NodeConfig {
         self.autoscaler.validate()?;
         self.admission.validate()?;
         self.limits.validate()?;
+        self.epp.validate()?;
         if let Some(c) = &self.cluster {
             if c.id == 0 {
                 return Err("cluster.id must be positive (or --id / KVMESH_NODE_ID)".into());

@@ -54,7 +54,14 @@ impl Readiness {
     }
 }
 
-/// Keeps `reporter`'s status of the server (`""`) and of `kvmesh.v1.Router` equal to
+/// Envoy's ext_proc service name, the endpoint picker's health name ([`crate::epp`]).
+const EXT_PROC: &str =
+    <envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<
+        crate::epp::EndpointPicker,
+    > as tonic::server::NamedService>::NAME;
+
+/// Keeps `reporter`'s status of the server (`""`), of `kvmesh.v1.Router`, of the endpoint
+/// picker (`envoy.service.ext_proc.v3.ExternalProcessor`) and of `readiness` equal to
 /// [`Readiness::of`] every [`FOLLOW_EVERY`], logging each change, until `stop` turns true.
 pub async fn follow_grpc(shared: Arc<Shared>, reporter: HealthReporter, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(FOLLOW_EVERY);
@@ -78,5 +85,7 @@ pub async fn follow_grpc(shared: Arc<Shared>, reporter: HealthReporter, mut stop
         reporter
             .set_service_status(<RouterServer<crate::grpc::Services> as tonic::server::NamedService>::NAME, status)
             .await;
+        reporter.set_service_status(EXT_PROC, status).await;
+        reporter.set_service_status("readiness", status).await;
     }
 }

@@ -26,9 +26,11 @@ pub mod body_budget;
 pub mod booking_token;
 pub mod cluster;
 pub mod config;
+pub mod epp;
 pub mod grpc;
 pub mod health;
 pub mod http_server;
+pub mod in_flight;
 pub mod metrics;
 pub mod metrics_text;
 pub mod proxy;
@@ -351,10 +353,14 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     };
     let replication_service =
         replication::service::ReplicationService { shared: shared.clone(), cluster: cluster.clone() };
+    let picker = epp::EndpointPicker { shared: shared.clone(), section: Arc::new(config.epp.clone()) };
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RouterServer<grpc::Services>>().await;
     health_reporter.set_serving::<AdminServer<grpc::Services>>().await;
     health_reporter.set_serving::<EventsServer<grpc::Services>>().await;
+    // The endpoint picker protocol's health names: `liveness` while the process answers;
+    // `readiness` and the ext_proc service follow the replicas (health::follow_grpc).
+    health_reporter.set_service_status("liveness", tonic_health::ServingStatus::Serving).await;
     // Router (and the server as a whole) follow the replicas, as /health does.
     tasks.push(tokio::spawn(health::follow_grpc(shared.clone(), health_reporter.clone(), stopped.clone())));
     // Both reflection versions: grpcurl speaks v1, many clients (grpc-requests, older
@@ -413,6 +419,13 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             )
             .add_service(
                 EventsServer::new(services).max_decoding_message_size(public).max_encoding_message_size(public),
+            )
+            .add_service(
+                envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer::new(
+                    picker,
+                )
+                .max_decoding_message_size(public)
+                .max_encoding_message_size(public),
             )
             .add_service(
                 kvmesh_proto::v1::replication_server::ReplicationServer::new(replication_service)

@@ -9,6 +9,7 @@
 //! backoff, then returns); other 4xx pass through without counting against the replica.
 
 use crate::admission::NotAdmitted;
+use crate::in_flight::InFlight;
 use crate::replica::endpoints::Api;
 use crate::state::Shared;
 use axum::body::{Body, Bytes};
@@ -19,7 +20,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
-use kvmesh_core::load::BookingId;
 use kvmesh_core::RouteRequest;
 use serde::Deserialize;
 use serde_json::json;
@@ -67,102 +67,6 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}))).into_response()
 }
 
-/// A routed request's booking: released exactly once, on every path (completion, error,
-/// client disconnect — the drop).
-struct Booking {
-    shared: Arc<Shared>,
-    id: Option<BookingId>,
-    replica: String,
-    first_token_seen: bool,
-    /// The request's span: it ends when the booking does (a streamed answer outlives the
-    /// handler).
-    span: tracing::Span,
-    /// Prompt tokens and the leading blocks the replica was believed to hold: a request that
-    /// fills no KV block beyond those makes the engine publish no event, so its success says
-    /// nothing about the event stream.
-    prompt_tokens: u32,
-    overlap_blocks: u32,
-    /// When it was routed, node seconds.
-    routed_at: f64,
-    /// When the request reached the node: its TTFT is measured from here.
-    arrived: tokio::time::Instant,
-}
-
-/// Wakes the admission queue's next waiter when dropped (after the booking's release).
-struct WakeOnDrop<'a>(&'a Shared);
-
-impl Drop for WakeOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.admission.capacity_freed();
-    }
-}
-
-impl Booking {
-    /// The first token arrived: with `streamed`, the first chunk of a streamed answer (a
-    /// non-streamed answer arrives whole, so its wait is not a TTFT and is not measured).
-    fn first_token(&mut self, streamed: bool) {
-        if !std::mem::replace(&mut self.first_token_seen, true) {
-            if let Some(id) = self.id {
-                let ttft = self.arrived.elapsed().as_secs_f64();
-                let m = &self.shared.metrics;
-                let labels = vec![("replica", self.replica.clone()), ("streamed", streamed.to_string())];
-                m.replica_ttft.get_or_create(&labels).observe(ttft);
-                if streamed {
-                    m.ttft.observe(ttft);
-                    if self.shared.admission.gate().is_some_and(|g| ttft > g.slo_s()) {
-                        m.ttft_over_slo.inc();
-                    }
-                }
-                let now = self.shared.now();
-                let _ = self.shared.core().first_token(id, now);
-                self.span.in_scope(|| tracing::debug!(replica = %self.replica, "first token"));
-            }
-        }
-    }
-
-    fn release(&mut self, output_tokens: Option<u32>, outcome: &'static str) {
-        if let Some(id) = self.id.take() {
-            // Whatever happens below, a queued request may fit now.
-            let _wake = WakeOnDrop(&self.shared);
-            let now = self.shared.now();
-            let mut core = self.shared.core();
-            let _ = core.release(id, output_tokens, now);
-            if let Some(r) = core.replicas.get_mut(&self.replica) {
-                r.proxied = r.proxied.saturating_sub(1);
-            }
-            // Full blocks of prompt and output beyond those it was believed to hold: the
-            // engine computed (and so published) at least one.
-            let tokens = u64::from(self.prompt_tokens) + u64::from(output_tokens.unwrap_or(0));
-            let new_blocks = tokens / u64::from(self.shared.settings.block_size) > u64::from(self.overlap_blocks);
-            if outcome == "ok" && new_blocks {
-                core.served_new_blocks(&self.replica, self.routed_at);
-            }
-            drop(core);
-            let m = &self.shared.metrics;
-            m.request(outcome);
-            m.replica_requests
-                .get_or_create(&vec![("replica", self.replica.clone()), ("outcome", outcome.into())])
-                .inc();
-            if outcome == "ok" {
-                m.replica_e2e
-                    .get_or_create(&vec![("replica", self.replica.clone())])
-                    .observe(self.arrived.elapsed().as_secs_f64());
-            }
-            self.span.record("outcome", outcome);
-            // Per request at debug: two info lines per request cost ~35 µs of CPU (synchronous
-            // writes to stderr) and ~40 µs of added p50 at 500 req/s (BENCHMARKS.md);
-            // the metrics count every outcome.
-            self.span.in_scope(|| tracing::debug!(replica = %self.replica, outcome, output_tokens, "complete"));
-        }
-    }
-}
-
-impl Drop for Booking {
-    fn drop(&mut self) {
-        self.release(None, "disconnected");
-    }
-}
-
 /// The client's output-length hint: the [`HINT_HEADER`] header as a positive whole number of
 /// tokens, if sent.
 ///
@@ -203,6 +107,74 @@ fn upstream_headers(headers: &HeaderMap) -> HeaderMap {
     // The body was read as JSON whatever the client declared; say so to the engine.
     out.entry(header::CONTENT_TYPE).or_insert(HeaderValue::from_static("application/json"));
     out
+}
+
+/// A request's routing inputs once [`check`]ed.
+pub(crate) struct Checked<'a> {
+    /// The LoRA adapter it names as its model, if any (vLLM's OpenAI server).
+    pub adapter: Option<&'a str>,
+    /// Its `max_tokens` (or `max_completion_tokens`), tokens.
+    pub max_tokens: Option<u32>,
+    /// The client's output-length hint ([`HINT_HEADER`]), tokens.
+    pub hint: Option<u32>,
+}
+
+/// Why a request is refused before routing: the HTTP status, the client's message and the
+/// `kvmesh_requests_total` outcome.
+pub(crate) struct Rejected {
+    pub status: StatusCode,
+    pub message: String,
+    pub outcome: &'static str,
+}
+
+impl Rejected {
+    /// A 400 `bad_request`.
+    fn bad(message: String) -> Rejected {
+        Rejected { status: StatusCode::BAD_REQUEST, message, outcome: "bad_request" }
+    }
+}
+
+/// The checks every routed request passes before it is decided, the proxy's and the
+/// endpoint picker's alike: the model asked for is served (or is a configured LoRA adapter),
+/// the prompt (`prompt_tokens`) is within `node.max_prompt_tokens`, and the output-length
+/// hint in `headers` is well formed.
+///
+/// # Errors
+/// [`Rejected`]: 404 `unknown_model`, 413 `too_long`, 400 `bad_request`.
+pub(crate) fn check<'a>(
+    shared: &'a Shared,
+    asked_model: Option<&str>,
+    prompt_tokens: usize,
+    max_tokens: Option<u64>,
+    headers: &HeaderMap,
+) -> Result<Checked<'a>, Rejected> {
+    let model = &shared.settings.model;
+    let adapter = asked_model.and_then(|m| shared.settings.lora_adapters.iter().find(|a| *a == m)).map(String::as_str);
+    if let (false, Some(asked), None) = (model.is_empty(), asked_model, adapter) {
+        if asked != model {
+            return Err(Rejected {
+                status: StatusCode::NOT_FOUND,
+                message: format!("model {asked:?} is not served here (this router serves {model:?})"),
+                outcome: "unknown_model",
+            });
+        }
+    }
+    let limit = shared.settings.max_prompt_tokens;
+    if prompt_tokens > limit as usize {
+        return Err(Rejected {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!(
+                "the prompt has {prompt_tokens} tokens; this router accepts at most {limit} (node.max_prompt_tokens)"
+            ),
+            outcome: "too_long",
+        });
+    }
+    let hint = expected_output_tokens(headers).map_err(|message| Rejected {
+        status: StatusCode::BAD_REQUEST,
+        message,
+        outcome: "bad_request",
+    })?;
+    Ok(Checked { adapter, max_tokens: max_tokens.map(|n| n.min(u32::MAX as u64) as u32), hint })
 }
 
 /// The request fields routing reads (everything else passes through untouched); borrowed
@@ -256,13 +228,13 @@ struct Part<'a> {
 /// What routing needs from a request body: the model asked for, `max_tokens`, the prompt's
 /// token ids, and whether their count is the engine's (token ids given, or a model
 /// tokenizer) or an estimate.
-struct Parsed {
-    model: Option<String>,
-    max_tokens: Option<u64>,
-    tokens: Vec<u32>,
-    exact: bool,
+pub(crate) struct Parsed {
+    pub model: Option<String>,
+    pub max_tokens: Option<u64>,
+    pub tokens: Vec<u32>,
+    pub exact: bool,
     /// The client asked for a streamed answer (its first token is seen when it comes).
-    stream: bool,
+    pub stream: bool,
 }
 
 impl Parsed {
@@ -283,29 +255,32 @@ impl Parsed {
 const INLINE_BODY_BYTES: usize = 16 * 1024;
 
 /// Runs `read` on `body`, inline or (for large bodies) on the blocking pool.
-async fn parse(
+pub(crate) async fn parse(
     shared: &Arc<Shared>,
     body: &Bytes,
-    read: fn(&Shared, &[u8]) -> Result<Parsed, Box<Response>>,
-) -> Result<Parsed, Box<Response>> {
+    read: fn(&Shared, &[u8]) -> Result<Parsed, Rejected>,
+) -> Result<Parsed, Rejected> {
     let parsed = if body.len() < INLINE_BODY_BYTES {
         read(shared, body)
     } else {
         let (s, b) = (shared.clone(), body.clone());
         tokio::task::spawn_blocking(move || read(&s, &b)).await.unwrap_or_else(|e| {
-            Err(Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, format!("reading the request failed: {e}"))))
+            Err(Rejected {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: format!("reading the request failed: {e}"),
+                outcome: "internal_error",
+            })
         })
     };
-    if parsed.as_ref().is_err_and(|r| r.status().is_client_error()) {
+    if parsed.as_ref().is_err_and(|r| r.status.is_client_error()) {
         shared.metrics.request("bad_request");
     }
     parsed
 }
 
-fn read_completion(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
-    let f = serde_json::from_slice::<RequestFields<'_>>(body).map_err(|e| {
-        Box::new(error(StatusCode::BAD_REQUEST, format!("the body is not a JSON completion request: {e}")))
-    })?;
+pub(crate) fn read_completion(shared: &Shared, body: &[u8]) -> Result<Parsed, Rejected> {
+    let f = serde_json::from_slice::<RequestFields<'_>>(body)
+        .map_err(|e| Rejected::bad(format!("the body is not a JSON completion request: {e}")))?;
     let exact = shared.tokenizer.exact(false);
     let (tokens, exact) = match &f.prompt {
         Some(Prompt::Text(p)) => (shared.tokenizer.encode(p), exact),
@@ -314,17 +289,16 @@ fn read_completion(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>
         }
         // A batch of prompts: route on the first (they share one replica).
         Some(Prompt::Texts(ps)) if !ps.is_empty() => (shared.tokenizer.encode(&ps[0]), exact),
-        _ => return Err(Box::new(error(StatusCode::BAD_REQUEST, "prompt must be a string, strings, or token ids"))),
+        _ => return Err(Rejected::bad("prompt must be a string, strings, or token ids".into())),
     };
     Ok(Parsed::new(&f, tokens, exact))
 }
 
-fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Box<Response>> {
-    let f = serde_json::from_slice::<RequestFields<'_>>(body).map_err(|e| {
-        Box::new(error(StatusCode::BAD_REQUEST, format!("the body is not a JSON chat completion request: {e}")))
-    })?;
+pub(crate) fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Rejected> {
+    let f = serde_json::from_slice::<RequestFields<'_>>(body)
+        .map_err(|e| Rejected::bad(format!("the body is not a JSON chat completion request: {e}")))?;
     let Some(messages) = &f.messages else {
-        return Err(Box::new(error(StatusCode::BAD_REQUEST, "messages must be an array")));
+        return Err(Rejected::bad("messages must be an array".into()));
     };
     let parts: Vec<(&str, String)> = messages
         .iter()
@@ -347,7 +321,7 @@ async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body
     let arrived = tokio::time::Instant::now();
     match parse(&shared, &body, read_completion).await {
         Ok(p) => forward(shared, Api::Completions, &headers, body, p, arrived).await,
-        Err(r) => *r,
+        Err(r) => error(r.status, r.message),
     }
 }
 
@@ -355,7 +329,7 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap,
     let arrived = tokio::time::Instant::now();
     match parse(&shared, &body, read_chat).await {
         Ok(p) => forward(shared, Api::ChatCompletions, &headers, body, p, arrived).await,
-        Err(r) => *r,
+        Err(r) => error(r.status, r.message),
     }
 }
 
@@ -368,60 +342,22 @@ async fn forward(
     arrived: tokio::time::Instant,
 ) -> Response {
     let headers = upstream_headers(headers);
-    let (model, retries, backoff_s) =
-        (&shared.settings.model, shared.settings.retries, shared.settings.overload_backoff_s);
-    // A request for a LoRA adapter names it as its model (vLLM's OpenAI server).
-    let adapter = asked_model.as_deref().filter(|m| shared.settings.lora_adapters.iter().any(|a| a == m));
-    if let (false, Some(asked), None) = (model.is_empty(), &asked_model, adapter) {
-        if asked != model {
-            shared.metrics.request("unknown_model");
-            return error(
-                StatusCode::NOT_FOUND,
-                format!("model {asked:?} is not served here (this router serves {model:?})"),
-            );
-        }
-    }
-    let limit = shared.settings.max_prompt_tokens;
-    if tokens.len() > limit as usize {
-        shared.metrics.request("too_long");
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the prompt has {} tokens; this router accepts at most {limit} (node.max_prompt_tokens)",
-                tokens.len()
-            ),
-        );
-    }
-    let max_tokens = max_tokens.map(|n| n.min(u32::MAX as u64) as u32);
-    let hint = match expected_output_tokens(&headers) {
-        Ok(h) => h,
-        Err(msg) => {
-            shared.metrics.request("bad_request");
-            return error(StatusCode::BAD_REQUEST, msg);
-        }
-    };
+    let (retries, backoff_s) = (shared.settings.retries, shared.settings.overload_backoff_s);
+    let Checked { adapter, max_tokens, hint } =
+        match check(&shared, asked_model.as_deref(), tokens.len(), max_tokens, &headers) {
+            Ok(c) => c,
+            Err(r) => {
+                shared.metrics.request(r.outcome);
+                return error(r.status, r.message);
+            }
+        };
     // What went wrong on the last replica tried, if one was.
     let mut last_failure: Option<String> = None;
     // Hashed once, outside the core lock.
     let req = RouteRequest::new(&shared.settings.hasher_for(adapter), &tokens, max_tokens)
         .streamed(stream)
         .with_output_hint(hint);
-    // At debug, as the per-request events: exported to OpenTelemetry all the same (see
-    // `telemetry`), but not formatted into every log line at info, where building and
-    // recording its fields was ~6 % of the node's CPU (BENCHMARKS.md, router node).
-    let span = tracing::debug_span!(
-        "request",
-        path = api.path(),
-        prompt_tokens = tokens.len(),
-        policy = %shared.policy_name(),
-        replica = tracing::field::Empty,
-        reason = tracing::field::Empty,
-        overlap_blocks = tracing::field::Empty,
-        uncached_tokens = tracing::field::Empty,
-        estimated_ttft_s = tracing::field::Empty,
-        attempts = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-    );
+    let span = crate::in_flight::request_span(api.path(), tokens.len(), &shared.policy_name());
     // Kept across retries: demand counted once, one `max_wait_s` for all the waits.
     let mut ticket =
         crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived).for_adapter(adapter);
@@ -448,41 +384,8 @@ async fn forward(
                     return error(StatusCode::BAD_REQUEST, NotAdmitted::never_fits(&f));
                 }
             };
-        let m = &shared.metrics;
-        m.decision_latency.observe(decision_s);
-        let labels =
-            vec![("policy", shared.policy_name().to_string()), ("reason", routed.decision.reason.as_str().into())];
-        m.decisions.get_or_create(&labels).inc();
-        m.prompt_tokens.inc_by(tokens.len() as u64);
-        m.predicted_cached_tokens.inc_by((tokens.len() as u64).saturating_sub(routed.decision.uncached_tokens as u64));
-        tracing::debug!(replica = %name, reason = routed.decision.reason.as_str(), overlap_blocks = routed.decision.overlap_blocks,
-            estimated_ttft_s = routed.decision.estimated_ttft_s, "routed");
-        shared.record_decision(crate::state::DecisionRecord {
-            at: now,
-            via: "http",
-            replica: name.clone(),
-            reason: routed.decision.reason.as_str(),
-            prompt_tokens: tokens.len() as u32,
-            overlap_blocks: routed.decision.overlap_blocks,
-            uncached_tokens: routed.decision.uncached_tokens,
-            estimated_ttft_s: routed.decision.estimated_ttft_s,
-        });
-        span.record("replica", name.as_str());
-        span.record("reason", routed.decision.reason.as_str());
-        span.record("overlap_blocks", routed.decision.overlap_blocks);
-        span.record("uncached_tokens", routed.decision.uncached_tokens);
-        span.record("estimated_ttft_s", routed.decision.estimated_ttft_s);
-        let mut booking = Booking {
-            shared: shared.clone(),
-            id: Some(routed.booking),
-            replica: name.clone(),
-            first_token_seen: false,
-            span: span.clone(),
-            prompt_tokens: tokens.len() as u32,
-            overlap_blocks: routed.decision.overlap_blocks,
-            routed_at: now,
-            arrived,
-        };
+        let mut booking =
+            InFlight::routed(&shared, &routed, &name, now, decision_s, tokens.len() as u32, "http", &span, arrived);
         let upstream = tracing::debug_span!(parent: &span, "upstream", replica = %name, attempt = attempt + 1);
         let sent = shared
             .http
@@ -541,11 +444,7 @@ async fn forward(
             }
         };
         booking.first_token(false);
-        let usage = serde_json::from_slice::<ResponseUsage>(&bytes).ok().and_then(|r| r.usage);
-        let output = usage.as_ref().and_then(|u| u.completion_tokens).map(|n| n.min(u32::MAX as u64) as u32);
-        if let Some(c) = usage.as_ref().and_then(|u| u.prompt_tokens_details.as_ref()).and_then(|d| d.cached_tokens) {
-            shared.metrics.engine_cached_tokens.inc_by(c);
-        }
+        let output = read_usage(&shared, &bytes);
         booking.release(output, "ok");
         return with_replica(with_content_type(StatusCode::OK, ct, Body::from(bytes)), &name);
     }
@@ -564,6 +463,17 @@ fn too_many(shared: &Shared, why: crate::admission::Refused) -> Response {
         r.headers_mut().insert(header::RETRY_AFTER, v);
     }
     r
+}
+
+/// A non-streamed OpenAI answer's `completion_tokens`, if it has a `usage`; its
+/// `prompt_tokens_details.cached_tokens` (the engine's own hit count) is counted in
+/// `kvmesh_engine_cached_tokens`.
+pub(crate) fn read_usage(shared: &Shared, body: &[u8]) -> Option<u32> {
+    let usage = serde_json::from_slice::<ResponseUsage>(body).ok().and_then(|r| r.usage)?;
+    if let Some(c) = usage.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens) {
+        shared.metrics.engine_cached_tokens.inc_by(c);
+    }
+    usage.completion_tokens.map(|n| n.min(u32::MAX as u64) as u32)
 }
 
 /// The `usage` of an OpenAI response (the output-length estimate and the engine-reported hit
@@ -610,11 +520,11 @@ fn with_content_type(status: StatusCode, ct: Option<HeaderValue>, body: Body) ->
 /// dropping the body releases it too (the booking's drop).
 fn stream_through(
     resp: reqwest::Response,
-    booking: Booking,
+    booking: InFlight,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     struct St<S> {
         upstream: S,
-        booking: Booking,
+        booking: InFlight,
         events: u32,
         /// The closing `data: [DONE]` event came (vLLM and SGLang end every stream with it).
         done: bool,
@@ -623,7 +533,7 @@ fn stream_through(
         sse: kvmesh_events::SseReader,
     }
     /// An SSE error event (what OpenAI's clients raise on) for a stream that broke off.
-    fn broken(booking: &mut Booking, why: String, timeout: bool) -> Bytes {
+    fn broken(booking: &mut InFlight, why: String, timeout: bool) -> Bytes {
         let replica = booking.replica.clone();
         let message = format!("replica {replica} failed mid-stream: {why}");
         tracing::warn!(replica = %replica, error = %why, "upstream stream broke off; the client gets an error event");
@@ -760,7 +670,7 @@ mod tests {
             let decision = core.decide(&req, 0.0).unwrap();
             core.book(&req, decision, 0.0).unwrap().0
         };
-        let booking = Booking {
+        let booking = InFlight {
             shared: shared.clone(),
             id: Some(routed.booking),
             replica: "e0".into(),

@@ -842,6 +842,20 @@ impl Core {
     /// # Errors
     /// The core's error (no replica ready, …).
     pub fn decide(&mut self, req: &RouteRequest, now: f64) -> Result<Decision, kvmesh_core::Error> {
+        self.decide_within(req, None, now)
+    }
+
+    /// [`Core::decide`] among `subset` only (replica ids, sorted), when given: a gateway's
+    /// endpoint subset ([`crate::epp`]).
+    ///
+    /// # Errors
+    /// No replica of the subset takes traffic.
+    pub fn decide_within(
+        &mut self,
+        req: &RouteRequest,
+        subset: Option<&[kvmesh_core::ReplicaId]>,
+        now: f64,
+    ) -> Result<Decision, kvmesh_core::Error> {
         // Status changes on events, scrapes and failures re-sync their replica at once; only
         // the passing of time (an overload mark or event silence running out) needs a sweep,
         // and a sweep every 10 ms is plenty.
@@ -852,7 +866,7 @@ impl Core {
         let Core { fleet, policy, rng, remote, node_id, .. } = self;
         let (peers, rank) = remote.active_peers(*node_id, now, ACTIVE_PEER_WINDOW_S);
         fleet.set_active_peers(peers, rank);
-        fleet.decide(policy.as_mut(), req, rng, now)
+        fleet.decide_within(policy.as_mut(), req, subset, rng, now)
     }
 
     /// Books `decision` (from [`Core::decide`] for `req`) and tells the peers; returns the
@@ -982,6 +996,7 @@ pub(crate) fn test_node(node: crate::config::NodeSection) -> Shared {
         autoscaler: Default::default(),
         admission: Default::default(),
         limits: Default::default(),
+        epp: Default::default(),
     };
     Shared::new(config).unwrap()
 }

@@ -124,6 +124,7 @@ impl Tier {
                 },
                 admission: Default::default(),
                 limits: Default::default(),
+                epp: Default::default(),
             };
             nodes.push(kvmesh_node::start(config).await.with_context(|| format!("starting router node {}", i + 1))?);
         }

@@ -399,6 +399,24 @@ impl Fleet {
         rng: &mut dyn RngCore,
         now: f64,
     ) -> Result<Decision, Error> {
+        self.decide_within(policy, req, None, rng, now)
+    }
+
+    /// [`Fleet::decide`] among `subset` only (replica ids, sorted ascending), when given: the
+    /// endpoint subset a gateway sends with a request (the Gateway API Inference Extension's
+    /// `x-gateway-destination-endpoint-subset`, docs/proposals/004-endpoint-picker-protocol).
+    ///
+    /// # Errors
+    /// [`Error::NoReplicaReady`] when no replica of the subset takes traffic.
+    pub fn decide_within(
+        &mut self,
+        policy: &mut dyn Policy,
+        req: &RouteRequest,
+        subset: Option<&[ReplicaId]>,
+        rng: &mut dyn RngCore,
+        now: f64,
+    ) -> Result<Decision, Error> {
+        debug_assert!(subset.is_none_or(|s| s.is_sorted()), "the subset must be sorted by id");
         if !self.lifecycle.is_empty() {
             policy.observe(&self.lifecycle);
             self.lifecycle.clear();
@@ -415,6 +433,7 @@ impl Fleet {
             expected_output_tokens: self.expected_output_tokens(req),
             active_peers: self.active_peers,
             peer_rank: self.peer_rank,
+            subset,
         };
         if view.routable().next().is_none() {
             return Err(Error::NoReplicaReady);
@@ -422,7 +441,7 @@ impl Fleet {
         let decision = policy.pick(req, &view, rng)?;
         // A policy is user-extensible code: never book on a replica that cannot take traffic.
         match self.pos(decision.replica) {
-            Some(p) if self.replicas[p].routable() => Ok(decision),
+            Some(p) if view.takes(p) => Ok(decision),
             _ => Err(Error::UnknownReplica(decision.replica)),
         }
     }

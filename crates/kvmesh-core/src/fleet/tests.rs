@@ -389,3 +389,37 @@ fn policies_hear_of_their_own_bookings_first_tokens_and_ends_before_the_next_pic
     assert_eq!(p.events[3..], [FleetEvent::Ended(three), FleetEvent::ReplicaRemoved(a)]);
     let _ = b;
 }
+
+/// A gateway's endpoint subset: every policy picks inside it, and an empty or unroutable
+/// subset is `NoReplicaReady` even with other replicas free.
+#[test]
+fn a_decision_within_a_subset_picks_only_from_it() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    let ids: Vec<ReplicaId> = ["a", "b", "c"].into_iter().map(|n| f.add_replica(silent(n)).unwrap()).collect();
+    let req = RouteRequest::new(f.hasher(), &toks(64), Some(16));
+    for kind in [PolicyKind::TokenLoad, PolicyKind::ConsistentHash, PolicyKind::RoundRobin] {
+        let mut p = kind.build();
+        for k in 0..6 {
+            let only = [ids[2]];
+            let d = f.decide_within(p.as_mut(), &req, Some(&only), &mut rng(), k as f64).unwrap();
+            assert_eq!(d.replica, ids[2], "{kind:?}");
+        }
+        let none = f.decide_within(p.as_mut(), &req, Some(&[]), &mut rng(), 7.0);
+        assert_eq!(none.unwrap_err(), Error::NoReplicaReady, "{kind:?}");
+        // Unrestricted, six different prompts booked at once spread over more than one replica.
+        let mut seen = std::collections::BTreeSet::new();
+        let mut booked = Vec::new();
+        for k in 0..6u32 {
+            let other = RouteRequest::new(f.hasher(), &(k * 1000..k * 1000 + 64).collect::<Vec<u32>>(), Some(16));
+            let r = f.route(p.as_mut(), &other, &mut rng(), 10.0 + k as f64).unwrap();
+            seen.insert(r.decision.replica);
+            booked.push(r.booking);
+        }
+        if kind != PolicyKind::ConsistentHash {
+            assert!(seen.len() > 1, "{kind:?}: {seen:?}");
+        }
+        for b in booked {
+            f.release(b, Some(16)).unwrap();
+        }
+    }
+}

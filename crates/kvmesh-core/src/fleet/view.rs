@@ -33,6 +33,9 @@ pub struct FleetView<'a> {
     /// This router's position (0..=`active_peers`) among itself and its active peers, by node
     /// id: simultaneous deciders that see the same view take different ranks.
     pub peer_rank: u32,
+    /// The replicas this decision may pick from, sorted by id (a gateway's endpoint subset,
+    /// see [`crate::fleet::Fleet::decide_within`]); `None`: every routable replica.
+    pub subset: Option<&'a [crate::ids::ReplicaId]>,
 }
 
 /// One replica's estimated cost for one request.
@@ -55,9 +58,17 @@ pub struct Estimate {
 }
 
 impl<'a> FleetView<'a> {
-    /// Positions of replicas that take new requests.
+    /// Positions of replicas that take new requests (within the subset, if one is given).
     pub fn routable(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.replicas.len()).filter(|&i| self.replicas[i].routable())
+        (0..self.replicas.len()).filter(|&i| self.takes(i))
+    }
+
+    /// Whether the replica at position `i` may take this request: routable, and in the
+    /// subset when one is given.
+    #[inline]
+    pub fn takes(&self, i: usize) -> bool {
+        let r = &self.replicas[i];
+        r.routable() && self.subset.is_none_or(|s| s.binary_search(&r.id).is_ok())
     }
 
     /// Booked load of the replica at position `i`.

@@ -159,7 +159,7 @@ impl Policy for CacheAware {
         let depth = self.tree.deepest(&req.hashes, |_| true);
         if match_rate(depth, view.config.block_size, req.prompt_tokens) > p.cache_threshold {
             let tenant = self.tree.holders(req.hashes[depth - 1]).next();
-            let pos = tenant.and_then(|t| view.replicas.iter().position(|r| r.id == t && r.routable()));
+            let pos = tenant.and_then(|t| view.replicas.iter().position(|r| r.id == t).filter(|&i| view.takes(i)));
             return Ok(match pos {
                 Some(i) => Decision::at(view, req, i, Reason::PrefixMatch),
                 None => {

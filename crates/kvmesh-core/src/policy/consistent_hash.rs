@@ -90,7 +90,7 @@ impl Policy for ConsistentHash {
             return Ok(Decision::at(view, req, first, Reason::RingSpill));
         };
         match view.replicas.binary_search_by_key(&owner, |r| r.id) {
-            Ok(i) if view.replicas[i].routable() => Ok(Decision::at(view, req, i, Reason::RingOwner)),
+            Ok(i) if view.takes(i) => Ok(Decision::at(view, req, i, Reason::RingOwner)),
             _ => Ok(Decision::at(view, req, first, Reason::RingSpill)),
         }
     }

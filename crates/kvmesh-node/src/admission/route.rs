@@ -55,6 +55,9 @@ pub enum Via {
     Proxy,
     /// gRPC `Router.Route`.
     Route,
+    /// A gateway's endpoint picker ([`crate::epp`]): the node follows the response as the
+    /// proxy does, so it counts as the proxy's requests do.
+    Gateway,
 }
 
 /// One request's passage through admission control, kept across its retries on other
@@ -74,6 +77,8 @@ pub struct Ticket<'a> {
     deadline: Option<tokio::time::Instant>,
     /// Whether its prompt feeds the hot-prefix sketch (see [`Ticket::for_adapter`]).
     hot_prefix: bool,
+    /// The replicas it may go to (sorted ids), when a gateway named a subset.
+    subset: Option<Vec<kvmesh_core::ReplicaId>>,
 }
 
 /// Observes a wait in the admission queue once, however it ends (routed, refused after
@@ -94,7 +99,7 @@ impl Drop for Held<'_> {
             m.admission_wait.observe(self.since.elapsed().as_secs_f64());
             if !self.settled {
                 m.admission_abandoned.inc();
-                if self.via == Via::Proxy {
+                if self.via != Via::Route {
                     m.request("disconnected");
                 }
             }
@@ -113,13 +118,33 @@ impl<'a> Ticket<'a> {
     /// A request that reached the node at `arrived` by `via`; `exact`: its prompt's token
     /// count is exact (a tokenizer, or token ids given), not kvmesh's approximate one.
     pub fn new(shared: &'a Shared, via: Via, exact: bool, arrived: tokio::time::Instant) -> Self {
-        Ticket { shared, via, exact, unqueued: false, arrived, demand_counted: false, deadline: None, hot_prefix: true }
+        Ticket {
+            shared,
+            via,
+            exact,
+            unqueued: false,
+            arrived,
+            demand_counted: false,
+            deadline: None,
+            hot_prefix: true,
+            subset: None,
+        }
     }
 
     /// For a LoRA adapter's request (`adapter` set): its prompt stays out of the hot-prefix
     /// sketch, since replication warms base-model prefixes only.
     pub fn for_adapter(mut self, adapter: Option<&str>) -> Self {
         self.hot_prefix = adapter.is_none();
+        self
+    }
+
+    /// Restricts the pick to `subset` (replica ids, any order), when given.
+    pub fn within(mut self, subset: Option<Vec<kvmesh_core::ReplicaId>>) -> Self {
+        self.subset = subset.map(|mut s| {
+            s.sort_unstable();
+            s.dedup();
+            s
+        });
         self
     }
 
@@ -161,7 +186,7 @@ impl<'a> Ticket<'a> {
             // The core's lock lives in this block only: the caller's future must stay Send.
             let decided = {
                 let mut core = shared.core();
-                core.decide(req, now).and_then(|d| {
+                core.decide_within(req, self.subset.as_deref(), now).and_then(|d| {
                     if !std::mem::replace(&mut self.demand_counted, true) {
                         core.count_demand(req, tokens, &d, now, self.hot_prefix);
                     }
@@ -178,7 +203,7 @@ impl<'a> Ticket<'a> {
                         let booked = core.book(req, d, now)?;
                         // The proxy waits on what it sends (the hung-engine check counts it);
                         // a gRPC caller's request is the caller's to wait on.
-                        if self.via == Via::Proxy {
+                        if self.via != Via::Route {
                             if let Some(r) = core.replicas.get_mut(&booked.1) {
                                 r.proxied += 1;
                             }

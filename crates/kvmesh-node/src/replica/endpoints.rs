@@ -30,6 +30,9 @@ impl Api {
 pub struct Endpoints {
     /// The base URL without a trailing `/` (`http://host:port`), as given in the config.
     pub base: String,
+    /// `host:port` of the base URL, the port explicit (80/443 when the URL has none): the
+    /// `<ip:port>` an endpoint picker names the replica by (see [`crate::epp`]).
+    pub authority: String,
     completions: Url,
     chat_completions: Url,
 }
@@ -46,8 +49,15 @@ impl Endpoints {
             return Err(format!("{http:?} is not an http:// or https:// URL with a host"));
         }
         let base = http.trim_end_matches('/').to_string();
+        let host = parsed.host_str().unwrap_or_default();
+        let authority = format!("{host}:{}", parsed.port_or_known_default().unwrap_or(80));
         let url = |api: Api| Url::parse(&format!("{base}{}", api.path())).map_err(|e| format!("{http:?}: {e}"));
-        Ok(Endpoints { completions: url(Api::Completions)?, chat_completions: url(Api::ChatCompletions)?, base })
+        Ok(Endpoints {
+            completions: url(Api::Completions)?,
+            chat_completions: url(Api::ChatCompletions)?,
+            base,
+            authority,
+        })
     }
 
     /// The URL to send `api` requests to.
@@ -73,6 +83,10 @@ mod tests {
         }
         let prefixed = Endpoints::parse("https://gw.example/pool-a/").unwrap();
         assert_eq!(prefixed.url(Api::ChatCompletions).as_str(), "https://gw.example/pool-a/v1/chat/completions");
+        // The endpoint picker's `<ip:port>`: the port made explicit, IPv6 in brackets.
+        assert_eq!(prefixed.authority, "gw.example:443");
+        assert_eq!(Endpoints::parse("http://10.0.0.7:8000/").unwrap().authority, "10.0.0.7:8000");
+        assert_eq!(Endpoints::parse("http://[fd00::7]:8000").unwrap().authority, "[fd00::7]:8000");
     }
 
     #[test]

@@ -1,0 +1,451 @@
+//! kvmesh as a Gateway API Inference Extension endpoint picker (EPP): Envoy's
+//! `envoy.service.ext_proc.v3.ExternalProcessor`, served on the node's gRPC port.
+//!
+//! One gRPC stream is one HTTP request through the gateway. The picker reads its headers and
+//! body as Envoy sends them (the body mode comes in `protocol_config`), routes it with the
+//! node's policy exactly as the proxy would (same tokenizer path, checks, admission and
+//! booking), answers with the replica's `<ip:port>` ([`protocol`]), then follows the response
+//! going by — first token, end of stream, usage — and releases the booking when it ends, or
+//! when the stream breaks off (the client or gateway gone: `disconnected`). Requests on other
+//! paths (`/v1/models` …) get the least-loaded replica, unbooked.
+
+pub mod protocol;
+
+use crate::admission::{NotAdmitted, Ticket, Via};
+use crate::config::EppSection;
+use crate::in_flight::InFlight;
+use crate::proxy::{check, parse, read_chat, read_completion, Parsed, Rejected};
+use crate::state::Shared;
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
+use envoy_types::pb::envoy::service::ext_proc::v3::{processing_request, ProcessingRequest, ProcessingResponse};
+use kvmesh_core::{ReplicaId, RouteRequest};
+use protocol::BodyMode;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// The service; one task per stream.
+#[derive(Clone)]
+pub struct EndpointPicker {
+    /// The node.
+    pub shared: Arc<Shared>,
+    /// `[epp]`.
+    pub section: Arc<EppSection>,
+}
+
+/// The answers on one stream.
+type Answers = Pin<Box<dyn futures_util::Stream<Item = Result<ProcessingResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for EndpointPicker {
+    type ProcessStream = Answers;
+
+    async fn process(
+        &self,
+        request: tonic::Request<tonic::Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Answers>, tonic::Status> {
+        let (tx, rx) = mpsc::channel(8);
+        let exchange = Exchange::new(self.shared.clone(), self.section.clone(), tx);
+        tokio::spawn(exchange.run(request.into_inner()));
+        Ok(tonic::Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}
+
+/// What the pick failed on: the client's answer, and whether `epp.fail_open` may let the
+/// request go on instead.
+struct Refusal {
+    status: u16,
+    message: String,
+    kind: &'static str,
+    retry_after_s: Option<u64>,
+    may_fail_open: bool,
+}
+
+impl Refusal {
+    fn from_rejected(r: Rejected) -> Refusal {
+        let kind = if r.status.is_server_error() { "service_unavailable" } else { "invalid_request_error" };
+        Refusal { status: r.status.as_u16(), message: r.message, kind, retry_after_s: None, may_fail_open: true }
+    }
+
+    fn unavailable(message: String, may_fail_open: bool) -> Refusal {
+        Refusal { status: 503, message, kind: "service_unavailable", retry_after_s: None, may_fail_open }
+    }
+}
+
+/// The response as the picker follows it.
+#[derive(Default)]
+struct Following {
+    /// Server-sent events (`text/event-stream`).
+    streamed: bool,
+    sse: kvmesh_events::SseReader,
+    events: u32,
+    done: bool,
+    /// A non-streamed answer's bytes, up to [`USAGE_BYTES`] (for its `usage`).
+    body: Vec<u8>,
+}
+
+/// Most of a non-streamed answer kept to read its `usage` from; a longer one is released
+/// without its output count.
+const USAGE_BYTES: usize = 1 << 20;
+
+/// One HTTP request's exchange with the gateway.
+struct Exchange {
+    shared: Arc<Shared>,
+    section: Arc<EppSection>,
+    out: mpsc::Sender<Result<ProcessingResponse, tonic::Status>>,
+    request_mode: BodyMode,
+    response_full_duplex: bool,
+    path: String,
+    headers: http::HeaderMap,
+    subset: Option<Vec<String>>,
+    arrived: tokio::time::Instant,
+    body: Vec<u8>,
+    picked: bool,
+    in_flight: Option<InFlight>,
+    following: Following,
+}
+
+impl Exchange {
+    fn new(
+        shared: Arc<Shared>,
+        section: Arc<EppSection>,
+        out: mpsc::Sender<Result<ProcessingResponse, tonic::Status>>,
+    ) -> Self {
+        Exchange {
+            shared,
+            section,
+            out,
+            request_mode: BodyMode::FullDuplex,
+            response_full_duplex: true,
+            path: String::new(),
+            headers: http::HeaderMap::new(),
+            subset: None,
+            arrived: tokio::time::Instant::now(),
+            body: Vec::new(),
+            picked: false,
+            in_flight: None,
+            following: Following::default(),
+        }
+    }
+
+    /// Reads the gateway's messages until the request and its response are through or the
+    /// stream ends; a booking still held then is released as `disconnected` (its drop).
+    async fn run(mut self, mut inbound: tonic::Streaming<ProcessingRequest>) {
+        loop {
+            let message = tokio::select! {
+                m = inbound.message() => m,
+                // The gateway stopped reading our answers: nothing more will come through.
+                () = self.out.closed() => break,
+            };
+            let m = match message {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "epp: the gateway's stream broke off");
+                    break;
+                }
+            };
+            match self.step(m).await {
+                Ok(true) => {}
+                Ok(false) | Err(()) => break,
+            }
+        }
+        // Dropping `in_flight` here releases an unfinished request as `disconnected`.
+    }
+
+    async fn send(&self, r: ProcessingResponse) -> Result<(), ()> {
+        self.out.send(Ok(r)).await.map_err(|_| ())
+    }
+
+    /// Handles one message; `Ok(false)` when the exchange is over.
+    async fn step(&mut self, m: ProcessingRequest) -> Result<bool, ()> {
+        if let Some(pc) = m.protocol_config {
+            self.request_mode = BodyMode::from_envoy(pc.request_body_mode);
+            self.response_full_duplex = BodyMode::from_envoy(pc.response_body_mode) == BodyMode::FullDuplex;
+        }
+        let Some(request) = m.request else { return Ok(true) };
+        match request {
+            processing_request::Request::RequestHeaders(h) => {
+                self.arrived = tokio::time::Instant::now();
+                self.path = protocol::pseudo(h.headers.as_ref(), ":path").unwrap_or("/").to_string();
+                self.headers = protocol::to_http_headers(h.headers.as_ref());
+                self.subset = protocol::subset(m.metadata_context.as_ref(), &self.section.subset_namespace);
+                if h.end_of_stream || self.request_mode == BodyMode::None {
+                    return self.pick_and_answer(None).await;
+                }
+                match self.request_mode {
+                    BodyMode::Buffered => self.send(protocol::request_headers(None, None)).await?,
+                    BodyMode::Streamed => {
+                        let _ = self
+                            .out
+                            .send(Err(tonic::Status::invalid_argument(
+                                "kvmesh's endpoint picker needs the request body before the headers go on: \
+                                 set the ext_proc request_body_mode to FULL_DUPLEX_STREAMED (the Inference \
+                                 Extension's) or BUFFERED, not STREAMED",
+                            )))
+                            .await;
+                        return Ok(false);
+                    }
+                    // Held until the body is read.
+                    BodyMode::FullDuplex | BodyMode::None => {}
+                }
+            }
+            processing_request::Request::RequestBody(b) => {
+                if self.picked {
+                    // A body after the pick (buffered partial): pass it on.
+                    let streamed = (self.request_mode == BodyMode::FullDuplex).then(|| (b.body, b.end_of_stream));
+                    self.send(protocol::request_body(streamed, None, None)).await?;
+                    return Ok(true);
+                }
+                let limit = self.shared.limits.http_max_body_bytes;
+                if self.body.len() + b.body.len() > limit {
+                    self.shared.metrics.request("too_long");
+                    let message = format!("the request body exceeds {limit} bytes (limits.http_max_body_bytes)");
+                    self.send(protocol::immediate(413, &message, "invalid_request_error", None)).await?;
+                    return Ok(false);
+                }
+                self.body.extend_from_slice(&b.body);
+                // Buffered modes send the body in one message, whatever it says.
+                if b.end_of_stream || self.request_mode != BodyMode::FullDuplex {
+                    let body = Bytes::from(std::mem::take(&mut self.body));
+                    return self.pick_and_answer(Some(body)).await;
+                }
+            }
+            processing_request::Request::RequestTrailers(_) => self.send(protocol::trailers(true)).await?,
+            processing_request::Request::ResponseHeaders(h) => {
+                let status = protocol::pseudo(h.headers.as_ref(), ":status").and_then(|s| s.parse::<u16>().ok());
+                let headers = protocol::to_http_headers(h.headers.as_ref());
+                self.following.streamed = headers
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|c| c.starts_with("text/event-stream"));
+                self.send(protocol::response_headers()).await?;
+                self.response_status(status.unwrap_or(200));
+                if h.end_of_stream {
+                    self.finish();
+                }
+            }
+            processing_request::Request::ResponseBody(b) => {
+                let echo = self.response_full_duplex.then(|| (b.body.clone(), b.end_of_stream));
+                self.follow(&b.body);
+                if b.end_of_stream {
+                    self.finish();
+                }
+                self.send(protocol::response_body(echo)).await?;
+            }
+            processing_request::Request::ResponseTrailers(_) => {
+                self.finish();
+                self.send(protocol::trailers(false)).await?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// A non-2xx answer: released at once with its outcome; 429/503 mark the replica
+    /// overloaded for `node.overload_backoff_s`, as the proxy does.
+    fn response_status(&mut self, status: u16) {
+        if (200..300).contains(&status) {
+            return;
+        }
+        let Some(mut f) = self.in_flight.take() else { return };
+        let outcome = if status == 429 || status == 503 {
+            let now = self.shared.now();
+            self.shared.core().record_overload(&f.replica, now + self.shared.settings.overload_backoff_s, now);
+            "backpressure"
+        } else if (400..500).contains(&status) {
+            "client_error"
+        } else {
+            "upstream_error"
+        };
+        f.release(None, outcome);
+    }
+
+    /// A response chunk going by.
+    fn follow(&mut self, chunk: &[u8]) {
+        let Some(f) = self.in_flight.as_mut() else { return };
+        let fo = &mut self.following;
+        if fo.streamed {
+            f.first_token(true);
+            fo.sse.push(chunk);
+            while let Some(event) = fo.sse.next_event() {
+                if event.is_done() {
+                    fo.done = true;
+                } else {
+                    fo.events += 1;
+                }
+            }
+            // Only counted; the bytes go on unchanged.
+            let _ = fo.sse.take_parsed();
+        } else if fo.body.len() + chunk.len() <= USAGE_BYTES {
+            fo.body.extend_from_slice(chunk);
+        }
+    }
+
+    /// The response ended: the booking is released with its output count.
+    fn finish(&mut self) {
+        let Some(mut f) = self.in_flight.take() else { return };
+        let fo = &self.following;
+        if fo.streamed {
+            // Each token is one `data:` event, plus a last one with the finish reason.
+            let outcome = if fo.done { "ok" } else { "upstream_error" };
+            let output = fo.done.then(|| fo.events.saturating_sub(1).max(1));
+            f.release(output, outcome);
+        } else {
+            f.first_token(false);
+            let output = crate::proxy::read_usage(&self.shared, &fo.body);
+            f.release(output, "ok");
+        }
+    }
+
+    /// Picks for the request (with `body`, if it has one) and answers the gateway: the
+    /// destination, or the refusal (or, failing open, a destination-less continue).
+    async fn pick_and_answer(&mut self, body: Option<Bytes>) -> Result<bool, ()> {
+        self.picked = true;
+        let full_duplex = self.request_mode == BodyMode::FullDuplex;
+        let picked = self.pick(body.as_ref()).await;
+        let (name, header, metadata) = match picked {
+            Ok(endpoint) => {
+                let body_len = body.as_ref().filter(|_| full_duplex).map(|b| b.len());
+                let (common, metadata) = protocol::destination(
+                    &self.section.destination_header,
+                    &self.section.metadata_namespace,
+                    &endpoint,
+                    body_len,
+                );
+                (endpoint, Some(common), Some(metadata))
+            }
+            Err(r) if r.may_fail_open && self.section.fail_open => {
+                tracing::warn!(status = r.status, reason = %r.message, "epp: no pick; failing open (the gateway places it)");
+                (String::new(), None, None)
+            }
+            Err(r) => {
+                let answer = protocol::immediate(r.status, &r.message, r.kind, r.retry_after_s);
+                self.send(answer).await?;
+                return Ok(false);
+            }
+        };
+        tracing::debug!(endpoint = %name, path = %self.path, "epp: picked");
+        match (body, self.request_mode) {
+            // No body: the headers' answer carries the pick.
+            (None, _) => self.send(protocol::request_headers(header, metadata)).await?,
+            (Some(b), BodyMode::FullDuplex) => {
+                self.send(protocol::request_headers(header, metadata)).await?;
+                self.send(protocol::request_body(Some((b.to_vec(), true)), None, None)).await?;
+            }
+            (Some(_), _) => self.send(protocol::request_body(None, header, metadata)).await?,
+        }
+        Ok(true)
+    }
+
+    /// The endpoint (`<ip:port>`) for the request, booked when it is a completion.
+    async fn pick(&mut self, body: Option<&Bytes>) -> Result<String, Refusal> {
+        let subset = self.subset_ids()?;
+        let path = self.path.split('?').next().unwrap_or_default();
+        let read: Option<fn(&Shared, &[u8]) -> Result<Parsed, Rejected>> = match path {
+            "/v1/completions" => Some(read_completion),
+            "/v1/chat/completions" => Some(read_chat),
+            _ => None,
+        };
+        let (Some(read), Some(body)) = (read, body) else { return self.least_loaded(subset) };
+        let shared = self.shared.clone();
+        let Parsed { model, max_tokens, tokens, exact, stream } =
+            parse(&shared, body, read).await.map_err(Refusal::from_rejected)?;
+        let checked = check(&shared, model.as_deref(), tokens.len(), max_tokens, &self.headers).map_err(|r| {
+            shared.metrics.request(r.outcome);
+            Refusal::from_rejected(r)
+        })?;
+        let req = RouteRequest::new(&shared.settings.hasher_for(checked.adapter), &tokens, checked.max_tokens)
+            .streamed(stream)
+            .with_output_hint(checked.hint);
+        let span = crate::in_flight::request_span(path, tokens.len(), &shared.policy_name());
+        span.record("attempts", 1);
+        let mut ticket =
+            Ticket::new(&shared, Via::Gateway, exact, self.arrived).for_adapter(checked.adapter).within(subset);
+        let admitted = match ticket.route(&req, &tokens, checked.max_tokens).await {
+            Ok(a) => a,
+            Err(NotAdmitted::NoReplica(e)) => {
+                shared.metrics.request("no_replica");
+                return Err(Refusal::unavailable(e.to_string(), true));
+            }
+            Err(NotAdmitted::Refused(why)) => {
+                shared.metrics.request(why.outcome());
+                span.record("outcome", why.outcome());
+                let (after, message) = shared.refusal(why);
+                return Err(Refusal {
+                    status: 429,
+                    message,
+                    kind: "rate_limit_exceeded",
+                    retry_after_s: Some(after),
+                    may_fail_open: false,
+                });
+            }
+            Err(NotAdmitted::NeverFits(f)) => {
+                shared.metrics.request("too_long");
+                return Err(Refusal {
+                    status: 400,
+                    message: NotAdmitted::never_fits(&f),
+                    kind: "invalid_request_error",
+                    retry_after_s: None,
+                    may_fail_open: true,
+                });
+            }
+        };
+        let endpoint = admitted.endpoints.authority.clone();
+        let in_flight = InFlight::routed(
+            &shared,
+            &admitted.routed,
+            &admitted.replica,
+            admitted.at,
+            admitted.decision_s,
+            tokens.len() as u32,
+            "gateway",
+            &span,
+            self.arrived,
+        );
+        self.in_flight = Some(in_flight);
+        Ok(endpoint)
+    }
+
+    /// The subset as replica ids, when the gateway sent one.
+    ///
+    /// # Errors
+    /// A 503 when none of its endpoints is a registered replica (the protocol's rule).
+    fn subset_ids(&self) -> Result<Option<Vec<ReplicaId>>, Refusal> {
+        let Some(subset) = &self.subset else { return Ok(None) };
+        let core = self.shared.core();
+        let ids: Vec<ReplicaId> = core
+            .replicas
+            .values()
+            .filter(|r| subset.iter().any(|e| *e == r.endpoints.authority))
+            .filter_map(|r| core.fleet.replica_by_name(&r.config.name).map(|s| s.id))
+            .collect();
+        if ids.is_empty() {
+            self.shared.metrics.request("no_replica");
+            let message = format!("none of the gateway's endpoint subset {subset:?} is a replica of this router");
+            return Err(Refusal::unavailable(message, false));
+        }
+        Ok(Some(ids))
+    }
+
+    /// A request that is not a completion: the replica the policy would pick for an empty
+    /// prompt (the least loaded), not booked.
+    fn least_loaded(&self, subset: Option<Vec<ReplicaId>>) -> Result<String, Refusal> {
+        let subset = subset.map(|mut s| {
+            s.sort_unstable();
+            s
+        });
+        let req = RouteRequest::new(&self.shared.settings.hasher_for(None), &[], None);
+        let now = self.shared.now();
+        let mut core = self.shared.core();
+        let d = core.decide_within(&req, subset.as_deref(), now).map_err(|e| {
+            self.shared.metrics.request("no_replica");
+            Refusal::unavailable(e.to_string(), true)
+        })?;
+        let name = core.fleet.replica(d.replica).map(|r| r.spec.name.clone());
+        name.and_then(|n| core.replicas.get(&n)).map(|r| r.endpoints.authority.clone()).ok_or_else(|| {
+            self.shared.metrics.request("no_replica");
+            Refusal::unavailable(format!("replica {} is gone", d.replica), true)
+        })
+    }
+}

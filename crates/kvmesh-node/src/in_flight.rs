@@ -1,0 +1,184 @@
+//! A routed request this node follows to its end — through its own proxy, or as a gateway's
+//! endpoint picker watching the response go by ([`crate::epp`]): its booking, released
+//! exactly once on every path, its TTFT and E2E, and its span.
+
+use crate::state::Shared;
+use kvmesh_core::load::BookingId;
+use kvmesh_core::Routed;
+use std::sync::Arc;
+
+/// A routed request's span, `request`, its decision fields empty until routed.
+///
+/// At debug, as the per-request events: exported to OpenTelemetry all the same (see
+/// [`crate::telemetry`]), but not formatted into every log line at info, where building and
+/// recording its fields was ~6 % of the node's CPU (BENCHMARKS.md, router node).
+pub(crate) fn request_span(path: &str, prompt_tokens: usize, policy: &str) -> tracing::Span {
+    tracing::debug_span!(
+        "request",
+        path,
+        prompt_tokens,
+        policy,
+        replica = tracing::field::Empty,
+        reason = tracing::field::Empty,
+        overlap_blocks = tracing::field::Empty,
+        uncached_tokens = tracing::field::Empty,
+        estimated_ttft_s = tracing::field::Empty,
+        attempts = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    )
+}
+
+/// A routed request's booking: released exactly once, on every path (completion, error,
+/// client disconnect — the drop).
+pub(crate) struct InFlight {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: Option<BookingId>,
+    pub(crate) replica: String,
+    pub(crate) first_token_seen: bool,
+    /// The request's span: it ends when the booking does (a streamed answer outlives the
+    /// handler).
+    pub(crate) span: tracing::Span,
+    /// Prompt tokens and the leading blocks the replica was believed to hold: a request that
+    /// fills no KV block beyond those makes the engine publish no event, so its success says
+    /// nothing about the event stream.
+    pub(crate) prompt_tokens: u32,
+    pub(crate) overlap_blocks: u32,
+    /// When it was routed, node seconds.
+    pub(crate) routed_at: f64,
+    /// When the request reached the node: its TTFT is measured from here.
+    pub(crate) arrived: tokio::time::Instant,
+}
+
+/// Wakes the admission queue's next waiter when dropped (after the booking's release).
+struct WakeOnDrop<'a>(&'a Shared);
+
+impl Drop for WakeOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.admission.capacity_freed();
+    }
+}
+
+impl InFlight {
+    /// Follows `routed` (decided at `at`, node seconds, in `decision_s`) on `replica`: counts
+    /// the decision in the metrics and the decision log (`via`: `http`, `gateway`), records
+    /// it on `span`, and holds its booking until released or dropped.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn routed(
+        shared: &Arc<Shared>,
+        routed: &Routed,
+        replica: &str,
+        at: f64,
+        decision_s: f64,
+        prompt_tokens: u32,
+        via: &'static str,
+        span: &tracing::Span,
+        arrived: tokio::time::Instant,
+    ) -> InFlight {
+        let d = &routed.decision;
+        let m = &shared.metrics;
+        m.decision_latency.observe(decision_s);
+        let labels = vec![("policy", shared.policy_name().to_string()), ("reason", d.reason.as_str().into())];
+        m.decisions.get_or_create(&labels).inc();
+        m.prompt_tokens.inc_by(u64::from(prompt_tokens));
+        m.predicted_cached_tokens.inc_by(u64::from(prompt_tokens).saturating_sub(u64::from(d.uncached_tokens)));
+        span.in_scope(|| {
+            tracing::debug!(
+                replica,
+                reason = d.reason.as_str(),
+                overlap_blocks = d.overlap_blocks,
+                estimated_ttft_s = d.estimated_ttft_s,
+                "routed"
+            );
+        });
+        shared.record_decision(crate::state::DecisionRecord {
+            at,
+            via,
+            replica: replica.to_string(),
+            reason: d.reason.as_str(),
+            prompt_tokens,
+            overlap_blocks: d.overlap_blocks,
+            uncached_tokens: d.uncached_tokens,
+            estimated_ttft_s: d.estimated_ttft_s,
+        });
+        span.record("replica", replica);
+        span.record("reason", d.reason.as_str());
+        span.record("overlap_blocks", d.overlap_blocks);
+        span.record("uncached_tokens", d.uncached_tokens);
+        span.record("estimated_ttft_s", d.estimated_ttft_s);
+        InFlight {
+            shared: shared.clone(),
+            id: Some(routed.booking),
+            replica: replica.to_string(),
+            first_token_seen: false,
+            span: span.clone(),
+            prompt_tokens,
+            overlap_blocks: d.overlap_blocks,
+            routed_at: at,
+            arrived,
+        }
+    }
+
+    /// The first token arrived: with `streamed`, the first chunk of a streamed answer (a
+    /// non-streamed answer arrives whole, so its wait is not a TTFT and is not measured).
+    pub(crate) fn first_token(&mut self, streamed: bool) {
+        if !std::mem::replace(&mut self.first_token_seen, true) {
+            if let Some(id) = self.id {
+                let ttft = self.arrived.elapsed().as_secs_f64();
+                let m = &self.shared.metrics;
+                let labels = vec![("replica", self.replica.clone()), ("streamed", streamed.to_string())];
+                m.replica_ttft.get_or_create(&labels).observe(ttft);
+                if streamed {
+                    m.ttft.observe(ttft);
+                    if self.shared.admission.gate().is_some_and(|g| ttft > g.slo_s()) {
+                        m.ttft_over_slo.inc();
+                    }
+                }
+                let now = self.shared.now();
+                let _ = self.shared.core().first_token(id, now);
+                self.span.in_scope(|| tracing::debug!(replica = %self.replica, "first token"));
+            }
+        }
+    }
+
+    pub(crate) fn release(&mut self, output_tokens: Option<u32>, outcome: &'static str) {
+        if let Some(id) = self.id.take() {
+            // Whatever happens below, a queued request may fit now.
+            let _wake = WakeOnDrop(&self.shared);
+            let now = self.shared.now();
+            let mut core = self.shared.core();
+            let _ = core.release(id, output_tokens, now);
+            if let Some(r) = core.replicas.get_mut(&self.replica) {
+                r.proxied = r.proxied.saturating_sub(1);
+            }
+            // Full blocks of prompt and output beyond those it was believed to hold: the
+            // engine computed (and so published) at least one.
+            let tokens = u64::from(self.prompt_tokens) + u64::from(output_tokens.unwrap_or(0));
+            let new_blocks = tokens / u64::from(self.shared.settings.block_size) > u64::from(self.overlap_blocks);
+            if outcome == "ok" && new_blocks {
+                core.served_new_blocks(&self.replica, self.routed_at);
+            }
+            drop(core);
+            let m = &self.shared.metrics;
+            m.request(outcome);
+            m.replica_requests
+                .get_or_create(&vec![("replica", self.replica.clone()), ("outcome", outcome.into())])
+                .inc();
+            if outcome == "ok" {
+                m.replica_e2e
+                    .get_or_create(&vec![("replica", self.replica.clone())])
+                    .observe(self.arrived.elapsed().as_secs_f64());
+            }
+            self.span.record("outcome", outcome);
+            // Per request at debug: two info lines per request cost ~35 µs of CPU (synchronous
+            // writes to stderr) and ~40 µs of added p50 at 500 req/s (BENCHMARKS.md);
+            // the metrics count every outcome.
+            self.span.in_scope(|| tracing::debug!(replica = %self.replica, outcome, output_tokens, "complete"));
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.release(None, "disconnected");
+    }
+}
