@@ -16,10 +16,10 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     ProtocolConfiguration,
 };
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
-use tokio_stream::StreamExt;
 use kvmesh_engine_sim::EngineSim;
 use kvmesh_node::config::{EppSection, NodeConfig};
 use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
 
 const FULL_DUPLEX: i32 = 4;
 const BUFFERED: i32 = 2;

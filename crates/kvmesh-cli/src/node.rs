@@ -16,6 +16,11 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     // A multi-thread runtime (one worker per core by default) so one slow handler cannot
     // stall event ingest. `--workers` caps it for machines whose cores other processes share.
     // The HTTP proxy is not on it: it has its own thread(s) (`node.proxy_threads`).
+    // Names this node in exported traces: its cluster id, else its HTTP address.
+    let instance = match &config.cluster {
+        Some(c) => format!("node-{}", c.id),
+        None => config.node.http.to_string(),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(
             args.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1),
@@ -29,6 +34,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
             format,
             args.otlp_endpoint.as_deref(),
             "info,openraft=error,openraft::replication=off",
+            &instance,
         )?;
         let node = kvmesh_node::start(config).await?;
         println!("kvmesh node: OpenAI API and /metrics on http://{}, gRPC on {}", node.http, node.grpc);

@@ -6,7 +6,7 @@ use crate::engine_task::{Output, Stats, Submission};
 use crate::faults::{FaultState, Faults};
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -34,6 +34,23 @@ pub struct AppState {
     pub block_size: u32,
     /// Stops the whole engine (the `die` fault).
     pub stop: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The W3C `traceparent` of the latest completion requests that carried one, oldest
+    /// first (at most [`TRACEPARENTS_KEPT`]): what a router passed on.
+    pub traceparents: Arc<Mutex<std::collections::VecDeque<String>>>,
+}
+
+/// How many received `traceparent`s are kept.
+pub const TRACEPARENTS_KEPT: usize = 64;
+
+/// Keeps (and logs at debug) the request's `traceparent`, if it has one.
+fn note_traceparent(s: &AppState, headers: &HeaderMap) {
+    let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) else { return };
+    tracing::debug!(traceparent = tp, "completion request");
+    let mut kept = s.traceparents.lock().unwrap_or_else(|p| p.into_inner());
+    if kept.len() == TRACEPARENTS_KEPT {
+        kept.pop_front();
+    }
+    kept.push_back(tp.to_string());
 }
 
 /// The routes.
@@ -45,6 +62,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/admin/faults", get(get_faults).post(set_faults))
+        .route("/admin/traceparents", get(traceparents))
         .with_state(state)
 }
 
@@ -97,7 +115,8 @@ fn common(body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Response>> {
     })
 }
 
-async fn completions(State(s): State<AppState>, Json(body): Json<Value>) -> Response {
+async fn completions(State(s): State<AppState>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
+    note_traceparent(&s, &headers);
     if let Some(r) = injected(&s.faults).await {
         return r;
     }
@@ -114,7 +133,8 @@ async fn completions(State(s): State<AppState>, Json(body): Json<Value>) -> Resp
     }
 }
 
-async fn chat_completions(State(s): State<AppState>, Json(body): Json<Value>) -> Response {
+async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
+    note_traceparent(&s, &headers);
     if let Some(r) = injected(&s.faults).await {
         return r;
     }
@@ -344,6 +364,11 @@ async fn metrics(State(s): State<AppState>) -> Response {
         s.block_size
     ));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+}
+
+/// The `traceparent`s received lately, oldest first, as a JSON array.
+async fn traceparents(State(s): State<AppState>) -> Json<Vec<String>> {
+    Json(s.traceparents.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect())
 }
 
 async fn get_faults(State(s): State<AppState>) -> Json<Faults> {

@@ -89,6 +89,7 @@ pub struct EngineSim {
     pub replay: String,
     /// Shared fault switches.
     pub faults: Arc<faults::FaultState>,
+    traceparents: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
     stop: Arc<watch::Sender<bool>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -97,6 +98,12 @@ impl EngineSim {
     /// The base URL of its OpenAI API.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.http)
+    }
+
+    /// The W3C `traceparent` headers of the latest completion requests that carried one,
+    /// oldest first (also served at `GET /admin/traceparents`).
+    pub fn traceparents(&self) -> Vec<String> {
+        self.traceparents.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }
 
     /// Resolves once the engine has stopped (the `die` fault, or [`EngineSim::stop`]).
@@ -133,6 +140,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
     let listener =
         tokio::net::TcpListener::bind(config.http).await.with_context(|| format!("bind HTTP {}", config.http))?;
     let http_addr = listener.local_addr()?;
+    let traceparents = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
     let app = http::router(http::AppState {
         model: config.model.clone(),
         submit,
@@ -141,6 +149,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
         profile: config.profile.clone(),
         block_size: config.block_size,
         stop: stop.clone(),
+        traceparents: traceparents.clone(),
     });
     let mut stop_http = stopped.clone();
     let server = tokio::spawn(async move {
@@ -154,5 +163,13 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
     tasks.push(engine.task);
     tasks.push(server);
     tracing::info!(http = %http_addr, kv_events = %publisher.kv_events, replay = %publisher.replay, "engine-sim ready");
-    Ok(EngineSim { http: http_addr, kv_events: publisher.kv_events, replay: publisher.replay, faults, stop, tasks })
+    Ok(EngineSim {
+        http: http_addr,
+        kv_events: publisher.kv_events,
+        replay: publisher.replay,
+        faults,
+        traceparents,
+        stop,
+        tasks,
+    })
 }

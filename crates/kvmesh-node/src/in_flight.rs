@@ -7,6 +7,11 @@ use kvmesh_core::load::BookingId;
 use kvmesh_core::Routed;
 use std::sync::Arc;
 
+/// The target of every per-request span and event, wherever the request came in (the
+/// proxy or the endpoint picker): one `RUST_LOG=info,kvmesh_node::proxy=debug` turns them
+/// on in the log, and the trace exporter takes them at debug ([`crate::telemetry`]).
+pub const REQUEST_TARGET: &str = "kvmesh_node::proxy";
+
 /// A routed request's span, `request`, its decision fields empty until routed.
 ///
 /// At debug, as the per-request events: exported to OpenTelemetry all the same (see
@@ -14,7 +19,9 @@ use std::sync::Arc;
 /// recording its fields was ~6 % of the node's CPU (BENCHMARKS.md, router node).
 pub(crate) fn request_span(path: &str, prompt_tokens: usize, policy: &str) -> tracing::Span {
     tracing::debug_span!(
+        target: REQUEST_TARGET,
         "request",
+        otel.kind = "server",
         path,
         prompt_tokens,
         policy,
@@ -83,6 +90,7 @@ impl InFlight {
         m.predicted_cached_tokens.inc_by(u64::from(prompt_tokens).saturating_sub(u64::from(d.uncached_tokens)));
         span.in_scope(|| {
             tracing::debug!(
+                target: REQUEST_TARGET,
                 replica,
                 reason = d.reason.as_str(),
                 overlap_blocks = d.overlap_blocks,
@@ -135,7 +143,7 @@ impl InFlight {
                 }
                 let now = self.shared.now();
                 let _ = self.shared.core().first_token(id, now);
-                self.span.in_scope(|| tracing::debug!(replica = %self.replica, "first token"));
+                self.span.in_scope(|| tracing::debug!(target: REQUEST_TARGET, replica = %self.replica, "first token"));
             }
         }
     }
@@ -169,10 +177,15 @@ impl InFlight {
                     .observe(self.arrived.elapsed().as_secs_f64());
             }
             self.span.record("outcome", outcome);
+            if outcome != "ok" {
+                crate::telemetry::failed(&self.span, outcome);
+            }
             // Per request at debug: two info lines per request cost ~35 µs of CPU (synchronous
             // writes to stderr) and ~40 µs of added p50 at 500 req/s (BENCHMARKS.md);
             // the metrics count every outcome.
-            self.span.in_scope(|| tracing::debug!(replica = %self.replica, outcome, output_tokens, "complete"));
+            self.span.in_scope(
+                || tracing::debug!(target: REQUEST_TARGET, replica = %self.replica, outcome, output_tokens, "complete"),
+            );
         }
     }
 }

@@ -358,6 +358,7 @@ async fn forward(
         .streamed(stream)
         .with_output_hint(hint);
     let span = crate::in_flight::request_span(api.path(), tokens.len(), &shared.policy_name());
+    crate::telemetry::parent_from(&span, &headers);
     // Kept across retries: demand counted once, one `max_wait_s` for all the waits.
     let mut ticket =
         crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived).for_adapter(adapter);
@@ -368,6 +369,7 @@ async fn forward(
                 Ok(a) => a,
                 Err(NotAdmitted::NoReplica(e)) => {
                     shared.metrics.request("no_replica");
+                    crate::telemetry::failed(&span, "no_replica");
                     let message = match &last_failure {
                         Some(f) => format!("{f}; then: {e}"),
                         None => e.to_string(),
@@ -377,24 +379,33 @@ async fn forward(
                 Err(NotAdmitted::Refused(why)) => {
                     shared.metrics.request(why.outcome());
                     span.record("outcome", why.outcome());
+                    crate::telemetry::failed(&span, why.outcome());
                     return too_many(&shared, why);
                 }
                 Err(NotAdmitted::NeverFits(f)) => {
                     shared.metrics.request("too_long");
+                    crate::telemetry::failed(&span, "too_long");
                     return error(StatusCode::BAD_REQUEST, NotAdmitted::never_fits(&f));
                 }
             };
         let mut booking =
             InFlight::routed(&shared, &routed, &name, now, decision_s, tokens.len() as u32, "http", &span, arrived);
-        let upstream = tracing::debug_span!(parent: &span, "upstream", replica = %name, attempt = attempt + 1);
+        let upstream = tracing::debug_span!(parent: &span, "upstream", otel.kind = "client", replica = %name, attempt = attempt + 1);
+        let mut sent_headers = headers.clone();
+        crate::telemetry::inject(&upstream, &mut sent_headers);
         let sent = shared
             .http
             .post(endpoints.url(api).clone())
-            .headers(headers.clone())
+            .headers(sent_headers)
             .body(body.clone())
             .send()
-            .instrument(upstream)
+            .instrument(upstream.clone())
             .await;
+        match &sent {
+            Ok(r) if !r.status().is_success() => crate::telemetry::failed(&upstream, r.status().as_str()),
+            Err(e) => crate::telemetry::failed(&upstream, &crate::error_chain(e)),
+            Ok(_) => {}
+        }
         let resp = match sent {
             Ok(r) => r,
             Err(e) if e.is_connect() => {
@@ -450,6 +461,7 @@ async fn forward(
     }
     shared.metrics.request("no_replica");
     span.record("outcome", "no_replica");
+    crate::telemetry::failed(&span, "no_replica");
     let last = last_failure.unwrap_or_else(|| "no replica could be tried".into());
     error(StatusCode::SERVICE_UNAVAILABLE, format!("{last}; no other replica could take the request"))
 }

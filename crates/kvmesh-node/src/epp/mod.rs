@@ -360,6 +360,7 @@ impl Exchange {
             .with_output_hint(checked.hint);
         let span = crate::in_flight::request_span(path, tokens.len(), &shared.policy_name());
         span.record("attempts", 1);
+        crate::telemetry::parent_from(&span, &self.headers);
         let mut ticket =
             Ticket::new(&shared, Via::Gateway, exact, self.arrived).for_adapter(checked.adapter).within(subset);
         let admitted = match ticket.route(&req, &tokens, checked.max_tokens).await {
