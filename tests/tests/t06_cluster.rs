@@ -49,6 +49,7 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
         autoscaler: Default::default(),
         admission: Default::default(),
         limits: Default::default(),
+        epp: Default::default(),
     }
 }
 
@@ -616,6 +617,16 @@ async fn cluster_metrics_are_valid_openmetrics() {
     let all: Vec<&Node> = nodes.iter().collect();
     eventually("gossip heard from both peers", || all.iter().all(|n| n.shared.core().remote.peers().count() == 2))
         .await;
+    // One request, for the per-replica request families to have a series.
+    eventually("the replica ready", || kvmesh_node::health::Readiness::of(&nodes[1].shared).routable == 1).await;
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", nodes[1].http))
+        .json(&serde_json::json!({"prompt": "one request", "max_tokens": 2, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await.unwrap();
     let page = reqwest::get(format!("http://{}/metrics", nodes[1].http)).await.unwrap().text().await.unwrap();
     let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
     for family in [
@@ -625,6 +636,14 @@ async fn cluster_metrics_are_valid_openmetrics() {
         "kvmesh_gossip_batches_sent",
     ] {
         assert!(parsed.families.contains_key(family), "{family} missing:\n{page}");
+    }
+    // The shipped dashboard and alert rules chart and alert on metrics a node serves (the
+    // autoscaler's, which this tier does not run, in t12).
+    let named = common::observability_metrics();
+    assert!(named.len() >= 15, "{named:?}");
+    for name in named.iter().filter(|n| !n.starts_with("kvmesh_autoscaler_")) {
+        let family = common::family_of(name);
+        assert!(parsed.families.contains_key(family), "deploy/observability names {name}, not on the page:\n{page}");
     }
     let leader = leader_of(&all).unwrap();
     assert!(page.contains(&format!("kvmesh_raft_leader_id {leader}\n")), "{page}");

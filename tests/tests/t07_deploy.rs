@@ -102,3 +102,72 @@ fn the_engine_deployment_is_what_keda_scales_and_drains_within_its_grace_period(
     assert!(timeout < engine_s && engine_s < grace, "{timeout} < {engine_s} < {grace}");
     assert!(wait.contains("/drain/done") && hook.ends_with("touch /drain/done\n"), "{hook}");
 }
+
+/// The InferencePool selects the engine pods of engines.yaml on the port they register with
+/// kvmesh (so the gateway's endpoints are the `<ip:port>` kvmesh names), and its endpoint
+/// picker is the router tier's client Service on its gRPC port.
+#[test]
+fn the_inference_pool_picks_through_kvmesh_among_the_engine_pods() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/gateway/inference-pool.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let docs: Vec<Value> =
+        serde_yaml_ng::Deserializer::from_str(&text).map(|d| Value::deserialize(d).unwrap()).collect();
+    let pool = docs.iter().find(|d| d["kind"] == "InferencePool").expect("an InferencePool");
+    assert_eq!(pool["apiVersion"], "inference.networking.k8s.io/v1");
+    let picker = &pool["spec"]["endpointPickerRef"];
+    assert_eq!((picker["kind"].as_str(), picker["name"].as_str()), (Some("Service"), Some("kvmesh")));
+    assert_eq!(picker["port"]["number"].as_u64(), Some(50051));
+    assert!(matches!(picker["failureMode"].as_str(), Some("FailClose" | "FailOpen")));
+    let tier = documents();
+    let svc = find(&tier, "Service", "kvmesh");
+    assert!(svc["spec"]["ports"].as_array().unwrap().iter().any(|p| p["port"].as_u64() == Some(50051)));
+    // engines.yaml: the pods' labels and the port their sidecar registers.
+    let engines_text = std::fs::read_to_string(path.with_file_name("../engines.yaml")).unwrap();
+    let engines: Vec<Value> =
+        serde_yaml_ng::Deserializer::from_str(&engines_text).map(|d| Value::deserialize(d).unwrap()).collect();
+    let deployment = engines.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in pool["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "the pool selects the engine pods by {k}");
+    }
+    let port = pool["spec"]["targetPorts"][0]["number"].as_u64().unwrap();
+    assert!(engines_text.contains(&format!("--http \"http://$POD_IP:{port}\"")), "engines register at :{port}");
+    let route = docs.iter().find(|d| d["kind"] == "HTTPRoute").expect("an HTTPRoute");
+    let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+    assert_eq!(
+        (backend["kind"].as_str(), backend["name"].as_str()),
+        (Some("InferencePool"), pool["metadata"]["name"].as_str())
+    );
+}
+
+/// The Grafana dashboard is valid JSON whose every panel queries Prometheus, and the alert
+/// rules a PrometheusRule whose every rule has a name, an expression and a summary (the
+/// names they use are checked against a node's page in t06 and t12).
+#[test]
+fn the_dashboard_and_alert_rules_parse() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/observability");
+    let dash: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("grafana-dashboard.json")).unwrap()).unwrap();
+    let panels = dash["panels"].as_array().unwrap();
+    assert!(panels.len() >= 12);
+    for p in panels {
+        let targets = p["targets"].as_array().unwrap();
+        assert!(
+            !targets.is_empty() && targets.iter().all(|t| t["expr"].as_str().is_some_and(|e| e.contains("kvmesh_")))
+        );
+    }
+    let rules = manifest("observability/alerts.yaml");
+    assert_eq!(rules["kind"], "PrometheusRule");
+    let rules = rules["spec"]["groups"][0]["rules"].as_array().unwrap();
+    let names: Vec<&str> = rules.iter().map(|r| r["alert"].as_str().unwrap()).collect();
+    for want in [
+        "KvmeshReplicaUnhealthy",
+        "KvmeshEventLagHigh",
+        "KvmeshGossipLag",
+        "KvmeshLeaderChanges",
+        "KvmeshAdmissionRefusals",
+    ] {
+        assert!(names.contains(&want), "{want} in {names:?}");
+    }
+    assert!(rules.iter().all(|r| r["expr"].is_string() && r["annotations"]["summary"].is_string()));
+}

@@ -1,11 +1,12 @@
 //! docs/configuration.md is generated from the node's config types: every key of `[node]`,
-//! `[[replicas]]`, `[cluster]`, `[security]`, `[replication]`, `[autoscaler]`, `[admission]` and `[limits]` with its default and its doc comment, read from
+//! `[[replicas]]`, `[cluster]`, `[security]`, `[replication]`, `[autoscaler]`, `[admission]`, `[limits]` and `[epp]` with its default and its doc comment, read from
 //! the sources. This test fails when the file is stale; `KVMESH_BLESS=1 cargo test -p
 //! kvmesh-tests --test t09_config_reference` rewrites it.
 
 use kvmesh_node::auth::SecuritySection;
 use kvmesh_node::config::{
-    AdmissionSection, AutoscalerSection, ClusterSection, LimitsSection, NodeSection, ReplicaConfig, ReplicationSection,
+    AdmissionSection, AutoscalerSection, ClusterSection, EppSection, LimitsSection, NodeSection, ReplicaConfig,
+    ReplicationSection,
 };
 use std::path::PathBuf;
 
@@ -79,6 +80,8 @@ fn generate() -> String {
     let limits_src = std::fs::read_to_string(root().join("crates/kvmesh-node/src/config/limits.rs")).unwrap();
     let limits = defaults(&LimitsSection::default());
     section(&mut out, "[limits]", &fields(&limits_src, "LimitsSection"), &limits, &[]);
+    let epp_src = std::fs::read_to_string(root().join("crates/kvmesh-node/src/config/epp.rs")).unwrap();
+    section(&mut out, "[epp]", &fields(&epp_src, "EppSection"), &defaults(&EppSection::default()), &[]);
     out
 }
 
@@ -95,6 +98,12 @@ fn the_configuration_reference_is_current() {
         current == fresh,
         "docs/configuration.md is stale: run KVMESH_BLESS=1 cargo test -p kvmesh-tests --test t09_config_reference"
     );
+    // Every section of the config file has its table.
+    let config = std::fs::read_to_string(root().join("crates/kvmesh-node/src/config.rs")).unwrap();
+    for (name, _) in fields(&config, "NodeConfig") {
+        let heading = if name == "replicas" { "[[replicas]]".to_string() } else { format!("[{name}]") };
+        assert!(fresh.contains(&format!("## `{heading}`")), "no table for {heading}");
+    }
     // Every key documented.
     for line in fresh.lines().filter(|l| l.starts_with("| `")) {
         assert!(!line.ends_with("|  |"), "undocumented key: {line}");

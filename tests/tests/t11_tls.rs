@@ -156,6 +156,7 @@ async fn a_cluster_runs_raft_over_mtls_and_refuses_clients_without_a_certificate
             autoscaler: Default::default(),
             admission: Default::default(),
             limits: Default::default(),
+            epp: Default::default(),
         };
         nodes.push(kvmesh_node::start(config).await.unwrap());
     }
@@ -196,6 +197,7 @@ async fn half_configured_tls_is_a_clear_error() {
             autoscaler: Default::default(),
             admission: Default::default(),
             limits: Default::default(),
+            epp: Default::default(),
         };
         kvmesh_node::start(config).await.err().map(|e| format!("{e:#}"))
     };

@@ -53,6 +53,7 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
         autoscaler: autoscaler(),
         admission: Default::default(),
         limits: Default::default(),
+        epp: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("both replicas ready", || {
@@ -103,6 +104,10 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
     let page = reqwest::get(format!("http://{}/metrics", node.http)).await.unwrap().text().await.unwrap();
     let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&page).unwrap_or_else(|e| panic!("{e}\n{page}"));
     assert!(parsed.families.contains_key("kvmesh_autoscaler_desired_replicas"), "{page}");
+    // The dashboard's autoscaler metrics are these.
+    for name in common::observability_metrics().iter().filter(|n| n.starts_with("kvmesh_autoscaler_")) {
+        assert!(parsed.families.contains_key(common::family_of(name)), "deploy/observability names {name}:\n{page}");
+    }
     assert!(page.contains("kvmesh_autoscaler_desired_replicas{decision=\"committed\"}"), "{page}");
     // This node's evaluation, every interval, committed or not.
     assert!(page.contains("kvmesh_autoscaler_demand_tokens_per_second{decision=\"evaluated\"}"), "{page}");
@@ -143,6 +148,7 @@ async fn three_nodes(dir: &std::path::Path, replicas: &[ReplicaConfig], autoscal
             autoscaler: autoscaler.clone(),
             admission: Default::default(),
             limits: Default::default(),
+            epp: Default::default(),
         };
         nodes.push(kvmesh_node::start(config).await.unwrap());
     }
@@ -272,6 +278,7 @@ async fn short_node(booking_lease_s: f64) -> (Node, Vec<kvmesh_engine_sim::Engin
         autoscaler: AutoscalerSection { capacity_tokens_per_s: 200.0, ..Default::default() },
         admission: AdmissionSection { enabled: true, queue_limit: 2, max_wait_s: 10.0, ttft_slo_s: None },
         limits: Default::default(),
+        epp: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
@@ -494,6 +501,7 @@ async fn slow_node(ttft_slo_s: Option<f64>) -> (Node, kvmesh_engine_sim::EngineS
         autoscaler: Default::default(),
         admission: AdmissionSection { enabled: true, ttft_slo_s, ..AdmissionSection::default() },
         limits: Default::default(),
+        epp: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
@@ -594,6 +602,7 @@ async fn capacity_is_measured(admission: bool) {
         autoscaler: AutoscalerSection { capacity_tokens_per_s: 0.0, ..autoscaler() },
         admission: AdmissionSection { enabled: admission, queue_limit: 64, max_wait_s: 30.0, ttft_slo_s: None },
         limits: Default::default(),
+        epp: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("the replica ready", || node.shared.core().fleet.replicas().iter().any(|r| r.routable())).await;
@@ -662,6 +671,7 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
         },
         admission: Default::default(),
         limits: Default::default(),
+        epp: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("three replicas ready", || {

@@ -214,7 +214,11 @@ impl Metrics {
             "Time from a streamed request's arrival at the node to its first chunk (queueing and retries included)",
             m.ttft.clone(),
         );
-        registry.register("replica_requests", "Proxied requests by replica and outcome", m.replica_requests.clone());
+        registry.register(
+            "replica_requests",
+            "Requests followed to their end (proxied, or picked for a gateway) by replica and outcome",
+            m.replica_requests.clone(),
+        );
         registry.register(
             "replica_ttft_seconds",
             "Time from a request's arrival at the node to its first token from the replica (streamed: the first chunk; not streamed: the answer)",
@@ -235,7 +239,11 @@ impl Metrics {
             "Time requests that waited in the admission queue spent there, until routed or refused",
             m.admission_wait.clone(),
         );
-        registry.register("requests", "Proxied requests by outcome", m.requests.clone());
+        registry.register(
+            "requests",
+            "Requests routed by the proxy or picked for a gateway (the endpoint picker), by outcome",
+            m.requests.clone(),
+        );
         registry.register("prompt_tokens", "Prompt tokens routed", m.prompt_tokens.clone());
         registry.register(
             "predicted_cached_tokens",

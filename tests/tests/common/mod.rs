@@ -79,3 +79,27 @@ pub fn metric(node: &kvmesh_node::Node, name: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// Every `kvmesh_*` metric name the shipped dashboard and alert rules use
+/// (deploy/observability).
+pub fn observability_metrics() -> std::collections::BTreeSet<String> {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/observability");
+    let mut named = std::collections::BTreeSet::new();
+    for file in ["grafana-dashboard.json", "alerts.yaml"] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("kvmesh_") {
+            let tail = &rest[at..];
+            let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+            named.insert(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+    }
+    named
+}
+
+/// The OpenMetrics family a sample name belongs to (`_total` of counters and `_bucket` of
+/// histograms dropped).
+pub fn family_of(sample: &str) -> &str {
+    ["_total", "_bucket"].iter().find_map(|s| sample.strip_suffix(s)).unwrap_or(sample)
+}
