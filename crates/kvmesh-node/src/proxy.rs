@@ -254,12 +254,15 @@ impl Parsed {
 /// other request on the proxy's thread. Smaller ones stay inline (the hand-off would cost more).
 const INLINE_BODY_BYTES: usize = 16 * 1024;
 
-/// Runs `read` on `body`, inline or (for large bodies) on the blocking pool.
-pub(crate) async fn parse(
-    shared: &Arc<Shared>,
-    body: &Bytes,
-    read: fn(&Shared, &[u8]) -> Result<Parsed, Rejected>,
-) -> Result<Parsed, Rejected> {
+/// Reads a request body of one API: [`read_completion`] or [`read_chat`].
+pub(crate) type Reader = fn(&Shared, &[u8]) -> Result<Parsed, Rejected>;
+
+/// Runs `read` on `body`, inline or (for large bodies) on the blocking pool; a client error
+/// counts as `bad_request`.
+///
+/// # Errors
+/// What `read` refuses, or a 500 when the blocking pool's task failed.
+pub(crate) async fn parse(shared: &Arc<Shared>, body: &Bytes, read: Reader) -> Result<Parsed, Rejected> {
     let parsed = if body.len() < INLINE_BODY_BYTES {
         read(shared, body)
     } else {

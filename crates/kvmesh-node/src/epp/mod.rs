@@ -194,7 +194,7 @@ impl Exchange {
             processing_request::Request::RequestBody(b) => {
                 if self.picked {
                     // A body after the pick (buffered partial): pass it on.
-                    let streamed = (self.request_mode == BodyMode::FullDuplex).then(|| (b.body, b.end_of_stream));
+                    let streamed = (self.request_mode == BodyMode::FullDuplex).then_some((b.body, b.end_of_stream));
                     self.send(protocol::request_body(streamed, None, None)).await?;
                     return Ok(true);
                 }
@@ -342,7 +342,7 @@ impl Exchange {
     async fn pick(&mut self, body: Option<&Bytes>) -> Result<String, Refusal> {
         let subset = self.subset_ids()?;
         let path = self.path.split('?').next().unwrap_or_default();
-        let read: Option<fn(&Shared, &[u8]) -> Result<Parsed, Rejected>> = match path {
+        let read: Option<crate::proxy::Reader> = match path {
             "/v1/completions" => Some(read_completion),
             "/v1/chat/completions" => Some(read_chat),
             _ => None,
