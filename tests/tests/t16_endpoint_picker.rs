@@ -356,3 +356,49 @@ async fn a_refused_request_fails_closed_or_open_as_configured() {
         engines.into_iter().next().unwrap().stop().await;
     }
 }
+
+/// Bodies through the picker share the node's body budget with the proxy: one over
+/// `http_max_body_bytes` is a 413, one that does not fit what others hold a 503 with
+/// `Retry-After`, one that never completes a 408 after `http_idle_timeout_s`; each gives its
+/// bytes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_are_held_to_the_nodes_budget_and_deadline() {
+    let engines = common::engines(1, 50.0).await;
+    let limits = kvmesh_node::config::LimitsSection {
+        http_max_body_bytes: 600,
+        http_body_budget_bytes: 1000,
+        http_idle_timeout_s: 1,
+        ..Default::default()
+    };
+    let config = NodeConfig { limits, ..common::single(common::section(), vec![common::replica(0, &engines[0])]) };
+    let node = kvmesh_node::start(config).await.unwrap();
+    let status = |a: Answer| match a {
+        Answer::ImmediateResponse(i) => {
+            let retry = i
+                .headers
+                .iter()
+                .flat_map(|h| &h.set_headers)
+                .filter_map(|o| o.header.as_ref())
+                .any(|h| h.key == "retry-after");
+            (i.status.unwrap().code, retry)
+        }
+        other => panic!("not an immediate answer: {other:?}"),
+    };
+    // A holds 500 bytes of an unfinished body.
+    let mut a = Gateway::open(&node).await;
+    a.send_with(request_headers("/v1/completions", false), Some(FULL_DUPLEX), None).await;
+    a.send(request_body(&[b' '; 500], false)).await;
+    eventually("A's bytes held", || node.shared.body_budget.used() == 500).await;
+    let mut b = Gateway::open(&node).await;
+    b.send_with(request_headers("/v1/completions", false), Some(FULL_DUPLEX), None).await;
+    b.send(request_body(&[b' '; 600], false)).await;
+    assert_eq!(status(b.answer().await), (503, true), "600 more do not fit the 1000-byte budget");
+    let mut c = Gateway::open(&node).await;
+    c.send_with(request_headers("/v1/completions", false), Some(FULL_DUPLEX), None).await;
+    c.send(request_body(&[b' '; 601], true)).await;
+    assert_eq!(status(c.answer().await), (413, false));
+    assert_eq!(status(a.answer().await), (408, false), "A's body never completed");
+    eventually("every byte given back", || node.shared.body_budget.used() == 0).await;
+    node.stop().await;
+    engines.into_iter().next().unwrap().stop().await;
+}

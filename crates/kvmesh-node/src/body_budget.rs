@@ -53,14 +53,30 @@ impl BodyBudget {
     }
 }
 
-/// Bytes of the budget held by one request.
-struct Held {
+/// Bytes of the budget held by one request, given back when dropped.
+pub struct Held {
     budget: Arc<BodyBudget>,
     bytes: usize,
 }
 
+impl BodyBudget {
+    /// An empty reservation to [`Held::grow`] as a body arrives.
+    pub fn hold(self: &Arc<Self>) -> Held {
+        Held { budget: self.clone(), bytes: 0 }
+    }
+
+    /// The message for a body that no longer fits the budget.
+    pub fn full_message(&self) -> String {
+        format!(
+            "request bodies in flight fill the node's {}-byte budget (limits.http_body_budget_bytes); retry shortly",
+            self.budget
+        )
+    }
+}
+
 impl Held {
-    fn grow(&mut self, n: usize) -> bool {
+    /// Reserves `n` more bytes; false (nothing reserved) when the budget cannot spare them.
+    pub fn grow(&mut self, n: usize) -> bool {
         let ok = self.budget.try_reserve(n);
         if ok {
             self.bytes += n;
@@ -93,7 +109,7 @@ pub async fn limit(State(budget): State<Arc<BodyBudget>>, req: Request, next: Ne
     if let Some(n) = declared.filter(|&n| n > max) {
         return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("request body of {n} bytes, over the {max}-byte limit"));
     }
-    let mut held = Held { budget: budget.clone(), bytes: 0 };
+    let mut held = budget.hold();
     let (parts, body) = req.into_parts();
     let mut stream = body.into_data_stream();
     let mut buf = bytes::BytesMut::new();
@@ -130,11 +146,5 @@ pub async fn limit(State(budget): State<Arc<BodyBudget>>, req: Request, next: Ne
 }
 
 fn busy(budget: &BodyBudget) -> Response {
-    refuse(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!(
-            "request bodies in flight fill the node's {}-byte budget (limits.http_body_budget_bytes); retry shortly",
-            budget.budget
-        ),
-    )
+    refuse(StatusCode::SERVICE_UNAVAILABLE, budget.full_message())
 }

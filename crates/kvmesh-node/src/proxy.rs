@@ -34,12 +34,7 @@ use tracing::Instrument;
 /// bodies exceed axum's 2 MB default), `limits.http_body_budget_bytes` in all.
 pub fn router(shared: Arc<Shared>) -> Router {
     let l = &shared.limits;
-    let budget = crate::body_budget::BodyBudget::new(
-        l.http_body_budget_bytes,
-        l.http_max_body_bytes,
-        std::time::Duration::from_secs(l.http_idle_timeout_s),
-        shared.metrics.http_body_bytes.clone(),
-    );
+    let budget = shared.body_budget.clone();
     let max_body = l.http_max_body_bytes;
     let completions = Router::new()
         .route("/v1/completions", post(completions))

@@ -262,6 +262,9 @@ pub struct Shared {
     core: parking_lot::Mutex<Core>,
     /// Prometheus metrics.
     pub metrics: Metrics,
+    /// The bytes of request bodies all clients may have in flight: the proxy's and the
+    /// endpoint picker's (`limits.http_body_budget_bytes`).
+    pub body_budget: Arc<crate::body_budget::BodyBudget>,
     /// The proxy's client to the engines; used on the proxy's runtime only, so its
     /// connections (and their tasks) live on the proxy's threads.
     pub http: reqwest::Client,
@@ -395,6 +398,14 @@ impl Shared {
         let replication = crate::replication::Replication::new(config.replication.clone());
         let autoscaler = crate::autoscaler::Autoscaling::new(config.autoscaler.clone());
         let admission = crate::admission::Admission::new(config.admission.clone());
+        let metrics = Metrics::new();
+        let l = &config.limits;
+        let body_budget = crate::body_budget::BodyBudget::new(
+            l.http_body_budget_bytes,
+            l.http_max_body_bytes,
+            std::time::Duration::from_secs(l.http_idle_timeout_s),
+            metrics.http_body_bytes.clone(),
+        );
         Ok(Shared {
             booking_keys: crate::booking_token::BookingKeys::random(),
             limits: config.limits.clone(),
@@ -404,7 +415,8 @@ impl Shared {
             policy_name,
             started: Instant::now(),
             core: parking_lot::Mutex::new(core),
-            metrics: Metrics::new(),
+            metrics,
+            body_budget,
             http,
             probe_http,
             cluster: std::sync::OnceLock::new(),

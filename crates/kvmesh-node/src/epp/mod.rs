@@ -23,6 +23,7 @@ use kvmesh_core::{ReplicaId, RouteRequest};
 use protocol::BodyMode;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// The service; one task per stream.
@@ -101,6 +102,11 @@ struct Exchange {
     subset: Option<Vec<String>>,
     arrived: tokio::time::Instant,
     body: Vec<u8>,
+    /// The body's bytes in the node's body budget (shared with the proxy), until picked.
+    held: Option<crate::body_budget::Held>,
+    /// The pick must come by then (the body complete): `limits.http_idle_timeout_s` after
+    /// the headers.
+    pick_by: Option<tokio::time::Instant>,
     picked: bool,
     in_flight: Option<InFlight>,
     following: Following,
@@ -123,6 +129,8 @@ impl Exchange {
             subset: None,
             arrived: tokio::time::Instant::now(),
             body: Vec::new(),
+            held: None,
+            pick_by: None,
             picked: false,
             in_flight: None,
             following: Following::default(),
@@ -133,10 +141,17 @@ impl Exchange {
     /// stream ends; a booking still held then is released as `disconnected` (its drop).
     async fn run(mut self, mut inbound: tonic::Streaming<ProcessingRequest>) {
         loop {
+            let waiting = self.pick_by.filter(|_| !self.picked);
             let message = tokio::select! {
                 m = inbound.message() => m,
                 // The gateway stopped reading our answers: nothing more will come through.
                 () = self.out.closed() => break,
+                () = tokio::time::sleep_until(waiting.unwrap_or_else(tokio::time::Instant::now)), if waiting.is_some() => {
+                    let s = self.shared.limits.http_idle_timeout_s;
+                    let message = format!("the request body did not arrive within {s} s (limits.http_idle_timeout_s)");
+                    let _ = self.send(protocol::immediate(408, &message, "timeout", None)).await;
+                    break;
+                }
             };
             let m = match message {
                 Ok(Some(m)) => m,
@@ -168,6 +183,7 @@ impl Exchange {
         match request {
             processing_request::Request::RequestHeaders(h) => {
                 self.arrived = tokio::time::Instant::now();
+                self.pick_by = Some(self.arrived + Duration::from_secs(self.shared.limits.http_idle_timeout_s));
                 self.path = protocol::pseudo(h.headers.as_ref(), ":path").unwrap_or("/").to_string();
                 self.headers = protocol::to_http_headers(h.headers.as_ref());
                 self.subset = protocol::subset(m.metadata_context.as_ref(), &self.section.subset_namespace);
@@ -203,6 +219,12 @@ impl Exchange {
                     self.shared.metrics.request("too_long");
                     let message = format!("the request body exceeds {limit} bytes (limits.http_max_body_bytes)");
                     self.send(protocol::immediate(413, &message, "invalid_request_error", None)).await?;
+                    return Ok(false);
+                }
+                let budget = &self.shared.body_budget;
+                if !self.held.get_or_insert_with(|| budget.hold()).grow(b.body.len()) {
+                    let message = budget.full_message();
+                    self.send(protocol::immediate(503, &message, "service_unavailable", Some(1))).await?;
                     return Ok(false);
                 }
                 self.body.extend_from_slice(&b.body);
@@ -304,6 +326,8 @@ impl Exchange {
         self.picked = true;
         let full_duplex = self.request_mode == BodyMode::FullDuplex;
         let picked = self.pick(body.as_ref()).await;
+        // The body goes back to the gateway below: its bytes leave the budget with it.
+        self.held = None;
         let (name, header, metadata) = match picked {
             Ok(endpoint) => {
                 let body_len = body.as_ref().filter(|_| full_duplex).map(|b| b.len());
