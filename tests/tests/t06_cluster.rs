@@ -642,8 +642,7 @@ async fn cluster_metrics_are_valid_openmetrics() {
     let named = common::observability_metrics();
     assert!(named.len() >= 15, "{named:?}");
     for name in named.iter().filter(|n| !n.starts_with("kvmesh_autoscaler_")) {
-        let family = common::family_of(name);
-        assert!(parsed.families.contains_key(family), "deploy/observability names {name}, not on the page:\n{page}");
+        assert!(common::serves(&page, name), "deploy/observability names {name}, not a series on the page:\n{page}");
     }
     let leader = leader_of(&all).unwrap();
     assert!(page.contains(&format!("kvmesh_raft_leader_id {leader}\n")), "{page}");

@@ -106,7 +106,7 @@ async fn load_makes_a_decision_that_the_autoscaler_api_and_keda_see() {
     assert!(parsed.families.contains_key("kvmesh_autoscaler_desired_replicas"), "{page}");
     // The dashboard's autoscaler metrics are these.
     for name in common::observability_metrics().iter().filter(|n| n.starts_with("kvmesh_autoscaler_")) {
-        assert!(parsed.families.contains_key(common::family_of(name)), "deploy/observability names {name}:\n{page}");
+        assert!(common::serves(&page, name), "deploy/observability names {name}:\n{page}");
     }
     assert!(page.contains("kvmesh_autoscaler_desired_replicas{decision=\"committed\"}"), "{page}");
     // This node's evaluation, every interval, committed or not.

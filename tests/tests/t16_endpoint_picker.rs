@@ -402,3 +402,70 @@ async fn bodies_are_held_to_the_nodes_budget_and_deadline() {
     node.stop().await;
     engines.into_iter().next().unwrap().stop().await;
 }
+
+/// A body Envoy ends with trailers (full duplex's other ending) is picked on the trailers; a
+/// large body goes back in chunks of at most 64 KiB, the last not ending the stream (the
+/// trailers do), then the trailers are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_body_ended_by_trailers_goes_back_in_64_kib_chunks() {
+    let (node, engines) = fleet(1, EppSection::default()).await;
+    let prompt = "word ".repeat(40_000);
+    let body = serde_json::to_vec(&serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 2})).unwrap();
+    assert!(body.len() > 3 * 64 * 1024);
+    let mut gw = Gateway::open(&node).await;
+    gw.send_with(request_headers("/v1/completions", false), Some(FULL_DUPLEX), None).await;
+    for part in body.chunks(90_000) {
+        gw.send(request_body(part, false)).await;
+    }
+    gw.send(processing_request::Request::RequestTrailers(Default::default())).await;
+    assert_eq!(destination(&gw.answer_with_metadata().await).0, Some(authority(&engines[0])));
+    let mut back = Vec::new();
+    let mut sizes = Vec::new();
+    while back.len() < body.len() {
+        let (chunk, eos) = streamed_body(&gw.answer().await);
+        assert!(!eos, "the trailers end the stream, not the body");
+        sizes.push(chunk.len());
+        back.extend(chunk);
+    }
+    assert_eq!(back, body);
+    assert!(sizes.iter().all(|&n| n <= 64 * 1024) && sizes.len() == body.len().div_ceil(64 * 1024), "{sizes:?}");
+    assert!(matches!(gw.answer().await, Answer::RequestTrailers(_)));
+    assert_eq!(live_bookings(&node), 1);
+    drop(gw);
+    eventually("released", || live_bookings(&node) == 0).await;
+    node.stop().await;
+    engines.into_iter().next().unwrap().stop().await;
+}
+
+/// A request waiting in the admission queue whose gateway stream is reset gives up its place:
+/// counted abandoned, never booked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_goes_away_while_its_request_waits_for_capacity_abandons_it() {
+    let engines = common::engines(1, 20.0).await;
+    // One 480-token request (30 blocks plus its output) fits the 40 blocks at a time.
+    let replicas = vec![kvmesh_node::config::ReplicaConfig { capacity_blocks: 40, ..common::replica(0, &engines[0]) }];
+    let admission = kvmesh_node::config::AdmissionSection { enabled: true, ..Default::default() };
+    let node =
+        kvmesh_node::start(NodeConfig { admission, ..common::single(common::section(), replicas) }).await.unwrap();
+    eventually("ready", || kvmesh_node::health::Readiness::of(&node.shared).routable == 1).await;
+    let send = |i: u32| {
+        let body = serde_json::json!({"prompt": format!("{i:04}").repeat(480), "max_tokens": 16});
+        serde_json::to_vec(&body).unwrap()
+    };
+    let mut first = Gateway::open(&node).await;
+    first.send_with(request_headers("/v1/completions", false), Some(FULL_DUPLEX), None).await;
+    first.send(request_body(&send(1), true)).await;
+    assert_eq!(destination(&first.answer_with_metadata().await).0, Some(authority(&engines[0])));
+    let second = Gateway::open(&node).await;
+    second.send_with(request_headers("/v1/completions", false), Some(FULL_DUPLEX), None).await;
+    second.send(request_body(&send(2), true)).await;
+    eventually("the second waits", || node.shared.admission.depth() == 1).await;
+    drop(second);
+    eventually("the wait abandoned", || node.shared.admission.depth() == 0).await;
+    assert!(metric(&node, "kvmesh_admission_abandoned").contains("kvmesh_admission_abandoned_total 1"));
+    assert_eq!(live_bookings(&node), 1, "only the first is booked");
+    drop(first);
+    eventually("released", || live_bookings(&node) == 0).await;
+    node.stop().await;
+    engines.into_iter().next().unwrap().stop().await;
+}

@@ -456,6 +456,8 @@ pub struct NodeArgs {
     pub log_format: String,
     /// Export trace spans (one per request: decision, upstream call, first token, completion)
     /// with OpenTelemetry OTLP over gRPC to this collector, e.g. `http://otel-collector:4317`.
+    /// With export on, a client's W3C `traceparent` is continued and passed on to the engines;
+    /// the service name comes from `OTEL_SERVICE_NAME` (default `kvmesh-node`).
     #[arg(long, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
 }

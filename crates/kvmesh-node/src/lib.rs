@@ -392,6 +392,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         let mut builder = tonic::transport::Server::builder()
             .concurrency_limit_per_connection(limits.grpc_concurrency_per_connection);
         let public = limits.grpc_public_max_message_bytes;
+        let epp_max = limits.http_max_body_bytes + (1 << 20);
         let cluster_max = cluster::MAX_MESSAGE_BYTES;
         if let Some(t) = grpc_tls {
             builder = match builder.tls_config(t) {
@@ -421,10 +422,11 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
                 EventsServer::new(services).max_decoding_message_size(public).max_encoding_message_size(public),
             )
             .add_service(
+                // A buffered-mode gateway sends the whole body in one message.
                 envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer::new(
                     picker,
                 )
-                .max_decoding_message_size(public)
+                .max_decoding_message_size(public.max(epp_max))
                 .max_encoding_message_size(public),
             )
             .add_service(

@@ -98,8 +98,8 @@ pub fn observability_metrics() -> std::collections::BTreeSet<String> {
     named
 }
 
-/// The OpenMetrics family a sample name belongs to (`_total` of counters and `_bucket` of
-/// histograms dropped).
-pub fn family_of(sample: &str) -> &str {
-    ["_total", "_bucket"].iter().find_map(|s| sample.strip_suffix(s)).unwrap_or(sample)
+/// Whether `page` (a metrics page) has a sample named exactly `name` (`kvmesh_requests_total`,
+/// `kvmesh_event_lag_seconds_bucket`, `kvmesh_replica_status`): a series a query can select.
+pub fn serves(page: &str, name: &str) -> bool {
+    page.lines().any(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
 }

@@ -14,11 +14,13 @@ use serde::{Deserialize, Serialize};
 #[serde(default, deny_unknown_fields)]
 pub struct EppSection {
     /// When kvmesh cannot pick — no replica ready, a body it cannot read, a request it would
-    /// refuse (unknown model, prompt too long) — `false` (fail closed) answers the client
-    /// with that error at once (an `ImmediateResponse`: 503, 400, 404, 413); `true` (fail
-    /// open) lets the request go on with no destination, for the gateway's own fallback
-    /// load balancing to place. Admission control's 429 and an empty endpoint subset's 503
-    /// are answered in both modes (the protocol requires the latter).
+    /// refuse (unknown model, a prompt over `node.max_prompt_tokens`) — `false` (fail
+    /// closed) answers the client with that error at once (an `ImmediateResponse`: 503,
+    /// 400, 404, 413); `true` (fail open) lets the request go on with no destination, for
+    /// the gateway's own fallback load balancing to place. Answered in both modes: admission
+    /// control's 429; an endpoint subset with no eligible replica, 503 (the protocol's
+    /// rule); and the node's body limits (413 over `limits.http_max_body_bytes`, 503 when
+    /// `limits.http_body_budget_bytes` is full, 408 after `limits.http_idle_timeout_s`).
     pub fail_open: bool,
     /// The request header that carries the picked endpoint to the gateway.
     pub destination_header: String,

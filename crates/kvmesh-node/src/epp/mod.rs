@@ -7,7 +7,11 @@
 //! booking), answers with the replica's `<ip:port>` ([`protocol`]), then follows the response
 //! going by — first token, end of stream, usage — and releases the booking when it ends, or
 //! when the stream breaks off (the client or gateway gone: `disconnected`). Requests on other
-//! paths (`/v1/models` …) get the least-loaded replica, unbooked.
+//! paths (`/v1/models` …) get the policy's pick for an empty prompt, unbooked.
+//!
+//! A data plane that sends no `protocol_config` is taken to run `FULL_DUPLEX_STREAMED`, the
+//! Inference Extension's mode (in `BUFFERED` it would wait for the headers' answer, which
+//! full duplex holds until the body is read: configure such a gateway in full duplex).
 
 pub mod protocol;
 
@@ -85,6 +89,10 @@ struct Following {
     /// A non-streamed answer's bytes, up to [`USAGE_BYTES`] (for its `usage`).
     body: Vec<u8>,
 }
+
+/// The largest body chunk sent back to the gateway (Envoy's ext_proc proto recommends at most
+/// 64 KiB per `StreamedBodyResponse`).
+const BODY_CHUNK: usize = 64 * 1024;
 
 /// Most of a non-streamed answer kept to read its `usage` from; a longer one is released
 /// without its output count.
@@ -188,7 +196,7 @@ impl Exchange {
                 self.headers = protocol::to_http_headers(h.headers.as_ref());
                 self.subset = protocol::subset(m.metadata_context.as_ref(), &self.section.subset_namespace);
                 if h.end_of_stream || self.request_mode == BodyMode::None {
-                    return self.pick_and_answer(None).await;
+                    return self.pick_and_answer(None, false).await;
                 }
                 match self.request_mode {
                     BodyMode::Buffered => self.send(protocol::request_headers(None, None)).await?,
@@ -231,10 +239,19 @@ impl Exchange {
                 // Buffered modes send the body in one message, whatever it says.
                 if b.end_of_stream || self.request_mode != BodyMode::FullDuplex {
                     let body = Bytes::from(std::mem::take(&mut self.body));
-                    return self.pick_and_answer(Some(body)).await;
+                    return self.pick_and_answer(Some(body), false).await;
                 }
             }
-            processing_request::Request::RequestTrailers(_) => self.send(protocol::trailers(true)).await?,
+            processing_request::Request::RequestTrailers(_) => {
+                // In full duplex, trailers are how the gateway says the body is complete.
+                if !self.picked {
+                    let body = Bytes::from(std::mem::take(&mut self.body));
+                    if !self.pick_and_answer(Some(body), true).await? {
+                        return Ok(false);
+                    }
+                }
+                self.send(protocol::trailers(true)).await?;
+            }
             processing_request::Request::ResponseHeaders(h) => {
                 let status = protocol::pseudo(h.headers.as_ref(), ":status").and_then(|s| s.parse::<u16>().ok());
                 let headers = protocol::to_http_headers(h.headers.as_ref());
@@ -321,13 +338,18 @@ impl Exchange {
     }
 
     /// Picks for the request (with `body`, if it has one) and answers the gateway: the
-    /// destination, or the refusal (or, failing open, a destination-less continue).
-    async fn pick_and_answer(&mut self, body: Option<Bytes>) -> Result<bool, ()> {
+    /// destination, or the refusal (or, failing open, a destination-less continue). With
+    /// `trailers_follow`, the body sent back does not end the stream (the trailers do).
+    /// A gateway that goes away meanwhile (the stream reset while the request waits for
+    /// capacity) ends it: the wait is abandoned, nothing is booked.
+    async fn pick_and_answer(&mut self, body: Option<Bytes>, trailers_follow: bool) -> Result<bool, ()> {
         self.picked = true;
         let full_duplex = self.request_mode == BodyMode::FullDuplex;
-        let picked = self.pick(body.as_ref()).await;
-        // The body goes back to the gateway below: its bytes leave the budget with it.
-        self.held = None;
+        let out = self.out.clone();
+        let picked = tokio::select! {
+            r = self.pick(body.as_ref()) => r,
+            () = out.closed() => return Err(()),
+        };
         let (name, header, metadata) = match picked {
             Ok(endpoint) => {
                 let body_len = body.as_ref().filter(|_| full_duplex).map(|b| b.len());
@@ -355,10 +377,19 @@ impl Exchange {
             (None, _) => self.send(protocol::request_headers(header, metadata)).await?,
             (Some(b), BodyMode::FullDuplex) => {
                 self.send(protocol::request_headers(header, metadata)).await?;
-                self.send(protocol::request_body(Some((b.to_vec(), true)), None, None)).await?;
+                // In chunks, as Envoy's proto asks (a whole 64 MiB body would also pass the
+                // gRPC message cap).
+                let chunks = b.len().div_ceil(BODY_CHUNK).max(1);
+                for i in 0..chunks {
+                    let part = b.slice((i * BODY_CHUNK).min(b.len())..((i + 1) * BODY_CHUNK).min(b.len()));
+                    let last = i + 1 == chunks && !trailers_follow;
+                    self.send(protocol::request_body(Some((part.to_vec(), last)), None, None)).await?;
+                }
             }
             (Some(_), _) => self.send(protocol::request_body(None, header, metadata)).await?,
         }
+        // The body is back with the gateway: its bytes leave the budget.
+        self.held = None;
         Ok(true)
     }
 
@@ -391,11 +422,14 @@ impl Exchange {
             Ok(a) => a,
             Err(NotAdmitted::NoReplica(e)) => {
                 shared.metrics.request("no_replica");
-                return Err(Refusal::unavailable(e.to_string(), true));
+                crate::telemetry::failed(&span, "no_replica");
+                // Within a subset, none eligible is the protocol's 503, failing open or not.
+                return Err(Refusal::unavailable(e.to_string(), self.subset.is_none()));
             }
             Err(NotAdmitted::Refused(why)) => {
                 shared.metrics.request(why.outcome());
                 span.record("outcome", why.outcome());
+                crate::telemetry::failed(&span, why.outcome());
                 let (after, message) = shared.refusal(why);
                 return Err(Refusal {
                     status: 429,
@@ -407,6 +441,7 @@ impl Exchange {
             }
             Err(NotAdmitted::NeverFits(f)) => {
                 shared.metrics.request("too_long");
+                crate::telemetry::failed(&span, "too_long");
                 return Err(Refusal {
                     status: 400,
                     message: NotAdmitted::never_fits(&f),
@@ -453,8 +488,8 @@ impl Exchange {
         Ok(Some(ids))
     }
 
-    /// A request that is not a completion: the replica the policy would pick for an empty
-    /// prompt (the least loaded), not booked.
+    /// A request that is not a completion: the replica the policy picks for an empty prompt
+    /// (for token load, the least loaded), not booked.
     fn least_loaded(&self, subset: Option<Vec<ReplicaId>>) -> Result<String, Refusal> {
         let subset = subset.map(|mut s| {
             s.sort_unstable();
@@ -463,9 +498,10 @@ impl Exchange {
         let req = RouteRequest::new(&self.shared.settings.hasher_for(None), &[], None);
         let now = self.shared.now();
         let mut core = self.shared.core();
+        let in_subset = subset.is_some();
         let d = core.decide_within(&req, subset.as_deref(), now).map_err(|e| {
             self.shared.metrics.request("no_replica");
-            Refusal::unavailable(e.to_string(), true)
+            Refusal::unavailable(e.to_string(), !in_subset)
         })?;
         let name = core.fleet.replica(d.replica).map(|r| r.spec.name.clone());
         name.and_then(|n| core.replicas.get(&n)).map(|r| r.endpoints.authority.clone()).ok_or_else(|| {
