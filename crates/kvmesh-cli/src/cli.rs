@@ -362,16 +362,17 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct LoadtestArgs {
-    /// What to drive: `http` (OpenAI completions) or `route` (kvmesh gRPC Route + Release).
+    /// What to drive: `http` (OpenAI completions), `route` (kvmesh gRPC Route + Release) or
+    /// `epp` (a node's Gateway API endpoint picker, Envoy ext_proc, as a gateway drives it).
     #[arg(long, default_value = "http", value_name = "MODE")]
     pub mode: String,
     /// Base URLs to send to (`http://host:port`), comma-separated; several are used in turn
-    /// (a client-side round robin, for measuring engines directly). For `route`, the node's
-    /// gRPC address as `http://host:port`.
+    /// (a client-side round robin, for measuring engines directly). For `route` and `epp`,
+    /// the node's gRPC address as `http://host:port`.
     #[arg(long, value_name = "URLS")]
     pub url: String,
     /// Requests per second, open loop (0: closed loop with --concurrency workers, saturation).
-    /// `--mode route` always runs closed loop and ignores it.
+    /// `--mode route` and `--mode epp` always run closed loop and ignore it.
     #[arg(long, default_value_t = 100.0, value_name = "R")]
     pub rate: f64,
     /// Workers in closed-loop mode; cap on requests in flight in open-loop mode (for each

@@ -11,6 +11,10 @@
 //!   difference of the two is reported (a router's added latency).
 //! - `--mode route`: closed-loop gRPC `Router.Route` + `Router.Release` pairs against a kvmesh
 //!   node; reports Route calls/s and Route latency.
+//! - `--mode epp`: closed-loop requests through a node's endpoint picker (Envoy ext_proc,
+//!   full duplex) as a gateway sends them; reports picks/s and the pick's latency ([`epp`]).
+
+mod epp;
 
 use crate::cli::LoadtestArgs;
 use hdrhistogram::Histogram;
@@ -63,8 +67,8 @@ impl Tally {
     }
 }
 
-/// Whether the run is open loop: HTTP at `--rate` > 0 (`route` runs closed loop whatever
-/// `--rate` says).
+/// Whether the run is open loop: HTTP at `--rate` > 0 (`route` and `epp` run closed loop
+/// whatever `--rate` says).
 fn is_open_loop(args: &LoadtestArgs) -> bool {
     args.rate > 0.0 && args.mode == "http"
 }
@@ -98,7 +102,8 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
         match args.mode.as_str() {
             "http" => http(args).await,
             "route" => route(args).await.map(|(t, e)| (t, None, e)),
-            other => anyhow::bail!("unknown --mode {other:?}: use http or route"),
+            "epp" => epp::run(args).await.map(|(t, e)| (t, None, e)),
+            other => anyhow::bail!("unknown --mode {other:?}: use http, route or epp"),
         }
     })?;
     let target = Summary::new(&tally, elapsed);
@@ -568,6 +573,45 @@ mod tests {
         assert_eq!(Summary::new(&tally, seconds).ttft_ms, None);
         let refused = LoadtestArgs { stream: true, mode: "route".into(), ..open_loop(engine.base_url(), 1.0, None) };
         assert_eq!(run(&refused).unwrap_err().to_string(), "--stream needs --mode http (it is \"route\")");
+    }
+
+    /// Through a real node's endpoint picker: every request picked, followed and released,
+    /// each counted once by the node as the gateway's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn epp_mode_drives_a_nodes_endpoint_picker_to_the_release() {
+        let engine = kvmesh_engine_sim::start(kvmesh_engine_sim::EngineSimConfig {
+            speed: 50.0,
+            ..kvmesh_engine_sim::EngineSimConfig::default()
+        })
+        .await
+        .unwrap();
+        let replica = kvmesh_tests::node::replica(0, &engine);
+        let config = kvmesh_tests::node::single(kvmesh_tests::node::section(), vec![replica]);
+        let node = kvmesh_node::start(config).await.unwrap();
+        let t0 = Instant::now();
+        while kvmesh_node::health::Readiness::of(&node.shared).routable == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "replica not ready");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let args = LoadtestArgs {
+            mode: "epp".into(),
+            concurrency: 4,
+            duration: 0.5,
+            ..open_loop(format!("http://{}", node.grpc), 0.0, None)
+        };
+        let (tally, seconds) = epp::run(&args).await.unwrap();
+        assert!(tally.ok >= 10 && tally.errors.is_empty(), "{} ok, {:?}", tally.ok, tally.errors);
+        assert!(Summary::new(&tally, seconds).p50_ms > 0.0);
+        while !node.shared.core().fleet.bookings().is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "bookings left");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let page = kvmesh_node::metrics::Metrics::render(&node.shared);
+        let ok = format!("kvmesh_replica_requests_total{{replica=\"e0\",outcome=\"ok\"}} {}", tally.ok);
+        assert!(page.contains(&ok), "{ok} in\n{page}");
+        assert_eq!(node.shared.recent_decisions(1)[0].via, "gateway");
+        node.stop().await;
+        engine.stop().await;
     }
 
     #[test]

@@ -1,0 +1,130 @@
+//! `kvmesh loadtest --mode epp`: drives a node's endpoint picker (Envoy ext_proc) as a
+//! gateway in full-duplex mode would, closed loop: per request one stream — request headers
+//! (with `protocol_config`), the JSON body with end of stream, then, once the destination is
+//! back, a streamed response (headers, one SSE chunk, `data: [DONE]`) so the node releases the
+//! booking. The latency recorded is the pick's: first message sent to the destination
+//! received. Every request has its own prompt (`prompt(i, …)`), so each is decided once.
+
+use super::{prompt, Tally};
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Answer;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request, HttpBody, HttpHeaders, ProcessingRequest, ProtocolConfiguration,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Envoy's `BodySendMode::FULL_DUPLEX_STREAMED`.
+const FULL_DUPLEX: i32 = 4;
+
+fn headers(pairs: &[(&str, &str)]) -> Option<HeaderMap> {
+    let headers = pairs
+        .iter()
+        .map(|(k, v)| HeaderValue { key: k.to_string(), value: String::new(), raw_value: v.as_bytes().to_vec() })
+        .collect();
+    Some(HeaderMap { headers })
+}
+
+fn message(r: processing_request::Request, first: bool) -> ProcessingRequest {
+    let protocol_config = first.then_some(ProtocolConfiguration {
+        request_body_mode: FULL_DUPLEX,
+        response_body_mode: FULL_DUPLEX,
+        send_body_without_waiting_for_header_response: false,
+    });
+    ProcessingRequest { request: Some(r), protocol_config, ..Default::default() }
+}
+
+/// One request through the picker: the pick's latency, microseconds, or what went wrong.
+async fn one(client: &mut ExternalProcessorClient<tonic::transport::Channel>, body: Vec<u8>) -> Result<u64, String> {
+    let t = Instant::now();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let request = processing_request::Request::RequestHeaders(HttpHeaders {
+        headers: headers(&[(":method", "POST"), (":path", "/v1/completions"), ("content-type", "application/json")]),
+        end_of_stream: false,
+        ..Default::default()
+    });
+    let send = |m| {
+        let tx = tx.clone();
+        async move { tx.send(m).await.map_err(|_| "stream closed".to_string()) }
+    };
+    send(message(request, true)).await?;
+    send(message(
+        processing_request::Request::RequestBody(HttpBody { body, end_of_stream: true, ..Default::default() }),
+        false,
+    ))
+    .await?;
+    let mut answers = client
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|e| format!("{:?}", e.code()))?
+        .into_inner();
+    let mut next = async || match answers.message().await {
+        Ok(Some(m)) => m.response.ok_or_else(|| "empty answer".to_string()),
+        Ok(None) => Err("stream ended".to_string()),
+        Err(e) => Err(format!("{:?}", e.code())),
+    };
+    let picked_us = match next().await? {
+        Answer::RequestHeaders(_) => t.elapsed().as_micros() as u64,
+        Answer::ImmediateResponse(i) => return Err(format!("immediate {}", i.status.map_or(0, |s| s.code))),
+        other => return Err(format!("unexpected {other:?}")),
+    };
+    // The body back, then the response as an engine would stream it.
+    next().await?;
+    let response = processing_request::Request::ResponseHeaders(HttpHeaders {
+        headers: headers(&[(":status", "200"), ("content-type", "text/event-stream")]),
+        end_of_stream: false,
+        ..Default::default()
+    });
+    send(message(response, false)).await?;
+    next().await?;
+    let sse = b"data: {\"choices\":[{\"text\":\" t\"}]}\n\ndata: [DONE]\n\n".to_vec();
+    let chunk =
+        processing_request::Request::ResponseBody(HttpBody { body: sse, end_of_stream: true, ..Default::default() });
+    send(message(chunk, false)).await?;
+    next().await?;
+    Ok(picked_us)
+}
+
+/// Closed loop with `--concurrency` workers over a few HTTP/2 connections.
+pub async fn run(args: &crate::cli::LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
+    let mut channels = Vec::new();
+    for _ in 0..args.concurrency.clamp(1, 4) {
+        channels.push(crate::connect::channel(&args.url, "is the node's gRPC port there?").await?);
+    }
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let measure_from = start + Duration::from_secs_f64(args.warmup);
+    let end = measure_from + Duration::from_secs_f64(args.duration);
+    let workers: Vec<_> = (0..args.concurrency)
+        .map(|w| {
+            let mut client = ExternalProcessorClient::new(channels[w % channels.len()].clone());
+            let (tally, next, prefixes, prefix_tokens, max_tokens) =
+                (tally.clone(), next.clone(), args.prefixes, args.prefix_tokens, args.max_tokens);
+            tokio::spawn(async move {
+                while Instant::now() < end {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let text = prompt(i, prefixes, "", prefix_tokens);
+                    let body = serde_json::json!({"prompt": text, "max_tokens": max_tokens, "stream": true});
+                    let t = Instant::now();
+                    let result = one(&mut client, body.to_string().into_bytes()).await;
+                    if t >= measure_from {
+                        let mut tl = tally.lock().unwrap_or_else(|p| p.into_inner());
+                        match result {
+                            Ok(us) => tl.record(us, Ok((None, None))),
+                            Err(e) => tl.record(0, Err(e)),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        let _ = w.await;
+    }
+    let tally =
+        Arc::try_unwrap(tally).map_err(|_| anyhow::anyhow!("tasks still running"))?.into_inner().unwrap_or_default();
+    Ok((tally, args.duration))
+}
