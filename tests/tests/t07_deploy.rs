@@ -126,6 +126,10 @@ fn the_inference_pool_picks_through_kvmesh_among_the_engine_pods() {
     let engines: Vec<Value> =
         serde_yaml_ng::Deserializer::from_str(&engines_text).map(|d| Value::deserialize(d).unwrap()).collect();
     let deployment = engines.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    // The pool, its picker Service and the engine pods share a namespace (the pool looks both
+    // up in its own).
+    assert_eq!(pool["metadata"]["namespace"], deployment["metadata"]["namespace"]);
+    assert!(text.contains("kubectl apply -n llm -f deploy/router-tier.yaml"), "the router tier goes there too");
     let labels = &deployment["spec"]["template"]["metadata"]["labels"];
     for (k, v) in pool["spec"]["selector"]["matchLabels"].as_object().unwrap() {
         assert_eq!(&labels[k], v, "the pool selects the engine pods by {k}");
@@ -170,4 +174,14 @@ fn the_dashboard_and_alert_rules_parse() {
         assert!(names.contains(&want), "{want} in {names:?}");
     }
     assert!(rules.iter().all(|r| r["expr"].is_string() && r["annotations"]["summary"].is_string()));
+    // The PodMonitor scrapes the router pods' named HTTP port.
+    let pm = manifest("observability/podmonitor.yaml");
+    let sts = find(&documents(), "StatefulSet", "kvmesh").clone();
+    let template = &sts["spec"]["template"];
+    for (k, v) in pm["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&template["metadata"]["labels"][k], v);
+    }
+    let port = pm["spec"]["podMetricsEndpoints"][0]["port"].as_str().unwrap();
+    let ports = template["spec"]["containers"][0]["ports"].as_array().unwrap();
+    assert!(ports.iter().any(|p| p["name"] == port), "the pods have a port named {port}");
 }

@@ -177,6 +177,10 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
             b.ok
         );
     }
+    // A run in which nothing succeeded measured nothing: say so in the exit status.
+    if target.ok == 0 && !tally.errors.is_empty() {
+        anyhow::bail!("no request to {} succeeded (errors above: {:?})", args.url, tally.errors);
+    }
     Ok(())
 }
 
@@ -612,6 +616,20 @@ mod tests {
         assert_eq!(node.shared.recent_decisions(1)[0].via, "gateway");
         node.stop().await;
         engine.stop().await;
+        // A picker that fails open (no replica at all) answers without a destination: an
+        // error for every request, and the run fails.
+        let mut config = kvmesh_tests::node::single(kvmesh_tests::node::section(), vec![]);
+        config.epp.fail_open = true;
+        let node = kvmesh_node::start(config).await.unwrap();
+        let args = LoadtestArgs { url: format!("http://{}", node.grpc), duration: 0.2, ..args };
+        let (tally, _) = epp::run(&args).await.unwrap();
+        assert_eq!(
+            (tally.ok, tally.errors.keys().map(String::as_str).collect::<Vec<_>>()),
+            (0, vec!["no destination (the picker failed open)"])
+        );
+        let failed = tokio::task::spawn_blocking(move || run(&LoadtestArgs { json: true, ..args })).await.unwrap();
+        assert!(failed.unwrap_err().to_string().starts_with("no request to http://"), "the run fails");
+        node.stop().await;
     }
 
     #[test]

@@ -138,12 +138,12 @@ fn admission_json(a: &v1::AdmissionState) -> serde_json::Value {
 /// The latest decisions, newest first.
 fn render_decisions(ds: &[v1::RecentDecision]) -> String {
     let mut out = format!(
-        "last decisions (newest first)\n{:>8}  {:<5} {:<16} {:<18} {:>8} {:>8} {:>9} {:>10}\n",
+        "last decisions (newest first)\n{:>8}  {:<7} {:<16} {:<18} {:>8} {:>8} {:>9} {:>10}\n",
         "ago", "via", "replica", "reason", "prompt", "overlap", "uncached", "est. TTFT"
     );
     for d in ds {
         out.push_str(&format!(
-            "{:>7.1}s  {:<5} {:<16} {:<18} {:>8} {:>8} {:>9} {:>8.0}ms\n",
+            "{:>7.1}s  {:<7} {:<16} {:<18} {:>8} {:>8} {:>9} {:>8.0}ms\n",
             d.age_s,
             d.via,
             d.replica,
@@ -271,6 +271,19 @@ mod tests {
         assert_eq!(render_admission(&v1::AdmissionState::default()), "admission control: off");
     }
 
+    fn d_clone() -> v1::RecentDecision {
+        v1::RecentDecision {
+            age_s: 0.25,
+            via: "http".into(),
+            replica: "vllm-3".into(),
+            reason: "lowest_cost".into(),
+            prompt_tokens: 4096,
+            overlap_blocks: 200,
+            uncached_tokens: 896,
+            estimated_ttft_s: 0.0215,
+        }
+    }
+
     #[test]
     fn decisions_render_newest_first_with_their_reason() {
         let d = v1::RecentDecision {
@@ -286,8 +299,11 @@ mod tests {
         let text = render_decisions(&[d]);
         assert_eq!(
             text.lines().nth(2).unwrap(),
-            "    0.2s  http  vllm-3           lowest_cost            4096      200       896       22ms"
+            "    0.2s  http    vllm-3           lowest_cost            4096      200       896       22ms"
         );
+        // The endpoint picker's decisions fit the column.
+        let g = v1::RecentDecision { via: "gateway".into(), ..d_clone() };
+        assert!(render_decisions(&[g]).lines().nth(2).unwrap().starts_with("    0.2s  gateway vllm-3 "));
     }
 
     #[test]

@@ -353,7 +353,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     };
     let replication_service =
         replication::service::ReplicationService { shared: shared.clone(), cluster: cluster.clone() };
-    let picker = epp::EndpointPicker { shared: shared.clone(), section: Arc::new(config.epp.clone()) };
+    let picker = epp::EndpointPicker::new(shared.clone(), config.epp.clone());
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RouterServer<grpc::Services>>().await;
     health_reporter.set_serving::<AdminServer<grpc::Services>>().await;

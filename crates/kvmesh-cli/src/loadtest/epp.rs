@@ -66,7 +66,11 @@ async fn one(client: &mut ExternalProcessorClient<tonic::transport::Channel>, bo
         Err(e) => Err(format!("{:?}", e.code())),
     };
     let picked_us = match next().await? {
-        Answer::RequestHeaders(_) => t.elapsed().as_micros() as u64,
+        // A destination header: picked. None: the node failed open (it could not pick).
+        Answer::RequestHeaders(h) if h.response.as_ref().and_then(|c| c.header_mutation.as_ref()).is_some() => {
+            t.elapsed().as_micros() as u64
+        }
+        Answer::RequestHeaders(_) => return Err("no destination (the picker failed open)".into()),
         Answer::ImmediateResponse(i) => return Err(format!("immediate {}", i.status.map_or(0, |s| s.code))),
         other => return Err(format!("unexpected {other:?}")),
     };

@@ -37,6 +37,15 @@ pub struct EndpointPicker {
     pub shared: Arc<Shared>,
     /// `[epp]`.
     pub section: Arc<EppSection>,
+    /// Replicas already warned about being registered by host name.
+    pub by_name: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+impl EndpointPicker {
+    /// The picker for `shared`, with `section`.
+    pub fn new(shared: Arc<Shared>, section: EppSection) -> Self {
+        EndpointPicker { shared, section: Arc::new(section), by_name: Default::default() }
+    }
 }
 
 /// The answers on one stream.
@@ -51,7 +60,8 @@ impl ExternalProcessor for EndpointPicker {
         request: tonic::Request<tonic::Streaming<ProcessingRequest>>,
     ) -> Result<tonic::Response<Answers>, tonic::Status> {
         let (tx, rx) = mpsc::channel(8);
-        let exchange = Exchange::new(self.shared.clone(), self.section.clone(), tx);
+        let mut exchange = Exchange::new(self.shared.clone(), self.section.clone(), tx);
+        exchange.by_name = self.by_name.clone();
         tokio::spawn(exchange.run(request.into_inner()));
         Ok(tonic::Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
@@ -118,6 +128,7 @@ struct Exchange {
     picked: bool,
     in_flight: Option<InFlight>,
     following: Following,
+    by_name: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Exchange {
@@ -142,6 +153,7 @@ impl Exchange {
             picked: false,
             in_flight: None,
             following: Following::default(),
+            by_name: Default::default(),
         }
     }
 
@@ -362,7 +374,8 @@ impl Exchange {
                 (endpoint, Some(common), Some(metadata))
             }
             Err(r) if r.may_fail_open && self.section.fail_open => {
-                tracing::warn!(status = r.status, reason = %r.message, "epp: no pick; failing open (the gateway places it)");
+                // Per request, so at debug: the outcome is counted in kvmesh_requests_total.
+                tracing::debug!(status = r.status, reason = %r.message, "epp: no pick; failing open (the gateway places it)");
                 (String::new(), None, None)
             }
             Err(r) => {
@@ -451,6 +464,7 @@ impl Exchange {
                 });
             }
         };
+        self.warn_if_named(&admitted.replica, &admitted.endpoints);
         let endpoint = admitted.endpoints.authority.clone();
         let in_flight = InFlight::routed(
             &shared,
@@ -465,6 +479,19 @@ impl Exchange {
         );
         self.in_flight = Some(in_flight);
         Ok(endpoint)
+    }
+
+    /// Warns (once per replica) that `replica` is registered by host name: the gateway's
+    /// endpoints are pod IPs, so its pick will not match one.
+    fn warn_if_named(&self, replica: &str, endpoints: &crate::replica::endpoints::Endpoints) {
+        if endpoints.host_is_ip {
+            return;
+        }
+        let mut warned = self.by_name.lock().unwrap_or_else(|p| p.into_inner());
+        if warned.insert(replica.to_string()) {
+            tracing::warn!(replica, endpoint = %endpoints.authority,
+                "epp: replica registered by host name; a gateway's endpoints are <ip:port>, so register it by its pod IP");
+        }
     }
 
     /// The subset as replica ids, when the gateway sent one.
@@ -504,7 +531,12 @@ impl Exchange {
             Refusal::unavailable(e.to_string(), !in_subset)
         })?;
         let name = core.fleet.replica(d.replica).map(|r| r.spec.name.clone());
-        name.and_then(|n| core.replicas.get(&n)).map(|r| r.endpoints.authority.clone()).ok_or_else(|| {
+        let endpoints = name.and_then(|n| core.replicas.get(&n)).map(|r| (r.config.name.clone(), r.endpoints.clone()));
+        drop(core);
+        if let Some((name, e)) = &endpoints {
+            self.warn_if_named(name, e);
+        }
+        endpoints.map(|(_, e)| e.authority.clone()).ok_or_else(|| {
             self.shared.metrics.request("no_replica");
             Refusal::unavailable(format!("replica {} is gone", d.replica), true)
         })

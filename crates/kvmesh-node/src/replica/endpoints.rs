@@ -33,6 +33,8 @@ pub struct Endpoints {
     /// `host:port` of the base URL, the port explicit (80/443 when the URL has none): the
     /// `<ip:port>` an endpoint picker names the replica by (see [`crate::epp`]).
     pub authority: String,
+    /// Whether the host is an IP address (what a gateway's endpoints are), not a name.
+    pub host_is_ip: bool,
     completions: Url,
     chat_completions: Url,
 }
@@ -57,6 +59,7 @@ impl Endpoints {
             chat_completions: url(Api::ChatCompletions)?,
             base,
             authority,
+            host_is_ip: host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('['),
         })
     }
 
@@ -85,6 +88,8 @@ mod tests {
         assert_eq!(prefixed.url(Api::ChatCompletions).as_str(), "https://gw.example/pool-a/v1/chat/completions");
         // The endpoint picker's `<ip:port>`: the port made explicit, IPv6 in brackets.
         assert_eq!(prefixed.authority, "gw.example:443");
+        assert!(!prefixed.host_is_ip);
+        assert!(Endpoints::parse("http://[fd00::7]:8000").unwrap().host_is_ip);
         assert_eq!(Endpoints::parse("http://10.0.0.7:8000/").unwrap().authority, "10.0.0.7:8000");
         assert_eq!(Endpoints::parse("http://[fd00::7]:8000").unwrap().authority, "[fd00::7]:8000");
     }
