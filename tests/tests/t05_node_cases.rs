@@ -996,3 +996,38 @@ async fn a_metrics_page_over_the_limit_fails_the_scrape_without_being_read_whole
     good.stop().await;
     other.stop().await;
 }
+
+/// Shutdown drains: the node reports not ready at once (`/health` 503 `stopping`) and lets a
+/// streamed answer in flight finish (to `data: [DONE]`) before it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_reports_not_ready_and_lets_its_streams_finish() {
+    // A fifth of real speed: ~40 decode steps of ~30 ms, over a second of stream.
+    let engine = kvmesh_engine_sim::start(kvmesh_engine_sim::EngineSimConfig { speed: 0.2, ..Default::default() })
+        .await
+        .unwrap();
+    let section = NodeSection { shutdown_grace_s: 20.0, ..common::section() };
+    let node = kvmesh_node::start(common::single(section, vec![common::replica(0, &engine)])).await.unwrap();
+    common::eventually("ready", || kvmesh_node::health::Readiness::of(&node.shared).ready()).await;
+    let http = node.http;
+    let r = reqwest::Client::new()
+        .post(format!("http://{http}/v1/completions"))
+        .json(&serde_json::json!({"prompt": "a long answer, please", "max_tokens": 40, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut body = r.bytes_stream();
+    let first = tokio_stream::StreamExt::next(&mut body).await.unwrap().unwrap();
+    let stopped = tokio::spawn(node.stop());
+    let health = reqwest::get(format!("http://{http}/health")).await.unwrap();
+    assert_eq!(health.status(), 503);
+    assert_eq!(health.json::<serde_json::Value>().await.unwrap()["status"], "stopping");
+    let mut text = String::from_utf8(first.to_vec()).unwrap();
+    while let Some(chunk) = tokio_stream::StreamExt::next(&mut body).await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert!(text.ends_with("data: [DONE]\n\n"), "the stream finished whole: {text}");
+    assert_eq!(text.matches("data: ").count(), 42, "40 tokens, the finish event and [DONE]");
+    stopped.await.unwrap();
+    engine.stop().await;
+}

@@ -49,6 +49,9 @@ fn the_router_tier_manifest_is_consistent() {
     cluster.peers = peers.split(',').map(String::from).collect();
     config.validate().unwrap();
     assert_eq!(config.node.block_size, 16);
+    // A stopping node drains within the pod's grace period.
+    let pod_grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_f64().unwrap();
+    assert!(config.node.shutdown_grace_s + 10.0 <= pod_grace, "{} vs {pod_grace}", config.node.shutdown_grace_s);
 }
 
 /// The one document in deploy/`file`, as JSON.

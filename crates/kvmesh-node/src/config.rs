@@ -492,6 +492,12 @@ pub struct NodeSection {
     /// `Release` (or crashed) stops counting then. Keep it at least `request_timeout_s`, or
     /// long proxied requests stop counting while they run.
     pub booking_lease_s: f64,
+    /// On shutdown (SIGTERM, Ctrl-C), the node first stops reporting ready (`/health` 503,
+    /// gRPC health `NOT_SERVING`, so load balancers and gateways send elsewhere) and lets the
+    /// requests it follows — proxied, or picked for a gateway — finish, for at most this long,
+    /// seconds (0 to 3,600); then it stops, cutting what is left. Keep the pod's
+    /// `terminationGracePeriodSeconds` above it.
+    pub shutdown_grace_s: f64,
     /// Expect a request that gives `max_tokens` to produce what completed requests whose first
     /// 4 KV blocks of prompt match produced (once 4 have), re-estimated as a streamed answer
     /// decodes, instead of booking its whole `max_tokens` as decode work and KV. RL trainers and
@@ -590,6 +596,7 @@ impl Default for NodeSection {
             retries: 2,
             request_timeout_s: 600,
             booking_lease_s: 600.0,
+            shutdown_grace_s: 30.0,
             learn_output_lengths: true,
             events_silent_s: 30.0,
             hung_after_s: 60.0,
@@ -787,6 +794,10 @@ impl NodeConfig {
             if !adapters.insert(a) {
                 return Err(format!("node.lora_adapters: {a:?} appears twice"));
             }
+        }
+        let grace = self.node.shutdown_grace_s;
+        if !(0.0..=3600.0).contains(&grace) {
+            return Err(format!("node.shutdown_grace_s must be 0 to 3600 seconds, got {grace}"));
         }
         let lease = self.node.booking_lease_s;
         if !(lease > 0.0 && lease <= 86_400.0) {

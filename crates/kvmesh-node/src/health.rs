@@ -3,7 +3,7 @@
 //! and an operator reading `/health` never disagree.
 //!
 //! Ready means at least one replica is routable (the proxy and `Router.Route` can place a
-//! request). gRPC reports it for the server as a whole (`""`) and for `kvmesh.v1.Router`;
+//! request) and the node is not shutting down. gRPC reports it for the server as a whole (`""`) and for `kvmesh.v1.Router`;
 //! `Admin` and `Events` answer whatever the replicas do, so they stay `SERVING`.
 
 use crate::state::Shared;
@@ -25,6 +25,9 @@ pub struct Readiness {
     pub replicas: usize,
     /// Of those, the ones a request may be routed to now.
     pub routable: usize,
+    /// The node is shutting down (draining what it follows): not ready, whatever the
+    /// replicas.
+    pub stopping: bool,
 }
 
 impl Readiness {
@@ -36,12 +39,13 @@ impl Readiness {
         Readiness {
             replicas: core.replicas.len(),
             routable: core.fleet.replicas().iter().filter(|r| r.routable()).count(),
+            stopping: shared.stopping.load(std::sync::atomic::Ordering::Acquire),
         }
     }
 
     /// Whether a request can be placed.
     pub fn ready(&self) -> bool {
-        self.routable > 0
+        self.routable > 0 && !self.stopping
     }
 
     /// The gRPC health status this readiness answers with.

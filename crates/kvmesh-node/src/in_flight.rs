@@ -113,6 +113,7 @@ impl InFlight {
         span.record("overlap_blocks", d.overlap_blocks);
         span.record("uncached_tokens", d.uncached_tokens);
         span.record("estimated_ttft_s", d.estimated_ttft_s);
+        shared.in_flight.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         InFlight {
             shared: shared.clone(),
             id: Some(routed.booking),
@@ -152,6 +153,7 @@ impl InFlight {
         if let Some(id) = self.id.take() {
             // Whatever happens below, a queued request may fit now.
             let _wake = WakeOnDrop(&self.shared);
+            self.shared.in_flight.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             let now = self.shared.now();
             let mut core = self.shared.core();
             let _ = core.release(id, output_tokens, now);

@@ -137,6 +137,7 @@ impl Node {
     /// end. A cluster member stops Raft first, so the others elect a new leader at once
     /// instead of waiting for this node's long-lived streams to close.
     pub async fn stop(self) {
+        self.drain().await;
         let _ = self.stop.send(true);
         if let Some(c) = &self.cluster {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(2), c.raft.shutdown()).await;
@@ -147,6 +148,28 @@ impl Node {
             if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
                 t.abort();
             }
+        }
+    }
+}
+
+impl Node {
+    /// The first half of [`Node::stop`]: reports not ready at once and waits, at most
+    /// `node.shutdown_grace_s`, for the requests the node follows to finish (new ones are
+    /// still served meanwhile: a load balancer takes a moment to see the node go).
+    pub async fn drain(&self) {
+        use std::sync::atomic::Ordering;
+        self.shared.stopping.store(true, Ordering::Release);
+        let grace = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).node.shutdown_grace_s;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs_f64(grace);
+        let pending = || self.shared.in_flight.load(Ordering::Acquire);
+        if pending() > 0 {
+            tracing::info!(in_flight = pending(), grace_s = grace, "stopping: letting requests in flight finish");
+        }
+        while pending() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        if pending() > 0 {
+            tracing::warn!(in_flight = pending(), grace_s = grace, "stopping: grace period over; cutting the rest");
         }
     }
 }

@@ -634,7 +634,7 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
 async fn health(State(shared): State<Arc<Shared>>) -> Response {
     let r = crate::health::Readiness::of(&shared);
     let body = Json(json!({
-        "status": if r.ready() { "ok" } else { "no_replica_ready" },
+        "status": if r.stopping { "stopping" } else if r.ready() { "ok" } else { "no_replica_ready" },
         "replicas": r.replicas,
         "routable": r.routable,
     }));

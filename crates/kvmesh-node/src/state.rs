@@ -265,6 +265,11 @@ pub struct Shared {
     /// The bytes of request bodies all clients may have in flight: the proxy's and the
     /// endpoint picker's (`limits.http_body_budget_bytes`).
     pub body_budget: Arc<crate::body_budget::BodyBudget>,
+    /// Requests this node follows to their end now (proxied, or picked for a gateway):
+    /// [`crate::in_flight::InFlight`]s not yet released. Shutdown waits for them.
+    pub in_flight: std::sync::atomic::AtomicUsize,
+    /// Set when the node begins to shut down: it reports not ready from then on.
+    pub stopping: std::sync::atomic::AtomicBool,
     /// The proxy's client to the engines; used on the proxy's runtime only, so its
     /// connections (and their tasks) live on the proxy's threads.
     pub http: reqwest::Client,
@@ -417,6 +422,8 @@ impl Shared {
             core: parking_lot::Mutex::new(core),
             metrics,
             body_budget,
+            in_flight: Default::default(),
+            stopping: Default::default(),
             http,
             probe_http,
             cluster: std::sync::OnceLock::new(),
