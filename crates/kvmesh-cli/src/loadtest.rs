@@ -417,48 +417,53 @@ async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, Option<Tally>, f64)
 }
 
 async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
-    // A few HTTP/2 connections, as a fleet of proxies would open; one would serialize on its
-    // connection task.
+    let (prefixes, prefix_tokens) = (args.prefixes, args.prefix_tokens);
+    grpc_closed_loop(args, move |channel, i| async move {
+        let mut client = v1::router_client::RouterClient::new(channel);
+        let t = Instant::now();
+        let req = v1::RouteRequest {
+            model: String::new(),
+            prompt: Some(v1::route_request::Prompt::Text(prompt(i, prefixes, "", prefix_tokens))),
+            max_tokens: Some(16),
+            session_key: None,
+            lora_name: None,
+            expected_output_tokens: None,
+        };
+        let r = client.route(req).await.map_err(|e| format!("{:?}", e.code()))?;
+        let us = t.elapsed().as_micros() as u64;
+        let booking = r.into_inner().booking;
+        let _ = client.release(v1::ReleaseRequest { booking, output_tokens: Some(16) }).await;
+        Ok(us)
+    })
+    .await
+}
+
+/// Closed loop against a node's gRPC port: `--concurrency` workers on a few HTTP/2
+/// connections (as a fleet of proxies would open; one would serialize on its connection
+/// task), each calling `one(channel, i)` for request `i` — its latency, microseconds, or what
+/// went wrong — until the run ends. Requests begun in the warm-up are not recorded.
+async fn grpc_closed_loop<F, Fut>(args: &LoadtestArgs, one: F) -> anyhow::Result<(Tally, f64)>
+where
+    F: Fn(tonic::transport::Channel, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<u64, String>> + Send,
+{
     let mut channels = Vec::new();
     for _ in 0..args.concurrency.clamp(1, 4) {
         channels.push(crate::connect::channel(&args.url, "is the node's gRPC port there?").await?);
     }
     let tally = Arc::new(Mutex::new(Tally::default()));
     let next = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let measure_from = start + Duration::from_secs_f64(args.warmup);
+    let measure_from = Instant::now() + Duration::from_secs_f64(args.warmup);
     let end = measure_from + Duration::from_secs_f64(args.duration);
     let workers: Vec<_> = (0..args.concurrency)
         .map(|w| {
-            let channel = channels[w % channels.len()].clone();
-            let (mut client, tally, next, prefixes, prefix_tokens) = (
-                v1::router_client::RouterClient::new(channel),
-                tally.clone(),
-                next.clone(),
-                args.prefixes,
-                args.prefix_tokens,
-            );
+            let (channel, tally, next, one) =
+                (channels[w % channels.len()].clone(), tally.clone(), next.clone(), one.clone());
             tokio::spawn(async move {
                 while Instant::now() < end {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let t = Instant::now();
-                    let req = v1::RouteRequest {
-                        model: String::new(),
-                        prompt: Some(v1::route_request::Prompt::Text(prompt(i, prefixes, "", prefix_tokens))),
-                        max_tokens: Some(16),
-                        session_key: None,
-                        lora_name: None,
-                        expected_output_tokens: None,
-                    };
-                    let result = match client.route(req).await {
-                        Ok(r) => {
-                            let us = t.elapsed().as_micros() as u64;
-                            let booking = r.into_inner().booking;
-                            let _ = client.release(v1::ReleaseRequest { booking, output_tokens: Some(16) }).await;
-                            Ok(us)
-                        }
-                        Err(e) => Err(format!("{:?}", e.code())),
-                    };
+                    let result = one(channel.clone(), i).await;
                     if t >= measure_from {
                         let mut tl = tally.lock().unwrap_or_else(|p| p.into_inner());
                         match result {

@@ -271,7 +271,7 @@ mod tests {
         assert_eq!(render_admission(&v1::AdmissionState::default()), "admission control: off");
     }
 
-    fn d_clone() -> v1::RecentDecision {
+    fn decision() -> v1::RecentDecision {
         v1::RecentDecision {
             age_s: 0.25,
             via: "http".into(),
@@ -286,23 +286,14 @@ mod tests {
 
     #[test]
     fn decisions_render_newest_first_with_their_reason() {
-        let d = v1::RecentDecision {
-            age_s: 0.25,
-            via: "http".into(),
-            replica: "vllm-3".into(),
-            reason: "lowest_cost".into(),
-            prompt_tokens: 4096,
-            overlap_blocks: 200,
-            uncached_tokens: 896,
-            estimated_ttft_s: 0.0215,
-        };
+        let d = decision();
         let text = render_decisions(&[d]);
         assert_eq!(
             text.lines().nth(2).unwrap(),
             "    0.2s  http    vllm-3           lowest_cost            4096      200       896       22ms"
         );
         // The endpoint picker's decisions fit the column.
-        let g = v1::RecentDecision { via: "gateway".into(), ..d_clone() };
+        let g = v1::RecentDecision { via: "gateway".into(), ..decision() };
         assert!(render_decisions(&[g]).lines().nth(2).unwrap().starts_with("    0.2s  gateway vllm-3 "));
     }
 

@@ -12,9 +12,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request, HttpBody, HttpHeaders, ProcessingRequest, ProtocolConfiguration,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Envoy's `BodySendMode::FULL_DUPLEX_STREAMED`.
 const FULL_DUPLEX: i32 = 4;
@@ -91,44 +89,13 @@ async fn one(client: &mut ExternalProcessorClient<tonic::transport::Channel>, bo
     Ok(picked_us)
 }
 
-/// Closed loop with `--concurrency` workers over a few HTTP/2 connections.
+/// Closed loop with `--concurrency` workers (see `grpc_closed_loop`).
 pub async fn run(args: &crate::cli::LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
-    let mut channels = Vec::new();
-    for _ in 0..args.concurrency.clamp(1, 4) {
-        channels.push(crate::connect::channel(&args.url, "is the node's gRPC port there?").await?);
-    }
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let next = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let measure_from = start + Duration::from_secs_f64(args.warmup);
-    let end = measure_from + Duration::from_secs_f64(args.duration);
-    let workers: Vec<_> = (0..args.concurrency)
-        .map(|w| {
-            let mut client = ExternalProcessorClient::new(channels[w % channels.len()].clone());
-            let (tally, next, prefixes, prefix_tokens, max_tokens) =
-                (tally.clone(), next.clone(), args.prefixes, args.prefix_tokens, args.max_tokens);
-            tokio::spawn(async move {
-                while Instant::now() < end {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let text = prompt(i, prefixes, "", prefix_tokens);
-                    let body = serde_json::json!({"prompt": text, "max_tokens": max_tokens, "stream": true});
-                    let t = Instant::now();
-                    let result = one(&mut client, body.to_string().into_bytes()).await;
-                    if t >= measure_from {
-                        let mut tl = tally.lock().unwrap_or_else(|p| p.into_inner());
-                        match result {
-                            Ok(us) => tl.record(us, Ok((None, None))),
-                            Err(e) => tl.record(0, Err(e)),
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        let _ = w.await;
-    }
-    let tally =
-        Arc::try_unwrap(tally).map_err(|_| anyhow::anyhow!("tasks still running"))?.into_inner().unwrap_or_default();
-    Ok((tally, args.duration))
+    let (prefixes, prefix_tokens, max_tokens) = (args.prefixes, args.prefix_tokens, args.max_tokens);
+    super::grpc_closed_loop(args, move |channel, i| async move {
+        let text = prompt(i, prefixes, "", prefix_tokens);
+        let body = serde_json::json!({"prompt": text, "max_tokens": max_tokens, "stream": true});
+        one(&mut ExternalProcessorClient::new(channel), body.to_string().into_bytes()).await
+    })
+    .await
 }

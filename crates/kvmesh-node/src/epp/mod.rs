@@ -60,8 +60,7 @@ impl ExternalProcessor for EndpointPicker {
         request: tonic::Request<tonic::Streaming<ProcessingRequest>>,
     ) -> Result<tonic::Response<Answers>, tonic::Status> {
         let (tx, rx) = mpsc::channel(8);
-        let mut exchange = Exchange::new(self.shared.clone(), self.section.clone(), tx);
-        exchange.by_name = self.by_name.clone();
+        let exchange = Exchange::new(self, tx);
         tokio::spawn(exchange.run(request.into_inner()));
         Ok(tonic::Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
@@ -132,14 +131,10 @@ struct Exchange {
 }
 
 impl Exchange {
-    fn new(
-        shared: Arc<Shared>,
-        section: Arc<EppSection>,
-        out: mpsc::Sender<Result<ProcessingResponse, tonic::Status>>,
-    ) -> Self {
+    fn new(picker: &EndpointPicker, out: mpsc::Sender<Result<ProcessingResponse, tonic::Status>>) -> Self {
         Exchange {
-            shared,
-            section,
+            shared: picker.shared.clone(),
+            section: picker.section.clone(),
             out,
             request_mode: BodyMode::FullDuplex,
             response_full_duplex: true,
@@ -153,7 +148,7 @@ impl Exchange {
             picked: false,
             in_flight: None,
             following: Following::default(),
-            by_name: Default::default(),
+            by_name: picker.by_name.clone(),
         }
     }
 

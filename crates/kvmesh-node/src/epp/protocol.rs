@@ -236,19 +236,16 @@ mod tests {
     use super::*;
     use envoy_types::pb::google::protobuf::ListValue;
 
+    /// The (name, raw value) pairs a mutation sets.
+    fn set_headers(m: Option<HeaderMutation>) -> Vec<(String, Vec<u8>)> {
+        m.unwrap().set_headers.into_iter().map(|h| h.header.unwrap()).map(|h| (h.key, h.raw_value)).collect()
+    }
+
     #[test]
     fn the_pick_names_one_endpoint_in_the_header_and_the_metadata() {
         let (common, metadata) = destination("x-gateway-destination-endpoint", "envoy.lb", "10.0.0.7:8000", Some(42));
-        let set: Vec<(String, Vec<u8>)> = common
-            .header_mutation
-            .unwrap()
-            .set_headers
-            .into_iter()
-            .map(|h| h.header.unwrap())
-            .map(|h| (h.key, h.raw_value))
-            .collect();
         assert_eq!(
-            set,
+            set_headers(common.header_mutation.clone()),
             vec![
                 ("x-gateway-destination-endpoint".to_string(), b"10.0.0.7:8000".to_vec()),
                 ("content-length".to_string(), b"42".to_vec())
@@ -293,15 +290,9 @@ mod tests {
         let r = immediate(429, "no replica is ready", "rate_limit_exceeded", Some(7));
         let Some(processing_response::Response::ImmediateResponse(i)) = r.response else { panic!() };
         assert_eq!(i.status.unwrap().code, 429);
-        let set: Vec<(String, Vec<u8>)> = i
-            .headers
-            .unwrap()
-            .set_headers
-            .into_iter()
-            .map(|h| h.header.unwrap())
-            .map(|h| (h.key, h.raw_value))
-            .collect();
-        assert_eq!(set, [("content-type".into(), b"application/json".to_vec()), ("retry-after".into(), b"7".to_vec())]);
+        let want: Vec<(String, Vec<u8>)> =
+            vec![("content-type".into(), b"application/json".to_vec()), ("retry-after".into(), b"7".to_vec())];
+        assert_eq!(set_headers(i.headers), want);
         let body: serde_json::Value = serde_json::from_slice(&i.body).unwrap();
         assert_eq!(body["error"]["message"], "no replica is ready");
         assert_eq!(body["error"]["code"], 429);
