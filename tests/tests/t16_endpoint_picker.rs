@@ -469,3 +469,49 @@ async fn a_gateway_that_goes_away_while_its_request_waits_for_capacity_abandons_
     node.stop().await;
     engines.into_iter().next().unwrap().stop().await;
 }
+
+/// C14 through the picker: 300 gateway streams that break off at every point — before the
+/// body is complete, right after the pick, after the response headers, mid-stream — leave no
+/// booking and no token load behind. C16: with every replica gone, a request gets a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c14_c16_streams_broken_anywhere_leave_no_load_and_no_replica_is_a_503() {
+    let (node, engines) = fleet(2, EppSection::default()).await;
+    let body = completion(true);
+    for i in 0..300 {
+        let mut gw = Gateway::open(&node).await;
+        gw.send_with(request_headers("/v1/completions", false), Some(FULL_DUPLEX), None).await;
+        if i % 4 == 0 {
+            gw.send(request_body(&body[..10], false)).await;
+            drop(gw);
+            continue;
+        }
+        gw.send(request_body(&body, true)).await;
+        let _ = gw.answer().await;
+        let _ = gw.answer().await;
+        if i % 4 >= 2 {
+            gw.send(response_headers(200, "text/event-stream")).await;
+            let _ = gw.answer().await;
+        }
+        if i % 4 == 3 {
+            gw.send(response_body(b"data: {\"choices\":[{\"text\":\" t\"}]}\n\n", false)).await;
+            let _ = gw.answer().await;
+        }
+        drop(gw);
+    }
+    eventually("every booking released", || live_bookings(&node) == 0).await;
+    let page = metric(&node, "kvmesh_replica_queued_prefill_tokens");
+    assert!(page.lines().all(|l| l.ends_with(" 0")), "{page}");
+    assert!(metric(&node, "kvmesh_requests_total").contains("outcome=\"disconnected\"} 225"));
+    assert_eq!(node.shared.body_budget.used(), 0);
+    // C16: every replica down.
+    for e in engines {
+        e.stop().await;
+    }
+    eventually("no replica routable", || kvmesh_node::health::Readiness::of(&node.shared).routable == 0).await;
+    let mut gw = Gateway::open(&node).await;
+    gw.send_with(request_headers("/v1/completions", false), Some(FULL_DUPLEX), None).await;
+    gw.send(request_body(&body, true)).await;
+    let Answer::ImmediateResponse(i) = gw.answer().await else { panic!("an immediate answer") };
+    assert_eq!(i.status.unwrap().code, 503);
+    node.stop().await;
+}
