@@ -580,10 +580,10 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     config.limits.kv_event_quarantine_s = 1.0;
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
-    // Over the 65,536-event budget: the frame guard cuts the connection at the payload's
-    // first bytes, so it is never decoded (nor wholly read). Sent until the subscriber has
-    // joined (a PUB drops messages before that, and after each cut until it reconnects) and
-    // two (`kv_event_bad_messages`' default) have counted.
+    // Over the 65,536-event budget: the frame guard drops the message at the payload's first
+    // bytes, so it never reaches zeromq nor is decoded. Sent until the subscriber has joined
+    // (a PUB drops messages before that) and two (`kv_event_bad_messages`' default) have
+    // counted.
     let bad = kvmesh_events::encode::encode_nil_batch(1.0, 70_000);
     let mut seq = 0u64;
     eventually("e1 quarantined", || {
@@ -598,8 +598,8 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     })
     .await;
     let page = metric(&node, "kvmesh_events_rejected_total");
-    // Two or more: cuts between the quarantine and the disconnect, and cut replay answers,
-    // count under the same label.
+    // Two or more: drops between the quarantine and the disconnect, and dropped replay
+    // answers, count under the same label.
     assert!(counted(&page, "replica=\"e1\",reason=\"over_budget\"") >= 2, "{page}");
     assert!(metric(&node, "kvmesh_event_quarantines_total").contains("replica=\"e1\"} 1"));
     // The other replica kept its status and its events apply; requests still route (e1 on

@@ -23,9 +23,9 @@ pub struct LimitsSection {
     /// events the decoder or index rejected) within `kv_event_bad_window_s` is quarantined:
     /// status `bad_events`, its blocks dropped and its stream not followed (disconnected),
     /// routed on load only. Only what no sound engine sends counts, so two are already a
-    /// pattern; each one before the quarantine costs the node a cut connection and a
-    /// reconnect (and, for a cut message, the engine's write of it), which is what the other
-    /// replicas feel of a hostile one.
+    /// pattern; each one before the quarantine costs the node reading it (a message over the
+    /// budget is dropped by the frame guard from its first bytes, the rest skipped unread) and,
+    /// for one over `kv_event_max_message_bytes`, a cut connection and a reconnect.
     pub kv_event_bad_messages: u32,
     /// The window `kv_event_bad_messages` counts over, seconds.
     pub kv_event_bad_window_s: f64,

@@ -6,18 +6,22 @@
 //! reach an engine through this guard, a loopback relay that parses the engine's side of the
 //! stream (ZMTP 3: a 64-byte greeting, then frames of `flags, size (1 or 8 bytes), body`,
 //! rfc.zeromq.org/spec/23) and cuts the connection at the first frame, or multipart message,
-//! over the cap. zeromq then reconnects by itself; the messages lost in between are a
-//! sequence gap, recovered like any other.
+//! over the cap (its declared length may be anything, so the stream cannot be followed past
+//! it). zeromq then reconnects by itself; the messages lost in between are a sequence gap,
+//! recovered like any other.
 //!
 //! It also reads the first bytes of each message's last frame (the msgpack payload, in vLLM's
-//! `[topic, seq, payload]` and in replay answers) and cuts the connection when they already
-//! declare more events or values than the decode budget allows
+//! `[topic, seq, payload]` and in replay answers) and drops the whole message when they
+//! already declare more events or values than the decode budget allows
 //! ([`kvmesh_events::check_budget`] on that prefix): such a message is refused whatever
-//! follows, so none of its bytes need reach the node.
+//! follows, so none of its bytes reach the node, and the rest of its payload is skipped
+//! unread. The connection stays up (a cut costs a reconnect and a resync on every node that
+//! follows the replica), and the dropped message's sequence number is a gap like any other.
 //!
 //! ```text
 //! node's SUB/DEALER ──tcp──► 127.0.0.1:guard ──tcp──► engine's PUB/ROUTER
-//!                     bytes out: copied      bytes in: frame sizes checked, then copied
+//!                     bytes out: copied      bytes in: frame sizes and payload budgets checked,
+//!                                            messages over the budget left out
 //! ```
 
 use kvmesh_events::{check_budget, DecodeError, DecodeLimits};
@@ -34,16 +38,17 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// timestamp (≤ 9 bytes) and its events array's header fit with room to spare.
 const PAYLOAD_PREFIX: usize = 64;
 
-/// Connections a relay cut, by reason, since it started.
+/// What a relay refused, by reason, since it started.
 #[derive(Debug, Default)]
-pub struct Cuts {
-    /// A frame or multipart message over the size cap (`frame_too_large`).
+pub struct Refused {
+    /// Connections cut at a frame or multipart message over the size cap (`frame_too_large`).
     pub too_large: AtomicU64,
-    /// A payload whose first bytes declare more than the decode budget (`over_budget`).
+    /// Messages dropped whole, their payload's first bytes declaring more than the decode
+    /// budget (`over_budget`).
     pub over_budget: AtomicU64,
 }
 
-impl Cuts {
+impl Refused {
     /// The counts by reason, as metric labels: `frame_too_large`, then `over_budget`.
     pub fn by_reason(&self) -> [(&'static str, u64); 2] {
         [
@@ -53,20 +58,13 @@ impl Cuts {
     }
 }
 
-/// Why a relay cut a connection.
+/// Why a relay cut a connection: a frame or message over the size cap.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cut {
-    /// Over the size cap.
-    TooLarge(String),
-    /// Over the decode budget, from the payload's first bytes.
-    OverBudget(String),
-}
+pub struct Cut(pub String);
 
 impl std::fmt::Display for Cut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Cut::TooLarge(why) | Cut::OverBudget(why) => f.write_str(why),
-        }
+        f.write_str(&self.0)
     }
 }
 
@@ -95,8 +93,8 @@ pub struct FrameGuard {
     pub socket_endpoint: String,
     /// Whether the node's socket must bind `socket_endpoint`.
     pub socket_binds: bool,
-    /// Connections cut, by reason, since the start.
-    pub cuts: Arc<Cuts>,
+    /// What it refused, by reason, since the start.
+    pub refused: Arc<Refused>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -122,13 +120,14 @@ pub fn tcp_address(endpoint: &str) -> anyhow::Result<String> {
 }
 
 impl FrameGuard {
-    /// Starts a relay for `direction` that cuts frames and messages over
-    /// `limits.max_message_bytes`, and payloads that declare more than `limits` allow.
+    /// Starts a relay for `direction` that cuts the connection at a frame or message over
+    /// `limits.max_message_bytes`, and drops messages whose payload declares more than
+    /// `limits` allow.
     ///
     /// # Errors
     /// A listening socket cannot be bound.
     pub async fn start(direction: Direction, limits: DecodeLimits, replica: &str) -> anyhow::Result<FrameGuard> {
-        let cut = Arc::new(Cuts::default());
+        let cut = Arc::new(Refused::default());
         let replica = replica.to_string();
         match direction {
             Direction::ToEngine { engine } => {
@@ -147,7 +146,7 @@ impl FrameGuard {
                         });
                     }
                 });
-                Ok(FrameGuard { socket_endpoint, socket_binds: false, cuts: cut, task })
+                Ok(FrameGuard { socket_endpoint, socket_binds: false, refused: cut, task })
             }
             Direction::FromEngine { listen } => {
                 let listener = TcpListener::bind(&listen).await?;
@@ -167,15 +166,16 @@ impl FrameGuard {
                         });
                     }
                 });
-                Ok(FrameGuard { socket_endpoint, socket_binds: true, cuts: cut, task })
+                Ok(FrameGuard { socket_endpoint, socket_binds: true, refused: cut, task })
             }
         }
     }
 }
 
 /// Copies both ways until either side closes or the engine sends a frame or message over
-/// the cap, or a payload over the budget (then both are closed and `cuts` counts it).
-async fn relay(engine: TcpStream, node: TcpStream, limits: DecodeLimits, cuts: &Cuts, replica: &str) {
+/// the cap (then both are closed); messages whose payload is over the budget are left out.
+/// `refused` counts both.
+async fn relay(engine: TcpStream, node: TcpStream, limits: DecodeLimits, refused: &Refused, replica: &str) {
     let _ = engine.set_nodelay(true);
     let _ = node.set_nodelay(true);
     let (mut engine_rd, mut engine_wr) = engine.into_split();
@@ -186,22 +186,28 @@ async fn relay(engine: TcpStream, node: TcpStream, limits: DecodeLimits, cuts: &
     let inbound = async {
         let mut frames = Frames::new(limits);
         let mut buf = vec![0u8; 64 << 10];
+        let mut out = Vec::with_capacity(64 << 10);
         loop {
             let n = match engine_rd.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            if let Err(why) = frames.check(&buf[..n]) {
-                let counter = match why {
-                    Cut::TooLarge(_) => &cuts.too_large,
-                    Cut::OverBudget(_) => &cuts.over_budget,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                // The ingest task counts cuts and complains about them at a bounded rate.
-                tracing::debug!(%replica, %why, "KV-event connection cut before decoding");
-                return;
+            out.clear();
+            match frames.feed(&buf[..n], &mut out) {
+                Ok(fed) => {
+                    if fed.dropped > 0 {
+                        refused.over_budget.fetch_add(fed.dropped, Ordering::Relaxed);
+                        // The ingest task counts refusals and complains about them at a bounded rate.
+                        tracing::debug!(%replica, why = fed.why.unwrap_or_default(), "KV-event message dropped before decoding");
+                    }
+                }
+                Err(why) => {
+                    refused.too_large.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%replica, %why, "KV-event connection cut before decoding");
+                    return;
+                }
             }
-            if node_wr.write_all(&buf[..n]).await.is_err() {
+            if !out.is_empty() && node_wr.write_all(&out).await.is_err() {
                 return;
             }
         }
@@ -213,7 +219,13 @@ async fn relay(engine: TcpStream, node: TcpStream, limits: DecodeLimits, cuts: &
 }
 
 /// The engine's side of a ZMTP 3 stream, parsed incrementally for frame sizes and the first
-/// bytes of each message's last frame.
+/// bytes of each message's last frame, and filtered: a message whose payload is over the
+/// budget is left out of what is forwarded.
+///
+/// A multipart message's frames are held back until its last frame's first bytes are judged
+/// (at most `max_message_bytes`: every frame before the last counts against the cap), then
+/// forwarded together, or dropped together with the rest of that frame skipped unread.
+/// Commands (READY, PING, …) pass at once.
 #[derive(Debug)]
 pub struct Frames {
     max: u64,
@@ -223,6 +235,19 @@ pub struct Frames {
     message: u64,
     /// The current payload's first bytes, while they are being gathered.
     prefix: Vec<u8>,
+    /// The message in progress, held back until its payload is judged.
+    held: Vec<u8>,
+}
+
+/// Where a frame's bytes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sink {
+    /// Forwarded as they come (greeting, commands, a payload judged sound).
+    Out,
+    /// Held back with the message in progress.
+    Held,
+    /// Left out (the rest of a payload over the budget).
+    Skip,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -234,8 +259,17 @@ enum State {
     /// Size bytes read so far, of `len` (1 or 8), the flags, and the value so far.
     Size { flags: u8, len: u8, got: u8, value: u64 },
     /// Body bytes still to pass; `payload`: a message's last frame, whose first bytes are
-    /// gathered in `prefix` and checked against the budget.
-    Body { left: u64, payload: bool },
+    /// gathered in `prefix` and judged against the budget.
+    Body { left: u64, payload: bool, sink: Sink },
+}
+
+/// What one [`Frames::feed`] left out.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Fed {
+    /// Whole messages left out, their payloads over the budget.
+    pub dropped: u64,
+    /// Why the last of them was.
+    pub why: Option<String>,
 }
 
 impl Frames {
@@ -248,81 +282,130 @@ impl Frames {
             state: State::Greeting(64),
             message: 0,
             prefix: Vec::with_capacity(PAYLOAD_PREFIX),
+            held: Vec::new(),
         }
     }
 
-    /// Checks the next `bytes` of the stream.
+    /// Parses the next `bytes` of the stream and appends to `out` what may be forwarded now,
+    /// in order; a message over the budget is never appended, not even in part.
     ///
     /// # Errors
-    /// What went over the cap or the budget.
-    pub fn check(&mut self, mut bytes: &[u8]) -> Result<(), Cut> {
+    /// A frame or message over the size cap: the stream cannot be followed past it (its
+    /// declared length may be anything), so the connection must be cut.
+    pub fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<u8>) -> Result<Fed, Cut> {
+        let mut fed = Fed::default();
         while !bytes.is_empty() {
             match self.state {
                 State::Greeting(left) => {
-                    let take = left.min(bytes.len() as u64);
-                    bytes = &bytes[take as usize..];
-                    self.state = if left == take { State::Flags } else { State::Greeting(left - take) };
+                    let take = left.min(bytes.len() as u64) as usize;
+                    out.extend_from_slice(&bytes[..take]);
+                    bytes = &bytes[take..];
+                    self.state = if left == take as u64 { State::Flags } else { State::Greeting(left - take as u64) };
                 }
                 State::Flags => {
                     let flags = bytes[0];
+                    self.sink_for(flags, out).push(flags);
                     bytes = &bytes[1..];
                     let len = if flags & 0b10 != 0 { 8 } else { 1 };
                     self.state = State::Size { flags, len, got: 0, value: 0 };
                 }
                 State::Size { flags, len, got, value } => {
+                    self.sink_for(flags, out).push(bytes[0]);
                     let value = (value << 8) | u64::from(bytes[0]);
                     bytes = &bytes[1..];
                     if got + 1 < len {
                         self.state = State::Size { flags, len, got: got + 1, value };
                         continue;
                     }
-                    let command = flags & 0b100 != 0;
-                    if value > self.max {
-                        return Err(Cut::TooLarge(format!(
-                            "a frame of {value} bytes, over the {}-byte limit",
-                            self.max
-                        )));
-                    }
-                    if !command {
-                        self.message += value;
-                        if self.message > self.max {
-                            return Err(Cut::TooLarge(format!(
-                                "a message of {} bytes or more, over the {}-byte limit",
-                                self.message, self.max
-                            )));
-                        }
-                        if flags & 1 == 0 {
-                            self.message = 0;
-                        }
-                    }
-                    let payload = !command && flags & 1 == 0;
-                    self.prefix.clear();
-                    self.state = if value == 0 { State::Flags } else { State::Body { left: value, payload } };
+                    self.frame_starts(flags, value, out, &mut fed)?;
                 }
-                State::Body { left, payload } => {
-                    let take = left.min(bytes.len() as u64);
-                    let gathering = payload && self.prefix.len() < PAYLOAD_PREFIX;
-                    if gathering {
-                        let want = (PAYLOAD_PREFIX - self.prefix.len()).min(take as usize);
-                        self.prefix.extend_from_slice(&bytes[..want]);
+                State::Body { left, payload, sink } => {
+                    let take = left.min(bytes.len() as u64) as usize;
+                    let (now, rest) = bytes.split_at(take);
+                    bytes = rest;
+                    let mut sink = sink;
+                    let mut from = 0;
+                    if payload && sink == Sink::Held {
+                        // Still judging: gather the prefix, hold it, judge it once complete.
+                        let want = (PAYLOAD_PREFIX - self.prefix.len()).min(take);
+                        self.prefix.extend_from_slice(&now[..want]);
+                        self.held.extend_from_slice(&now[..want]);
+                        from = want;
                         if self.prefix.len() == PAYLOAD_PREFIX || left == want as u64 {
-                            self.check_prefix()?;
+                            sink = self.judge(out, &mut fed);
                         }
                     }
-                    bytes = &bytes[take as usize..];
-                    self.state = if left == take { State::Flags } else { State::Body { left: left - take, payload } };
+                    match sink {
+                        Sink::Out => out.extend_from_slice(&now[from..]),
+                        Sink::Held => self.held.extend_from_slice(&now[from..]),
+                        Sink::Skip => {}
+                    }
+                    let left = left - take as u64;
+                    self.state = if left == 0 { State::Flags } else { State::Body { left, payload, sink } };
                 }
             }
         }
+        Ok(fed)
+    }
+
+    /// Commands pass at once; message frames are held with their message.
+    fn sink_for<'a>(&'a mut self, flags: u8, out: &'a mut Vec<u8>) -> &'a mut Vec<u8> {
+        if flags & 0b100 != 0 {
+            out
+        } else {
+            &mut self.held
+        }
+    }
+
+    /// A frame header of `flags` declaring `value` body bytes is complete.
+    fn frame_starts(&mut self, flags: u8, value: u64, out: &mut Vec<u8>, fed: &mut Fed) -> Result<(), Cut> {
+        let command = flags & 0b100 != 0;
+        if value > self.max {
+            return Err(Cut(format!("a frame of {value} bytes, over the {}-byte limit", self.max)));
+        }
+        if !command {
+            self.message += value;
+            if self.message > self.max {
+                return Err(Cut(format!(
+                    "a message of {} bytes or more, over the {}-byte limit",
+                    self.message, self.max
+                )));
+            }
+            if flags & 1 == 0 {
+                self.message = 0;
+            }
+        }
+        let payload = !command && flags & 1 == 0;
+        self.prefix.clear();
+        let sink = if command { Sink::Out } else { Sink::Held };
+        self.state = match (value, payload) {
+            // An empty payload is judged at once (the decoder refuses it if it must).
+            (0, true) => {
+                self.judge(out, fed);
+                State::Flags
+            }
+            (0, false) => State::Flags,
+            _ => State::Body { left: value, payload, sink },
+        };
         Ok(())
     }
 
-    /// Refuses the payload when its first bytes already declare more than the budget; what
-    /// they cannot tell (truncated, malformed) the decoder judges on the whole message.
-    fn check_prefix(&self) -> Result<(), Cut> {
+    /// Judges the gathered payload prefix: a sound one releases the held message to `out`
+    /// (and the rest of its payload follows it there), one over the budget drops it.
+    fn judge(&mut self, out: &mut Vec<u8>, fed: &mut Fed) -> Sink {
         match check_budget(&self.prefix, &self.limits) {
-            Err(DecodeError::OverBudget(why)) => Err(Cut::OverBudget(why)),
-            _ => Ok(()),
+            // What the first bytes cannot tell (truncated, malformed) the decoder judges on
+            // the whole message.
+            Err(DecodeError::OverBudget(why)) => {
+                self.held.clear();
+                fed.dropped += 1;
+                fed.why = Some(why);
+                Sink::Skip
+            }
+            _ => {
+                out.append(&mut self.held);
+                Sink::Out
+            }
         }
     }
 }
@@ -344,23 +427,29 @@ mod tests {
         f
     }
 
+    /// Feeds `stream` in chunks of `step`: what is forwarded and how many messages dropped,
+    /// or the cut.
+    fn run(limits: DecodeLimits, stream: &[u8], step: usize) -> Result<(Vec<u8>, u64), Cut> {
+        let (mut f, mut out, mut dropped) = (Frames::new(limits), Vec::new(), 0);
+        for chunk in stream.chunks(step) {
+            dropped += f.feed(chunk, &mut out)?.dropped;
+        }
+        Ok((out, dropped))
+    }
+
     #[test]
     fn frames_and_messages_are_capped_wherever_the_reads_split() {
         let mut stream = vec![0xffu8; 64];
         stream.extend(frame(true, 0));
         stream.extend(frame(true, 8));
         stream.extend(frame(false, 300));
-        // Fed a byte at a time or whole, the same verdict.
+        // Fed a byte at a time or whole, the same verdict, and every byte forwarded in order.
         for step in [1, 7, stream.len()] {
-            let mut f = Frames::new(cap(308));
-            for chunk in stream.chunks(step) {
-                f.check(chunk).unwrap();
-            }
+            assert_eq!(run(cap(308), &stream, step), Ok((stream.clone(), 0)));
         }
-        let mut f = Frames::new(cap(307));
         assert_eq!(
-            stream.chunks(5).try_for_each(|c| f.check(c)),
-            Err(Cut::TooLarge("a message of 308 bytes or more, over the 307-byte limit".into()))
+            run(cap(307), &stream, 5),
+            Err(Cut("a message of 308 bytes or more, over the 307-byte limit".into()))
         );
     }
 
@@ -369,18 +458,16 @@ mod tests {
         let mut stream = vec![0u8; 64];
         stream.push(0b10);
         stream.extend_from_slice(&(1u64 << 50).to_be_bytes());
-        let mut f = Frames::new(DecodeLimits::default());
         assert_eq!(
-            f.check(&stream),
-            Err(Cut::TooLarge(format!("a frame of {} bytes, over the 8388608-byte limit", 1u64 << 50)))
+            run(DecodeLimits::default(), &stream, stream.len()),
+            Err(Cut(format!("a frame of {} bytes, over the 8388608-byte limit", 1u64 << 50)))
         );
         // Commands (READY, …) count against the frame cap but are not message parts.
-        let mut f = Frames::new(cap(10));
         let mut s = vec![0u8; 64];
         s.extend([0b100, 10]);
         s.extend([0u8; 10]);
         s.extend(frame(false, 10));
-        assert_eq!(f.check(&s), Ok(()));
+        assert_eq!(run(cap(10), &s, s.len()), Ok((s.clone(), 0)));
     }
 
     fn cap(bytes: usize) -> DecodeLimits {
@@ -399,44 +486,52 @@ mod tests {
     }
 
     #[test]
-    fn a_payload_declaring_too_many_events_is_refused_from_its_first_bytes() {
+    fn a_message_declaring_too_many_events_is_left_out_whole_and_the_stream_goes_on() {
         let limits = DecodeLimits { max_events: 1000, ..DecodeLimits::default() };
-        let sound = kvmesh_events::encode::encode_nil_batch(1.0, 1000);
-        let hostile = kvmesh_events::encode::encode_nil_batch(1.0, 100_000);
-        let mut stream = vec![0u8; 64];
-        stream.extend(message(&sound));
-        let hostile_at = stream.len();
-        stream.extend(message(&hostile));
-        for step in [1, 13, 4096] {
-            let mut f = Frames::new(limits);
-            let mut fed = 0;
-            let verdict = stream.chunks(step).try_for_each(|c| {
-                fed += c.len();
-                f.check(c)
-            });
-            assert_eq!(verdict, Err(Cut::OverBudget("batch of 100000 events, over the 1000-event limit".into())));
-            // Refused within its first 64 payload bytes (plus the frame headers), not after its 100 kB.
-            assert!(fed <= hostile_at + 2 + 9 + 9 + PAYLOAD_PREFIX + step, "read {fed} of {}", stream.len());
+        let sound = message(&kvmesh_events::encode::encode_nil_batch(1.0, 1000));
+        let hostile = message(&kvmesh_events::encode::encode_nil_batch(1.0, 100_000));
+        let greeting = vec![0u8; 64];
+        let stream = [&greeting[..], &sound, &hostile, &sound, &hostile, &hostile, &sound].concat();
+        let forwarded = [&greeting[..], &sound, &sound, &sound].concat();
+        for step in [1, 13, 4096, stream.len()] {
+            assert_eq!(run(limits, &stream, step), Ok((forwarded.clone(), 3)), "step {step}");
         }
-        // Only a message's last frame is a payload: the same over-budget header in a MORE
-        // frame or a command passes (the decoder judges those), in the last frame it is cut.
+        // Nothing of a message is forwarded before its payload is judged: the topic and seq
+        // frames wait, the sound payload follows them at once.
+        let (mut f, mut out) = (Frames::new(limits), Vec::new());
+        let upto_payload = greeting.len() + 2 + 10 + 9;
+        f.feed(&stream[..upto_payload + 10], &mut out).unwrap();
+        assert_eq!(out, greeting);
+        f.feed(&stream[upto_payload + 10..upto_payload + PAYLOAD_PREFIX], &mut out).unwrap();
+        assert_eq!(out, stream[..upto_payload + PAYLOAD_PREFIX]);
+    }
+
+    #[test]
+    fn only_a_last_frame_is_judged_and_commands_pass_a_dropped_message() {
+        // The same over-budget header in a MORE frame or a command passes (the decoder judges
+        // those); in the last frame its whole message is left out.
         let header = [0x92, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff];
         let with_body = |flags: u8| {
             let mut f = vec![flags, header.len() as u8];
             f.extend_from_slice(&header);
             f
         };
-        let mut s = vec![0u8; 64];
-        s.extend(with_body(0b001));
-        s.extend(with_body(0b100));
-        assert_eq!(Frames::new(DecodeLimits::default()).check(&s), Ok(()));
-        // A payload shorter than the 64-byte prefix is checked at its end, however it is split.
-        s.extend(with_body(0b000));
-        for step in [1, 2, 5] {
-            let mut f = Frames::new(DecodeLimits::default());
-            let verdict = s.chunks(step).try_for_each(|c| f.check(c));
-            assert_eq!(verdict, Err(Cut::OverBudget("batch of 4294967295 events, over the 65536-event limit".into())));
+        let greeting = vec![0u8; 64];
+        let sound = [&greeting[..], &with_body(0b001), &with_body(0b100), &frame(false, 3)].concat();
+        // A command passes at once, ahead of the message it came in the middle of.
+        let reordered = [&greeting[..], &with_body(0b100), &with_body(0b001), &frame(false, 3)].concat();
+        assert_eq!(run(DecodeLimits::default(), &sound, 3), Ok((reordered, 0)));
+        // A payload shorter than the 64-byte prefix is judged at its end, however it is split;
+        // a command between its frames still passes.
+        let hostile =
+            [&greeting[..], &with_body(0b001), &with_body(0b100), &with_body(0b000), &frame(false, 3)].concat();
+        let forwarded = [&greeting[..], &with_body(0b100), &frame(false, 3)].concat();
+        for step in [1, 2, 5, hostile.len()] {
+            assert_eq!(run(DecodeLimits::default(), &hostile, step), Ok((forwarded.clone(), 1)), "step {step}");
         }
+        // An empty payload is the decoder's to refuse: forwarded.
+        let empty = [&greeting[..], &frame(true, 0), &frame(false, 0)].concat();
+        assert_eq!(run(DecodeLimits::default(), &empty, 1), Ok((empty.clone(), 0)));
     }
 
     #[test]

@@ -19,7 +19,8 @@
 //! quarantine ends and its blocks are rebuilt. Before
 //! any of that, the ZMQ sockets reach the engine through a [`FrameGuard`], which cuts the
 //! connection at a frame or message over the size limit (zeromq would allocate whatever a
-//! frame header declares), or at a payload whose first bytes declare more than the budget.
+//! frame header declares), and drops whole any message whose payload's first bytes declare
+//! more than the budget (the connection stays up).
 
 use super::event_guard::{EventGuard, Problems, StreamLogs};
 use super::frame_guard::{tcp_address, Direction, FrameGuard};
@@ -55,7 +56,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
     let direction =
         if source.bind { Direction::FromEngine { listen: address } } else { Direction::ToEngine { engine: address } };
     let relay = FrameGuard::start(direction, limits, &source.name).await?;
-    let mut cut_seen = [0u64; 2];
+    let mut refused_seen = [0u64; 2];
     let mut replayed = Replayed::default();
     // A restarted task starts with a clean record: a quarantine it did not start is over.
     if let Some(r) = shared.core().replicas.get_mut(&source.name) {
@@ -81,7 +82,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
         };
         if let Err(e) = setup.await {
             // A handshake the frame guard cut counts as a bad message like any other.
-            count_cuts(&shared, &source.name, &relay, &mut cut_seen, &mut guard);
+            count_refused(&shared, &source.name, &relay, &mut refused_seen, &mut guard);
             if guard.quarantined(shared.now()) {
                 continue;
             }
@@ -120,7 +121,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     }
                 },
                 _ = check.tick() => {
-                    count_cuts(&shared, &source.name, &relay, &mut cut_seen, &mut guard);
+                    count_refused(&shared, &source.name, &relay, &mut refused_seen, &mut guard);
                     if guard.quarantined(shared.now()) {
                         break;
                     }
@@ -171,12 +172,13 @@ pub(super) fn count_rejected(shared: &Shared, name: &str, reason: &str, n: u64) 
     }
 }
 
-/// Counts the connections the frame guard cut since `seen` (by reason, as
-/// [`super::frame_guard::Cuts::by_reason`]) as bad messages.
-fn count_cuts(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut [u64; 2], guard: &mut EventGuard) {
-    let cut = relay.cuts.by_reason();
+/// Counts what the frame guard refused since `seen` (cut connections and dropped messages,
+/// by reason, as
+/// [`super::frame_guard::Refused::by_reason`]) as bad messages.
+fn count_refused(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut [u64; 2], guard: &mut EventGuard) {
+    let refused = relay.refused.by_reason();
     let now = shared.now();
-    for (i, (reason, to)) in cut.into_iter().enumerate() {
+    for (i, (reason, to)) in refused.into_iter().enumerate() {
         let from = seen[i];
         seen[i] = to;
         if to == from {
@@ -184,7 +186,7 @@ fn count_cuts(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut [u64; 
         }
         count_rejected(shared, name, reason, to - from);
         if let Some(held) = guard.log.allow(now) {
-            tracing::warn!(replica = %name, reason, cut = to - from, held_back = held, "KV-event connection cut before decoding");
+            tracing::warn!(replica = %name, reason, refused = to - from, held_back = held, "KV-event messages refused before decoding");
         }
         for _ in from..to {
             if let Some(until) = guard.bad_message(now) {
@@ -516,9 +518,9 @@ async fn replay_messages(
         let reply = match tokio::time::timeout(t, dealer.recv()).await {
             Ok(Ok(m)) => m.into_vec(),
             _ => {
-                // An answer the relay cut shows here as a timeout: say why.
-                match relay.cuts.by_reason().into_iter().find(|(_, n)| *n > 0) {
-                    Some((reason, _)) => warn("replay answer cut before decoding", Some(reason.to_string())),
+                // An answer the relay refused shows here as a timeout: say why.
+                match relay.refused.by_reason().into_iter().find(|(_, n)| *n > 0) {
+                    Some((reason, _)) => warn("replay answer refused before decoding", Some(reason.to_string())),
                     None => warn("replay timed out", None),
                 }
                 break;
@@ -547,7 +549,7 @@ async fn replay_messages(
             }
         }
     }
-    for (reason, n) in relay.cuts.by_reason() {
+    for (reason, n) in relay.refused.by_reason() {
         if n > 0 {
             count_rejected(shared, &source.name, reason, n);
         }
