@@ -104,6 +104,15 @@ impl EventGuard {
         self.until.is_some_and(|u| now < u)
     }
 
+    /// Whether the record holds nothing a fresh one would not at `now`: no bad message within
+    /// the window, no quarantine (ended or not) to act on, no complaint within its 10 s. Such a
+    /// record can be forgotten (a replica's pushes, once sound again, cost no memory).
+    pub fn idle(&self, now: f64) -> bool {
+        self.until.is_none()
+            && self.bad.back().is_none_or(|&t| now - t >= self.window_s)
+            && self.log.last.is_none_or(|t| now - t >= self.log.every_s)
+    }
+
     /// True once, at the first call at or after the quarantine's end: the caller rebuilds the
     /// replica's blocks and applies its events again.
     pub fn quarantine_over(&mut self, now: f64) -> bool {
@@ -152,6 +161,21 @@ mod tests {
             kv_event_quarantine_s: 60.0,
             ..LimitsSection::default()
         })
+    }
+
+    #[test]
+    fn a_record_is_idle_once_its_window_quarantine_and_complaints_are_over() {
+        let mut g = guard();
+        assert!(g.idle(0.0));
+        assert_eq!(g.bad_message(0.0), None);
+        assert_eq!(g.log.allow(0.0), Some(0));
+        assert!(!g.idle(9.9));
+        assert!(g.idle(10.0));
+        g.bad_message(1.0);
+        assert_eq!(g.bad_message(2.0), Some(62.0));
+        assert!(!g.idle(70.0), "an ended quarantine not yet acted on is kept");
+        assert!(g.quarantine_over(70.0));
+        assert!(g.idle(70.0));
     }
 
     #[test]

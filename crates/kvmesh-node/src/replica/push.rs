@@ -16,7 +16,12 @@ use std::sync::Mutex;
 #[derive(Debug)]
 pub struct PushGuards {
     limits: LimitsSection,
+    /// Records of replicas that sent bad batches lately; idle ones are forgotten.
     guards: Mutex<HashMap<String, EventGuard>>,
+    /// Held from reading a replica's last sequence number to applying the batch, so two
+    /// batches pushed at once are checked and applied in one order (else the second could be
+    /// judged against the sequence from before the first, a false gap that drops blocks).
+    order: Mutex<()>,
 }
 
 /// Why a pushed batch was refused whole.
@@ -50,7 +55,7 @@ pub struct Pushed {
 impl PushGuards {
     /// A clean record for every replica, with `limits`' budget and thresholds.
     pub fn new(limits: &LimitsSection) -> Self {
-        PushGuards { limits: limits.clone(), guards: Mutex::new(HashMap::new()) }
+        PushGuards { limits: limits.clone(), guards: Mutex::new(HashMap::new()), order: Mutex::new(()) }
     }
 
     /// Applies `batch` to its replica: the sequence checked as on the ZMQ path (a gap or a
@@ -76,16 +81,16 @@ impl PushGuards {
         if let Some(left_s) = left {
             return Err(PushError::Quarantined { replica: name, left_s });
         }
-        let last = match shared.core().replicas.get(&name) {
-            Some(r) => r.last_seq,
-            None => return Err(PushError::UnknownReplica(name)),
-        };
+        if !shared.core().replicas.contains_key(&name) {
+            return Err(PushError::UnknownReplica(name));
+        }
         let total = batch.events.len() as u64;
         if let Some(why) = self.over_budget(&batch.events) {
             ingest::count_rejected(shared, &name, "over_budget", 1);
             self.bad_message(shared, &name, &why);
             return Ok(Pushed { applied: 0, rejected: total });
         }
+        // Converted before taking `order`: pushers of different replicas convert in parallel.
         let mut decoded =
             EventBatch { ts: batch.ts, events: Vec::new(), data_parallel_rank: None, skipped: Vec::new() };
         for (index, e) in batch.events.into_iter().enumerate() {
@@ -94,10 +99,17 @@ impl PushGuards {
                 Err(e) => decoded.skipped.push(SkippedEvent { index, reason: e.to_string() }),
             }
         }
-        if let Some(l) = last.filter(|l| batch.seq != l.wrapping_add(1)) {
-            ingest::resync_by_clearing(shared, &name, if batch.seq <= l { "restart" } else { "clear" });
-        }
-        let (problems, applied) = ingest::apply(shared, &name, batch.seq, &decoded);
+        let (problems, applied) = {
+            let _order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+            let last = match shared.core().replicas.get(&name) {
+                Some(r) => r.last_seq,
+                None => return Err(PushError::UnknownReplica(name)),
+            };
+            if let Some(l) = last.filter(|l| batch.seq != l.wrapping_add(1)) {
+                ingest::resync_by_clearing(shared, &name, if batch.seq <= l { "restart" } else { "clear" });
+            }
+            ingest::apply(shared, &name, batch.seq, &decoded)
+        };
         ingest::record_lag(shared, batch.ts);
         self.rebuild_if_asked(shared, &name, now);
         if let Some(first) = problems.first {
@@ -148,7 +160,7 @@ impl PushGuards {
     /// makes the threshold.
     fn bad_message(&self, shared: &Shared, name: &str, why: &str) {
         let now = shared.now();
-        let (held, until) = self.guard(name, |g| (g.log.allow(now), g.bad_message(now)));
+        let (held, until) = self.guard(name, now, |g| (g.log.allow(now), g.bad_message(now)));
         if let Some(held) = held {
             tracing::warn!(replica = %name, problem = %why, held_back = held, "bad pushed KV events");
         }
@@ -157,8 +169,11 @@ impl PushGuards {
         }
     }
 
-    fn guard<T>(&self, name: &str, f: impl FnOnce(&mut EventGuard) -> T) -> T {
+    fn guard<T>(&self, name: &str, now: f64, f: impl FnOnce(&mut EventGuard) -> T) -> T {
         let mut guards = self.guards.lock().unwrap_or_else(|p| p.into_inner());
+        // Records are made only here, so pruning here bounds them: a replica that stopped
+        // sending bad batches (or was removed) is forgotten once its record is idle.
+        guards.retain(|n, g| n == name || !g.idle(now));
         let g = guards.entry(name.to_string()).or_insert_with(|| EventGuard::new(&self.limits));
         f(g)
     }
