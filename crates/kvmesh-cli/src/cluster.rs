@@ -131,20 +131,18 @@ pub fn render(s: &v1::ClusterStatus) -> String {
             _ => " · NOT INITIALIZED (run `kvmesh cluster init`)",
         }
     );
-    let _ =
-        writeln!(out, "{:>6}  {:<22} {:<8} {:>6} {:>9} {:>10}", "node", "addr", "role", "lag", "bookings", "gossip");
+    let mut members = crate::table::plain(&["node", "addr", "role", "lag", "bookings", "gossip"], &[0, 3, 4, 5]);
     for m in &s.members {
-        let _ = writeln!(
-            out,
-            "{:>6}  {:<22} {:<8} {:>6} {:>9} {:>10}",
-            m.node_id,
-            m.addr,
-            m.role,
+        members.add_row(vec![
+            m.node_id.to_string(),
+            m.addr.clone(),
+            m.role.clone(),
             m.lag.map_or("-".into(), |l| l.to_string()),
-            m.shared_bookings,
+            m.shared_bookings.to_string(),
             m.gossip_age_s.map_or("-".into(), |a| format!("{:.1}s ago", a)),
-        );
+        ]);
     }
+    let _ = writeln!(out, "{}", crate::table::lines(&members));
     if !s.registry.is_empty() {
         let params: Vec<String> = {
             let mut p: Vec<(&String, &f64)> = s.policy_params.iter().collect();
@@ -216,8 +214,8 @@ mod tests {
         assert_eq!(
             render(&s),
             "node 2 is follower · leader 1 (10.0.0.1:50051) · term 3 · applied 12 / log 12\n\
-             \x20 node  addr                   role        lag  bookings     gossip\n\
-             \x20    1  10.0.0.1:50051         voter         -         4   0.0s ago\n\
+             \x20node  addr            role   lag  bookings    gossip\n\
+             \x20   1  10.0.0.1:50051  voter    -         4  0.0s ago\n\
              registry (policy token_load):\n\
              \x20 vllm-0           draining   http://a:8000\n"
         );

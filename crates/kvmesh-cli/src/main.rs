@@ -14,6 +14,7 @@ mod replay;
 mod replica;
 mod replication;
 mod status;
+mod table;
 
 use clap::Parser;
 use std::process::ExitCode;

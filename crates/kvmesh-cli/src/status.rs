@@ -137,24 +137,23 @@ fn admission_json(a: &v1::AdmissionState) -> serde_json::Value {
 
 /// The latest decisions, newest first.
 fn render_decisions(ds: &[v1::RecentDecision]) -> String {
-    let mut out = format!(
-        "last decisions (newest first)\n{:>8}  {:<7} {:<16} {:<18} {:>8} {:>8} {:>9} {:>10}\n",
-        "ago", "via", "replica", "reason", "prompt", "overlap", "uncached", "est. TTFT"
+    let mut t = crate::table::plain(
+        &["ago", "via", "replica", "reason", "prompt", "overlap", "uncached", "est. TTFT"],
+        &[0, 4, 5, 6, 7],
     );
     for d in ds {
-        out.push_str(&format!(
-            "{:>7.1}s  {:<7} {:<16} {:<18} {:>8} {:>8} {:>9} {:>8.0}ms\n",
-            d.age_s,
-            d.via,
-            d.replica,
-            d.reason,
-            d.prompt_tokens,
-            d.overlap_blocks,
-            d.uncached_tokens,
-            d.estimated_ttft_s * 1e3
-        ));
+        t.add_row(vec![
+            format!("{:.1}s", d.age_s),
+            d.via.clone(),
+            d.replica.clone(),
+            d.reason.clone(),
+            d.prompt_tokens.to_string(),
+            d.overlap_blocks.to_string(),
+            d.uncached_tokens.to_string(),
+            format!("{:.0}ms", d.estimated_ttft_s * 1e3),
+        ]);
     }
-    out.trim_end().to_string()
+    format!("last decisions (newest first)\n{}", crate::table::lines(&t))
 }
 
 fn status_name(raw: i32) -> &'static str {
@@ -185,38 +184,41 @@ fn row_json(r: &v1::Replica) -> serde_json::Value {
 
 /// The table `kvmesh status` prints.
 fn render(replicas: &[v1::Replica]) -> String {
-    let mut out = format!(
-        "{:<16} {:<20} {:>7} {:>7} {:>6} {:>12} {:>8} {:>10} {:>10} {:>9}  {}\n",
-        "replica",
-        "status",
-        "running",
-        "waiting",
-        "kv",
-        "queued tok",
-        "bookings",
-        "blocks",
-        "events",
-        "last ev",
-        "detail"
+    let mut t = crate::table::plain(
+        &[
+            "replica",
+            "status",
+            "running",
+            "waiting",
+            "kv",
+            "queued tok",
+            "bookings",
+            "blocks",
+            "events",
+            "last ev",
+            "detail",
+        ],
+        &[2, 3, 4, 5, 6, 7, 8, 9],
     );
     for r in replicas {
         let spec = r.spec.clone().unwrap_or_default();
         let age = r.last_event_age_s.map_or_else(|| "—".to_string(), |a| format!("{a:.1} s"));
-        out.push_str(&format!(
-            "{:<16} {:<20} {:>7} {:>7} {:>5.0}% {:>12} {:>8} {:>10} {:>10} {:>9}  {}\n",
+        t.add_row(vec![
             spec.name,
-            status_name(r.status),
-            r.running,
-            r.waiting,
-            r.kv_usage * 100.0,
-            r.queued_prefill_tokens,
-            r.live_bookings,
-            r.index_blocks,
+            status_name(r.status).to_string(),
+            r.running.to_string(),
+            r.waiting.to_string(),
+            format!("{:.0}%", r.kv_usage * 100.0),
+            r.queued_prefill_tokens.to_string(),
+            r.live_bookings.to_string(),
+            r.index_blocks.to_string(),
             format!("{}/{}", r.events_applied, r.events_rejected),
             age,
-            r.status_detail
-        ));
+            r.status_detail.clone(),
+        ]);
     }
+    let mut out = crate::table::lines(&t);
+    out.push('\n');
     if replicas.is_empty() {
         out.push_str("(no replicas registered)\n");
     }
@@ -289,12 +291,13 @@ mod tests {
         let d = decision();
         let text = render_decisions(&[d]);
         assert_eq!(
-            text.lines().nth(2).unwrap(),
-            "    0.2s  http    vllm-3           lowest_cost            4096      200       896       22ms"
+            text,
+            "last decisions (newest first)\n  ago  via   replica  reason       prompt  overlap  uncached  est. TTFT\n \
+             0.2s  http  vllm-3   lowest_cost    4096      200       896       22ms"
         );
-        // The endpoint picker's decisions fit the column.
+        // The endpoint picker's decisions widen the column.
         let g = v1::RecentDecision { via: "gateway".into(), ..decision() };
-        assert!(render_decisions(&[g]).lines().nth(2).unwrap().starts_with("    0.2s  gateway vllm-3 "));
+        assert!(render_decisions(&[g]).lines().nth(2).unwrap().starts_with(" 0.2s  gateway  vllm-3 "));
     }
 
     #[test]
