@@ -77,24 +77,22 @@ pub fn render(hot: &v1::HotPrefixList, plan: &v1::ReplicationPlan, now: f64) -> 
     if hot.prefixes.is_empty() {
         out.push_str("  (none yet)\n");
     } else {
-        let _ = writeln!(
-            out,
-            "  {:<20} {:>7} {:>6} {:>7} {:>7}  {:<8} held on (KV events)",
-            "hash", "tokens", "share", "req/s", "planned", "warmable"
+        let mut t = crate::table::plain(
+            &["hash", "tokens", "share", "req/s", "planned", "warmable", "held on (KV events)"],
+            &[1, 2, 3, 4],
         );
         for p in &hot.prefixes {
-            let _ = writeln!(
-                out,
-                "  {:<20} {:>7} {:>5.1}% {:>7.2} {:>7}  {:<8} {}",
-                p.hash,
-                p.tokens,
-                100.0 * p.load_share,
-                p.requests_per_s,
-                if p.planned { "yes" } else { "-" },
-                if p.warmable { "yes" } else { "no" },
-                if p.holders.is_empty() { "-".to_string() } else { p.holders.join(",") }
-            );
+            t.add_row(vec![
+                p.hash.to_string(),
+                p.tokens.to_string(),
+                format!("{:.1}%", 100.0 * p.load_share),
+                format!("{:.2}", p.requests_per_s),
+                if p.planned { "yes" } else { "-" }.to_string(),
+                if p.warmable { "yes" } else { "no" }.to_string(),
+                if p.holders.is_empty() { "-".to_string() } else { p.holders.join(",") },
+            ]);
         }
+        let _ = writeln!(out, "{}", crate::table::lines(&t));
     }
     out.push('\n');
     out.push_str(&render_plan(plan, now));
@@ -216,8 +214,8 @@ mod tests {
         assert_eq!(
             text,
             "hot prefixes (counts of nodes 1, 2; 5000 tokens/s of token load over 4 routable replicas)\n\
-             \x20 hash                  tokens  share   req/s planned  warmable held on (KV events)\n\
-             \x20 42                       512  60.0%   12.50     yes  yes      e0\n\
+             \x20hash  tokens  share  req/s  planned  warmable  held on (KV events)\n\
+             \x2042       512  60.0%  12.50      yes  yes       e0\n\
              \n\
              replication plan v3: 1 prefix, 64 KV blocks planned on targets\n\
              \x20 42 (32 blocks, detected, 60.0% of load): want 3 replicas; held on e0\n\
