@@ -96,20 +96,11 @@ const HEADER: [&str; 9] =
 
 /// The rows as a terminal table.
 pub fn table(rows: &[Row]) -> String {
-    // The policy column fits its longest name (`token_load+replication`).
-    let w = rows.iter().map(|r| r.policy.len()).chain([14]).max().unwrap_or(14);
-    let line = |c: [&str; 9]| {
-        format!(
-            "{:<w$} {:>8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}\n",
-            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
-        )
-    };
-    let mut out = line(HEADER);
+    let mut t = crate::table::plain(&HEADER, &[1, 2, 3, 4, 5, 6, 7, 8]);
     for r in rows {
-        let c = cells(r);
-        out.push_str(&line(c.each_ref().map(String::as_str)));
+        t.add_row(cells(r).to_vec());
     }
-    out
+    crate::table::lines(&t) + "\n"
 }
 
 /// The rows as Markdown, with a header saying what ran.
@@ -193,7 +184,11 @@ mod tests {
         // 3 served requests over 3 replicas (e2 idle): mean 1, max 2.
         assert!((r.replica_skew - 2.0).abs() < 1e-12);
         let t = table(&[r]);
-        assert!(t.lines().nth(1).unwrap().starts_with("token_load            4       1     200 ms"), "{t}");
+        assert_eq!(
+            t,
+            " policy      requests  errors  TTFT p50  TTFT p90  TTFT p99  E2E mean  hit rate  skew\n \
+             token_load         4       1    200 ms    400 ms    400 ms    1.23 s     37.5%  2.00\n"
+        );
         // A policy that sends everything to one of them is not "even".
         let one = [o("e0", Some(0.1), 10, 0), o("e0", Some(0.1), 10, 0)];
         assert!((Row::of("x", &one, &names).replica_skew - 3.0).abs() < 1e-12);

@@ -516,7 +516,7 @@ mod tests {
             f.extend_from_slice(&header);
             f
         };
-        let greeting = vec![0u8; 64];
+        let greeting = [0u8; 64];
         let sound = [&greeting[..], &with_body(0b001), &with_body(0b100), &frame(false, 3)].concat();
         // A command passes at once, ahead of the message it came in the middle of.
         let reordered = [&greeting[..], &with_body(0b100), &with_body(0b001), &frame(false, 3)].concat();
