@@ -31,7 +31,7 @@ grpc = "127.0.0.1:19101"
 $(for i in 0 1 2 3; do printf '\n[[replicas]]\nname = "e%s"\nhttp = "http://127.0.0.1:1900%s"\nkv_events = "tcp://127.0.0.1:1950%s"\nreplay = "tcp://127.0.0.1:1960%s"\ncapacity_blocks = 29375\n' $i $i $i $i; done)
 TOML
 "$B/kvmesh" node --config "$OUT/node.toml" >"$OUT/node.log" 2>&1 & PIDS+=($!)
-for _ in $(seq 100); do "$B/kvmesh" status --grpc http://127.0.0.1:19101 2>/dev/null | grep -q '^e3 *ready' && break; sleep 0.2; done
+for _ in $(seq 100); do "$B/kvmesh" status --grpc http://127.0.0.1:19101 2>/dev/null | grep -q '^ *e3 *ready' && break; sleep 0.2; done
 for rep in 1 2 3; do
   for c in 8 32; do
     for mode in route epp; do

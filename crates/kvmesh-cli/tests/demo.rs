@@ -15,6 +15,7 @@ fn a_small_demo_serves_every_request_and_writes_its_reports() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let rows: Vec<&str> = stdout
         .lines()
+        .map(str::trim_start)
         .filter(|l| l.starts_with("token_load ") || l.starts_with("round_robin "))
         .filter(|l| l.split_whitespace().nth(1).is_some_and(|c| c.parse::<u32>().is_ok()))
         .collect();

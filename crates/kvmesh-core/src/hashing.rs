@@ -47,11 +47,25 @@ impl Namespace {
     }
 }
 
+/// Which served model a replica runs or a request asks for: xxh3 of the model name (vLLM's
+/// `--served-model-name`, the OpenAI API's `model`). Requests go only to replicas of their
+/// model ([`crate::FleetView::takes`]); the hash chain's namespace separates their blocks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelKey(pub u64);
+
+impl ModelKey {
+    /// The key of model `name`.
+    pub fn of(name: &str) -> Self {
+        ModelKey(xxh3_64(name.as_bytes()))
+    }
+}
+
 /// Hashes token sequences into chained block hashes for one block size and namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockHasher {
     block_size: u32,
     seed: u64,
+    model: ModelKey,
 }
 
 impl BlockHasher {
@@ -63,14 +77,19 @@ impl BlockHasher {
         if block_size == 0 {
             return Err(Error::ZeroBlockSize);
         }
-        Ok(BlockHasher { block_size, seed: namespace.seed() })
+        Ok(BlockHasher { block_size, seed: namespace.seed(), model: ModelKey::of(&namespace.model) })
     }
 
     /// The hasher for LoRA adapter `adapter` in this hasher's namespace (itself when
     /// `adapter` is empty): equal to `BlockHasher::new` of the namespace with that adapter, when
     /// this hasher's namespace has none.
     pub fn for_adapter(&self, adapter: &str) -> BlockHasher {
-        BlockHasher { block_size: self.block_size, seed: adapter_seed(self.seed, adapter) }
+        BlockHasher { block_size: self.block_size, seed: adapter_seed(self.seed, adapter), model: self.model }
+    }
+
+    /// The model of this hasher's namespace (an adapter's hasher keeps its base model's).
+    pub fn model(&self) -> ModelKey {
+        self.model
     }
 
     /// The block size, in tokens.

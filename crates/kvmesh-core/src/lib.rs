@@ -55,7 +55,7 @@ pub mod replication;
 
 pub use error::Error;
 pub use fleet::{Fleet, FleetConfig, FleetView, ReplicaSpec, ReplicaState, ReplicaStatus, RouteRequest, Routed};
-pub use hashing::{BlockHasher, Namespace};
+pub use hashing::{BlockHasher, ModelKey, Namespace};
 pub use ids::{BlockHash, EngineBlockHash, Medium, ReplicaId};
 pub use index::PrefixIndex;
 pub use overlap::Overlap;

@@ -37,6 +37,9 @@ pub struct AppState {
     /// The W3C `traceparent` of the latest completion requests that carried one, oldest
     /// first (at most [`TRACEPARENTS_KEPT`]): what a router passed on.
     pub traceparents: Arc<Mutex<std::collections::VecDeque<String>>>,
+    /// How many completion requests named each `model` (`""`: none named): where a router
+    /// sent each model's requests.
+    pub asked_models: Arc<Mutex<std::collections::BTreeMap<String, u64>>>,
 }
 
 /// How many received `traceparent`s are kept.
@@ -53,6 +56,13 @@ fn note_traceparent(s: &AppState, headers: &HeaderMap) {
     kept.push_back(tp.to_string());
 }
 
+/// Counts the request's `model` (the engine serves whatever it is asked; a router's choice is
+/// what tests read from it).
+fn note_model(s: &AppState, body: &Value) {
+    let model = body.get("model").and_then(Value::as_str).unwrap_or_default();
+    *s.asked_models.lock().unwrap_or_else(|p| p.into_inner()).entry(model.to_string()).or_default() += 1;
+}
+
 /// The routes.
 pub fn router(state: AppState) -> Router {
     Router::new()
@@ -63,6 +73,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/admin/faults", get(get_faults).post(set_faults))
         .route("/admin/traceparents", get(traceparents))
+        .route("/admin/models", get(asked_models))
         .with_state(state)
 }
 
@@ -117,6 +128,7 @@ fn common(body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Response>> {
 
 async fn completions(State(s): State<AppState>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
     note_traceparent(&s, &headers);
+    note_model(&s, &body);
     if let Some(r) = injected(&s.faults).await {
         return r;
     }
@@ -135,6 +147,7 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, Json(body): 
 
 async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
     note_traceparent(&s, &headers);
+    note_model(&s, &body);
     if let Some(r) = injected(&s.faults).await {
         return r;
     }
@@ -369,6 +382,11 @@ async fn metrics(State(s): State<AppState>) -> Response {
 /// The `traceparent`s received lately, oldest first, as a JSON array.
 async fn traceparents(State(s): State<AppState>) -> Json<Vec<String>> {
     Json(s.traceparents.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect())
+}
+
+/// Completion requests received per `model` named, as a JSON object.
+async fn asked_models(State(s): State<AppState>) -> Json<std::collections::BTreeMap<String, u64>> {
+    Json(s.asked_models.lock().unwrap_or_else(|p| p.into_inner()).clone())
 }
 
 async fn get_faults(State(s): State<AppState>) -> Json<Faults> {

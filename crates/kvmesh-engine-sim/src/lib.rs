@@ -90,6 +90,7 @@ pub struct EngineSim {
     /// Shared fault switches.
     pub faults: Arc<faults::FaultState>,
     traceparents: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    asked_models: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
     stop: Arc<watch::Sender<bool>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -104,6 +105,12 @@ impl EngineSim {
     /// oldest first (also served at `GET /admin/traceparents`).
     pub fn traceparents(&self) -> Vec<String> {
         self.traceparents.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+
+    /// How many completion requests named each `model` (`""`: none), since start (also served
+    /// at `GET /admin/models`).
+    pub fn asked_models(&self) -> std::collections::BTreeMap<String, u64> {
+        self.asked_models.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Resolves once the engine has stopped (the `die` fault, or [`EngineSim::stop`]).
@@ -141,6 +148,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
         tokio::net::TcpListener::bind(config.http).await.with_context(|| format!("bind HTTP {}", config.http))?;
     let http_addr = listener.local_addr()?;
     let traceparents = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+    let asked_models = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
     let app = http::router(http::AppState {
         model: config.model.clone(),
         submit,
@@ -150,6 +158,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
         block_size: config.block_size,
         stop: stop.clone(),
         traceparents: traceparents.clone(),
+        asked_models: asked_models.clone(),
     });
     let mut stop_http = stopped.clone();
     let server = tokio::spawn(async move {
@@ -169,6 +178,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
         replay: publisher.replay,
         faults,
         traceparents,
+        asked_models,
         stop,
         tasks,
     })

@@ -468,7 +468,11 @@ pub struct NodeSection {
     pub policy_params: std::collections::BTreeMap<String, f64>,
     /// Tokens per KV block.
     pub block_size: u32,
-    /// Served model name; requests naming another model get 404. Empty: accept any.
+    /// The default served model (vLLM `--served-model-name`): replicas that declare no
+    /// `model` of their own serve it, and requests that name no model, or this one, are
+    /// routed among them. A request naming a replica's declared model goes to that model's
+    /// replicas only; any other name gets 404. Empty: any name no replica declares is taken
+    /// as the default model.
     pub model: String,
     /// LoRA adapters the replicas serve (vLLM `--lora-modules NAME=PATH`; clients ask for one
     /// by `model: NAME`). A request for one of these is routed on the prefix overlap of blocks
@@ -640,8 +644,11 @@ pub struct ReplicaConfig {
     /// `vllm` or `sglang` (informational; both formats are read).
     #[serde(default = "default_engine")]
     pub engine: String,
-    /// The model it serves (informational, shown in the registry; requests are checked
-    /// against `node.model`).
+    /// The model it serves (vLLM `--served-model-name`); default `node.model`. Requests for a
+    /// model are routed only among the replicas serving it, on the prefix overlap of that
+    /// model's blocks only (its KV events are hashed in the model's namespace). Several
+    /// models may share one node; they share its `block_size`, tokenizer and LoRA adapters
+    /// (which belong to `node.model`), and replication warms `node.model`'s replicas only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Its KV block size (vLLM `--block-size`), tokens; when given it must equal

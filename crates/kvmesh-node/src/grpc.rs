@@ -36,10 +36,7 @@ impl router_server::Router for Services {
         let arrived = tokio::time::Instant::now();
         let caller = crate::booking_token::Caller::of(&request);
         let r = request.into_inner();
-        let model = &self.shared.settings.model;
-        if !model.is_empty() && !r.model.is_empty() && &r.model != model {
-            return Err(GrpcStatus::not_found(format!("model {:?} is not served here (serving {model:?})", r.model)));
-        }
+        let mut selected = self.shared.models.select(Some(&r.model)).map_err(GrpcStatus::not_found)?;
         // Token ids given are exact; text is as exact as the node's tokenizer.
         let (tokens, exact) = match r.prompt {
             Some(v1::route_request::Prompt::TokenIds(t)) if !t.ids.is_empty() => (t.ids, true),
@@ -63,8 +60,11 @@ impl router_server::Router for Services {
                 "LoRA adapter {a:?} is not served here (node.lora_adapters: {adapters:?})"
             )));
         }
+        if let Some(a) = adapter {
+            selected.adapter = Some(a.to_string());
+        }
         // Hash before taking the core lock: a long prompt is microseconds of work.
-        let hasher = &self.shared.settings.hasher_for(adapter);
+        let hasher = &self.shared.settings.hasher_for(&selected);
         // A gRPC caller may never report its first token: its prefill drains on the clock.
         if r.expected_output_tokens == Some(0) {
             return Err(GrpcStatus::invalid_argument(
@@ -84,7 +84,7 @@ impl router_server::Router for Services {
             return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f)));
         }
         let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived)
-            .for_adapter(adapter);
+            .for_selected(&selected);
         let Admitted { routed, replica: name, endpoints, at: now, decision_s } = match ticket
             .route(&req, &tokens, r.max_tokens)
             .await

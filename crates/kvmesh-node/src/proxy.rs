@@ -23,7 +23,9 @@ use futures_util::StreamExt;
 use kvmesh_core::RouteRequest;
 use serde::Deserialize;
 use serde_json::json;
+use serde_json::Value;
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tracing::Instrument;
 
@@ -105,9 +107,9 @@ fn upstream_headers(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// A request's routing inputs once [`check`]ed.
-pub(crate) struct Checked<'a> {
-    /// The LoRA adapter it names as its model, if any (vLLM's OpenAI server).
-    pub adapter: Option<&'a str>,
+pub(crate) struct Checked {
+    /// The model, or LoRA adapter, its `model` names (vLLM's OpenAI server).
+    pub selected: crate::models::Selected,
     /// Its `max_tokens` (or `max_completion_tokens`), tokens.
     pub max_tokens: Option<u32>,
     /// The client's output-length hint ([`HINT_HEADER`]), tokens.
@@ -130,30 +132,24 @@ impl Rejected {
 }
 
 /// The checks every routed request passes before it is decided, the proxy's and the
-/// endpoint picker's alike: the model asked for is served (or is a configured LoRA adapter),
+/// endpoint picker's alike: the model asked for is served ([`crate::models::ServedModels::select`]),
 /// the prompt (`prompt_tokens`) is within `node.max_prompt_tokens`, and the output-length
 /// hint in `headers` is well formed.
 ///
 /// # Errors
 /// [`Rejected`]: 404 `unknown_model`, 413 `too_long`, 400 `bad_request`.
-pub(crate) fn check<'a>(
-    shared: &'a Shared,
+pub(crate) fn check(
+    shared: &Shared,
     asked_model: Option<&str>,
     prompt_tokens: usize,
     max_tokens: Option<u64>,
     headers: &HeaderMap,
-) -> Result<Checked<'a>, Rejected> {
-    let model = &shared.settings.model;
-    let adapter = asked_model.and_then(|m| shared.settings.lora_adapters.iter().find(|a| *a == m)).map(String::as_str);
-    if let (false, Some(asked), None) = (model.is_empty(), asked_model, adapter) {
-        if asked != model {
-            return Err(Rejected {
-                status: StatusCode::NOT_FOUND,
-                message: format!("model {asked:?} is not served here (this router serves {model:?})"),
-                outcome: "unknown_model",
-            });
-        }
-    }
+) -> Result<Checked, Rejected> {
+    let selected = shared.models.select(asked_model).map_err(|message| Rejected {
+        status: StatusCode::NOT_FOUND,
+        message,
+        outcome: "unknown_model",
+    })?;
     let limit = shared.settings.max_prompt_tokens;
     if prompt_tokens > limit as usize {
         return Err(Rejected {
@@ -169,7 +165,7 @@ pub(crate) fn check<'a>(
         message,
         outcome: "bad_request",
     })?;
-    Ok(Checked { adapter, max_tokens: max_tokens.map(|n| n.min(u32::MAX as u64) as u32), hint })
+    Ok(Checked { selected, max_tokens: max_tokens.map(|n| n.min(u32::MAX as u64) as u32), hint })
 }
 
 /// The request fields routing reads (everything else passes through untouched); borrowed
@@ -341,7 +337,7 @@ async fn forward(
 ) -> Response {
     let headers = upstream_headers(headers);
     let (retries, backoff_s) = (shared.settings.retries, shared.settings.overload_backoff_s);
-    let Checked { adapter, max_tokens, hint } =
+    let Checked { selected, max_tokens, hint } =
         match check(&shared, asked_model.as_deref(), tokens.len(), max_tokens, &headers) {
             Ok(c) => c,
             Err(r) => {
@@ -352,14 +348,14 @@ async fn forward(
     // What went wrong on the last replica tried, if one was.
     let mut last_failure: Option<String> = None;
     // Hashed once, outside the core lock.
-    let req = RouteRequest::new(&shared.settings.hasher_for(adapter), &tokens, max_tokens)
+    let req = RouteRequest::new(&shared.settings.hasher_for(&selected), &tokens, max_tokens)
         .streamed(stream)
         .with_output_hint(hint);
     let span = crate::in_flight::request_span(api.path(), tokens.len(), &shared.policy_name());
     crate::telemetry::parent_from(&span, &headers);
     // Kept across retries: demand counted once, one `max_wait_s` for all the waits.
     let mut ticket =
-        crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived).for_adapter(adapter);
+        crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived).for_selected(&selected);
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
         let crate::admission::Admitted { routed, replica: name, endpoints, at: now, decision_s } =
@@ -603,32 +599,73 @@ fn stream_through(
 }
 
 async fn models(State(shared): State<Arc<Shared>>) -> Response {
-    // Any healthy replica can answer (case C17: the first one may be down).
+    // Per served model, any healthy replica of it can answer (case C17: the first one may be
+    // down); one model's answer passes through as it came, several models' lists are merged.
     let now = shared.now();
-    let urls: Vec<(String, String)> = {
+    let groups: BTreeMap<String, Vec<(String, String)>> = {
         let core = shared.core();
         let mut v: Vec<_> = core
             .replicas
             .values()
-            .map(|r| (core.status(r, now), r.config.name.clone(), r.endpoints.base.clone()))
+            .map(|r| {
+                let model = shared.models.of_replica(r.config.model.as_deref()).to_string();
+                (
+                    core.status(r, now) != crate::state::Status::Ready,
+                    model,
+                    r.config.name.clone(),
+                    r.endpoints.base.clone(),
+                )
+            })
             .collect();
-        v.sort_by_key(|(s, ..)| *s != crate::state::Status::Ready);
-        v.into_iter().map(|(_, n, u)| (n, u)).collect()
+        v.sort();
+        let mut groups = BTreeMap::<String, Vec<(String, String)>>::new();
+        for (_, model, name, url) in v {
+            groups.entry(model).or_default().push((name, url));
+        }
+        groups
     };
-    for (name, url) in urls {
+    let mut answers = Vec::new();
+    for urls in groups.into_values() {
+        if let Some(a) = first_models_answer(&shared, urls).await {
+            answers.push(a);
+        }
+    }
+    if answers.len() == 1 {
+        let (ct, body) = answers.remove(0);
+        return with_content_type(StatusCode::OK, ct, Body::from(body));
+    }
+    let mut data: Vec<Value> = Vec::new();
+    for (_, body) in &answers {
+        let listed = serde_json::from_slice::<Value>(body).ok().and_then(|v| v.get("data").cloned());
+        for m in listed.as_ref().and_then(Value::as_array).into_iter().flatten() {
+            if !data.iter().any(|d| d.get("id") == m.get("id")) {
+                data.push(m.clone());
+            }
+        }
+    }
+    if answers.is_empty() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "no replica answered /v1/models");
+    }
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// The first successful `/v1/models` answer of `replicas` (name, base URL), tried in order:
+/// its content type and body.
+async fn first_models_answer(shared: &Shared, replicas: Vec<(String, String)>) -> Option<(Option<HeaderValue>, Bytes)> {
+    for (name, url) in replicas {
         let get = shared.http.get(format!("{url}/v1/models")).timeout(std::time::Duration::from_secs(5));
         match get.send().await {
             Ok(r) if r.status().is_success() => {
                 let ct = r.headers().get(reqwest::header::CONTENT_TYPE).cloned();
                 if let Ok(b) = r.bytes().await {
-                    return with_content_type(StatusCode::OK, ct, Body::from(b));
+                    return Some((ct, b));
                 }
             }
             Ok(r) => tracing::debug!(replica = %name, status = %r.status(), "models: replica declined"),
             Err(e) => tracing::debug!(replica = %name, error = %e, "models: replica unreachable"),
         }
     }
-    error(StatusCode::SERVICE_UNAVAILABLE, "no replica answered /v1/models")
+    None
 }
 
 async fn health(State(shared): State<Arc<Shared>>) -> Response {
@@ -674,6 +711,7 @@ mod tests {
             key: 1,
             streamed: true,
             output_hint: None,
+            model: None,
         };
         let routed = {
             let mut core = shared.core();

@@ -216,10 +216,19 @@ pub struct Core {
 }
 
 impl Settings {
-    /// The hasher of requests for `adapter` (`None`: the base model). Adapter blocks chain
-    /// from the adapter's seed, as the index hashes stores with that `lora_name`.
-    pub fn hasher_for(&self, adapter: Option<&str>) -> kvmesh_core::BlockHasher {
-        adapter.map_or(self.hasher, |a| self.hasher.for_adapter(a))
+    /// The hasher of requests selecting `selected`: its model's namespace (the routing
+    /// core's hasher for `node.model`, as [`kvmesh_core::Fleet::hasher_for`] makes it for
+    /// another), then its LoRA adapter's seed, as the index hashes stores with that
+    /// `lora_name`.
+    pub fn hasher_for(&self, selected: &crate::models::Selected) -> kvmesh_core::BlockHasher {
+        let base = match &selected.model {
+            Some(m) if *m != self.model => {
+                let ns = Namespace { model: m.clone(), ..Namespace::default() };
+                kvmesh_core::BlockHasher::new(self.block_size, &ns).unwrap_or(self.hasher)
+            }
+            _ => self.hasher,
+        };
+        selected.adapter.as_deref().map_or(base, |a| base.for_adapter(a))
     }
 }
 
@@ -256,6 +265,8 @@ pub struct Shared {
     pub limits: crate::config::LimitsSection,
     /// Prompt text → token ids.
     pub tokenizer: crate::tokenize::Tokenizer,
+    /// The models served, by the replicas registered ([`Shared::add_replica`]).
+    pub models: crate::models::ServedModels,
     /// The routing policy's name and parameters (they change when the cluster's do).
     policy_name: Mutex<(Arc<str>, std::collections::BTreeMap<String, f64>)>,
     started: Instant,
@@ -411,7 +422,9 @@ impl Shared {
             std::time::Duration::from_secs(l.http_idle_timeout_s),
             metrics.http_body_bytes.clone(),
         );
+        let models = crate::models::ServedModels::new(&config.node.model, &config.node.lora_adapters);
         Ok(Shared {
+            models,
             booking_keys: crate::booking_token::BookingKeys::random(),
             limits: config.limits.clone(),
             config: Mutex::new(config),
@@ -534,9 +547,11 @@ impl Shared {
         let spec = ReplicaSpec {
             publishes_events: config.kv_events.is_some(),
             profile: self.settings.profile,
+            model: self.models.of_replica(config.model.as_deref()).to_string(),
             ..ReplicaSpec::new(config.name.clone(), config.capacity_blocks)
         };
         let id = core.fleet.add_replica(spec).map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        self.models.added(config.model.as_deref());
         let now = self.now();
         // Out of rotation from the start when the registry says so (set_rotation_ahead).
         let (draining, starting) = core.rotation_ahead.remove(&config.name).unwrap_or((false, false));
@@ -589,6 +604,7 @@ impl Shared {
         let mut core = self.core();
         let r = core.replicas.remove(name).ok_or_else(|| RegistryError::Unknown(name.into()))?;
         let _ = core.fleet.remove_replica(r.id);
+        self.models.removed(r.config.model.as_deref());
         // Its bookings went with it: tell the peers they ended.
         let now = self.now();
         if let Some(out) = core.outbox.as_mut() {
@@ -1108,6 +1124,7 @@ mod tests {
             key: 1,
             streamed: true,
             output_hint: None,
+            model: None,
         };
         let decision = core.decide(&req, 100.0).unwrap();
         core.book(&req, decision, 100.0).unwrap();

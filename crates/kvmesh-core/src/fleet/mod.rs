@@ -246,9 +246,21 @@ impl Fleet {
         &self.config
     }
 
-    /// The hasher requests must be hashed with.
+    /// The hasher requests for the fleet's namespace model must be hashed with.
     pub fn hasher(&self) -> &BlockHasher {
         &self.hasher
+    }
+
+    /// The hasher of requests for `model` (empty: the namespace model, [`Fleet::hasher`]):
+    /// the fleet's namespace with that model name, the one replicas registered with that
+    /// [`ReplicaSpec::model`] have their KV events hashed with.
+    pub fn hasher_for(&self, model: &str) -> BlockHasher {
+        if model.is_empty() || model == self.config.namespace.model {
+            return self.hasher;
+        }
+        let ns = Namespace { model: model.to_string(), ..self.config.namespace.clone() };
+        // The block size was checked when the fleet was made.
+        BlockHasher::new(self.config.block_size, &ns).unwrap_or(self.hasher)
     }
 
     /// The prefix index.
@@ -304,10 +316,15 @@ impl Fleet {
         self.next_id += 1;
         let name_key = xxh3_64(spec.name.as_bytes());
         self.bookings.set_prefill_rate(id, spec.profile.prefill_s_per_token / self.config.prefill_efficiency);
+        let hasher = self.hasher_for(&spec.model);
+        if hasher != self.hasher {
+            self.index.set_replica_hasher(id, hasher);
+        }
         self.replicas.push(ReplicaState {
             id,
             spec,
             name_key,
+            model: hasher.model(),
             status: ReplicaStatus::Ready,
             last_event_at: None,
             last_routed_at: None,
@@ -434,6 +451,7 @@ impl Fleet {
             active_peers: self.active_peers,
             peer_rank: self.peer_rank,
             subset,
+            model: req.model.unwrap_or(self.hasher.model()),
         };
         if view.routable().next().is_none() {
             return Err(Error::NoReplicaReady);
@@ -579,7 +597,9 @@ impl Fleet {
             return true;
         }
         let loads = self.bookings.loads();
-        let mut routable = self.replicas.iter().filter(|r| r.routable()).peekable();
+        // Only the chosen replica's model's replicas could have taken the request.
+        let model = self.replica(decision.replica).map(|r| r.model);
+        let mut routable = self.replicas.iter().filter(|r| r.routable() && Some(r.model) == model).peekable();
         routable.peek().is_some()
             && routable.all(|r| loads.get(r.id.index()).map_or(0, |l| l.outstanding()) >= r.spec.profile.max_num_seqs)
     }

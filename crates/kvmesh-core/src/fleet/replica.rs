@@ -18,13 +18,24 @@ pub struct ReplicaSpec {
     /// Whether the replica is configured to publish KV events. Replicas that don't are routed
     /// on the router's own record (approximate mode).
     pub publishes_events: bool,
+    /// The model it serves (vLLM's `--served-model-name`); empty: the fleet's namespace model
+    /// ([`crate::FleetConfig::namespace`]). Only requests for this model are routed to it, and
+    /// its KV events are hashed in this model's namespace, so its blocks never count as
+    /// another model's overlap.
+    pub model: String,
 }
 
 impl ReplicaSpec {
     /// A replica named `name` with `capacity_blocks` blocks, the default profile, publishing
     /// events.
     pub fn new(name: impl Into<String>, capacity_blocks: u64) -> Self {
-        ReplicaSpec { name: name.into(), capacity_blocks, profile: ReplicaProfile::default(), publishes_events: true }
+        ReplicaSpec {
+            name: name.into(),
+            capacity_blocks,
+            profile: ReplicaProfile::default(),
+            publishes_events: true,
+            model: String::new(),
+        }
     }
 }
 
@@ -57,6 +68,8 @@ pub struct ReplicaState {
     pub spec: ReplicaSpec,
     /// xxh3 of the name: the replica's place on the consistent-hash ring.
     pub name_key: u64,
+    /// The model it serves (its spec's, or the fleet's namespace model when that is empty).
+    pub model: crate::hashing::ModelKey,
     /// Takes new requests or not.
     pub status: ReplicaStatus,
     /// When its last accepted KV event was applied, seconds; `None` before the first.

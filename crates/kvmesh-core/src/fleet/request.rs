@@ -30,6 +30,9 @@ pub struct RouteRequest {
     /// trainer sends): trusted over everything but `max_tokens`, which caps it
     /// ([`crate::load::OutputEstimator::expect_for`]).
     pub output_hint: Option<u32>,
+    /// The model asked for (set from the hasher by [`RouteRequest::new`]); `None`: the
+    /// fleet's namespace model. Only replicas serving it are candidates.
+    pub model: Option<crate::hashing::ModelKey>,
 }
 
 impl RouteRequest {
@@ -45,6 +48,7 @@ impl RouteRequest {
             key: prompt_key,
             streamed: true,
             output_hint: None,
+            model: Some(hasher.model()),
         }
     }
 
@@ -62,6 +66,7 @@ impl RouteRequest {
             key: prompt_key,
             streamed: true,
             output_hint: None,
+            model: None,
         }
     }
 

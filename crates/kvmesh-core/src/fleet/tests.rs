@@ -4,7 +4,7 @@
 use super::*;
 use crate::index::Stored;
 use crate::policy::{PolicyKind, Reason};
-use crate::{EngineBlockHash, Medium};
+use crate::{EngineBlockHash, Medium, ModelKey};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
@@ -422,4 +422,69 @@ fn a_decision_within_a_subset_picks_only_from_it() {
             f.release(b, Some(16)).unwrap();
         }
     }
+}
+
+/// A store of `tokens` (whole blocks) as one engine event, engine ids from `first_id`.
+fn stored(tokens: &[u32], first_id: u64) -> KvEvent {
+    KvEvent::Stored(Stored {
+        block_hashes: (0..tokens.len() as u64 / 16).map(|k| EngineBlockHash(first_id + k)).collect(),
+        parent: None,
+        token_ids: tokens.to_vec(),
+        block_size: 16,
+        medium: Medium::Gpu,
+        lora_name: None,
+    })
+}
+
+#[test]
+fn each_model_is_its_own_namespace_and_candidate_set() {
+    let ns = Namespace { model: "m1".into(), ..Namespace::default() };
+    let mut f = Fleet::new(FleetConfig { namespace: ns, ..FleetConfig::default() }).unwrap();
+    let model = |name: &str, m: &str| ReplicaSpec { model: m.into(), ..ReplicaSpec::new(name, 10_000) };
+    let a = f.add_replica(model("a", "")).unwrap();
+    let b = f.add_replica(model("b", "m1")).unwrap();
+    let c = f.add_replica(model("c", "m2")).unwrap();
+    let d = f.add_replica(model("d", "m2")).unwrap();
+    assert_eq!(f.hasher_for(""), *f.hasher());
+    assert_eq!(f.hasher_for("m1"), *f.hasher());
+    assert_ne!(f.hasher_for("m2").seed(), f.hasher().seed());
+    assert_eq!(f.replica(a).unwrap().model, f.replica(b).unwrap().model);
+    assert_eq!(f.replica(c).unwrap().model, ModelKey::of("m2"));
+    // The same 64 tokens cached on c (an m2 replica) and later on a (m1).
+    let t = toks(64);
+    f.apply_event(c, &stored(&t, 100), 0.0).unwrap();
+    let mut p = PolicyKind::TokenLoad.build();
+    let m1 = RouteRequest::new(f.hasher(), &t, Some(1));
+    let m2 = RouteRequest::new(&f.hasher_for("m2"), &t, Some(1));
+    assert_eq!(m2.model, Some(ModelKey::of("m2")));
+    // m2's blocks are no overlap for m1, and m1's request never goes to an m2 replica.
+    let one = f.decide(p.as_mut(), &m1, &mut rng(), 1.0).unwrap();
+    assert_eq!(one.overlap_blocks, 0);
+    assert!([a, b].contains(&one.replica), "{one:?}");
+    let two = f.decide(p.as_mut(), &m2, &mut rng(), 1.0).unwrap();
+    assert_eq!((two.replica, two.overlap_blocks), (c, 4));
+    f.apply_event(a, &stored(&t, 200), 2.0).unwrap();
+    let one = f.decide(p.as_mut(), &m1, &mut rng(), 3.0).unwrap();
+    assert_eq!((one.replica, one.overlap_blocks), (a, 4));
+    let two = f.decide(p.as_mut(), &m2, &mut rng(), 3.0).unwrap();
+    assert_eq!((two.replica, two.overlap_blocks), (c, 4));
+    // Every policy keeps to the model's replicas, load or not.
+    for kind in PolicyKind::ALL {
+        let mut p = kind.build();
+        for k in 0..40u32 {
+            let tokens: Vec<u32> = (k * 1000..k * 1000 + 48).collect();
+            let r1 = f.route(p.as_mut(), &RouteRequest::new(f.hasher(), &tokens, Some(8)), &mut rng(), 4.0).unwrap();
+            let r2 = f.route(p.as_mut(), &RouteRequest::new(&f.hasher_for("m2"), &tokens, Some(8)), &mut rng(), 4.0);
+            let r2 = r2.unwrap();
+            assert!([a, b].contains(&r1.decision.replica), "{kind:?} sent m1 to {:?}", r1.decision.replica);
+            assert!([c, d].contains(&r2.decision.replica), "{kind:?} sent m2 to {:?}", r2.decision.replica);
+        }
+    }
+    // A model nobody serves has no replica ready; draining m2's replicas leaves m2 none.
+    let m3 = RouteRequest::new(&f.hasher_for("m3"), &t, Some(1));
+    assert_eq!(f.decide(p.as_mut(), &m3, &mut rng(), 5.0), Err(Error::NoReplicaReady));
+    f.set_status(c, ReplicaStatus::Draining).unwrap();
+    f.set_status(d, ReplicaStatus::Draining).unwrap();
+    assert_eq!(f.decide(p.as_mut(), &m2, &mut rng(), 5.0), Err(Error::NoReplicaReady));
+    assert!(f.decide(p.as_mut(), &m1, &mut rng(), 5.0).is_ok());
 }

@@ -36,6 +36,8 @@ pub struct FleetView<'a> {
     /// The replicas this decision may pick from, sorted by id (a gateway's endpoint subset,
     /// see [`crate::fleet::Fleet::decide_within`]); `None`: every routable replica.
     pub subset: Option<&'a [crate::ids::ReplicaId]>,
+    /// The model the request asks for: only replicas serving it take the request.
+    pub model: crate::hashing::ModelKey,
 }
 
 /// One replica's estimated cost for one request.
@@ -58,7 +60,8 @@ pub struct Estimate {
 }
 
 impl<'a> FleetView<'a> {
-    /// Positions of replicas that take new requests (within the subset, if one is given).
+    /// Positions of replicas that take new requests: routable, serving the request's model,
+    /// within the subset if one is given.
     pub fn routable(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.replicas.len()).filter(|&i| self.takes(i))
     }
@@ -68,7 +71,7 @@ impl<'a> FleetView<'a> {
     #[inline]
     pub fn takes(&self, i: usize) -> bool {
         let r = &self.replicas[i];
-        r.routable() && self.subset.is_none_or(|s| s.binary_search(&r.id).is_ok())
+        r.routable() && r.model == self.model && self.subset.is_none_or(|s| s.binary_search(&r.id).is_ok())
     }
 
     /// Booked load of the replica at position `i`.

@@ -49,6 +49,8 @@ pub struct PrefixIndex {
     seed: u64,
     /// A stored event's block hashes, reused between events.
     scratch: Vec<BlockHash>,
+    /// By replica id: the hasher of a replica serving another model than `hasher`'s.
+    replica_hashers: Vec<Option<BlockHasher>>,
 }
 
 impl PrefixIndex {
@@ -69,7 +71,24 @@ impl PrefixIndex {
             entries: 0,
             seed,
             scratch: Vec::new(),
+            replica_hashers: Vec::new(),
         }
+    }
+
+    /// Hashes `replica`'s stored blocks with `hasher` instead of the index's own: a replica
+    /// serving another model (its namespace), whose blocks must match only requests for
+    /// that model. Its block size must equal the index's.
+    pub fn set_replica_hasher(&mut self, replica: ReplicaId, hasher: BlockHasher) {
+        let i = replica.index();
+        if self.replica_hashers.len() <= i {
+            self.replica_hashers.resize(i + 1, None);
+        }
+        self.replica_hashers[i] = Some(hasher);
+    }
+
+    /// The hasher `replica`'s stores are hashed with.
+    fn hasher_of(&self, replica: ReplicaId) -> BlockHasher {
+        self.replica_hashers.get(replica.index()).copied().flatten().unwrap_or(self.hasher)
     }
 
     /// The hasher whose block size and namespace this index uses.
@@ -114,6 +133,9 @@ impl PrefixIndex {
         if self.replicas.get(replica.index()).is_some_and(|r| r.is_some()) {
             self.clear(replica);
             self.replicas[replica.index()] = None;
+        }
+        if let Some(h) = self.replica_hashers.get_mut(replica.index()) {
+            *h = None;
         }
         (before - self.entries) as u32
     }
@@ -242,9 +264,10 @@ impl PrefixIndex {
                 }
             },
         };
+        let base = self.hasher_of(replica);
         let hasher = match &s.lora_name {
-            Some(adapter) if prev.is_none() => self.hasher.for_adapter(adapter),
-            _ => self.hasher,
+            Some(adapter) if prev.is_none() => base.for_adapter(adapter),
+            _ => base,
         };
         // Hash every block first, then read the table slots the loop below will probe: the
         // reads are independent, so their cache misses overlap instead of coming one by one.

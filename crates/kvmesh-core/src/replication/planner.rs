@@ -36,7 +36,7 @@ pub fn plan_round(
     fleet: &Fleet,
     current: &ReplicationPlan,
 ) -> ReplicationPlan {
-    let n = fleet.replicas().iter().filter(|r| r.routable()).count() as f64;
+    let n = fleet.replicas().iter().filter(|r| warmable(fleet, r)).count() as f64;
     let total = report.total_load_tokens_per_s;
     let required = |load: f64| if total > 0.0 { load / total * n / config.target_utilisation } else { 0.0 };
     let mut plan = current.clone();
@@ -182,9 +182,9 @@ pub fn trigger(
     if expect.is_some_and(|h| h != hash) {
         return Err(bad("prefix", "the token ids known for this hash do not hash to it".into()));
     }
-    let n = fleet.replicas().iter().filter(|r| r.routable()).count() as u32;
+    let n = fleet.replicas().iter().filter(|r| warmable(fleet, r)).count() as u32;
     for name in replicas {
-        let Some(r) = fleet.replica_by_name(name).filter(|r| r.routable()) else {
+        let Some(r) = fleet.replica_by_name(name).filter(|r| warmable(fleet, r)) else {
             return Err(bad("replicas", format!("{name:?} is not a routable replica")));
         };
         let budget = (config.memory_budget * r.spec.capacity_blocks as f64).floor() as u64;
@@ -252,7 +252,7 @@ fn holder_names(fleet: &Fleet, chain: &[BlockHash], depth: u32) -> Vec<String> {
         .holders(&chain[..(depth as usize).min(chain.len())])
         .into_iter()
         .filter_map(|id| fleet.replica(id))
-        .filter(|r| r.routable())
+        .filter(|r| warmable(fleet, r))
         .map(|r| r.spec.name.clone())
         .collect();
     names.sort();
@@ -275,7 +275,7 @@ fn add_targets(config: &ReplicationConfig, now: f64, fleet: &Fleet, plan: &mut R
     let mut free: Vec<(bool, u64, &str)> = fleet
         .replicas()
         .iter()
-        .filter(|r| r.routable() && !live(&r.spec.name))
+        .filter(|r| warmable(fleet, r) && !live(&r.spec.name))
         // A replica that failed this prefix rests for `cooldown_s` before it is tried again.
         .filter(|r| {
             !p.targets.iter().any(|t| {
@@ -304,4 +304,11 @@ fn add_targets(config: &ReplicationConfig, now: f64, fleet: &Fleet, plan: &mut R
         p.targets.push(Target { replica: name, planned_at: now, state: TargetState::Pending, attempts: 0 });
     }
     added
+}
+
+/// Whether `r` can take warm-ups: routable and serving the fleet's namespace model, the one
+/// whose requests feed the hot-prefix sketch (a replica of another model would compute the
+/// prefix in its own namespace, of no use to the requests that made it hot).
+fn warmable(fleet: &Fleet, r: &crate::fleet::ReplicaState) -> bool {
+    r.routable() && r.model == fleet.hasher().model()
 }

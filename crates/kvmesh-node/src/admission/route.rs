@@ -131,10 +131,11 @@ impl<'a> Ticket<'a> {
         }
     }
 
-    /// For a LoRA adapter's request (`adapter` set): its prompt stays out of the hot-prefix
-    /// sketch, since replication warms base-model prefixes only.
-    pub fn for_adapter(mut self, adapter: Option<&str>) -> Self {
-        self.hot_prefix = adapter.is_none();
+    /// For a request selecting `selected`: the prompt of a LoRA adapter's or a non-default
+    /// model's request stays out of the hot-prefix sketch, since replication warms
+    /// `node.model`'s base-model prefixes only.
+    pub fn for_selected(mut self, selected: &crate::models::Selected) -> Self {
+        self.hot_prefix = *selected == crate::models::Selected::default();
         self
     }
 

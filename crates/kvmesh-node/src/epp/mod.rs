@@ -418,14 +418,14 @@ impl Exchange {
             shared.metrics.request(r.outcome);
             Refusal::from_rejected(r)
         })?;
-        let req = RouteRequest::new(&shared.settings.hasher_for(checked.adapter), &tokens, checked.max_tokens)
+        let req = RouteRequest::new(&shared.settings.hasher_for(&checked.selected), &tokens, checked.max_tokens)
             .streamed(stream)
             .with_output_hint(checked.hint);
         let span = crate::in_flight::request_span(path, tokens.len(), &shared.policy_name());
         span.record("attempts", 1);
         crate::telemetry::parent_from(&span, &self.headers);
         let mut ticket =
-            Ticket::new(&shared, Via::Gateway, exact, self.arrived).for_adapter(checked.adapter).within(subset);
+            Ticket::new(&shared, Via::Gateway, exact, self.arrived).for_selected(&checked.selected).within(subset);
         let admitted = match ticket.route(&req, &tokens, checked.max_tokens).await {
             Ok(a) => a,
             Err(NotAdmitted::NoReplica(e)) => {
@@ -517,7 +517,7 @@ impl Exchange {
             s.sort_unstable();
             s
         });
-        let req = RouteRequest::new(&self.shared.settings.hasher_for(None), &[], None);
+        let req = RouteRequest::new(&self.shared.settings.hasher_for(&Default::default()), &[], None);
         let now = self.shared.now();
         let mut core = self.shared.core();
         let in_subset = subset.is_some();

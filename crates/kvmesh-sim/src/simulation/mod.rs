@@ -338,6 +338,7 @@ fn run(
                 capacity_blocks: config.profile.kv_blocks(config.block_size),
                 profile: config.profile.step(),
                 publishes_events: true,
+                model: String::new(),
             };
             let id = fleet.add_replica(spec).map_err(|e| e.to_string())?;
             debug_assert_eq!(id.index(), r as usize);

@@ -1,0 +1,140 @@
+//! The models this node routes: `node.model` (the default, served by every replica that
+//! declares none) and each replica's own `model`. A request asks for one by the OpenAI API's
+//! `model` (HTTP, the endpoint picker) or Route's `model`; it is routed only among the
+//! replicas serving it, on blocks of that model's namespace ([`kvmesh_core::ModelKey`]).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// What a request's `model` field selects.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selected {
+    /// A model other than `node.model`, when the request asks for one a replica declares;
+    /// `None`: the default model.
+    pub model: Option<String>,
+    /// The LoRA adapter (of `node.model`) it names, if any.
+    pub adapter: Option<String>,
+}
+
+/// The served models, by how many registered replicas serve each (one owner: the registry
+/// calls [`ServedModels::added`] and [`ServedModels::removed`]).
+#[derive(Debug)]
+pub struct ServedModels {
+    default: String,
+    adapters: Vec<String>,
+    replicas: Mutex<BTreeMap<String, usize>>,
+}
+
+impl ServedModels {
+    /// The default model `node.model` (empty: any name no replica declares) and its LoRA
+    /// adapters `node.lora_adapters`.
+    pub fn new(default: &str, adapters: &[String]) -> Self {
+        ServedModels { default: default.to_string(), adapters: adapters.to_vec(), replicas: Mutex::default() }
+    }
+
+    /// The model a replica declaring `model` serves (`node.model` when it declares none).
+    pub fn of_replica<'a>(&'a self, model: Option<&'a str>) -> &'a str {
+        model.filter(|m| !m.is_empty()).unwrap_or(&self.default)
+    }
+
+    /// A replica serving `model` (its declared one, or `None`) was registered.
+    pub fn added(&self, model: Option<&str>) {
+        let name = self.of_replica(model).to_string();
+        *self.lock().entry(name).or_default() += 1;
+    }
+
+    /// A replica serving `model` was removed.
+    pub fn removed(&self, model: Option<&str>) {
+        let name = self.of_replica(model);
+        let mut m = self.lock();
+        if let Some(n) = m.get_mut(name) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(name);
+            }
+        }
+    }
+
+    /// What a request asking for `asked` (its `model` field; `None` or empty: unset) selects:
+    /// one of `node.lora_adapters`, `node.model`, a model a replica declares, or — with
+    /// `node.model` empty — the default model under any other name.
+    ///
+    /// # Errors
+    /// The client's message when nothing here serves `asked` (HTTP 404, gRPC NOT_FOUND).
+    pub fn select(&self, asked: Option<&str>) -> Result<Selected, String> {
+        let Some(asked) = asked.filter(|a| !a.is_empty()) else { return Ok(Selected::default()) };
+        if self.adapters.iter().any(|a| a == asked) {
+            return Ok(Selected { model: None, adapter: Some(asked.to_string()) });
+        }
+        if asked == self.default {
+            return Ok(Selected::default());
+        }
+        let m = self.lock();
+        if m.contains_key(asked) {
+            return Ok(Selected { model: Some(asked.to_string()), adapter: None });
+        }
+        if self.default.is_empty() && (m.contains_key("") || m.is_empty()) {
+            return Ok(Selected::default());
+        }
+        let served: Vec<&str> = m.keys().map(String::as_str).filter(|k| !k.is_empty()).collect();
+        Err(format!("model {asked:?} is not served here (this router serves {served:?})"))
+    }
+
+    /// The models served now, each with its replica count (`""`: `node.model` left empty).
+    pub fn counts(&self) -> BTreeMap<String, usize> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, usize>> {
+        self.replicas.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sel(model: Option<&str>, adapter: Option<&str>) -> Selected {
+        Selected { model: model.map(str::to_string), adapter: adapter.map(str::to_string) }
+    }
+
+    #[test]
+    fn a_request_selects_the_default_a_declared_model_or_an_adapter() {
+        let s = ServedModels::new("m1", &["sql-lora".to_string()]);
+        s.added(None);
+        s.added(Some("m2"));
+        s.added(Some("m2"));
+        assert_eq!(s.of_replica(None), "m1");
+        assert_eq!(s.of_replica(Some("")), "m1");
+        assert_eq!(s.select(None), Ok(sel(None, None)));
+        assert_eq!(s.select(Some("")), Ok(sel(None, None)));
+        assert_eq!(s.select(Some("m1")), Ok(sel(None, None)));
+        assert_eq!(s.select(Some("m2")), Ok(sel(Some("m2"), None)));
+        assert_eq!(s.select(Some("sql-lora")), Ok(sel(None, Some("sql-lora"))));
+        assert_eq!(
+            s.select(Some("m3")),
+            Err("model \"m3\" is not served here (this router serves [\"m1\", \"m2\"])".into())
+        );
+        // The last m2 replica gone, m2 is no longer served.
+        s.removed(Some("m2"));
+        assert_eq!(s.select(Some("m2")), Ok(sel(Some("m2"), None)));
+        s.removed(Some("m2"));
+        assert_eq!(s.counts(), BTreeMap::from([("m1".to_string(), 1)]));
+        assert!(s.select(Some("m2")).is_err());
+    }
+
+    #[test]
+    fn an_empty_default_takes_any_name_while_a_replica_declares_none() {
+        let s = ServedModels::new("", &[]);
+        // No replica yet: any name is the default (routing then says no replica is ready).
+        assert_eq!(s.select(Some("anything")), Ok(sel(None, None)));
+        s.added(Some("m2"));
+        assert_eq!(s.select(Some("m2")), Ok(sel(Some("m2"), None)));
+        assert_eq!(
+            s.select(Some("anything")),
+            Err("model \"anything\" is not served here (this router serves [\"m2\"])".into())
+        );
+        s.added(None);
+        assert_eq!(s.select(Some("anything")), Ok(sel(None, None)));
+    }
+}

@@ -1,0 +1,142 @@
+//! Several models on one node: each replica serves its declared `model` (default
+//! `node.model`), a request (HTTP `model`, gRPC Route's `model`) is routed only among its
+//! model's replicas, and overlap counts only blocks of its model's namespace — the same tokens
+//! cached for another model, or under a LoRA adapter, are no overlap.
+
+mod common;
+
+use common::publisher::{stored_batch, Publisher};
+use common::{blocks, eventually_within};
+use kvmesh_engine_sim::EngineSimConfig;
+use kvmesh_node::config::{NodeSection, ReplicaConfig};
+use kvmesh_node::tokenize::Tokenizer;
+use kvmesh_proto::v1;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_models_and_two_adapters_on_four_replicas_never_cross() {
+    // One prompt of 64 blocks (the approximate tokenizer's count), cached three ways: e0 for
+    // m1 (the default model), e1 for m1's adapter "sql", e2 for m2. e3 (m2) holds nothing.
+    let prompt = "sql?".repeat(64 * 16);
+    let tokens = Tokenizer::load(None).unwrap().encode(&prompt);
+    assert_eq!(tokens.len(), 1024);
+    let publishers =
+        [Publisher::start().await, Publisher::start().await, Publisher::start().await, Publisher::start().await];
+    for (p, lora, first) in [(0, None, 1000), (1, Some("sql"), 2000), (2, None, 3000)] {
+        let hashes: Vec<u64> = (first..first + 64).collect();
+        publishers[p].buffer.lock().unwrap().push((0, stored_batch(&hashes, &tokens, lora, 1.0)));
+    }
+    // Engines named as vLLM's --served-model-name would name them.
+    let mut engines = Vec::new();
+    for model in ["m1", "m1", "m2", "m2", "m3"] {
+        let config = EngineSimConfig { model: model.into(), speed: 20.0, ..EngineSimConfig::default() };
+        engines.push(kvmesh_engine_sim::start(config).await.unwrap());
+    }
+    let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    section.model = "m1".into();
+    section.lora_adapters = vec!["sql".into(), "chat".into()];
+    let replicas: Vec<ReplicaConfig> = (0..4)
+        .map(|i| ReplicaConfig { model: (i >= 2).then(|| "m2".to_string()), ..publishers[i].replica(i, &engines[i]) })
+        .collect();
+    let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
+    eventually_within("three replicas indexed, all scraped", 10, || {
+        ["e0", "e1", "e2"].iter().all(|r| blocks(&node, r) == 64)
+            && node.shared.core().replicas.values().all(|r| r.engine.is_some())
+    })
+    .await;
+    assert_eq!(node.shared.models.counts(), [("m1".to_string(), 2), ("m2".to_string(), 2)].into_iter().collect());
+
+    // gRPC: the model and the adapter select the namespace and the candidates.
+    let router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);
+    let route = |model: &str, lora: Option<&str>| v1::RouteRequest {
+        model: model.into(),
+        prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: tokens.clone() })),
+        max_tokens: Some(4),
+        session_key: None,
+        lora_name: lora.map(str::to_string),
+        expected_output_tokens: None,
+    };
+    let ask = |request: v1::RouteRequest| {
+        let mut router = router.clone();
+        async move {
+            let routed = router.route(request).await?.into_inner();
+            let release = v1::ReleaseRequest { booking: routed.booking.clone(), output_tokens: Some(4) };
+            router.release(release).await.unwrap();
+            Ok::<_, tonic::Status>((routed.replica_id, routed.overlap_blocks))
+        }
+    };
+    assert_eq!(ask(route("m1", None)).await.unwrap(), ("e0".to_string(), 64));
+    assert_eq!(ask(route("", None)).await.unwrap(), ("e0".to_string(), 64), "no model: the default");
+    assert_eq!(ask(route("m1", Some("sql"))).await.unwrap(), ("e1".to_string(), 64));
+    assert_eq!(ask(route("sql", None)).await.unwrap(), ("e1".to_string(), 64), "an adapter named as the model");
+    assert_eq!(ask(route("m2", None)).await.unwrap(), ("e2".to_string(), 64));
+    let (replica, overlap) = ask(route("chat", None)).await.unwrap();
+    assert!(["e0", "e1"].contains(&replica.as_str()) && overlap == 0, "{replica} {overlap}");
+    let unknown = ask(route("m3", None)).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+    assert_eq!(unknown.message(), "model \"m3\" is not served here (this router serves [\"m1\", \"m2\"])");
+
+    // HTTP: 30 distinct prompts, each model in turn; every answer from a replica of its model.
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v1/completions", node.http);
+    let expected = |model: &str| if model == "m2" { ["e2", "e3"] } else { ["e0", "e1"] };
+    let mut served = std::collections::BTreeMap::<String, u32>::new();
+    for k in 0..30 {
+        let model = ["m1", "m2", "sql"][k % 3];
+        let body = json!({"model": model, "prompt": format!("request {k} ").repeat(40), "max_tokens": 2});
+        let r = client.post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "model {model}");
+        let replica = r.headers()["x-kvmesh-replica"].to_str().unwrap().to_string();
+        assert!(expected(model).contains(&replica.as_str()), "{model} went to {replica}");
+        *served.entry(replica).or_default() += 1;
+    }
+    // Both replicas of each model took some: the model narrows the candidates, it does not pin.
+    assert_eq!(served.len(), 4, "{served:?}");
+    // The same prompt over HTTP: m2's request finds m2's copy only.
+    let r = client.post(&url).json(&json!({"model": "m2", "prompt": prompt, "max_tokens": 2})).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let d = node.shared.recent_decisions(1).remove(0);
+    assert_eq!((d.replica.as_str(), d.overlap_blocks), ("e2", 64));
+    let r = client.post(&url).json(&json!({"model": "m3", "prompt": "x", "max_tokens": 2})).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    // What the engines were asked for: m2's engines only m2, m1's never m2.
+    for (i, e) in engines.iter().take(4).enumerate() {
+        let asked = e.asked_models();
+        if i >= 2 {
+            assert_eq!(asked.keys().collect::<Vec<_>>(), ["m2"], "e{i}: {asked:?}");
+        } else {
+            assert!(!asked.is_empty() && !asked.contains_key("m2"), "e{i}: {asked:?}");
+        }
+    }
+
+    // /v1/models lists every model served, one replica of each asked.
+    let listed: serde_json::Value =
+        client.get(format!("http://{}/v1/models", node.http)).send().await.unwrap().json().await.unwrap();
+    let ids: Vec<&str> = listed["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["m1", "m2"], "{listed}");
+
+    // A replica of a third model registered at run time serves it, and only it.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await;
+    let mut admin = v1::admin_client::AdminClient::new(channel.unwrap());
+    let spec = v1::ReplicaSpec {
+        name: "e4".into(),
+        http_endpoint: engines[4].base_url(),
+        kv_events_endpoint: engines[4].kv_events.clone(),
+        replay_endpoint: engines[4].replay.clone(),
+        capacity_blocks: 1000,
+        block_size: 16,
+        model: "m3".into(),
+        ..v1::ReplicaSpec::default()
+    };
+    admin.add_replica(v1::AddReplicaRequest { spec: Some(spec), starting: false }).await.unwrap();
+    assert_eq!(ask(route("m3", None)).await.unwrap(), ("e4".to_string(), 0));
+    let r = client.post(&url).json(&json!({"model": "m3", "prompt": "hello", "max_tokens": 2})).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["x-kvmesh-replica"].to_str().unwrap()), (200, "e4"));
+    admin.remove_replica(v1::ReplicaRef { name: "e4".into() }).await.unwrap();
+    assert_eq!(ask(route("m3", None)).await.unwrap_err().code(), tonic::Code::NotFound);
+
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}
