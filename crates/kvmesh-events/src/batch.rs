@@ -1,5 +1,8 @@
 //! The msgpack payload of one message: vLLM's `KVEventBatch`, encoded array-like by msgspec as
-//! `[ts, events, data_parallel_rank]` (the rank is omitted by older vLLM and may be nil).
+//! `[ts, events, data_parallel_rank]` (the rank is omitted by older vLLM and may be nil), or —
+//! since vLLM's `EventBatch` dropped `array_like` (vllm/distributed/kv_events.py, after
+//! 0.33) — as a map `{"ts", "events", "data_parallel_rank"?}` (fields left out at their
+//! defaults).
 
 use crate::budget::{check_budget, DecodeLimits};
 use crate::error::DecodeError;
@@ -37,8 +40,8 @@ pub struct SkippedEvent {
 ///
 /// # Errors
 /// [`DecodeError::Incomplete`] when the bytes stop inside a value; [`DecodeError::Malformed`]
-/// when they hold anything but one array `[ts, events, rank?]` (trailing elements are
-/// ignored, trailing bytes are not).
+/// when they hold anything but one array `[ts, events, rank?]` or one map with `ts` and
+/// `events` (trailing elements and unknown keys are ignored, trailing bytes are not).
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
     decode_batch_with(payload, &DecodeLimits::default())
 }
@@ -55,8 +58,12 @@ pub fn decode_batch_with(payload: &[u8], limits: &DecodeLimits) -> Result<EventB
     if !rd.is_empty() {
         return Err(DecodeError::malformed(format!("{} bytes after the payload", rd.len())));
     }
-    let Value::Array(fields) = value else {
-        return Err(DecodeError::malformed(format!("payload is {}, not an array [ts, events, rank]", kind(&value))));
+    let fields = match value {
+        Value::Array(fields) => fields,
+        Value::Map(entries) => map_fields(entries)?,
+        other => {
+            return Err(DecodeError::malformed(format!("payload is {}, not an array [ts, events, rank]", kind(&other))))
+        }
     };
     if fields.len() < 2 {
         return Err(DecodeError::malformed(format!("payload has {} elements, not [ts, events, rank?]", fields.len())));
@@ -86,6 +93,30 @@ pub fn decode_batch_with(payload: &[u8], limits: &DecodeLimits) -> Result<EventB
         }
     }
     Ok(batch)
+}
+
+/// A map-encoded batch's `ts`, `events` and `data_parallel_rank` (nil when left out), in the
+/// array form's order.
+fn map_fields(entries: Vec<(Value, Value)>) -> Result<Vec<Value>, DecodeError> {
+    let mut fields = vec![Value::Nil, Value::Nil, Value::Nil];
+    let mut seen = [false; 2];
+    for (k, v) in entries {
+        let slot = match k.as_str() {
+            Some("ts") => 0,
+            Some("events") => 1,
+            Some("data_parallel_rank") => 2,
+            _ => continue,
+        };
+        if slot < 2 {
+            seen[slot] = true;
+        }
+        fields[slot] = v;
+    }
+    match seen {
+        [true, true] => Ok(fields),
+        [false, _] => Err(DecodeError::malformed("payload map has no ts")),
+        [_, false] => Err(DecodeError::malformed("payload map has no events")),
+    }
 }
 
 fn msgpack_error(e: rmpv::decode::Error) -> DecodeError {

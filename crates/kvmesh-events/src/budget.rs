@@ -62,6 +62,9 @@ pub fn check_budget(payload: &[u8], limits: &DecodeLimits) -> Result<(), DecodeE
     let mut top_index = 0u64;
     let mut elements = 0u64;
     let mut pos = 0usize;
+    // Newer vLLM encodes the batch as a map (`{"ts", "events", "data_parallel_rank"}`): there
+    // the events array is the one array among the map's values.
+    let top_is_map = matches!(payload.first(), Some(0x80..=0x8f | 0xde | 0xdf));
     while depth > 0 || open[0] > 0 {
         if open[depth] == 0 {
             depth -= 1;
@@ -72,13 +75,15 @@ pub fn check_budget(payload: &[u8], limits: &DecodeLimits) -> Result<(), DecodeE
         }
         open[depth] -= 1;
         elements += 1;
+        let is_array = matches!(payload.get(pos), Some(0x90..=0x9f | 0xdc | 0xdd));
         let (skip, children) = header(payload, &mut pos)?;
         pos = pos
             .checked_add(skip)
             .filter(|&p| p <= payload.len())
             .ok_or_else(|| DecodeError::Incomplete("payload ends inside a msgpack value".into()))?;
-        // The events array: the top-level array's second element.
-        if depth == 1 && top_index == 1 && children > limits.max_events as u64 {
+        // The events array: the top-level array's second element, or the top-level map's array.
+        let events = if top_is_map { is_array } else { top_index == 1 };
+        if depth == 1 && events && children > limits.max_events as u64 {
             return Err(DecodeError::OverBudget(format!(
                 "batch of {children} events, over the {}-event limit",
                 limits.max_events
@@ -168,6 +173,24 @@ mod tests {
         assert_eq!(check_budget(&nils(10), &limits(10, 14)), Ok(()));
         assert!(matches!(check_budget(&nils(10), &limits(10, 13)), Err(DecodeError::OverBudget(_))));
         let e = check_budget(&nils(11), &limits(10, 100)).unwrap_err();
+        assert_eq!(e, DecodeError::OverBudget("batch of 11 events, over the 10-event limit".into()));
+    }
+
+    #[test]
+    fn a_map_encoded_batch_has_its_events_array_counted_too() {
+        // {"ts": 1.0, "events": [nil × n]} (vLLM's batch without `array_like`).
+        let map = |n: u16| {
+            let mut b = vec![0x82, 0xa2, b't', b's', 0xcb];
+            b.extend_from_slice(&1.0f64.to_be_bytes());
+            b.extend_from_slice(&[0xa6, b'e', b'v', b'e', b'n', b't', b's', 0xdc]);
+            b.extend_from_slice(&n.to_be_bytes());
+            b.extend(std::iter::repeat_n(0xc0, n as usize));
+            b
+        };
+        // 1 map + 2 keys + ts + events array + 10 nils = 15 values.
+        assert_eq!(check_budget(&map(10), &limits(10, 15)), Ok(()));
+        assert!(matches!(check_budget(&map(10), &limits(10, 14)), Err(DecodeError::OverBudget(_))));
+        let e = check_budget(&map(11), &limits(10, 100)).unwrap_err();
         assert_eq!(e, DecodeError::OverBudget("batch of 11 events, over the 10-event limit".into()));
     }
 

@@ -30,6 +30,20 @@ pub fn encode_batch(ts: f64, events: &[KvEvent], data_parallel_rank: Option<i64>
     out
 }
 
+/// Encodes one batch payload as vLLM after 0.33 does (its `EventBatch` no longer
+/// `array_like`): a map `{"ts", "events", "data_parallel_rank"}` (the rank left out when
+/// `None`, as msgspec's `omit_defaults` does), events as maps tagged by `"type"`.
+pub fn encode_map_batch(ts: f64, events: &[KvEvent], data_parallel_rank: Option<i64>) -> Vec<u8> {
+    let events = events.iter().map(|e| event(e, Encoding::Map)).collect();
+    let mut fields = vec![(Value::from("ts"), Value::F64(ts)), (Value::from("events"), Value::Array(events))];
+    if let Some(rank) = data_parallel_rank {
+        fields.push((Value::from("data_parallel_rank"), Value::from(rank)));
+    }
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &Value::Map(fields)).expect("writing to a Vec cannot fail");
+    out
+}
+
 /// `[ts, [nil × n], nil]`: a batch of `n` events that are all nil, written directly (no
 /// msgpack tree) — the hostile message that once stalled every node following a replica, for
 /// stand-in engines' `hostile_events` fault and tests.
@@ -92,6 +106,39 @@ mod tests {
     use crate::decode_message;
     use kvmesh_core::index::{Removed, Stored};
     use kvmesh_core::EngineBlockHash;
+
+    #[test]
+    fn a_map_encoded_batch_decodes_like_the_array_one() {
+        let events = vec![
+            KvEvent::Cleared,
+            KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(7)], medium: Medium::Gpu }),
+        ];
+        for rank in [None, Some(3)] {
+            let from_map = crate::decode_batch(&encode_map_batch(2.5, &events, rank)).unwrap();
+            let from_array = crate::decode_batch(&encode_batch(2.5, &events, rank, Encoding::Map)).unwrap();
+            assert_eq!(from_map, from_array);
+            assert_eq!((from_map.ts, from_map.events.len(), from_map.data_parallel_rank), (2.5, 2, rank));
+        }
+        // Unknown keys pass; a map without events or ts is malformed.
+        let write = |v: Value| {
+            let mut out = Vec::new();
+            rmpv::encode::write_value(&mut out, &v).unwrap();
+            out
+        };
+        let extra = Value::Map(vec![
+            (Value::from("ts"), Value::F64(1.0)),
+            (Value::from("new_field"), Value::from(9)),
+            (Value::from("events"), Value::Array(vec![])),
+        ]);
+        assert_eq!(crate::decode_batch(&write(extra)).unwrap().ts, 1.0);
+        let no_events = Value::Map(vec![(Value::from("ts"), Value::F64(1.0))]);
+        assert_eq!(
+            crate::decode_batch(&write(no_events)).unwrap_err().to_string(),
+            crate::DecodeError::malformed("payload map has no events").to_string()
+        );
+        let no_ts = Value::Map(vec![(Value::from("events"), Value::Array(vec![]))]);
+        assert!(crate::decode_batch(&write(no_ts)).unwrap_err().to_string().contains("no ts"));
+    }
 
     #[test]
     fn both_encodings_decode_back_to_the_same_events() {
