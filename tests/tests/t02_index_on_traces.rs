@@ -38,6 +38,7 @@ fn index_overlap_equals_trace_reuse() {
                 block_size: BS,
                 medium: Medium::Gpu,
                 lora_name: None,
+                extra_keys: None,
             });
             assert_eq!(ix.apply(r, &ev).rejection, None);
         }

@@ -133,6 +133,7 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
             session_key: None,
             lora_name: None,
             expected_output_tokens: None,
+            cache_salt: None,
         })
         .await
         .unwrap()

@@ -368,6 +368,7 @@ async fn a_route_that_fits_no_replica_is_refused_not_booked() {
         session_key: None,
         lora_name: None,
         expected_output_tokens: None,
+        cache_salt: None,
     };
     let ids = || v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: (0..32).collect() });
     let capacity = node.shared.core().fleet.largest_kv_tokens() / 16;
@@ -930,6 +931,7 @@ async fn grpc_calls_beyond_the_per_connection_limit_wait_while_other_connections
             session_key: None,
             lora_name: None,
             expected_output_tokens: None,
+            cache_salt: None,
         };
         tokio::time::timeout(Duration::from_millis(500), r.route(req)).await
     };

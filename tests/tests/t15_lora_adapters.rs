@@ -51,6 +51,7 @@ async fn adapter_requests_match_only_their_adapters_blocks() {
         session_key: None,
         lora_name: lora.map(str::to_string),
         expected_output_tokens: None,
+        cache_salt: None,
     };
     // Each booking released at once, so that load never outweighs the overlap asked about.
     let ask = |lora: Option<&'static str>| {

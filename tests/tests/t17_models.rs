@@ -55,6 +55,7 @@ async fn two_models_and_two_adapters_on_four_replicas_never_cross() {
         session_key: None,
         lora_name: lora.map(str::to_string),
         expected_output_tokens: None,
+        cache_salt: None,
     };
     let ask = |request: v1::RouteRequest| {
         let mut router = router.clone();
@@ -135,6 +136,93 @@ async fn two_models_and_two_adapters_on_four_replicas_never_cross() {
     admin.remove_replica(v1::ReplicaRef { name: "e4".into() }).await.unwrap();
     assert_eq!(ask(route("m3", None)).await.unwrap_err().code(), tonic::Code::NotFound);
 
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+/// vLLM's `cache_salt` (a tenant's own cache): blocks stored with a salt (vLLM puts it in the
+/// first block's `extra_keys`) match only requests with that salt; a block holding an image
+/// (a multimodal extra key) matches no request's tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn salted_and_multimodal_blocks_match_only_what_they_can() {
+    use kvmesh_core::index::{ExtraKeys, KvEvent, Stored};
+    use kvmesh_core::{EngineBlockHash, Medium};
+    use kvmesh_events::encode::{encode_batch, Encoding};
+    let prompt = "salt".repeat(64 * 16);
+    let tokens = Tokenizer::load(None).unwrap().encode(&prompt);
+    let store = |first: u64, extra_keys: Option<ExtraKeys>| {
+        let event = KvEvent::Stored(Stored {
+            block_hashes: (first..first + 64).map(EngineBlockHash).collect(),
+            parent: None,
+            token_ids: tokens.clone(),
+            block_size: 16,
+            medium: Medium::Gpu,
+            lora_name: None,
+            extra_keys,
+        });
+        bytes::Bytes::from(encode_batch(1.0, &[event], Some(0), Encoding::Map))
+    };
+    let publishers = [Publisher::start().await, Publisher::start().await, Publisher::start().await];
+    let salted = ExtraKeys { cache_salt: Some("tenant-7".into()), unverifiable: vec![] };
+    // e2: the same prompt with an image in its 11th block (an extra key no request shows).
+    let mut image = vec![0; 64];
+    image[10] = 0xfeed;
+    let pictured = ExtraKeys { cache_salt: None, unverifiable: image };
+    for (p, payload) in [(0, store(1000, Some(salted))), (1, store(2000, None)), (2, store(3000, Some(pictured)))] {
+        publishers[p].buffer.lock().unwrap().push((0, payload));
+    }
+    let engines = common::engines(3, 20.0).await;
+    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let replicas = (0..3).map(|i| publishers[i].replica(i, &engines[i])).collect();
+    let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
+    eventually_within("all indexed and scraped", 10, || {
+        ["e0", "e1", "e2"].iter().all(|r| blocks(&node, r) == 64)
+            && node.shared.core().replicas.values().all(|r| r.engine.is_some())
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v1/completions", node.http);
+    let ask = |salt: Option<&str>| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 2});
+        if let Some(s) = salt {
+            body["cache_salt"] = s.into();
+        }
+        let (client, url, node) = (client.clone(), url.clone(), &node);
+        async move {
+            let r = client.post(&url).json(&body).send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let d = node.shared.recent_decisions(1).remove(0);
+            (d.replica, d.overlap_blocks)
+        }
+    };
+    assert_eq!(ask(Some("tenant-7")).await, ("e0".to_string(), 64));
+    // Unsalted: e1's copy in full; e2's only up to its image block.
+    assert_eq!(ask(None).await, ("e1".to_string(), 64));
+    let (_, other_tenant) = ask(Some("tenant-8")).await;
+    assert_eq!(other_tenant, 0);
+    let overlaps = {
+        let core = node.shared.core();
+        let hashes = kvmesh_core::RouteRequest::new(core.fleet.hasher(), &tokens, None).hashes;
+        let mut out = Vec::new();
+        core.fleet.index().overlaps(&hashes, &mut out);
+        out.into_iter().map(|(id, o)| (core.fleet.replica(id).unwrap().spec.name.clone(), o.gpu)).collect::<Vec<_>>()
+    };
+    assert_eq!(overlaps, [("e1".to_string(), 64), ("e2".to_string(), 10)]);
+    // Route takes the salt too.
+    let mut router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);
+    let routed = router
+        .route(v1::RouteRequest {
+            prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: tokens.clone() })),
+            max_tokens: Some(2),
+            cache_salt: Some("tenant-7".into()),
+            ..v1::RouteRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((routed.replica_id.as_str(), routed.overlap_blocks), ("e0", 64));
     node.stop().await;
     for e in engines {
         e.stop().await;

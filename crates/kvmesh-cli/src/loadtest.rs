@@ -428,6 +428,7 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
             session_key: None,
             lora_name: None,
             expected_output_tokens: None,
+            cache_salt: None,
         };
         let r = client.route(req).await.map_err(|e| format!("{:?}", e.code()))?;
         let us = t.elapsed().as_micros() as u64;

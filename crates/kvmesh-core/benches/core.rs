@@ -70,6 +70,7 @@ fn stored(ids: &mut u64, tokens: &[u32]) -> KvEvent {
         block_size: BS,
         medium: Medium::Gpu,
         lora_name: None,
+        extra_keys: None,
     })
 }
 

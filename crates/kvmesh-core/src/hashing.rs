@@ -5,12 +5,20 @@
 //! `t[0..n]` with block size `B`:
 //!
 //! ```text
-//! base      = xxh3_64(utf8(model) ‖ 0x00 ‖ utf8(salt))
-//! seed      = base                                      when adapter is empty
-//!           = xxh3_64_with_seed(utf8(adapter), base)    otherwise
+//! base      = xxh3_64(utf8(model) ‖ 0x00)
+//! adapted   = base                                                  when adapter is empty
+//!           = xxh3_64_with_seed(utf8(adapter), base)                otherwise
+//! seed      = adapted                                               when salt is empty
+//!           = xxh3_64_with_seed("salt" ‖ 0x00 ‖ utf8(salt), adapted)  otherwise
 //! h[-1]     = seed
 //! h[i]      = xxh3_64_with_seed(le_bytes(t[i·B]) ‖ … ‖ le_bytes(t[i·B + B − 1]), seed = h[i−1])
 //! ```
+//!
+//! A block whose engine hash also covers inputs a router cannot see in the prompt's tokens
+//! (vLLM's per-block `extra_keys`: multimodal identifiers with their offsets, prompt-embedding
+//! digests; vllm/v1/core/kv_cache_utils.py `generate_block_hash_extra_keys`) is hashed
+//! `h'[i] = xxh3_64_with_seed(le_bytes(digest), h[i])` ([`BlockHasher::with_extra`]): it and
+//! every block after it in its chain never match a request's tokens alone.
 //!
 //! for every *full* block `i < ⌊n / B⌋`; each token is 4 little-endian bytes (u32). A trailing
 //! partial block is not hashed — engines cache only full blocks (vLLM `kv_cache_utils.py`).
@@ -39,11 +47,10 @@ pub struct Namespace {
 impl Namespace {
     /// The seed of this namespace's hash chain (see the module docs).
     pub fn seed(&self) -> u64 {
-        let mut bytes = Vec::with_capacity(self.model.len() + self.salt.len() + 1);
+        let mut bytes = Vec::with_capacity(self.model.len() + 1);
         bytes.extend_from_slice(self.model.as_bytes());
         bytes.push(0);
-        bytes.extend_from_slice(self.salt.as_bytes());
-        adapter_seed(xxh3_64(&bytes), &self.adapter)
+        salt_seed(adapter_seed(xxh3_64(&bytes), &self.adapter), &self.salt)
     }
 }
 
@@ -85,6 +92,20 @@ impl BlockHasher {
     /// this hasher's namespace has none.
     pub fn for_adapter(&self, adapter: &str) -> BlockHasher {
         BlockHasher { block_size: self.block_size, seed: adapter_seed(self.seed, adapter), model: self.model }
+    }
+
+    /// The hasher for vLLM's `cache_salt` `salt` (a tenant's own cache) in this hasher's
+    /// namespace (itself when `salt` is empty): equal to `BlockHasher::new` of the namespace
+    /// with that salt, when this hasher's namespace has none.
+    pub fn for_salt(&self, salt: &str) -> BlockHasher {
+        BlockHasher { seed: salt_seed(self.seed, salt), ..*self }
+    }
+
+    /// `block`'s hash once its engine hash also covered inputs the tokens do not show, whose
+    /// digest is `extra` (see the module docs): the hash the chain continues from.
+    #[inline]
+    pub fn with_extra(block: BlockHash, extra: u64) -> BlockHash {
+        BlockHash(xxh3_64_with_seed(&extra.to_le_bytes(), block.0))
     }
 
     /// The model of this hasher's namespace (an adapter's hasher keeps its base model's).
@@ -154,6 +175,17 @@ fn adapter_seed(base: u64, adapter: &str) -> u64 {
     }
 }
 
+/// Mixes vLLM's `cache_salt` into a chain seed.
+fn salt_seed(seed: u64, salt: &str) -> u64 {
+    if salt.is_empty() {
+        return seed;
+    }
+    let mut bytes = Vec::with_capacity(salt.len() + 5);
+    bytes.extend_from_slice(b"salt\0");
+    bytes.extend_from_slice(salt.as_bytes());
+    xxh3_64_with_seed(&bytes, seed)
+}
+
 /// The tokens as little-endian bytes: a free reinterpretation on little-endian hosts (all
 /// that kvmesh targets), a copy elsewhere.
 #[inline]
@@ -171,6 +203,21 @@ mod tests {
 
     fn ns(model: &str) -> Namespace {
         Namespace { model: model.into(), ..Namespace::default() }
+    }
+
+    #[test]
+    fn salted_and_adapted_hashers_agree_with_their_namespaces() {
+        let plain = BlockHasher::new(2, &ns("m")).unwrap();
+        let full = Namespace { model: "m".into(), adapter: "sql".into(), salt: "tenant-1".into() };
+        assert_eq!(plain.for_adapter("sql").for_salt("tenant-1"), BlockHasher::new(2, &full).unwrap());
+        assert_eq!(plain.for_salt(""), plain);
+        let salted = Namespace { salt: "tenant-1".into(), ..ns("m") };
+        let want = xxh3_64_with_seed(b"salt\0tenant-1", xxh3_64(b"m\0"));
+        assert_eq!(BlockHasher::new(2, &salted).unwrap().seed(), want);
+        // A block with extra keys continues its chain from the mixed hash.
+        let b0 = plain.hash_blocks(&[1, 2])[0];
+        assert_eq!(BlockHasher::with_extra(b0, 7), BlockHash(xxh3_64_with_seed(&7u64.to_le_bytes(), b0.0)));
+        assert_ne!(BlockHasher::with_extra(b0, 7), b0);
     }
 
     #[test]

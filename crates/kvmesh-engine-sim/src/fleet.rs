@@ -511,7 +511,15 @@ impl ReplicaModel {
         parent: Option<EngineBlockHash>,
         token_ids: Vec<u32>,
     ) -> Stored {
-        Stored { block_hashes, parent, token_ids, block_size: self.block_size, medium: Medium::Gpu, lora_name: None }
+        Stored {
+            block_hashes,
+            parent,
+            token_ids,
+            block_size: self.block_size,
+            medium: Medium::Gpu,
+            lora_name: None,
+            extra_keys: None,
+        }
     }
 
     /// Frees room for `incoming` blocks: the evicted blocks' ids.

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use kvmesh_core::prompt::{approximate_tokens, render_chat};
 use kvmesh_sim::engine::EngineProfile;
 use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
@@ -22,10 +23,14 @@ use tokio::sync::mpsc;
 pub struct AppState {
     /// Served model name.
     pub model: String,
-    /// The engine loop's inbox.
-    pub submit: mpsc::UnboundedSender<Submission>,
-    /// Engine counters.
-    pub stats: Arc<Mutex<Stats>>,
+    /// Each data-parallel rank's engine loop inbox, by rank.
+    pub submit: Vec<mpsc::UnboundedSender<Submission>>,
+    /// Each rank's engine counters.
+    pub stats: Vec<Arc<Mutex<Stats>>>,
+    /// Completion requests given to each rank.
+    pub by_rank: Arc<Vec<std::sync::atomic::AtomicU64>>,
+    /// The next rank for a request that names none.
+    pub turn: Arc<std::sync::atomic::AtomicUsize>,
     /// Fault switches.
     pub faults: Arc<FaultState>,
     /// Its profile (for `/metrics`' cache config).
@@ -54,6 +59,21 @@ fn note_traceparent(s: &AppState, headers: &HeaderMap) {
         kept.pop_front();
     }
     kept.push_back(tp.to_string());
+}
+
+/// The data-parallel rank a request goes to: the one its `X-data-parallel-rank` header names
+/// (vLLM's OpenAI server reads it), else the ranks in turn.
+///
+/// # Errors
+/// The message of a 400, for a header that is no rank of this engine (vLLM refuses it).
+fn rank_for(s: &AppState, headers: &HeaderMap) -> Result<usize, String> {
+    let Some(v) = headers.get("x-data-parallel-rank") else {
+        return Ok(s.turn.fetch_add(1, Ordering::Relaxed) % s.submit.len());
+    };
+    match v.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+        Some(k) if k < s.submit.len() => Ok(k),
+        _ => Err(format!("data_parallel_rank {v:?} is out of range [0, {})", s.submit.len())),
+    }
 }
 
 /// Counts the request's `model` (the engine serves whatever it is asked; a router's choice is
@@ -140,7 +160,10 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, Json(body): 
         _ => return error(StatusCode::BAD_REQUEST, "prompt must be a string or an array of token ids"),
     };
     match common(&body, tokens) {
-        Ok(p) => generate(s, p, false).await,
+        Ok(p) => match rank_for(&s, &headers) {
+            Ok(rank) => generate(s, p, false, rank).await,
+            Err(m) => error(StatusCode::BAD_REQUEST, &m),
+        },
         Err(r) => *r,
     }
 }
@@ -167,16 +190,20 @@ async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, Json(bo
     }
     let text = render_chat(parts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
     match common(&body, approximate_tokens(&text)) {
-        Ok(p) => generate(s, p, true).await,
+        Ok(p) => match rank_for(&s, &headers) {
+            Ok(rank) => generate(s, p, true, rank).await,
+            Err(m) => error(StatusCode::BAD_REQUEST, &m),
+        },
         Err(r) => *r,
     }
 }
 
-async fn generate(s: AppState, p: Parsed, chat: bool) -> Response {
+async fn generate(s: AppState, p: Parsed, chat: bool, rank: usize) -> Response {
     let prompt_tokens = p.tokens.len();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let submission = Submission { tokens: p.tokens.into(), output_tokens: p.max_tokens, outputs: tx };
-    if s.submit.send(submission).is_err() {
+    s.by_rank[rank].fetch_add(1, Ordering::Relaxed);
+    if s.submit[rank].send(submission).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "engine is shutting down");
     }
     let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, uuid_like());
@@ -297,7 +324,7 @@ where
 /// A completion id unique across processes (one counter per process, started from the
 /// process id and the start time, as several sims behind one router must not share ids).
 fn uuid_like() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::AtomicU64;
     static NEXT: std::sync::OnceLock<AtomicU64> = std::sync::OnceLock::new();
     let next = NEXT.get_or_init(|| {
         let nanos =
@@ -323,54 +350,43 @@ async fn health(State(s): State<AppState>) -> Response {
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
-    let st = s.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let labels = format!("engine=\"0\",model_name=\"{}\"", s.model);
+    let stats: Vec<Stats> = s.stats.iter().map(|st| st.lock().unwrap_or_else(|p| p.into_inner()).clone()).collect();
     let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}\n"));
+    // One family per metric, one series per data-parallel rank, as vLLM labels its engines.
+    let mut metric = |name: &str, kind: &str, help: &str, value: &dyn Fn(&Stats) -> String| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for (rank, st) in stats.iter().enumerate() {
+            let labels = format!("engine=\"{rank}\",model_name=\"{}\"", s.model);
+            out.push_str(&format!("{name}{{{labels}}} {}\n", value(st)));
+        }
     };
-    metric(
-        "vllm:num_requests_running",
-        "gauge",
-        "Number of requests in model execution batches.",
-        format!("{}.0", st.running),
-    );
-    metric(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Number of requests waiting to be processed.",
-        format!("{}.0", st.waiting),
-    );
-    metric(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "KV-cache usage. 1 means 100 percent usage.",
-        format!("{}", st.kv_usage),
-    );
+    metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", &|st| {
+        format!("{}.0", st.running)
+    });
+    metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", &|st| {
+        format!("{}.0", st.waiting)
+    });
+    metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", &|st| {
+        format!("{}", st.kv_usage)
+    });
     metric(
         "vllm:prompt_tokens_total",
         "counter",
         "Number of prefill tokens processed (whole prompts, cached tokens included).",
-        format!("{}.0", st.prompt_tokens_total),
+        &|st| format!("{}.0", st.prompt_tokens_total),
     );
-    metric(
-        "vllm:generation_tokens_total",
-        "counter",
-        "Number of generation tokens processed.",
-        format!("{}.0", st.generation_tokens_total),
-    );
+    metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", &|st| {
+        format!("{}.0", st.generation_tokens_total)
+    });
     metric(
         "vllm:prefix_cache_hits_total",
         "counter",
         "Prefix cache hits, in terms of number of cached tokens.",
-        format!("{}.0", st.prefix_cache_hits_total),
+        &|st| format!("{}.0", st.prefix_cache_hits_total),
     );
-    metric(
-        "vllm:request_success_total",
-        "counter",
-        "Count of successfully processed requests.",
-        format!("{}.0", st.requests_total),
-    );
+    metric("vllm:request_success_total", "counter", "Count of successfully processed requests.", &|st| {
+        format!("{}.0", st.requests_total)
+    });
     let blocks = s.profile.kv_blocks(s.block_size);
     out.push_str(&format!(
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",engine=\"0\",num_gpu_blocks=\"{blocks}\"}} 1.0\n",

@@ -59,6 +59,12 @@ pub struct EngineSimConfig {
     pub replay_buffer: usize,
     /// Faults at start.
     pub faults: Faults,
+    /// Data-parallel ranks behind the one HTTP API (vLLM `--data-parallel-size`): each an
+    /// engine of its own with its own KV cache, publishing at `kv_events` and `replay` with
+    /// the port plus its rank, its batches annotated with the rank; a request goes to the rank
+    /// its `X-data-parallel-rank` header names, else to the ranks in turn; `/metrics` has one
+    /// series per rank (`engine="<rank>"`). Default 1.
+    pub data_parallel_size: u32,
 }
 
 impl Default for EngineSimConfig {
@@ -74,6 +80,7 @@ impl Default for EngineSimConfig {
             speed: 1.0,
             replay_buffer: 10_000,
             faults: Faults::default(),
+            data_parallel_size: 1,
         }
     }
 }
@@ -87,10 +94,14 @@ pub struct EngineSim {
     pub kv_events: String,
     /// The bound replay endpoint.
     pub replay: String,
+    /// Every data-parallel rank's bound KV-event and replay endpoints, by rank (rank 0's are
+    /// `kv_events` and `replay`).
+    pub ranks: Vec<(String, String)>,
     /// Shared fault switches.
     pub faults: Arc<faults::FaultState>,
     traceparents: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
     asked_models: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
+    by_rank: Arc<Vec<std::sync::atomic::AtomicU64>>,
     stop: Arc<watch::Sender<bool>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -111,6 +122,11 @@ impl EngineSim {
     /// at `GET /admin/models`).
     pub fn asked_models(&self) -> std::collections::BTreeMap<String, u64> {
         self.asked_models.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Completion requests each data-parallel rank was given, by rank.
+    pub fn requests_by_rank(&self) -> Vec<u64> {
+        self.by_rank.iter().map(|n| n.load(std::sync::atomic::Ordering::Relaxed)).collect()
     }
 
     /// Resolves once the engine has stopped (the `die` fault, or [`EngineSim::stop`]).
@@ -139,11 +155,29 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
     config.profile.validate().map_err(anyhow::Error::msg).context("engine profile")?;
     anyhow::ensure!(config.speed.is_finite() && config.speed > 0.0, "speed must be positive, got {}", config.speed);
     anyhow::ensure!(config.block_size > 0, "block size must be positive");
+    anyhow::ensure!(
+        (1..=1024).contains(&config.data_parallel_size),
+        "data-parallel size must be 1..=1024, got {}",
+        config.data_parallel_size
+    );
     let faults = Arc::new(faults::FaultState::new(config.faults.clone()));
     let (stop, stopped) = watch::channel(false);
     let stop = Arc::new(stop);
-    let publisher = publisher::start(&config, faults.clone(), stopped.clone()).await?;
-    let (engine, submit) = engine_task::spawn(&config, publisher.sender.clone(), stopped.clone())?;
+    let (mut tasks, mut ranks, mut submit, mut stats) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for rank in 0..config.data_parallel_size {
+        // As vLLM's publisher of each rank binds: the configured ports plus the rank.
+        let at = |ep: &str| kvmesh_events::offset_endpoint_port(ep, rank).map_err(anyhow::Error::msg);
+        let of_rank =
+            EngineSimConfig { kv_events: at(&config.kv_events)?, replay: at(&config.replay)?, ..config.clone() };
+        let publisher = publisher::start(&of_rank, rank, faults.clone(), stopped.clone()).await?;
+        let (engine, inbox) = engine_task::spawn(&of_rank, publisher.sender.clone(), stopped.clone())?;
+        tasks.extend(publisher.tasks);
+        tasks.push(engine.task);
+        ranks.push((publisher.kv_events, publisher.replay));
+        submit.push(inbox);
+        stats.push(engine.stats);
+    }
+    let by_rank: Arc<Vec<std::sync::atomic::AtomicU64>> = Arc::new(ranks.iter().map(|_| Default::default()).collect());
     let listener =
         tokio::net::TcpListener::bind(config.http).await.with_context(|| format!("bind HTTP {}", config.http))?;
     let http_addr = listener.local_addr()?;
@@ -152,7 +186,9 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
     let app = http::router(http::AppState {
         model: config.model.clone(),
         submit,
-        stats: engine.stats.clone(),
+        stats,
+        by_rank: by_rank.clone(),
+        turn: Default::default(),
         faults: faults.clone(),
         profile: config.profile.clone(),
         block_size: config.block_size,
@@ -168,17 +204,18 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
             })
             .await;
     });
-    let mut tasks = publisher.tasks;
-    tasks.push(engine.task);
     tasks.push(server);
-    tracing::info!(http = %http_addr, kv_events = %publisher.kv_events, replay = %publisher.replay, "engine-sim ready");
+    let (kv_events, replay) = ranks[0].clone();
+    tracing::info!(http = %http_addr, %kv_events, %replay, ranks = ranks.len(), "engine-sim ready");
     Ok(EngineSim {
         http: http_addr,
-        kv_events: publisher.kv_events,
-        replay: publisher.replay,
+        kv_events,
+        replay,
+        ranks,
         faults,
         traceparents,
         asked_models,
+        by_rank,
         stop,
         tasks,
     })

@@ -31,6 +31,10 @@ struct Args {
     /// Time compression: step durations are divided by this.
     #[arg(long, default_value_t = 1.0)]
     speed: f64,
+    /// Data-parallel ranks behind the one HTTP API (vLLM `--data-parallel-size`): rank k
+    /// publishes at the KV-event and replay ports + k; `X-data-parallel-rank` picks the rank.
+    #[arg(long, default_value_t = 1)]
+    data_parallel_size: u32,
     /// Fault: publish no KV events.
     #[arg(long)]
     drop_events: bool,
@@ -60,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
         profile,
         block_size: a.block_size,
         speed: a.speed,
+        data_parallel_size: a.data_parallel_size,
         faults: Faults {
             drop_events: a.drop_events,
             delay_events_ms: a.delay_events_ms,

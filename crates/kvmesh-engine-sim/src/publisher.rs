@@ -31,12 +31,14 @@ pub struct Publisher {
 
 type Buffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
-/// Binds both sockets and starts their tasks.
+/// Binds both sockets and starts their tasks: the publisher of data-parallel rank `rank`
+/// (its batches say so), at `config`'s endpoints.
 ///
 /// # Errors
 /// A bind failure.
 pub async fn start(
     config: &EngineSimConfig,
+    rank: u32,
     faults: Arc<FaultState>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Publisher> {
@@ -78,7 +80,7 @@ pub async fn start(
                 buf.lock().unwrap_or_else(|p| p.into_inner()).clear();
             }
             let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-            let payload = Bytes::from(encode_batch(ts, &events, Some(0), Encoding::Map));
+            let payload = Bytes::from(encode_batch(ts, &events, Some(i64::from(rank)), Encoding::Map));
             {
                 let mut b = buf.lock().unwrap_or_else(|p| p.into_inner());
                 b.push_back((seq, payload.clone()));

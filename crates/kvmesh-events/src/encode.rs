@@ -70,12 +70,36 @@ fn medium(m: Medium) -> Value {
     })
 }
 
+/// vLLM's per-block `extra_keys` for `extra`: the LoRA name on every block (as vLLM puts it),
+/// the salt on the first, and a stand-in multimodal key `["mm", digest, 0]` on each
+/// unverifiable block (decoding gives another digest of it, also nonzero).
+fn extra_keys(s: &kvmesh_core::index::Stored, extra: &kvmesh_core::index::ExtraKeys) -> Value {
+    let blocks = s.block_hashes.len();
+    Value::Array(
+        (0..blocks)
+            .map(|k| {
+                let mut keys: Vec<Value> = s.lora_name.iter().map(|l| Value::from(l.as_str())).collect();
+                if let Some(d) = extra.unverifiable.get(k).filter(|&&d| d != 0) {
+                    keys.push(Value::Array(vec![Value::from("mm"), Value::from(*d), Value::from(0)]));
+                }
+                if let Some(salt) = extra.cache_salt.as_deref().filter(|_| k == 0 && s.parent.is_none()) {
+                    keys.push(Value::from(salt));
+                }
+                if keys.is_empty() {
+                    Value::Nil
+                } else {
+                    Value::Array(keys)
+                }
+            })
+            .collect(),
+    )
+}
+
 fn event(e: &KvEvent, encoding: Encoding) -> Value {
     let hashes = |hs: &[kvmesh_core::EngineBlockHash]| Value::Array(hs.iter().map(|h| Value::from(h.0)).collect());
     let (tag, fields): (&str, Vec<(&str, Value)>) = match e {
-        KvEvent::Stored(s) => (
-            "BlockStored",
-            vec![
+        KvEvent::Stored(s) => {
+            let mut fields = vec![
                 ("block_hashes", hashes(&s.block_hashes)),
                 ("parent_block_hash", s.parent.map_or(Value::Nil, |p| Value::from(p.0))),
                 ("token_ids", Value::Array(s.token_ids.iter().map(|&t| Value::from(t)).collect())),
@@ -83,8 +107,12 @@ fn event(e: &KvEvent, encoding: Encoding) -> Value {
                 ("lora_id", Value::Nil),
                 ("medium", medium(s.medium)),
                 ("lora_name", s.lora_name.as_deref().map_or(Value::Nil, Value::from)),
-            ],
-        ),
+            ];
+            if let Some(extra) = &s.extra_keys {
+                fields.push(("extra_keys", extra_keys(s, extra)));
+            }
+            ("BlockStored", fields)
+        }
         KvEvent::Removed(r) => {
             ("BlockRemoved", vec![("block_hashes", hashes(&r.block_hashes)), ("medium", medium(r.medium))])
         }
@@ -150,6 +178,7 @@ mod tests {
                 block_size: 4,
                 medium: Medium::Gpu,
                 lora_name: Some("a".into()),
+                extra_keys: None,
             }),
             KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(3)], medium: Medium::Cpu }),
             KvEvent::Cleared,

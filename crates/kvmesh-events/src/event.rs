@@ -18,7 +18,7 @@
 //! `ExternalBlockHash` may be `bytes`) is reduced to 64 bits with xxh3; ids stay opaque either way.
 
 use crate::batch::kind;
-use kvmesh_core::index::{KvEvent, Removed, Stored};
+use kvmesh_core::index::{ExtraKeys, KvEvent, Removed, Stored};
 use kvmesh_core::{EngineBlockHash, Medium};
 use rmpv::Value;
 
@@ -60,6 +60,11 @@ fn stored(f: &Fields<'_>) -> Result<KvEvent, String> {
         (_, Some(Value::Integer(id))) => Some(format!("lora-id:{id}")),
         _ => None,
     };
+    let extra_keys = match f.get("extra_keys", 8) {
+        None | Some(Value::Nil) => None,
+        Some(Value::Array(per_block)) => extra_keys(per_block, lora_name.as_deref(), parent.is_none()),
+        Some(other) => return Err(format!("extra_keys is {}, not an array", kind(other))),
+    };
     Ok(KvEvent::Stored(Stored {
         block_hashes,
         parent,
@@ -67,7 +72,54 @@ fn stored(f: &Fields<'_>) -> Result<KvEvent, String> {
         block_size,
         medium: medium(f.get("medium", 6))?,
         lora_name,
+        extra_keys,
     }))
+}
+
+/// vLLM's per-block `extra_keys` (each `nil` or a tuple of keys: the LoRA name, multimodal
+/// `(identifier, offset)` pairs, the `cache_salt` on a sequence's first block, prompt-embedding
+/// digests; vllm/v1/core/kv_cache_utils.py `generate_block_hash_extra_keys`) as the index
+/// uses them: the LoRA name is the event's `lora_name` already; a further string on the first
+/// block of a store that starts its sequence is the salt; everything else is digested (xxh3
+/// of its msgpack bytes) per block, a router having no way to check it against a request.
+/// `None` when no block has a key beyond the LoRA name.
+fn extra_keys(per_block: &[Value], lora_name: Option<&str>, starts: bool) -> Option<ExtraKeys> {
+    let mut out = ExtraKeys::default();
+    let mut any = false;
+    for (k, entry) in per_block.iter().enumerate() {
+        let Value::Array(keys) = entry else {
+            out.unverifiable.push(match entry {
+                Value::Nil => 0,
+                other => digest(std::slice::from_ref(other)),
+            });
+            continue;
+        };
+        let mut lora_seen = false;
+        let mut rest: Vec<Value> = Vec::new();
+        for key in keys {
+            match key.as_str() {
+                Some(s) if !lora_seen && Some(s) == lora_name => lora_seen = true,
+                Some(s) if k == 0 && starts && out.cache_salt.is_none() => out.cache_salt = Some(s.to_string()),
+                _ => rest.push(key.clone()),
+            }
+        }
+        let d = if rest.is_empty() { 0 } else { digest(&rest) };
+        out.unverifiable.push(d);
+    }
+    any |= out.cache_salt.is_some();
+    if out.unverifiable.iter().all(|&d| d == 0) {
+        out.unverifiable.clear();
+    } else {
+        any = true;
+    }
+    any.then_some(out)
+}
+
+/// A nonzero 64-bit digest of `keys`.
+fn digest(keys: &[Value]) -> u64 {
+    let mut bytes = Vec::new();
+    let _ = rmpv::encode::write_value(&mut bytes, &Value::Array(keys.to_vec()));
+    xxhash_rust::xxh3::xxh3_64(&bytes).max(1)
 }
 
 /// An event's tag and fields, by name (map form) or position (array form).

@@ -7,6 +7,7 @@
 //! ```text
 //! [topic, seq (u64 big-endian, 8 bytes), payload (msgpack)]
 //! payload = [ts (float, seconds), events (array), data_parallel_rank (int | nil)?]
+//!         | {"ts": …, "events": […], "data_parallel_rank": …}   (vLLM after 0.33)
 //! ```
 //!
 //! Each event is either a map tagged by `"type"` (vLLM ≥ 0.24, SGLang) or a positional array
@@ -21,6 +22,7 @@
 //! - [`metrics`]: an engine's load from its Prometheus `/metrics` page (vLLM and SGLang names).
 //! - [`sse`]: server-sent events, as engines stream completions (one parser for the proxy and
 //!   the clients).
+//! - [`endpoint`]: where each data-parallel rank publishes (the port plus the rank).
 //! - [`budget`]: [`DecodeLimits`] checked on the raw bytes before decoding allocates.
 //! - [`DecodeError`]: "incomplete" (truncated), "malformed" (never valid) or "over budget".
 //!
@@ -33,6 +35,7 @@
 pub mod batch;
 pub mod budget;
 pub mod encode;
+pub mod endpoint;
 pub mod error;
 pub mod event;
 pub mod message;
@@ -42,8 +45,12 @@ pub mod sse;
 
 pub use batch::{decode_batch, decode_batch_with, EventBatch, SkippedEvent};
 pub use budget::{check_budget, DecodeLimits};
+pub use endpoint::offset_endpoint_port;
 pub use error::DecodeError;
 pub use message::{decode_message, decode_message_with, EventMessage};
-pub use metrics::{parse_engine_metrics, parse_engine_page, parse_served_tokens, Dialect, EnginePage, MetricsError};
+pub use metrics::{
+    parse_engine_metrics, parse_engine_page, parse_engine_page_of, parse_served_tokens, Dialect, EnginePage,
+    MetricsError,
+};
 pub use replay::{decode_replay_reply, decode_replay_reply_with, replay_request, ReplayReply};
 pub use sse::{SseEvent, SseReader};

@@ -57,7 +57,7 @@ type Exposition = MetricsExposition<PrometheusType, PrometheusValue>;
 /// [`MetricsError::Unparseable`] when the text is not Prometheus format;
 /// [`MetricsError::Missing`] naming the first load metric absent.
 pub fn parse_engine_metrics(text: &str, at: f64) -> Result<(Dialect, EngineMetrics), MetricsError> {
-    load(&parse(text)?, at)
+    load(&Page { exposition: &parse(text)?, rank: None }, at)
 }
 
 /// What one scrape of an engine's metrics page gives.
@@ -90,7 +90,19 @@ pub struct EnginePage {
 /// # Errors
 /// As [`parse_engine_metrics`].
 pub fn parse_engine_page(text: &str, at: f64) -> Result<EnginePage, MetricsError> {
+    parse_engine_page_of(text, at, None)
+}
+
+/// [`parse_engine_page`] for one data-parallel rank of the engine (`None`: all of them): only
+/// the series labelled `engine="<rank>"` (vLLM: its engine index, the rank) or
+/// `dp_rank="<rank>"` (SGLang) count, so each rank routed as a replica of its own reads its
+/// own load and counters.
+///
+/// # Errors
+/// As [`parse_engine_metrics`]; a metric with no series for the rank is missing.
+pub fn parse_engine_page_of(text: &str, at: f64, rank: Option<u32>) -> Result<EnginePage, MetricsError> {
     let parsed = parse(text)?;
+    let parsed = Page { exposition: &parsed, rank: rank.map(|k| k.to_string()) };
     let (dialect, metrics) = load(&parsed, at)?;
     let (kv_blocks, kv_block_size) = cache_config(&parsed).unzip();
     Ok(EnginePage {
@@ -104,8 +116,9 @@ pub fn parse_engine_page(text: &str, at: f64) -> Result<EnginePage, MetricsError
 }
 
 /// The largest `num_gpu_blocks` of `vllm:cache_config_info`, with its series' `block_size`.
-fn cache_config(parsed: &Exposition) -> Option<(u64, Option<u32>)> {
+fn cache_config(parsed: &Page) -> Option<(u64, Option<u32>)> {
     parsed
+        .exposition
         .families
         .get("vllm:cache_config_info")?
         .iter_samples()
@@ -124,7 +137,19 @@ fn cache_config(parsed: &Exposition) -> Option<(u64, Option<u32>)> {
 /// sglang:generation_tokens_total`. Summed over the page's series (data-parallel ranks).
 /// `None` when the page lacks the prompt or generation counter or is not Prometheus text.
 pub fn parse_served_tokens(text: &str) -> Option<f64> {
-    served(&parse(text).ok()?)
+    served(&Page { exposition: &parse(text).ok()?, rank: None })
+}
+
+/// A parsed page, read for one data-parallel rank's series or all.
+struct Page<'a> {
+    exposition: &'a Exposition,
+    rank: Option<String>,
+}
+
+impl Page<'_> {
+    fn has(&self, name: &str) -> bool {
+        self.exposition.families.contains_key(name)
+    }
 }
 
 fn parse(text: &str) -> Result<Exposition, MetricsError> {
@@ -135,10 +160,10 @@ fn parse(text: &str) -> Result<Exposition, MetricsError> {
         .map_err(|e| MetricsError::Unparseable(e.to_string()))
 }
 
-fn load(parsed: &Exposition, at: f64) -> Result<(Dialect, EngineMetrics), MetricsError> {
-    let (dialect, names) = if parsed.families.contains_key(VLLM.running) {
+fn load(parsed: &Page, at: f64) -> Result<(Dialect, EngineMetrics), MetricsError> {
+    let (dialect, names) = if parsed.has(VLLM.running) {
         (Dialect::Vllm, VLLM)
-    } else if parsed.families.contains_key(SGLANG.running) {
+    } else if parsed.has(SGLANG.running) {
         (Dialect::Sglang, SGLANG)
     } else {
         return Err(MetricsError::Missing("vllm:num_requests_running or sglang:num_running_reqs"));
@@ -157,8 +182,8 @@ fn load(parsed: &Exposition, at: f64) -> Result<(Dialect, EngineMetrics), Metric
     Ok((dialect, EngineMetrics { running: count(&running), waiting: count(&waiting), kv_usage, at }))
 }
 
-fn generated(parsed: &Exposition) -> Option<f64> {
-    let names: &[&str] = if parsed.families.contains_key(VLLM.running) {
+fn generated(parsed: &Page) -> Option<f64> {
+    let names: &[&str] = if parsed.has(VLLM.running) {
         &["vllm:generation_tokens_total", "vllm:generation_tokens"]
     } else {
         &["sglang:generation_tokens_total"]
@@ -167,9 +192,9 @@ fn generated(parsed: &Exposition) -> Option<f64> {
     (total.is_finite() && total >= 0.0).then_some(total)
 }
 
-fn served(parsed: &Exposition) -> Option<f64> {
+fn served(parsed: &Page) -> Option<f64> {
     let total = |names: &[&str]| names.iter().find_map(|n| values(parsed, n)).map(|v| v.iter().sum::<f64>());
-    let (prompt, hits, generation) = if parsed.families.contains_key(VLLM.running) {
+    let (prompt, hits, generation) = if parsed.has(VLLM.running) {
         (
             total(&["vllm:prompt_tokens_total", "vllm:prompt_tokens"])?,
             total(&["vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"]).unwrap_or(0.0),
@@ -186,12 +211,19 @@ fn served(parsed: &Exposition) -> Option<f64> {
     (served.is_finite() && served >= 0.0).then_some(served)
 }
 
-/// Every finite gauge (or untyped) sample of `name`; `None` when the family is absent or has
-/// no usable sample.
-fn values(parsed: &Exposition, name: &str) -> Option<Vec<f64>> {
-    let family = parsed.families.get(name)?;
+/// Every finite gauge (or untyped) sample of `name` (of the page's rank, when it has one);
+/// `None` when the family is absent or has no usable sample.
+fn values(parsed: &Page, name: &str) -> Option<Vec<f64>> {
+    let family = parsed.exposition.families.get(name)?;
+    let of_rank = |s: &&openmetrics_parser::Sample<PrometheusValue>| {
+        let Some(rank) = &parsed.rank else { return true };
+        s.get_labelset().is_ok_and(|l| {
+            ["engine", "dp_rank"].iter().any(|k| l.get_label_value(k).is_some_and(|v| v == rank.as_str()))
+        })
+    };
     let v: Vec<f64> = family
         .iter_samples()
+        .filter(of_rank)
         .filter_map(|s| match &s.value {
             PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n) => Some(n.as_f64()),
             PrometheusValue::Counter(c) => Some(c.value.as_f64()),

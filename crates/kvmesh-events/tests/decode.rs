@@ -71,6 +71,7 @@ fn c06_two_element_batch_unknown_keys_and_trailing_elements_decode() {
                 block_size: 4,
                 medium: Medium::Cpu,
                 lora_name: None,
+                extra_keys: None,
             }),
             KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(7)], medium: Medium::Gpu }),
             KvEvent::Cleared,
@@ -229,4 +230,85 @@ proptest! {
         let _ = decode_batch(&good);
         let _ = decode_batch(&good[..cut as usize % (good.len() + 1)]);
     }
+}
+
+/// A `BlockStored` with every field vLLM's current `kv_events.py` declares (`lora_id`,
+/// `medium`, `lora_name`, `extra_keys`, `group_idx`, `kv_cache_spec_kind`,
+/// `kv_cache_spec_sliding_window`), in a map-encoded batch with its `data_parallel_rank`.
+#[test]
+fn every_current_block_stored_field_decodes() {
+    let keys = |v: Vec<Value>| Value::Array(v);
+    let event = map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", Value::Array(vec![Value::from(11u64), Value::from(12u64), Value::from(13u64)])),
+        ("parent_block_hash", Value::Nil),
+        ("token_ids", Value::Array((0..12u64).map(Value::from).collect())),
+        ("block_size", Value::from(4)),
+        ("lora_id", Value::from(1)),
+        ("medium", s("GPU")),
+        ("lora_name", s("sql")),
+        (
+            "extra_keys",
+            Value::Array(vec![
+                // Block 0: the adapter, then the request's cache_salt.
+                keys(vec![s("sql"), s("tenant-7")]),
+                // Block 1: the adapter and an image (identifier, offset in the block).
+                keys(vec![s("sql"), keys(vec![s("mm-hash-abc"), Value::from(2)])]),
+                // Block 2: the adapter only.
+                keys(vec![s("sql")]),
+            ]),
+        ),
+        ("group_idx", Value::from(0)),
+        ("kv_cache_spec_kind", s("full_attention")),
+        ("kv_cache_spec_sliding_window", Value::Nil),
+    ]);
+    let payload = encode(&map(vec![
+        ("ts", Value::F64(7.5)),
+        ("events", Value::Array(vec![event])),
+        ("data_parallel_rank", Value::from(1)),
+    ]));
+    let b = decode_batch(&payload).unwrap();
+    assert_eq!((b.ts, b.data_parallel_rank, b.skipped.len()), (7.5, Some(1), 0));
+    let KvEvent::Stored(st) = &b.events[0] else { panic!("{:?}", b.events) };
+    assert_eq!(st.lora_name.as_deref(), Some("sql"));
+    let extra = st.extra_keys.as_ref().unwrap();
+    assert_eq!(extra.cache_salt.as_deref(), Some("tenant-7"));
+    assert_eq!(extra.unverifiable.len(), 3);
+    assert_eq!((extra.unverifiable[0], extra.unverifiable[2]), (0, 0), "{extra:?}");
+    assert_ne!(extra.unverifiable[1], 0);
+    // The same image at another offset is another block.
+    let other = |offset: i64| {
+        let e = map(vec![
+            ("type", s("BlockStored")),
+            ("block_hashes", Value::Array(vec![Value::from(21u64)])),
+            ("parent_block_hash", Value::from(20u64)),
+            ("token_ids", Value::Array((0..4u64).map(Value::from).collect())),
+            ("block_size", Value::from(4)),
+            ("extra_keys", Value::Array(vec![keys(vec![keys(vec![s("mm-hash-abc"), Value::from(offset)])])])),
+        ]);
+        let KvEvent::Stored(st) = decode_batch(&batch(vec![e])).unwrap().events.remove(0) else { panic!() };
+        st.extra_keys.unwrap()
+    };
+    assert_ne!(other(0).unverifiable, other(1).unverifiable);
+    // A string on a continuation's block is no salt (vLLM salts a sequence's first block only).
+    assert_eq!(other(0).cache_salt, None);
+    // Extra keys of nils, or of the adapter alone, are no extra keys.
+    let plain = map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", Value::Array(vec![Value::from(31u64), Value::from(32u64)])),
+        ("token_ids", Value::Array((0..8u64).map(Value::from).collect())),
+        ("block_size", Value::from(4)),
+        ("lora_name", s("sql")),
+        ("extra_keys", Value::Array(vec![Value::Nil, keys(vec![s("sql")])])),
+    ]);
+    let KvEvent::Stored(st) = decode_batch(&batch(vec![plain])).unwrap().events.remove(0) else { panic!() };
+    assert_eq!(st.extra_keys, None);
+    let bad = map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", Value::Array(vec![Value::from(41u64)])),
+        ("token_ids", Value::Array((0..4u64).map(Value::from).collect())),
+        ("block_size", Value::from(4)),
+        ("extra_keys", s("x")),
+    ]);
+    assert_eq!(decode_batch(&batch(vec![bad])).unwrap().skipped[0].reason, "extra_keys is a string, not an array");
 }

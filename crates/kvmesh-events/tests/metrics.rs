@@ -159,3 +159,40 @@ fn kv_blocks_come_from_vllms_cache_config_info() {
     let odd = page.replace("num_gpu_blocks=\"29375\"", "num_gpu_blocks=\"None\"");
     assert_eq!(kvmesh_events::parse_engine_page(&odd, 0.0).unwrap().kv_blocks, None);
 }
+
+#[test]
+fn one_data_parallel_rank_reads_its_own_series() {
+    use kvmesh_events::parse_engine_page_of;
+    let rank = |k| parse_engine_page_of(VLLM_TWO_ENGINES, 7.0, Some(k));
+    assert_eq!(rank(0).unwrap().metrics, EngineMetrics { running: 3, waiting: 4, kv_usage: 0.5, at: 7.0 });
+    assert_eq!(rank(1).unwrap().metrics, EngineMetrics { running: 2, waiting: 0, kv_usage: 0.25, at: 7.0 });
+    // The whole engine, as before.
+    assert_eq!(parse_engine_page_of(VLLM_TWO_ENGINES, 7.0, None).unwrap().metrics.running, 5);
+    // A rank the page has no series for has no load.
+    assert_eq!(rank(2), Err(MetricsError::Missing("vllm:num_requests_running")));
+    // SGLang labels its ranks dp_rank.
+    assert_eq!(parse_engine_page_of(SGLANG, 7.0, Some(0)).unwrap().metrics.running, 9);
+    // Counters per rank: rank 1 served 5,000 prompt tokens and 300 generated, no hits.
+    let counters = r#"# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0"} 1.0
+vllm:num_requests_running{engine="1"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0"} 0.0
+vllm:num_requests_waiting{engine="1"} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0"} 0.1
+vllm:kv_cache_usage_perc{engine="1"} 0.1
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0"} 10000.0
+vllm:prompt_tokens_total{engine="1"} 5000.0
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0"} 4000.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0"} 700.0
+vllm:generation_tokens_total{engine="1"} 300.0
+"#;
+    let one = parse_engine_page_of(counters, 1.0, Some(1)).unwrap();
+    assert_eq!((one.served_tokens, one.generated_tokens), (Some(5_300.0), Some(300.0)));
+    let zero = parse_engine_page_of(counters, 1.0, Some(0)).unwrap();
+    assert_eq!((zero.served_tokens, zero.generated_tokens), (Some(6_700.0), Some(700.0)));
+}

@@ -655,13 +655,69 @@ pub struct ReplicaConfig {
     /// `node.block_size`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_size: Option<u32>,
+    /// This entry is one data-parallel rank of an engine serving several behind one API
+    /// server (vLLM `--data-parallel-size`), routed, indexed and loaded as a replica of its
+    /// own: requests sent to it carry `X-data-parallel-rank: <rank>` (vLLM's API server then
+    /// schedules them on that rank), its load is read from the `/metrics` series labelled
+    /// `engine="<rank>"` (or `dp_rank`), and `kv_events`/`replay` are that rank's own
+    /// publisher's (vLLM binds rank k's at the configured ports + k). Usually written for you
+    /// by `data_parallel_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_parallel_rank: Option<u32>,
+    /// Shorthand for an engine's N data-parallel ranks: at load this entry becomes N entries
+    /// `<name>-dp<k>` (k = 0…N−1), each with `data_parallel_rank = k`, `kv_events` and
+    /// `replay` at the given ports + k (vLLM's `ZmqEventPublisher.offset_endpoint_port`,
+    /// vllm/distributed/kv_events.py) and `capacity_blocks` each (one rank's KV, as that
+    /// rank logs it). 1..=1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_parallel_size: Option<u32>,
 }
+
+/// Most data-parallel ranks one `[[replicas]]` entry may stand for.
+pub const MAX_DATA_PARALLEL_SIZE: u32 = 1024;
 
 fn default_engine() -> String {
     "vllm".into()
 }
 
 impl ReplicaConfig {
+    /// This entry as the replicas it stands for: itself, or with `data_parallel_size` N one
+    /// entry per rank (see [`ReplicaConfig::data_parallel_size`]).
+    ///
+    /// # Errors
+    /// A size of 0 or over [`MAX_DATA_PARALLEL_SIZE`], a size beside a rank, or an endpoint
+    /// whose port cannot be offset (no port, or past 65535).
+    pub fn ranks(&self) -> Result<Vec<ReplicaConfig>, String> {
+        let Some(size) = self.data_parallel_size else { return Ok(vec![self.clone()]) };
+        let bad = |what: String| Err(format!("replica {:?}: {what}", self.name));
+        if size == 0 || size > MAX_DATA_PARALLEL_SIZE {
+            return bad(format!("data_parallel_size must be 1..={MAX_DATA_PARALLEL_SIZE}, got {size}"));
+        }
+        if self.data_parallel_rank.is_some() {
+            return bad(
+                "data_parallel_size and data_parallel_rank exclude each other (the size writes the ranks)".into()
+            );
+        }
+        let mut out = Vec::with_capacity(size as usize);
+        for k in 0..size {
+            let offset = |field: &str, ep: &Option<String>| match ep {
+                Some(ep) => kvmesh_events::offset_endpoint_port(ep, k)
+                    .map(Some)
+                    .map_err(|e| format!("replica {:?}: {field} {e}", self.name)),
+                None => Ok(None),
+            };
+            out.push(ReplicaConfig {
+                name: format!("{}-dp{k}", self.name),
+                kv_events: offset("kv_events", &self.kv_events)?,
+                replay: offset("replay", &self.replay)?,
+                data_parallel_rank: Some(k),
+                data_parallel_size: None,
+                ..self.clone()
+            });
+        }
+        Ok(out)
+    }
+
     /// The metrics URL to scrape.
     pub fn metrics(&self) -> String {
         self.metrics_url.clone().unwrap_or_else(|| format!("{}/metrics", self.http.trim_end_matches('/')))
@@ -703,11 +759,31 @@ impl ReplicaConfig {
         if self.capacity_blocks == 0 {
             return bad("capacity_blocks must be positive");
         }
+        if self.data_parallel_size.is_some() {
+            return bad("data_parallel_size is expanded into ranks when the file is read; register each rank (data_parallel_rank) through the API");
+        }
+        if self.data_parallel_rank.is_some_and(|k| k >= MAX_DATA_PARALLEL_SIZE) {
+            return bad(&format!("data_parallel_rank must be below {MAX_DATA_PARALLEL_SIZE}"));
+        }
         Ok(())
     }
 }
 
 impl NodeConfig {
+    /// Replaces every entry with a `data_parallel_size` by its ranks
+    /// ([`ReplicaConfig::ranks`]), in place.
+    ///
+    /// # Errors
+    /// As [`ReplicaConfig::ranks`].
+    pub fn expand_data_parallel(&mut self) -> Result<(), String> {
+        let mut out = Vec::with_capacity(self.replicas.len());
+        for r in &self.replicas {
+            out.extend(r.ranks()?);
+        }
+        self.replicas = out;
+        Ok(())
+    }
+
     /// Reads and validates a TOML file.
     ///
     /// # Errors
@@ -725,8 +801,11 @@ impl NodeConfig {
     /// The file cannot be read or is not valid TOML for this schema (with the line).
     pub fn read(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-        toml::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("{}: {}{}", path.display(), e.to_string().trim_end(), hints::hint(&e, &text)))
+        let mut config: NodeConfig = toml::from_str(&text).map_err(|e| {
+            anyhow::anyhow!("{}: {}{}", path.display(), e.to_string().trim_end(), hints::hint(&e, &text))
+        })?;
+        config.expand_data_parallel().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(config)
     }
 
     /// Valid but probably not meant: each a line for the start-up log.
@@ -955,6 +1034,55 @@ capacity_blocks = 100
         assert_eq!(lease("0").unwrap_err(), "node.booking_lease_s must be positive seconds, at most a day, got 0");
         lease("30").unwrap();
         assert_eq!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().admission.ttft_slo_s, None);
+    }
+
+    #[test]
+    fn a_data_parallel_size_becomes_one_replica_per_rank_at_the_offset_ports() {
+        let entry = |extra: &str| {
+            let text = format!(
+                "name = \"v\"\nhttp = \"http://10.0.0.7:8000\"\nkv_events = \"tcp://10.0.0.7:5557\"\n\
+                 replay = \"tcp://10.0.0.7:5558\"\ncapacity_blocks = 100\n{extra}"
+            );
+            toml::from_str::<ReplicaConfig>(&text).unwrap()
+        };
+        let ranks = entry("data_parallel_size = 3").ranks().unwrap();
+        type Rank = (String, Option<u32>, Option<String>, Option<String>, u64);
+        let got: Vec<Rank> = ranks
+            .iter()
+            .map(|r| (r.name.clone(), r.data_parallel_rank, r.kv_events.clone(), r.replay.clone(), r.capacity_blocks))
+            .collect();
+        let want = |k: u32| {
+            (
+                format!("v-dp{k}"),
+                Some(k),
+                Some(format!("tcp://10.0.0.7:{}", 5557 + k)),
+                Some(format!("tcp://10.0.0.7:{}", 5558 + k)),
+                100,
+            )
+        };
+        assert_eq!(got, [want(0), want(1), want(2)]);
+        assert!(ranks.iter().all(|r| r.http == "http://10.0.0.7:8000" && r.data_parallel_size.is_none()));
+        assert!(ranks.iter().all(|r| r.validate().is_ok()));
+        // Without a size the entry stands for itself; a size of 1 is one rank.
+        assert_eq!(entry("").ranks().unwrap(), [entry("")]);
+        assert_eq!(entry("data_parallel_size = 1").ranks().unwrap()[0].name, "v-dp0");
+        for (extra, err) in [
+            ("data_parallel_size = 0", "replica \"v\": data_parallel_size must be 1..=1024, got 0"),
+            ("data_parallel_size = 1025", "replica \"v\": data_parallel_size must be 1..=1024, got 1025"),
+            (
+                "data_parallel_size = 2\ndata_parallel_rank = 1",
+                "replica \"v\": data_parallel_size and data_parallel_rank exclude each other (the size writes the ranks)",
+            ),
+        ] {
+            assert_eq!(entry(extra).ranks().unwrap_err(), err);
+        }
+        let high = ReplicaConfig { kv_events: Some("tcp://h:65535".into()), ..entry("data_parallel_size = 2") };
+        assert_eq!(
+            high.ranks().unwrap_err(),
+            "replica \"v\": kv_events \"tcp://h:65535\": port 65535 + rank 1 is past 65535"
+        );
+        // An entry that still has a size was not read through NodeConfig::read.
+        assert!(entry("data_parallel_size = 2").validate().unwrap_err().contains("data_parallel_size is expanded"));
     }
 
     #[test]

@@ -64,7 +64,8 @@ impl router_server::Router for Services {
             selected.adapter = Some(a.to_string());
         }
         // Hash before taking the core lock: a long prompt is microseconds of work.
-        let hasher = &self.shared.settings.hasher_for(&selected);
+        let salt = r.cache_salt.as_deref().unwrap_or_default();
+        let hasher = &self.shared.settings.hasher_for(&selected).for_salt(salt);
         // A gRPC caller may never report its first token: its prefill drains on the clock.
         if r.expected_output_tokens == Some(0) {
             return Err(GrpcStatus::invalid_argument(
@@ -84,7 +85,7 @@ impl router_server::Router for Services {
             return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f)));
         }
         let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived)
-            .for_selected(&selected);
+            .for_selected(&selected, !salt.is_empty());
         let Admitted { routed, replica: name, endpoints, at: now, decision_s } = match ticket
             .route(&req, &tokens, r.max_tokens)
             .await
@@ -122,6 +123,7 @@ impl router_server::Router for Services {
             estimated_ttft_s: d.estimated_ttft_s,
             reason: d.reason.as_str().into(),
             booking: self.shared.booking_keys.issue(routed.booking, &caller),
+            data_parallel_rank: endpoints.data_parallel_rank,
         }))
     }
 
@@ -172,6 +174,7 @@ pub(crate) fn to_spec(c: &ReplicaConfig, block_size: u32) -> v1::ReplicaSpec {
         engine: c.engine.clone(),
         block_size: c.block_size.unwrap_or(block_size),
         capacity_blocks: c.capacity_blocks,
+        data_parallel_rank: c.data_parallel_rank,
     }
 }
 
@@ -188,6 +191,8 @@ pub(crate) fn from_spec(s: v1::ReplicaSpec) -> ReplicaConfig {
         engine: opt(s.engine).unwrap_or_else(|| "vllm".into()),
         model: opt(s.model),
         block_size: (s.block_size != 0).then_some(s.block_size),
+        data_parallel_rank: s.data_parallel_rank,
+        data_parallel_size: None,
     }
 }
 

@@ -84,7 +84,9 @@ pub const HINT_HEADER: &str = "x-kvmesh-expected-output-tokens";
 /// Request headers passed to the engine: everything but hop-by-hop headers and the ones the
 /// client connection defines (`Authorization` for vLLM's `--api-key` included).
 fn upstream_headers(headers: &HeaderMap) -> HeaderMap {
-    const SKIP: [&str; 9] = [
+    // The router picks the data-parallel rank: a client's own rank header never passes.
+    const SKIP: [&str; 10] = [
+        crate::replica::endpoints::DATA_PARALLEL_RANK_HEADER,
         "host",
         "content-length",
         "connection",
@@ -175,6 +177,8 @@ struct RequestFields<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
     prompt: Option<Prompt<'a>>,
     #[serde(borrow, default)]
     messages: Option<Vec<Message<'a>>>,
@@ -226,6 +230,9 @@ pub(crate) struct Parsed {
     pub exact: bool,
     /// The client asked for a streamed answer (its first token is seen when it comes).
     pub stream: bool,
+    /// vLLM's `cache_salt`: the request's prefix cache is its tenant's own (vLLM salts the
+    /// first block's hash with it), so only blocks stored with the same salt are overlap.
+    pub cache_salt: Option<String>,
 }
 
 impl Parsed {
@@ -236,6 +243,7 @@ impl Parsed {
             tokens,
             exact,
             stream: f.stream.unwrap_or(false),
+            cache_salt: f.cache_salt.as_deref().filter(|s| !s.is_empty()).map(str::to_string),
         }
     }
 }
@@ -332,7 +340,7 @@ async fn forward(
     api: Api,
     headers: &HeaderMap,
     body: Bytes,
-    Parsed { model: asked_model, max_tokens, tokens, exact, stream }: Parsed,
+    Parsed { model: asked_model, max_tokens, tokens, exact, stream, cache_salt }: Parsed,
     arrived: tokio::time::Instant,
 ) -> Response {
     let headers = upstream_headers(headers);
@@ -348,14 +356,13 @@ async fn forward(
     // What went wrong on the last replica tried, if one was.
     let mut last_failure: Option<String> = None;
     // Hashed once, outside the core lock.
-    let req = RouteRequest::new(&shared.settings.hasher_for(&selected), &tokens, max_tokens)
-        .streamed(stream)
-        .with_output_hint(hint);
+    let hasher = shared.settings.hasher_for(&selected).for_salt(cache_salt.as_deref().unwrap_or_default());
+    let req = RouteRequest::new(&hasher, &tokens, max_tokens).streamed(stream).with_output_hint(hint);
     let span = crate::in_flight::request_span(api.path(), tokens.len(), &shared.policy_name());
     crate::telemetry::parent_from(&span, &headers);
     // Kept across retries: demand counted once, one `max_wait_s` for all the waits.
-    let mut ticket =
-        crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived).for_selected(&selected);
+    let mut ticket = crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived)
+        .for_selected(&selected, cache_salt.is_some());
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
         let crate::admission::Admitted { routed, replica: name, endpoints, at: now, decision_s } =
@@ -387,6 +394,9 @@ async fn forward(
         let upstream = tracing::debug_span!(parent: &span, "upstream", otel.kind = "client", replica = %name, attempt = attempt + 1);
         let mut sent_headers = headers.clone();
         crate::telemetry::inject(&upstream, &mut sent_headers);
+        if let Some((name, rank)) = endpoints.rank_header() {
+            sent_headers.insert(name, rank);
+        }
         let sent = shared
             .http
             .post(endpoints.url(api).clone())

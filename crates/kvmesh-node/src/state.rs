@@ -539,7 +539,9 @@ impl Shared {
                 config.name, self.settings.block_size
             )));
         }
-        let endpoints = Arc::new(Endpoints::parse(&config.http).map_err(RegistryError::Invalid)?);
+        let endpoints = Arc::new(
+            Endpoints::parse(&config.http).map_err(RegistryError::Invalid)?.with_rank(config.data_parallel_rank),
+        );
         let mut core = self.core();
         if core.replicas.contains_key(&config.name) {
             return Err(RegistryError::Exists(config.name));

@@ -45,6 +45,7 @@ impl TryFrom<v1::KvEvent> for KvEvent {
                 block_size: s.block_size,
                 medium: medium(s.medium)?,
                 lora_name: s.lora_name,
+                extra_keys: None,
             })),
             Event::Removed(r) => Ok(KvEvent::Removed(Removed {
                 block_hashes: r.block_hashes.into_iter().map(EngineBlockHash).collect(),
@@ -94,6 +95,7 @@ mod tests {
             block_size: 4,
             medium: Medium::Cpu,
             lora_name: Some("sql".into()),
+            extra_keys: None,
         });
         let removed = KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(1)], medium: Medium::Gpu });
         for e in [stored, removed, KvEvent::Cleared] {

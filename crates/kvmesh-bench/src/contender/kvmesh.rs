@@ -52,6 +52,7 @@ pub fn event_of(op: &Op) -> Option<(ReplicaId, KvEvent)> {
                 block_size: BLOCK_TOKENS,
                 medium: Medium::Gpu,
                 lora_name: None,
+                extra_keys: None,
             }),
         )),
         Op::Remove { engine, engine_ids } => Some((

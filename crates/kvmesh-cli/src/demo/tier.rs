@@ -86,6 +86,8 @@ impl Tier {
                 engine: "vllm".into(),
                 model: None,
                 block_size: None,
+                data_parallel_rank: None,
+                data_parallel_size: None,
             })
             .collect();
         let ports = free_ports(spec.nodes)?;

@@ -105,6 +105,7 @@ fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
         block_size: 16,
         medium: Medium::Gpu,
         lora_name: None,
+        extra_keys: None,
     });
     f.apply_event(a, &ev, 1.5).unwrap();
     assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Events);
@@ -121,6 +122,7 @@ fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
         block_size: 32,
         medium: Medium::Gpu,
         lora_name: None,
+        extra_keys: None,
     });
     f.apply_event(a, &wrong, 11.0).unwrap();
     assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Approximate);
@@ -302,6 +304,7 @@ fn pending_prefixes_count_while_the_queue_ahead_of_them_lasts() {
         block_size: 16,
         medium: Medium::Gpu,
         lora_name: None,
+        extra_keys: None,
     });
     f.apply_event(a, &ev, 0.0).unwrap();
     // 5 s of queued prefill ahead (17.25 µs/token).
@@ -433,6 +436,7 @@ fn stored(tokens: &[u32], first_id: u64) -> KvEvent {
         block_size: 16,
         medium: Medium::Gpu,
         lora_name: None,
+        extra_keys: None,
     })
 }
 

@@ -36,6 +36,26 @@ pub struct Stored {
     /// model). It seeds the chain of a sequence's first block (see
     /// [`crate::BlockHasher::for_adapter`]), so adapter blocks never match base-model requests.
     pub lora_name: Option<String>,
+    /// What vLLM's per-block `extra_keys` add to its block hashes beyond the LoRA adapter
+    /// (`None`: nothing, or an engine that sends no extra keys).
+    pub extra_keys: Option<ExtraKeys>,
+}
+
+/// vLLM's per-block `extra_keys` (vllm/v1/core/kv_cache_utils.py
+/// `generate_block_hash_extra_keys`: the LoRA name, multimodal `(identifier, offset)` pairs,
+/// the `cache_salt` on a sequence's first block, prompt-embedding digests) as the index uses
+/// them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExtraKeys {
+    /// The `cache_salt` of the sequence the store starts (its first block's string key that is
+    /// not the LoRA name): the chain is seeded in the salted namespace
+    /// ([`crate::BlockHasher::for_salt`]), so the blocks match only requests with that salt.
+    pub cache_salt: Option<String>,
+    /// Per stored block, in order, a digest of the keys a router cannot verify from a
+    /// request's tokens (multimodal identifiers, embedding digests); 0 for a block without
+    /// any. Such a block and the rest of its chain never count as overlap for a request
+    /// ([`crate::BlockHasher::with_extra`]). Empty: no block has any.
+    pub unverifiable: Vec<u64>,
 }
 
 /// vLLM `BlockRemoved`: the named blocks (one copy each) left `medium`.
@@ -95,6 +115,10 @@ impl KvEvent {
                         block_size: s.block_size,
                         medium: s.medium,
                         lora_name: s.lora_name.clone(),
+                        extra_keys: s.extra_keys.as_ref().map(|e| ExtraKeys {
+                            cache_salt: e.cache_salt.clone(),
+                            unverifiable: e.unverifiable.get(range.clone()).map(<[u64]>::to_vec).unwrap_or_default(),
+                        }),
                     })
                 }
                 KvEvent::Removed(r) => {
@@ -120,6 +144,7 @@ mod tests {
             block_size: 2,
             medium: Medium::Gpu,
             lora_name: None,
+            extra_keys: None,
         })
     }
 

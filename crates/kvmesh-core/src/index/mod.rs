@@ -25,7 +25,7 @@ mod replica_blocks;
 mod segments;
 mod table;
 
-pub use event::{KvEvent, Removed, Stored};
+pub use event::{ExtraKeys, KvEvent, Removed, Stored};
 pub use outcome::{ApplyOutcome, EventCounters, Rejection};
 pub use replica_blocks::IndexHealth;
 
@@ -265,17 +265,25 @@ impl PrefixIndex {
             },
         };
         let base = self.hasher_of(replica);
-        let hasher = match &s.lora_name {
-            Some(adapter) if prev.is_none() => base.for_adapter(adapter),
+        // A sequence's first block carries its adapter and salt in its seed; later stores
+        // chain from their parent, whose hash already includes them.
+        let hasher = match (&s.lora_name, prev) {
+            (Some(adapter), None) => base.for_adapter(adapter),
             _ => base,
         };
+        let salt = s.extra_keys.as_ref().and_then(|e| e.cache_salt.as_deref()).filter(|_| prev.is_none());
+        let hasher = salt.map_or(hasher, |salt| hasher.for_salt(salt));
+        let unverifiable = s.extra_keys.as_ref().map_or(&[][..], |e| &e.unverifiable[..]);
         // Hash every block first, then read the table slots the loop below will probe: the
         // reads are independent, so their cache misses overlap instead of coming one by one.
         let mut blocks = std::mem::take(&mut self.scratch);
         blocks.clear();
         let mut parent_hash = prev.map(|p| BlockHash(self.blocks.slot(p).hash));
-        for tokens in s.token_ids.chunks_exact(want as usize) {
-            let block = hasher.hash_block(parent_hash, tokens);
+        for (k, tokens) in s.token_ids.chunks_exact(want as usize).enumerate() {
+            let mut block = hasher.hash_block(parent_hash, tokens);
+            if let Some(&extra) = unverifiable.get(k).filter(|&&d| d != 0) {
+                block = BlockHasher::with_extra(block, extra);
+            }
             blocks.push(block);
             parent_hash = Some(block);
         }

@@ -26,6 +26,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
         block_size: BS,
         medium: Medium::Gpu,
         lora_name: None,
+        extra_keys: None,
     })
 }
 
@@ -100,6 +101,7 @@ fn c04_block_size_mismatch_is_loud() {
         block_size: 8,
         medium: Medium::Gpu,
         lora_name: None,
+        extra_keys: None,
     });
     let out = ix.apply(R0, &ev);
     assert_eq!(out.rejection, Some(Rejection::BlockSizeMismatch { got: 8, want: 4 }));
@@ -165,6 +167,7 @@ fn lora_blocks_match_only_requests_for_that_adapter() {
         block_size: BS,
         medium: Medium::Gpu,
         lora_name: Some("sql-lora".into()),
+        extra_keys: None,
     });
     ix.apply(R0, &ev);
     assert_eq!(gpu_overlap(&ix, R0, &toks), 0, "a base-model request does not match");
@@ -172,6 +175,49 @@ fn lora_blocks_match_only_requests_for_that_adapter() {
     let mut out = Vec::new();
     ix.overlaps(&lora, &mut out);
     assert_eq!(out, vec![(R0, Overlap::gpu(2))]);
+}
+
+#[test]
+fn salted_blocks_match_their_salt_and_unverifiable_blocks_match_nothing() {
+    let mut ix = index();
+    let toks: Vec<u32> = (0..12).collect();
+    // vLLM's extra keys: the cache_salt on the first block, an image in the second.
+    let ev = KvEvent::Stored(Stored {
+        block_hashes: vec![e(1), e(2), e(3)],
+        parent: None,
+        token_ids: toks.clone(),
+        block_size: BS,
+        medium: Medium::Gpu,
+        lora_name: Some("sql".into()),
+        extra_keys: Some(ExtraKeys { cache_salt: Some("tenant-7".into()), unverifiable: vec![0, 99, 0] }),
+    });
+    ix.apply(R0, &ev);
+    let overlap = |ix: &PrefixIndex, hashes: Vec<crate::BlockHash>| {
+        let mut out = Vec::new();
+        ix.overlaps(&hashes, &mut out);
+        out.first().map_or(0, |(_, o)| o.gpu)
+    };
+    let salted = ix.hasher().for_adapter("sql").for_salt("tenant-7");
+    // The first block only: the second holds an image no request's tokens show, and the
+    // third chains from it.
+    assert_eq!(overlap(&ix, salted.hash_blocks(&toks)), 1);
+    assert_eq!(overlap(&ix, ix.hasher().for_adapter("sql").hash_blocks(&toks)), 0, "no salt, no match");
+    assert_eq!(overlap(&ix, ix.hasher().for_adapter("sql").for_salt("tenant-8").hash_blocks(&toks)), 0);
+    // A continuation chains from the stored hashes (salt and image included): it is found
+    // under the request's own first block and no further, as the image block is.
+    let next = KvEvent::Stored(Stored {
+        block_hashes: vec![e(4)],
+        parent: Some(e(3)),
+        token_ids: (12..16).collect(),
+        block_size: BS,
+        medium: Medium::Gpu,
+        lora_name: Some("sql".into()),
+        extra_keys: None,
+    });
+    ix.apply(R0, &next);
+    assert_eq!(ix.replica_blocks(R0), 4);
+    let all: Vec<u32> = (0..16).collect();
+    assert_eq!(overlap(&ix, salted.hash_blocks(&all)), 1);
 }
 
 #[test]
@@ -186,6 +232,7 @@ fn cpu_medium_is_tracked_apart_from_gpu() {
         block_size: BS,
         medium: Medium::Cpu,
         lora_name: None,
+        extra_keys: None,
     });
     ix.apply(R0, &cpu);
     ix.apply(R0, &removed(&[2, 1]));
@@ -364,6 +411,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
                 block_size: BS,
                 medium: medium(cpu),
                 lora_name: None,
+                extra_keys: None,
             };
             (r, Some(KvEvent::Stored(ev)))
         }
@@ -383,6 +431,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
                 block_size: 2 * BS,
                 medium: Medium::Gpu,
                 lora_name: None,
+                extra_keys: None,
             };
             (r, Some(KvEvent::Stored(ev)))
         }
@@ -396,6 +445,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
                 block_size: BS,
                 medium: Medium::Gpu,
                 lora_name: None,
+                extra_keys: None,
             };
             (r, Some(KvEvent::Stored(ev)))
         }

@@ -35,6 +35,7 @@ fn store(f: &mut Fleet, id: u32, tokens: &[u32], now: f64) {
         block_size: BS as u32,
         medium: Medium::Gpu,
         lora_name: None,
+        extra_keys: None,
     });
     f.apply_event(ReplicaId(id), &ev, now).unwrap();
 }

@@ -341,6 +341,8 @@ mod tests {
             engine: "vllm".into(),
             model: None,
             block_size: None,
+            data_parallel_rank: None,
+            data_parallel_size: None,
         }
     }
 

@@ -358,12 +358,13 @@ impl Exchange {
             () = out.closed() => return Err(()),
         };
         let (name, header, metadata) = match picked {
-            Ok(endpoint) => {
+            Ok((endpoint, rank)) => {
                 let body_len = body.as_ref().filter(|_| full_duplex).map(|b| b.len());
                 let (common, metadata) = protocol::destination(
                     &self.section.destination_header,
                     &self.section.metadata_namespace,
                     &endpoint,
+                    rank,
                     body_len,
                 );
                 (endpoint, Some(common), Some(metadata))
@@ -402,7 +403,7 @@ impl Exchange {
     }
 
     /// The endpoint (`<ip:port>`) for the request, booked when it is a completion.
-    async fn pick(&mut self, body: Option<&Bytes>) -> Result<String, Refusal> {
+    async fn pick(&mut self, body: Option<&Bytes>) -> Result<(String, Option<u32>), Refusal> {
         let subset = self.subset_ids()?;
         let path = self.path.split('?').next().unwrap_or_default();
         let read: Option<crate::proxy::Reader> = match path {
@@ -412,20 +413,21 @@ impl Exchange {
         };
         let (Some(read), Some(body)) = (read, body) else { return self.least_loaded(subset) };
         let shared = self.shared.clone();
-        let Parsed { model, max_tokens, tokens, exact, stream } =
+        let Parsed { model, max_tokens, tokens, exact, stream, cache_salt } =
             parse(&shared, body, read).await.map_err(Refusal::from_rejected)?;
         let checked = check(&shared, model.as_deref(), tokens.len(), max_tokens, &self.headers).map_err(|r| {
             shared.metrics.request(r.outcome);
             Refusal::from_rejected(r)
         })?;
-        let req = RouteRequest::new(&shared.settings.hasher_for(&checked.selected), &tokens, checked.max_tokens)
-            .streamed(stream)
-            .with_output_hint(checked.hint);
+        let hasher = shared.settings.hasher_for(&checked.selected).for_salt(cache_salt.as_deref().unwrap_or_default());
+        let req =
+            RouteRequest::new(&hasher, &tokens, checked.max_tokens).streamed(stream).with_output_hint(checked.hint);
         let span = crate::in_flight::request_span(path, tokens.len(), &shared.policy_name());
         span.record("attempts", 1);
         crate::telemetry::parent_from(&span, &self.headers);
-        let mut ticket =
-            Ticket::new(&shared, Via::Gateway, exact, self.arrived).for_selected(&checked.selected).within(subset);
+        let mut ticket = Ticket::new(&shared, Via::Gateway, exact, self.arrived)
+            .for_selected(&checked.selected, cache_salt.is_some())
+            .within(subset);
         let admitted = match ticket.route(&req, &tokens, checked.max_tokens).await {
             Ok(a) => a,
             Err(NotAdmitted::NoReplica(e)) => {
@@ -460,7 +462,7 @@ impl Exchange {
             }
         };
         self.warn_if_named(&admitted.replica, &admitted.endpoints);
-        let endpoint = admitted.endpoints.authority.clone();
+        let endpoint = (admitted.endpoints.authority.clone(), admitted.endpoints.data_parallel_rank);
         let in_flight = InFlight::routed(
             &shared,
             &admitted.routed,
@@ -512,7 +514,7 @@ impl Exchange {
 
     /// A request that is not a completion: the replica the policy picks for an empty prompt
     /// (for token load, the least loaded), not booked.
-    fn least_loaded(&self, subset: Option<Vec<ReplicaId>>) -> Result<String, Refusal> {
+    fn least_loaded(&self, subset: Option<Vec<ReplicaId>>) -> Result<(String, Option<u32>), Refusal> {
         let subset = subset.map(|mut s| {
             s.sort_unstable();
             s
@@ -531,7 +533,7 @@ impl Exchange {
         if let Some((name, e)) = &endpoints {
             self.warn_if_named(name, e);
         }
-        endpoints.map(|(_, e)| e.authority.clone()).ok_or_else(|| {
+        endpoints.map(|(_, e)| (e.authority.clone(), e.data_parallel_rank)).ok_or_else(|| {
             self.shared.metrics.request("no_replica");
             Refusal::unavailable(format!("replica {} is gone", d.replica), true)
         })

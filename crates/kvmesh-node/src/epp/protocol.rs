@@ -115,16 +115,22 @@ fn header(key: &str, value: &str) -> HeaderValueOption {
     }
 }
 
-/// The pick as the gateway reads it: the header mutation (destination, and with `body_len`
-/// the new `content-length` of the body sent back) with the route cache cleared, and the
-/// dynamic metadata `{namespace: {header: endpoint}}`.
+/// The pick as the gateway reads it: the header mutation (destination; the data-parallel
+/// `rank` of the engine behind `endpoint`, when the pick is one rank of several, as
+/// `x-data-parallel-rank`; and with `body_len` the new `content-length` of the body sent
+/// back) with the route cache cleared, and the dynamic metadata `{namespace: {header:
+/// endpoint}}`.
 pub fn destination(
     header_name: &str,
     namespace: &str,
     endpoint: &str,
+    rank: Option<u32>,
     body_len: Option<usize>,
 ) -> (CommonResponse, Struct) {
     let mut set_headers = vec![header(header_name, endpoint)];
+    if let Some(k) = rank {
+        set_headers.push(header(crate::replica::endpoints::DATA_PARALLEL_RANK_HEADER, &k.to_string()));
+    }
     if let Some(n) = body_len {
         set_headers.push(header("content-length", &n.to_string()));
     }
@@ -243,12 +249,22 @@ mod tests {
 
     #[test]
     fn the_pick_names_one_endpoint_in_the_header_and_the_metadata() {
-        let (common, metadata) = destination("x-gateway-destination-endpoint", "envoy.lb", "10.0.0.7:8000", Some(42));
+        let (common, metadata) =
+            destination("x-gateway-destination-endpoint", "envoy.lb", "10.0.0.7:8000", None, Some(42));
         assert_eq!(
             set_headers(common.header_mutation.clone()),
             vec![
                 ("x-gateway-destination-endpoint".to_string(), b"10.0.0.7:8000".to_vec()),
                 ("content-length".to_string(), b"42".to_vec())
+            ]
+        );
+        // One data-parallel rank of the engine behind the endpoint: its rank header too.
+        let (ranked, _) = destination("x-gateway-destination-endpoint", "envoy.lb", "10.0.0.7:8000", Some(3), None);
+        assert_eq!(
+            set_headers(ranked.header_mutation),
+            vec![
+                ("x-gateway-destination-endpoint".to_string(), b"10.0.0.7:8000".to_vec()),
+                ("x-data-parallel-rank".to_string(), b"3".to_vec())
             ]
         );
         assert!(common.clear_route_cache);

@@ -80,8 +80,9 @@ impl Actor for ReplicaActor {
         }
         let (shared, me, name, url) =
             (args.shared.clone(), myself.clone(), args.config.name.clone(), args.config.metrics());
+        let rank = args.config.data_parallel_rank;
         tasks.push(tokio::spawn(async move {
-            let why = match AssertUnwindSafe(scrape::run(shared, name, url, interval)).catch_unwind().await {
+            let why = match AssertUnwindSafe(scrape::run(shared, name, (url, rank), interval)).catch_unwind().await {
                 Ok(()) => "ended",
                 Err(_) => "panicked",
             };

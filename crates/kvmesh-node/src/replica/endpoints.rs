@@ -25,6 +25,11 @@ impl Api {
     }
 }
 
+/// The request header vLLM's OpenAI server reads to schedule a request on one data-parallel
+/// rank (`X-data-parallel-rank`, vllm/entrypoints/openai: `_get_data_parallel_rank`; SGLang's
+/// data-parallel controller reads the same name).
+pub const DATA_PARALLEL_RANK_HEADER: &str = "x-data-parallel-rank";
+
 /// A replica's base URL and the parsed URL of each [`Api`].
 #[derive(Debug)]
 pub struct Endpoints {
@@ -35,6 +40,9 @@ pub struct Endpoints {
     pub authority: String,
     /// Whether the host is an IP address (what a gateway's endpoints are), not a name.
     pub host_is_ip: bool,
+    /// The replica's data-parallel rank, when it is one rank of an engine serving several:
+    /// requests to it carry [`DATA_PARALLEL_RANK_HEADER`].
+    pub data_parallel_rank: Option<u32>,
     completions: Url,
     chat_completions: Url,
 }
@@ -60,7 +68,19 @@ impl Endpoints {
             base,
             authority,
             host_is_ip: host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('['),
+            data_parallel_rank: None,
         })
+    }
+
+    /// These endpoints for data-parallel rank `rank` of the engine behind them.
+    pub fn with_rank(mut self, rank: Option<u32>) -> Self {
+        self.data_parallel_rank = rank;
+        self
+    }
+
+    /// The header pinning a request to this replica's data-parallel rank, if it is one.
+    pub fn rank_header(&self) -> Option<(&'static str, reqwest::header::HeaderValue)> {
+        self.data_parallel_rank.map(|k| (DATA_PARALLEL_RANK_HEADER, reqwest::header::HeaderValue::from(k)))
     }
 
     /// The URL to send `api` requests to.

@@ -340,6 +340,22 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
     // Index rejections by reason, counted after the lock.
     let mut rejected: Vec<kvmesh_core::index::Rejection> = Vec::new();
     let mut core = shared.core();
+    // One data-parallel rank's stream carries its rank (vLLM annotates every batch): another
+    // rank's batches here mean its endpoints are that rank's, and would mix two indexes.
+    let want = core.replicas.get(name).and_then(|r| r.config.data_parallel_rank);
+    if let (Some(want), Some(got)) = (want, batch.data_parallel_rank) {
+        if got != i64::from(want) {
+            drop(core);
+            let n = batch.events.len().max(1) as u64;
+            shared.metrics.events_rejected.get_or_create(&labels(name, "other_data_parallel_rank")).inc_by(n);
+            problems.events += n;
+            problems.first = Some(format!(
+                "a batch from data-parallel rank {got}, but this replica is rank {want}: its kv_events/replay \
+                 endpoints are another rank's (vLLM binds rank k's at the configured ports + k)"
+            ));
+            return (problems, 0);
+        }
+    }
     let mut complete = true;
     // Blocks applied since the lock was taken: it is let go every SECTION_BLOCKS, so a routing
     // decision waits for at most that much of a large chunk or eviction, never a whole batch.

@@ -18,15 +18,16 @@
 //! fall for a while without a restart, see [`kvmesh_events::EnginePage::generated_tokens`].)
 
 use crate::state::Shared;
-use kvmesh_events::parse_engine_page;
+use kvmesh_events::parse_engine_page_of;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// KV usage (fraction of its blocks) at which an engine counts as full.
 const ENGINE_FULL_KV: f64 = 0.9;
 
-/// Scrapes `url` every `interval` for replica `name` until aborted.
-pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Duration) {
+/// Scrapes `url` every `interval` for replica `name` until aborted: the whole page, or with
+/// `rank` the series of that data-parallel rank of the engine only.
+pub async fn run(shared: Arc<Shared>, name: String, (url, rank): (String, Option<u32>), interval: Duration) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Whether the engine's own KV block count was compared with `capacity_blocks` (once).
@@ -41,9 +42,11 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String, interval: Durat
         // Parse before taking the core lock, off the runtime's workers: a vLLM page runs to
         // hundreds of kilobytes, and a hostile one is built to parse slowly.
         let result = match fetched {
-            Ok(text) => tokio::task::spawn_blocking(move || parse_engine_page(&text, now).map_err(|e| e.to_string()))
-                .await
-                .unwrap_or_else(|e| Err(format!("parsing the page: {e}"))),
+            Ok(text) => {
+                tokio::task::spawn_blocking(move || parse_engine_page_of(&text, now, rank).map_err(|e| e.to_string()))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("parsing the page: {e}")))
+            }
             Err(e) => Err(e),
         };
         if let Ok(kvmesh_events::EnginePage { metrics: m, served_tokens: Some(served), .. }) = &result {

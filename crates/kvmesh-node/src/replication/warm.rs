@@ -16,13 +16,14 @@ use tokio::sync::mpsc;
 pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::UnboundedSender<WarmFailure>) {
     let section = &shared.replication.section;
     let now = shared.now();
-    let (target_url, model, holder, booking) = {
+    let (target_url, target_rank, model, holder, booking) = {
         let mut core = shared.core();
         let Some(id) = core.fleet.replica_by_name(&w.replica).map(|r| r.id) else {
             let _ = failed.send(failure(&w, "the replica is no longer registered".into()));
             return;
         };
         let url = core.replicas.get(&w.replica).map(|r| r.endpoints.base.clone());
+        let rank = core.replicas.get(&w.replica).and_then(|r| r.endpoints.data_parallel_rank);
         let model = core.replicas.get(&w.replica).and_then(|r| r.config.model.clone());
         let chain = core.fleet.hasher().hash_blocks(&w.tokens);
         let holder = core.fleet.holders(&chain).into_iter().find_map(|h| {
@@ -39,7 +40,7 @@ pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::Unbounded
             reestimate_up_to: None,
         };
         let booking = core.fleet.book(id, spec, now).ok();
-        (url.unwrap_or_default(), model.unwrap_or_else(|| shared.settings.model.clone()), holder, booking)
+        (url.unwrap_or_default(), rank, model.unwrap_or_else(|| shared.settings.model.clone()), holder, booking)
     };
     // The whole send ends before the round that would retry it: the transfer and the prefill
     // share 90 % of `warm_timeout_s`.
@@ -60,7 +61,7 @@ pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::Unbounded
         }
     }
     if result.is_err() {
-        result = prefill(&shared, &w, &model, &target_url, timeout).await;
+        result = prefill(&shared, &w, &model, (&target_url, target_rank), timeout).await;
         let label = if result.is_ok() { "sent" } else { "failed" };
         shared.metrics.replication_warmups.get_or_create(&vec![("result", label.into())]).inc();
     }
@@ -81,8 +82,15 @@ fn failure(w: &Warmup, reason: String) -> WarmFailure {
     WarmFailure { hash: w.hash, depth_blocks: w.depth_blocks, replica: w.replica.clone(), attempt: w.attempt, reason }
 }
 
-/// POST `{url}/v1/completions` with the prefix as token ids and `max_tokens: 1`.
-async fn prefill(shared: &Shared, w: &Warmup, model: &str, url: &str, timeout: Duration) -> Result<(), String> {
+/// POST `{url}/v1/completions` with the prefix as token ids and `max_tokens: 1` (to data-parallel
+/// rank `rank` of the engine there, when given).
+async fn prefill(
+    shared: &Shared,
+    w: &Warmup,
+    model: &str,
+    (url, rank): (&str, Option<u32>),
+    timeout: Duration,
+) -> Result<(), String> {
     let mut body = serde_json::json!({
         "prompt": &*w.tokens,
         "max_tokens": 1,
@@ -93,9 +101,11 @@ async fn prefill(shared: &Shared, w: &Warmup, model: &str, url: &str, timeout: D
     if !model.is_empty() {
         body["model"] = model.into();
     }
-    let resp = shared
-        .probe_http
-        .post(format!("{url}/v1/completions"))
+    let mut post = shared.probe_http.post(format!("{url}/v1/completions"));
+    if let Some(k) = rank {
+        post = post.header(crate::replica::endpoints::DATA_PARALLEL_RANK_HEADER, k);
+    }
+    let resp = post
         .timeout(timeout)
         .json(&body)
         .send()

@@ -405,6 +405,7 @@ fn stored_event(seq: &Seq, from: usize, to: usize, block_size: u32) -> KvEvent {
         block_size,
         medium: Medium::Gpu,
         lora_name: None,
+        extra_keys: None,
     })
 }
 

@@ -37,6 +37,7 @@ fn hold(f: &mut Fleet, r: ReplicaId, toks: &[u32], blocks: usize, now: f64) {
         block_size: BS,
         medium: Medium::Gpu,
         lora_name: None,
+        extra_keys: None,
     });
     f.apply_event(r, &ev, now).unwrap();
 }
