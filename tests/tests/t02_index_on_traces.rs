@@ -39,6 +39,7 @@ fn index_overlap_equals_trace_reuse() {
                 medium: Medium::Gpu,
                 lora_name: None,
                 extra_keys: None,
+                kv_group: None,
             });
             assert_eq!(ix.apply(r, &ev).rejection, None);
         }

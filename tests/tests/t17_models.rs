@@ -161,6 +161,7 @@ async fn salted_and_multimodal_blocks_match_only_what_they_can() {
             medium: Medium::Gpu,
             lora_name: None,
             extra_keys,
+            kv_group: None,
         });
         bytes::Bytes::from(encode_batch(1.0, &[event], Some(0), Encoding::Map))
     };

@@ -71,6 +71,7 @@ fn stored(ids: &mut u64, tokens: &[u32]) -> KvEvent {
         medium: Medium::Gpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     })
 }
 
@@ -162,7 +163,8 @@ fn bench_apply(c: &mut Criterion) {
             let toks = conversation(i % 64, i, 16);
             let ev = stored(&mut ids, &toks);
             let KvEvent::Stored(s) = &ev else { unreachable!() };
-            let rm = KvEvent::Removed(Removed { block_hashes: s.block_hashes.clone(), medium: Medium::Gpu });
+            let rm =
+                KvEvent::Removed(Removed { block_hashes: s.block_hashes.clone(), medium: Medium::Gpu, kv_group: None });
             (ReplicaId((i % 64) as u32), ev, rm)
         })
         .collect();

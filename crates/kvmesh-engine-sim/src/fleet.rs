@@ -449,7 +449,7 @@ impl ReplicaModel {
         let mut events = Vec::with_capacity(stores.len() + 1);
         let removed = self.evict(new_blocks);
         if !removed.is_empty() {
-            events.push(KvEvent::Removed(Removed { block_hashes: removed, medium: Medium::Gpu }));
+            events.push(KvEvent::Removed(Removed { block_hashes: removed, medium: Medium::Gpu, kv_group: None }));
         }
         self.cached += new_blocks;
         events.extend(stores.into_iter().map(KvEvent::Stored));
@@ -519,6 +519,7 @@ impl ReplicaModel {
             medium: Medium::Gpu,
             lora_name: None,
             extra_keys: None,
+            kv_group: None,
         }
     }
 

@@ -111,10 +111,21 @@ fn event(e: &KvEvent, encoding: Encoding) -> Value {
             if let Some(extra) = &s.extra_keys {
                 fields.push(("extra_keys", extra_keys(s, extra)));
             }
+            if let Some(g) = &s.kv_group {
+                if s.extra_keys.is_none() {
+                    fields.push(("extra_keys", Value::Nil));
+                }
+                fields.push(("group_idx", Value::from(g.idx)));
+                fields.push(("kv_cache_spec_kind", g.kind.as_deref().map_or(Value::Nil, Value::from)));
+            }
             ("BlockStored", fields)
         }
         KvEvent::Removed(r) => {
-            ("BlockRemoved", vec![("block_hashes", hashes(&r.block_hashes)), ("medium", medium(r.medium))])
+            let mut fields = vec![("block_hashes", hashes(&r.block_hashes)), ("medium", medium(r.medium))];
+            if let Some(g) = r.kv_group {
+                fields.push(("group_idx", Value::from(g)));
+            }
+            ("BlockRemoved", fields)
         }
         KvEvent::Cleared => ("AllBlocksCleared", vec![]),
     };
@@ -139,7 +150,7 @@ mod tests {
     fn a_map_encoded_batch_decodes_like_the_array_one() {
         let events = vec![
             KvEvent::Cleared,
-            KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(7)], medium: Medium::Gpu }),
+            KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(7)], medium: Medium::Gpu, kv_group: None }),
         ];
         for rank in [None, Some(3)] {
             let from_map = crate::decode_batch(&encode_map_batch(2.5, &events, rank)).unwrap();
@@ -179,8 +190,24 @@ mod tests {
                 medium: Medium::Gpu,
                 lora_name: Some("a".into()),
                 extra_keys: None,
+                kv_group: None,
             }),
-            KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(3)], medium: Medium::Cpu }),
+            KvEvent::Stored(Stored {
+                block_hashes: vec![EngineBlockHash(9)],
+                parent: None,
+                token_ids: (0..4).collect(),
+                block_size: 4,
+                medium: Medium::Gpu,
+                lora_name: None,
+                extra_keys: None,
+                kv_group: Some(kvmesh_core::index::KvGroup { idx: 1, kind: Some("sliding_window".into()) }),
+            }),
+            KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(3)], medium: Medium::Cpu, kv_group: None }),
+            KvEvent::Removed(Removed {
+                block_hashes: vec![EngineBlockHash(9)],
+                medium: Medium::Gpu,
+                kv_group: Some(1),
+            }),
             KvEvent::Cleared,
         ];
         for encoding in [Encoding::Map, Encoding::Array] {

@@ -18,7 +18,7 @@
 //! `ExternalBlockHash` may be `bytes`) is reduced to 64 bits with xxh3; ids stay opaque either way.
 
 use crate::batch::kind;
-use kvmesh_core::index::{ExtraKeys, KvEvent, Removed, Stored};
+use kvmesh_core::index::{ExtraKeys, KvEvent, KvGroup, Removed, Stored};
 use kvmesh_core::{EngineBlockHash, Medium};
 use rmpv::Value;
 
@@ -29,7 +29,8 @@ pub fn decode_event(v: &Value) -> Result<KvEvent, String> {
         "BlockStored" => stored(&fields),
         "BlockRemoved" => {
             let block_hashes = hashes(fields.get("block_hashes", 1).ok_or("BlockRemoved without block_hashes")?)?;
-            Ok(KvEvent::Removed(Removed { block_hashes, medium: medium(fields.get("medium", 2))? }))
+            let kv_group = group_idx(fields.get("group_idx", 3))?;
+            Ok(KvEvent::Removed(Removed { block_hashes, medium: medium(fields.get("medium", 2))?, kv_group }))
         }
         "AllBlocksCleared" => Ok(KvEvent::Cleared),
         other => Err(format!("unknown event type {other:?}")),
@@ -65,6 +66,16 @@ fn stored(f: &Fields<'_>) -> Result<KvEvent, String> {
         Some(Value::Array(per_block)) => extra_keys(per_block, lora_name.as_deref(), parent.is_none()),
         Some(other) => return Err(format!("extra_keys is {}, not an array", kind(other))),
     };
+    let kind = match f.get("kv_cache_spec_kind", 10) {
+        None | Some(Value::Nil) => None,
+        Some(Value::String(s)) => Some(s.as_str().ok_or("kv_cache_spec_kind is not UTF-8")?.to_string()),
+        Some(other) => return Err(format!("kv_cache_spec_kind is {}, not a string", kind(other))),
+    };
+    // An engine with one KV cache group may still send its index (0) or its kind.
+    let kv_group = match group_idx(f.get("group_idx", 9))? {
+        Some(idx) => Some(KvGroup { idx, kind }),
+        None => kind.map(|kind| KvGroup { idx: 0, kind: Some(kind) }),
+    };
     Ok(KvEvent::Stored(Stored {
         block_hashes,
         parent,
@@ -73,6 +84,7 @@ fn stored(f: &Fields<'_>) -> Result<KvEvent, String> {
         medium: medium(f.get("medium", 6))?,
         lora_name,
         extra_keys,
+        kv_group,
     }))
 }
 
@@ -172,6 +184,19 @@ fn hash(v: &Value) -> Result<EngineBlockHash, String> {
         },
         Value::Binary(b) => Ok(EngineBlockHash(xxhash_rust::xxh3::xxh3_64(b))),
         other => Err(format!("block hash is {}, not an integer or bytes", kind(other))),
+    }
+}
+
+/// vLLM's `group_idx` (a hybrid model's KV cache group), when sent.
+fn group_idx(v: Option<&Value>) -> Result<Option<u32>, String> {
+    match v {
+        None | Some(Value::Nil) => Ok(None),
+        Some(Value::Integer(i)) => i
+            .as_u64()
+            .and_then(|g| u32::try_from(g).ok())
+            .map(Some)
+            .ok_or_else(|| format!("group_idx {i} is not a u32")),
+        Some(other) => Err(format!("group_idx is {}, not an integer", kind(other))),
     }
 }
 

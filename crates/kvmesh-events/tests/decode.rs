@@ -72,8 +72,9 @@ fn c06_two_element_batch_unknown_keys_and_trailing_elements_decode() {
                 medium: Medium::Cpu,
                 lora_name: None,
                 extra_keys: None,
+                kv_group: None,
             }),
-            KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(7)], medium: Medium::Gpu }),
+            KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(7)], medium: Medium::Gpu, kv_group: None }),
             KvEvent::Cleared,
         ]
     );
@@ -271,6 +272,7 @@ fn every_current_block_stored_field_decodes() {
     assert_eq!((b.ts, b.data_parallel_rank, b.skipped.len()), (7.5, Some(1), 0));
     let KvEvent::Stored(st) = &b.events[0] else { panic!("{:?}", b.events) };
     assert_eq!(st.lora_name.as_deref(), Some("sql"));
+    assert_eq!(st.kv_group, Some(kvmesh_core::index::KvGroup { idx: 0, kind: Some("full_attention".into()) }));
     let extra = st.extra_keys.as_ref().unwrap();
     assert_eq!(extra.cache_salt.as_deref(), Some("tenant-7"));
     assert_eq!(extra.unverifiable.len(), 3);
@@ -311,4 +313,22 @@ fn every_current_block_stored_field_decodes() {
         ("extra_keys", s("x")),
     ]);
     assert_eq!(decode_batch(&batch(vec![bad])).unwrap().skipped[0].reason, "extra_keys is a string, not an array");
+    // A hybrid model's sliding-window group, and a removal naming its group (positional form).
+    let window = map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", Value::Array(vec![Value::from(51u64)])),
+        ("token_ids", Value::Array((0..4u64).map(Value::from).collect())),
+        ("block_size", Value::from(4)),
+        ("group_idx", Value::from(1)),
+        ("kv_cache_spec_kind", s("sliding_window")),
+        ("kv_cache_spec_sliding_window", Value::from(4096)),
+    ]);
+    let removed =
+        Value::Array(vec![s("BlockRemoved"), Value::Array(vec![Value::from(51u64)]), s("GPU"), Value::from(1)]);
+    let events = decode_batch(&batch(vec![window, removed])).unwrap().events;
+    let KvEvent::Stored(st) = &events[0] else { panic!() };
+    assert_eq!(st.kv_group, Some(kvmesh_core::index::KvGroup { idx: 1, kind: Some("sliding_window".into()) }));
+    assert!(!st.kv_group.as_ref().unwrap().covers_whole_prefix());
+    let KvEvent::Removed(r) = &events[1] else { panic!() };
+    assert_eq!(r.kv_group, Some(1));
 }

@@ -46,10 +46,12 @@ impl TryFrom<v1::KvEvent> for KvEvent {
                 medium: medium(s.medium)?,
                 lora_name: s.lora_name,
                 extra_keys: None,
+                kv_group: None,
             })),
             Event::Removed(r) => Ok(KvEvent::Removed(Removed {
                 block_hashes: r.block_hashes.into_iter().map(EngineBlockHash).collect(),
                 medium: medium(r.medium)?,
+                kv_group: None,
             })),
             Event::Cleared(_) => Ok(KvEvent::Cleared),
         }
@@ -96,8 +98,10 @@ mod tests {
             medium: Medium::Cpu,
             lora_name: Some("sql".into()),
             extra_keys: None,
+            kv_group: None,
         });
-        let removed = KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(1)], medium: Medium::Gpu });
+        let removed =
+            KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(1)], medium: Medium::Gpu, kv_group: None });
         for e in [stored, removed, KvEvent::Cleared] {
             assert_eq!(KvEvent::try_from(v1::KvEvent::from(&e)), Ok(e));
         }

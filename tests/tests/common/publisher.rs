@@ -78,6 +78,7 @@ pub fn stored_batch(hashes: &[u64], tokens: &[u32], lora_name: Option<&str>, ts:
         medium: Medium::Gpu,
         lora_name: lora_name.map(str::to_string),
         extra_keys: None,
+        kv_group: None,
     });
     bytes::Bytes::from(encode_batch(ts, &[event], Some(0), Encoding::Map))
 }

@@ -53,6 +53,7 @@ pub fn event_of(op: &Op) -> Option<(ReplicaId, KvEvent)> {
                 medium: Medium::Gpu,
                 lora_name: None,
                 extra_keys: None,
+                kv_group: None,
             }),
         )),
         Op::Remove { engine, engine_ids } => Some((
@@ -60,6 +61,7 @@ pub fn event_of(op: &Op) -> Option<(ReplicaId, KvEvent)> {
             KvEvent::Removed(Removed {
                 block_hashes: engine_ids.iter().map(|&h| EngineBlockHash(h)).collect(),
                 medium: Medium::Gpu,
+                kv_group: None,
             }),
         )),
         Op::Query(_) => None,

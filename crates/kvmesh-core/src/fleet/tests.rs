@@ -106,6 +106,7 @@ fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
         medium: Medium::Gpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     });
     f.apply_event(a, &ev, 1.5).unwrap();
     assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Events);
@@ -123,6 +124,7 @@ fn c09_silent_publisher_is_routed_on_the_record_then_events_supersede() {
         medium: Medium::Gpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     });
     f.apply_event(a, &wrong, 11.0).unwrap();
     assert_eq!(f.replica(a).unwrap().overlap_source(), OverlapSource::Approximate);
@@ -305,6 +307,7 @@ fn pending_prefixes_count_while_the_queue_ahead_of_them_lasts() {
         medium: Medium::Gpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     });
     f.apply_event(a, &ev, 0.0).unwrap();
     // 5 s of queued prefill ahead (17.25 µs/token).
@@ -437,6 +440,7 @@ fn stored(tokens: &[u32], first_id: u64) -> KvEvent {
         medium: Medium::Gpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     })
 }
 

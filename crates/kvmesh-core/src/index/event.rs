@@ -39,6 +39,31 @@ pub struct Stored {
     /// What vLLM's per-block `extra_keys` add to its block hashes beyond the LoRA adapter
     /// (`None`: nothing, or an engine that sends no extra keys).
     pub extra_keys: Option<ExtraKeys>,
+    /// The KV cache group the blocks belong to (hybrid models; `None`: the engine's only
+    /// group, or an engine that does not say).
+    pub kv_group: Option<KvGroup>,
+}
+
+/// One of a hybrid model's KV cache groups, as vLLM's `BlockStored` names it (`group_idx`,
+/// `kv_cache_spec_kind`; vllm/v1/kv_cache_interface.py `KVCacheSpecKind`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvGroup {
+    /// `group_idx`.
+    pub idx: u32,
+    /// `kv_cache_spec_kind` (`full_attention`, `mla_attention`, `sliding_window`, `mamba`, …),
+    /// when sent.
+    pub kind: Option<String>,
+}
+
+impl KvGroup {
+    /// Whether the group keeps every token's KV, so that it decides a prefix hit over the
+    /// whole prefix: full attention, MLA, sink full attention (or a kind not sent). The
+    /// index follows these groups only; a hybrid model's sliding-window, Mamba or local
+    /// groups hold only the recent part of a sequence, and vLLM's hit needs them only there
+    /// (vllm/v1/core/kv_cache_coordinator.py `HybridKVCacheCoordinator`).
+    pub fn covers_whole_prefix(&self) -> bool {
+        self.kind.as_deref().is_none_or(|k| matches!(k, "full_attention" | "mla_attention" | "sink_full_attention"))
+    }
 }
 
 /// vLLM's per-block `extra_keys` (vllm/v1/core/kv_cache_utils.py
@@ -63,6 +88,8 @@ pub struct ExtraKeys {
 pub struct Removed {
     /// The engine's ids of the removed blocks.
     pub block_hashes: Vec<EngineBlockHash>,
+    /// The KV cache group they left (vLLM's `group_idx`), when sent.
+    pub kv_group: Option<u32>,
     /// The medium they were removed from.
     pub medium: Medium,
 }
@@ -119,11 +146,14 @@ impl KvEvent {
                             cache_salt: e.cache_salt.clone(),
                             unverifiable: e.unverifiable.get(range.clone()).map(<[u64]>::to_vec).unwrap_or_default(),
                         }),
+                        kv_group: s.kv_group.clone(),
                     })
                 }
-                KvEvent::Removed(r) => {
-                    KvEvent::Removed(Removed { block_hashes: r.block_hashes[range].to_vec(), medium: r.medium })
-                }
+                KvEvent::Removed(r) => KvEvent::Removed(Removed {
+                    block_hashes: r.block_hashes[range].to_vec(),
+                    medium: r.medium,
+                    kv_group: r.kv_group,
+                }),
                 KvEvent::Cleared => KvEvent::Cleared,
             })
         })
@@ -145,6 +175,7 @@ mod tests {
             medium: Medium::Gpu,
             lora_name: None,
             extra_keys: None,
+            kv_group: None,
         })
     }
 
@@ -163,7 +194,8 @@ mod tests {
             (last.block_hashes.clone(), last.parent, last.token_ids.clone()),
             (vec![H(14)], Some(H(13)), vec![8, 9])
         );
-        let r = KvEvent::Removed(Removed { block_hashes: (1..6).map(H).collect(), medium: Medium::Cpu });
+        let r =
+            KvEvent::Removed(Removed { block_hashes: (1..6).map(H).collect(), medium: Medium::Cpu, kv_group: None });
         let parts: Vec<Vec<u64>> = r
             .sections(2)
             .map(|p| match p.into_owned() {

@@ -25,7 +25,7 @@ mod replica_blocks;
 mod segments;
 mod table;
 
-pub use event::{ExtraKeys, KvEvent, Removed, Stored};
+pub use event::{ExtraKeys, KvEvent, KvGroup, Removed, Stored};
 pub use outcome::{ApplyOutcome, EventCounters, Rejection};
 pub use replica_blocks::IndexHealth;
 
@@ -106,8 +106,22 @@ impl PrefixIndex {
         if replica == holders::MANY {
             return ApplyOutcome { rejection: Some(Rejection::ReservedReplica), ..ApplyOutcome::default() };
         }
-        self.slot(replica);
+        let rb = self.slot(replica);
+        // A hybrid model's groups that hold only a sequence's recent part are not followed:
+        // the same engine ids name their blocks, and their copies would outlive the full
+        // attention group's, which decides the hit.
+        let other = match event {
+            KvEvent::Stored(s) => s.kv_group.as_ref().filter(|g| !g.covers_whole_prefix()).map(|g| {
+                if !rb.other_groups.contains(&g.idx) {
+                    rb.other_groups.push(g.idx);
+                }
+                s.block_hashes.len()
+            }),
+            KvEvent::Removed(r) => r.kv_group.filter(|g| rb.other_groups.contains(g)).map(|_| r.block_hashes.len()),
+            KvEvent::Cleared => None,
+        };
         let outcome = match event {
+            _ if other.is_some() => ApplyOutcome { other_group: other.unwrap_or(0) as u32, ..ApplyOutcome::default() },
             KvEvent::Stored(s) => self.store(replica, s),
             KvEvent::Removed(r) => self.remove(replica, r),
             KvEvent::Cleared => {

@@ -53,6 +53,10 @@ pub struct ApplyOutcome {
     pub removed: u32,
     /// Blocks dropped by a clear.
     pub cleared: u32,
+    /// Blocks of a KV cache group the index does not follow (a hybrid model's
+    /// sliding-window, Mamba or local group: [`crate::index::KvGroup::covers_whole_prefix`]),
+    /// left aside.
+    pub other_group: u32,
     /// The first problem found, if any. A store is all or nothing (except a conflicting id,
     /// which is replaced); a removal applies every block it knows and skips the others.
     pub rejection: Option<Rejection>,

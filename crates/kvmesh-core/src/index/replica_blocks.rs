@@ -32,6 +32,9 @@ pub(crate) struct ReplicaBlocks {
     /// counts the replica's copies under all its ids together.
     pub(crate) engine: [Table<u64>; 2],
     pub(crate) health: IndexHealth,
+    /// KV cache groups (`group_idx`) seen storing blocks the index does not follow: their
+    /// removals are left aside too (a removal names its group, not its kind).
+    pub(crate) other_groups: Vec<u32>,
 }
 
 /// What the index knows about the health of one replica's event stream.
@@ -60,7 +63,11 @@ fn mappings_pack_losslessly() {
 impl ReplicaBlocks {
     /// Empty state whose tables mix engine ids with `seed`.
     pub(crate) fn with_seed(seed: u64) -> Self {
-        ReplicaBlocks { engine: [Table::with_seed(seed), Table::with_seed(seed)], health: IndexHealth::default() }
+        ReplicaBlocks {
+            engine: [Table::with_seed(seed), Table::with_seed(seed)],
+            health: IndexHealth::default(),
+            other_groups: Vec::new(),
+        }
     }
 
     /// Distinct (engine id, medium) mappings held.

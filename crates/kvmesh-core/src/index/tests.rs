@@ -27,11 +27,16 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
         medium: Medium::Gpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     })
 }
 
 fn removed(hashes: &[u64]) -> KvEvent {
-    KvEvent::Removed(Removed { block_hashes: hashes.iter().map(|&h| e(h)).collect(), medium: Medium::Gpu })
+    KvEvent::Removed(Removed {
+        block_hashes: hashes.iter().map(|&h| e(h)).collect(),
+        medium: Medium::Gpu,
+        kv_group: None,
+    })
 }
 
 fn gpu_overlap(ix: &PrefixIndex, r: ReplicaId, tokens: &[u32]) -> u32 {
@@ -102,6 +107,7 @@ fn c04_block_size_mismatch_is_loud() {
         medium: Medium::Gpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     });
     let out = ix.apply(R0, &ev);
     assert_eq!(out.rejection, Some(Rejection::BlockSizeMismatch { got: 8, want: 4 }));
@@ -125,7 +131,7 @@ fn c05_signed_and_unsigned_hash_forms_are_the_same_block() {
     let big: u64 = 0xF000_0000_0000_0001;
     ix.apply(R0, &stored(&[big], None, vec![1, 2, 3, 4]));
     let signed = EngineBlockHash::from(big as i64);
-    let ev = KvEvent::Removed(Removed { block_hashes: vec![signed], medium: Medium::Gpu });
+    let ev = KvEvent::Removed(Removed { block_hashes: vec![signed], medium: Medium::Gpu, kv_group: None });
     assert_eq!(ix.apply(R0, &ev).removed, 1);
     assert_eq!(ix.entries(), 0);
 }
@@ -168,6 +174,7 @@ fn lora_blocks_match_only_requests_for_that_adapter() {
         medium: Medium::Gpu,
         lora_name: Some("sql-lora".into()),
         extra_keys: None,
+        kv_group: None,
     });
     ix.apply(R0, &ev);
     assert_eq!(gpu_overlap(&ix, R0, &toks), 0, "a base-model request does not match");
@@ -190,6 +197,7 @@ fn salted_blocks_match_their_salt_and_unverifiable_blocks_match_nothing() {
         medium: Medium::Gpu,
         lora_name: Some("sql".into()),
         extra_keys: Some(ExtraKeys { cache_salt: Some("tenant-7".into()), unverifiable: vec![0, 99, 0] }),
+        kv_group: None,
     });
     ix.apply(R0, &ev);
     let overlap = |ix: &PrefixIndex, hashes: Vec<crate::BlockHash>| {
@@ -213,11 +221,47 @@ fn salted_blocks_match_their_salt_and_unverifiable_blocks_match_nothing() {
         medium: Medium::Gpu,
         lora_name: Some("sql".into()),
         extra_keys: None,
+        kv_group: None,
     });
     ix.apply(R0, &next);
     assert_eq!(ix.replica_blocks(R0), 4);
     let all: Vec<u32> = (0..16).collect();
     assert_eq!(overlap(&ix, salted.hash_blocks(&all)), 1);
+}
+
+#[test]
+fn a_hybrid_models_partial_groups_are_left_aside() {
+    let mut ix = index();
+    let toks: Vec<u32> = (0..8).collect();
+    let group = |idx: u32, kind: &str| Some(KvGroup { idx, kind: Some(kind.into()) });
+    let store = |kv_group: Option<KvGroup>| {
+        KvEvent::Stored(Stored {
+            block_hashes: vec![e(1), e(2)],
+            parent: None,
+            token_ids: toks.clone(),
+            block_size: BS,
+            medium: Medium::Gpu,
+            lora_name: None,
+            extra_keys: None,
+            kv_group,
+        })
+    };
+    let remove =
+        |kv_group: Option<u32>| KvEvent::Removed(Removed { block_hashes: vec![e(2)], medium: Medium::Gpu, kv_group });
+    // The same engine ids in the full-attention group 0 and the sliding-window group 1.
+    assert_eq!(ix.apply(R0, &store(group(0, "full_attention"))).stored, 2);
+    assert_eq!(ix.apply(R0, &store(group(1, "sliding_window"))).other_group, 2);
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 2);
+    // The window group lets block 2 go: the full-attention group still holds it.
+    assert_eq!(ix.apply(R0, &remove(Some(1))).other_group, 1);
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 2);
+    // The full-attention group lets it go: gone, whatever the window group holds.
+    assert_eq!(ix.apply(R0, &remove(Some(0))).removed, 1);
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 1);
+    // MLA and a kind-less group count; Mamba does not.
+    assert!(KvGroup { idx: 2, kind: Some("mla_attention".into()) }.covers_whole_prefix());
+    assert!(KvGroup { idx: 2, kind: None }.covers_whole_prefix());
+    assert!(!KvGroup { idx: 2, kind: Some("mamba".into()) }.covers_whole_prefix());
 }
 
 #[test]
@@ -233,6 +277,7 @@ fn cpu_medium_is_tracked_apart_from_gpu() {
         medium: Medium::Cpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     });
     ix.apply(R0, &cpu);
     ix.apply(R0, &removed(&[2, 1]));
@@ -412,13 +457,14 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
                 medium: medium(cpu),
                 lora_name: None,
                 extra_keys: None,
+                kv_group: None,
             };
             (r, Some(KvEvent::Stored(ev)))
         }
         Op::Remove { r, doc: d, block, cpu, salt } => {
             let t = doc(d);
             let id = e(engine_id(&t[..(block + 1) * b]) + 500 * salt as u64);
-            let ev = Removed { block_hashes: vec![id], medium: medium(cpu) };
+            let ev = Removed { block_hashes: vec![id], medium: medium(cpu), kv_group: None };
             (r, Some(KvEvent::Removed(ev)))
         }
         Op::Clear { r } => (r, Some(KvEvent::Cleared)),
@@ -432,6 +478,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
                 medium: Medium::Gpu,
                 lora_name: None,
                 extra_keys: None,
+                kv_group: None,
             };
             (r, Some(KvEvent::Stored(ev)))
         }
@@ -446,6 +493,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
                 medium: Medium::Gpu,
                 lora_name: None,
                 extra_keys: None,
+                kv_group: None,
             };
             (r, Some(KvEvent::Stored(ev)))
         }

@@ -36,6 +36,7 @@ fn store(f: &mut Fleet, id: u32, tokens: &[u32], now: f64) {
         medium: Medium::Gpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     });
     f.apply_event(ReplicaId(id), &ev, now).unwrap();
 }

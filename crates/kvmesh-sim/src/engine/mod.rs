@@ -314,7 +314,7 @@ impl Engine {
         let evicted = self.kv.take_evicted();
         if !evicted.is_empty() {
             let block_hashes = evicted.into_iter().map(EngineBlockHash).collect();
-            out.events.push(KvEvent::Removed(Removed { block_hashes, medium: Medium::Gpu }));
+            out.events.push(KvEvent::Removed(Removed { block_hashes, medium: Medium::Gpu, kv_group: None }));
         }
         let bs = self.block_size as usize;
         let mut k = 0;
@@ -406,6 +406,7 @@ fn stored_event(seq: &Seq, from: usize, to: usize, block_size: u32) -> KvEvent {
         medium: Medium::Gpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     })
 }
 

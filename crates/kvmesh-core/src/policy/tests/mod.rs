@@ -38,6 +38,7 @@ fn hold(f: &mut Fleet, r: ReplicaId, toks: &[u32], blocks: usize, now: f64) {
         medium: Medium::Gpu,
         lora_name: None,
         extra_keys: None,
+        kv_group: None,
     });
     f.apply_event(r, &ev, now).unwrap();
 }
