@@ -229,6 +229,15 @@ pub struct ReplicaAddArgs {
     /// KV-cache capacity, blocks.
     #[arg(long, value_name = "BLOCKS")]
     pub capacity_blocks: u64,
+    /// The model it serves (vLLM `--served-model-name`); default the node's `node.model`.
+    /// Requests are routed only among the replicas of the model they name.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// It is this data-parallel rank of an engine serving several behind one API (vLLM
+    /// `--data-parallel-size`): requests to it carry `X-data-parallel-rank`, and
+    /// --kv-events/--replay are that rank's (vLLM: the configured ports + the rank).
+    #[arg(long, value_name = "RANK")]
+    pub data_parallel_rank: Option<u32>,
     /// Register it as starting (its engine still loading; needs a cluster), in the same Raft
     /// entry: never routed to, counted by the autoscaler, until `kvmesh replica ready`.
     #[arg(long)]

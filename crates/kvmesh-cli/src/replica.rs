@@ -17,6 +17,8 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     kv_events_endpoint: a.kv_events.clone().unwrap_or_default(),
                     replay_endpoint: a.replay.clone().unwrap_or_default(),
                     capacity_blocks: a.capacity_blocks,
+                    model: a.model.clone().unwrap_or_default(),
+                    data_parallel_rank: a.data_parallel_rank,
                     ..Default::default()
                 };
                 let mut client = admin(&a.target).await?;
@@ -39,16 +41,24 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                         // A retry (or a restarted start-up script): the same registration is done.
                         let list = client.list_replicas(authed(&a.target, v1::ListReplicasRequest {})?).await?;
                         let same = list.into_inner().replicas.into_iter().filter_map(|r| r.spec).any(|s| {
-                            (&s.name, &s.http_endpoint, &s.kv_events_endpoint, &s.replay_endpoint, s.capacity_blocks)
-                                == (
-                                    &spec.name,
-                                    &spec.http_endpoint,
-                                    &spec.kv_events_endpoint,
-                                    &spec.replay_endpoint,
-                                    spec.capacity_blocks,
+                            let key = |s: &v1::ReplicaSpec| {
+                                (
+                                    s.name.clone(),
+                                    s.http_endpoint.clone(),
+                                    s.kv_events_endpoint.clone(),
+                                    s.replay_endpoint.clone(),
+                                    s.capacity_blocks,
+                                    s.model.clone(),
+                                    s.data_parallel_rank,
                                 )
+                            };
+                            key(&s) == key(&spec)
                         });
-                        anyhow::ensure!(same, "Admin.AddReplica: {} (with other endpoints or capacity)", e.message());
+                        anyhow::ensure!(
+                            same,
+                            "Admin.AddReplica: {} (with other endpoints, capacity, model or rank)",
+                            e.message()
+                        );
                         println!("replica {} already registered with these endpoints: unchanged", a.name);
                         return Ok(());
                     }

@@ -14,17 +14,17 @@
 //! h[i]      = xxh3_64_with_seed(le_bytes(t[i·B]) ‖ … ‖ le_bytes(t[i·B + B − 1]), seed = h[i−1])
 //! ```
 //!
-//! A block whose engine hash also covers inputs a router cannot see in the prompt's tokens
-//! (vLLM's per-block `extra_keys`: multimodal identifiers with their offsets, prompt-embedding
-//! digests; vllm/v1/core/kv_cache_utils.py `generate_block_hash_extra_keys`) is hashed
-//! `h'[i] = xxh3_64_with_seed(le_bytes(digest), h[i])` ([`BlockHasher::with_extra`]): it and
-//! every block after it in its chain never match a request's tokens alone.
-//!
 //! for every *full* block `i < ⌊n / B⌋`; each token is 4 little-endian bytes (u32). A trailing
 //! partial block is not hashed — engines cache only full blocks (vLLM `kv_cache_utils.py`).
 //! Because each block's hash is seeded by its parent's, equal hashes mean equal whole prefixes,
 //! and different namespaces never match (barring a 64-bit collision). xxh3 is
 //! [xxHash](https://github.com/Cyan4973/xxHash)'s XXH3-64, via the `xxhash-rust` crate.
+//!
+//! A block whose engine hash also covers inputs a router cannot see in the prompt's tokens
+//! (vLLM's per-block `extra_keys`: multimodal identifiers with their offsets, prompt-embedding
+//! digests; vllm/v1/core/kv_cache_utils.py `generate_block_hash_extra_keys`) is hashed
+//! `h'[i] = xxh3_64_with_seed(le_bytes(digest), h[i])` ([`BlockHasher::with_extra`]): it and
+//! every block after it in its chain never match a request's tokens alone.
 
 use crate::error::Error;
 use crate::ids::BlockHash;
@@ -61,6 +61,10 @@ impl Namespace {
 pub struct ModelKey(pub u64);
 
 impl ModelKey {
+    /// Any model: a request whose model is not known (a gateway's request with no body)
+    /// may go to a replica of any model.
+    pub const ANY: ModelKey = ModelKey(0);
+
     /// The key of model `name`.
     pub fn of(name: &str) -> Self {
         ModelKey(xxh3_64(name.as_bytes()))

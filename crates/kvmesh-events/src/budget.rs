@@ -38,11 +38,13 @@ impl Default for DecodeLimits {
 /// events → event → `extra_keys` → key).
 pub const MAX_NESTING: usize = 16;
 
-/// Checks `payload` (one batch `[ts, events, rank?]`) against `limits` without allocating.
+/// Checks `payload` (one batch: `[ts, events, rank?]`, or the map `{"ts", "events", …}`)
+/// against `limits` without allocating.
 ///
 /// # Errors
-/// [`DecodeError::OverBudget`] when the payload is larger than `max_message_bytes`, its second
-/// top-level element is an array of more than `max_events`, or it declares more than
+/// [`DecodeError::OverBudget`] when the payload is larger than `max_message_bytes`, its events
+/// array (the second element of the array form; any array value of the map form) holds more
+/// than `max_events`, or it declares more than
 /// `max_elements` values; [`DecodeError::Malformed`] when it nests deeper than
 /// [`MAX_NESTING`] or uses the reserved marker; [`DecodeError::Incomplete`] when a declared
 /// length runs past the end.

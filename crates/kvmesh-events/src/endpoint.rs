@@ -17,7 +17,7 @@ pub fn offset_endpoint_port(endpoint: &str, rank: u32) -> Result<String, String>
     if rank == 0 || port == 0 {
         return Ok(endpoint.to_string());
     }
-    match u16::try_from(port + rank) {
+    match u16::try_from(port.saturating_add(rank)) {
         Ok(p) => Ok(format!("{base}:{p}")),
         Err(_) => Err(format!("{endpoint:?}: port {port} + rank {rank} is past 65535")),
     }

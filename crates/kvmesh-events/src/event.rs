@@ -63,7 +63,12 @@ fn stored(f: &Fields<'_>) -> Result<KvEvent, String> {
     };
     let extra_keys = match f.get("extra_keys", 8) {
         None | Some(Value::Nil) => None,
-        Some(Value::Array(per_block)) => extra_keys(per_block, lora_name.as_deref(), parent.is_none()),
+        Some(Value::Array(per_block)) if per_block.len() == block_hashes.len() => {
+            extra_keys(per_block, lora_name.as_deref(), parent.is_none())
+        }
+        Some(Value::Array(per_block)) => {
+            return Err(format!("extra_keys has {} entries for {} blocks", per_block.len(), block_hashes.len()))
+        }
         Some(other) => return Err(format!("extra_keys is {}, not an array", kind(other))),
     };
     let kind = match f.get("kv_cache_spec_kind", 10) {

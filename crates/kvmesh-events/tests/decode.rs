@@ -313,6 +313,14 @@ fn every_current_block_stored_field_decodes() {
         ("extra_keys", s("x")),
     ]);
     assert_eq!(decode_batch(&batch(vec![bad])).unwrap().skipped[0].reason, "extra_keys is a string, not an array");
+    let short = map(vec![
+        ("type", s("BlockStored")),
+        ("block_hashes", Value::Array(vec![Value::from(41u64), Value::from(42u64)])),
+        ("token_ids", Value::Array((0..8u64).map(Value::from).collect())),
+        ("block_size", Value::from(4)),
+        ("extra_keys", Value::Array(vec![Value::Nil])),
+    ]);
+    assert_eq!(decode_batch(&batch(vec![short])).unwrap().skipped[0].reason, "extra_keys has 1 entries for 2 blocks");
     // A hybrid model's sliding-window group, and a removal naming its group (positional form).
     let window = map(vec![
         ("type", s("BlockStored")),

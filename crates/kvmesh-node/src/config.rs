@@ -835,6 +835,23 @@ impl NodeConfig {
                 ));
             }
         }
+        // Before 2026-12-06 a replica's `model` was informational; now it is the model it
+        // serves, and a request is routed among its model's replicas only.
+        let mut others: Vec<&str> = self
+            .replicas
+            .iter()
+            .filter_map(|r| r.model.as_deref())
+            .filter(|m| !m.is_empty() && *m != self.node.model)
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        if !others.is_empty() {
+            out.push(format!(
+                "replicas declare models other than node.model ({:?}): {others:?}; each serves only requests naming its \
+                 model (a request naming none goes to node.model's replicas)",
+                self.node.model
+            ));
+        }
         let a = &self.autoscaler;
         if a.enabled && self.replicas.len() > a.max_replicas as usize {
             out.push(format!(
@@ -880,6 +897,14 @@ impl NodeConfig {
             if !adapters.insert(a) {
                 return Err(format!("node.lora_adapters: {a:?} appears twice"));
             }
+        }
+        // A model named like an adapter could never be asked for: the adapter wins the name.
+        if let Some(r) = self.replicas.iter().find(|r| r.model.as_ref().is_some_and(|m| adapters.contains(m))) {
+            return Err(format!(
+                "replica {:?}: model {:?} is also one of node.lora_adapters; a request naming it would get the adapter",
+                r.name,
+                r.model.as_deref().unwrap_or_default()
+            ));
         }
         let grace = self.node.shutdown_grace_s;
         if !(0.0..=3600.0).contains(&grace) {
@@ -1083,6 +1108,23 @@ capacity_blocks = 100
         );
         // An entry that still has a size was not read through NodeConfig::read.
         assert!(entry("data_parallel_size = 2").validate().unwrap_err().contains("data_parallel_size is expanded"));
+    }
+
+    #[test]
+    fn replica_models_other_than_the_default_are_said_and_never_an_adapters_name() {
+        let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+        c.node.model = "m1".into();
+        c.replicas[0].model = Some("m2".into());
+        assert_eq!(
+            c.doubts(),
+            ["replicas declare models other than node.model (\"m1\"): [\"m2\"]; each serves only requests naming its \
+              model (a request naming none goes to node.model's replicas)"]
+        );
+        c.node.lora_adapters = vec!["m2".into()];
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "replica \"vllm-0\": model \"m2\" is also one of node.lora_adapters; a request naming it would get the adapter"
+        );
     }
 
     #[test]

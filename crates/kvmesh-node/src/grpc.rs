@@ -81,7 +81,9 @@ impl router_server::Router for Services {
         // take its replica's whole KV until the lease ended, and the engine refuses it anyway.
         // With an approximate prompt count, judged by max_tokens alone.
         let counted = if exact { tokens.len() as u32 } else { 0 };
-        if let Some(f) = self.shared.core().fleet.fits_nowhere(counted, r.max_tokens).filter(|f| f.certain()) {
+        if let Some(f) =
+            self.shared.core().fleet.fits_nowhere_for(req.model, counted, r.max_tokens).filter(|f| f.certain())
+        {
             return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f)));
         }
         let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived)

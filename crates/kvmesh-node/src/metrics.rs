@@ -122,6 +122,14 @@ pub struct Metrics {
     pub replay_copies: Family<Labels, Counter>,
     /// KV-event quarantines begun, by replica (its stream kept bringing bad messages).
     pub quarantines: Family<Labels, Counter>,
+    /// Blocks of stores whose parent this node never saw, kept aside because the replica's
+    /// history is partial (it was followed from a replay buffer that no longer starts at the
+    /// engine's first message), by replica.
+    pub orphaned_blocks: Family<Labels, Counter>,
+    /// Blocks kept aside and then placed, their parent stored at last, by replica: with
+    /// [`Metrics::orphaned_blocks`], the recovered fraction of a partial history.
+    pub adopted_blocks: Family<Labels, Counter>,
+    replica_orphan_blocks: Family<Labels, Gauge>,
     replica_status: Family<Labels, Gauge>,
     replica_queued_prefill: Family<Labels, Gauge>,
     replica_bookings: Family<Labels, Gauge>,
@@ -185,6 +193,9 @@ impl Metrics {
             resyncs: Family::default(),
             replay_copies: Family::default(),
             quarantines: Family::default(),
+            orphaned_blocks: Family::default(),
+            adopted_blocks: Family::default(),
+            replica_orphan_blocks: Family::default(),
             replica_status: Family::default(),
             replica_queued_prefill: Family::default(),
             replica_bookings: Family::default(),
@@ -272,6 +283,21 @@ impl Metrics {
             "event_quarantines",
             "KV-event quarantines begun by replica (bad messages kept coming)",
             m.quarantines.clone(),
+        );
+        registry.register(
+            "events_orphaned_blocks",
+            "Stored blocks whose parent this node never saw, kept aside (the replica's history is partial), by replica",
+            m.orphaned_blocks.clone(),
+        );
+        registry.register(
+            "events_adopted_blocks",
+            "Blocks kept aside and placed once their parent was stored, by replica",
+            m.adopted_blocks.clone(),
+        );
+        registry.register(
+            "replica_orphan_blocks",
+            "Blocks kept aside now, waiting for their parent",
+            m.replica_orphan_blocks.clone(),
         );
         registry.register("replica_status", "1 for the replica's current status", m.replica_status.clone());
         registry.register(
@@ -417,6 +443,7 @@ impl Metrics {
             m.replica_bookings.clear();
             m.replica_kv_usage.clear();
             m.replica_index_blocks.clear();
+            m.replica_orphan_blocks.clear();
             m.replica_idle.clear();
             for r in core.replicas.values() {
                 let status = core.status(r, now);
@@ -430,6 +457,7 @@ impl Metrics {
                 m.replica_bookings.get_or_create(&l).set((load.prefilling + load.decoding) as i64);
                 m.replica_kv_usage.get_or_create(&l).set(r.engine.map_or(0.0, |e| e.kv_usage));
                 m.replica_index_blocks.get_or_create(&l).set(core.fleet.index().replica_blocks(r.id) as i64);
+                m.replica_orphan_blocks.get_or_create(&l).set(core.fleet.index().orphan_blocks(r.id) as i64);
                 m.replica_idle.get_or_create(&l).set(core.drain_progress(r, now).is_some_and(|p| p.idle()) as i64);
             }
         }

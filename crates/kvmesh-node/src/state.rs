@@ -873,6 +873,14 @@ impl Core {
         Some(outcome)
     }
 
+    /// Says whether replica `name`'s event history is partial
+    /// ([`kvmesh_core::Fleet::set_partial_history`]).
+    pub fn set_partial_history(&mut self, name: &str, partial: bool) {
+        if let Some(id) = self.replicas.get(name).map(|r| r.id) {
+            let _ = self.fleet.set_partial_history(id, partial);
+        }
+    }
+
     /// Decides where `req` would go at `now`, booking nothing (admission control checks the
     /// decision before [`Core::book`] commits it).
     ///

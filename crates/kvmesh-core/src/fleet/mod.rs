@@ -21,7 +21,7 @@ pub use request::RouteRequest;
 pub use view::{Estimate, Estimator, FleetView};
 
 use crate::error::Error;
-use crate::hashing::{BlockHasher, Namespace, DEFAULT_BLOCK_SIZE};
+use crate::hashing::{BlockHasher, ModelKey, Namespace, DEFAULT_BLOCK_SIZE};
 use crate::ids::{BlockHash, ReplicaId};
 use crate::index::{ApplyOutcome, KvEvent, PrefixIndex};
 use crate::load::{BookingId, BookingSpec, Bookings, EngineMetrics, FleetEvent};
@@ -394,6 +394,18 @@ impl Fleet {
         Ok(outcome)
     }
 
+    /// Says whether `id`'s event history is partial (see
+    /// [`PrefixIndex::set_partial_history`]): stores under parents never seen then wait for
+    /// their parent instead of marking the replica out of sync.
+    ///
+    /// # Errors
+    /// [`Error::UnknownReplica`].
+    pub fn set_partial_history(&mut self, id: ReplicaId, partial: bool) -> Result<(), Error> {
+        self.pos(id).ok_or(Error::UnknownReplica(id))?;
+        self.index.set_partial_history(id, partial);
+        Ok(())
+    }
+
     /// Records the engine's own load report.
     ///
     /// # Errors
@@ -552,6 +564,13 @@ impl Fleet {
         self.replicas.iter().map(|r| r.spec.capacity_blocks).max().unwrap_or(0)
     }
 
+    /// The largest `capacity_blocks` among the replicas serving `model` (`None` or
+    /// [`ModelKey::ANY`]: all replicas).
+    fn largest_blocks_of(&self, model: Option<ModelKey>) -> u64 {
+        let of = |r: &&ReplicaState| model.is_none_or(|m| m == ModelKey::ANY || r.model == m);
+        self.replicas.iter().filter(of).map(|r| r.spec.capacity_blocks).max().unwrap_or(0)
+    }
+
     /// Whether a request of `prompt_tokens` and at most `max_tokens` output tokens fits no
     /// registered replica even empty, as the KV headroom check counts it (prompt and output
     /// each rounded up to whole blocks of `block_size`): more blocks than the largest
@@ -559,11 +578,22 @@ impl Fleet {
     /// [`FitsNowhere::certain`] says whether the engine would refuse it too (vLLM starts only
     /// with `max_model_len` within its KV, and counts the sequence's tokens as a whole).
     pub fn fits_nowhere(&self, prompt_tokens: u32, max_tokens: Option<u32>) -> Option<FitsNowhere> {
+        self.fits_nowhere_for(None, prompt_tokens, max_tokens)
+    }
+
+    /// [`Fleet::fits_nowhere`] among the replicas serving `model` only (a request's
+    /// [`RouteRequest::model`]; `None` or [`ModelKey::ANY`]: every replica).
+    pub fn fits_nowhere_for(
+        &self,
+        model: Option<ModelKey>,
+        prompt_tokens: u32,
+        max_tokens: Option<u32>,
+    ) -> Option<FitsNowhere> {
         let bs = u64::from(self.config.block_size);
         let (prompt, output) = (u64::from(prompt_tokens), u64::from(max_tokens.unwrap_or(0)));
         let counted = prompt.div_ceil(bs) + output.div_ceil(bs);
         let needed_blocks = (prompt + output).div_ceil(bs);
-        let largest_blocks = self.largest_blocks();
+        let largest_blocks = self.largest_blocks_of(model);
         (largest_blocks > 0 && counted > largest_blocks).then_some(FitsNowhere {
             prompt_tokens,
             max_tokens: max_tokens.unwrap_or(0),
@@ -590,8 +620,9 @@ impl Fleet {
     /// Whether capacity is short for `decision`: no replica had KV headroom for the request
     /// (reason [`crate::Reason::NoKvHeadroom`]), or every routable replica already carries its
     /// profile's `max_num_seqs` requests or more (`decision` is not booked yet: admission
-    /// control checks before [`Fleet::book_decision`]). This is the trigger of admission
-    /// control (wait rather than pile onto full replicas).
+    /// control checks before [`Fleet::book_decision`]) — every routable replica of the chosen
+    /// replica's model. This is the trigger of admission control (wait rather than pile onto
+    /// full replicas).
     pub fn capacity_short(&self, decision: &Decision) -> bool {
         if decision.reason == crate::policy::Reason::NoKvHeadroom {
             return true;

@@ -488,6 +488,22 @@ fn each_model_is_its_own_namespace_and_candidate_set() {
             assert!([c, d].contains(&r2.decision.replica), "{kind:?} sent m2 to {:?}", r2.decision.replica);
         }
     }
+    // A request of any model (a gateway's request without a body) may go anywhere.
+    let any = RouteRequest { model: Some(ModelKey::ANY), ..RouteRequest::new(f.hasher(), &toks(16), Some(1)) };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut rr = PolicyKind::RoundRobin.build();
+    for _ in 0..8 {
+        seen.insert(f.decide(rr.as_mut(), &any, &mut rng(), 4.5).unwrap().replica);
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), [a, b, c, d]);
+    // What fits nowhere is judged among the model's own replicas.
+    let mut g = Fleet::new(FleetConfig::default()).unwrap();
+    g.add_replica(ReplicaSpec { model: "big".into(), ..ReplicaSpec::new("x", 1_000) }).unwrap();
+    g.add_replica(ReplicaSpec::new("y", 100)).unwrap();
+    assert_eq!(g.fits_nowhere(3_200, None), None, "the big model's replica holds 200 blocks");
+    let small = g.fits_nowhere_for(Some(g.hasher().model()), 3_200, None).unwrap();
+    assert_eq!((small.needed_blocks, small.largest_blocks), (200, 100));
+    assert_eq!(g.fits_nowhere_for(Some(ModelKey::of("big")), 3_200, None), None);
     // A model nobody serves has no replica ready; draining m2's replicas leaves m2 none.
     let m3 = RouteRequest::new(&f.hasher_for("m3"), &t, Some(1));
     assert_eq!(f.decide(p.as_mut(), &m3, &mut rng(), 5.0), Err(Error::NoReplicaReady));

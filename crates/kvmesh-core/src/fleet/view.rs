@@ -36,7 +36,8 @@ pub struct FleetView<'a> {
     /// The replicas this decision may pick from, sorted by id (a gateway's endpoint subset,
     /// see [`crate::fleet::Fleet::decide_within`]); `None`: every routable replica.
     pub subset: Option<&'a [crate::ids::ReplicaId]>,
-    /// The model the request asks for: only replicas serving it take the request.
+    /// The model the request asks for: only replicas serving it take the request
+    /// ([`crate::ModelKey::ANY`]: any replica).
     pub model: crate::hashing::ModelKey,
 }
 
@@ -71,7 +72,9 @@ impl<'a> FleetView<'a> {
     #[inline]
     pub fn takes(&self, i: usize) -> bool {
         let r = &self.replicas[i];
-        r.routable() && r.model == self.model && self.subset.is_none_or(|s| s.binary_search(&r.id).is_ok())
+        r.routable()
+            && (r.model == self.model || self.model == crate::hashing::ModelKey::ANY)
+            && self.subset.is_none_or(|s| s.binary_search(&r.id).is_ok())
     }
 
     /// Booked load of the replica at position `i`.

@@ -144,7 +144,10 @@ impl KvEvent {
                         lora_name: s.lora_name.clone(),
                         extra_keys: s.extra_keys.as_ref().map(|e| ExtraKeys {
                             cache_salt: e.cache_salt.clone(),
-                            unverifiable: e.unverifiable.get(range.clone()).map(<[u64]>::to_vec).unwrap_or_default(),
+                            unverifiable: {
+                                let len = e.unverifiable.len();
+                                e.unverifiable[range.start.min(len)..range.end.min(len)].to_vec()
+                            },
                         }),
                         kv_group: s.kv_group.clone(),
                     })

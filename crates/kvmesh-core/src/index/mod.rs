@@ -20,6 +20,7 @@
 
 mod event;
 mod holders;
+mod orphans;
 mod outcome;
 mod replica_blocks;
 mod segments;
@@ -122,8 +123,16 @@ impl PrefixIndex {
         };
         let outcome = match event {
             _ if other.is_some() => ApplyOutcome { other_group: other.unwrap_or(0) as u32, ..ApplyOutcome::default() },
-            KvEvent::Stored(s) => self.store(replica, s),
-            KvEvent::Removed(r) => self.remove(replica, r),
+            KvEvent::Stored(s) => self.store_or_keep(replica, s),
+            KvEvent::Removed(r) => {
+                let mut out = self.remove(replica, r);
+                let rb = self.slot(replica);
+                if rb.orphans.blocks() > 0 {
+                    let dropped: usize = r.block_hashes.iter().map(|h| rb.orphans.forget_block(h.0)).sum();
+                    out.orphans_dropped += dropped as u32;
+                }
+                out
+            }
             KvEvent::Cleared => {
                 let cleared = self.clear(replica);
                 ApplyOutcome { cleared, ..ApplyOutcome::default() }
@@ -138,6 +147,29 @@ impl PrefixIndex {
             _ => {}
         }
         outcome
+    }
+
+    /// Says whether `replica`'s history is partial: its events since it last started cover
+    /// only part of what it holds (the node followed it from the middle of a replay buffer that
+    /// no longer starts at its first message, or dropped its blocks to resync). Then a store
+    /// under a parent never seen is kept aside ([`ApplyOutcome::orphaned`]) rather than marking
+    /// the replica out of sync, and placed once its parent is stored
+    /// ([`ApplyOutcome::adopted`]); a removal of any of its blocks drops it. Turning it off (a
+    /// restarted engine, whose stream this node has whole) drops what waits.
+    pub fn set_partial_history(&mut self, replica: ReplicaId, partial: bool) {
+        if replica == holders::MANY {
+            return;
+        }
+        let rb = self.slot(replica);
+        rb.partial_history = partial;
+        if !partial {
+            rb.orphans.clear();
+        }
+    }
+
+    /// Blocks of `replica` kept aside, waiting for their parent (0 for an unknown replica).
+    pub fn orphan_blocks(&self, replica: ReplicaId) -> usize {
+        self.replicas.get(replica.index()).and_then(Option::as_ref).map_or(0, |rb| rb.orphans.blocks())
     }
 
     /// Drops every block of `replica` and forgets it. Returns the (block, replica) entries
@@ -385,6 +417,37 @@ impl PrefixIndex {
         }
     }
 
+    /// [`Self::store`], keeping a store with an unknown parent aside while the replica's
+    /// history is partial, and placing the stores that waited for the blocks it stored.
+    fn store_or_keep(&mut self, replica: ReplicaId, s: &Stored) -> ApplyOutcome {
+        let mut out = self.store(replica, s);
+        let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+        if out.rejection == Some(Rejection::UnknownParent) {
+            if let (true, Some(parent)) = (rb.partial_history, s.parent) {
+                out.orphans_dropped += rb.orphans.keep(parent.0, s.clone()) as u32;
+                out.orphaned += s.block_hashes.len() as u32;
+                out.rejection = None;
+            }
+            return out;
+        }
+        if out.stored == 0 || rb.orphans.blocks() == 0 {
+            return out;
+        }
+        // Its blocks may be parents the waiting stores named: place those, then theirs.
+        let mut stack: Vec<u64> = s.block_hashes.iter().map(|h| h.0).collect();
+        while let Some(id) = stack.pop() {
+            let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+            for child in rb.orphans.take_children(id) {
+                let placed = self.store(replica, &child);
+                if placed.stored > 0 {
+                    out.adopted += placed.stored;
+                    stack.extend(child.block_hashes.iter().map(|h| h.0));
+                }
+            }
+        }
+        out
+    }
+
     fn remove(&mut self, replica: ReplicaId, r: &Removed) -> ApplyOutcome {
         let mut out = ApplyOutcome::default();
         let m = r.medium.index();
@@ -426,6 +489,7 @@ impl PrefixIndex {
             }
         }
         let rb = self.replicas[replica.index()].as_mut().expect("checked above");
+        rb.orphans.clear();
         rb.health.out_of_sync = false;
         rb.health.counters.clears += 1;
         cleared

@@ -57,6 +57,13 @@ pub struct ApplyOutcome {
     /// sliding-window, Mamba or local group: [`crate::index::KvGroup::covers_whole_prefix`]),
     /// left aside.
     pub other_group: u32,
+    /// Blocks of a store whose parent is unknown, kept aside while the replica's history is
+    /// partial (see [`crate::PrefixIndex::set_partial_history`]).
+    pub orphaned: u32,
+    /// Blocks of stores kept aside earlier, placed now that this event stored their parent.
+    pub adopted: u32,
+    /// Blocks kept aside that left: removed by the engine, or past the bound.
+    pub orphans_dropped: u32,
     /// The first problem found, if any. A store is all or nothing (except a conflicting id,
     /// which is replaced); a removal applies every block it knows and skips the others.
     pub rejection: Option<Rejection>,

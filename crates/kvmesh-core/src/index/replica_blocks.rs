@@ -35,6 +35,10 @@ pub(crate) struct ReplicaBlocks {
     /// KV cache groups (`group_idx`) seen storing blocks the index does not follow: their
     /// removals are left aside too (a removal names its group, not its kind).
     pub(crate) other_groups: Vec<u32>,
+    /// Whether this replica's history is partial ([`super::PrefixIndex::set_partial_history`]).
+    pub(crate) partial_history: bool,
+    /// Stores waiting for a parent, while the history is partial.
+    pub(crate) orphans: super::orphans::Orphans,
 }
 
 /// What the index knows about the health of one replica's event stream.
@@ -67,6 +71,8 @@ impl ReplicaBlocks {
             engine: [Table::with_seed(seed), Table::with_seed(seed)],
             health: IndexHealth::default(),
             other_groups: Vec::new(),
+            partial_history: false,
+            orphans: Default::default(),
         }
     }
 

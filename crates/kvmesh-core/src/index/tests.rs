@@ -265,6 +265,47 @@ fn a_hybrid_models_partial_groups_are_left_aside() {
 }
 
 #[test]
+fn with_a_partial_history_unknown_parents_wait_for_their_parent() {
+    let toks: Vec<u32> = (0..16).collect();
+    // The engine's history: blocks 1, 2 (its replay buffer no longer holds that store), then
+    // 3 under 2 and 4 under 3 (held).
+    let (first, third, fourth) = (
+        stored(&[1, 2], None, toks[..8].to_vec()),
+        stored(&[3], Some(2), toks[8..12].to_vec()),
+        stored(&[4], Some(3), toks[12..].to_vec()),
+    );
+    // Without a partial history an unknown parent is lost events: out of sync, as before.
+    let mut ix = index();
+    assert_eq!(ix.apply(R0, &third).rejection, Some(Rejection::UnknownParent));
+    assert!(ix.health(R0).unwrap().out_of_sync);
+    // With one, they wait (the replica stays in sync), in any order ...
+    let mut ix = index();
+    ix.set_partial_history(R0, true);
+    let o = ix.apply(R0, &fourth);
+    assert_eq!((o.rejection, o.orphaned), (None, 1));
+    assert_eq!(ix.apply(R0, &third).orphaned, 1);
+    assert!(!ix.health(R0).unwrap().out_of_sync);
+    assert_eq!((ix.orphan_blocks(R0), ix.replica_blocks(R0), gpu_overlap(&ix, R0, &toks)), (2, 0, 0));
+    // ... until the engine stores their parent again: then both chains are placed.
+    let o = ix.apply(R0, &first);
+    assert_eq!((o.stored, o.adopted), (2, 2));
+    assert_eq!((ix.orphan_blocks(R0), ix.replica_blocks(R0), gpu_overlap(&ix, R0, &toks)), (0, 4, 4));
+    // A store whose block the engine removes first leaves whole; a clear drops the rest.
+    let mut ix = index();
+    ix.set_partial_history(R0, true);
+    ix.apply(R0, &stored(&[5, 6], Some(2), (0..8).collect()));
+    ix.apply(R0, &stored(&[7], Some(9), (0..4).collect()));
+    assert_eq!(ix.apply(R0, &removed(&[6])).orphans_dropped, 2);
+    assert_eq!(ix.orphan_blocks(R0), 1);
+    ix.apply(R0, &KvEvent::Cleared);
+    assert_eq!(ix.orphan_blocks(R0), 0);
+    // A whole history again (a restarted engine): nothing waits any more.
+    ix.apply(R0, &stored(&[7], Some(9), (0..4).collect()));
+    ix.set_partial_history(R0, false);
+    assert_eq!(ix.orphan_blocks(R0), 0);
+}
+
+#[test]
 fn cpu_medium_is_tracked_apart_from_gpu() {
     let mut ix = index();
     let toks: Vec<u32> = (0..8).collect();

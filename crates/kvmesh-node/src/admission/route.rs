@@ -75,7 +75,7 @@ pub struct Ticket<'a> {
     arrived: tokio::time::Instant,
     demand_counted: bool,
     deadline: Option<tokio::time::Instant>,
-    /// Whether its prompt feeds the hot-prefix sketch (see [`Ticket::for_adapter`]).
+    /// Whether its prompt feeds the hot-prefix sketch (see [`Ticket::for_selected`]).
     hot_prefix: bool,
     /// The replicas it may go to (sorted ids), when a gateway named a subset.
     subset: Option<Vec<kvmesh_core::ReplicaId>>,
@@ -171,7 +171,7 @@ impl<'a> Ticket<'a> {
         // Waiting is for capacity that frees; none frees enough for a request that fits no
         // replica even empty. With an approximate count, let the engine judge instead.
         if adm.section.enabled && !self.demand_counted && !self.unqueued {
-            if let Some(f) = shared.core().fleet.fits_nowhere(req.prompt_tokens, max_tokens) {
+            if let Some(f) = shared.core().fleet.fits_nowhere_for(req.model, req.prompt_tokens, max_tokens) {
                 if self.exact && f.certain() {
                     return Err(NotAdmitted::NeverFits(f));
                 }

@@ -411,7 +411,7 @@ impl Exchange {
             "/v1/chat/completions" => Some(read_chat),
             _ => None,
         };
-        let (Some(read), Some(body)) = (read, body) else { return self.least_loaded(subset) };
+        let (Some(read), Some(body)) = (read, body) else { return self.least_loaded(subset, body) };
         let shared = self.shared.clone();
         let Parsed { model, max_tokens, tokens, exact, stream, cache_salt } =
             parse(&shared, body, read).await.map_err(Refusal::from_rejected)?;
@@ -513,13 +513,38 @@ impl Exchange {
     }
 
     /// A request that is not a completion: the replica the policy picks for an empty prompt
-    /// (for token load, the least loaded), not booked.
-    fn least_loaded(&self, subset: Option<Vec<ReplicaId>>) -> Result<(String, Option<u32>), Refusal> {
+    /// (for token load, the least loaded) among those of the model its JSON `body` names, or
+    /// of any model without one; not booked.
+    fn least_loaded(
+        &self,
+        subset: Option<Vec<ReplicaId>>,
+        body: Option<&Bytes>,
+    ) -> Result<(String, Option<u32>), Refusal> {
         let subset = subset.map(|mut s| {
             s.sort_unstable();
             s
         });
-        let req = RouteRequest::new(&self.shared.settings.hasher_for(&Default::default()), &[], None);
+        #[derive(serde::Deserialize)]
+        struct Named<'a> {
+            #[serde(borrow)]
+            model: Option<std::borrow::Cow<'a, str>>,
+        }
+        let named = body.and_then(|b| serde_json::from_slice::<Named<'_>>(b).ok()).and_then(|n| n.model);
+        let mut req = match named.as_deref().map(|m| self.shared.models.select(Some(m))) {
+            Some(Ok(selected)) => RouteRequest::new(&self.shared.settings.hasher_for(&selected), &[], None),
+            Some(Err(message)) => {
+                self.shared.metrics.request("unknown_model");
+                return Err(Refusal::from_rejected(crate::proxy::Rejected {
+                    status: axum::http::StatusCode::NOT_FOUND,
+                    message,
+                    outcome: "unknown_model",
+                }));
+            }
+            None => RouteRequest::new(&self.shared.settings.hasher_for(&Default::default()), &[], None),
+        };
+        if named.is_none() {
+            req.model = Some(kvmesh_core::ModelKey::ANY);
+        }
         let now = self.shared.now();
         let mut core = self.shared.core();
         let in_subset = subset.is_some();

@@ -129,13 +129,26 @@ pub fn destination(
 ) -> (CommonResponse, Struct) {
     let mut set_headers = vec![header(header_name, endpoint)];
     if let Some(k) = rank {
-        set_headers.push(header(crate::replica::endpoints::DATA_PARALLEL_RANK_HEADER, &k.to_string()));
+        // Replacing a client's own rank header, not added beside it (Envoy's default appends).
+        let action =
+            envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd;
+        set_headers.push(HeaderValueOption {
+            append_action: action as i32,
+            ..header(crate::replica::endpoints::DATA_PARALLEL_RANK_HEADER, &k.to_string())
+        });
     }
     if let Some(n) = body_len {
         set_headers.push(header("content-length", &n.to_string()));
     }
     let common = CommonResponse {
-        header_mutation: Some(HeaderMutation { set_headers, remove_headers: vec![] }),
+        // The router picks the rank: a client's own rank header never reaches the engine.
+        header_mutation: Some(HeaderMutation {
+            set_headers,
+            remove_headers: match rank {
+                Some(_) => vec![],
+                None => vec![crate::replica::endpoints::DATA_PARALLEL_RANK_HEADER.to_string()],
+            },
+        }),
         clear_route_cache: true,
         ..CommonResponse::default()
     };

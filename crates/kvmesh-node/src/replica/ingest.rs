@@ -315,6 +315,10 @@ pub(super) fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
     let mut core = shared.core();
     // A clear also ends the index's out-of-sync mark: the replica rebuilds from here.
     core.apply(name, &KvEvent::Cleared, now);
+    // The engine still holds what was dropped (unless it restarted): its next stores may
+    // chain under blocks this node will not hear of again, until a replay from its buffer's
+    // start says otherwise.
+    core.set_partial_history(name, how != "restart");
     shared.metrics.resyncs.get_or_create(&vec![("replica", name.to_string()), ("method", how.to_string())]).inc();
 }
 
@@ -337,6 +341,8 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
     }
     let mut unknown_parent = false;
     let mut applied = [0u64; 3];
+    // Blocks kept aside (parent unknown, partial history) and placed from earlier.
+    let (mut orphaned, mut adopted) = (0u64, 0u64);
     // Index rejections by reason, counted after the lock.
     let mut rejected: Vec<kvmesh_core::index::Rejection> = Vec::new();
     let mut core = shared.core();
@@ -373,6 +379,8 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
                 complete = false;
                 break 'events;
             };
+            orphaned += u64::from(o.orphaned);
+            adopted += u64::from(o.adopted);
             let Some(r) = o.rejection else { continue };
             use kvmesh_core::index::Rejection as R;
             let whole = !matches!(r, R::UnknownBlock | R::ConflictingBlock);
@@ -427,6 +435,13 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
     }
     for r in rejected {
         shared.metrics.events_rejected.get_or_create(&labels(name, r.as_str())).inc();
+    }
+    let replica = || vec![("replica", name.to_string())];
+    if orphaned > 0 {
+        shared.metrics.orphaned_blocks.get_or_create(&replica()).inc_by(orphaned);
+    }
+    if adopted > 0 {
+        shared.metrics.adopted_blocks.get_or_create(&replica()).inc_by(adopted);
     }
     if unknown_parent && complete {
         tracing::warn!(replica = %name, seq, "a stored event names a parent never seen: replica out of sync, rebuilding");
@@ -550,6 +565,9 @@ async fn replay_messages(
             Ok(ReplayReply::Message { seq, batch }) => {
                 if std::mem::take(&mut first) {
                     next = seq;
+                    // The buffer starts after the engine's first message: what the engine
+                    // stored before is history this node cannot have (stores under it wait).
+                    shared.core().set_partial_history(&source.name, seq > 0);
                 }
                 if seq == next && seq < to {
                     apply(shared, &source.name, seq, &batch);

@@ -28,8 +28,8 @@ pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::Unbounded
         let chain = core.fleet.hasher().hash_blocks(&w.tokens);
         let holder = core.fleet.holders(&chain).into_iter().find_map(|h| {
             let name = core.fleet.replica(h)?.spec.name.clone();
-            let url = core.replicas.get(&name)?.endpoints.base.clone();
-            Some((name, url))
+            let endpoints = &core.replicas.get(&name)?.endpoints;
+            Some((name, endpoints.base.clone(), endpoints.data_parallel_rank))
         });
         let spec = BookingSpec {
             uncached_prefill_tokens: w.tokens.len() as u32,
@@ -49,7 +49,9 @@ pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::Unbounded
     let timeout = Duration::from_secs_f64(if transfer_first { budget / 2.0 } else { budget });
     let mut result = Err("no attempt".to_string());
     if transfer_first {
-        match transfer(&section.transfer_endpoint, &w, &model, holder.as_ref(), &target_url, timeout).await {
+        match transfer(&section.transfer_endpoint, &w, &model, holder.as_ref(), (&target_url, target_rank), timeout)
+            .await
+        {
             Ok(()) => {
                 shared.metrics.replication_warmups.get_or_create(&vec![("result", "transferred".into())]).inc();
                 tracing::info!(replica = %w.replica, prefix = w.hash.0, "replication: transfer started by the sidecar");
@@ -124,11 +126,11 @@ async fn transfer(
     endpoint: &str,
     w: &Warmup,
     model: &str,
-    from: Option<&(String, String)>,
-    to_url: &str,
+    from: Option<&(String, String, Option<u32>)>,
+    (to_url, to_rank): (&str, Option<u32>),
     timeout: Duration,
 ) -> Result<(), String> {
-    let (from_replica, from_endpoint) = from.cloned().ok_or("no replica holds the prefix to copy from")?;
+    let (from_replica, from_endpoint, from_rank) = from.cloned().ok_or("no replica holds the prefix to copy from")?;
     let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
         .map_err(|e| format!("transfer_endpoint {endpoint:?}: {e}"))?
         .connect_timeout(Duration::from_secs(2))
@@ -145,6 +147,8 @@ async fn transfer(
         from_endpoint,
         to_replica: w.replica.clone(),
         to_endpoint: to_url.to_string(),
+        from_data_parallel_rank: from_rank,
+        to_data_parallel_rank: to_rank,
     };
     let resp = v1::replication_transfer_client::ReplicationTransferClient::new(channel)
         .transfer(req)

@@ -1,0 +1,94 @@
+//! Stores whose parent the index has never seen, kept aside while a replica's history is
+//! partial.
+//!
+//! Why: a router that starts following a long-running engine gets only the newest messages of
+//! its replay buffer (vLLM keeps 10,000). Stores that chain under a prefix the engine cached
+//! before that (a long-lived system prompt) name a parent no message still held mentions. A
+//! rebuild cannot help — the buffer has nothing older — so instead of wiping the replica and
+//! replaying again (which fails the same way), such a store waits here until its parent turns
+//! up (the engine stores it again), and leaves if the engine removes any of its blocks first.
+
+use super::event::Stored;
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+
+/// Most orphaned stores kept per replica; past it the oldest leave first.
+pub const MAX_ORPHAN_STORES: usize = 4096;
+
+/// One replica's orphaned stores.
+#[derive(Debug, Default)]
+pub(crate) struct Orphans {
+    /// Parent engine id → the stores waiting for it, in arrival order.
+    by_parent: FxHashMap<u64, Vec<Stored>>,
+    /// An orphaned block's engine id → its store's parent id.
+    parent_of: FxHashMap<u64, u64>,
+    /// Parent ids in arrival order, one per store (for the bound).
+    order: VecDeque<u64>,
+    blocks: usize,
+}
+
+impl Orphans {
+    /// Blocks waiting.
+    pub(crate) fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Keeps `s` (whose parent is `parent`) aside; returns the blocks dropped to stay within
+    /// [`MAX_ORPHAN_STORES`].
+    pub(crate) fn keep(&mut self, parent: u64, s: Stored) -> usize {
+        let mut dropped = 0;
+        while self.order.len() >= MAX_ORPHAN_STORES {
+            let Some(oldest) = self.order.pop_front() else { break };
+            let gone = self.by_parent.get_mut(&oldest).and_then(|list| (!list.is_empty()).then(|| list.remove(0)));
+            if self.by_parent.get(&oldest).is_some_and(Vec::is_empty) {
+                self.by_parent.remove(&oldest);
+            }
+            if let Some(gone) = gone {
+                dropped += self.unlink(&gone);
+            }
+        }
+        for id in &s.block_hashes {
+            self.parent_of.insert(id.0, parent);
+        }
+        self.blocks += s.block_hashes.len();
+        self.by_parent.entry(parent).or_default().push(s);
+        self.order.push_back(parent);
+        dropped
+    }
+
+    /// The stores waiting for `parent`, taken out.
+    pub(crate) fn take_children(&mut self, parent: u64) -> Vec<Stored> {
+        let Some(list) = self.by_parent.remove(&parent) else { return Vec::new() };
+        for s in &list {
+            self.unlink(s);
+        }
+        // Their `order` entries stay until the bound reaches them; they find nothing then.
+        list
+    }
+
+    /// The engine let block `id` go: a waiting store holding it leaves whole (the rest of it
+    /// is going too: vLLM evicts a sequence's blocks from its end). Returns the blocks dropped.
+    pub(crate) fn forget_block(&mut self, id: u64) -> usize {
+        let Some(parent) = self.parent_of.get(&id).copied() else { return 0 };
+        let Some(list) = self.by_parent.get_mut(&parent) else { return 0 };
+        let Some(i) = list.iter().position(|s| s.block_hashes.iter().any(|h| h.0 == id)) else { return 0 };
+        let gone = list.remove(i);
+        if list.is_empty() {
+            self.by_parent.remove(&parent);
+        }
+        self.unlink(&gone)
+    }
+
+    /// Drops everything.
+    pub(crate) fn clear(&mut self) {
+        *self = Orphans::default();
+    }
+
+    fn unlink(&mut self, s: &Stored) -> usize {
+        for id in &s.block_hashes {
+            self.parent_of.remove(&id.0);
+        }
+        self.blocks -= s.block_hashes.len();
+        s.block_hashes.len()
+    }
+}
