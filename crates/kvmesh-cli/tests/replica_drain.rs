@@ -44,7 +44,7 @@ async fn drain_wait_returns_once_the_request_in_flight_has_ended() {
     );
     let other = add("http://127.0.0.1:1");
     assert_eq!(other.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&other.stderr).contains("(with other endpoints or capacity)"));
+    assert!(String::from_utf8_lossy(&other.stderr).contains("(with other endpoints, capacity, model or rank)"));
 
     // An unknown replica is named in words, not in gRPC's status dump.
     let mut c = Command::new(env!("CARGO_BIN_EXE_kvmesh"));

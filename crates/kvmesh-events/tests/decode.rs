@@ -74,7 +74,13 @@ fn c06_two_element_batch_unknown_keys_and_trailing_elements_decode() {
                 extra_keys: None,
                 kv_group: None,
             }),
-            KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(7)], medium: Medium::Gpu, kv_group: None }),
+            // Its fourth element is vLLM's `group_idx` (since hybrid KV groups); the fifth is
+            // past every field vLLM declares.
+            KvEvent::Removed(Removed {
+                block_hashes: vec![EngineBlockHash(7)],
+                medium: Medium::Gpu,
+                kv_group: Some(1)
+            }),
             KvEvent::Cleared,
         ]
     );

@@ -61,6 +61,11 @@ impl router_server::Router for Services {
             )));
         }
         if let Some(a) = adapter {
+            if let Some(m) = &selected.model {
+                return Err(GrpcStatus::invalid_argument(format!(
+                    "LoRA adapter {a:?} with model {m:?}: adapters belong to node.model (name the adapter as the model, or leave model empty)"
+                )));
+            }
             selected.adapter = Some(a.to_string());
         }
         // Hash before taking the core lock: a long prompt is microseconds of work.
@@ -143,8 +148,13 @@ impl router_server::Router for Services {
         let id = self.open_booking(&request, &request.get_ref().booking)?;
         let r = request.into_inner();
         let now = self.shared.now();
-        let released = self.shared.core().release(id, r.output_tokens, now);
-        self.shared.admission.capacity_freed();
+        let (released, model) = {
+            let mut core = self.shared.core();
+            let replica = core.fleet.bookings().get(id).map(|b| b.replica);
+            let model = replica.and_then(|id| core.fleet.replica(id)).map(|s| s.model);
+            (core.release(id, r.output_tokens, now), model)
+        };
+        self.shared.admission.capacity_freed_for(model);
         released.map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         Ok(Response::new(v1::ReleaseResponse {}))
     }

@@ -56,12 +56,13 @@ pub(crate) struct InFlight {
     pub(crate) arrived: tokio::time::Instant,
 }
 
-/// Wakes the admission queue's next waiter when dropped (after the booking's release).
-struct WakeOnDrop<'a>(&'a Shared);
+/// Wakes the admission queue's next waiter of the released replica's model when dropped
+/// (after the booking's release).
+struct WakeOnDrop<'a>(&'a Shared, Option<kvmesh_core::ModelKey>);
 
 impl Drop for WakeOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.admission.capacity_freed();
+        self.0.admission.capacity_freed_for(self.1);
     }
 }
 
@@ -152,10 +153,11 @@ impl InFlight {
     pub(crate) fn release(&mut self, output_tokens: Option<u32>, outcome: &'static str) {
         if let Some(id) = self.id.take() {
             // Whatever happens below, a queued request may fit now.
-            let _wake = WakeOnDrop(&self.shared);
+            let mut wake = WakeOnDrop(&self.shared, None);
             self.shared.in_flight.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             let now = self.shared.now();
             let mut core = self.shared.core();
+            wake.1 = core.replicas.get(&self.replica).and_then(|r| core.fleet.replica(r.id)).map(|s| s.model);
             let _ = core.release(id, output_tokens, now);
             if let Some(r) = core.replicas.get_mut(&self.replica) {
                 r.proxied = r.proxied.saturating_sub(1);

@@ -50,11 +50,23 @@ fn replication_section(spec: &TierSpec<'_>) -> kvmesh_node::config::ReplicationS
     }
 }
 
-/// Free loopback ports (peers must know each other's address before binding).
+/// Free loopback ports (peers must know each other's address before binding), from
+/// 20000–31999: below Linux's ephemeral range (32768 up), so that between this check and the
+/// node's bind no outgoing connection can be handed one of them as its source port (what
+/// `bind(:0)` returns is such a port). Spread by process id, so that demos side by side differ.
 fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let ls: Vec<std::net::TcpListener> =
-        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    Ok(ls.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.port()).collect())
+    let start = (std::process::id() % 600) * 20;
+    let mut out = Vec::with_capacity(n);
+    for k in 0..12_000u32 {
+        let port = 20_000 + ((start + k) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            out.push(port);
+            if out.len() == n {
+                return Ok(out);
+            }
+        }
+    }
+    anyhow::bail!("no {n} free loopback ports in 20000-31999")
 }
 
 impl Tier {

@@ -92,6 +92,9 @@ struct Waiter {
     /// Order of entering the queue, for ties of load and arrival (a request re-enters after
     /// each re-check; its arrival keeps its place).
     seq: u64,
+    /// The model it asked for: a booking of another model's replica ending frees nothing
+    /// it could use.
+    model: kvmesh_core::ModelKey,
     tx: oneshot::Sender<Wake>,
 }
 
@@ -172,6 +175,21 @@ impl Admission {
     /// when this request is the one refused to make room; [`Refused::Timeout`] past
     /// `deadline`.
     pub async fn wait(&self, load: u64, arrived: Instant, deadline: Instant) -> Result<(), Refused> {
+        self.wait_as(load, kvmesh_core::ModelKey::ANY, arrived, deadline).await
+    }
+
+    /// [`Admission::wait`] for a request of `model`: woken by bookings of that model's
+    /// replicas ending ([`Admission::capacity_freed_for`]).
+    ///
+    /// # Errors
+    /// As [`Admission::wait`].
+    pub async fn wait_as(
+        &self,
+        load: u64,
+        model: kvmesh_core::ModelKey,
+        arrived: Instant,
+        deadline: Instant,
+    ) -> Result<(), Refused> {
         let now = Instant::now();
         if now >= deadline {
             return Err(Refused::Timeout);
@@ -189,7 +207,7 @@ impl Admission {
                 let _ = w.swap_remove(k).tx.send(Wake::Evicted);
             }
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-            w.push(Waiter { load, arrived, seq, tx });
+            w.push(Waiter { load, arrived, seq, model, tx });
         }
         let recheck = now + self.recheck;
         match tokio::time::timeout_at(recheck.min(deadline), rx).await {
@@ -201,10 +219,18 @@ impl Admission {
     /// A booking ended: the first waiter in order (not late, then smallest load, then
     /// earliest) tries again.
     pub fn capacity_freed(&self) {
+        self.capacity_freed_for(None);
+    }
+
+    /// A booking on a replica of `model` ended (`None`: of a model not known): the first
+    /// waiter in order among those that could use that replica tries again.
+    pub fn capacity_freed_for(&self, model: Option<kvmesh_core::ModelKey>) {
         let now = Instant::now();
         let mut w = self.lock();
-        while let Some(k) =
-            (0..w.len()).min_by_key(|&k| (self.late(w[k].arrived, now), w[k].load, w[k].arrived, w[k].seq))
+        let fits = |x: &Waiter| model.is_none_or(|m| x.model == m || x.model == kvmesh_core::ModelKey::ANY);
+        while let Some(k) = (0..w.len())
+            .filter(|&k| fits(&w[k]))
+            .min_by_key(|&k| (self.late(w[k].arrived, now), w[k].load, w[k].arrived, w[k].seq))
         {
             if w.swap_remove(k).tx.send(Wake::Retry).is_ok() {
                 return;
@@ -313,6 +339,41 @@ mod tests {
             tokio::task::yield_now().await;
         }
         (0..hs.len()).filter(|&i| hs[i].is_finished()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_freed_replica_wakes_a_waiter_of_its_model() {
+        use kvmesh_core::ModelKey;
+        let q = queue(8, None);
+        let now = Instant::now();
+        let deadline = now + Duration::from_secs(30);
+        let (m1, m2) = (ModelKey::of("m1"), ModelKey::of("m2"));
+        let start = |model| {
+            let q2 = q.clone();
+            tokio::spawn(async move { q2.wait_as(100, model, now, deadline).await })
+        };
+        // The m1 request is first in order (smaller load), yet only an m2 replica freed.
+        let first = start(m1);
+        let second = {
+            let q2 = q.clone();
+            tokio::spawn(async move { q2.wait_as(900, m2, now, deadline).await })
+        };
+        while q.depth() < 2 {
+            tokio::task::yield_now().await;
+        }
+        q.capacity_freed_for(Some(m2));
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!((first.is_finished(), second.is_finished()), (false, true));
+        // A release of a model nobody waits for wakes nobody; one of an unknown model, anyone.
+        q.capacity_freed_for(Some(ModelKey::of("m3")));
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!first.is_finished());
+        q.capacity_freed_for(None);
+        assert_eq!(first.await.unwrap(), Ok(()));
     }
 
     #[tokio::test]

@@ -235,7 +235,8 @@ impl<'a> Ticket<'a> {
                     let deadline = *self.deadline.get_or_insert_with(|| {
                         tokio::time::Instant::now() + Duration::from_secs_f64(adm.section.max_wait_s)
                     });
-                    if let Err(why) = adm.wait(load, self.arrived, deadline).await {
+                    let model = req.model.unwrap_or(shared.settings.hasher.model());
+                    if let Err(why) = adm.wait_as(load, model, self.arrived, deadline).await {
                         h.settled = true;
                         if first && why == Refused::QueueFull {
                             h.metrics = None;
