@@ -150,8 +150,8 @@ impl PrefixIndex {
     }
 
     /// Says whether `replica`'s history is partial: its events since it last started cover
-    /// only part of what it holds (the node followed it from the middle of a replay buffer that
-    /// no longer starts at its first message, or dropped its blocks to resync). Then a store
+    /// only part of what it holds (the node followed it from a replay buffer that no longer
+    /// starts at its first message: what it stored before cannot be had). Then a store
     /// under a parent never seen is kept aside ([`ApplyOutcome::orphaned`]) rather than marking
     /// the replica out of sync, and placed once its parent is stored
     /// ([`ApplyOutcome::adopted`]); a removal of any of its blocks drops it. Turning it off (a

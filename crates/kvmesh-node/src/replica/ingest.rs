@@ -315,10 +315,13 @@ pub(super) fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
     let mut core = shared.core();
     // A clear also ends the index's out-of-sync mark: the replica rebuilds from here.
     core.apply(name, &KvEvent::Cleared, now);
-    // The engine still holds what was dropped (unless it restarted): its next stores may
-    // chain under blocks this node will not hear of again, until a replay from its buffer's
-    // start says otherwise.
-    core.set_partial_history(name, how != "restart");
+    // A restarted engine's history starts afresh: this node will see all of it. (Otherwise
+    // the history stays as partial as it was: a gap or a rebuild is missed events, which
+    // case C03 resyncs; only a replay buffer that no longer reaches back to the engine's
+    // first message makes it partial.)
+    if how == "restart" {
+        core.set_partial_history(name, false);
+    }
     shared.metrics.resyncs.get_or_create(&vec![("replica", name.to_string()), ("method", how.to_string())]).inc();
 }
 
