@@ -715,6 +715,17 @@ impl ReplicaConfig {
                 ..self.clone()
             });
         }
+        // vLLM moves both ports up by the rank: two ports fewer than `size` apart put one
+        // rank's publisher on another's replay socket.
+        let mut seen = std::collections::HashSet::new();
+        for ep in out.iter().flat_map(|r| r.kv_events.iter().chain(r.replay.iter())) {
+            if !seen.insert(ep.as_str()) {
+                return bad(format!(
+                    "with data_parallel_size {size}, {ep} is both a publisher and a replay socket (vLLM adds the \
+                     rank to both ports): keep kv_events and replay at least {size} ports apart"
+                ));
+            }
+        }
         Ok(out)
     }
 
@@ -1066,7 +1077,7 @@ capacity_blocks = 100
         let entry = |extra: &str| {
             let text = format!(
                 "name = \"v\"\nhttp = \"http://10.0.0.7:8000\"\nkv_events = \"tcp://10.0.0.7:5557\"\n\
-                 replay = \"tcp://10.0.0.7:5558\"\ncapacity_blocks = 100\n{extra}"
+                 replay = \"tcp://10.0.0.7:5600\"\ncapacity_blocks = 100\n{extra}"
             );
             toml::from_str::<ReplicaConfig>(&text).unwrap()
         };
@@ -1081,7 +1092,7 @@ capacity_blocks = 100
                 format!("v-dp{k}"),
                 Some(k),
                 Some(format!("tcp://10.0.0.7:{}", 5557 + k)),
-                Some(format!("tcp://10.0.0.7:{}", 5558 + k)),
+                Some(format!("tcp://10.0.0.7:{}", 5600 + k)),
                 100,
             )
         };
@@ -1101,6 +1112,12 @@ capacity_blocks = 100
         ] {
             assert_eq!(entry(extra).ranks().unwrap_err(), err);
         }
+        let close = ReplicaConfig { replay: Some("tcp://10.0.0.7:5558".into()), ..entry("data_parallel_size = 2") };
+        assert_eq!(
+            close.ranks().unwrap_err(),
+            "replica \"v\": with data_parallel_size 2, tcp://10.0.0.7:5558 is both a publisher and a replay socket \
+             (vLLM adds the rank to both ports): keep kv_events and replay at least 2 ports apart"
+        );
         let high = ReplicaConfig { kv_events: Some("tcp://h:65535".into()), ..entry("data_parallel_size = 2") };
         assert_eq!(
             high.ranks().unwrap_err(),
