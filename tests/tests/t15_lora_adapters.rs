@@ -44,15 +44,7 @@ async fn adapter_requests_match_only_their_adapters_blocks() {
     .await;
 
     let router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);
-    let route = |lora: Option<&str>| v1::RouteRequest {
-        model: "m".into(),
-        prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: tokens.clone() })),
-        max_tokens: Some(4),
-        session_key: None,
-        lora_name: lora.map(str::to_string),
-        expected_output_tokens: None,
-        cache_salt: None,
-    };
+    let route = |lora: Option<&str>| common::route_request("m", &tokens, lora);
     // Each booking released at once, so that load never outweighs the overlap asked about.
     let ask = |lora: Option<&'static str>| {
         let mut router = router.clone();

@@ -48,15 +48,7 @@ async fn two_models_and_two_adapters_on_four_replicas_never_cross() {
 
     // gRPC: the model and the adapter select the namespace and the candidates.
     let router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);
-    let route = |model: &str, lora: Option<&str>| v1::RouteRequest {
-        model: model.into(),
-        prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: tokens.clone() })),
-        max_tokens: Some(4),
-        session_key: None,
-        lora_name: lora.map(str::to_string),
-        expected_output_tokens: None,
-        cache_salt: None,
-    };
+    let route = |model: &str, lora: Option<&str>| common::route_request(model, &tokens, lora);
     let ask = |request: v1::RouteRequest| {
         let mut router = router.clone();
         async move {

@@ -54,13 +54,8 @@ impl router_server::Router for Services {
         }
         // An adapter's blocks chain from its own seed: overlap counts only blocks stored under it.
         let adapter = r.lora_name.as_deref().filter(|a| !a.is_empty());
-        let adapters = &self.shared.settings.lora_adapters;
-        if let Some(a) = adapter.filter(|a| !adapters.is_empty() && !adapters.iter().any(|x| x == a)) {
-            return Err(GrpcStatus::not_found(format!(
-                "LoRA adapter {a:?} is not served here (node.lora_adapters: {adapters:?})"
-            )));
-        }
         if let Some(a) = adapter {
+            self.shared.models.adapter(a).map_err(GrpcStatus::not_found)?;
             if let Some(m) = &selected.model {
                 return Err(GrpcStatus::invalid_argument(format!(
                     "LoRA adapter {a:?} with model {m:?}: adapters belong to node.model (name the adapter as the model, or leave model empty)"
@@ -69,8 +64,8 @@ impl router_server::Router for Services {
             selected.adapter = Some(a.to_string());
         }
         // Hash before taking the core lock: a long prompt is microseconds of work.
-        let salt = r.cache_salt.as_deref().unwrap_or_default();
-        let hasher = &self.shared.settings.hasher_for(&selected).for_salt(salt);
+        selected.salt = r.cache_salt.filter(|s| !s.is_empty());
+        let hasher = &self.shared.settings.hasher_for(&selected);
         // A gRPC caller may never report its first token: its prefill drains on the clock.
         if r.expected_output_tokens == Some(0) {
             return Err(GrpcStatus::invalid_argument(
@@ -92,7 +87,7 @@ impl router_server::Router for Services {
             return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f)));
         }
         let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived)
-            .for_selected(&selected, !salt.is_empty());
+            .for_selected(&selected);
         let Admitted { routed, replica: name, endpoints, at: now, decision_s } = match ticket
             .route(&req, &tokens, r.max_tokens)
             .await

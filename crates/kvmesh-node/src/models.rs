@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-/// What a request's `model` field selects.
+/// The cache namespace a request selects: what its `model` field names, and its vLLM
+/// `cache_salt` (hashed as the engine does: [`crate::state::Settings::hasher_for`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Selected {
     /// A model other than `node.model`, when the request asks for one a replica declares;
@@ -14,6 +15,8 @@ pub struct Selected {
     pub model: Option<String>,
     /// The LoRA adapter (of `node.model`) it names, if any.
     pub adapter: Option<String>,
+    /// Its `cache_salt` (a tenant's own prefix cache), if any.
+    pub salt: Option<String>,
 }
 
 /// The served models, by how many registered replicas serve each (one owner: the registry
@@ -64,20 +67,32 @@ impl ServedModels {
     pub fn select(&self, asked: Option<&str>) -> Result<Selected, String> {
         let Some(asked) = asked.filter(|a| !a.is_empty()) else { return Ok(Selected::default()) };
         if self.adapters.iter().any(|a| a == asked) {
-            return Ok(Selected { model: None, adapter: Some(asked.to_string()) });
+            return Ok(Selected { adapter: Some(asked.to_string()), ..Selected::default() });
         }
         if asked == self.default {
             return Ok(Selected::default());
         }
         let m = self.lock();
         if m.contains_key(asked) {
-            return Ok(Selected { model: Some(asked.to_string()), adapter: None });
+            return Ok(Selected { model: Some(asked.to_string()), ..Selected::default() });
         }
         if self.default.is_empty() && (m.contains_key("") || m.is_empty()) {
             return Ok(Selected::default());
         }
         let served: Vec<&str> = m.keys().map(String::as_str).filter(|k| !k.is_empty()).collect();
         Err(format!("model {asked:?} is not served here (this router serves {served:?})"))
+    }
+
+    /// Whether a gRPC Route's `lora_name` `adapter` is served: one of `node.lora_adapters`,
+    /// or any name when that list is empty.
+    ///
+    /// # Errors
+    /// The caller's message (gRPC NOT_FOUND).
+    pub fn adapter(&self, adapter: &str) -> Result<(), String> {
+        if self.adapters.is_empty() || self.adapters.iter().any(|a| a == adapter) {
+            return Ok(());
+        }
+        Err(format!("LoRA adapter {adapter:?} is not served here (node.lora_adapters: {:?})", self.adapters))
     }
 
     /// The models served now, each with its replica count (`""`: `node.model` left empty).
@@ -95,7 +110,7 @@ mod tests {
     use super::*;
 
     fn sel(model: Option<&str>, adapter: Option<&str>) -> Selected {
-        Selected { model: model.map(str::to_string), adapter: adapter.map(str::to_string) }
+        Selected { model: model.map(str::to_string), adapter: adapter.map(str::to_string), salt: None }
     }
 
     #[test]

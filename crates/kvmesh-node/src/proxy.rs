@@ -134,7 +134,8 @@ impl Rejected {
 }
 
 /// The checks every routed request passes before it is decided, the proxy's and the
-/// endpoint picker's alike: the model asked for is served ([`crate::models::ServedModels::select`]),
+/// endpoint picker's alike: the model asked for is served ([`crate::models::ServedModels::select`];
+/// the selection carries `cache_salt`),
 /// the prompt (`prompt_tokens`) is within `node.max_prompt_tokens`, and the output-length
 /// hint in `headers` is well formed.
 ///
@@ -142,16 +143,17 @@ impl Rejected {
 /// [`Rejected`]: 404 `unknown_model`, 413 `too_long`, 400 `bad_request`.
 pub(crate) fn check(
     shared: &Shared,
-    asked_model: Option<&str>,
+    (asked_model, cache_salt): (Option<&str>, Option<String>),
     prompt_tokens: usize,
     max_tokens: Option<u64>,
     headers: &HeaderMap,
 ) -> Result<Checked, Rejected> {
-    let selected = shared.models.select(asked_model).map_err(|message| Rejected {
+    let mut selected = shared.models.select(asked_model).map_err(|message| Rejected {
         status: StatusCode::NOT_FOUND,
         message,
         outcome: "unknown_model",
     })?;
+    selected.salt = cache_salt;
     let limit = shared.settings.max_prompt_tokens;
     if prompt_tokens > limit as usize {
         return Err(Rejected {
@@ -346,7 +348,7 @@ async fn forward(
     let headers = upstream_headers(headers);
     let (retries, backoff_s) = (shared.settings.retries, shared.settings.overload_backoff_s);
     let Checked { selected, max_tokens, hint } =
-        match check(&shared, asked_model.as_deref(), tokens.len(), max_tokens, &headers) {
+        match check(&shared, (asked_model.as_deref(), cache_salt), tokens.len(), max_tokens, &headers) {
             Ok(c) => c,
             Err(r) => {
                 shared.metrics.request(r.outcome);
@@ -356,13 +358,14 @@ async fn forward(
     // What went wrong on the last replica tried, if one was.
     let mut last_failure: Option<String> = None;
     // Hashed once, outside the core lock.
-    let hasher = shared.settings.hasher_for(&selected).for_salt(cache_salt.as_deref().unwrap_or_default());
-    let req = RouteRequest::new(&hasher, &tokens, max_tokens).streamed(stream).with_output_hint(hint);
+    let req = RouteRequest::new(&shared.settings.hasher_for(&selected), &tokens, max_tokens)
+        .streamed(stream)
+        .with_output_hint(hint);
     let span = crate::in_flight::request_span(api.path(), tokens.len(), &shared.policy_name());
     crate::telemetry::parent_from(&span, &headers);
     // Kept across retries: demand counted once, one `max_wait_s` for all the waits.
-    let mut ticket = crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived)
-        .for_selected(&selected, cache_salt.is_some());
+    let mut ticket =
+        crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived).for_selected(&selected);
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
         let crate::admission::Admitted { routed, replica: name, endpoints, at: now, decision_s } =

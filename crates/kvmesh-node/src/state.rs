@@ -219,7 +219,7 @@ impl Settings {
     /// The hasher of requests selecting `selected`: its model's namespace (the routing
     /// core's hasher for `node.model`, as [`kvmesh_core::Fleet::hasher_for`] makes it for
     /// another), then its LoRA adapter's seed, as the index hashes stores with that
-    /// `lora_name`.
+    /// `lora_name`, then its `cache_salt`, as the index salts a sequence's first block.
     pub fn hasher_for(&self, selected: &crate::models::Selected) -> kvmesh_core::BlockHasher {
         let base = match &selected.model {
             Some(m) if *m != self.model => {
@@ -228,7 +228,8 @@ impl Settings {
             }
             _ => self.hasher,
         };
-        selected.adapter.as_deref().map_or(base, |a| base.for_adapter(a))
+        let adapted = selected.adapter.as_deref().map_or(base, |a| base.for_adapter(a));
+        adapted.for_salt(selected.salt.as_deref().unwrap_or_default())
     }
 }
 
@@ -237,8 +238,6 @@ impl Settings {
 pub struct Settings {
     /// Served model name; empty accepts any.
     pub model: String,
-    /// LoRA adapters served (`node.lora_adapters`).
-    pub lora_adapters: Vec<String>,
     /// Other replicas tried after a connect failure or backpressure.
     pub retries: u32,
     /// How long a 429/503 keeps a replica out, seconds.
@@ -398,7 +397,6 @@ impl Shared {
         let (http, probe_http) = (client()?, client()?);
         let settings = Settings {
             model: config.node.model.clone(),
-            lora_adapters: config.node.lora_adapters.clone(),
             retries: config.node.retries,
             overload_backoff_s: config.node.overload_backoff_ms as f64 / 1000.0,
             block_size: config.node.block_size,

@@ -103,3 +103,16 @@ pub fn observability_metrics() -> std::collections::BTreeSet<String> {
 pub fn serves(page: &str, name: &str) -> bool {
     page.lines().any(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
 }
+
+/// A gRPC Route for the token ids `ids` asking for `model` (and LoRA adapter `lora`), with
+/// `max_tokens` 4.
+pub fn route_request(model: &str, ids: &[u32], lora: Option<&str>) -> kvmesh_proto::v1::RouteRequest {
+    use kvmesh_proto::v1;
+    v1::RouteRequest {
+        model: model.into(),
+        prompt: Some(v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: ids.to_vec() })),
+        max_tokens: Some(4),
+        lora_name: lora.map(str::to_string),
+        ..v1::RouteRequest::default()
+    }
+}

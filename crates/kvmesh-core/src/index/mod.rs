@@ -50,8 +50,6 @@ pub struct PrefixIndex {
     seed: u64,
     /// A stored event's block hashes, reused between events.
     scratch: Vec<BlockHash>,
-    /// By replica id: the hasher of a replica serving another model than `hasher`'s.
-    replica_hashers: Vec<Option<BlockHasher>>,
 }
 
 impl PrefixIndex {
@@ -72,7 +70,6 @@ impl PrefixIndex {
             entries: 0,
             seed,
             scratch: Vec::new(),
-            replica_hashers: Vec::new(),
         }
     }
 
@@ -80,16 +77,14 @@ impl PrefixIndex {
     /// serving another model (its namespace), whose blocks must match only requests for
     /// that model. Its block size must equal the index's.
     pub fn set_replica_hasher(&mut self, replica: ReplicaId, hasher: BlockHasher) {
-        let i = replica.index();
-        if self.replica_hashers.len() <= i {
-            self.replica_hashers.resize(i + 1, None);
+        if replica != holders::MANY {
+            self.slot(replica).hasher = Some(hasher);
         }
-        self.replica_hashers[i] = Some(hasher);
     }
 
     /// The hasher `replica`'s stores are hashed with.
     fn hasher_of(&self, replica: ReplicaId) -> BlockHasher {
-        self.replica_hashers.get(replica.index()).copied().flatten().unwrap_or(self.hasher)
+        self.replicas.get(replica.index()).and_then(Option::as_ref).and_then(|rb| rb.hasher).unwrap_or(self.hasher)
     }
 
     /// The hasher whose block size and namespace this index uses.
@@ -107,22 +102,10 @@ impl PrefixIndex {
         if replica == holders::MANY {
             return ApplyOutcome { rejection: Some(Rejection::ReservedReplica), ..ApplyOutcome::default() };
         }
-        let rb = self.slot(replica);
-        // A hybrid model's groups that hold only a sequence's recent part are not followed:
-        // the same engine ids name their blocks, and their copies would outlive the full
-        // attention group's, which decides the hit.
-        let other = match event {
-            KvEvent::Stored(s) => s.kv_group.as_ref().filter(|g| !g.covers_whole_prefix()).map(|g| {
-                if !rb.other_groups.contains(&g.idx) {
-                    rb.other_groups.push(g.idx);
-                }
-                s.block_hashes.len()
-            }),
-            KvEvent::Removed(r) => r.kv_group.filter(|g| rb.other_groups.contains(g)).map(|_| r.block_hashes.len()),
-            KvEvent::Cleared => None,
-        };
         let outcome = match event {
-            _ if other.is_some() => ApplyOutcome { other_group: other.unwrap_or(0) as u32, ..ApplyOutcome::default() },
+            _ if self.left_aside(replica, event) => {
+                ApplyOutcome { other_group: event.blocks() as u32, ..ApplyOutcome::default() }
+            }
             KvEvent::Stored(s) => self.store_or_keep(replica, s),
             KvEvent::Removed(r) => {
                 let mut out = self.remove(replica, r);
@@ -147,6 +130,27 @@ impl PrefixIndex {
             _ => {}
         }
         outcome
+    }
+
+    /// Whether `event` belongs to a hybrid model's KV cache group the index does not follow
+    /// (remembering such a group from its stores): one that holds only a sequence's recent
+    /// part names its blocks with the same engine ids, and its copies would outlive the full
+    /// attention group's, which decides the hit.
+    fn left_aside(&mut self, replica: ReplicaId, event: &KvEvent) -> bool {
+        let rb = self.slot(replica);
+        match event {
+            KvEvent::Stored(s) => match s.kv_group.as_ref().filter(|g| !g.covers_whole_prefix()) {
+                Some(g) => {
+                    if !rb.other_groups.contains(&g.idx) {
+                        rb.other_groups.push(g.idx);
+                    }
+                    true
+                }
+                None => false,
+            },
+            KvEvent::Removed(r) => r.kv_group.is_some_and(|g| rb.other_groups.contains(&g)),
+            KvEvent::Cleared => false,
+        }
     }
 
     /// Says whether `replica`'s history is partial: its events since it last started cover
@@ -179,9 +183,6 @@ impl PrefixIndex {
         if self.replicas.get(replica.index()).is_some_and(|r| r.is_some()) {
             self.clear(replica);
             self.replicas[replica.index()] = None;
-        }
-        if let Some(h) = self.replica_hashers.get_mut(replica.index()) {
-            *h = None;
         }
         (before - self.entries) as u32
     }

@@ -32,6 +32,9 @@ pub(crate) struct ReplicaBlocks {
     /// counts the replica's copies under all its ids together.
     pub(crate) engine: [Table<u64>; 2],
     pub(crate) health: IndexHealth,
+    /// Its stores' hasher, when it serves another model than the index's
+    /// ([`super::PrefixIndex::set_replica_hasher`]).
+    pub(crate) hasher: Option<crate::hashing::BlockHasher>,
     /// KV cache groups (`group_idx`) seen storing blocks the index does not follow: their
     /// removals are left aside too (a removal names its group, not its kind).
     pub(crate) other_groups: Vec<u32>,
@@ -70,6 +73,7 @@ impl ReplicaBlocks {
         ReplicaBlocks {
             engine: [Table::with_seed(seed), Table::with_seed(seed)],
             health: IndexHealth::default(),
+            hasher: None,
             other_groups: Vec::new(),
             partial_history: false,
             orphans: Default::default(),

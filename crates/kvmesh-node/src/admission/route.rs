@@ -131,11 +131,11 @@ impl<'a> Ticket<'a> {
         }
     }
 
-    /// For a request selecting `selected` (`salted`: with a `cache_salt`): the prompt of a
-    /// LoRA adapter's, a non-default model's or a salted request stays out of the hot-prefix
-    /// sketch, since replication warms `node.model`'s unsalted base-model prefixes only.
-    pub fn for_selected(mut self, selected: &crate::models::Selected, salted: bool) -> Self {
-        self.hot_prefix = *selected == crate::models::Selected::default() && !salted;
+    /// For a request selecting `selected`: the prompt of a LoRA adapter's, a non-default
+    /// model's or a salted request stays out of the hot-prefix sketch, since replication warms
+    /// `node.model`'s unsalted base-model prefixes only.
+    pub fn for_selected(mut self, selected: &crate::models::Selected) -> Self {
+        self.hot_prefix = *selected == crate::models::Selected::default();
         self
     }
 

@@ -415,19 +415,19 @@ impl Exchange {
         let shared = self.shared.clone();
         let Parsed { model, max_tokens, tokens, exact, stream, cache_salt } =
             parse(&shared, body, read).await.map_err(Refusal::from_rejected)?;
-        let checked = check(&shared, model.as_deref(), tokens.len(), max_tokens, &self.headers).map_err(|r| {
+        let asked = (model.as_deref(), cache_salt);
+        let checked = check(&shared, asked, tokens.len(), max_tokens, &self.headers).map_err(|r| {
             shared.metrics.request(r.outcome);
             Refusal::from_rejected(r)
         })?;
-        let hasher = shared.settings.hasher_for(&checked.selected).for_salt(cache_salt.as_deref().unwrap_or_default());
-        let req =
-            RouteRequest::new(&hasher, &tokens, checked.max_tokens).streamed(stream).with_output_hint(checked.hint);
+        let req = RouteRequest::new(&shared.settings.hasher_for(&checked.selected), &tokens, checked.max_tokens)
+            .streamed(stream)
+            .with_output_hint(checked.hint);
         let span = crate::in_flight::request_span(path, tokens.len(), &shared.policy_name());
         span.record("attempts", 1);
         crate::telemetry::parent_from(&span, &self.headers);
-        let mut ticket = Ticket::new(&shared, Via::Gateway, exact, self.arrived)
-            .for_selected(&checked.selected, cache_salt.is_some())
-            .within(subset);
+        let mut ticket =
+            Ticket::new(&shared, Via::Gateway, exact, self.arrived).for_selected(&checked.selected).within(subset);
         let admitted = match ticket.route(&req, &tokens, checked.max_tokens).await {
             Ok(a) => a,
             Err(NotAdmitted::NoReplica(e)) => {
@@ -530,8 +530,8 @@ impl Exchange {
             model: Option<std::borrow::Cow<'a, str>>,
         }
         let named = body.and_then(|b| serde_json::from_slice::<Named<'_>>(b).ok()).and_then(|n| n.model);
-        let mut req = match named.as_deref().map(|m| self.shared.models.select(Some(m))) {
-            Some(Ok(selected)) => RouteRequest::new(&self.shared.settings.hasher_for(&selected), &[], None),
+        let model = match named.as_deref().map(|m| self.shared.models.select(Some(m))) {
+            Some(Ok(selected)) => self.shared.settings.hasher_for(&selected).model(),
             Some(Err(message)) => {
                 self.shared.metrics.request("unknown_model");
                 return Err(Refusal::from_rejected(crate::proxy::Rejected {
@@ -540,11 +540,9 @@ impl Exchange {
                     outcome: "unknown_model",
                 }));
             }
-            None => RouteRequest::new(&self.shared.settings.hasher_for(&Default::default()), &[], None),
+            None => kvmesh_core::ModelKey::ANY,
         };
-        if named.is_none() {
-            req.model = Some(kvmesh_core::ModelKey::ANY);
-        }
+        let req = RouteRequest { model: Some(model), ..RouteRequest::new(&self.shared.settings.hasher, &[], None) };
         let now = self.shared.now();
         let mut core = self.shared.core();
         let in_subset = subset.is_some();
