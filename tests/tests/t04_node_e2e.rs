@@ -97,10 +97,26 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
     // gRPC: Admin lists the dead replica as unhealthy; Router routes; health answers.
     let channel =
         tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap();
-    let mut admin = v1::admin_client::AdminClient::new(channel.clone());
-    let list = admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap().into_inner();
-    let dead = list.replicas.iter().find(|r| r.spec.as_ref().unwrap().name == first).unwrap();
-    assert_eq!(dead.status, v1::ReplicaStatus::Unhealthy as i32);
+    let admin = v1::admin_client::AdminClient::new(channel.clone());
+    // Marked by the proxy's failed connect when the request tried it first, else by the next
+    // refused scrape (100 ms here): polled for up to 5 s.
+    let dead_status = || {
+        let mut admin = admin.clone();
+        let first = first.clone();
+        async move {
+            let list = admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap().into_inner();
+            list.replicas.iter().find(|r| r.spec.as_ref().unwrap().name == first).unwrap().status
+        }
+    };
+    let mut status = dead_status().await;
+    for _ in 0..250 {
+        if status == v1::ReplicaStatus::Unhealthy as i32 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        status = dead_status().await;
+    }
+    assert_eq!(status, v1::ReplicaStatus::Unhealthy as i32);
     // Server reflection answers in both versions (grpcurl speaks v1; many clients v1alpha).
     macro_rules! reflected_services {
         ($version:ident) => {{
