@@ -129,6 +129,27 @@ async fn c09_a_silent_publisher_is_reported_and_still_served() {
     e.stop().await;
 }
 
+/// The quickstart's shape: a prompt the engine holds whole, answered with 40 tokens. Its
+/// output fills two blocks, which vLLM caches and announces (the engine-sim too), so the
+/// replica stays `ready` instead of owing an event that never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_filled_by_output_are_announced_so_a_cached_prompt_owes_nothing() {
+    let e = engine(16, Faults::default()).await;
+    let node = node(vec![replica(0, &e, true)], |s| s.events_silent_s = 0.3).await;
+    let client = reqwest::Client::new();
+    for round in 1..=2 {
+        let body = json!({"model": "m", "prompt": prompt(1, 4), "max_tokens": 40});
+        let r = client.post(format!("http://{}/v1/completions", node.http)).json(&body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        // 4 prompt blocks once, then 2 output blocks per answer (64 + 39 tokens' KV).
+        eventually("output blocks indexed", || blocks(&node, "e0") == 4 + 2 * round).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(status(&node, "e0"), Status::Ready);
+    node.stop().await;
+    e.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c04_a_block_size_mismatch_is_loud() {
     let e = engine(32, Faults::default()).await;

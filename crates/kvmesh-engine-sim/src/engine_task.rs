@@ -76,7 +76,8 @@ pub fn spawn(
 ) -> anyhow::Result<(EngineTask, mpsc::UnboundedSender<Submission>)> {
     // The engine's own block ids are opaque to routers: seed them apart from kvmesh's hashes.
     let ns = Namespace { model: format!("engine-sim/{}", config.model), ..Namespace::default() };
-    let mut engine = Engine::new(config.profile.clone(), BlockHasher::new(config.block_size, &ns)?);
+    let mut engine =
+        Engine::new(config.profile.clone(), BlockHasher::new(config.block_size, &ns)?).with_output_blocks();
     let (submit, mut inbox) = mpsc::unbounded_channel::<Submission>();
     let stats = Arc::new(Mutex::new(Stats::default()));
     let shared = stats.clone();

@@ -6,7 +6,9 @@
 //!   `/v1/models`, `/health`, `/metrics` with vLLM's metric names) — [`http`];
 //! - **the engine**: kvmesh-sim's vLLM-like engine (continuous batching, chunked prefill,
 //!   prefix-cached paged KV with LRU eviction, recompute preemption) run in real time, its
-//!   step durations from the profile divided by `speed` — [`engine_task`];
+//!   step durations from the profile divided by `speed`; blocks its output fills are cached
+//!   and announced too, as vLLM's are (each request's generated ids its own, as sampled
+//!   outputs differ) — [`engine_task`];
 //! - **KV events** in vLLM's wire format on a ZMQ PUB socket, with a ROUTER replay socket
 //!   buffering the last messages — [`publisher`];
 //! - **faults** settable at start or at runtime (`POST /admin/faults`): drop or delay events,

@@ -53,7 +53,8 @@ pub struct StepOutcome {
 #[derive(Debug)]
 struct Seq {
     req: EngineRequest,
-    /// Engine hashes of the prompt's full blocks.
+    /// Engine hashes of the prompt's full blocks, then of the blocks its output filled (when
+    /// output blocks are cached).
     hashes: Vec<u64>,
     /// Tokens whose KV exists: prompt tokens (cache hits included), then generated tokens.
     computed: u32,
@@ -107,6 +108,9 @@ pub struct Engine {
     pending_prefill: u64,
     /// Sequences preempted so far (their KV freed, to be recomputed).
     preemptions: u64,
+    /// Whether blocks filled during decode enter the prefix cache (vLLM caches every full
+    /// block, output included); otherwise only prompt blocks are cached.
+    output_blocks: bool,
 }
 
 impl Engine {
@@ -125,7 +129,19 @@ impl Engine {
             stepping: false,
             pending_prefill: 0,
             preemptions: 0,
+            output_blocks: false,
         }
+    }
+
+    /// Caches the blocks a sequence fills while decoding — as vLLM's `KVCacheManager` caches
+    /// every full block, prompt or output (`vllm/v1/core/kv_cache_manager.py`, `cache_blocks`
+    /// after each step), announcing each in a `BlockStored`. Generated token ids are
+    /// [`output_token`]s, so two requests' outputs differ as sampled ones do. Off by default:
+    /// a trace's next turn never repeats the simulated output, so in trace replays such
+    /// blocks could only take room in the LRU.
+    pub fn with_output_blocks(mut self) -> Self {
+        self.output_blocks = true;
+        self
     }
 
     /// The engine's profile.
@@ -359,6 +375,21 @@ impl Engine {
                 seq.generated += 1;
                 out.decoded.push(seq.req.id);
                 done = seq.generated >= seq.req.output_tokens;
+                // A block just filled by this token's KV (the previous output token's, as a
+                // decode step writes): cached and announced like a prompt block.
+                if self.output_blocks {
+                    let b = seq.computed as usize / bs;
+                    if seq.computed as usize % bs == 0 && b == seq.hashes.len() + 1 && seq.shared == seq.hashes.len() {
+                        let tokens = seq_tokens(seq, (b - 1) * bs, b * bs);
+                        let parent = seq.hashes.last().map(|&h| kvmesh_core::BlockHash(h));
+                        seq.hashes.push(self.hasher.hash_block(parent, &tokens).0);
+                        seq.private -= 1;
+                        seq.shared += 1;
+                        if self.kv.promote(seq.hashes[b - 1]) {
+                            out.events.push(stored_event(seq, b - 1, b, self.block_size));
+                        }
+                    }
+                }
             }
             if done {
                 let seq = self.running.remove(k);
@@ -395,13 +426,30 @@ impl Engine {
     }
 }
 
-/// vLLM's `BlockStored` for prompt blocks `from..to` of `seq`.
+/// The id of the `k`-th generated token (0-based) of request `id` when output blocks are
+/// cached: a mix of both, standing for a sampled token.
+pub fn output_token(id: u64, k: u64) -> u32 {
+    let mut z = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ k.wrapping_add(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 30)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as u32
+}
+
+/// Tokens `from..to` of `seq`: its prompt, then its generated tokens.
+fn seq_tokens(seq: &Seq, from: usize, to: usize) -> Vec<u32> {
+    let prompt = seq.req.tokens.len();
+    (from..to)
+        .map(|i| seq.req.tokens.get(i).copied().unwrap_or_else(|| output_token(seq.req.id, (i - prompt) as u64)))
+        .collect()
+}
+
+/// vLLM's `BlockStored` for blocks `from..to` of `seq` (prompt blocks, then blocks filled by
+/// its output).
 fn stored_event(seq: &Seq, from: usize, to: usize, block_size: u32) -> KvEvent {
     let bs = block_size as usize;
     KvEvent::Stored(Stored {
         block_hashes: seq.hashes[from..to].iter().map(|&h| EngineBlockHash(h)).collect(),
         parent: from.checked_sub(1).map(|p| EngineBlockHash(seq.hashes[p])),
-        token_ids: seq.req.tokens[from * bs..to * bs].to_vec(),
+        token_ids: seq_tokens(seq, from * bs, to * bs),
         block_size,
         medium: Medium::Gpu,
         lora_name: None,

@@ -234,3 +234,38 @@ fn an_aborted_request_frees_its_blocks_and_leaves_the_queue() {
     assert!(!e.has_work());
     assert!(!e.abort(1), "already gone");
 }
+
+#[test]
+fn blocks_filled_while_decoding_are_cached_and_announced() {
+    // Block size 4: a 10-token prompt caches blocks 0–1 at prefill; its output fills block 2
+    // (tokens 8–9 of the prompt, then two generated tokens' KV) at the third decode step.
+    let mut e = engine(1000, 64).with_output_blocks();
+    e.enqueue(req(1, 0..10, 6));
+    let (_, out) = step(&mut e);
+    let KvEvent::Stored(prompt) = &out.events[0] else { panic!("{:?}", out.events) };
+    let last_prompt_block = *prompt.block_hashes.last().unwrap();
+    // Decode steps write the KV of output tokens 1, 2, 3…: the second fills block 2.
+    let (_, out) = step(&mut e);
+    assert!(out.events.is_empty(), "{:?}", out.events);
+    let (_, out) = step(&mut e);
+    assert_eq!(out.events.len(), 1, "{:?}", out.events);
+    let KvEvent::Stored(s) = &out.events[0] else { panic!("{:?}", out.events) };
+    assert_eq!(
+        (s.block_hashes.len(), s.parent, s.token_ids.clone()),
+        (1, Some(last_prompt_block), vec![8, 9, output_token(1, 0), output_token(1, 1)])
+    );
+    assert_ne!(output_token(1, 0), output_token(2, 0), "another request samples another output");
+    // The block is cached: freed with the request, then held evictable like a prompt block.
+    while e.has_work() {
+        step(&mut e);
+    }
+    assert_eq!(e.kv().used(), 3);
+    // Without the option (the trace simulator's default) only prompt blocks are announced.
+    let mut plain = engine(1000, 64);
+    plain.enqueue(req(1, 0..10, 6));
+    let mut stored = 0;
+    while plain.has_work() {
+        stored += step(&mut plain).1.events.len();
+    }
+    assert_eq!((stored, plain.kv().used()), (1, 2));
+}
