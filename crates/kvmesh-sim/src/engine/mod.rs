@@ -379,7 +379,10 @@ impl Engine {
                 // decode step writes): cached and announced like a prompt block.
                 if self.output_blocks {
                     let b = seq.computed as usize / bs;
-                    if seq.computed as usize % bs == 0 && b == seq.hashes.len() + 1 && seq.shared == seq.hashes.len() {
+                    if (seq.computed as usize).is_multiple_of(bs)
+                        && b == seq.hashes.len() + 1
+                        && seq.shared == seq.hashes.len()
+                    {
                         let tokens = seq_tokens(seq, (b - 1) * bs, b * bs);
                         let parent = seq.hashes.last().map(|&h| kvmesh_core::BlockHash(h));
                         seq.hashes.push(self.hasher.hash_block(parent, &tokens).0);
