@@ -55,6 +55,8 @@ pub struct Stats {
     pub prefix_cache_hits_total: u64,
     /// Requests finished, total.
     pub requests_total: u64,
+    /// Blocks in the prefix cache now (what a router's index should hold).
+    pub cached_blocks: u64,
 }
 
 /// The running loop.
@@ -165,6 +167,7 @@ fn publish_stats(engine: &Engine, stats: &Mutex<Stats>, step: Option<(u64, u64, 
     s.running = running;
     s.waiting = waiting;
     s.kv_usage = kv_usage;
+    s.cached_blocks = engine.kv().cached();
     if let Some((prefill, generated, hits, finished)) = step {
         // As vLLM counts it: whole prompts, cached tokens included (vllm/v1/metrics/stats.py).
         s.prompt_tokens_total += prefill + hits;

@@ -104,6 +104,7 @@ pub struct EngineSim {
     traceparents: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
     asked_models: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
     by_rank: Arc<Vec<std::sync::atomic::AtomicU64>>,
+    stats: Vec<Arc<std::sync::Mutex<engine_task::Stats>>>,
     stop: Arc<watch::Sender<bool>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -129,6 +130,12 @@ impl EngineSim {
     /// Completion requests each data-parallel rank was given, by rank.
     pub fn requests_by_rank(&self) -> Vec<u64> {
         self.by_rank.iter().map(|n| n.load(std::sync::atomic::Ordering::Relaxed)).collect()
+    }
+
+    /// Blocks in each rank's prefix cache now, by rank: the truth a router's index is
+    /// measured against.
+    pub fn cached_blocks(&self) -> Vec<u64> {
+        self.stats.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).cached_blocks).collect()
     }
 
     /// Resolves once the engine has stopped (the `die` fault, or [`EngineSim::stop`]).
@@ -188,7 +195,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
     let app = http::router(http::AppState {
         model: config.model.clone(),
         submit,
-        stats,
+        stats: stats.clone(),
         by_rank: by_rank.clone(),
         turn: Default::default(),
         faults: faults.clone(),
@@ -218,6 +225,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
         traceparents,
         asked_models,
         by_rank,
+        stats,
         stop,
         tasks,
     })

@@ -54,6 +54,9 @@ pub(crate) struct InFlight {
     pub(crate) routed_at: f64,
     /// When the request reached the node: its TTFT is measured from here.
     pub(crate) arrived: tokio::time::Instant,
+    /// Its exact prompt tokens and namespace, kept to place what a partial history lost
+    /// ([`InFlight::with_prompt`]).
+    pub(crate) prompt: Option<(Arc<[u32]>, crate::models::Selected)>,
 }
 
 /// Wakes the admission queue's next waiter of the released replica's model when dropped
@@ -125,7 +128,17 @@ impl InFlight {
             overlap_blocks: d.overlap_blocks,
             routed_at: at,
             arrived,
+            prompt: None,
         }
+    }
+
+    /// Keeps the request's prompt `tokens` and namespace: when it ends well on a replica
+    /// whose history is partial, the stores waiting there that continue it are placed
+    /// ([`kvmesh_core::PrefixIndex::adopt_prompt`]). Tokens that are not the engine's own
+    /// (no tokenizer configured) match no store's token ids, so they place nothing.
+    pub(crate) fn with_prompt(mut self, tokens: &Arc<[u32]>, selected: &crate::models::Selected) -> Self {
+        self.prompt = Some((tokens.clone(), selected.clone()));
+        self
     }
 
     /// The first token arrived: with `streamed`, the first chunk of a streamed answer (a
@@ -169,7 +182,16 @@ impl InFlight {
             if outcome == "ok" && new_blocks {
                 core.served_new_blocks(&self.replica, self.routed_at);
             }
+            let adopted = match self.prompt.take() {
+                Some((tokens, selected)) if outcome == "ok" => core.adopt_prompt(&self.replica, &tokens, &selected),
+                _ => None,
+            };
             drop(core);
+            if let Some(o) = adopted.filter(|o| o.inferred > 0) {
+                let l = vec![("replica", self.replica.clone())];
+                self.shared.metrics.inferred_blocks.get_or_create(&l).inc_by(u64::from(o.inferred));
+                self.shared.metrics.adopted_blocks.get_or_create(&l).inc_by(u64::from(o.adopted));
+            }
             let m = &self.shared.metrics;
             m.request(outcome);
             m.replica_requests

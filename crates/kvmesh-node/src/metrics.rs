@@ -126,10 +126,14 @@ pub struct Metrics {
     /// history is partial (it was followed from a replay buffer that no longer starts at the
     /// engine's first message), by replica.
     pub orphaned_blocks: Family<Labels, Counter>,
-    /// Blocks kept aside and then placed, their parent stored at last, by replica: with
-    /// [`Metrics::orphaned_blocks`], the recovered fraction of a partial history.
+    /// Blocks kept aside and then placed, their parent stored at last or found in a prompt
+    /// this node routed there, by replica.
     pub adopted_blocks: Family<Labels, Counter>,
+    /// Blocks of a partial history's lost prefixes placed from the prompts this node routed
+    /// there (`PrefixIndex::adopt_prompt`), by replica.
+    pub inferred_blocks: Family<Labels, Counter>,
     replica_orphan_blocks: Family<Labels, Gauge>,
+    replica_recovered: Family<Labels, Gauge<f64, AtomicU64>>,
     replica_status: Family<Labels, Gauge>,
     replica_queued_prefill: Family<Labels, Gauge>,
     replica_bookings: Family<Labels, Gauge>,
@@ -195,7 +199,9 @@ impl Metrics {
             quarantines: Family::default(),
             orphaned_blocks: Family::default(),
             adopted_blocks: Family::default(),
+            inferred_blocks: Family::default(),
             replica_orphan_blocks: Family::default(),
+            replica_recovered: Family::default(),
             replica_status: Family::default(),
             replica_queued_prefill: Family::default(),
             replica_bookings: Family::default(),
@@ -291,8 +297,18 @@ impl Metrics {
         );
         registry.register(
             "events_adopted_blocks",
-            "Blocks kept aside and placed once their parent was stored, by replica",
+            "Blocks kept aside and placed once their parent was stored or routed there, by replica",
             m.adopted_blocks.clone(),
+        );
+        registry.register(
+            "events_inferred_blocks",
+            "Blocks of a partial history's lost prefixes placed from prompts routed to the replica, by replica",
+            m.inferred_blocks.clone(),
+        );
+        registry.register(
+            "replica_recovered_ratio",
+            "Of the blocks the replica's events named, the fraction placed in the index (1 unless its history is partial)",
+            m.replica_recovered.clone(),
         );
         registry.register(
             "replica_orphan_blocks",
@@ -444,6 +460,7 @@ impl Metrics {
             m.replica_kv_usage.clear();
             m.replica_index_blocks.clear();
             m.replica_orphan_blocks.clear();
+            m.replica_recovered.clear();
             m.replica_idle.clear();
             for r in core.replicas.values() {
                 let status = core.status(r, now);
@@ -457,7 +474,10 @@ impl Metrics {
                 m.replica_bookings.get_or_create(&l).set((load.prefilling + load.decoding) as i64);
                 m.replica_kv_usage.get_or_create(&l).set(r.engine.map_or(0.0, |e| e.kv_usage));
                 m.replica_index_blocks.get_or_create(&l).set(core.fleet.index().replica_blocks(r.id) as i64);
-                m.replica_orphan_blocks.get_or_create(&l).set(core.fleet.index().orphan_blocks(r.id) as i64);
+                let (placed, waiting) =
+                    (core.fleet.index().replica_blocks(r.id), core.fleet.index().orphan_blocks(r.id));
+                m.replica_orphan_blocks.get_or_create(&l).set(waiting as i64);
+                m.replica_recovered.get_or_create(&l).set(recovered_ratio(placed, waiting));
                 m.replica_idle.get_or_create(&l).set(core.drain_progress(r, now).is_some_and(|p| p.idle()) as i64);
             }
         }
@@ -537,5 +557,14 @@ impl Metrics {
         let mut out = String::new();
         let _ = encode(&mut out, &m.registry);
         out
+    }
+}
+
+/// Of `placed + waiting` blocks a replica's events named, the fraction placed (1 when none).
+pub fn recovered_ratio(placed: usize, waiting: usize) -> f64 {
+    if placed + waiting == 0 {
+        1.0
+    } else {
+        placed as f64 / (placed + waiting) as f64
     }
 }

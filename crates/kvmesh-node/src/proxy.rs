@@ -228,7 +228,7 @@ struct Part<'a> {
 pub(crate) struct Parsed {
     pub model: Option<String>,
     pub max_tokens: Option<u64>,
-    pub tokens: Vec<u32>,
+    pub tokens: Arc<[u32]>,
     pub exact: bool,
     /// The client asked for a streamed answer (its first token is seen when it comes).
     pub stream: bool,
@@ -242,7 +242,7 @@ impl Parsed {
         Parsed {
             model: f.model.as_deref().map(str::to_string),
             max_tokens: f.max_tokens.or(f.max_completion_tokens),
-            tokens,
+            tokens: tokens.into(),
             exact,
             stream: f.stream.unwrap_or(false),
             cache_salt: f.cache_salt.as_deref().filter(|s| !s.is_empty()).map(str::to_string),
@@ -393,7 +393,8 @@ async fn forward(
                 }
             };
         let mut booking =
-            InFlight::routed(&shared, &routed, &name, now, decision_s, tokens.len() as u32, "http", &span, arrived);
+            InFlight::routed(&shared, &routed, &name, now, decision_s, tokens.len() as u32, "http", &span, arrived)
+                .with_prompt(&tokens, &selected);
         let upstream = tracing::debug_span!(parent: &span, "upstream", otel.kind = "client", replica = %name, attempt = attempt + 1);
         let mut sent_headers = headers.clone();
         crate::telemetry::inject(&upstream, &mut sent_headers);
@@ -741,6 +742,7 @@ mod tests {
             overlap_blocks: 0,
             routed_at: 0.0,
             arrived: tokio::time::Instant::now(),
+            prompt: None,
         };
         let parts: Vec<Result<Bytes, std::io::Error>> = chunks.iter().map(|c| Ok(Bytes::from(*c))).collect();
         let body = reqwest::Body::wrap_stream(futures_util::stream::iter(parts));

@@ -91,6 +91,9 @@ impl Status {
     ];
 }
 
+/// Prompts kept per replica whose history is partial ([`Replica::recent_prompts`]).
+pub const RECENT_PROMPTS: usize = 16;
+
 /// One registered replica.
 #[derive(Debug, Clone)]
 pub struct Replica {
@@ -136,6 +139,11 @@ pub struct Replica {
     /// or for another try once it has had nothing of this node's in flight for
     /// `hung_after_s` (the node time that spell began, if it has).
     pub hung: Option<Option<f64>>,
+    /// The latest prompts this node routed here that ended well, with their namespaces,
+    /// kept while its history is partial (at most [`RECENT_PROMPTS`]): a store that arrives
+    /// after its request ended, under a parent never seen, is matched against them
+    /// ([`Core::adopt_prompt`]).
+    pub recent_prompts: std::collections::VecDeque<(Arc<[u32]>, crate::models::Selected)>,
     /// Last KV-event sequence number applied.
     pub last_seq: Option<u64>,
     /// Node time of the last KV-event message.
@@ -572,6 +580,7 @@ impl Shared {
             proxied: 0,
             counts_every_step: true,
             hung: None,
+            recent_prompts: Default::default(),
             last_seq: None,
             last_event_at: None,
             unpublished_since: None,
@@ -859,7 +868,21 @@ impl Core {
     /// Applies one decoded event for `name`.
     pub fn apply(&mut self, name: &str, event: &KvEvent, now: f64) -> Option<ApplyOutcome> {
         let id = self.replicas.get(name)?.id;
-        let outcome = self.fleet.apply_event(id, event, now).ok()?;
+        let mut outcome = self.fleet.apply_event(id, event, now).ok()?;
+        if outcome.orphaned > 0 {
+            // Perhaps the store of a request that already ended here: its prompt places it.
+            let r = self.replicas.get(name)?;
+            for (tokens, selected) in &r.recent_prompts {
+                if self.fleet.index().orphan_blocks(id) == 0 {
+                    break;
+                }
+                let lora = selected.adapter.as_deref();
+                if let Ok(o) = self.fleet.adopt_prompt(id, tokens, lora, selected.salt.as_deref()) {
+                    outcome.inferred += o.inferred;
+                    outcome.adopted += o.adopted;
+                }
+            }
+        }
         let r = self.replicas.get_mut(name)?;
         r.last_event_at = Some(now);
         r.unpublished_since = None;
@@ -871,11 +894,39 @@ impl Core {
         Some(outcome)
     }
 
+    /// A prompt `tokens` of namespace `selected` ended well on replica `name`: when its
+    /// history is partial, the stores waiting there that continue it are placed now
+    /// ([`kvmesh_core::Fleet::adopt_prompt`]), and it is kept among the replica's
+    /// `recent_prompts` for stores still on their way. `None` when the history is whole.
+    pub fn adopt_prompt(
+        &mut self,
+        name: &str,
+        tokens: &Arc<[u32]>,
+        selected: &crate::models::Selected,
+    ) -> Option<kvmesh_core::index::ApplyOutcome> {
+        let id = self.replicas.get(name)?.id;
+        if !self.fleet.index().history_is_partial(id) {
+            return None;
+        }
+        let r = self.replicas.get_mut(name)?;
+        if r.recent_prompts.len() == RECENT_PROMPTS {
+            r.recent_prompts.pop_front();
+        }
+        r.recent_prompts.push_back((tokens.clone(), selected.clone()));
+        if self.fleet.index().orphan_blocks(id) == 0 {
+            return None;
+        }
+        self.fleet.adopt_prompt(id, tokens, selected.adapter.as_deref(), selected.salt.as_deref()).ok()
+    }
+
     /// Says whether replica `name`'s event history is partial
     /// ([`kvmesh_core::Fleet::set_partial_history`]).
     pub fn set_partial_history(&mut self, name: &str, partial: bool) {
-        if let Some(id) = self.replicas.get(name).map(|r| r.id) {
-            let _ = self.fleet.set_partial_history(id, partial);
+        if let Some(r) = self.replicas.get_mut(name) {
+            let _ = self.fleet.set_partial_history(r.id, partial);
+            if !partial {
+                r.recent_prompts.clear();
+            }
         }
     }
 

@@ -406,6 +406,22 @@ impl Fleet {
         Ok(())
     }
 
+    /// Places `id`'s waiting stores that continue a prompt routed there (see
+    /// [`PrefixIndex::adopt_prompt`]).
+    ///
+    /// # Errors
+    /// [`Error::UnknownReplica`].
+    pub fn adopt_prompt(
+        &mut self,
+        id: ReplicaId,
+        tokens: &[u32],
+        lora_name: Option<&str>,
+        cache_salt: Option<&str>,
+    ) -> Result<ApplyOutcome, Error> {
+        self.pos(id).ok_or(Error::UnknownReplica(id))?;
+        Ok(self.index.adopt_prompt(id, tokens, lora_name, cache_salt))
+    }
+
     /// Records the engine's own load report.
     ///
     /// # Errors

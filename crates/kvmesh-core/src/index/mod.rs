@@ -18,6 +18,7 @@
 //! holds anything in (an empty slot before a held one stays until then; the segment table
 //! itself shrinks only when every segment is free); [`PrefixIndex::memory_bytes`] reports it.
 
+mod adopt;
 mod event;
 mod holders;
 mod orphans;
@@ -109,6 +110,7 @@ impl PrefixIndex {
             KvEvent::Stored(s) => self.store_or_keep(replica, s),
             KvEvent::Removed(r) => {
                 let mut out = self.remove(replica, r);
+                out.removed += self.remove_inferred(replica, r);
                 let rb = self.slot(replica);
                 if rb.orphans.blocks() > 0 {
                     let dropped: usize = r.block_hashes.iter().map(|h| rb.orphans.forget_block(h.0)).sum();
@@ -169,6 +171,11 @@ impl PrefixIndex {
         if !partial {
             rb.orphans.clear();
         }
+    }
+
+    /// Whether `replica`'s history is partial ([`PrefixIndex::set_partial_history`]).
+    pub fn history_is_partial(&self, replica: ReplicaId) -> bool {
+        self.replicas.get(replica.index()).and_then(Option::as_ref).is_some_and(|rb| rb.partial_history)
     }
 
     /// Blocks of `replica` kept aside, waiting for their parent (0 for an unknown replica).
@@ -491,6 +498,7 @@ impl PrefixIndex {
         }
         let rb = self.replicas[replica.index()].as_mut().expect("checked above");
         rb.orphans.clear();
+        rb.inferred.clear();
         rb.health.out_of_sync = false;
         rb.health.counters.clears += 1;
         cleared

@@ -24,7 +24,25 @@ pub(crate) struct Orphans {
     parent_of: FxHashMap<u64, u64>,
     /// Parent ids in arrival order, one per store (for the bound).
     order: VecDeque<u64>,
+    /// A waiting store's first block's tokens ([`content_key`]) → its parent ids: how a
+    /// routed request's tokens find the stores that continue it.
+    by_first: FxHashMap<u64, Vec<u64>>,
     blocks: usize,
+}
+
+/// A key for one block's token ids (not chained: the same tokens after any prefix).
+pub(crate) fn content_key(tokens: &[u32]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    for &t in tokens {
+        h.write_u32(t);
+    }
+    h.finish()
+}
+
+/// The first block's tokens of `s`, if it has one whole.
+fn first_block(s: &Stored) -> Option<&[u32]> {
+    s.token_ids.get(..s.block_size as usize).filter(|b| !b.is_empty())
 }
 
 impl Orphans {
@@ -51,6 +69,9 @@ impl Orphans {
             self.parent_of.insert(id.0, parent);
         }
         self.blocks += s.block_hashes.len();
+        if let Some(first) = first_block(&s) {
+            self.by_first.entry(content_key(first)).or_default().push(parent);
+        }
         self.by_parent.entry(parent).or_default().push(s);
         self.order.push_back(parent);
         dropped
@@ -79,6 +100,15 @@ impl Orphans {
         self.unlink(&gone)
     }
 
+    /// The parents of waiting stores whose first block holds exactly `tokens`.
+    pub(crate) fn parents_continued_by<'a>(&'a self, tokens: &'a [u32]) -> impl Iterator<Item = u64> + 'a {
+        let list = self.by_first.get(&content_key(tokens)).map_or(&[][..], Vec::as_slice);
+        list.iter().copied().filter(move |p| {
+            // Keys can collide: the tokens themselves decide.
+            self.by_parent.get(p).is_some_and(|stores| stores.iter().any(|s| first_block(s) == Some(tokens)))
+        })
+    }
+
     /// Drops everything.
     pub(crate) fn clear(&mut self) {
         *self = Orphans::default();
@@ -87,6 +117,17 @@ impl Orphans {
     fn unlink(&mut self, s: &Stored) -> usize {
         for id in &s.block_hashes {
             self.parent_of.remove(&id.0);
+        }
+        if let (Some(first), Some(parent)) = (first_block(s), s.parent) {
+            let key = content_key(first);
+            if let Some(list) = self.by_first.get_mut(&key) {
+                if let Some(i) = list.iter().position(|&p| p == parent.0) {
+                    list.swap_remove(i);
+                }
+                if list.is_empty() {
+                    self.by_first.remove(&key);
+                }
+            }
         }
         self.blocks -= s.block_hashes.len();
         s.block_hashes.len()

@@ -62,6 +62,9 @@ pub struct ApplyOutcome {
     pub orphaned: u32,
     /// Blocks of stores kept aside earlier, placed now that this event stored their parent.
     pub adopted: u32,
+    /// Blocks of a lost prefix placed from a prompt routed to the replica
+    /// ([`crate::PrefixIndex::adopt_prompt`]).
+    pub inferred: u32,
     /// Blocks kept aside that left: removed by the engine, or past the bound.
     pub orphans_dropped: u32,
     /// The first problem found, if any. A store is all or nothing (except a conflicting id,

@@ -42,6 +42,9 @@ pub(crate) struct ReplicaBlocks {
     pub(crate) partial_history: bool,
     /// Stores waiting for a parent, while the history is partial.
     pub(crate) orphans: super::orphans::Orphans,
+    /// Engine id → the ids of the blocks inferred before it from a routed prompt
+    /// ([`super::PrefixIndex::adopt_prompt`]), removed with it.
+    pub(crate) inferred: rustc_hash::FxHashMap<u64, Vec<u64>>,
 }
 
 /// What the index knows about the health of one replica's event stream.
@@ -77,6 +80,7 @@ impl ReplicaBlocks {
             other_groups: Vec::new(),
             partial_history: false,
             orphans: Default::default(),
+            inferred: Default::default(),
         }
     }
 

@@ -306,6 +306,48 @@ fn with_a_partial_history_unknown_parents_wait_for_their_parent() {
 }
 
 #[test]
+fn a_routed_prompt_places_the_stores_that_continue_it() {
+    // A system prompt of 3 blocks (tokens 0..12) cached before the replay buffer's oldest
+    // message; held: two stores under its last block (engine id 30), one under the other.
+    let system: Vec<u32> = (0..12).collect();
+    let prompt = |tail: u32| -> Vec<u32> { system.iter().copied().chain(tail..tail + 4).collect() };
+    let mut ix = index();
+    ix.set_partial_history(R0, true);
+    ix.apply(R0, &stored(&[40], Some(30), (100..104).collect()));
+    ix.apply(R0, &stored(&[50], Some(30), (200..204).collect()));
+    ix.apply(R0, &stored(&[51], Some(50), (300..304).collect()));
+    assert_eq!((ix.orphan_blocks(R0), ix.replica_blocks(R0)), (3, 0));
+    // Nothing waits on another replica, or for a prompt no store continues: nothing changes.
+    assert_eq!(ix.adopt_prompt(R1, &prompt(100), None, None), ApplyOutcome::default());
+    assert_eq!(ix.adopt_prompt(R0, &prompt(900), None, None), ApplyOutcome::default());
+    // Under another adapter the prefix is another block chain: not placed for the base model.
+    let o = ix.adopt_prompt(R0, &prompt(100), Some("sql"), None);
+    assert_eq!((o.inferred, o.adopted), (3, 3));
+    assert_eq!(gpu_overlap(&ix, R0, &prompt(100)), 0);
+    let mut ix = index();
+    ix.set_partial_history(R0, true);
+    ix.apply(R0, &stored(&[40], Some(30), (100..104).collect()));
+    ix.apply(R0, &stored(&[50], Some(30), (200..204).collect()));
+    ix.apply(R0, &stored(&[51], Some(50), (300..304).collect()));
+    // The prompt routed there ends with block 40's tokens: the system prompt is placed (its
+    // last block as engine id 30) and every store waiting under it follows.
+    let o = ix.adopt_prompt(R0, &prompt(100), None, None);
+    assert_eq!((o.inferred, o.adopted, o.stored, o.rejection), (3, 3, 0, None));
+    assert_eq!((ix.orphan_blocks(R0), ix.replica_blocks(R0)), (0, 6));
+    assert_eq!(gpu_overlap(&ix, R0, &prompt(100)), 4);
+    let chain: Vec<u32> = system.iter().copied().chain(200..204).chain(300..304).collect();
+    assert_eq!(gpu_overlap(&ix, R0, &chain), 5);
+    // Adopting again finds nothing waiting.
+    assert_eq!(ix.adopt_prompt(R0, &prompt(100), None, None), ApplyOutcome::default());
+    // The engine evicts the system prompt's last block (after its children): the inferred
+    // blocks before it go with it.
+    ix.apply(R0, &removed(&[51, 50, 40]));
+    let o = ix.apply(R0, &removed(&[30]));
+    assert_eq!((o.removed, o.rejection), (3, None));
+    assert_eq!((ix.replica_blocks(R0), gpu_overlap(&ix, R0, &prompt(100))), (0, 0));
+}
+
+#[test]
 fn cpu_medium_is_tracked_apart_from_gpu() {
     let mut ix = index();
     let toks: Vec<u32> = (0..8).collect();

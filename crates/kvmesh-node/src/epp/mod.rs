@@ -473,7 +473,8 @@ impl Exchange {
             "gateway",
             &span,
             self.arrived,
-        );
+        )
+        .with_prompt(&tokens, &checked.selected);
         self.in_flight = Some(in_flight);
         Ok(endpoint)
     }

@@ -344,8 +344,9 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
     }
     let mut unknown_parent = false;
     let mut applied = [0u64; 3];
-    // Blocks kept aside (parent unknown, partial history) and placed from earlier.
-    let (mut orphaned, mut adopted) = (0u64, 0u64);
+    // Blocks kept aside (parent unknown, partial history), placed from earlier, and of lost
+    // prefixes placed from prompts routed there.
+    let (mut orphaned, mut adopted, mut inferred) = (0u64, 0u64, 0u64);
     // Index rejections by reason, counted after the lock.
     let mut rejected: Vec<kvmesh_core::index::Rejection> = Vec::new();
     let mut core = shared.core();
@@ -384,6 +385,7 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
             };
             orphaned += u64::from(o.orphaned);
             adopted += u64::from(o.adopted);
+            inferred += u64::from(o.inferred);
             let Some(r) = o.rejection else { continue };
             use kvmesh_core::index::Rejection as R;
             let whole = !matches!(r, R::UnknownBlock | R::ConflictingBlock);
@@ -445,6 +447,9 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
     }
     if adopted > 0 {
         shared.metrics.adopted_blocks.get_or_create(&replica()).inc_by(adopted);
+    }
+    if inferred > 0 {
+        shared.metrics.inferred_blocks.get_or_create(&replica()).inc_by(inferred);
     }
     if unknown_parent && complete {
         tracing::warn!(replica = %name, seq, "a stored event names a parent never seen: replica out of sync, rebuilding");

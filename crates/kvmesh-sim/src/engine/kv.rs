@@ -67,6 +67,11 @@ impl KvCache {
         self.cached.len() as u64 + self.private
     }
 
+    /// Blocks in the prefix cache (referenced or evictable): what the engine would hit.
+    pub fn cached(&self) -> u64 {
+        self.cached.len() as u64
+    }
+
     /// Blocks held by running sequences (what vLLM reports as `kv_cache_usage_perc`): cached
     /// blocks with references plus private blocks.
     pub fn active(&self) -> u64 {
