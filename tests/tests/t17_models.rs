@@ -221,3 +221,94 @@ async fn salted_and_multimodal_blocks_match_only_what_they_can() {
         e.stop().await;
     }
 }
+
+/// Adapters as engines serve them: each engine-sim loads its own (`--lora-modules`), the node
+/// learns them from each engine's `/v1/models` (entries with a `parent`), and a request for an
+/// adapter goes only to the replicas serving it; blocks an adapter stored are never another
+/// namespace's overlap, both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapters_learned_from_the_engines_go_only_where_they_are_loaded() {
+    // m1: e0 serves adapter sql, e1 serves sql and chat; m2: e2 and e3, no adapters.
+    let mut engines = Vec::new();
+    for (model, adapters) in [("m1", &["sql"][..]), ("m1", &["sql", "chat"]), ("m2", &[]), ("m2", &[])] {
+        let lora_modules = adapters.iter().map(|a| a.to_string()).collect();
+        let config = EngineSimConfig { model: model.into(), lora_modules, speed: 20.0, ..EngineSimConfig::default() };
+        engines.push(kvmesh_engine_sim::start(config).await.unwrap());
+    }
+    let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    section.model = "m1".into();
+    let replicas: Vec<ReplicaConfig> = (0..4)
+        .map(|i| ReplicaConfig { model: (i >= 2).then(|| "m2".to_string()), ..common::replica(i, &engines[i]) })
+        .collect();
+    let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
+    eventually_within("every engine's adapters listed", 10, || {
+        node.shared.core().replicas.values().all(|r| r.listed_adapters.is_some() && r.engine.is_some())
+    })
+    .await;
+    let listed: Vec<Vec<String>> = ["e0", "e1", "e2", "e3"]
+        .iter()
+        .map(|r| node.shared.core().replicas[*r].listed_adapters.clone().unwrap())
+        .collect();
+    assert_eq!(listed, [vec!["sql"], vec!["chat", "sql"], vec![], vec![]]);
+
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v1/completions", node.http);
+    let send = |model: &'static str, prompt: String| {
+        let (client, url, node) = (client.clone(), url.clone(), &node);
+        async move {
+            let body = json!({"model": model, "prompt": prompt, "max_tokens": 2});
+            let r = client.post(&url).json(&body).send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200, "model {model}");
+            let d = node.shared.recent_decisions(1).remove(0);
+            (d.replica, d.overlap_blocks)
+        }
+    };
+    // 40 distinct prompts, the four names in turn: none misrouted.
+    let allowed = |model: &str| match model {
+        "m1" | "sql" => &["e0", "e1"][..],
+        "chat" => &["e1"],
+        _ => &["e2", "e3"],
+    };
+    for k in 0..40 {
+        let model = ["m1", "m2", "sql", "chat"][k % 4];
+        let (replica, _) = send(model, format!("distinct request {k:03} ").repeat(30)).await;
+        assert!(allowed(model).contains(&replica.as_str()), "{model} went to {replica}");
+    }
+    let asked: Vec<_> = engines.iter().map(|e| e.asked_models()).collect();
+    assert!(asked[0].keys().all(|m| m == "m1" || m == "sql"), "e0 {:?}", asked[0]);
+    assert!(asked[1].keys().all(|m| ["m1", "sql", "chat"].contains(&m.as_str())), "e1 {:?}", asked[1]);
+    assert_eq!(asked[1]["chat"], 10, "every chat request ran on e1");
+    for e in &asked[2..] {
+        assert_eq!(e.keys().collect::<Vec<_>>(), ["m2"]);
+    }
+
+    // One 40-block prompt stored under sql: overlap for sql only, never for m1, chat or m2.
+    let prompt = "shared prompt body. ".repeat(128);
+    let held = |replica: &str| common::blocks(&node, replica);
+    let before: Vec<usize> = ["e0", "e1"].map(held).to_vec();
+    let (sql_replica, first) = send("sql", prompt.clone()).await;
+    assert_eq!(first, 0);
+    let before = before[if sql_replica == "e0" { 0 } else { 1 }];
+    eventually_within("its blocks indexed", 10, || held(&sql_replica) == before + 40).await;
+    assert_eq!(send("sql", prompt.clone()).await, (sql_replica.clone(), 40));
+    assert_eq!(send("m1", prompt.clone()).await.1, 0, "the base model never counts the adapter's blocks");
+    assert_eq!(send("chat", prompt.clone()).await.1, 0, "nor another adapter");
+    assert_eq!(send("m2", prompt.clone()).await.1, 0, "nor another model");
+    // gRPC Route with lora_name: the adapter's replicas only, where the chat request above
+    // stored the prompt under chat.
+    let tokens = Tokenizer::load(None).unwrap().encode(&prompt);
+    let mut router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);
+    eventually_within("chat's copy indexed", 10, || held("e1") >= 40).await;
+    for _ in 0..4 {
+        let routed = router.route(common::route_request("m1", &tokens, Some("chat"))).await.unwrap().into_inner();
+        assert_eq!((routed.replica_id.as_str(), routed.overlap_blocks), ("e1", 40));
+        router.release(v1::ReleaseRequest { booking: routed.booking, output_tokens: Some(1) }).await.unwrap();
+    }
+    let unknown = router.route(common::route_request("m1", &tokens, Some("nope"))).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}

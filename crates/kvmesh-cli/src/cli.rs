@@ -238,6 +238,10 @@ pub struct ReplicaAddArgs {
     /// --kv-events/--replay are that rank's (vLLM: the configured ports + the rank).
     #[arg(long, value_name = "RANK")]
     pub data_parallel_rank: Option<u32>,
+    /// A LoRA adapter it serves (vLLM `--lora-modules NAME=PATH`'s NAME); repeat for
+    /// several. Default: the node learns them from the engine's `/v1/models`.
+    #[arg(long = "lora-adapter", value_name = "NAME")]
+    pub lora_adapters: Vec<String>,
     /// Register it as starting (its engine still loading; needs a cluster), in the same Raft
     /// entry: never routed to, counted by the autoscaler, until `kvmesh replica ready`.
     #[arg(long)]

@@ -19,6 +19,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     capacity_blocks: a.capacity_blocks,
                     model: a.model.clone().unwrap_or_default(),
                     data_parallel_rank: a.data_parallel_rank,
+                    lora_adapters: a.lora_adapters.clone(),
                     ..Default::default()
                 };
                 let mut client = admin(&a.target).await?;

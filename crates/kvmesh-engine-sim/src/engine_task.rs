@@ -34,6 +34,8 @@ pub struct Submission {
     pub tokens: Arc<[u32]>,
     /// Tokens to generate (at least 1).
     pub output_tokens: u32,
+    /// The LoRA adapter it names (one of the engine's `lora_modules`), if any.
+    pub lora: Option<Arc<str>>,
     /// Where its outputs go; dropping the receiver aborts the request at its next token.
     pub outputs: mpsc::UnboundedSender<Output>,
 }
@@ -90,7 +92,12 @@ pub fn spawn(
         let mut rejected = Vec::new();
         let mut enqueue = |engine: &mut Engine, waiters: &mut HashMap<u64, _>, s: Submission| {
             next_id += 1;
-            engine.enqueue(EngineRequest { id: next_id, tokens: s.tokens, output_tokens: s.output_tokens.max(1) });
+            engine.enqueue(EngineRequest {
+                id: next_id,
+                tokens: s.tokens,
+                output_tokens: s.output_tokens.max(1),
+                lora: s.lora,
+            });
             waiters.insert(next_id, s.outputs);
         };
         loop {

@@ -23,6 +23,8 @@ use tokio::sync::mpsc;
 pub struct AppState {
     /// Served model name.
     pub model: String,
+    /// LoRA adapters served ([`crate::EngineSimConfig::lora_modules`]).
+    pub lora_modules: Vec<Arc<str>>,
     /// Each data-parallel rank's engine loop inbox, by rank.
     pub submit: Vec<mpsc::UnboundedSender<Submission>>,
     /// Each rank's engine counters.
@@ -124,9 +126,11 @@ struct Parsed {
     stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage and no choices (vLLM, OpenAI).
     include_usage: bool,
+    /// The served LoRA adapter its `model` names, if it names one.
+    lora: Option<Arc<str>>,
 }
 
-fn common(body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Response>> {
+fn common(s: &AppState, body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Response>> {
     if tokens.is_empty() {
         return Err(Box::new(error(StatusCode::BAD_REQUEST, "the prompt is empty")));
     }
@@ -143,6 +147,11 @@ fn common(body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Response>> {
         max_tokens,
         stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
         include_usage,
+        lora: body
+            .get("model")
+            .and_then(Value::as_str)
+            .and_then(|m| s.lora_modules.iter().find(|l| &***l == m))
+            .cloned(),
     })
 }
 
@@ -159,7 +168,7 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, Json(body): 
         }
         _ => return error(StatusCode::BAD_REQUEST, "prompt must be a string or an array of token ids"),
     };
-    match common(&body, tokens) {
+    match common(&s, &body, tokens) {
         Ok(p) => match rank_for(&s, &headers) {
             Ok(rank) => generate(s, p, false, rank).await,
             Err(m) => error(StatusCode::BAD_REQUEST, &m),
@@ -189,7 +198,7 @@ async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, Json(bo
         parts.push((role.to_string(), content));
     }
     let text = render_chat(parts.iter().map(|(r, c)| (r.as_str(), c.as_str())));
-    match common(&body, approximate_tokens(&text)) {
+    match common(&s, &body, approximate_tokens(&text)) {
         Ok(p) => match rank_for(&s, &headers) {
             Ok(rank) => generate(s, p, true, rank).await,
             Err(m) => error(StatusCode::BAD_REQUEST, &m),
@@ -201,7 +210,7 @@ async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, Json(bo
 async fn generate(s: AppState, p: Parsed, chat: bool, rank: usize) -> Response {
     let prompt_tokens = p.tokens.len();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let submission = Submission { tokens: p.tokens.into(), output_tokens: p.max_tokens, outputs: tx };
+    let submission = Submission { tokens: p.tokens.into(), output_tokens: p.max_tokens, lora: p.lora, outputs: tx };
     s.by_rank[rank].fetch_add(1, Ordering::Relaxed);
     if s.submit[rank].send(submission).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "engine is shutting down");
@@ -338,8 +347,16 @@ async fn models(State(s): State<AppState>) -> Response {
     if let Some(r) = injected(&s.faults).await {
         return r;
     }
-    Json(json!({"object": "list", "data": [{"id": s.model, "object": "model", "created": now_s(), "owned_by": "kvmesh-engine-sim"}]}))
-        .into_response()
+    // As vLLM's `OpenAIServingModels.show_available_models`: the base model (`parent` null),
+    // then each adapter with the base model as its `parent`.
+    let created = now_s();
+    let card = |id: &str, parent: Option<&str>| {
+        json!({"id": id, "object": "model", "created": created, "owned_by": "kvmesh-engine-sim",
+            "root": parent.map_or(id.to_string(), |_| format!("/adapters/{id}")), "parent": parent})
+    };
+    let mut data = vec![card(&s.model, None)];
+    data.extend(s.lora_modules.iter().map(|l| card(l, Some(&s.model))));
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn health(State(s): State<AppState>) -> Response {

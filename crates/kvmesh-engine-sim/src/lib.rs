@@ -61,6 +61,10 @@ pub struct EngineSimConfig {
     pub replay_buffer: usize,
     /// Faults at start.
     pub faults: Faults,
+    /// LoRA adapters it serves (vLLM `--lora-modules NAME=PATH`): listed by `/v1/models`
+    /// with the model as their `parent`, as vLLM lists them; a request whose `model` names
+    /// one runs under it (its blocks another chain, its `BlockStored`s carrying `lora_name`).
+    pub lora_modules: Vec<String>,
     /// Data-parallel ranks behind the one HTTP API (vLLM `--data-parallel-size`): each an
     /// engine of its own with its own KV cache, publishing at `kv_events` and `replay` with
     /// the port plus its rank, its batches annotated with the rank; a request goes to the rank
@@ -82,6 +86,7 @@ impl Default for EngineSimConfig {
             speed: 1.0,
             replay_buffer: 10_000,
             faults: Faults::default(),
+            lora_modules: Vec::new(),
             data_parallel_size: 1,
         }
     }
@@ -194,6 +199,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
     let asked_models = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
     let app = http::router(http::AppState {
         model: config.model.clone(),
+        lora_modules: config.lora_modules.iter().map(|m| Arc::from(m.as_str())).collect(),
         submit,
         stats: stats.clone(),
         by_rank: by_rank.clone(),

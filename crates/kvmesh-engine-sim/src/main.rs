@@ -31,6 +31,10 @@ struct Args {
     /// Time compression: step durations are divided by this.
     #[arg(long, default_value_t = 1.0)]
     speed: f64,
+    /// A LoRA adapter it serves, `NAME` or vLLM's `NAME=PATH` (the path is not read);
+    /// repeat for several. Listed by `/v1/models` with the model as `parent`.
+    #[arg(long = "lora-modules", num_args = 1..)]
+    lora_modules: Vec<String>,
     /// Data-parallel ranks behind the one HTTP API (vLLM `--data-parallel-size`): rank k
     /// publishes at the KV-event and replay ports + k; `X-data-parallel-rank` picks the rank.
     #[arg(long, default_value_t = 1)]
@@ -65,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
         block_size: a.block_size,
         speed: a.speed,
         data_parallel_size: a.data_parallel_size,
+        lora_modules: a.lora_modules.iter().map(|m| m.split('=').next().unwrap_or(m).to_string()).collect(),
         faults: Faults {
             drop_events: a.drop_events,
             delay_events_ms: a.delay_events_ms,

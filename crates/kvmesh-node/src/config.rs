@@ -474,11 +474,13 @@ pub struct NodeSection {
     /// replicas only; any other name gets 404. Empty: any name no replica declares is taken
     /// as the default model.
     pub model: String,
-    /// LoRA adapters the replicas serve (vLLM `--lora-modules NAME=PATH`; clients ask for one
-    /// by `model: NAME`). A request for one of these is routed on the prefix overlap of blocks
-    /// stored under that adapter only (vLLM's block hash and its `BlockStored.lora_name`
-    /// include the adapter), never the base model's. gRPC `Route` takes the adapter in
-    /// `lora_name` (any name when this list is empty).
+    /// LoRA adapters of `node.model` (vLLM `--lora-modules NAME=PATH`; clients ask for one by
+    /// `model: NAME`), askable before any engine lists them. A request for an adapter is
+    /// routed on the prefix overlap of blocks stored under it only (vLLM's block hash and its
+    /// `BlockStored.lora_name` include the adapter), never the base model's, and only to
+    /// replicas serving it (`[[replicas]] lora_adapters`, else learned from each engine's
+    /// `/v1/models`). gRPC `Route` takes the adapter in `lora_name` (any name when this list
+    /// is empty and no engine listed it).
     #[serde(default)]
     pub lora_adapters: Vec<String>,
     /// Engine metrics scrape (and health check) interval, milliseconds.
@@ -651,6 +653,14 @@ pub struct ReplicaConfig {
     /// (which belong to `node.model`), and replication warms `node.model`'s replicas only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The LoRA adapters it serves (vLLM `--lora-modules NAME=PATH`, or loaded at run time
+    /// with `/v1/load_lora_adapter`). A request for an adapter goes only to replicas serving
+    /// it. Default: learned from the engine's `/v1/models` (the entries with a `parent`),
+    /// asked at start and every 10 s; until an answer comes, or when the engine lists no
+    /// adapter at all (SGLang does not list them), the replica is taken to serve every adapter
+    /// a request names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_adapters: Option<Vec<String>>,
     /// Its KV block size (vLLM `--block-size`), tokens; when given it must equal
     /// `node.block_size`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -775,6 +785,14 @@ impl ReplicaConfig {
         }
         if self.data_parallel_rank.is_some_and(|k| k >= MAX_DATA_PARALLEL_SIZE) {
             return bad(&format!("data_parallel_rank must be below {MAX_DATA_PARALLEL_SIZE}"));
+        }
+        for (i, a) in self.lora_adapters.iter().flatten().enumerate() {
+            if a.is_empty() || Some(a) == self.model.as_ref() {
+                return bad(&format!("lora_adapters: {a:?} is empty or the replica's model"));
+            }
+            if self.lora_adapters.iter().flatten().take(i).any(|b| b == a) {
+                return bad(&format!("lora_adapters: {a:?} appears twice"));
+            }
         }
         Ok(())
     }
@@ -1154,6 +1172,18 @@ capacity_blocks = 100
         assert_eq!(with("[\"sql\", \"sql\"]").unwrap_err(), "node.lora_adapters: \"sql\" appears twice");
         assert_eq!(with("[\"m\"]").unwrap_err(), "node.lora_adapters: \"m\" is empty or the base model's name");
         assert_eq!(with("[\"\"]").unwrap_err(), "node.lora_adapters: \"\" is empty or the base model's name");
+        // A replica's own list: the same rules.
+        let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+        c.replicas[0].model = Some("m2".into());
+        c.replicas[0].lora_adapters = Some(vec!["sql".into(), "sql".into()]);
+        assert_eq!(c.validate().unwrap_err(), "replica \"vllm-0\": lora_adapters: \"sql\" appears twice");
+        c.replicas[0].lora_adapters = Some(vec!["m2".into()]);
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "replica \"vllm-0\": lora_adapters: \"m2\" is empty or the replica's model"
+        );
+        c.replicas[0].lora_adapters = Some(vec!["sql".into()]);
+        c.validate().unwrap();
     }
 
     #[test]

@@ -56,6 +56,10 @@ impl router_server::Router for Services {
         let adapter = r.lora_name.as_deref().filter(|a| !a.is_empty());
         if let Some(a) = adapter {
             self.shared.models.adapter(a).map_err(GrpcStatus::not_found)?;
+            let model = self.shared.models.of_replica(selected.model.as_deref());
+            if let Some(message) = self.shared.core().adapter_unserved(model, a) {
+                return Err(GrpcStatus::not_found(message));
+            }
             if let Some(m) = &selected.model {
                 return Err(GrpcStatus::invalid_argument(format!(
                     "LoRA adapter {a:?} with model {m:?}: adapters belong to node.model (name the adapter as the model, or leave model empty)"
@@ -182,6 +186,7 @@ pub(crate) fn to_spec(c: &ReplicaConfig, block_size: u32) -> v1::ReplicaSpec {
         block_size: c.block_size.unwrap_or(block_size),
         capacity_blocks: c.capacity_blocks,
         data_parallel_rank: c.data_parallel_rank,
+        lora_adapters: c.lora_adapters.clone().unwrap_or_default(),
     }
 }
 
@@ -200,6 +205,7 @@ pub(crate) fn from_spec(s: v1::ReplicaSpec) -> ReplicaConfig {
         block_size: (s.block_size != 0).then_some(s.block_size),
         data_parallel_rank: s.data_parallel_rank,
         data_parallel_size: None,
+        lora_adapters: (!s.lora_adapters.is_empty()).then_some(s.lora_adapters),
     }
 }
 
@@ -384,7 +390,7 @@ impl admin_server::Admin for Services {
                 "starting replicas live in the cluster's registry: this node runs without [cluster]",
             ));
         }
-        let result = ractor::call!(self.supervisor, SupervisorMsg::Add, config)
+        let result = ractor::call!(self.supervisor, SupervisorMsg::Add, Box::new(config))
             .map_err(|e| GrpcStatus::internal(e.to_string()))?;
         result.map_err(|e| {
             if e.contains("already exists") {

@@ -91,7 +91,7 @@ impl Node {
     /// # Errors
     /// The name is taken or a field is invalid.
     pub async fn add_replica(&self, config: config::ReplicaConfig) -> anyhow::Result<()> {
-        ractor::call!(self.supervisor, SupervisorMsg::Add, config)
+        ractor::call!(self.supervisor, SupervisorMsg::Add, Box::new(config))
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .map_err(anyhow::Error::msg)
     }
@@ -296,7 +296,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         Actor::spawn(None, Supervisor, shared.clone()).await.context("starting the replica supervisor")?;
     for r in replicas {
         let name = r.name.clone();
-        let added = ractor::call!(supervisor, SupervisorMsg::Add, r)
+        let added = ractor::call!(supervisor, SupervisorMsg::Add, Box::new(r))
             .map_err(|e| anyhow::anyhow!("{e}"))
             .and_then(|r| r.map_err(|e| anyhow::anyhow!("replica {name}: {e}")));
         if let Err(e) = added {

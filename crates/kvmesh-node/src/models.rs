@@ -13,7 +13,8 @@ pub struct Selected {
     /// A model other than `node.model`, when the request asks for one a replica declares;
     /// `None`: the default model.
     pub model: Option<String>,
-    /// The LoRA adapter (of `node.model`) it names, if any.
+    /// The LoRA adapter it names, if any: one of `node.lora_adapters` (of `node.model`), or
+    /// one a replica declares or its engine lists (of that replica's model).
     pub adapter: Option<String>,
     /// Its `cache_salt` (a tenant's own prefix cache), if any.
     pub salt: Option<String>,
@@ -26,13 +27,20 @@ pub struct ServedModels {
     default: String,
     adapters: Vec<String>,
     replicas: Mutex<BTreeMap<String, usize>>,
+    /// Adapters replicas declare or their engines list, each with its base model.
+    learned: Mutex<BTreeMap<String, String>>,
 }
 
 impl ServedModels {
     /// The default model `node.model` (empty: any name no replica declares) and its LoRA
     /// adapters `node.lora_adapters`.
     pub fn new(default: &str, adapters: &[String]) -> Self {
-        ServedModels { default: default.to_string(), adapters: adapters.to_vec(), replicas: Mutex::default() }
+        ServedModels {
+            default: default.to_string(),
+            adapters: adapters.to_vec(),
+            replicas: Mutex::default(),
+            learned: Mutex::default(),
+        }
     }
 
     /// The model a replica declaring `model` serves (`node.model` when it declares none).
@@ -58,6 +66,22 @@ impl ServedModels {
         }
     }
 
+    /// A replica serving `model` (its declared one, or `None`) serves LoRA adapter `adapter`
+    /// (declared, or listed by its engine): a request may name it. Returns whether it is new.
+    /// An adapter already known under another base model keeps its first one.
+    pub fn learn_adapter(&self, adapter: &str, model: Option<&str>) -> bool {
+        if self.adapters.iter().any(|a| a == adapter) {
+            return false;
+        }
+        let base = self.of_replica(model).to_string();
+        let mut learned = self.learned.lock().unwrap_or_else(|p| p.into_inner());
+        if learned.contains_key(adapter) {
+            return false;
+        }
+        learned.insert(adapter.to_string(), base);
+        true
+    }
+
     /// What a request asking for `asked` (its `model` field; `None` or empty: unset) selects:
     /// one of `node.lora_adapters`, `node.model`, a model a replica declares, or — with
     /// `node.model` empty — the default model under any other name.
@@ -68,6 +92,10 @@ impl ServedModels {
         let Some(asked) = asked.filter(|a| !a.is_empty()) else { return Ok(Selected::default()) };
         if self.adapters.iter().any(|a| a == asked) {
             return Ok(Selected { adapter: Some(asked.to_string()), ..Selected::default() });
+        }
+        if let Some(base) = self.learned.lock().unwrap_or_else(|p| p.into_inner()).get(asked) {
+            let model = (*base != self.default).then(|| base.clone());
+            return Ok(Selected { model, adapter: Some(asked.to_string()), ..Selected::default() });
         }
         if asked == self.default {
             return Ok(Selected::default());
@@ -83,13 +111,17 @@ impl ServedModels {
         Err(format!("model {asked:?} is not served here (this router serves {served:?})"))
     }
 
-    /// Whether a gRPC Route's `lora_name` `adapter` is served: one of `node.lora_adapters`,
-    /// or any name when that list is empty.
+    /// Whether a gRPC Route's `lora_name` `adapter` is served: one of `node.lora_adapters` or
+    /// of the adapters replicas declare or list, or any name when `node.lora_adapters` is
+    /// empty.
     ///
     /// # Errors
     /// The caller's message (gRPC NOT_FOUND).
     pub fn adapter(&self, adapter: &str) -> Result<(), String> {
-        if self.adapters.is_empty() || self.adapters.iter().any(|a| a == adapter) {
+        if self.adapters.is_empty()
+            || self.adapters.iter().any(|a| a == adapter)
+            || self.learned.lock().unwrap_or_else(|p| p.into_inner()).contains_key(adapter)
+        {
             return Ok(());
         }
         Err(format!("LoRA adapter {adapter:?} is not served here (node.lora_adapters: {:?})", self.adapters))

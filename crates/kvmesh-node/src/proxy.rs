@@ -153,6 +153,10 @@ pub(crate) fn check(
         message,
         outcome: "unknown_model",
     })?;
+    let model = shared.models.of_replica(selected.model.as_deref());
+    if let Some(message) = selected.adapter.as_deref().and_then(|a| shared.core().adapter_unserved(model, a)) {
+        return Err(Rejected { status: StatusCode::NOT_FOUND, message, outcome: "unknown_model" });
+    }
     selected.salt = cache_salt;
     let limit = shared.settings.max_prompt_tokens;
     if prompt_tokens > limit as usize {

@@ -144,6 +144,9 @@ pub struct Replica {
     /// after its request ended, under a parent never seen, is matched against them
     /// ([`Core::adopt_prompt`]).
     pub recent_prompts: std::collections::VecDeque<(Arc<[u32]>, crate::models::Selected)>,
+    /// The LoRA adapters its engine's `/v1/models` listed last (entries with a `parent`);
+    /// `None` until it answered. `config.lora_adapters`, when given, is used instead.
+    pub listed_adapters: Option<Vec<String>>,
     /// Last KV-event sequence number applied.
     pub last_seq: Option<u64>,
     /// Node time of the last KV-event message.
@@ -560,6 +563,9 @@ impl Shared {
         };
         let id = core.fleet.add_replica(spec).map_err(|e| RegistryError::Invalid(e.to_string()))?;
         self.models.added(config.model.as_deref());
+        for a in config.lora_adapters.iter().flatten() {
+            self.models.learn_adapter(a, config.model.as_deref());
+        }
         let now = self.now();
         // Out of rotation from the start when the registry says so (set_rotation_ahead).
         let (draining, starting) = core.rotation_ahead.remove(&config.name).unwrap_or((false, false));
@@ -581,6 +587,7 @@ impl Shared {
             counts_every_step: true,
             hung: None,
             recent_prompts: Default::default(),
+            listed_adapters: None,
             last_seq: None,
             last_event_at: None,
             unpublished_since: None,
@@ -928,6 +935,47 @@ impl Core {
                 r.recent_prompts.clear();
             }
         }
+    }
+
+    /// The replicas (sorted ids, within `subset` when given) of model `model` that serve LoRA
+    /// adapter `adapter` — declared in their `lora_adapters`, listed by their engine's
+    /// `/v1/models`, or not known (taken to serve it: no answer yet, or an engine that lists
+    /// no adapter at all, as SGLang's and a vLLM without `--enable-lora` do) — when that
+    /// leaves any of the model's replicas out; `None` when all of them serve it.
+    pub fn serving_adapter(
+        &self,
+        model: &str,
+        adapter: &str,
+        subset: Option<&[kvmesh_core::ReplicaId]>,
+    ) -> Option<Vec<kvmesh_core::ReplicaId>> {
+        let of_model = |r: &&Replica| self.fleet.replica(r.id).is_some_and(|s| s.spec.model == model);
+        let serves = |r: &&Replica| {
+            let listed = r.listed_adapters.as_ref().filter(|l| !l.is_empty());
+            r.config.lora_adapters.as_ref().or(listed).is_none_or(|list| list.iter().any(|a| a == adapter))
+        };
+        if self.replicas.values().filter(of_model).all(|r| serves(&r)) {
+            return None;
+        }
+        let mut ids: Vec<_> = self
+            .replicas
+            .values()
+            .filter(|r| of_model(r) && serves(r) && subset.is_none_or(|s| s.binary_search(&r.id).is_ok()))
+            .map(|r| r.id)
+            .collect();
+        ids.sort_unstable();
+        Some(ids)
+    }
+
+    /// Why a request for LoRA adapter `adapter` of model `model` cannot be served: the
+    /// model's replicas' adapters are all known and none serves it; `None` otherwise.
+    pub fn adapter_unserved(&self, model: &str, adapter: &str) -> Option<String> {
+        let serving = self.serving_adapter(model, adapter, None)?;
+        serving.is_empty().then(|| {
+            format!(
+                "LoRA adapter {adapter:?} is served by no replica of {model:?} (a replica's adapters are its \
+                 lora_adapters, or what its engine's /v1/models lists)"
+            )
+        })
     }
 
     /// Decides where `req` would go at `now`, booking nothing (admission control checks the

@@ -100,6 +100,7 @@ impl Tier {
                 block_size: None,
                 data_parallel_rank: None,
                 data_parallel_size: None,
+                lora_adapters: None,
             })
             .collect();
         let ports = free_ports(spec.nodes)?;

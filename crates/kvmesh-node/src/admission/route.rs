@@ -79,6 +79,8 @@ pub struct Ticket<'a> {
     hot_prefix: bool,
     /// The replicas it may go to (sorted ids), when a gateway named a subset.
     subset: Option<Vec<kvmesh_core::ReplicaId>>,
+    /// The model and LoRA adapter it runs under: only replicas serving it may take it.
+    adapter: Option<(String, String)>,
 }
 
 /// Observes a wait in the admission queue once, however it ends (routed, refused after
@@ -128,6 +130,7 @@ impl<'a> Ticket<'a> {
             deadline: None,
             hot_prefix: true,
             subset: None,
+            adapter: None,
         }
     }
 
@@ -136,6 +139,8 @@ impl<'a> Ticket<'a> {
     /// `node.model`'s unsalted base-model prefixes only.
     pub fn for_selected(mut self, selected: &crate::models::Selected) -> Self {
         self.hot_prefix = *selected == crate::models::Selected::default();
+        let model = self.shared.models.of_replica(selected.model.as_deref());
+        self.adapter = selected.adapter.clone().map(|a| (model.to_string(), a));
         self
     }
 
@@ -187,7 +192,9 @@ impl<'a> Ticket<'a> {
             // The core's lock lives in this block only: the caller's future must stay Send.
             let decided = {
                 let mut core = shared.core();
-                core.decide_within(req, self.subset.as_deref(), now).and_then(|d| {
+                let serving =
+                    self.adapter.as_ref().and_then(|(m, a)| core.serving_adapter(m, a, self.subset.as_deref()));
+                core.decide_within(req, serving.as_deref().or(self.subset.as_deref()), now).and_then(|d| {
                     if !std::mem::replace(&mut self.demand_counted, true) {
                         core.count_demand(req, tokens, &d, now, self.hot_prefix);
                     }

@@ -45,7 +45,7 @@ async fn sync(shared: &Shared, supervisor: &ActorRef<SupervisorMsg>, state: &Clu
             // Out of rotation from its first moment if it is starting or draining (a node
             // restarting re-adds every replica).
             shared.set_rotation_ahead(&new.name, e.state != ReplicaState::Ready, e.state == ReplicaState::Starting);
-            match ractor::call!(supervisor, SupervisorMsg::Add, new.clone()) {
+            match ractor::call!(supervisor, SupervisorMsg::Add, Box::new(new.clone())) {
                 Ok(Ok(())) => {
                     tracing::info!(replica = %new.name, state = e.state.as_str(), "registry: replica added")
                 }

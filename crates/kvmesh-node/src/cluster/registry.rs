@@ -342,6 +342,7 @@ mod tests {
             model: None,
             block_size: None,
             data_parallel_rank: None,
+            lora_adapters: None,
             data_parallel_size: None,
         }
     }

@@ -1,7 +1,7 @@
 //! The replica actor: owns one replica's event subscription and its metrics scraper.
 
 use super::ingest::{self, Source};
-use super::scrape;
+use super::{adapters, scrape};
 use crate::config::ReplicaConfig;
 use crate::state::Shared;
 use futures_util::FutureExt;
@@ -88,6 +88,17 @@ impl Actor for ReplicaActor {
             };
             let _ = me.cast(ReplicaMsg::TaskEnded("scrape", why.into()));
         }));
+        if args.config.lora_adapters.is_none() {
+            let (shared, me, name) = (args.shared.clone(), myself.clone(), args.config.name.clone());
+            let url = format!("{}/v1/models", args.config.http.trim_end_matches('/'));
+            tasks.push(tokio::spawn(async move {
+                let why = match AssertUnwindSafe(adapters::run(shared, name, url)).catch_unwind().await {
+                    Ok(()) => "ended",
+                    Err(_) => "panicked",
+                };
+                let _ = me.cast(ReplicaMsg::TaskEnded("adapters", why.into()));
+            }));
+        }
         Ok(ReplicaTasks { tasks })
     }
 

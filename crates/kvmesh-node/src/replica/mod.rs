@@ -15,6 +15,7 @@
 //! at runtime starts and stops actors.
 
 pub mod actor;
+pub mod adapters;
 pub mod endpoints;
 pub mod event_guard;
 pub mod frame_guard;

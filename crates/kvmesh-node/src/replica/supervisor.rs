@@ -24,7 +24,7 @@ pub struct Supervisor;
 /// Messages to the supervisor.
 pub enum SupervisorMsg {
     /// Register a replica and start its actor.
-    Add(ReplicaConfig, RpcReplyPort<Result<(), String>>),
+    Add(Box<ReplicaConfig>, RpcReplyPort<Result<(), String>>),
     /// Stop a replica's actor and forget the replica.
     Remove(String, RpcReplyPort<Result<(), String>>),
     /// Start a replica's actor again (after a failure).
@@ -81,6 +81,7 @@ impl Actor for Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Add(config, reply) => {
+                let config = *config;
                 let result = match state.shared.add_replica(config.clone()) {
                     Ok(_) => {
                         let r = start_child(&me, state, config.clone()).await;

@@ -32,6 +32,9 @@ pub struct EngineRequest {
     pub tokens: Arc<[u32]>,
     /// Tokens to generate (at least 1).
     pub output_tokens: u32,
+    /// The LoRA adapter it runs under, if any: its blocks are another chain than the base
+    /// model's (vLLM's block hash includes the adapter) and its `BlockStored`s name it.
+    pub lora: Option<Arc<str>>,
 }
 
 /// What one step produced.
@@ -151,7 +154,8 @@ impl Engine {
 
     /// Queues a request.
     pub fn enqueue(&mut self, req: EngineRequest) {
-        let hashes = self.hasher.hash_blocks(&req.tokens).into_iter().map(|h| h.0).collect();
+        let hasher = req.lora.as_deref().map_or(self.hasher, |l| self.hasher.for_adapter(l));
+        let hashes = hasher.hash_blocks(&req.tokens).into_iter().map(|h| h.0).collect();
         self.pending_prefill += req.tokens.len() as u64;
         self.waiting.push_back(Seq {
             req,
@@ -455,7 +459,7 @@ fn stored_event(seq: &Seq, from: usize, to: usize, block_size: u32) -> KvEvent {
         token_ids: seq_tokens(seq, from * bs, to * bs),
         block_size,
         medium: Medium::Gpu,
-        lora_name: None,
+        lora_name: seq.req.lora.as_deref().map(str::to_string),
         extra_keys: None,
         kv_group: None,
     })

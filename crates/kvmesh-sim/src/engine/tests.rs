@@ -22,7 +22,7 @@ fn engine(kv_tokens: u64, chunk: u32) -> Engine {
 }
 
 fn req(id: u64, tokens: std::ops::Range<u32>, out: u32) -> EngineRequest {
-    EngineRequest { id, tokens: tokens.collect::<Vec<_>>().into(), output_tokens: out }
+    EngineRequest { id, tokens: tokens.collect::<Vec<_>>().into(), output_tokens: out, lora: None }
 }
 
 fn step(e: &mut Engine) -> (f64, StepOutcome) {
@@ -75,7 +75,7 @@ fn a_shared_prefix_is_not_recomputed_and_not_announced_again() {
     // Same first 8 tokens (2 blocks), then different ones.
     let mut toks: Vec<u32> = (0..8).collect();
     toks.extend(100..110);
-    e.enqueue(EngineRequest { id: 2, tokens: toks.into(), output_tokens: 1 });
+    e.enqueue(EngineRequest { id: 2, tokens: toks.into(), output_tokens: 1, lora: None });
     let (d, out) = step(&mut e);
     assert_eq!(out.first_tokens, vec![(2, 8)]);
     close(d, 1e-3 + 10.0 * 1e-5);

@@ -701,7 +701,7 @@ impl Sim<'_> {
         o.prompt_tokens = tokens.len() as u32;
         o.estimated_ttft_s = routed.decision.estimated_ttft_s;
         let output_tokens = self.trace.requests[i].output_tokens.max(1);
-        self.engines[r].enqueue(EngineRequest { id: i as u64, tokens: tokens.into(), output_tokens });
+        self.engines[r].enqueue(EngineRequest { id: i as u64, tokens: tokens.into(), output_tokens, lora: None });
         self.kick(r, t);
         Ok(true)
     }
@@ -975,7 +975,12 @@ impl Sim<'_> {
             rep.warm.insert(id, booking);
             rep.stats.warmups += 1;
             rep.stats.warm_tokens += w.tokens.len() as u64;
-            self.engines[r.index()].enqueue(EngineRequest { id, tokens: w.tokens.clone(), output_tokens: 1 });
+            self.engines[r.index()].enqueue(EngineRequest {
+                id,
+                tokens: w.tokens.clone(),
+                output_tokens: 1,
+                lora: None,
+            });
             kicks.push(r.index());
         }
         let grace = rep.config.grace_ttl_s;
