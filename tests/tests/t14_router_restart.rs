@@ -206,3 +206,50 @@ async fn a_replay_buffer_that_wrapped_is_applied_from_its_oldest_message() {
     node.stop().await;
     engine.stop().await;
 }
+
+/// The engine-sim's own restarts: one that keeps its cache restarts only its event stream
+/// (sequence from 0): the node rebuilds from what the new stream and buffer show; one that
+/// drops its cache and then publishes nothing is told by its counters going back, and its
+/// blocks leave the index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_that_drops_its_cache_and_stays_silent_is_seen_in_its_metrics() {
+    let engine = common::engines(1, 20.0).await.remove(0);
+    let node = start(vec![common::replica(0, &engine)]).await;
+    let client = reqwest::Client::new();
+    let send = |prompt: String| {
+        let (client, url) = (client.clone(), format!("http://{}/v1/completions", node.http));
+        async move {
+            let r = client.post(&url).json(&json!({"model": "m", "prompt": prompt, "max_tokens": 2})).send().await;
+            assert_eq!(r.unwrap().status().as_u16(), 200);
+        }
+    };
+    send("abc:".repeat(4 * 16)).await;
+    eventually_within("4 blocks indexed", 10, || blocks(&node, "e0") == 4).await;
+    assert_eq!(engine.cached_blocks(), [4]);
+
+    // Restart keeping the cache: the stream numbers from 0 again; the next store (3 blocks)
+    // comes as message 0, which the node takes for a restart, rebuilding from the replay
+    // buffer (emptied, then holding that message).
+    engine.faults.set(kvmesh_engine_sim::Faults { restart_seq: true, ..Default::default() });
+    send("def:".repeat(3 * 16)).await;
+    eventually_within("rebuilt from the new stream", 10, || blocks(&node, "e0") == 3).await;
+    assert_eq!(engine.cached_blocks(), [7], "the engine kept its cache");
+
+    // Restart dropping the cache, then silence: no event will come. (Once the node has read
+    // the counters it will see go back.)
+    eventually_within("the counters read", 10, || {
+        node.shared.core().replicas["e0"].engine_served.is_some_and(|(served, _)| served > 0.0)
+    })
+    .await;
+    engine.faults.set(kvmesh_engine_sim::Faults { restart_engine: true, ..Default::default() });
+    eventually_within("the engine restarted", 10, || engine.cached_blocks() == [0]).await;
+    eventually_within("its blocks dropped", 10, || blocks(&node, "e0") == 0).await;
+    let resyncs = metric(&node, "kvmesh_resyncs_total");
+    let restarts = resyncs.lines().find(|l| l.contains("method=\"restart\"")).and_then(|l| l.rsplit(' ').next());
+    assert_eq!(restarts, Some("2"), "{resyncs}");
+    // It serves, and is indexed, again.
+    send("ghi:".repeat(5 * 16)).await;
+    eventually_within("the new engine's blocks", 10, || blocks(&node, "e0") == 5).await;
+    node.stop().await;
+    engine.stop().await;
+}

@@ -77,11 +77,14 @@ pub fn spawn(
     config: &EngineSimConfig,
     events: mpsc::UnboundedSender<Vec<KvEvent>>,
     mut stop: watch::Receiver<bool>,
+    mut restarts: watch::Receiver<u64>,
 ) -> anyhow::Result<(EngineTask, mpsc::UnboundedSender<Submission>)> {
     // The engine's own block ids are opaque to routers: seed them apart from kvmesh's hashes.
     let ns = Namespace { model: format!("engine-sim/{}", config.model), ..Namespace::default() };
-    let mut engine =
-        Engine::new(config.profile.clone(), BlockHasher::new(config.block_size, &ns)?).with_output_blocks();
+    let hasher = BlockHasher::new(config.block_size, &ns)?;
+    let profile = config.profile.clone();
+    let fresh = move || Engine::new(profile.clone(), hasher).with_output_blocks();
+    let mut engine = fresh();
     let (submit, mut inbox) = mpsc::unbounded_channel::<Submission>();
     let stats = Arc::new(Mutex::new(Stats::default()));
     let shared = stats.clone();
@@ -123,6 +126,7 @@ pub fn spawn(
                 tokio::select! {
                     s = inbox.recv() => match s { Some(s) => enqueue(&mut engine, &mut waiters, s), None => break },
                     _ = stop.wait_for(|s| *s) => break,
+                    Ok(()) = restarts.changed() => restart(&mut engine, fresh(), &mut waiters, &shared),
                 }
                 continue;
             };
@@ -132,6 +136,10 @@ pub fn spawn(
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs_f64(duration / speed)) => {}
                 _ = stop.wait_for(|s| *s) => break,
+                Ok(()) = restarts.changed() => {
+                    restart(&mut engine, fresh(), &mut waiters, &shared);
+                    continue;
+                }
             }
             let out = engine.finish_step();
             // A client that went away drops its receiver: abort its request, as vLLM does.
@@ -166,6 +174,21 @@ pub fn spawn(
         }
     });
     Ok((EngineTask { stats, task }, submit))
+}
+
+/// The engine process restarted: `engine` becomes `new` (an empty cache), the requests in
+/// flight are cut (their outputs closed, as a dead process's connections are), the counters
+/// start from 0.
+fn restart(
+    engine: &mut Engine,
+    new: Engine,
+    waiters: &mut HashMap<u64, mpsc::UnboundedSender<Output>>,
+    stats: &Mutex<Stats>,
+) {
+    *engine = new;
+    waiters.clear();
+    *stats.lock().unwrap_or_else(|p| p.into_inner()) = Stats::default();
+    tracing::info!("engine-sim restarted (restart_engine fault): cache emptied, counters from 0");
 }
 
 fn publish_stats(engine: &Engine, stats: &Mutex<Stats>, step: Option<(u64, u64, u64, u64)>) {

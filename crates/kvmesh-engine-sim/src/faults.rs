@@ -14,8 +14,14 @@ pub struct Faults {
     pub drop_every: u64,
     /// Delay each KV-event message by this many milliseconds.
     pub delay_events_ms: u64,
-    /// Restart the sequence at 0 (once), as an engine restart does (case C08).
+    /// Restart the sequence at 0 (once), its replay buffer emptied, the prefix cache kept:
+    /// the event stream restarts as an engine restart's does (case C08), and every block it
+    /// held is still held.
     pub restart_seq: bool,
+    /// Restart the engine (once), as a crashed and restarted vLLM comes back: its prefix cache
+    /// emptied, its requests in flight cut, its counters from 0, its sequence from 0 and its
+    /// replay buffer emptied — and, idle, it publishes nothing (only its metrics tell).
+    pub restart_engine: bool,
     /// Answer every inference request with this HTTP status (400, 429, 503 …) and a JSON error.
     pub status: Option<u16>,
     /// Accept inference requests and never answer.
@@ -32,12 +38,22 @@ pub struct Faults {
 #[derive(Debug)]
 pub struct FaultState {
     faults: Mutex<Faults>,
+    /// Engine restarts so far ([`Faults::restart_engine`]): the engine loop and the publisher
+    /// each start afresh when it moves.
+    restarts: tokio::sync::watch::Sender<u64>,
 }
 
 impl FaultState {
     /// Starts with `faults`.
     pub fn new(faults: Faults) -> Self {
-        FaultState { faults: Mutex::new(faults) }
+        let state = FaultState { faults: Mutex::new(Faults::default()), restarts: tokio::sync::watch::Sender::new(0) };
+        state.set(faults);
+        state
+    }
+
+    /// Engine restarts, as they happen.
+    pub fn restarts(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.restarts.subscribe()
     }
 
     /// The faults in force.
@@ -45,8 +61,12 @@ impl FaultState {
         self.faults.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Replaces the faults in force.
-    pub fn set(&self, faults: Faults) {
+    /// Replaces the faults in force; `restart_engine` restarts the engine now (and is not
+    /// kept).
+    pub fn set(&self, mut faults: Faults) {
+        if std::mem::take(&mut faults.restart_engine) {
+            self.restarts.send_modify(|n| *n += 1);
+        }
         *self.faults.lock().unwrap_or_else(|p| p.into_inner()) = faults;
     }
 

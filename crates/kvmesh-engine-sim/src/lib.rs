@@ -184,7 +184,8 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
         let of_rank =
             EngineSimConfig { kv_events: at(&config.kv_events)?, replay: at(&config.replay)?, ..config.clone() };
         let publisher = publisher::start(&of_rank, rank, faults.clone(), stopped.clone()).await?;
-        let (engine, inbox) = engine_task::spawn(&of_rank, publisher.sender.clone(), stopped.clone())?;
+        let (engine, inbox) =
+            engine_task::spawn(&of_rank, publisher.sender.clone(), stopped.clone(), faults.restarts())?;
         tasks.extend(publisher.tasks);
         tasks.push(engine.task);
         ranks.push((publisher.kv_events, publisher.replay));
