@@ -89,6 +89,7 @@ pub fn spawn(
     let stats = Arc::new(Mutex::new(Stats::default()));
     let shared = stats.clone();
     let speed = config.speed;
+    let sliding_window = config.sliding_window;
     let task = tokio::spawn(async move {
         let mut waiters: HashMap<u64, mpsc::UnboundedSender<Output>> = HashMap::new();
         let mut next_id = 0u64;
@@ -169,11 +170,41 @@ pub fn spawn(
             let hits: u64 = out.first_tokens.iter().map(|&(_, c)| c as u64).sum();
             publish_stats(&engine, &shared, Some((out.prefill_tokens, generated, hits, out.finished.len() as u64)));
             if !out.events.is_empty() {
-                let _ = events.send(out.events);
+                let _ = events.send(match sliding_window {
+                    Some(window) => per_group(out.events, window),
+                    None => out.events,
+                });
             }
         }
     });
     Ok((EngineTask { stats, task }, submit))
+}
+
+/// A hybrid model's events: each store and removal for the full-attention group 0, then for
+/// the sliding-window group 1 of `window` tokens (the same block hashes: vLLM names a block
+/// alike in every group).
+fn per_group(events: Vec<KvEvent>, window: u32) -> Vec<KvEvent> {
+    use kvmesh_core::index::KvGroup;
+    let group = |idx: u32| KvGroup {
+        idx,
+        kind: Some(if idx == 0 { "full_attention" } else { "sliding_window" }.into()),
+        sliding_window: (idx == 1).then_some(window),
+    };
+    let mut out = Vec::with_capacity(events.len() * 2);
+    for e in events {
+        match e {
+            KvEvent::Stored(s) => {
+                out.push(KvEvent::Stored(kvmesh_core::index::Stored { kv_group: Some(group(0)), ..s.clone() }));
+                out.push(KvEvent::Stored(kvmesh_core::index::Stored { kv_group: Some(group(1)), ..s }));
+            }
+            KvEvent::Removed(r) => {
+                out.push(KvEvent::Removed(kvmesh_core::index::Removed { kv_group: Some(0), ..r.clone() }));
+                out.push(KvEvent::Removed(kvmesh_core::index::Removed { kv_group: Some(1), ..r }));
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// The engine process restarted: `engine` becomes `new` (an empty cache), the requests in

@@ -65,6 +65,12 @@ pub struct EngineSimConfig {
     /// with the model as their `parent`, as vLLM lists them; a request whose `model` names
     /// one runs under it (its blocks another chain, its `BlockStored`s carrying `lora_name`).
     pub lora_modules: Vec<String>,
+    /// A hybrid model's sliding-window layers, window in tokens: its KV events then come per
+    /// KV cache group, as a hybrid vLLM sends them — each store and removal once for the
+    /// full-attention group 0 (`kv_cache_spec_kind = "full_attention"`) and once for the
+    /// sliding-window group 1 (`"sliding_window"`, `kv_cache_spec_sliding_window` = this),
+    /// with the same block hashes. `None`: one group, no group fields.
+    pub sliding_window: Option<u32>,
     /// Data-parallel ranks behind the one HTTP API (vLLM `--data-parallel-size`): each an
     /// engine of its own with its own KV cache, publishing at `kv_events` and `replay` with
     /// the port plus its rank, its batches annotated with the rank; a request goes to the rank
@@ -87,6 +93,7 @@ impl Default for EngineSimConfig {
             replay_buffer: 10_000,
             faults: Faults::default(),
             lora_modules: Vec::new(),
+            sliding_window: None,
             data_parallel_size: 1,
         }
     }

@@ -35,6 +35,10 @@ struct Args {
     /// repeat for several. Listed by `/v1/models` with the model as `parent`.
     #[arg(long = "lora-modules", num_args = 1..)]
     lora_modules: Vec<String>,
+    /// A hybrid model with sliding-window layers of this window, tokens: KV events per KV
+    /// cache group (full-attention group 0, sliding-window group 1).
+    #[arg(long, value_name = "TOKENS")]
+    sliding_window: Option<u32>,
     /// Data-parallel ranks behind the one HTTP API (vLLM `--data-parallel-size`): rank k
     /// publishes at the KV-event and replay ports + k; `X-data-parallel-rank` picks the rank.
     #[arg(long, default_value_t = 1)]
@@ -69,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
         block_size: a.block_size,
         speed: a.speed,
         data_parallel_size: a.data_parallel_size,
+        sliding_window: a.sliding_window,
         lora_modules: a.lora_modules.iter().map(|m| m.split('=').next().unwrap_or(m).to_string()).collect(),
         faults: Faults {
             drop_events: a.drop_events,

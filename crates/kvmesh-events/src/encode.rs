@@ -117,6 +117,7 @@ fn event(e: &KvEvent, encoding: Encoding) -> Value {
                 }
                 fields.push(("group_idx", Value::from(g.idx)));
                 fields.push(("kv_cache_spec_kind", g.kind.as_deref().map_or(Value::Nil, Value::from)));
+                fields.push(("kv_cache_spec_sliding_window", g.sliding_window.map_or(Value::Nil, Value::from)));
             }
             ("BlockStored", fields)
         }
@@ -200,7 +201,11 @@ mod tests {
                 medium: Medium::Gpu,
                 lora_name: None,
                 extra_keys: None,
-                kv_group: Some(kvmesh_core::index::KvGroup { idx: 1, kind: Some("sliding_window".into()) }),
+                kv_group: Some(kvmesh_core::index::KvGroup {
+                    idx: 1,
+                    kind: Some("sliding_window".into()),
+                    sliding_window: Some(4096),
+                }),
             }),
             KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(3)], medium: Medium::Cpu, kv_group: None }),
             KvEvent::Removed(Removed {

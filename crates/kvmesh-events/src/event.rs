@@ -71,15 +71,24 @@ fn stored(f: &Fields<'_>) -> Result<KvEvent, String> {
         }
         Some(other) => return Err(format!("extra_keys is {}, not an array", kind(other))),
     };
-    let kind = match f.get("kv_cache_spec_kind", 10) {
+    let spec_kind = match f.get("kv_cache_spec_kind", 10) {
         None | Some(Value::Nil) => None,
         Some(Value::String(s)) => Some(s.as_str().ok_or("kv_cache_spec_kind is not UTF-8")?.to_string()),
         Some(other) => return Err(format!("kv_cache_spec_kind is {}, not a string", kind(other))),
     };
+    let sliding_window = match f.get("kv_cache_spec_sliding_window", 11) {
+        None | Some(Value::Nil) => None,
+        Some(Value::Integer(n)) => Some(
+            n.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| format!("kv_cache_spec_sliding_window {n} is not a u32"))?,
+        ),
+        Some(other) => return Err(format!("kv_cache_spec_sliding_window is {}, not an integer", kind(other))),
+    };
     // An engine with one KV cache group may still send its index (0) or its kind.
     let kv_group = match group_idx(f.get("group_idx", 9))? {
-        Some(idx) => Some(KvGroup { idx, kind }),
-        None => kind.map(|kind| KvGroup { idx: 0, kind: Some(kind) }),
+        Some(idx) => Some(KvGroup { idx, kind: spec_kind, sliding_window }),
+        None => spec_kind.map(|kind| KvGroup { idx: 0, kind: Some(kind), sliding_window }),
     };
     Ok(KvEvent::Stored(Stored {
         block_hashes,

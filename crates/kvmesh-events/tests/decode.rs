@@ -278,7 +278,10 @@ fn every_current_block_stored_field_decodes() {
     assert_eq!((b.ts, b.data_parallel_rank, b.skipped.len()), (7.5, Some(1), 0));
     let KvEvent::Stored(st) = &b.events[0] else { panic!("{:?}", b.events) };
     assert_eq!(st.lora_name.as_deref(), Some("sql"));
-    assert_eq!(st.kv_group, Some(kvmesh_core::index::KvGroup { idx: 0, kind: Some("full_attention".into()) }));
+    assert_eq!(
+        st.kv_group,
+        Some(kvmesh_core::index::KvGroup { idx: 0, kind: Some("full_attention".into()), sliding_window: None })
+    );
     let extra = st.extra_keys.as_ref().unwrap();
     assert_eq!(extra.cache_salt.as_deref(), Some("tenant-7"));
     assert_eq!(extra.unverifiable.len(), 3);
@@ -341,8 +344,10 @@ fn every_current_block_stored_field_decodes() {
         Value::Array(vec![s("BlockRemoved"), Value::Array(vec![Value::from(51u64)]), s("GPU"), Value::from(1)]);
     let events = decode_batch(&batch(vec![window, removed])).unwrap().events;
     let KvEvent::Stored(st) = &events[0] else { panic!() };
-    assert_eq!(st.kv_group, Some(kvmesh_core::index::KvGroup { idx: 1, kind: Some("sliding_window".into()) }));
+    let group = kvmesh_core::index::KvGroup { idx: 1, kind: Some("sliding_window".into()), sliding_window: Some(4096) };
+    assert_eq!(st.kv_group, Some(group));
     assert!(!st.kv_group.as_ref().unwrap().covers_whole_prefix());
+    assert_eq!(st.kv_group.as_ref().unwrap().window(), Some(4096));
     let KvEvent::Removed(r) = &events[1] else { panic!() };
     assert_eq!(r.kv_group, Some(1));
 }

@@ -53,6 +53,8 @@ pub struct KvGroup {
     /// `kv_cache_spec_kind` (`full_attention`, `mla_attention`, `sliding_window`, `mamba`, …),
     /// when sent.
     pub kind: Option<String>,
+    /// `kv_cache_spec_sliding_window`: a sliding-window group's window, tokens, when sent.
+    pub sliding_window: Option<u32>,
 }
 
 impl KvGroup {
@@ -63,6 +65,13 @@ impl KvGroup {
     /// (vllm/v1/core/kv_cache_coordinator.py `HybridKVCacheCoordinator`).
     pub fn covers_whole_prefix(&self) -> bool {
         self.kind.as_deref().is_none_or(|k| matches!(k, "full_attention" | "mla_attention" | "sink_full_attention"))
+    }
+
+    /// The window, tokens, of a sliding-window group whose window was sent: the index
+    /// follows such a group too, and a prefix hit needs its last blocks before the hit point
+    /// ([`crate::PrefixIndex::overlaps`]).
+    pub fn window(&self) -> Option<u32> {
+        self.sliding_window.filter(|_| matches!(self.kind.as_deref(), Some("sliding_window" | "sliding_window_mla")))
     }
 }
 

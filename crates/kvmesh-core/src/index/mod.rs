@@ -26,6 +26,7 @@ mod outcome;
 mod replica_blocks;
 mod segments;
 mod table;
+mod window;
 
 pub use event::{ExtraKeys, KvEvent, KvGroup, Removed, Stored};
 pub use outcome::{ApplyOutcome, EventCounters, Rejection};
@@ -51,6 +52,9 @@ pub struct PrefixIndex {
     seed: u64,
     /// A stored event's block hashes, reused between events.
     scratch: Vec<BlockHash>,
+    /// Whether any replica has a sliding-window group ([`window`]): overlaps then apply
+    /// vLLM's hybrid rule.
+    windowed: bool,
 }
 
 impl PrefixIndex {
@@ -71,6 +75,7 @@ impl PrefixIndex {
             entries: 0,
             seed,
             scratch: Vec::new(),
+            windowed: false,
         }
     }
 
@@ -104,6 +109,14 @@ impl PrefixIndex {
             return ApplyOutcome { rejection: Some(Rejection::ReservedReplica), ..ApplyOutcome::default() };
         }
         let outcome = match event {
+            KvEvent::Stored(s) if s.kv_group.as_ref().and_then(KvGroup::window).is_some() => {
+                self.store_window(replica, s)
+            }
+            KvEvent::Removed(r) if r.kv_group.is_some_and(|g| self.window_group(replica, g).is_some()) => {
+                let g = r.kv_group.and_then(|g| self.window_group(replica, g)).expect("checked in the guard");
+                let removed = self.slot(replica).windows[g].remove(r);
+                ApplyOutcome { removed, ..ApplyOutcome::default() }
+            }
             _ if self.left_aside(replica, event) => {
                 ApplyOutcome { other_group: event.blocks() as u32, ..ApplyOutcome::default() }
             }
@@ -173,6 +186,14 @@ impl PrefixIndex {
         }
     }
 
+    /// Blocks held in `replica`'s sliding-window groups, all groups together.
+    pub fn window_blocks(&self, replica: ReplicaId) -> usize {
+        self.replicas
+            .get(replica.index())
+            .and_then(Option::as_ref)
+            .map_or(0, |rb| rb.windows.iter().map(|g| g.blocks()).sum())
+    }
+
     /// Whether `replica`'s history is partial ([`PrefixIndex::set_partial_history`]).
     pub fn history_is_partial(&self, replica: ReplicaId) -> bool {
         self.replicas.get(replica.index()).and_then(Option::as_ref).is_some_and(|rb| rb.partial_history)
@@ -209,6 +230,15 @@ impl PrefixIndex {
     /// it changes no run and is skipped; a hash is looked up only where the stored chain
     /// branches or ends. Stops as soon as no replica can match further.
     pub fn overlaps(&self, hashes: &[BlockHash], out: &mut Vec<(ReplicaId, Overlap)>) {
+        let start = out.len();
+        self.full_attention_overlaps(hashes, out);
+        if self.windowed {
+            self.apply_windows(hashes, out, start);
+        }
+    }
+
+    /// [`PrefixIndex::overlaps`] over the full-attention chains only.
+    fn full_attention_overlaps(&self, hashes: &[BlockHash], out: &mut Vec<(ReplicaId, Overlap)>) {
         let Some(first) = hashes.first() else { return };
         let Some(mut pos) = self.blocks.next(None, first.0) else { return };
         let mut previous = self.blocks.slot(pos).holder;
@@ -318,15 +348,7 @@ impl PrefixIndex {
                 }
             },
         };
-        let base = self.hasher_of(replica);
-        // A sequence's first block carries its adapter and salt in its seed; later stores
-        // chain from their parent, whose hash already includes them.
-        let hasher = match (&s.lora_name, prev) {
-            (Some(adapter), None) => base.for_adapter(adapter),
-            _ => base,
-        };
-        let salt = s.extra_keys.as_ref().and_then(|e| e.cache_salt.as_deref()).filter(|_| prev.is_none());
-        let hasher = salt.map_or(hasher, |salt| hasher.for_salt(salt));
+        let hasher = self.store_hasher(replica, s, prev.is_none());
         let unverifiable = s.extra_keys.as_ref().map_or(&[][..], |e| &e.unverifiable[..]);
         // Hash every block first, then read the table slots the loop below will probe: the
         // reads are independent, so their cache misses overlap instead of coming one by one.
@@ -381,6 +403,19 @@ impl PrefixIndex {
         }
         self.scratch = blocks;
         out
+    }
+
+    /// The hasher `replica`'s store `s` is hashed with: a sequence's first block (`starts`)
+    /// carries its adapter and salt in its seed; later stores chain from their parent, whose
+    /// hash already includes them.
+    fn store_hasher(&self, replica: ReplicaId, s: &Stored, starts: bool) -> BlockHasher {
+        let base = self.hasher_of(replica);
+        let hasher = match &s.lora_name {
+            Some(adapter) if starts => base.for_adapter(adapter),
+            _ => base,
+        };
+        let salt = s.extra_keys.as_ref().and_then(|e| e.cache_salt.as_deref()).filter(|_| starts);
+        salt.map_or(hasher, |salt| hasher.for_salt(salt))
     }
 
     /// Adds one copy of the block at `pos` for `replica` in `medium`; false when the holder
@@ -456,6 +491,74 @@ impl PrefixIndex {
         out
     }
 
+    /// Position in `replica`'s window groups of group `idx`, if it is one.
+    fn window_group(&self, replica: ReplicaId, idx: u32) -> Option<usize> {
+        let rb = self.replicas.get(replica.index())?.as_ref()?;
+        rb.windows.iter().position(|g| g.idx == idx)
+    }
+
+    /// A store of a sliding-window group ([`window`]): chained from its parent's hash (in the
+    /// group, else in the full-attention chains: vLLM names a block by the same hash in every
+    /// group); a parent known nowhere leaves the store aside.
+    fn store_window(&mut self, replica: ReplicaId, s: &Stored) -> ApplyOutcome {
+        let want = self.hasher.block_size();
+        if s.block_size != want {
+            return ApplyOutcome {
+                rejection: Some(Rejection::BlockSizeMismatch { got: s.block_size, want }),
+                ..Default::default()
+            };
+        }
+        if s.token_ids.len() as u64 != s.block_hashes.len() as u64 * want as u64 {
+            return ApplyOutcome { rejection: Some(Rejection::TokenCountMismatch), ..Default::default() };
+        }
+        let Some(group) = s.kv_group.as_ref() else { return ApplyOutcome::default() };
+        let window = group.window().unwrap_or(0);
+        let g = match self.window_group(replica, group.idx) {
+            Some(g) => g,
+            None => {
+                self.slot(replica).windows.push(window::WindowGroup::new(group.idx, window, want));
+                self.windowed = true;
+                self.slot(replica).windows.len() - 1
+            }
+        };
+        let rb = self.replicas[replica.index()].as_ref().expect("slot registered above");
+        let parent = match s.parent {
+            None => None,
+            Some(p) => {
+                let m = s.medium.index();
+                let known = rb.windows[g]
+                    .hash_of(p.0)
+                    .or_else(|| rb.engine[m].get(p.0).map(|&v| self.blocks.slot(Mapping::unpack(v).pos).hash));
+                match known {
+                    Some(h) => Some(BlockHash(h)),
+                    None => return ApplyOutcome { other_group: s.block_hashes.len() as u32, ..Default::default() },
+                }
+            }
+        };
+        let hasher = self.store_hasher(replica, s, parent.is_none());
+        let stored = self.slot(replica).windows[g].store(s, parent, &hasher);
+        ApplyOutcome { stored, ..ApplyOutcome::default() }
+    }
+
+    /// Each of `out[start..]`'s GPU overlaps cut to vLLM's hybrid hit where its replica has
+    /// sliding-window groups; entries left with nothing are dropped.
+    fn apply_windows(&self, hashes: &[BlockHash], out: &mut Vec<(ReplicaId, Overlap)>, start: usize) {
+        for (r, o) in &mut out[start..] {
+            let Some(Some(rb)) = self.replicas.get(r.index()) else { continue };
+            if !rb.windows.is_empty() && o.gpu > 0 {
+                o.gpu = window::hybrid_hit(&rb.windows, hashes, o.gpu);
+            }
+        }
+        let mut k = start;
+        for i in start..out.len() {
+            if out[i].1.gpu > 0 || out[i].1.cpu > 0 {
+                out.swap(k, i);
+                k += 1;
+            }
+        }
+        out.truncate(k);
+    }
+
     fn remove(&mut self, replica: ReplicaId, r: &Removed) -> ApplyOutcome {
         let mut out = ApplyOutcome::default();
         let m = r.medium.index();
@@ -499,6 +602,7 @@ impl PrefixIndex {
         let rb = self.replicas[replica.index()].as_mut().expect("checked above");
         rb.orphans.clear();
         rb.inferred.clear();
+        rb.windows.clear();
         rb.health.out_of_sync = false;
         rb.health.counters.clears += 1;
         cleared

@@ -45,6 +45,8 @@ pub(crate) struct ReplicaBlocks {
     /// Engine id → the ids of the blocks inferred before it from a routed prompt
     /// ([`super::PrefixIndex::adopt_prompt`]), removed with it.
     pub(crate) inferred: rustc_hash::FxHashMap<u64, Vec<u64>>,
+    /// Its sliding-window KV cache groups ([`super::window`]).
+    pub(crate) windows: Vec<super::window::WindowGroup>,
 }
 
 /// What the index knows about the health of one replica's event stream.
@@ -81,6 +83,7 @@ impl ReplicaBlocks {
             partial_history: false,
             orphans: Default::default(),
             inferred: Default::default(),
+            windows: Vec::new(),
         }
     }
 

@@ -233,7 +233,7 @@ fn salted_blocks_match_their_salt_and_unverifiable_blocks_match_nothing() {
 fn a_hybrid_models_partial_groups_are_left_aside() {
     let mut ix = index();
     let toks: Vec<u32> = (0..8).collect();
-    let group = |idx: u32, kind: &str| Some(KvGroup { idx, kind: Some(kind.into()) });
+    let group = |idx: u32, kind: &str| Some(KvGroup { idx, kind: Some(kind.into()), sliding_window: None });
     let store = |kv_group: Option<KvGroup>| {
         KvEvent::Stored(Stored {
             block_hashes: vec![e(1), e(2)],
@@ -259,9 +259,47 @@ fn a_hybrid_models_partial_groups_are_left_aside() {
     assert_eq!(ix.apply(R0, &remove(Some(0))).removed, 1);
     assert_eq!(gpu_overlap(&ix, R0, &toks), 1);
     // MLA and a kind-less group count; Mamba does not.
-    assert!(KvGroup { idx: 2, kind: Some("mla_attention".into()) }.covers_whole_prefix());
-    assert!(KvGroup { idx: 2, kind: None }.covers_whole_prefix());
-    assert!(!KvGroup { idx: 2, kind: Some("mamba".into()) }.covers_whole_prefix());
+    assert!(KvGroup { idx: 2, kind: Some("mla_attention".into()), sliding_window: None }.covers_whole_prefix());
+    assert!(KvGroup { idx: 2, kind: None, sliding_window: None }.covers_whole_prefix());
+    assert!(!KvGroup { idx: 2, kind: Some("mamba".into()), sliding_window: None }.covers_whole_prefix());
+}
+
+#[test]
+fn a_sliding_window_group_cuts_the_hit_as_vllm_does() {
+    // 10 blocks of 4 tokens in the full-attention group (ids 1–10) and in a sliding-window
+    // group of 9 tokens (2 blocks needed before the hit point), as a hybrid vLLM sends them.
+    let toks: Vec<u32> = (0..40).collect();
+    let window = Some(KvGroup { idx: 1, kind: Some("sliding_window".into()), sliding_window: Some(9) });
+    let in_group = |e: KvEvent, g: Option<KvGroup>| match e {
+        KvEvent::Stored(s) => KvEvent::Stored(Stored { kv_group: g, ..s }),
+        KvEvent::Removed(r) => KvEvent::Removed(Removed { kv_group: g.map(|g| g.idx), ..r }),
+        other => other,
+    };
+    let ids: Vec<u64> = (1..=10).collect();
+    let mut ix = index();
+    assert_eq!(ix.apply(R0, &stored(&ids, None, toks.clone())).stored, 10);
+    // The window group's blocks come as two stores, the second under the first's last block.
+    assert_eq!(ix.apply(R0, &in_group(stored(&ids[..4], None, toks[..16].to_vec()), window.clone())).stored, 4);
+    assert_eq!(ix.apply(R0, &in_group(stored(&ids[4..], Some(4), toks[16..].to_vec()), window.clone())).stored, 6);
+    assert_eq!((ix.replica_blocks(R0), ix.window_blocks(R0)), (10, 10));
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 10);
+    // The window group lets block 8 (id 9) go: the last run of 2 ends at block 8.
+    assert_eq!(ix.apply(R0, &in_group(removed(&[9]), window.clone())).removed, 1);
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 8);
+    // A shorter request is cut within its own length: blocks 4–5 end its hit at 6.
+    assert_eq!(gpu_overlap(&ix, R0, &toks[..24]), 6);
+    // Blocks 1, 3, 5 and 7 gone too: no run of 2 before 8 but the one from the start.
+    ix.apply(R0, &in_group(removed(&[2, 4, 6, 8]), window.clone()));
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 1);
+    // The full-attention group bounds it as before.
+    ix.apply(R0, &removed(&[1]));
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 0);
+    // A window store under a parent known in neither group is left aside.
+    let o = ix.apply(R1, &in_group(stored(&[70], Some(69), toks[..4].to_vec()), window.clone()));
+    assert_eq!((o.stored, o.other_group), (0, 1));
+    // A clear drops the window groups too.
+    ix.apply(R0, &KvEvent::Cleared);
+    assert_eq!(ix.window_blocks(R0), 0);
 }
 
 #[test]
