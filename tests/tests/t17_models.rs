@@ -312,3 +312,66 @@ async fn adapters_learned_from_the_engines_go_only_where_they_are_loaded() {
         e.stop().await;
     }
 }
+
+/// Models of different block sizes on one node: m2's engines use 32-token blocks while
+/// `node.block_size` (m1's) is 16; each model's events, requests and overlaps are counted in
+/// its own blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_model_counts_its_own_block_size() {
+    let mut engines = Vec::new();
+    for (model, block_size) in [("m1", 16), ("m2", 32)] {
+        let config = EngineSimConfig { model: model.into(), block_size, speed: 20.0, ..EngineSimConfig::default() };
+        engines.push(kvmesh_engine_sim::start(config).await.unwrap());
+    }
+    let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    section.model = "m1".into();
+    let replicas = vec![
+        common::replica(0, &engines[0]),
+        ReplicaConfig { model: Some("m2".into()), block_size: Some(32), ..common::replica(1, &engines[1]) },
+    ];
+    let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
+    eventually_within("scraped", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v1/completions", node.http);
+    // 640 tokens: 40 blocks of 16, 20 of 32.
+    let prompt = "sized:..".repeat(320);
+    let send = |model: &'static str| {
+        let (client, url, node, prompt) = (client.clone(), url.clone(), &node, prompt.clone());
+        async move {
+            let r = client.post(&url).json(&json!({"model": model, "prompt": prompt, "max_tokens": 2})).send().await;
+            assert_eq!(r.unwrap().status().as_u16(), 200);
+            let d = node.shared.recent_decisions(1).remove(0);
+            (d.replica, d.overlap_blocks)
+        }
+    };
+    assert_eq!(send("m2").await, ("e1".to_string(), 0));
+    eventually_within("m2's 20 blocks of 32", 10, || blocks(&node, "e1") == 20).await;
+    assert_eq!(send("m2").await, ("e1".to_string(), 20));
+    assert_eq!(send("m1").await, ("e0".to_string(), 0));
+    eventually_within("m1's 40 blocks of 16", 10, || blocks(&node, "e0") == 40).await;
+    assert_eq!(send("m1").await, ("e0".to_string(), 40));
+    // Neither replica is reported with a block-size mismatch.
+    let now = node.shared.now();
+    for name in ["e0", "e1"] {
+        let core = node.shared.core();
+        assert_eq!(core.status(&core.replicas[name], now), kvmesh_node::state::Status::Ready, "{name}");
+    }
+    // A third m2 replica in 16-token blocks is refused.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await;
+    let mut admin = v1::admin_client::AdminClient::new(channel.unwrap());
+    let spec = v1::ReplicaSpec {
+        name: "e2".into(),
+        http_endpoint: engines[0].base_url(),
+        capacity_blocks: 1000,
+        block_size: 16,
+        model: "m2".into(),
+        ..v1::ReplicaSpec::default()
+    };
+    let refused = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec), starting: false }).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("its model's replicas have 32-token blocks"), "{}", refused.message());
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}

@@ -649,8 +649,8 @@ pub struct ReplicaConfig {
     /// The model it serves (vLLM `--served-model-name`); default `node.model`. Requests for a
     /// model are routed only among the replicas serving it, on the prefix overlap of that
     /// model's blocks only (its KV events are hashed in the model's namespace). Several
-    /// models may share one node; they share its `block_size`, tokenizer and LoRA adapters
-    /// (which belong to `node.model`), and replication warms `node.model`'s replicas only.
+    /// models may share one node; they share its tokenizer (each may have its own
+    /// `block_size`), and replication warms `node.model`'s replicas only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// The LoRA adapters it serves (vLLM `--lora-modules NAME=PATH`, or loaded at run time
@@ -661,8 +661,9 @@ pub struct ReplicaConfig {
     /// a request names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_adapters: Option<Vec<String>>,
-    /// Its KV block size (vLLM `--block-size`), tokens; when given it must equal
-    /// `node.block_size`.
+    /// Its KV block size (vLLM `--block-size`), tokens; default `node.block_size`. A replica
+    /// of `node.model` must have `node.block_size`; another model may have its own, shared by
+    /// all its replicas (its events, requests and KV are then counted in its blocks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_size: Option<u32>,
     /// This entry is one data-parallel rank of an engine serving several behind one API
@@ -969,13 +970,30 @@ impl NodeConfig {
             }
         }
         let mut names = std::collections::HashSet::new();
+        // One block size per model; node.model's is node.block_size.
+        let mut sizes: std::collections::HashMap<&str, (u32, &str)> = std::collections::HashMap::new();
         for r in &self.replicas {
             r.validate()?;
-            if let Some(b) = r.block_size.filter(|b| *b != self.node.block_size) {
+            let model = r.model.as_deref().filter(|m| !m.is_empty()).unwrap_or(&self.node.model);
+            let bs = r.block_size.unwrap_or(self.node.block_size);
+            if model == self.node.model && bs != self.node.block_size {
                 return Err(format!(
-                    "replica {:?}: block_size {b} differs from node.block_size {}",
+                    "replica {:?}: block_size {bs} differs from node.block_size {} (a replica of node.model has its \
+                     block size; another model may have its own)",
                     r.name, self.node.block_size
                 ));
+            }
+            match sizes.get(model) {
+                Some(&(other, first)) if other != bs => {
+                    return Err(format!(
+                        "replica {:?}: block_size {bs} differs from replica {first:?}'s {other}: the replicas of model \
+                         {model:?} must share one block size",
+                        r.name
+                    ))
+                }
+                _ => {
+                    sizes.insert(model, (bs, &r.name));
+                }
             }
             if !names.insert(&r.name) {
                 return Err(format!("replica name {:?} appears twice", r.name));
@@ -1229,7 +1247,27 @@ capacity_blocks = 100
         let c: NodeConfig =
             toml::from_str(&EXAMPLE.replace("capacity_blocks = 100", "capacity_blocks = 100\nblock_size = 32"))
                 .unwrap();
-        assert_eq!(c.validate().unwrap_err(), "replica \"vllm-0\": block_size 32 differs from node.block_size 16");
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "replica \"vllm-0\": block_size 32 differs from node.block_size 16 (a replica of node.model has its block \
+             size; another model may have its own)"
+        );
+        // Another model may have its own, one per model.
+        let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+        let mut other = c.replicas[0].clone();
+        other.name = "qwen-0".into();
+        other.model = Some("qwen".into());
+        other.block_size = Some(32);
+        c.replicas.push(other.clone());
+        c.validate().unwrap();
+        other.name = "qwen-1".into();
+        other.block_size = None;
+        c.replicas.push(other);
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "replica \"qwen-1\": block_size 16 differs from replica \"qwen-0\"'s 32: the replicas of model \"qwen\" must \
+             share one block size"
+        );
         let c: NodeConfig = toml::from_str(
             &EXAMPLE.replace("policy = \"kv_cost\"", "policy = \"kv_cost\"\npolicy_params = { weight = 1.0 }"),
         )

@@ -124,7 +124,7 @@ impl router_server::Router for Services {
             replica_id: name,
             endpoint: endpoints.base.clone(),
             overlap_blocks: d.overlap_blocks,
-            block_size: self.shared.settings.block_size,
+            block_size: hasher.block_size(),
             uncached_tokens: d.uncached_tokens,
             estimated_ttft_s: d.estimated_ttft_s,
             reason: d.reason.as_str().into(),
@@ -307,7 +307,7 @@ impl Services {
         let r = core.replicas.get(name)?;
         let status = core.status(r, now);
         let load = core.fleet.bookings().load(r.id);
-        let block_size = core.fleet.config().block_size;
+        let block_size = core.fleet.block_size_of(core.fleet.replica(r.id).map(|s| s.model));
         let detail = core.status_detail(r, status, now);
         Some(v1::Replica {
             spec: Some(to_spec(&r.config, block_size)),
@@ -362,14 +362,18 @@ impl admin_server::Admin for Services {
         let request = request.into_inner();
         let starting = request.starting;
         let spec = request.spec.ok_or_else(|| GrpcStatus::invalid_argument("spec is required"))?;
-        let block_size = self.shared.core().fleet.config().block_size;
-        if spec.block_size != 0 && spec.block_size != block_size {
-            return Err(GrpcStatus::invalid_argument(format!(
-                "block_size {} differs from this node's {block_size}",
-                spec.block_size
-            )));
-        }
         let config = from_spec(spec);
+        // One block size per model (node.model's is the node's): refused here, before the
+        // registry would take it.
+        let model = self.shared.models.of_replica(config.model.as_deref()).to_string();
+        let core_spec = kvmesh_core::ReplicaSpec {
+            model,
+            block_size: config.block_size.unwrap_or(0),
+            ..kvmesh_core::ReplicaSpec::new(config.name.clone(), config.capacity_blocks.max(1))
+        };
+        if let Err(e) = self.shared.core().fleet.block_size_for(&core_spec) {
+            return Err(GrpcStatus::invalid_argument(e.to_string()));
+        }
         let name = config.name.clone();
         if let Some(c) = &self.cluster {
             config.validate().map_err(GrpcStatus::invalid_argument)?;

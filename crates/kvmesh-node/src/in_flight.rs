@@ -178,7 +178,8 @@ impl InFlight {
             // Full blocks of prompt and output beyond those it was believed to hold: the
             // engine computed (and so published) at least one.
             let tokens = u64::from(self.prompt_tokens) + u64::from(output_tokens.unwrap_or(0));
-            let new_blocks = tokens / u64::from(self.shared.settings.block_size) > u64::from(self.overlap_blocks);
+            let bs = self.prompt.as_ref().and_then(|(_, s)| s.block_size).unwrap_or(self.shared.settings.block_size);
+            let new_blocks = tokens / u64::from(bs) > u64::from(self.overlap_blocks);
             if outcome == "ok" && new_blocks {
                 core.served_new_blocks(&self.replica, self.routed_at);
             }

@@ -18,6 +18,9 @@ pub struct Selected {
     pub adapter: Option<String>,
     /// Its `cache_salt` (a tenant's own prefix cache), if any.
     pub salt: Option<String>,
+    /// Tokens per KV block of its model, when that model's replicas have another block size
+    /// than `node.block_size`.
+    pub block_size: Option<u32>,
 }
 
 /// The served models, by how many registered replicas serve each (one owner: the registry
@@ -29,6 +32,8 @@ pub struct ServedModels {
     replicas: Mutex<BTreeMap<String, usize>>,
     /// Adapters replicas declare or their engines list, each with its base model.
     learned: Mutex<BTreeMap<String, String>>,
+    /// Models whose replicas have another block size than `node.block_size`, with it.
+    block_sizes: Mutex<BTreeMap<String, u32>>,
 }
 
 impl ServedModels {
@@ -40,6 +45,7 @@ impl ServedModels {
             adapters: adapters.to_vec(),
             replicas: Mutex::default(),
             learned: Mutex::default(),
+            block_sizes: Mutex::default(),
         }
     }
 
@@ -64,6 +70,12 @@ impl ServedModels {
                 m.remove(name);
             }
         }
+    }
+
+    /// `model`'s replicas count `block_size`-token blocks (the routing core checked that they
+    /// agree); requests for it are hashed so.
+    pub fn set_block_size(&self, model: &str, block_size: u32) {
+        self.block_sizes.lock().unwrap_or_else(|p| p.into_inner()).insert(model.to_string(), block_size);
     }
 
     /// A replica serving `model` (its declared one, or `None`) serves LoRA adapter `adapter`
@@ -95,14 +107,16 @@ impl ServedModels {
         }
         if let Some(base) = self.learned.lock().unwrap_or_else(|p| p.into_inner()).get(asked) {
             let model = (*base != self.default).then(|| base.clone());
-            return Ok(Selected { model, adapter: Some(asked.to_string()), ..Selected::default() });
+            let block_size = model.as_deref().and_then(|m| self.block_size_of(m));
+            return Ok(Selected { model, adapter: Some(asked.to_string()), block_size, ..Selected::default() });
         }
         if asked == self.default {
             return Ok(Selected::default());
         }
         let m = self.lock();
         if m.contains_key(asked) {
-            return Ok(Selected { model: Some(asked.to_string()), ..Selected::default() });
+            let block_size = self.block_size_of(asked);
+            return Ok(Selected { model: Some(asked.to_string()), block_size, ..Selected::default() });
         }
         if self.default.is_empty() && (m.contains_key("") || m.is_empty()) {
             return Ok(Selected::default());
@@ -127,6 +141,11 @@ impl ServedModels {
         Err(format!("LoRA adapter {adapter:?} is not served here (node.lora_adapters: {:?})", self.adapters))
     }
 
+    /// `model`'s block size when its replicas' differs from the node's.
+    fn block_size_of(&self, model: &str) -> Option<u32> {
+        self.block_sizes.lock().unwrap_or_else(|p| p.into_inner()).get(model).copied()
+    }
+
     /// The models served now, each with its replica count (`""`: `node.model` left empty).
     pub fn counts(&self) -> BTreeMap<String, usize> {
         self.lock().clone()
@@ -142,7 +161,7 @@ mod tests {
     use super::*;
 
     fn sel(model: Option<&str>, adapter: Option<&str>) -> Selected {
-        Selected { model: model.map(str::to_string), adapter: adapter.map(str::to_string), salt: None }
+        Selected { model: model.map(str::to_string), adapter: adapter.map(str::to_string), ..Selected::default() }
     }
 
     #[test]

@@ -235,7 +235,8 @@ impl Settings {
         let base = match &selected.model {
             Some(m) if *m != self.model => {
                 let ns = Namespace { model: m.clone(), ..Namespace::default() };
-                kvmesh_core::BlockHasher::new(self.block_size, &ns).unwrap_or(self.hasher)
+                let bs = selected.block_size.unwrap_or(self.block_size);
+                kvmesh_core::BlockHasher::new(bs, &ns).unwrap_or(self.hasher)
             }
             _ => self.hasher,
         };
@@ -542,12 +543,6 @@ impl Shared {
     /// [`RegistryError::Exists`] or [`RegistryError::Invalid`].
     pub fn add_replica(&self, config: ReplicaConfig) -> Result<ReplicaId, RegistryError> {
         config.validate().map_err(RegistryError::Invalid)?;
-        if let Some(b) = config.block_size.filter(|b| *b != self.settings.block_size) {
-            return Err(RegistryError::Invalid(format!(
-                "replica {:?}: block_size {b} differs from this node's {}",
-                config.name, self.settings.block_size
-            )));
-        }
         let endpoints = Arc::new(
             Endpoints::parse(&config.http).map_err(RegistryError::Invalid)?.with_rank(config.data_parallel_rank),
         );
@@ -559,10 +554,13 @@ impl Shared {
             publishes_events: config.kv_events.is_some(),
             profile: self.settings.profile,
             model: self.models.of_replica(config.model.as_deref()).to_string(),
+            block_size: config.block_size.unwrap_or(0),
             ..ReplicaSpec::new(config.name.clone(), config.capacity_blocks)
         };
         let id = core.fleet.add_replica(spec).map_err(|e| RegistryError::Invalid(e.to_string()))?;
         self.models.added(config.model.as_deref());
+        let model = self.models.of_replica(config.model.as_deref());
+        self.models.set_block_size(model, core.fleet.block_size_of(core.fleet.replica(id).map(|r| r.model)));
         for a in config.lora_adapters.iter().flatten() {
             self.models.learn_adapter(a, config.model.as_deref());
         }
@@ -723,7 +721,7 @@ impl Core {
     pub fn status_detail(&self, r: &Replica, status: Status, now: f64) -> String {
         match status {
             Status::BlockSizeMismatch => {
-                let ours = self.fleet.config().block_size;
+                let ours = self.fleet.block_size_of(self.fleet.replica(r.id).map(|s| s.model));
                 self.fleet.index().health(r.id).and_then(|h| h.block_size_mismatch).map_or(String::new(), |b| {
                     format!("events carry block size {b}, this node uses {ours}: routed on load only")
                 })

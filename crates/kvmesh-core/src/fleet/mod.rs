@@ -30,7 +30,7 @@ use crate::policy::{Decision, Policy};
 use crate::record::RoutingRecord;
 use crate::replication::ReplicationPlan;
 use rand::RngCore;
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Fleet-wide settings.
@@ -204,6 +204,8 @@ pub struct Fleet {
     outputs_refreshed_at: f64,
     /// Per replica id, its decode step time, seconds (scratch for the re-estimate).
     step_s: Vec<f64>,
+    /// The block size of each model whose replicas declared another than the fleet's.
+    model_block_sizes: FxHashMap<ModelKey, u32>,
 }
 
 /// How often decoding bookings' expected outputs are re-estimated from what they generated,
@@ -238,6 +240,7 @@ impl Fleet {
             pending_windows: Vec::new(),
             outputs_refreshed_at: f64::NEG_INFINITY,
             step_s: Vec::new(),
+            model_block_sizes: FxHashMap::default(),
         })
     }
 
@@ -259,8 +262,15 @@ impl Fleet {
             return self.hasher;
         }
         let ns = Namespace { model: model.to_string(), ..self.config.namespace.clone() };
-        // The block size was checked when the fleet was made.
-        BlockHasher::new(self.config.block_size, &ns).unwrap_or(self.hasher)
+        let bs = self.model_block_sizes.get(&ModelKey::of(model)).copied().unwrap_or(self.config.block_size);
+        // Block sizes were checked when the fleet was made and the replica added.
+        BlockHasher::new(bs, &ns).unwrap_or(self.hasher)
+    }
+
+    /// The block size of `model`'s replicas, tokens (the fleet's unless they declared
+    /// another; `None` or [`ModelKey::ANY`]: the fleet's).
+    pub fn block_size_of(&self, model: Option<ModelKey>) -> u32 {
+        model.and_then(|m| self.model_block_sizes.get(&m).copied()).unwrap_or(self.config.block_size)
     }
 
     /// The prefix index.
@@ -314,8 +324,14 @@ impl Fleet {
         }
         let id = ReplicaId(self.next_id);
         self.next_id += 1;
+        let key = self.hasher_for(&spec.model).model();
+        let block_size = self.model_block_size(&spec, key)?;
         let name_key = xxh3_64(spec.name.as_bytes());
         self.bookings.set_prefill_rate(id, spec.profile.prefill_s_per_token / self.config.prefill_efficiency);
+        if block_size != self.config.block_size {
+            self.model_block_sizes.insert(key, block_size);
+            self.bookings.set_block_size(id, block_size);
+        }
         let hasher = self.hasher_for(&spec.model);
         if hasher != self.hasher {
             self.index.set_replica_hasher(id, hasher);
@@ -336,6 +352,39 @@ impl Fleet {
         });
         self.epoch += 1;
         Ok(id)
+    }
+
+    /// The block size a replica of `spec` would count in (its own, else its model's), checked
+    /// as [`Fleet::add_replica`] checks it.
+    ///
+    /// # Errors
+    /// As [`Fleet::add_replica`]'s for the block size.
+    pub fn block_size_for(&self, spec: &ReplicaSpec) -> Result<u32, Error> {
+        self.model_block_size(spec, self.hasher_for(&spec.model).model())
+    }
+
+    /// The block size `spec` (of model `key`) counts in: its own, else its model's.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for another block size than its model's replicas', or than the
+    /// fleet's for the namespace model.
+    fn model_block_size(&self, spec: &ReplicaSpec, key: ModelKey) -> Result<u32, Error> {
+        let model_bs = self.model_block_sizes.get(&key).copied();
+        let of_model = self.replicas.iter().any(|r| r.model == key);
+        let want = model_bs.unwrap_or(self.config.block_size);
+        let bs = if spec.block_size == 0 { want } else { spec.block_size };
+        let fixed = key == self.hasher.model() || of_model;
+        if bs != want && fixed {
+            return Err(Error::InvalidConfig {
+                field: "block_size",
+                reason: format!(
+                    "replica {:?} has {bs}-token blocks, but its model's replicas have {want}-token blocks (one \
+                     block size per model)",
+                    spec.name
+                ),
+            });
+        }
+        Ok(bs)
     }
 
     /// Removes a replica: its blocks, routing record and bookings go with it. Returns how many
@@ -468,10 +517,19 @@ impl Fleet {
         }
         self.refresh_outputs(now);
         self.prepare(req, policy.reads_kv_events(), policy.pending_prefix_s(), now);
+        // A model of another block size: the view counts its blocks in that size.
+        let resized;
+        let config = match self.block_size_of(req.model) {
+            bs if bs == self.config.block_size => &self.config,
+            bs => {
+                resized = FleetConfig { block_size: bs, ..self.config.clone() };
+                &resized
+            }
+        };
         let view = FleetView {
             now,
             epoch: self.epoch,
-            config: &self.config,
+            config,
             replicas: &self.replicas,
             loads: self.bookings.loads(),
             overlaps: &self.overlaps,
@@ -605,7 +663,8 @@ impl Fleet {
         prompt_tokens: u32,
         max_tokens: Option<u32>,
     ) -> Option<FitsNowhere> {
-        let bs = u64::from(self.config.block_size);
+        let block_size = self.block_size_of(model);
+        let bs = u64::from(block_size);
         let (prompt, output) = (u64::from(prompt_tokens), u64::from(max_tokens.unwrap_or(0)));
         let counted = prompt.div_ceil(bs) + output.div_ceil(bs);
         let needed_blocks = (prompt + output).div_ceil(bs);
@@ -615,7 +674,7 @@ impl Fleet {
             max_tokens: max_tokens.unwrap_or(0),
             needed_blocks,
             largest_blocks,
-            block_size: self.config.block_size,
+            block_size,
         })
     }
 

@@ -23,6 +23,12 @@ pub struct ReplicaSpec {
     /// its KV events are hashed in this model's namespace, so its blocks never count as
     /// another model's overlap.
     pub model: String,
+    /// Tokens per KV block of its engine when its model's differ from the fleet's
+    /// ([`crate::FleetConfig::block_size`]); 0: the fleet's. Only a replica of another model
+    /// than the namespace model may differ, and every replica of one model must agree: its
+    /// events, its requests' hashes, its overlaps and its KV are all counted in its model's
+    /// blocks.
+    pub block_size: u32,
 }
 
 impl ReplicaSpec {
@@ -35,6 +41,7 @@ impl ReplicaSpec {
             profile: ReplicaProfile::default(),
             publishes_events: true,
             model: String::new(),
+            block_size: 0,
         }
     }
 }

@@ -445,6 +445,53 @@ fn stored(tokens: &[u32], first_id: u64) -> KvEvent {
 }
 
 #[test]
+fn a_model_may_have_its_own_block_size() {
+    // m1 (the namespace model) in 16-token blocks; m2's engines in 32-token blocks.
+    let ns = Namespace { model: "m1".into(), ..Namespace::default() };
+    let mut f = Fleet::new(FleetConfig { namespace: ns, ..FleetConfig::default() }).unwrap();
+    let spec =
+        |name: &str, m: &str, bs: u32| ReplicaSpec { model: m.into(), block_size: bs, ..ReplicaSpec::new(name, 1_000) };
+    let a = f.add_replica(spec("a", "m1", 0)).unwrap();
+    let c = f.add_replica(spec("c", "m2", 32)).unwrap();
+    let d = f.add_replica(spec("d", "m2", 0)).unwrap();
+    assert_eq!((f.hasher_for("m2").block_size(), f.block_size_of(Some(ModelKey::of("m2")))), (32, 32));
+    assert_eq!(f.block_size_of(Some(ModelKey::of("m1"))), 16);
+    // One block size per model, and the namespace model's is the fleet's.
+    let err = f.add_replica(spec("e", "m2", 16)).unwrap_err().to_string();
+    assert!(err.contains("replica \"e\" has 16-token blocks, but its model's replicas have 32-token blocks"), "{err}");
+    assert!(f.add_replica(spec("g", "m1", 32)).is_err());
+    // c's 32-token events are indexed; the same 16-token event is refused as a mismatch.
+    let t = toks(128);
+    let in32 = KvEvent::Stored(Stored {
+        block_hashes: (0..4).map(|k| EngineBlockHash(500 + k)).collect(),
+        parent: None,
+        token_ids: t.clone(),
+        block_size: 32,
+        medium: Medium::Gpu,
+        lora_name: None,
+        extra_keys: None,
+        kv_group: None,
+    });
+    assert_eq!(f.apply_event(c, &in32, 0.0).unwrap().stored, 4);
+    assert!(f.apply_event(d, &stored(&t, 900), 0.0).unwrap().rejection.is_some());
+    assert!(f.apply_event(a, &stored(&t, 100), 0.0).unwrap().rejection.is_none());
+    // An m2 request: 4 blocks of 32 held on c, and its KV counted in 32-token blocks.
+    let mut p = PolicyKind::TokenLoad.build();
+    let m2 = RouteRequest::new(&f.hasher_for("m2"), &toks(160), Some(64));
+    let routed = f.route(p.as_mut(), &m2, &mut rng(), 1.0).unwrap();
+    let dec = &routed.decision;
+    assert_eq!((dec.replica, dec.overlap_blocks, dec.uncached_tokens, dec.uncached_blocks), (c, 4, 32, 1));
+    assert_eq!(f.bookings().load(c).kv_blocks, 1 + 2, "1 prompt block and 64 output tokens in 32-token blocks");
+    // An m1 request of the same tokens: 8 blocks of 16 on a.
+    let m1 = RouteRequest::new(f.hasher(), &toks(160), Some(64));
+    let one = f.decide(p.as_mut(), &m1, &mut rng(), 1.0).unwrap();
+    assert_eq!((one.replica, one.overlap_blocks, one.uncached_tokens), (a, 8, 32));
+    // What fits nowhere counts in the model's blocks: 1,000 blocks of 32 tokens.
+    assert!(f.fits_nowhere_for(Some(ModelKey::of("m2")), 31_000, Some(900)).is_none());
+    assert_eq!(f.fits_nowhere_for(Some(ModelKey::of("m2")), 32_000, Some(100)).unwrap().block_size, 32);
+}
+
+#[test]
 fn each_model_is_its_own_namespace_and_candidate_set() {
     let ns = Namespace { model: "m1".into(), ..Namespace::default() };
     let mut f = Fleet::new(FleetConfig { namespace: ns, ..FleetConfig::default() }).unwrap();

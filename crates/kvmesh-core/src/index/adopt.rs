@@ -45,7 +45,7 @@ impl PrefixIndex {
         if rb.orphans.blocks() == 0 {
             return out;
         }
-        let bs = self.hasher.block_size() as usize;
+        let bs = self.hasher_of(replica).block_size() as usize;
         let found: Vec<(usize, u64)> = (1..tokens.len() / bs)
             .flat_map(|k| rb.orphans.parents_continued_by(&tokens[k * bs..(k + 1) * bs]).map(move |p| (k, p)))
             .collect();

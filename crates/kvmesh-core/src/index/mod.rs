@@ -81,7 +81,7 @@ impl PrefixIndex {
 
     /// Hashes `replica`'s stored blocks with `hasher` instead of the index's own: a replica
     /// serving another model (its namespace), whose blocks must match only requests for
-    /// that model. Its block size must equal the index's.
+    /// that model, in that model's block size (its events must have it).
     pub fn set_replica_hasher(&mut self, replica: ReplicaId, hasher: BlockHasher) {
         if replica != holders::MANY {
             self.slot(replica).hasher = Some(hasher);
@@ -323,7 +323,7 @@ impl PrefixIndex {
 
     fn store(&mut self, replica: ReplicaId, s: &Stored) -> ApplyOutcome {
         let mut out = ApplyOutcome::default();
-        let want = self.hasher.block_size();
+        let want = self.hasher_of(replica).block_size();
         if s.block_size != want {
             out.rejection = Some(Rejection::BlockSizeMismatch { got: s.block_size, want });
             return out;
@@ -501,7 +501,7 @@ impl PrefixIndex {
     /// group, else in the full-attention chains: vLLM names a block by the same hash in every
     /// group); a parent known nowhere leaves the store aside.
     fn store_window(&mut self, replica: ReplicaId, s: &Stored) -> ApplyOutcome {
-        let want = self.hasher.block_size();
+        let want = self.hasher_of(replica).block_size();
         if s.block_size != want {
             return ApplyOutcome {
                 rejection: Some(Rejection::BlockSizeMismatch { got: s.block_size, want }),

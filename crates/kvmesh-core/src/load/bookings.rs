@@ -108,6 +108,8 @@ pub struct Bookings {
     next: u64,
     lease_s: f64,
     block_size: u32,
+    /// Per replica index, its block size when it differs from `block_size` (0: the same).
+    block_sizes: Vec<u32>,
     outputs: OutputEstimator,
 }
 
@@ -135,6 +137,7 @@ impl Bookings {
             next: 0,
             lease_s,
             block_size,
+            block_sizes: Vec::new(),
             outputs: OutputEstimator::default(),
         })
     }
@@ -190,6 +193,21 @@ impl Bookings {
         }
     }
 
+    /// Counts `replica`'s KV in blocks of `block_size` tokens (a replica of a model with
+    /// another block size than the fleet's).
+    pub fn set_block_size(&mut self, replica: ReplicaId, block_size: u32) {
+        let i = replica.index();
+        if self.block_sizes.len() <= i {
+            self.block_sizes.resize(i + 1, 0);
+        }
+        self.block_sizes[i] = if block_size == self.block_size { 0 } else { block_size };
+    }
+
+    /// The block size the replica at `index` counts its KV in, tokens.
+    fn block_size_of(&self, index: usize) -> u32 {
+        self.block_sizes.get(index).copied().filter(|&b| b > 0).unwrap_or(self.block_size)
+    }
+
     /// The prefill speed of `replica`, seconds per token.
     pub fn prefill_rate(&self, replica: ReplicaId) -> f64 {
         self.rate_at(replica.index())
@@ -208,8 +226,9 @@ impl Bookings {
     pub fn book(&mut self, replica: ReplicaId, spec: BookingSpec, now: f64) -> BookingId {
         let id = BookingId(self.next);
         self.next += 1;
-        let kv_blocks = spec.uncached_blocks.saturating_add(spec.expected_output_tokens.div_ceil(self.block_size));
         let i = replica.index();
+        let kv_blocks =
+            spec.uncached_blocks.saturating_add(spec.expected_output_tokens.div_ceil(self.block_size_of(i)));
         if self.loads.len() <= i {
             self.loads.resize(i + 1, TokenLoad::default());
         }
@@ -256,7 +275,8 @@ impl Bookings {
     /// ([`OutputEstimator::expect_given`]). Survivors of heavy-tailed lengths are expected
     /// longer, and their KV booked accordingly. O(live bookings).
     pub fn refresh_outputs(&mut self, now: f64, step_s: impl Fn(usize) -> f64) {
-        let bs = self.block_size;
+        let (fleet_bs, sizes) = (self.block_size, &self.block_sizes);
+        let bs_of = |i: usize| sizes.get(i).copied().filter(|&b| b > 0).unwrap_or(fleet_bs);
         for b in self.live.values_mut() {
             let (Some(cap), Some(ft)) = (b.spec.reestimate_up_to, b.first_token_at) else { continue };
             let i = b.replica.index();
@@ -270,7 +290,7 @@ impl Bookings {
             if e == old {
                 continue;
             }
-            let kv = b.spec.uncached_blocks.saturating_add(e.div_ceil(bs));
+            let kv = b.spec.uncached_blocks.saturating_add(e.div_ceil(bs_of(i)));
             let l = &mut self.loads[i];
             l.expected_decode_tokens = l.expected_decode_tokens - u64::from(old) + u64::from(e);
             l.kv_blocks = l.kv_blocks - u64::from(b.kv_blocks) + u64::from(kv);

@@ -339,6 +339,7 @@ fn run(
                 profile: config.profile.step(),
                 publishes_events: true,
                 model: String::new(),
+                block_size: 0,
             };
             let id = fleet.add_replica(spec).map_err(|e| e.to_string())?;
             debug_assert_eq!(id.index(), r as usize);
