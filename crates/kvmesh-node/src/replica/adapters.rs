@@ -1,7 +1,9 @@
 //! The LoRA adapters a replica serves, as its engine lists them: `GET /v1/models` at start and
 //! every [`REFRESH`], its entries with a `parent` (vLLM's `OpenAIServingModels` lists each
 //! adapter, loaded at start by `--lora-modules` or later by `/v1/load_lora_adapter`, with the
-//! base model as its `parent`). Runs only for replicas whose config declares none.
+//! base model as its `parent`). Runs only for replicas whose config declares none. A base
+//! model the engine lists that is not the one the replica is routed as is logged once: its
+//! requests would name a model the engine does not serve.
 
 use crate::state::Shared;
 use serde::Deserialize;
@@ -23,22 +25,39 @@ struct ModelCard {
     parent: Option<String>,
 }
 
-/// The adapters listed in a `/v1/models` answer `body`: entries with a `parent`.
+/// What a `/v1/models` answer lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Base models: the entries without a `parent`.
+    pub models: Vec<String>,
+    /// Adapters: the entries with one, sorted.
+    pub adapters: Vec<String>,
+}
+
+/// What a `/v1/models` answer `body` lists.
 ///
 /// # Errors
 /// A body that is not an OpenAI model list.
-pub fn listed_adapters(body: &[u8]) -> Result<Vec<String>, String> {
+pub fn listed(body: &[u8]) -> Result<Listed, String> {
     let list: ModelList = serde_json::from_slice(body).map_err(|e| format!("not an OpenAI model list: {e}"))?;
-    let mut adapters: Vec<String> = list.data.into_iter().filter(|m| m.parent.is_some()).map(|m| m.id).collect();
+    let (mut models, mut adapters) = (Vec::new(), Vec::new());
+    for m in list.data {
+        if m.parent.is_some() {
+            adapters.push(m.id)
+        } else {
+            models.push(m.id)
+        }
+    }
     adapters.sort();
     adapters.dedup();
-    Ok(adapters)
+    Ok(Listed { models, adapters })
 }
 
 /// Asks `url` (the engine's `/v1/models`) for replica `name`'s adapters until aborted.
 pub async fn run(shared: Arc<Shared>, name: String, url: String) {
     let mut tick = tokio::time::interval(REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut model_doubt_said = false;
     loop {
         tick.tick().await;
         let got = async {
@@ -53,16 +72,28 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String) {
                 return Err(format!("answer over {max} bytes"));
             }
             let body = resp.bytes().await.map_err(|e| e.to_string())?;
-            listed_adapters(&body)
+            listed(&body)
         }
         .await;
-        let adapters = match got {
-            Ok(a) => a,
+        let Listed { models, adapters } = match got {
+            Ok(l) => l,
             Err(e) => {
                 tracing::debug!(replica = %name, %url, error = %e, "listing the engine's LoRA adapters failed");
                 continue;
             }
         };
+        let declared = shared.core().replicas.get(&name).map(|r| r.config.model.clone());
+        let Some(declared) = declared else { continue };
+        let routed_as = shared.models.of_replica(declared.as_deref()).to_string();
+        if !model_doubt_said && !routed_as.is_empty() && !models.is_empty() && !models.contains(&routed_as) {
+            model_doubt_said = true;
+            tracing::warn!(
+                replica = %name, engine_serves = ?models, routed_as = %routed_as,
+                "the engine's /v1/models does not list the model this replica is routed as: requests naming it \
+                 will be refused by the engine; set [[replicas]] model (or node.model) to the engine's \
+                 --served-model-name"
+            );
+        }
         let mut core = shared.core();
         let Some(r) = core.replicas.get_mut(&name) else { continue };
         if r.listed_adapters.as_ref() == Some(&adapters) {
@@ -89,8 +120,11 @@ mod tests {
             {"id":"meta-llama/Llama-3.1-8B","object":"model","root":"meta-llama/Llama-3.1-8B","parent":null},
             {"id":"sql","object":"model","root":"/adapters/sql","parent":"meta-llama/Llama-3.1-8B"},
             {"id":"chat","object":"model","root":"/adapters/chat","parent":"meta-llama/Llama-3.1-8B"}]}"#;
-        assert_eq!(listed_adapters(body), Ok(vec!["chat".to_string(), "sql".to_string()]));
-        assert_eq!(listed_adapters(br#"{"object":"list","data":[{"id":"m"}]}"#), Ok(vec![]));
-        assert!(listed_adapters(b"<html>").unwrap_err().starts_with("not an OpenAI model list"));
+        let l = listed(body).unwrap();
+        assert_eq!(l.adapters, ["chat", "sql"]);
+        assert_eq!(l.models, ["meta-llama/Llama-3.1-8B"]);
+        let l = listed(br#"{"object":"list","data":[{"id":"m"}]}"#).unwrap();
+        assert_eq!((l.models, l.adapters), (vec!["m".to_string()], vec![]));
+        assert!(listed(b"<html>").unwrap_err().starts_with("not an OpenAI model list"));
     }
 }
