@@ -127,7 +127,7 @@ pub fn spawn(
                 tokio::select! {
                     s = inbox.recv() => match s { Some(s) => enqueue(&mut engine, &mut waiters, s), None => break },
                     _ = stop.wait_for(|s| *s) => break,
-                    Ok(()) = restarts.changed() => restart(&mut engine, fresh(), &mut waiters, &shared),
+                    Ok(()) = restarts.changed() => restart(&mut engine, fresh(), &mut waiters, &shared, &events),
                 }
                 continue;
             };
@@ -138,7 +138,7 @@ pub fn spawn(
                 _ = tokio::time::sleep(Duration::from_secs_f64(duration / speed)) => {}
                 _ = stop.wait_for(|s| *s) => break,
                 Ok(()) = restarts.changed() => {
-                    restart(&mut engine, fresh(), &mut waiters, &shared);
+                    restart(&mut engine, fresh(), &mut waiters, &shared, &events);
                     continue;
                 }
             }
@@ -209,14 +209,17 @@ fn per_group(events: Vec<KvEvent>, window: u32) -> Vec<KvEvent> {
 
 /// The engine process restarted: `engine` becomes `new` (an empty cache), the requests in
 /// flight are cut (their outputs closed, as a dead process's connections are), the counters
-/// start from 0.
+/// start from 0, and the publisher is told with an empty batch — in order with the batches
+/// before it, so none of the old engine's is numbered as the new one's.
 fn restart(
     engine: &mut Engine,
     new: Engine,
     waiters: &mut HashMap<u64, mpsc::UnboundedSender<Output>>,
     stats: &Mutex<Stats>,
+    events: &mpsc::UnboundedSender<Vec<KvEvent>>,
 ) {
     *engine = new;
+    let _ = events.send(Vec::new());
     waiters.clear();
     *stats.lock().unwrap_or_else(|p| p.into_inner()) = Stats::default();
     tracing::info!("engine-sim restarted (restart_engine fault): cache emptied, counters from 0");

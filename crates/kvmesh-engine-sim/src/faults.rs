@@ -38,8 +38,8 @@ pub struct Faults {
 #[derive(Debug)]
 pub struct FaultState {
     faults: Mutex<Faults>,
-    /// Engine restarts so far ([`Faults::restart_engine`]): the engine loop and the publisher
-    /// each start afresh when it moves.
+    /// Engine restarts so far ([`Faults::restart_engine`]): the engine loop starts afresh when
+    /// it moves, and tells its publisher.
     restarts: tokio::sync::watch::Sender<u64>,
 }
 

@@ -52,7 +52,6 @@ pub async fn start(
     let (sender, mut batches) = mpsc::unbounded_channel::<Vec<KvEvent>>();
     let (cap, buf, top) = (config.replay_buffer.max(1), buffer.clone(), topic.clone());
     let mut stop_pub = stop.clone();
-    let mut restarts = faults.restarts();
     let publish = tokio::spawn(async move {
         let mut seq = 0u64;
         let mut hostile_tick = tokio::time::interval(Duration::from_millis(500));
@@ -61,13 +60,14 @@ pub async fn start(
                 e = batches.recv() => match e { Some(e) => Some(e), None => break },
                 _ = stop_pub.wait_for(|s| *s) => break,
                 _ = hostile_tick.tick() => None,
-                Ok(()) = restarts.changed() => {
-                    // A new engine process: a new publisher, numbering from 0, nothing to replay.
-                    seq = 0;
-                    buf.lock().unwrap_or_else(|p| p.into_inner()).clear();
-                    continue;
-                }
             };
+            if events.as_ref().is_some_and(Vec::is_empty) {
+                // The engine loop restarted (`restart_engine`; it sends nothing else empty, and
+                // in order with its batches): a new publisher, numbering from 0, nothing to replay.
+                seq = 0;
+                buf.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                continue;
+            }
             let Some(events) = events else {
                 if faults.get().hostile_events {
                     let frames = vec![

@@ -658,7 +658,8 @@ pub struct ReplicaConfig {
     /// it. Default: learned from the engine's `/v1/models` (the entries with a `parent`),
     /// asked at start and every 10 s; until an answer comes, or when the engine lists no
     /// adapter at all (SGLang does not list them), the replica is taken to serve every adapter
-    /// a request names.
+    /// a request names. A declared empty list means it serves none (through the admin API an
+    /// empty list means: learn them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_adapters: Option<Vec<String>>,
     /// Its KV block size (vLLM `--block-size`), tokens; default `node.block_size`. A replica
@@ -983,6 +984,17 @@ impl NodeConfig {
                     r.name, self.node.block_size
                 ));
             }
+            for a in r.lora_adapters.iter().flatten() {
+                let taken = *a == self.node.model
+                    || self.replicas.iter().any(|o| o.model.as_deref() == Some(a.as_str()))
+                    || self.node.lora_adapters.iter().any(|n| n == a) && model != self.node.model;
+                if taken {
+                    return Err(format!(
+                        "replica {:?}: lora_adapters: {a:?} is a model's name (or node.model's adapter) here",
+                        r.name
+                    ));
+                }
+            }
             match sizes.get(model) {
                 Some(&(other, first)) if other != bs => {
                     return Err(format!(
@@ -1202,6 +1214,13 @@ capacity_blocks = 100
         );
         c.replicas[0].lora_adapters = Some(vec!["sql".into()]);
         c.validate().unwrap();
+        // Never another model's name: a request naming it would mean the model.
+        c.node.model = "m1".into();
+        c.replicas[0].lora_adapters = Some(vec!["m1".into()]);
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "replica \"vllm-0\": lora_adapters: \"m1\" is a model's name (or node.model's adapter) here"
+        );
     }
 
     #[test]

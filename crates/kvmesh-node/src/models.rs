@@ -81,17 +81,26 @@ impl ServedModels {
     /// A replica serving `model` (its declared one, or `None`) serves LoRA adapter `adapter`
     /// (declared, or listed by its engine): a request may name it. Returns whether it is new.
     /// An adapter already known under another base model keeps its first one.
-    pub fn learn_adapter(&self, adapter: &str, model: Option<&str>) -> bool {
+    ///
+    /// # Errors
+    /// An adapter named like `node.model` or a served model: a request naming it asks for the
+    /// model (the adapter is not learned).
+    pub fn learn_adapter(&self, adapter: &str, model: Option<&str>) -> Result<bool, String> {
+        if adapter == self.default || self.lock().contains_key(adapter) {
+            return Err(format!(
+                "LoRA adapter {adapter:?} has the name of a model served here: requests naming it go to the model"
+            ));
+        }
         if self.adapters.iter().any(|a| a == adapter) {
-            return false;
+            return Ok(false);
         }
         let base = self.of_replica(model).to_string();
         let mut learned = self.learned.lock().unwrap_or_else(|p| p.into_inner());
         if learned.contains_key(adapter) {
-            return false;
+            return Ok(false);
         }
         learned.insert(adapter.to_string(), base);
-        true
+        Ok(true)
     }
 
     /// What a request asking for `asked` (its `model` field; `None` or empty: unset) selects:
@@ -105,11 +114,6 @@ impl ServedModels {
         if self.adapters.iter().any(|a| a == asked) {
             return Ok(Selected { adapter: Some(asked.to_string()), ..Selected::default() });
         }
-        if let Some(base) = self.learned.lock().unwrap_or_else(|p| p.into_inner()).get(asked) {
-            let model = (*base != self.default).then(|| base.clone());
-            let block_size = model.as_deref().and_then(|m| self.block_size_of(m));
-            return Ok(Selected { model, adapter: Some(asked.to_string()), block_size, ..Selected::default() });
-        }
         if asked == self.default {
             return Ok(Selected::default());
         }
@@ -117,6 +121,12 @@ impl ServedModels {
         if m.contains_key(asked) {
             let block_size = self.block_size_of(asked);
             return Ok(Selected { model: Some(asked.to_string()), block_size, ..Selected::default() });
+        }
+        // Models first: an adapter never takes a served model's name.
+        if let Some(base) = self.learned.lock().unwrap_or_else(|p| p.into_inner()).get(asked) {
+            let model = (*base != self.default).then(|| base.clone());
+            let block_size = model.as_deref().and_then(|m| self.block_size_of(m));
+            return Ok(Selected { model, adapter: Some(asked.to_string()), block_size, ..Selected::default() });
         }
         if self.default.is_empty() && (m.contains_key("") || m.is_empty()) {
             return Ok(Selected::default());
@@ -187,6 +197,18 @@ mod tests {
         s.removed(Some("m2"));
         assert_eq!(s.counts(), BTreeMap::from([("m1".to_string(), 1)]));
         assert!(s.select(Some("m2")).is_err());
+    }
+    #[test]
+    fn a_learned_adapter_never_takes_a_models_name() {
+        let s = ServedModels::new("m1", &[]);
+        s.added(None);
+        s.added(Some("m2"));
+        assert_eq!(s.learn_adapter("sql", Some("m2")), Ok(true));
+        assert_eq!(s.learn_adapter("sql", None), Ok(false), "known already, under m2");
+        assert!(s.learn_adapter("m1", None).is_err());
+        assert!(s.learn_adapter("m2", None).unwrap_err().contains("has the name of a model served here"));
+        assert_eq!(s.select(Some("m2")), Ok(sel(Some("m2"), None)));
+        assert_eq!(s.select(Some("sql")), Ok(sel(Some("m2"), Some("sql"))));
     }
 
     #[test]

@@ -91,8 +91,12 @@ impl Status {
     ];
 }
 
-/// Prompts kept per replica whose history is partial ([`Replica::recent_prompts`]).
+/// Prompts kept per replica whose history is partial ([`Replica::recent_prompts`]), at most.
 pub const RECENT_PROMPTS: usize = 16;
+
+/// Their tokens, at most, all together: the oldest leave first (each store that arrives
+/// orphaned is matched against all of them, under the core lock).
+pub const RECENT_PROMPT_TOKENS: usize = 65_536;
 
 /// One registered replica.
 #[derive(Debug, Clone)]
@@ -140,7 +144,7 @@ pub struct Replica {
     /// `hung_after_s` (the node time that spell began, if it has).
     pub hung: Option<Option<f64>>,
     /// The latest prompts this node routed here that ended well, with their namespaces,
-    /// kept while its history is partial (at most [`RECENT_PROMPTS`]): a store that arrives
+    /// kept while its history is partial (at most [`RECENT_PROMPTS`] of [`RECENT_PROMPT_TOKENS`]): a store that arrives
     /// after its request ended, under a parent never seen, is matched against them
     /// ([`Core::adopt_prompt`]).
     pub recent_prompts: std::collections::VecDeque<(Arc<[u32]>, crate::models::Selected)>,
@@ -562,7 +566,8 @@ impl Shared {
         let model = self.models.of_replica(config.model.as_deref());
         self.models.set_block_size(model, core.fleet.block_size_of(core.fleet.replica(id).map(|r| r.model)));
         for a in config.lora_adapters.iter().flatten() {
-            self.models.learn_adapter(a, config.model.as_deref());
+            // Validation keeps a declared adapter's name apart from the models.
+            let _ = self.models.learn_adapter(a, config.model.as_deref());
         }
         let now = self.now();
         // Out of rotation from the start when the registry says so (set_rotation_ahead).
@@ -914,10 +919,14 @@ impl Core {
             return None;
         }
         let r = self.replicas.get_mut(name)?;
-        if r.recent_prompts.len() == RECENT_PROMPTS {
-            r.recent_prompts.pop_front();
+        if tokens.len() <= RECENT_PROMPT_TOKENS {
+            let mut kept: usize = r.recent_prompts.iter().map(|(t, _)| t.len()).sum();
+            while r.recent_prompts.len() >= RECENT_PROMPTS || kept + tokens.len() > RECENT_PROMPT_TOKENS {
+                let Some((gone, _)) = r.recent_prompts.pop_front() else { break };
+                kept -= gone.len();
+            }
+            r.recent_prompts.push_back((tokens.clone(), selected.clone()));
         }
-        r.recent_prompts.push_back((tokens.clone(), selected.clone()));
         if self.fleet.index().orphan_blocks(id) == 0 {
             return None;
         }

@@ -330,8 +330,10 @@ impl Fleet {
         self.bookings.set_prefill_rate(id, spec.profile.prefill_s_per_token / self.config.prefill_efficiency);
         if block_size != self.config.block_size {
             self.model_block_sizes.insert(key, block_size);
-            self.bookings.set_block_size(id, block_size);
+        } else {
+            self.model_block_sizes.remove(&key);
         }
+        self.bookings.set_block_size(id, block_size);
         let hasher = self.hasher_for(&spec.model);
         if hasher != self.hasher {
             self.index.set_replica_hasher(id, hasher);
@@ -394,7 +396,11 @@ impl Fleet {
     /// [`Error::UnknownReplica`].
     pub fn remove_replica(&mut self, id: ReplicaId) -> Result<usize, Error> {
         let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
-        self.replicas.remove(p);
+        let gone = self.replicas.remove(p);
+        if !self.replicas.iter().any(|r| r.model == gone.model) {
+            // The model's last replica: a new one may come with another block size.
+            self.model_block_sizes.remove(&gone.model);
+        }
         self.index.remove_replica(id);
         self.record.forget_replica(id);
         self.epoch += 1;

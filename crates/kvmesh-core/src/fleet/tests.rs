@@ -489,6 +489,13 @@ fn a_model_may_have_its_own_block_size() {
     // What fits nowhere counts in the model's blocks: 1,000 blocks of 32 tokens.
     assert!(f.fits_nowhere_for(Some(ModelKey::of("m2")), 31_000, Some(900)).is_none());
     assert_eq!(f.fits_nowhere_for(Some(ModelKey::of("m2")), 32_000, Some(100)).unwrap().block_size, 32);
+    // Its last replica gone, m2 may come back in 16-token blocks.
+    f.remove_replica(c).unwrap();
+    assert_eq!(f.block_size_of(Some(ModelKey::of("m2"))), 32, "d is still there");
+    f.remove_replica(d).unwrap();
+    let h = f.add_replica(spec("h", "m2", 16)).unwrap();
+    assert_eq!((f.block_size_of(Some(ModelKey::of("m2"))), f.hasher_for("m2").block_size()), (16, 16));
+    assert!(f.apply_event(h, &stored(&t, 700), 3.0).unwrap().rejection.is_none());
 }
 
 #[test]

@@ -29,7 +29,9 @@ impl PrefixIndex {
     /// continue `tokens`, a prompt this node routed to it (`lora_name` and `cache_salt`
     /// select its namespace, as a `BlockStored`'s do): for each block `k ≥ 1` of `tokens`
     /// that is the first block of a store waiting for parent `p`, blocks `0..k` are stored
-    /// for `replica` (the last as `p`), and the stores waiting for `p` follow. Returns the
+    /// for `replica` (the last as `p`), and the stores waiting for `p` follow (a store made
+    /// under another adapter than `lora_name`, or whose tokens part from the prompt's, is no
+    /// match; a block that starts stores under two parents is skipped). Returns the
     /// blocks so inferred in `inferred` and the waiting blocks placed in `adopted`. Costs one
     /// slot lookup when nothing waits; tokens are `block_size`-token blocks, a partial last
     /// block ignored.
@@ -46,8 +48,13 @@ impl PrefixIndex {
             return out;
         }
         let bs = self.hasher_of(replica).block_size() as usize;
+        // A block that continues stores under two different parents (one question asked after
+        // two system prompts) says nothing about which parent this prompt's prefix is.
         let found: Vec<(usize, u64)> = (1..tokens.len() / bs)
-            .flat_map(|k| rb.orphans.parents_continued_by(&tokens[k * bs..(k + 1) * bs]).map(move |p| (k, p)))
+            .filter_map(|k| match rb.orphans.parents_continued_by(&tokens[k * bs..], bs, lora_name)[..] {
+                [p] => Some((k, p)),
+                _ => None,
+            })
             .collect();
         for (k, parent) in found {
             let rb = self.slot(replica);

@@ -109,13 +109,21 @@ impl PrefixIndex {
             return ApplyOutcome { rejection: Some(Rejection::ReservedReplica), ..ApplyOutcome::default() };
         }
         let outcome = match event {
-            KvEvent::Stored(s) if s.kv_group.as_ref().and_then(KvGroup::window).is_some() => {
+            // Window groups in GPU memory only: the hit they cut is the GPU one (an offloaded
+            // window block is left aside, and never touches the full-attention copies).
+            KvEvent::Stored(s)
+                if s.medium == Medium::Gpu && s.kv_group.as_ref().and_then(KvGroup::window).is_some() =>
+            {
                 self.store_window(replica, s)
             }
             KvEvent::Removed(r) if r.kv_group.is_some_and(|g| self.window_group(replica, g).is_some()) => {
                 let g = r.kv_group.and_then(|g| self.window_group(replica, g)).expect("checked in the guard");
-                let removed = self.slot(replica).windows[g].remove(r);
-                ApplyOutcome { removed, ..ApplyOutcome::default() }
+                if r.medium == Medium::Gpu {
+                    let removed = self.slot(replica).windows[g].remove(r);
+                    ApplyOutcome { removed, ..ApplyOutcome::default() }
+                } else {
+                    ApplyOutcome { other_group: r.block_hashes.len() as u32, ..ApplyOutcome::default() }
+                }
             }
             _ if self.left_aside(replica, event) => {
                 ApplyOutcome { other_group: event.blocks() as u32, ..ApplyOutcome::default() }

@@ -100,13 +100,31 @@ impl Orphans {
         self.unlink(&gone)
     }
 
-    /// The parents of waiting stores whose first block holds exactly `tokens`.
-    pub(crate) fn parents_continued_by<'a>(&'a self, tokens: &'a [u32]) -> impl Iterator<Item = u64> + 'a {
-        let list = self.by_first.get(&content_key(tokens)).map_or(&[][..], Vec::as_slice);
-        list.iter().copied().filter(move |p| {
-            // Keys can collide: the tokens themselves decide.
-            self.by_parent.get(p).is_some_and(|stores| stores.iter().any(|s| first_block(s) == Some(tokens)))
-        })
+    /// The parents of waiting stores that `rest` (a prompt's tokens from a block boundary on)
+    /// continues: each store's first block is `rest`'s first `block_size` tokens, its tokens
+    /// agree with `rest` as far as both go, and it was stored under LoRA adapter `lora_name`
+    /// (vLLM names a store's adapter in every `BlockStored`). Distinct parents, in no order.
+    pub(crate) fn parents_continued_by(&self, rest: &[u32], block_size: usize, lora_name: Option<&str>) -> Vec<u64> {
+        let Some(first) = rest.get(..block_size) else { return Vec::new() };
+        let list = self.by_first.get(&content_key(first)).map_or(&[][..], Vec::as_slice);
+        let mut out: Vec<u64> = list
+            .iter()
+            .copied()
+            .filter(|p| {
+                // Keys can collide: the tokens themselves decide.
+                self.by_parent.get(p).is_some_and(|stores| {
+                    stores.iter().any(|s| {
+                        let n = s.token_ids.len().min(rest.len());
+                        first_block(s) == Some(first)
+                            && s.token_ids[..n] == rest[..n]
+                            && s.lora_name.as_deref() == lora_name
+                    })
+                })
+            })
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Drops everything.

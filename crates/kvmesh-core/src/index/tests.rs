@@ -286,8 +286,20 @@ fn a_sliding_window_group_cuts_the_hit_as_vllm_does() {
     // The window group lets block 8 (id 9) go: the last run of 2 ends at block 8.
     assert_eq!(ix.apply(R0, &in_group(removed(&[9]), window.clone())).removed, 1);
     assert_eq!(gpu_overlap(&ix, R0, &toks), 8);
-    // A shorter request is cut within its own length: blocks 4–5 end its hit at 6.
-    assert_eq!(gpu_overlap(&ix, R0, &toks[..24]), 6);
+    // A 9-block request: the full-attention hit is 9, the window group's run of 2 ends at 8.
+    assert_eq!(gpu_overlap(&ix, R0, &toks[..36]), 8);
+    // A CPU copy of a window block is left aside: it restores nothing of the GPU hit.
+    let cpu = |e: KvEvent| match e {
+        KvEvent::Stored(s) => KvEvent::Stored(Stored { medium: Medium::Cpu, ..s }),
+        KvEvent::Removed(r) => KvEvent::Removed(Removed { medium: Medium::Cpu, ..r }),
+        other => other,
+    };
+    let o = ix.apply(R0, &cpu(in_group(stored(&[9], Some(8), toks[32..36].to_vec()), window.clone())));
+    assert_eq!((o.stored, o.other_group), (0, 1));
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 8);
+    let o = ix.apply(R0, &cpu(in_group(removed(&[10]), window.clone())));
+    assert_eq!((o.removed, o.other_group), (0, 1));
+    assert_eq!(gpu_overlap(&ix, R0, &toks), 8);
     // Blocks 1, 3, 5 and 7 gone too: no run of 2 before 8 but the one from the start.
     ix.apply(R0, &in_group(removed(&[2, 4, 6, 8]), window.clone()));
     assert_eq!(gpu_overlap(&ix, R0, &toks), 1);
@@ -358,15 +370,8 @@ fn a_routed_prompt_places_the_stores_that_continue_it() {
     // Nothing waits on another replica, or for a prompt no store continues: nothing changes.
     assert_eq!(ix.adopt_prompt(R1, &prompt(100), None, None), ApplyOutcome::default());
     assert_eq!(ix.adopt_prompt(R0, &prompt(900), None, None), ApplyOutcome::default());
-    // Under another adapter the prefix is another block chain: not placed for the base model.
-    let o = ix.adopt_prompt(R0, &prompt(100), Some("sql"), None);
-    assert_eq!((o.inferred, o.adopted), (3, 3));
-    assert_eq!(gpu_overlap(&ix, R0, &prompt(100)), 0);
-    let mut ix = index();
-    ix.set_partial_history(R0, true);
-    ix.apply(R0, &stored(&[40], Some(30), (100..104).collect()));
-    ix.apply(R0, &stored(&[50], Some(30), (200..204).collect()));
-    ix.apply(R0, &stored(&[51], Some(50), (300..304).collect()));
+    // A prompt under an adapter matches no store the base model made.
+    assert_eq!(ix.adopt_prompt(R0, &prompt(100), Some("sql"), None), ApplyOutcome::default());
     // The prompt routed there ends with block 40's tokens: the system prompt is placed (its
     // last block as engine id 30) and every store waiting under it follows.
     let o = ix.adopt_prompt(R0, &prompt(100), None, None);
@@ -383,6 +388,18 @@ fn a_routed_prompt_places_the_stores_that_continue_it() {
     let o = ix.apply(R0, &removed(&[30]));
     assert_eq!((o.removed, o.rejection), (3, None));
     assert_eq!((ix.replica_blocks(R0), gpu_overlap(&ix, R0, &prompt(100))), (0, 0));
+    // One question waiting under two parents (asked after two lost system prompts): which
+    // one a prompt's prefix is cannot be told, so nothing is placed; a store whose tokens
+    // part from the prompt's after its first block is no match either.
+    let mut ix = index();
+    ix.set_partial_history(R0, true);
+    ix.apply(R0, &stored(&[60], Some(31), (100..104).collect()));
+    ix.apply(R0, &stored(&[61], Some(32), (100..104).collect()));
+    ix.apply(R0, &stored(&[62, 63], Some(33), (200..204).chain(900..904).collect()));
+    assert_eq!(ix.adopt_prompt(R0, &prompt(100), None, None), ApplyOutcome::default());
+    let parted: Vec<u32> = system.iter().copied().chain(200..204).chain(300..304).collect();
+    assert_eq!(ix.adopt_prompt(R0, &parted, None, None), ApplyOutcome::default());
+    assert_eq!(ix.orphan_blocks(R0), 4);
 }
 
 #[test]

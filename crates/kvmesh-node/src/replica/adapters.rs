@@ -71,7 +71,14 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String) {
             if resp.content_length().is_some_and(|n| n > max as u64) {
                 return Err(format!("answer over {max} bytes"));
             }
-            let body = resp.bytes().await.map_err(|e| e.to_string())?;
+            // Read by chunks, so a reply without a length is cut at the limit too.
+            let (mut body, mut resp) = (Vec::new(), resp);
+            while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+                if body.len() + chunk.len() > max {
+                    return Err(format!("answer over {max} bytes"));
+                }
+                body.extend_from_slice(&chunk);
+            }
             listed(&body)
         }
         .await;
@@ -103,7 +110,9 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String) {
         let model = r.config.model.clone();
         drop(core);
         for a in &adapters {
-            shared.models.learn_adapter(a, model.as_deref());
+            if let Err(e) = shared.models.learn_adapter(a, model.as_deref()) {
+                tracing::warn!(replica = %name, error = %e, "an adapter the engine lists is not routed as one");
+            }
         }
         tracing::info!(replica = %name, ?adapters, "the engine's LoRA adapters");
     }

@@ -69,8 +69,8 @@ pub async fn run(shared: Arc<Shared>, name: String, (url, rank): (String, Option
             Ok(page) => {
                 // In blocks of another size the counts do not compare (a block-size mismatch is
                 // reported on its own, from the KV events).
-                let ours =
-                    core.replicas.get(&name).and_then(|r| r.config.block_size).unwrap_or(shared.settings.block_size);
+                let model = core.replicas.get(&name).and_then(|r| core.fleet.replica(r.id)).map(|s| s.model);
+                let ours = core.fleet.block_size_of(model);
                 let same_size = page.kv_block_size.is_none_or(|b| b == ours);
                 if let (false, Some(engine_blocks), true) = (capacity_checked, page.kv_blocks, same_size) {
                     capacity_checked = true;

@@ -389,7 +389,12 @@ impl Engine {
                     {
                         let tokens = seq_tokens(seq, (b - 1) * bs, b * bs);
                         let parent = seq.hashes.last().map(|&h| kvmesh_core::BlockHash(h));
-                        seq.hashes.push(self.hasher.hash_block(parent, &tokens).0);
+                        // A sequence's first block carries its adapter in its seed.
+                        let hasher = match (&seq.req.lora, parent) {
+                            (Some(l), None) => self.hasher.for_adapter(l),
+                            _ => self.hasher,
+                        };
+                        seq.hashes.push(hasher.hash_block(parent, &tokens).0);
                         seq.private -= 1;
                         seq.shared += 1;
                         if self.kv.promote(seq.hashes[b - 1]) {
