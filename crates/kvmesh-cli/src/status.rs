@@ -179,6 +179,8 @@ fn row_json(r: &v1::Replica) -> serde_json::Value {
         "queued_prefill_tokens": r.queued_prefill_tokens, "live_bookings": r.live_bookings,
         "index_blocks": r.index_blocks, "events_applied": r.events_applied, "events_rejected": r.events_rejected,
         "last_event_age_s": r.last_event_age_s, "last_seq": r.last_seq, "idle": r.idle, "engine_up": r.engine_up,
+        "model": spec.model, "block_size": spec.block_size, "data_parallel_rank": spec.data_parallel_rank,
+        "lora_adapters": spec.lora_adapters,
     })
 }
 

@@ -309,8 +309,13 @@ impl Services {
         let load = core.fleet.bookings().load(r.id);
         let block_size = core.fleet.block_size_of(core.fleet.replica(r.id).map(|s| s.model));
         let detail = core.status_detail(r, status, now);
+        let mut spec = to_spec(&r.config, block_size);
+        if spec.lora_adapters.is_empty() {
+            // Not declared: what its engine lists.
+            spec.lora_adapters = r.listed_adapters.clone().unwrap_or_default();
+        }
         Some(v1::Replica {
-            spec: Some(to_spec(&r.config, block_size)),
+            spec: Some(spec),
             status: wire_status(status) as i32,
             status_detail: detail,
             running: r.engine.map_or(0, |e| e.running),

@@ -314,6 +314,8 @@ impl PrefixIndex {
         let mut bytes = self.blocks.heap_bytes() + self.arena.heap_bytes();
         for rb in self.replicas.iter().flatten() {
             bytes += rb.engine.iter().map(Table::heap_bytes).sum::<usize>();
+            bytes += rb.orphans.heap_bytes() + rb.windows.iter().map(window::WindowGroup::heap_bytes).sum::<usize>();
+            bytes += map_bytes(&rb.inferred) + rb.inferred.values().map(|v| v.capacity() * 8).sum::<usize>();
         }
         bytes + self.replicas.capacity() * std::mem::size_of::<Option<ReplicaBlocks>>()
     }
@@ -615,6 +617,11 @@ impl PrefixIndex {
         rb.health.counters.clears += 1;
         cleared
     }
+}
+
+/// Heap bytes of a hash map's table: its slots and their control bytes (hashbrown's layout).
+pub(crate) fn map_bytes<K, V, S>(m: &std::collections::HashMap<K, V, S>) -> usize {
+    m.capacity() * (std::mem::size_of::<(K, V)>() + 1)
 }
 
 /// Case C02: a parent that is one of the event's own blocks, or a block id repeated within the

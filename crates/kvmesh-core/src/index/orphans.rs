@@ -51,6 +51,26 @@ impl Orphans {
         self.blocks
     }
 
+    /// Heap bytes of what waits and of its maps.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        // Each list's slots, and each store's own vectors.
+        let stores: usize = self
+            .by_parent
+            .values()
+            .map(|list| {
+                list.capacity() * std::mem::size_of::<Stored>()
+                    + list.iter().map(|s| s.token_ids.capacity() * 4 + s.block_hashes.capacity() * 8).sum::<usize>()
+            })
+            .sum();
+        let lists: usize = self.by_first.values().map(|v| v.capacity() * 8).sum();
+        stores
+            + lists
+            + super::map_bytes(&self.by_parent)
+            + super::map_bytes(&self.parent_of)
+            + super::map_bytes(&self.by_first)
+            + self.order.capacity() * 8
+    }
+
     /// Keeps `s` (whose parent is `parent`) aside; returns the blocks dropped to stay within
     /// [`MAX_ORPHAN_STORES`].
     pub(crate) fn keep(&mut self, parent: u64, s: Stored) -> usize {

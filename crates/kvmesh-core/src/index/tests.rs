@@ -278,10 +278,12 @@ fn a_sliding_window_group_cuts_the_hit_as_vllm_does() {
     let ids: Vec<u64> = (1..=10).collect();
     let mut ix = index();
     assert_eq!(ix.apply(R0, &stored(&ids, None, toks.clone())).stored, 10);
+    let without_windows = ix.memory_bytes();
     // The window group's blocks come as two stores, the second under the first's last block.
     assert_eq!(ix.apply(R0, &in_group(stored(&ids[..4], None, toks[..16].to_vec()), window.clone())).stored, 4);
     assert_eq!(ix.apply(R0, &in_group(stored(&ids[4..], Some(4), toks[16..].to_vec()), window.clone())).stored, 6);
     assert_eq!((ix.replica_blocks(R0), ix.window_blocks(R0)), (10, 10));
+    assert!(ix.memory_bytes() > without_windows, "the window group's maps are counted");
     assert_eq!(gpu_overlap(&ix, R0, &toks), 10);
     // The window group lets block 8 (id 9) go: the last run of 2 ends at block 8.
     assert_eq!(ix.apply(R0, &in_group(removed(&[9]), window.clone())).removed, 1);
@@ -365,8 +367,10 @@ fn a_routed_prompt_places_the_stores_that_continue_it() {
     ix.set_partial_history(R0, true);
     ix.apply(R0, &stored(&[40], Some(30), (100..104).collect()));
     ix.apply(R0, &stored(&[50], Some(30), (200..204).collect()));
+    let empty = ix.memory_bytes();
     ix.apply(R0, &stored(&[51], Some(50), (300..304).collect()));
     assert_eq!((ix.orphan_blocks(R0), ix.replica_blocks(R0)), (3, 0));
+    assert!(ix.memory_bytes() > empty, "what waits is counted");
     // Nothing waits on another replica, or for a prompt no store continues: nothing changes.
     assert_eq!(ix.adopt_prompt(R1, &prompt(100), None, None), ApplyOutcome::default());
     assert_eq!(ix.adopt_prompt(R0, &prompt(900), None, None), ApplyOutcome::default());

@@ -47,6 +47,11 @@ impl WindowGroup {
         self.by_engine.get(&id).map(|&(h, _)| h)
     }
 
+    /// Heap bytes of its maps.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        super::map_bytes(&self.by_engine) + super::map_bytes(&self.held)
+    }
+
     /// Blocks held (distinct hashes).
     pub(crate) fn blocks(&self) -> usize {
         self.held.len()
