@@ -25,6 +25,8 @@ pub struct AppState {
     pub model: String,
     /// LoRA adapters served ([`crate::EngineSimConfig::lora_modules`]).
     pub lora_modules: Vec<Arc<str>>,
+    /// Output lengths, when drawn ([`crate::EngineSimConfig::output_lengths`]).
+    pub outputs: Option<Arc<crate::outputs::OutputSampler>>,
     /// Each data-parallel rank's engine loop inbox, by rank.
     pub submit: Vec<mpsc::UnboundedSender<Submission>>,
     /// Each rank's engine counters.
@@ -210,7 +212,10 @@ async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, Json(bo
 async fn generate(s: AppState, p: Parsed, chat: bool, rank: usize) -> Response {
     let prompt_tokens = p.tokens.len();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let submission = Submission { tokens: p.tokens.into(), output_tokens: p.max_tokens, lora: p.lora, outputs: tx };
+    // An answer shorter than max_tokens stops (its end of sequence), as vLLM says.
+    let output_tokens = s.outputs.as_ref().map_or(p.max_tokens, |o| o.sample(p.max_tokens));
+    let finish_reason = if output_tokens < p.max_tokens { "stop" } else { "length" };
+    let submission = Submission { tokens: p.tokens.into(), output_tokens, lora: p.lora, outputs: tx };
     s.by_rank[rank].fetch_add(1, Ordering::Relaxed);
     if s.submit[rank].send(submission).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "engine is shutting down");
@@ -261,7 +266,7 @@ async fn generate(s: AppState, p: Parsed, chat: bool, rank: usize) -> Response {
                         emit(chunk(Some(TOKEN_TEXT), None, false))
                     }
                     Output::Done => {
-                        emit(chunk(None, Some("length"), false));
+                        emit(chunk(None, Some(finish_reason), false));
                         if include_usage {
                             emit(usage_chunk(cached, generated));
                         }
@@ -308,10 +313,10 @@ async fn generate(s: AppState, p: Parsed, chat: bool, rank: usize) -> Response {
         "total_tokens": prompt_tokens + generated as usize, "prompt_tokens_details": {"cached_tokens": cached}});
     let body = if chat {
         json!({"id": id, "object": "chat.completion", "created": created, "model": s.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}], "usage": usage})
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}], "usage": usage})
     } else {
         json!({"id": id, "object": "text_completion", "created": created, "model": s.model,
-            "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage})
+            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason}], "usage": usage})
     };
     Json(body).into_response()
 }

@@ -28,6 +28,7 @@ pub mod engine_task;
 pub mod faults;
 pub mod fleet;
 pub mod http;
+pub mod outputs;
 pub mod publisher;
 
 use anyhow::Context;
@@ -71,6 +72,11 @@ pub struct EngineSimConfig {
     /// sliding-window group 1 (`"sliding_window"`, `kv_cache_spec_sliding_window` = this),
     /// with the same block hashes. `None`: one group, no group fields.
     pub sliding_window: Option<u32>,
+    /// Output lengths drawn from a lognormal ([`outputs`]): each request generates
+    /// `min(max_tokens, L)` tokens. `None`: every request generates its `max_tokens`. An
+    /// output-length hint a client sends (`x-kvmesh-expected-output-tokens`) is never read
+    /// here: only a router honours it.
+    pub output_lengths: Option<outputs::OutputLengths>,
     /// Data-parallel ranks behind the one HTTP API (vLLM `--data-parallel-size`): each an
     /// engine of its own with its own KV cache, publishing at `kv_events` and `replay` with
     /// the port plus its rank, its batches annotated with the rank; a request goes to the rank
@@ -94,6 +100,7 @@ impl Default for EngineSimConfig {
             faults: Faults::default(),
             lora_modules: Vec::new(),
             sliding_window: None,
+            output_lengths: None,
             data_parallel_size: 1,
         }
     }
@@ -181,6 +188,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
         "data-parallel size must be 1..=1024, got {}",
         config.data_parallel_size
     );
+    let outputs = config.output_lengths.map(outputs::OutputSampler::new).transpose()?.map(Arc::new);
     let faults = Arc::new(faults::FaultState::new(config.faults.clone()));
     let (stop, stopped) = watch::channel(false);
     let stop = Arc::new(stop);
@@ -208,6 +216,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
     let app = http::router(http::AppState {
         model: config.model.clone(),
         lora_modules: config.lora_modules.iter().map(|m| Arc::from(m.as_str())).collect(),
+        outputs,
         submit,
         stats: stats.clone(),
         by_rank: by_rank.clone(),

@@ -39,6 +39,17 @@ struct Args {
     /// cache group (full-attention group 0, sliding-window group 1).
     #[arg(long, value_name = "TOKENS")]
     sliding_window: Option<u32>,
+    /// Draw each answer's length from a lognormal of this median (tokens), capped by the
+    /// request's max_tokens (an answer that ends sooner stops); default: every answer is
+    /// max_tokens long.
+    #[arg(long, value_name = "TOKENS")]
+    output_median: Option<f64>,
+    /// The σ of the output lengths' logarithm (with --output-median).
+    #[arg(long, default_value_t = 1.0)]
+    output_sigma: f64,
+    /// Seed of the output-length draws.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// Data-parallel ranks behind the one HTTP API (vLLM `--data-parallel-size`): rank k
     /// publishes at the KV-event and replay ports + k; `X-data-parallel-rank` picks the rank.
     #[arg(long, default_value_t = 1)]
@@ -74,6 +85,11 @@ async fn main() -> anyhow::Result<()> {
         speed: a.speed,
         data_parallel_size: a.data_parallel_size,
         sliding_window: a.sliding_window,
+        output_lengths: a.output_median.map(|median| kvmesh_engine_sim::outputs::OutputLengths {
+            median,
+            sigma: a.output_sigma,
+            seed: a.seed,
+        }),
         lora_modules: a.lora_modules.iter().map(|m| m.split('=').next().unwrap_or(m).to_string()).collect(),
         faults: Faults {
             drop_events: a.drop_events,

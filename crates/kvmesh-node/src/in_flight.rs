@@ -171,6 +171,7 @@ impl InFlight {
             let now = self.shared.now();
             let mut core = self.shared.core();
             wake.1 = core.replicas.get(&self.replica).and_then(|r| core.fleet.replica(r.id)).map(|s| s.model);
+            let expected = core.fleet.bookings().get(id).map(|b| b.expected_at_booking);
             let _ = core.release(id, output_tokens, now);
             if let Some(r) = core.replicas.get_mut(&self.replica) {
                 r.proxied = r.proxied.saturating_sub(1);
@@ -188,6 +189,12 @@ impl InFlight {
                 _ => None,
             };
             drop(core);
+            if let (Some(out), Some(expected), "ok") = (output_tokens, expected, outcome) {
+                let m = &self.shared.metrics;
+                m.output_tokens.inc_by(u64::from(out));
+                m.expected_output_tokens.inc_by(u64::from(expected));
+                m.output_estimate_ratio.observe(f64::from(out) / f64::from(expected.max(1)));
+            }
             if let Some(o) = adopted.filter(|o| o.inferred > 0) {
                 let l = vec![("replica", self.replica.clone())];
                 self.shared.metrics.inferred_blocks.get_or_create(&l).inc_by(u64::from(o.inferred));

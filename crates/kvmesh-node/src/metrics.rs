@@ -104,6 +104,15 @@ pub struct Metrics {
     pub predicted_cached_tokens: Counter,
     /// Prompt tokens the engines reported as cached (`usage.prompt_tokens_details`).
     pub engine_cached_tokens: Counter,
+    /// Output tokens of the requests that ended well with a known output (the answer's
+    /// `usage.completion_tokens`, or a stream's chunks), and what routing expected of them when
+    /// it booked them (the learned estimate, the hint or `max_tokens`).
+    pub output_tokens: Counter,
+    /// See [`Metrics::output_tokens`].
+    pub expected_output_tokens: Counter,
+    /// Per such request, its output over its expected output: the estimator's error (above 1:
+    /// the replica was booked short and may preempt; below: KV held back from others).
+    pub output_estimate_ratio: Histogram,
     /// KV events applied, by replica and kind.
     pub events_applied: Family<Labels, Counter>,
     /// Time from an engine's publish (its batch's `ts`) to the batch applied at this node,
@@ -191,6 +200,10 @@ impl Metrics {
             prompt_tokens: Counter::default(),
             predicted_cached_tokens: Counter::default(),
             engine_cached_tokens: Counter::default(),
+            output_tokens: Counter::default(),
+            expected_output_tokens: Counter::default(),
+            // 1/64 to 64.
+            output_estimate_ratio: Histogram::new(exponential_buckets(1.0 / 64.0, 2.0, 13)),
             events_applied: Family::default(),
             event_lag: Histogram::new(exponential_buckets(0.000_25, 1.5, 20)),
             events_rejected: Family::default(),
@@ -266,6 +279,21 @@ impl Metrics {
             "predicted_cached_tokens",
             "Prompt tokens the chosen replica was believed to hold",
             m.predicted_cached_tokens.clone(),
+        );
+        registry.register(
+            "output_tokens",
+            "Output tokens of requests that ended well with a known output",
+            m.output_tokens.clone(),
+        );
+        registry.register(
+            "expected_output_tokens",
+            "What routing expected of those requests' outputs when it booked them, tokens",
+            m.expected_output_tokens.clone(),
+        );
+        registry.register(
+            "output_estimate_ratio",
+            "Per request, its output over what routing expected of it (the output-length estimator's error)",
+            m.output_estimate_ratio.clone(),
         );
         registry.register(
             "engine_cached_tokens",

@@ -78,6 +78,9 @@ pub struct Booking {
     pub first_token_at: Option<f64>,
     /// The booking ends by itself at this time, seconds.
     pub lease_until: f64,
+    /// Its expected output when booked, tokens (`spec.expected_output_tokens` may be
+    /// re-estimated since): what the routing decision assumed.
+    pub expected_at_booking: u32,
 }
 
 /// One replica's bookings before their first token, in booking order, and their tokens.
@@ -243,6 +246,7 @@ impl Bookings {
             booked_at: now,
             first_token_at: None,
             lease_until: now + self.lease_s,
+            expected_at_booking: spec.expected_output_tokens,
         };
         let s_per_token = self
             .prefill_s_per_token
