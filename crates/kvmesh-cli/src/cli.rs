@@ -490,8 +490,9 @@ pub struct ReplayArgs {
     pub trace: Option<PathBuf>,
     /// Built-in scenario instead of a trace: shared-0, shared-50, shared-90, hot-prompt, hot-rotating, zipf,
     /// bursts, chat, rl (RL rollouts: steps of 16 prompts × 8 samples, heavy-tailed outputs,
-    /// max_tokens 8,192; a decode table with step completion times follows the main one).
-    /// Default when no --trace: chat.
+    /// max_tokens 8,192; a decode table with step completion times follows the main one),
+    /// agents (tool loops of 3–12 turns: short calls, a long answer, tool results appended;
+    /// the decode table's steps are sessions). Default when no --trace: chat.
     #[arg(long, value_name = "NAME")]
     pub scenario: Option<String>,
     /// Engine replicas.

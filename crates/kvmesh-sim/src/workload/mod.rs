@@ -8,8 +8,11 @@
 //!   sharing ratio, a hot prompt, Zipf prefix popularity, agent bursts.
 //! - [`rollouts`]: asynchronous RL rollouts (the `rl` scenario): groups of samples per
 //!   prompt, heavy-tailed output lengths, steps a trainer waits for.
+//! - [`agents`]: multi-turn tool loops (the `agents` scenario): short tool calls, a long final
+//!   answer, tool results appended turn after turn, sessions a user waits for.
 //! - [`arrivals`]: rate scaling and spreading of bucketed timestamps.
 
+pub mod agents;
 pub mod arrivals;
 pub mod chat;
 pub mod rollouts;

@@ -45,6 +45,8 @@ pub enum Scenario {
     Chat,
     /// RL rollouts in steps ([`super::rollouts`]).
     Rl,
+    /// Agent tool loops ([`super::agents`]).
+    Agents,
 }
 
 /// Size and pace of a generated scenario.
@@ -67,14 +69,15 @@ impl Default for ScenarioParams {
 
 impl Scenario {
     /// Every scenario name.
-    pub const NAMES: [&'static str; 9] =
-        ["shared-0", "shared-50", "shared-90", "hot-prompt", "hot-rotating", "zipf", "bursts", "chat", "rl"];
+    pub const NAMES: [&'static str; 10] =
+        ["shared-0", "shared-50", "shared-90", "hot-prompt", "hot-rotating", "zipf", "bursts", "chat", "rl", "agents"];
 
     /// Generates the scenario's trace.
     pub fn generate(&self, p: &ScenarioParams) -> Trace {
         let mut g = Gen { rng: SmallRng::seed_from_u64(p.seed), next_id: 0, t: 0.0, out: Vec::new() };
         match *self {
             Scenario::Rl => return super::rollouts::generate(p),
+            Scenario::Agents => return super::agents::generate(p),
             Scenario::Chat => {
                 // Sessions average 3.5 turns: pace sessions so requests arrive at `rate`; make
                 // twice the sessions needed and keep the first `requests` arrivals, so the count
@@ -225,6 +228,7 @@ impl FromStr for Scenario {
             "bursts" => Scenario::Bursts,
             "chat" => Scenario::Chat,
             "rl" => Scenario::Rl,
+            "agents" => Scenario::Agents,
             other => return Err(format!("unknown scenario {other:?}; known: {}", Scenario::NAMES.join(", "))),
         })
     }
@@ -240,6 +244,7 @@ impl fmt::Display for Scenario {
             Scenario::Bursts => f.write_str("bursts"),
             Scenario::Chat => f.write_str("chat"),
             Scenario::Rl => f.write_str("rl"),
+            Scenario::Agents => f.write_str("agents"),
         }
     }
 }
