@@ -4,7 +4,7 @@
 //! `stop`) when `L` is the smaller. Without it every request generates its `max_tokens`.
 
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use std::sync::Mutex;
 
 /// A lognormal output-length distribution.
@@ -39,10 +39,7 @@ impl OutputSampler {
     /// The next request's output length, at most `max_tokens` and at least 1.
     pub fn sample(&self, max_tokens: u32) -> u32 {
         let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-        // Box–Muller: one standard normal from two uniforms.
-        let (u1, u2): (f64, f64) = (rng.random::<f64>().max(f64::MIN_POSITIVE), rng.random());
-        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
-        let l = (self.lengths.median.ln() + self.lengths.sigma * z).exp();
+        let l = kvmesh_sim::workload::lognormal(&mut rng, self.lengths.median, self.lengths.sigma);
         (l.round().clamp(1.0, f64::from(u32::MAX)) as u32).min(max_tokens.max(1))
     }
 }

@@ -98,6 +98,17 @@ pub const RECENT_PROMPTS: usize = 16;
 /// orphaned is matched against all of them, under the core lock).
 pub const RECENT_PROMPT_TOKENS: usize = 65_536;
 
+/// Places `id`'s waiting stores that continue `tokens`, a prompt of namespace `selected`
+/// ([`kvmesh_core::Fleet::adopt_prompt`]).
+fn adopt(
+    fleet: &mut kvmesh_core::Fleet,
+    id: ReplicaId,
+    tokens: &[u32],
+    selected: &crate::models::Selected,
+) -> Option<ApplyOutcome> {
+    fleet.adopt_prompt(id, tokens, selected.adapter.as_deref(), selected.salt.as_deref()).ok()
+}
+
 /// One registered replica.
 #[derive(Debug, Clone)]
 pub struct Replica {
@@ -881,13 +892,12 @@ impl Core {
         let mut outcome = self.fleet.apply_event(id, event, now).ok()?;
         if outcome.orphaned > 0 {
             // Perhaps the store of a request that already ended here: its prompt places it.
-            let r = self.replicas.get(name)?;
-            for (tokens, selected) in &r.recent_prompts {
-                if self.fleet.index().orphan_blocks(id) == 0 {
+            let Core { replicas, fleet, .. } = self;
+            for (tokens, selected) in &replicas.get(name)?.recent_prompts {
+                if fleet.index().orphan_blocks(id) == 0 {
                     break;
                 }
-                let lora = selected.adapter.as_deref();
-                if let Ok(o) = self.fleet.adopt_prompt(id, tokens, lora, selected.salt.as_deref()) {
+                if let Some(o) = adopt(fleet, id, tokens, selected) {
                     outcome.inferred += o.inferred;
                     outcome.adopted += o.adopted;
                 }
@@ -930,7 +940,7 @@ impl Core {
         if self.fleet.index().orphan_blocks(id) == 0 {
             return None;
         }
-        self.fleet.adopt_prompt(id, tokens, selected.adapter.as_deref(), selected.salt.as_deref()).ok()
+        adopt(&mut self.fleet, id, tokens, selected)
     }
 
     /// Says whether replica `name`'s event history is partial

@@ -204,8 +204,9 @@ pub struct Fleet {
     outputs_refreshed_at: f64,
     /// Per replica id, its decode step time, seconds (scratch for the re-estimate).
     step_s: Vec<f64>,
-    /// The block size of each model whose replicas declared another than the fleet's.
-    model_block_sizes: FxHashMap<ModelKey, u32>,
+    /// The settings of each model whose replicas declared another block size than the
+    /// fleet's: the fleet's with that block size (what its decisions' views read).
+    model_configs: FxHashMap<ModelKey, FleetConfig>,
 }
 
 /// How often decoding bookings' expected outputs are re-estimated from what they generated,
@@ -240,7 +241,7 @@ impl Fleet {
             pending_windows: Vec::new(),
             outputs_refreshed_at: f64::NEG_INFINITY,
             step_s: Vec::new(),
-            model_block_sizes: FxHashMap::default(),
+            model_configs: FxHashMap::default(),
         })
     }
 
@@ -262,7 +263,7 @@ impl Fleet {
             return self.hasher;
         }
         let ns = Namespace { model: model.to_string(), ..self.config.namespace.clone() };
-        let bs = self.model_block_sizes.get(&ModelKey::of(model)).copied().unwrap_or(self.config.block_size);
+        let bs = self.block_size_of(Some(ModelKey::of(model)));
         // Block sizes were checked when the fleet was made and the replica added.
         BlockHasher::new(bs, &ns).unwrap_or(self.hasher)
     }
@@ -270,7 +271,12 @@ impl Fleet {
     /// The block size of `model`'s replicas, tokens (the fleet's unless they declared
     /// another; `None` or [`ModelKey::ANY`]: the fleet's).
     pub fn block_size_of(&self, model: Option<ModelKey>) -> u32 {
-        model.and_then(|m| self.model_block_sizes.get(&m).copied()).unwrap_or(self.config.block_size)
+        self.config_of(model).block_size
+    }
+
+    /// The settings a decision for `model` reads: the fleet's, in the model's block size.
+    fn config_of(&self, model: Option<ModelKey>) -> &FleetConfig {
+        model.and_then(|m| self.model_configs.get(&m)).unwrap_or(&self.config)
     }
 
     /// The prefix index.
@@ -329,9 +335,9 @@ impl Fleet {
         let name_key = xxh3_64(spec.name.as_bytes());
         self.bookings.set_prefill_rate(id, spec.profile.prefill_s_per_token / self.config.prefill_efficiency);
         if block_size != self.config.block_size {
-            self.model_block_sizes.insert(key, block_size);
+            self.model_configs.insert(key, FleetConfig { block_size, ..self.config.clone() });
         } else {
-            self.model_block_sizes.remove(&key);
+            self.model_configs.remove(&key);
         }
         self.bookings.set_block_size(id, block_size);
         let hasher = self.hasher_for(&spec.model);
@@ -371,9 +377,8 @@ impl Fleet {
     /// [`Error::InvalidConfig`] for another block size than its model's replicas', or than the
     /// fleet's for the namespace model.
     fn model_block_size(&self, spec: &ReplicaSpec, key: ModelKey) -> Result<u32, Error> {
-        let model_bs = self.model_block_sizes.get(&key).copied();
         let of_model = self.replicas.iter().any(|r| r.model == key);
-        let want = model_bs.unwrap_or(self.config.block_size);
+        let want = self.block_size_of(Some(key));
         let bs = if spec.block_size == 0 { want } else { spec.block_size };
         let fixed = key == self.hasher.model() || of_model;
         if bs != want && fixed {
@@ -399,7 +404,7 @@ impl Fleet {
         let gone = self.replicas.remove(p);
         if !self.replicas.iter().any(|r| r.model == gone.model) {
             // The model's last replica: a new one may come with another block size.
-            self.model_block_sizes.remove(&gone.model);
+            self.model_configs.remove(&gone.model);
         }
         self.index.remove_replica(id);
         self.record.forget_replica(id);
@@ -524,14 +529,7 @@ impl Fleet {
         self.refresh_outputs(now);
         self.prepare(req, policy.reads_kv_events(), policy.pending_prefix_s(), now);
         // A model of another block size: the view counts its blocks in that size.
-        let resized;
-        let config = match self.block_size_of(req.model) {
-            bs if bs == self.config.block_size => &self.config,
-            bs => {
-                resized = FleetConfig { block_size: bs, ..self.config.clone() };
-                &resized
-            }
-        };
+        let config = self.config_of(req.model);
         let view = FleetView {
             now,
             epoch: self.epoch,

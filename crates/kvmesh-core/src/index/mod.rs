@@ -331,19 +331,23 @@ impl PrefixIndex {
         self.replicas[i].get_or_insert_with(|| ReplicaBlocks::with_seed(seed))
     }
 
-    fn store(&mut self, replica: ReplicaId, s: &Stored) -> ApplyOutcome {
-        let mut out = ApplyOutcome::default();
+    /// What makes store `s` unusable for `replica` whatever it holds (cases C02, C04): another
+    /// block size than its hasher's, token ids that are not whole blocks, a block chained to
+    /// itself.
+    fn malformed(&self, replica: ReplicaId, s: &Stored) -> Option<Rejection> {
         let want = self.hasher_of(replica).block_size();
         if s.block_size != want {
-            out.rejection = Some(Rejection::BlockSizeMismatch { got: s.block_size, want });
-            return out;
+            return Some(Rejection::BlockSizeMismatch { got: s.block_size, want });
         }
         if s.token_ids.len() as u64 != s.block_hashes.len() as u64 * want as u64 {
-            out.rejection = Some(Rejection::TokenCountMismatch);
-            return out;
+            return Some(Rejection::TokenCountMismatch);
         }
-        if is_self_referential(s) {
-            out.rejection = Some(Rejection::SelfReferential);
+        is_self_referential(s).then_some(Rejection::SelfReferential)
+    }
+
+    fn store(&mut self, replica: ReplicaId, s: &Stored) -> ApplyOutcome {
+        let mut out = ApplyOutcome { rejection: self.malformed(replica, s), ..ApplyOutcome::default() };
+        if out.rejection.is_some() {
             return out;
         }
         let m = s.medium.index();
@@ -358,21 +362,11 @@ impl PrefixIndex {
                 }
             },
         };
-        let hasher = self.store_hasher(replica, s, prev.is_none());
-        let unverifiable = s.extra_keys.as_ref().map_or(&[][..], |e| &e.unverifiable[..]);
         // Hash every block first, then read the table slots the loop below will probe: the
         // reads are independent, so their cache misses overlap instead of coming one by one.
         let mut blocks = std::mem::take(&mut self.scratch);
-        blocks.clear();
-        let mut parent_hash = prev.map(|p| BlockHash(self.blocks.slot(p).hash));
-        for (k, tokens) in s.token_ids.chunks_exact(want as usize).enumerate() {
-            let mut block = hasher.hash_block(parent_hash, tokens);
-            if let Some(&extra) = unverifiable.get(k).filter(|&&d| d != 0) {
-                block = BlockHasher::with_extra(block, extra);
-            }
-            blocks.push(block);
-            parent_hash = Some(block);
-        }
+        let parent_hash = prev.map(|p| BlockHash(self.blocks.slot(p).hash));
+        self.chain(replica, s, parent_hash, &mut blocks);
         let mut sink = 0;
         for (block, engine_hash) in blocks.iter().zip(&s.block_hashes) {
             sink ^= self.blocks.touch_start(block.0) ^ rb.engine[m].touch(engine_hash.0);
@@ -413,6 +407,24 @@ impl PrefixIndex {
         }
         self.scratch = blocks;
         out
+    }
+
+    /// `s`'s blocks' hashes into `out` (cleared first), chained from `parent` (`None`: a
+    /// sequence's start) with `replica`'s hasher; a block with a key no request shows
+    /// (multimodal, embeddings) hashes apart, and so does the rest of its chain.
+    fn chain(&self, replica: ReplicaId, s: &Stored, parent: Option<BlockHash>, out: &mut Vec<BlockHash>) {
+        let hasher = self.store_hasher(replica, s, parent.is_none());
+        let unverifiable = s.extra_keys.as_ref().map_or(&[][..], |e| &e.unverifiable[..]);
+        out.clear();
+        let mut parent = parent;
+        for (k, tokens) in s.token_ids.chunks_exact(hasher.block_size() as usize).enumerate() {
+            let mut block = hasher.hash_block(parent, tokens);
+            if let Some(&extra) = unverifiable.get(k).filter(|&&d| d != 0) {
+                block = BlockHasher::with_extra(block, extra);
+            }
+            out.push(block);
+            parent = Some(block);
+        }
     }
 
     /// The hasher `replica`'s store `s` is hashed with: a sequence's first block (`starts`)
@@ -511,16 +523,10 @@ impl PrefixIndex {
     /// group, else in the full-attention chains: vLLM names a block by the same hash in every
     /// group); a parent known nowhere leaves the store aside.
     fn store_window(&mut self, replica: ReplicaId, s: &Stored) -> ApplyOutcome {
+        if let Some(rejection) = self.malformed(replica, s) {
+            return ApplyOutcome { rejection: Some(rejection), ..ApplyOutcome::default() };
+        }
         let want = self.hasher_of(replica).block_size();
-        if s.block_size != want {
-            return ApplyOutcome {
-                rejection: Some(Rejection::BlockSizeMismatch { got: s.block_size, want }),
-                ..Default::default()
-            };
-        }
-        if s.token_ids.len() as u64 != s.block_hashes.len() as u64 * want as u64 {
-            return ApplyOutcome { rejection: Some(Rejection::TokenCountMismatch), ..Default::default() };
-        }
         let Some(group) = s.kv_group.as_ref() else { return ApplyOutcome::default() };
         let window = group.window().unwrap_or(0);
         let g = match self.window_group(replica, group.idx) {
@@ -545,8 +551,10 @@ impl PrefixIndex {
                 }
             }
         };
-        let hasher = self.store_hasher(replica, s, parent.is_none());
-        let stored = self.slot(replica).windows[g].store(s, parent, &hasher);
+        let mut blocks = std::mem::take(&mut self.scratch);
+        self.chain(replica, s, parent, &mut blocks);
+        let stored = self.slot(replica).windows[g].store(&s.block_hashes, &blocks);
+        self.scratch = blocks;
         ApplyOutcome { stored, ..ApplyOutcome::default() }
     }
 

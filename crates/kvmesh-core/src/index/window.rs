@@ -13,9 +13,8 @@
 //! per replica beside the full-attention chains and applies that rule to each replica's
 //! full-attention overlap.
 
-use super::event::{ExtraKeys, Removed, Stored};
-use crate::hashing::BlockHasher;
-use crate::ids::BlockHash;
+use super::event::Removed;
+use crate::ids::{BlockHash, EngineBlockHash};
 use rustc_hash::FxHashMap;
 
 /// One replica's blocks of one sliding-window group.
@@ -57,19 +56,11 @@ impl WindowGroup {
         self.held.len()
     }
 
-    /// Stores `s`'s blocks, chained from `parent` (the parent's hash; `None`: a sequence's
-    /// start) with `hasher`. Returns the copies added.
-    pub(crate) fn store(&mut self, s: &Stored, parent: Option<BlockHash>, hasher: &BlockHasher) -> u32 {
-        let bs = hasher.block_size() as usize;
-        let unverifiable = s.extra_keys.as_ref().map_or(&[][..], |e: &ExtraKeys| &e.unverifiable[..]);
-        let mut prev = parent;
+    /// Stores one copy of each block: engine id `ids[k]` names the block whose hash is
+    /// `blocks[k]` ([`super::PrefixIndex`] hashes a store's chain). Returns the copies added.
+    pub(crate) fn store(&mut self, ids: &[EngineBlockHash], blocks: &[BlockHash]) -> u32 {
         let mut added = 0;
-        for (k, (tokens, id)) in s.token_ids.chunks_exact(bs).zip(&s.block_hashes).enumerate() {
-            let mut block = hasher.hash_block(prev, tokens);
-            if let Some(&extra) = unverifiable.get(k).filter(|&&d| d != 0) {
-                block = BlockHasher::with_extra(block, extra);
-            }
-            prev = Some(block);
+        for (id, block) in ids.iter().zip(blocks) {
             let entry = self.by_engine.entry(id.0).or_insert((block.0, 0));
             let replaced = (entry.0 != block.0).then(|| std::mem::replace(entry, (block.0, 0)));
             entry.1 += 1;
@@ -149,7 +140,7 @@ pub(crate) fn hybrid_hit(groups: &[WindowGroup], hashes: &[BlockHash], full: u32
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hashing::Namespace;
+    use crate::hashing::{BlockHasher, Namespace};
 
     #[test]
     fn the_hit_ends_where_enough_contiguous_blocks_end() {
@@ -161,17 +152,7 @@ mod tests {
         assert_eq!(g.need, 2);
         let held = |g: &mut WindowGroup, blocks: &[usize]| {
             for &b in blocks {
-                let s = Stored {
-                    block_hashes: vec![crate::EngineBlockHash(100 + b as u64)],
-                    parent: None,
-                    token_ids: tokens[b * 4..b * 4 + 4].to_vec(),
-                    block_size: 4,
-                    medium: crate::Medium::Gpu,
-                    lora_name: None,
-                    extra_keys: None,
-                    kv_group: None,
-                };
-                g.store(&s, b.checked_sub(1).map(|p| hashes[p]), &hasher);
+                assert_eq!(g.store(&[EngineBlockHash(100 + b as u64)], &hashes[b..=b]), 1);
             }
         };
         // Held: 0, 1, 2 (the start), 5, 6 (a run of 2), 8 (alone).
@@ -188,8 +169,7 @@ mod tests {
         // A removal takes a copy away.
         let mut g = WindowGroup::new(1, 9, 4);
         held(&mut g, &[5, 6]);
-        let r =
-            Removed { block_hashes: vec![crate::EngineBlockHash(106)], medium: crate::Medium::Gpu, kv_group: Some(1) };
+        let r = Removed { block_hashes: vec![EngineBlockHash(106)], medium: crate::Medium::Gpu, kv_group: Some(1) };
         assert_eq!(g.remove(&r), 1);
         assert_eq!((g.blocks(), g.hit(&hashes, 10)), (1, 0));
         // A window of one token needs no block: any full-attention hit stands.

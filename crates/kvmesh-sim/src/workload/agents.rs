@@ -17,7 +17,8 @@
 //! arrival to last finish: what the user waits for) in its steps columns.
 
 use super::scenarios::ScenarioParams;
-use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceFormat, TraceRequest};
+use super::{into_trace, lognormal};
+use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceRequest};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -41,11 +42,6 @@ pub const TOOL_MEDIAN_S: f64 = 1.5;
 pub const MAX_TOKENS: u32 = 4096;
 /// Turns per session, inclusive.
 pub const TURNS: (u32, u32) = (3, 12);
-
-fn lognormal(rng: &mut SmallRng, median: f64, sigma: f64) -> f64 {
-    let (u1, u2) = (1.0 - rng.random::<f64>(), rng.random::<f64>());
-    median * (sigma * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()).exp()
-}
 
 /// Generates `p.requests` agent turns at a mean of `p.rate` per second (see the module docs).
 pub fn generate(p: &ScenarioParams) -> Trace {
@@ -87,13 +83,10 @@ pub fn generate(p: &ScenarioParams) -> Trace {
         }
         session += 1;
     }
+    // The first `requests` arrivals, whichever sessions they belong to.
     out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
     out.truncate(p.requests as usize);
-    let first = out.first().map_or(0.0, |r| r.arrival_s);
-    for r in &mut out {
-        r.arrival_s -= first;
-    }
-    Trace { format: TraceFormat::Mooncake, block_tokens: Some(BLOCK_TOKENS), requests: out, skipped: Vec::new() }
+    into_trace(out)
 }
 
 #[cfg(test)]

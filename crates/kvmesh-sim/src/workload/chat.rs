@@ -7,7 +7,7 @@
 //! blocks past the shared part get fresh ids. Sessions arrive as a Poisson process; turns
 //! follow after a think time. Same seed, same trace.
 
-use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceFormat, TraceRequest};
+use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceRequest};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -124,10 +124,7 @@ impl Workload {
                 }
                 len += match self.first_message {
                     Some((median, sigma, max)) if turn == 0 => {
-                        // Box–Muller: one standard normal draw.
-                        let (u1, u2) = (1.0 - rng.random::<f64>(), rng.random::<f64>());
-                        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
-                        ((median * (sigma * z).exp()).round() as u32).clamp(1, max)
+                        (super::lognormal(&mut rng, median, sigma).round() as u32).clamp(1, max)
                     }
                     _ => rng.random_range(self.message_tokens.0..=self.message_tokens.1),
                 };
@@ -152,12 +149,7 @@ impl Workload {
                 len += output;
             }
         }
-        requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
-        let first = requests.first().map_or(0.0, |r| r.arrival_s);
-        for r in &mut requests {
-            r.arrival_s -= first;
-        }
-        Trace { format: TraceFormat::Mooncake, block_tokens: Some(BLOCK_TOKENS), requests, skipped: Vec::new() }
+        super::into_trace(requests)
     }
 }
 

@@ -19,3 +19,30 @@ pub mod rollouts;
 pub mod scenarios;
 
 pub use chat::Workload;
+
+use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceFormat, TraceRequest};
+use rand::rngs::SmallRng;
+use rand::Rng;
+
+/// One standard normal draw (Box–Muller, two uniforms of `rng`).
+pub fn normal(rng: &mut SmallRng) -> f64 {
+    let u1 = 1.0 - rng.random::<f64>(); // (0, 1]: ln stays finite
+    let u2: f64 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// One lognormal draw: median `median`, `sigma` the σ of its natural log.
+pub fn lognormal(rng: &mut SmallRng, median: f64, sigma: f64) -> f64 {
+    median * (sigma * normal(rng)).exp()
+}
+
+/// A generated workload as a trace in Mooncake's 512-token blocks: `requests` sorted by
+/// arrival, the first arriving at 0 s.
+fn into_trace(mut requests: Vec<TraceRequest>) -> Trace {
+    requests.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    let first = requests.first().map_or(0.0, |r| r.arrival_s);
+    for r in &mut requests {
+        r.arrival_s -= first;
+    }
+    Trace { format: TraceFormat::Mooncake, block_tokens: Some(BLOCK_TOKENS), requests, skipped: Vec::new() }
+}

@@ -13,7 +13,8 @@
 //! medians, as RL trainers do. Each request's `group` is its step.
 
 use super::scenarios::ScenarioParams;
-use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceFormat, TraceRequest};
+use super::{into_trace, lognormal};
+use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceRequest};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -29,13 +30,6 @@ pub const TASK_MEDIANS: [f64; TASKS] = [192.0, 384.0, 768.0, 1536.0];
 pub const SIGMA: f64 = 1.0;
 /// The `max_tokens` every rollout sends, tokens.
 pub const MAX_TOKENS: u32 = 8192;
-
-/// One standard normal sample (Box–Muller).
-fn normal(rng: &mut SmallRng) -> f64 {
-    let u1 = 1.0 - rng.random::<f64>(); // (0, 1]: ln stays finite
-    let u2: f64 = rng.random();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-}
 
 /// Generates `p.requests` rollouts at a mean of `p.rate` per second (see the module docs).
 pub fn generate(p: &ScenarioParams) -> Trace {
@@ -56,7 +50,7 @@ pub fn generate(p: &ScenarioParams) -> Trace {
             next_id += question;
             let input_tokens = (1 + question as u32) * BLOCK_TOKENS - rng.random_range(0..=300);
             for _ in 0..GROUP_SIZE {
-                let len = TASK_MEDIANS[task] * (SIGMA * normal(&mut rng)).exp();
+                let len = lognormal(&mut rng, TASK_MEDIANS[task], SIGMA);
                 out.push(TraceRequest {
                     arrival_s: start + rng.random::<f64>(),
                     input_tokens,
@@ -70,12 +64,7 @@ pub fn generate(p: &ScenarioParams) -> Trace {
         step += 1;
     }
     out.truncate(p.requests as usize);
-    out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
-    let first = out.first().map_or(0.0, |r| r.arrival_s);
-    for r in &mut out {
-        r.arrival_s -= first;
-    }
-    Trace { format: TraceFormat::Mooncake, block_tokens: Some(BLOCK_TOKENS), requests: out, skipped: Vec::new() }
+    into_trace(out)
 }
 
 #[cfg(test)]
