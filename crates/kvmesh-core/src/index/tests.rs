@@ -317,6 +317,31 @@ fn a_sliding_window_group_cuts_the_hit_as_vllm_does() {
 }
 
 #[test]
+fn window_group_stores_follow_cases_c02_and_c20() {
+    let toks: Vec<u32> = (0..8).collect();
+    let window = Some(KvGroup { idx: 1, kind: Some("sliding_window".into()), sliding_window: Some(5) });
+    let in_window = |e: KvEvent| match e {
+        KvEvent::Stored(s) => KvEvent::Stored(Stored { kv_group: window.clone(), ..s }),
+        KvEvent::Removed(r) => KvEvent::Removed(Removed { kv_group: Some(1), ..r }),
+        other => other,
+    };
+    let mut ix = index();
+    ix.apply(R0, &stored(&[1, 2], None, toks.clone()));
+    // C02: a repeated id within one window store is a counted no-op.
+    let o = ix.apply(R0, &in_window(stored(&[1, 1], None, toks.clone())));
+    assert_eq!((o.stored, o.rejection), (0, Some(Rejection::SelfReferential)));
+    assert_eq!(ix.window_blocks(R0), 0);
+    // C20: block 2 stored twice in the window group is removed twice.
+    ix.apply(R0, &in_window(stored(&[1, 2], None, toks.clone())));
+    assert_eq!(ix.apply(R0, &in_window(stored(&[2], Some(1), toks[4..].to_vec()))).stored, 1);
+    assert_eq!(ix.apply(R0, &in_window(removed(&[2]))).removed, 1);
+    assert_eq!((ix.window_blocks(R0), gpu_overlap(&ix, R0, &toks)), (2, 2));
+    assert_eq!(ix.apply(R0, &in_window(removed(&[2]))).removed, 1);
+    // A 5-token window needs one block before the hit: block 0 alone still makes 1.
+    assert_eq!((ix.window_blocks(R0), gpu_overlap(&ix, R0, &toks)), (1, 1));
+}
+
+#[test]
 fn with_a_partial_history_unknown_parents_wait_for_their_parent() {
     let toks: Vec<u32> = (0..16).collect();
     // The engine's history: blocks 1, 2 (its replay buffer no longer holds that store), then
