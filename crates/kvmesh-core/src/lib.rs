@@ -54,7 +54,10 @@ pub mod record;
 pub mod replication;
 
 pub use error::Error;
-pub use fleet::{Fleet, FleetConfig, FleetView, ReplicaSpec, ReplicaState, ReplicaStatus, RouteRequest, Routed};
+pub use fleet::{
+    Fleet, FleetConfig, FleetView, PdDecision, PdRouted, ReplicaSpec, ReplicaState, ReplicaStatus, Role, RouteRequest,
+    Routed,
+};
 pub use hashing::{BlockHasher, ModelKey, Namespace};
 pub use ids::{BlockHash, EngineBlockHash, Medium, ReplicaId};
 pub use index::PrefixIndex;

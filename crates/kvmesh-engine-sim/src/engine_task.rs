@@ -36,6 +36,9 @@ pub struct Submission {
     pub output_tokens: u32,
     /// The LoRA adapter it names (one of the engine's `lora_modules`), if any.
     pub lora: Option<Arc<str>>,
+    /// Its prompt's KV was received from a prefill replica (see
+    /// [`kvmesh_sim::engine::EngineRequest::remote_prefill`]).
+    pub remote_prefill: bool,
     /// Where its outputs go; dropping the receiver aborts the request at its next token.
     pub outputs: mpsc::UnboundedSender<Output>,
 }
@@ -101,6 +104,7 @@ pub fn spawn(
                 tokens: s.tokens,
                 output_tokens: s.output_tokens.max(1),
                 lora: s.lora,
+                remote_prefill: s.remote_prefill,
             });
             waiters.insert(next_id, s.outputs);
         };

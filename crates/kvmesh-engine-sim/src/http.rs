@@ -49,6 +49,97 @@ pub struct AppState {
     /// How many completion requests named each `model` (`""`: none named): where a router
     /// sent each model's requests.
     pub asked_models: Arc<Mutex<std::collections::BTreeMap<String, u64>>>,
+    /// Disaggregated serving: role, identity, link, counts.
+    pub pd: Arc<PdState>,
+}
+
+/// A replica's part in disaggregated serving, as a vLLM with `NixlConnector` plays it
+/// (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py): a request whose
+/// `kv_transfer_params` say `do_remote_decode` is a prefill leg — computed, answered with
+/// one token and the params a decode replica needs (`do_remote_prefill`, `remote_engine_id`,
+/// `remote_block_ids`, `remote_request_id`, `remote_host`, `remote_port`, `tp_size`); one
+/// that says `do_remote_prefill` is a decode leg — its prompt's blocks are received over the
+/// link (a wait, [`crate::EngineSimConfig::kv_link_gbps`]), loaded into the cache (announced
+/// in `BlockStored`s), and the answer generated.
+#[derive(Debug)]
+pub struct PdState {
+    /// The role it was started with.
+    pub role: kvmesh_core::Role,
+    /// Its engine id in the params it hands out.
+    pub engine_id: String,
+    /// Its host, as `remote_host`.
+    pub host: String,
+    /// Its port, as `remote_port`.
+    pub port: u16,
+    /// Receive link, Gb/s.
+    pub kv_link_gbps: f64,
+    /// Time compression (the transfer wait is divided by it).
+    pub speed: f64,
+    /// Whole requests, prefill legs, decode legs.
+    pub counts: [std::sync::atomic::AtomicU64; 3],
+}
+
+impl PdState {
+    /// The counts so far.
+    pub fn counts(&self) -> PdCounts {
+        let n = |k: usize| self.counts[k].load(Ordering::Relaxed);
+        PdCounts { whole: n(0), prefill: n(1), decode: n(2) }
+    }
+}
+
+/// Completion requests a replica was sent, by disaggregated kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct PdCounts {
+    /// Plain requests (no `kv_transfer_params`).
+    pub whole: u64,
+    /// Prefill legs (`do_remote_decode`).
+    pub prefill: u64,
+    /// Decode legs (`do_remote_prefill`).
+    pub decode: u64,
+}
+
+/// What a request's `kv_transfer_params` ask.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Transfer {
+    /// Nothing: a whole request.
+    Whole,
+    /// Compute the prompt and hand its KV to a decode replica.
+    ToDecode,
+    /// Receive `blocks` prompt blocks (`None`: the whole prompt's) from a prefill replica,
+    /// then decode.
+    FromPrefill { blocks: Option<u64> },
+}
+
+/// Reads vLLM's `kv_transfer_params`.
+///
+/// # Errors
+/// The message of a 400: a decode leg without the prefill replica's `remote_engine_id` and
+/// `remote_block_ids` (vLLM's connector cannot fetch anything then).
+fn transfer(body: &Value, role: kvmesh_core::Role) -> Result<Transfer, String> {
+    if body.get("bootstrap_room").is_some_and(|r| !r.is_null()) {
+        // SGLang: the server's mode decides; the decode side receives the whole prompt.
+        return Ok(match role {
+            kvmesh_core::Role::Prefill => Transfer::ToDecode,
+            kvmesh_core::Role::Decode => Transfer::FromPrefill { blocks: None },
+            kvmesh_core::Role::Both => Transfer::Whole,
+        });
+    }
+    let Some(p) = body.get("kv_transfer_params").filter(|p| !p.is_null()) else { return Ok(Transfer::Whole) };
+    let flag = |k: &str| p.get(k).and_then(Value::as_bool).unwrap_or(false);
+    if flag("do_remote_prefill") {
+        let engine = p.get("remote_engine_id").and_then(Value::as_str);
+        // One list, or one list per KV cache group (hybrid models): the first group's.
+        let ids = p.get("remote_block_ids").and_then(Value::as_array).map(|a| match a.first() {
+            Some(Value::Array(first)) => first.len(),
+            _ => a.len(),
+        });
+        return match (engine, ids) {
+            (Some(_), Some(n)) => Ok(Transfer::FromPrefill { blocks: Some(n as u64) }),
+            _ => Err("kv_transfer_params: do_remote_prefill needs the prefill replica's remote_engine_id and                       remote_block_ids (pass on what the prefill replica answered)"
+                .into()),
+        };
+    }
+    Ok(if flag("do_remote_decode") { Transfer::ToDecode } else { Transfer::Whole })
 }
 
 /// How many received `traceparent`s are kept.
@@ -98,6 +189,7 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/faults", get(get_faults).post(set_faults))
         .route("/admin/traceparents", get(traceparents))
         .route("/admin/models", get(asked_models))
+        .route("/admin/pd", get(pd_counts))
         .with_state(state)
 }
 
@@ -130,6 +222,8 @@ struct Parsed {
     include_usage: bool,
     /// The served LoRA adapter its `model` names, if it names one.
     lora: Option<Arc<str>>,
+    /// Its disaggregated part.
+    transfer: Transfer,
 }
 
 fn common(s: &AppState, body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Response>> {
@@ -144,7 +238,15 @@ fn common(s: &AppState, body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Re
         },
     };
     let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    let transfer = transfer(body, s.pd.role).map_err(|m| Box::new(error(StatusCode::BAD_REQUEST, &m)))?;
+    let kind = match transfer {
+        Transfer::Whole => 0,
+        Transfer::ToDecode => 1,
+        Transfer::FromPrefill { .. } => 2,
+    };
+    s.pd.counts[kind].fetch_add(1, Ordering::Relaxed);
     Ok(Parsed {
+        transfer,
         tokens,
         max_tokens,
         stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
@@ -215,7 +317,19 @@ async fn generate(s: AppState, p: Parsed, chat: bool, rank: usize) -> Response {
     // An answer shorter than max_tokens stops (its end of sequence), as vLLM says.
     let output_tokens = s.outputs.as_ref().map_or(p.max_tokens, |o| o.sample(p.max_tokens));
     let finish_reason = if output_tokens < p.max_tokens { "stop" } else { "length" };
-    let submission = Submission { tokens: p.tokens.into(), output_tokens, lora: p.lora, outputs: tx };
+    let remote_prefill = match p.transfer {
+        Transfer::FromPrefill { blocks } => {
+            // The prompt's KV crosses the link before the engine can take the request.
+            let blocks = blocks.unwrap_or(p.tokens.len().div_ceil(s.block_size as usize) as u64);
+            let bytes = blocks * u64::from(s.block_size) * s.profile.kv_bytes_per_token;
+            let secs = bytes as f64 * 8.0 / (s.pd.kv_link_gbps * 1e9) / s.pd.speed;
+            tokio::time::sleep(std::time::Duration::from_secs_f64(secs)).await;
+            true
+        }
+        _ => false,
+    };
+    let handoff = (p.transfer == Transfer::ToDecode).then(|| p.tokens.len().div_ceil(s.block_size as usize));
+    let submission = Submission { tokens: p.tokens.into(), output_tokens, lora: p.lora, remote_prefill, outputs: tx };
     s.by_rank[rank].fetch_add(1, Ordering::Relaxed);
     if s.submit[rank].send(submission).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "engine is shutting down");
@@ -311,13 +425,20 @@ async fn generate(s: AppState, p: Parsed, chat: bool, rank: usize) -> Response {
     let text = TOKEN_TEXT.repeat(generated as usize);
     let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": generated,
         "total_tokens": prompt_tokens + generated as usize, "prompt_tokens_details": {"cached_tokens": cached}});
-    let body = if chat {
+    let mut body = if chat {
         json!({"id": id, "object": "chat.completion", "created": created, "model": s.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}], "usage": usage})
     } else {
         json!({"id": id, "object": "text_completion", "created": created, "model": s.model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish_reason}], "usage": usage})
     };
+    if let Some(blocks) = handoff {
+        // What NixlConnector's `request_finished` hands back for the decode replica.
+        body["kv_transfer_params"] = json!({
+            "do_remote_prefill": true, "do_remote_decode": false,
+            "remote_block_ids": (0..blocks).collect::<Vec<_>>(), "remote_engine_id": s.pd.engine_id,
+            "remote_request_id": id, "remote_host": s.pd.host, "remote_port": s.pd.port, "tp_size": 1});
+    }
     Json(body).into_response()
 }
 
@@ -425,6 +546,11 @@ async fn traceparents(State(s): State<AppState>) -> Json<Vec<String>> {
 /// Completion requests received per `model` named, as a JSON object.
 async fn asked_models(State(s): State<AppState>) -> Json<std::collections::BTreeMap<String, u64>> {
     Json(s.asked_models.lock().unwrap_or_else(|p| p.into_inner()).clone())
+}
+
+/// Completion requests by disaggregated kind, as JSON ([`PdCounts`]).
+async fn pd_counts(State(s): State<AppState>) -> Json<PdCounts> {
+    Json(s.pd.counts())
 }
 
 async fn get_faults(State(s): State<AppState>) -> Json<Faults> {

@@ -83,6 +83,16 @@ pub struct EngineSimConfig {
     /// its `X-data-parallel-rank` header names, else to the ranks in turn; `/metrics` has one
     /// series per rank (`engine="<rank>"`). Default 1.
     pub data_parallel_size: u32,
+    /// Its part in disaggregated serving ([`kvmesh_core::Role`]), as vLLM's `kv_role`
+    /// (`kv_producer`, `kv_consumer`, `kv_both`). Whatever the role, a request is served as its
+    /// `kv_transfer_params` ask, as a vLLM with a KV connector serves it ([`http`]); a
+    /// request of the other side's kind, or a whole one on a prefill or decode replica, is
+    /// counted apart (`GET /admin/pd`), for tests to see what a router sent where.
+    pub role: kvmesh_core::Role,
+    /// The link a decode replica receives a prompt's KV over, gigabits per second: a decode
+    /// request waits `blocks × block_size × kv_bytes_per_token × 8 / (gbps × 10⁹)` seconds
+    /// (÷ `speed`) before its engine takes it. Default 100 (RDMA-class NIC).
+    pub kv_link_gbps: f64,
 }
 
 impl Default for EngineSimConfig {
@@ -102,6 +112,8 @@ impl Default for EngineSimConfig {
             sliding_window: None,
             output_lengths: None,
             data_parallel_size: 1,
+            role: kvmesh_core::Role::Both,
+            kv_link_gbps: 100.0,
         }
     }
 }
@@ -122,6 +134,7 @@ pub struct EngineSim {
     pub faults: Arc<faults::FaultState>,
     traceparents: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
     asked_models: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
+    pd: Arc<http::PdState>,
     by_rank: Arc<Vec<std::sync::atomic::AtomicU64>>,
     stats: Vec<Arc<std::sync::Mutex<engine_task::Stats>>>,
     stop: Arc<watch::Sender<bool>>,
@@ -144,6 +157,12 @@ impl EngineSim {
     /// at `GET /admin/models`).
     pub fn asked_models(&self) -> std::collections::BTreeMap<String, u64> {
         self.asked_models.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Completion requests by disaggregated kind since start: whole, prefill legs
+    /// (`do_remote_decode`), decode legs (`do_remote_prefill`) — also `GET /admin/pd`.
+    pub fn pd_counts(&self) -> http::PdCounts {
+        self.pd.counts()
     }
 
     /// Completion requests each data-parallel rank was given, by rank.
@@ -184,6 +203,11 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
     anyhow::ensure!(config.speed.is_finite() && config.speed > 0.0, "speed must be positive, got {}", config.speed);
     anyhow::ensure!(config.block_size > 0, "block size must be positive");
     anyhow::ensure!(
+        config.kv_link_gbps.is_finite() && config.kv_link_gbps > 0.0,
+        "KV link must be positive Gb/s, got {}",
+        config.kv_link_gbps
+    );
+    anyhow::ensure!(
         (1..=1024).contains(&config.data_parallel_size),
         "data-parallel size must be 1..=1024, got {}",
         config.data_parallel_size
@@ -213,6 +237,15 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
     let http_addr = listener.local_addr()?;
     let traceparents = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
     let asked_models = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let pd = Arc::new(http::PdState {
+        role: config.role,
+        engine_id: format!("engine-sim-{}", http_addr.port()),
+        host: http_addr.ip().to_string(),
+        port: http_addr.port(),
+        kv_link_gbps: config.kv_link_gbps,
+        speed: config.speed,
+        counts: Default::default(),
+    });
     let app = http::router(http::AppState {
         model: config.model.clone(),
         lora_modules: config.lora_modules.iter().map(|m| Arc::from(m.as_str())).collect(),
@@ -227,6 +260,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
         stop: stop.clone(),
         traceparents: traceparents.clone(),
         asked_models: asked_models.clone(),
+        pd: pd.clone(),
     });
     let mut stop_http = stopped.clone();
     let server = tokio::spawn(async move {
@@ -247,6 +281,7 @@ pub async fn start(config: EngineSimConfig) -> anyhow::Result<EngineSim> {
         faults,
         traceparents,
         asked_models,
+        pd,
         by_rank,
         stats,
         stop,

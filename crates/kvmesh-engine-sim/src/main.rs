@@ -54,6 +54,15 @@ struct Args {
     /// publishes at the KV-event and replay ports + k; `X-data-parallel-rank` picks the rank.
     #[arg(long, default_value_t = 1)]
     data_parallel_size: u32,
+    /// Its part in prefill/decode-disaggregated serving: both, prefill or decode (vLLM's
+    /// kv_both, kv_producer, kv_consumer). Requests are served as their kv_transfer_params
+    /// ask whatever the role; `GET /admin/pd` counts what came.
+    #[arg(long, default_value = "both", value_parser = parse_role)]
+    role: kvmesh_core::Role,
+    /// A decode replica receives a prompt's KV over a link of this many Gb/s (the wait is
+    /// blocks × block size × the profile's kv_bytes_per_token × 8 / link, ÷ --speed).
+    #[arg(long, default_value_t = 100.0)]
+    kv_link_gbps: f64,
     /// Fault: publish no KV events.
     #[arg(long)]
     drop_events: bool,
@@ -63,6 +72,10 @@ struct Args {
     /// Fault: answer inference requests with this HTTP status.
     #[arg(long)]
     status: Option<u16>,
+}
+
+fn parse_role(s: &str) -> Result<kvmesh_core::Role, String> {
+    s.parse()
 }
 
 #[tokio::main]
@@ -84,6 +97,8 @@ async fn main() -> anyhow::Result<()> {
         block_size: a.block_size,
         speed: a.speed,
         data_parallel_size: a.data_parallel_size,
+        role: a.role,
+        kv_link_gbps: a.kv_link_gbps,
         sliding_window: a.sliding_window,
         output_lengths: a.output_median.map(|median| kvmesh_engine_sim::outputs::OutputLengths {
             median,

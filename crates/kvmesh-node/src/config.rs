@@ -26,7 +26,7 @@
 //! In a cluster the `[[replicas]]` list seeds the replicated registry at `kvmesh cluster init`;
 //! from then on the registry (admin API, through the Raft leader) is what every node follows.
 
-use kvmesh_core::PolicyKind;
+use kvmesh_core::{PolicyKind, Role};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -643,7 +643,9 @@ pub struct ReplicaConfig {
     pub metrics_url: Option<String>,
     /// KV-cache capacity, blocks.
     pub capacity_blocks: u64,
-    /// `vllm` or `sglang` (informational; both formats are read).
+    /// `vllm` or `sglang`. Both event formats are read either way; it decides how a
+    /// disaggregated request is handed between its prefill and decode replicas (vLLM's
+    /// `kv_transfer_params`, SGLang's bootstrap room).
     #[serde(default = "default_engine")]
     pub engine: String,
     /// The model it serves (vLLM `--served-model-name`); default `node.model`. Requests for a
@@ -683,7 +685,23 @@ pub struct ReplicaConfig {
     /// rank logs it). 1..=1024.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_parallel_size: Option<u32>,
+    /// Its part in prefill/decode-disaggregated serving: `both` (default: it serves requests
+    /// whole), `prefill` or `decode` (vLLM: a KV connector such as `NixlConnector` in
+    /// `--kv-transfer-config`; SGLang: `--disaggregation-mode`). While a model has a routable
+    /// replica of each side, each of its requests goes to one prefill and one decode replica,
+    /// picked together (prefill by token load with prefix overlap, decode by decode load and
+    /// KV headroom); otherwise its `both` replicas serve it whole.
+    #[serde(default, skip_serializing_if = "Role::is_both")]
+    pub role: Role,
+    /// A `prefill` replica of `engine = "sglang"`: its disaggregation bootstrap port
+    /// (SGLang `--disaggregation-bootstrap-port`), sent to both sides as `bootstrap_port`.
+    /// Default 8998, SGLang's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
 }
+
+/// SGLang's default `--disaggregation-bootstrap-port`.
+pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 
 /// Most data-parallel ranks one `[[replicas]]` entry may stand for.
 pub const MAX_DATA_PARALLEL_SIZE: u32 = 1024;
@@ -787,6 +805,12 @@ impl ReplicaConfig {
         }
         if self.data_parallel_rank.is_some_and(|k| k >= MAX_DATA_PARALLEL_SIZE) {
             return bad(&format!("data_parallel_rank must be below {MAX_DATA_PARALLEL_SIZE}"));
+        }
+        if self.engine != "vllm" && self.engine != "sglang" {
+            return bad(&format!("engine must be vllm or sglang, got {:?}", self.engine));
+        }
+        if self.bootstrap_port.is_some() && (self.engine != "sglang" || self.role != Role::Prefill) {
+            return bad("bootstrap_port is for a prefill replica of engine = \"sglang\" only");
         }
         for (i, a) in self.lora_adapters.iter().flatten().enumerate() {
             if a.is_empty() || Some(a) == self.model.as_ref() {

@@ -92,7 +92,7 @@ impl router_server::Router for Services {
         }
         let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived)
             .for_selected(&selected);
-        let Admitted { routed, replica: name, endpoints, at: now, decision_s } = match ticket
+        let Admitted { routed, replica: name, endpoints, at: now, decision_s, decode } = match ticket
             .route(&req, &tokens, r.max_tokens)
             .await
         {
@@ -120,7 +120,32 @@ impl router_server::Router for Services {
             uncached_tokens: d.uncached_tokens,
             estimated_ttft_s: d.estimated_ttft_s,
         });
+        let bootstrap = decode.as_ref().and_then(|_| {
+            let core = self.shared.core();
+            let r = core.replicas.get(&name).filter(|r| r.config.engine == "sglang")?;
+            let authority = &r.endpoints.authority;
+            let host = authority.rsplit_once(':').map_or(authority.as_str(), |(h, _)| h);
+            Some(v1::Bootstrap {
+                host: host.trim_start_matches('[').trim_end_matches(']').to_string(),
+                port: u32::from(r.config.bootstrap_port.unwrap_or(crate::config::DEFAULT_BOOTSTRAP_PORT)),
+                room: crate::disaggregated::random_u64() >> 1,
+            })
+        });
+        let decode = decode.map(|leg| {
+            let d = leg.routed.decision;
+            v1::DecodeSide {
+                replica_id: leg.replica,
+                endpoint: leg.endpoints.base.clone(),
+                overlap_blocks: d.overlap_blocks,
+                reason: d.reason.as_str().into(),
+                booking: self.shared.booking_keys.issue(leg.routed.booking, &caller),
+                data_parallel_rank: leg.endpoints.data_parallel_rank,
+                estimated_ttft_s: d.estimated_ttft_s,
+            }
+        });
         Ok(Response::new(v1::RouteResponse {
+            decode,
+            bootstrap,
             replica_id: name,
             endpoint: endpoints.base.clone(),
             overlap_blocks: d.overlap_blocks,
@@ -187,12 +212,26 @@ pub(crate) fn to_spec(c: &ReplicaConfig, block_size: u32) -> v1::ReplicaSpec {
         capacity_blocks: c.capacity_blocks,
         data_parallel_rank: c.data_parallel_rank,
         lora_adapters: c.lora_adapters.clone().unwrap_or_default(),
+        role: if c.role.is_both() { String::new() } else { c.role.as_str().to_string() },
+        bootstrap_port: c.bootstrap_port.map(u32::from),
     }
 }
 
-pub(crate) fn from_spec(s: v1::ReplicaSpec) -> ReplicaConfig {
+/// The registry's entry for an `AddReplica` spec.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a role that is not `both`, `prefill` or `decode`, or a bootstrap
+/// port past 65535.
+pub(crate) fn from_spec(s: v1::ReplicaSpec) -> Result<ReplicaConfig, GrpcStatus> {
     let opt = |v: String| (!v.is_empty()).then_some(v);
-    ReplicaConfig {
+    let role = s.role.parse::<kvmesh_core::Role>().map_err(GrpcStatus::invalid_argument)?;
+    let bootstrap_port = s
+        .bootstrap_port
+        .map(|p| {
+            u16::try_from(p).map_err(|_| GrpcStatus::invalid_argument(format!("bootstrap_port {p} is past 65535")))
+        })
+        .transpose()?;
+    Ok(ReplicaConfig {
         name: s.name,
         http: s.http_endpoint,
         kv_events: opt(s.kv_events_endpoint),
@@ -206,7 +245,9 @@ pub(crate) fn from_spec(s: v1::ReplicaSpec) -> ReplicaConfig {
         data_parallel_rank: s.data_parallel_rank,
         data_parallel_size: None,
         lora_adapters: (!s.lora_adapters.is_empty()).then_some(s.lora_adapters),
-    }
+        role,
+        bootstrap_port,
+    })
 }
 
 fn not_found_or(e: ClusterError) -> GrpcStatus {
@@ -367,7 +408,7 @@ impl admin_server::Admin for Services {
         let request = request.into_inner();
         let starting = request.starting;
         let spec = request.spec.ok_or_else(|| GrpcStatus::invalid_argument("spec is required"))?;
-        let config = from_spec(spec);
+        let config = from_spec(spec)?;
         // One block size per model (node.model's is the node's): refused here, before the
         // registry would take it.
         let model = self.shared.models.of_replica(config.model.as_deref()).to_string();

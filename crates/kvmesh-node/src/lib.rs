@@ -26,6 +26,7 @@ pub mod body_budget;
 pub mod booking_token;
 pub mod cluster;
 pub mod config;
+pub mod disaggregated;
 pub mod epp;
 pub mod grpc;
 pub mod health;

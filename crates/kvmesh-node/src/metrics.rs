@@ -68,6 +68,12 @@ pub struct Metrics {
     /// reached a replica: `ok`, `client_error`, `upstream_error`, `backpressure`,
     /// `disconnected`).
     pub replica_requests: Family<Labels, Counter>,
+    /// Disaggregated requests' failed hand-offs, by `side` (`prefill`, `decode`) and `kind`:
+    /// `unreachable`, `overloaded` (429/503), `failed` (another error status or a broken
+    /// answer), `no_transfer_params` (a vLLM prefill replica that answered without
+    /// `kv_transfer_params`: it has no KV connector, and the decode replica computed the
+    /// prompt itself).
+    pub pd_errors: Family<Labels, Counter>,
     /// TTFT by replica, from the request's arrival at the node, seconds, with `streamed`
     /// `true` (the first streamed chunk) or `false` (a non-streamed answer: its first byte is
     /// the whole answer).
@@ -189,6 +195,7 @@ impl Metrics {
             ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             ttft_over_slo: Counter::default(),
             replica_requests: Family::default(),
+            pd_errors: Family::default(),
             replica_ttft: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             replica_e2e: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             // 5 ms to 41 s.
@@ -248,6 +255,11 @@ impl Metrics {
             "replica_requests",
             "Requests followed to their end (proxied, or picked for a gateway) by replica and outcome",
             m.replica_requests.clone(),
+        );
+        registry.register(
+            "pd_errors",
+            "Failed prefill/decode hand-offs of disaggregated requests by side and kind",
+            m.pd_errors.clone(),
         );
         registry.register(
             "replica_ttft_seconds",

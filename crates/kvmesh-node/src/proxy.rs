@@ -52,15 +52,21 @@ pub fn router(shared: Arc<Shared>) -> Router {
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    error_of_kind(status, message, None)
+}
+
+/// An OpenAI-shaped error answer; `kind` overrides the type the status implies (a
+/// disaggregated request's `prefill_error` / `decode_error`).
+pub(crate) fn error_of_kind(status: StatusCode, message: impl Into<String>, kind: Option<&'static str>) -> Response {
     let message = message.into();
     // OpenAI's error types: a 429 is `rate_limit_exceeded` to its clients.
-    let kind = match status {
+    let kind = kind.unwrap_or(match status {
         StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
         StatusCode::NOT_FOUND => "not_found_error",
         StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
         StatusCode::GATEWAY_TIMEOUT => "timeout",
         _ => "service_unavailable",
-    };
+    });
     (status, Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}))).into_response()
 }
 
@@ -359,8 +365,10 @@ async fn forward(
                 return error(r.status, r.message);
             }
         };
-    // What went wrong on the last replica tried, if one was.
+    // What went wrong on the last replica tried, if one was, and on which side of a
+    // disaggregated request.
     let mut last_failure: Option<String> = None;
+    let mut last_side: Option<crate::in_flight::Side> = None;
     // Hashed once, outside the core lock.
     let req = RouteRequest::new(&shared.settings.hasher_for(&selected), &tokens, max_tokens)
         .streamed(stream)
@@ -372,7 +380,7 @@ async fn forward(
         crate::admission::Ticket::new(&shared, crate::admission::Via::Proxy, exact, arrived).for_selected(&selected);
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
-        let crate::admission::Admitted { routed, replica: name, endpoints, at: now, decision_s } =
+        let crate::admission::Admitted { routed, replica: name, endpoints, at: now, decision_s, decode } =
             match ticket.route(&req, &tokens, max_tokens).await {
                 Ok(a) => a,
                 Err(NotAdmitted::NoReplica(e)) => {
@@ -382,7 +390,8 @@ async fn forward(
                         Some(f) => format!("{f}; then: {e}"),
                         None => e.to_string(),
                     };
-                    return error(StatusCode::SERVICE_UNAVAILABLE, message);
+                    let kind = last_side.map(crate::disaggregated::error_type);
+                    return error_of_kind(StatusCode::SERVICE_UNAVAILABLE, message, kind);
                 }
                 Err(NotAdmitted::Refused(why)) => {
                     shared.metrics.request(why.outcome());
@@ -396,6 +405,29 @@ async fn forward(
                     return error(StatusCode::BAD_REQUEST, NotAdmitted::never_fits(&f));
                 }
             };
+        if let Some(decode) = decode {
+            use crate::disaggregated::{forward as pd_forward, Legs, Step};
+            let n = tokens.len() as u32;
+            let legs = Legs::new(
+                &shared,
+                (routed, name, endpoints),
+                decode,
+                (now, decision_s),
+                n,
+                &span,
+                arrived,
+                (&tokens, &selected),
+            );
+            match pd_forward(&shared, api, &headers, &body, legs, &span).await {
+                Step::Done(r) => return r,
+                Step::Retry { failure, exclude, side } => {
+                    ticket.exclude(exclude);
+                    last_failure = Some(failure);
+                    last_side = Some(side);
+                    continue;
+                }
+            }
+        }
         let mut booking =
             InFlight::routed(&shared, &routed, &name, now, decision_s, tokens.len() as u32, "http", &span, arrived)
                 .with_prompt(&tokens, &selected);
@@ -475,7 +507,8 @@ async fn forward(
     span.record("outcome", "no_replica");
     crate::telemetry::failed(&span, "no_replica");
     let last = last_failure.unwrap_or_else(|| "no replica could be tried".into());
-    error(StatusCode::SERVICE_UNAVAILABLE, format!("{last}; no other replica could take the request"))
+    let kind = last_side.map(crate::disaggregated::error_type);
+    error_of_kind(StatusCode::SERVICE_UNAVAILABLE, format!("{last}; no other replica could take the request"), kind)
 }
 
 /// 429 with `Retry-After`: capacity is short and the admission queue refused the request
@@ -523,14 +556,14 @@ struct PromptTokensDetails {
 }
 
 /// Names the replica that served a response (`x-kvmesh-replica`), for clients and debugging.
-fn with_replica(mut r: Response, replica: &str) -> Response {
+pub(crate) fn with_replica(mut r: Response, replica: &str) -> Response {
     if let Ok(v) = HeaderValue::from_str(replica) {
         r.headers_mut().insert("x-kvmesh-replica", v);
     }
     r
 }
 
-fn with_content_type(status: StatusCode, ct: Option<HeaderValue>, body: Body) -> Response {
+pub(crate) fn with_content_type(status: StatusCode, ct: Option<HeaderValue>, body: Body) -> Response {
     let mut r = Response::new(body);
     *r.status_mut() = status;
     if let Some(ct) = ct {
@@ -542,7 +575,7 @@ fn with_content_type(status: StatusCode, ct: Option<HeaderValue>, body: Body) ->
 /// Passes an upstream SSE body through chunk by chunk. The first chunk marks the first token;
 /// the end releases the booking with the events counted; an upstream error or the client
 /// dropping the body releases it too (the booking's drop).
-fn stream_through(
+pub(crate) fn stream_through(
     resp: reqwest::Response,
     booking: InFlight,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
@@ -747,6 +780,7 @@ mod tests {
             routed_at: 0.0,
             arrived: tokio::time::Instant::now(),
             prompt: None,
+            side: crate::in_flight::Side::Whole,
         };
         let parts: Vec<Result<Bytes, std::io::Error>> = chunks.iter().map(|c| Ok(Bytes::from(*c))).collect();
         let body = reqwest::Body::wrap_stream(futures_util::stream::iter(parts));

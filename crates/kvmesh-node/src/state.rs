@@ -260,6 +260,9 @@ impl Settings {
     }
 }
 
+/// A replica's name and URLs.
+pub type NamedReplica = (String, Arc<Endpoints>);
+
 /// The node settings the request path reads, fixed at start (no lock).
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -570,6 +573,7 @@ impl Shared {
             profile: self.settings.profile,
             model: self.models.of_replica(config.model.as_deref()).to_string(),
             block_size: config.block_size.unwrap_or(0),
+            role: config.role,
             ..ReplicaSpec::new(config.name.clone(), config.capacity_blocks)
         };
         let id = core.fleet.add_replica(spec).map_err(|e| RegistryError::Invalid(e.to_string()))?;
@@ -1053,6 +1057,60 @@ impl Core {
             out.routed(&self.fleet, &routed, &req.hashes, now);
         }
         Ok((routed, name, endpoints))
+    }
+
+    /// Whether requests of `model` go to a prefill and a decode replica (see
+    /// [`kvmesh_core::Fleet::disaggregated`]).
+    pub fn disaggregated(&self, model: Option<kvmesh_core::ModelKey>) -> bool {
+        self.fleet.disaggregated(model)
+    }
+
+    /// Decides both sides of a disaggregated `req` at `now` among `subset` (sorted ids), when
+    /// given, booking nothing ([`kvmesh_core::Fleet::decide_pd`]).
+    ///
+    /// # Errors
+    /// Either side has no routable replica.
+    pub fn decide_pd_within(
+        &mut self,
+        req: &RouteRequest,
+        subset: Option<&[kvmesh_core::ReplicaId]>,
+        now: f64,
+    ) -> Result<kvmesh_core::PdDecision, kvmesh_core::Error> {
+        if now - self.synced_at > 0.01 {
+            self.sync_all(now);
+            self.synced_at = now;
+        }
+        let Core { fleet, policy, rng, remote, node_id, .. } = self;
+        let (peers, rank) = remote.active_peers(*node_id, now, ACTIVE_PEER_WINDOW_S);
+        fleet.set_active_peers(peers, rank);
+        fleet.decide_pd(policy.as_mut(), req, subset, rng, now)
+    }
+
+    /// Books both sides of `d` (from [`Core::decide_pd_within`] for `req`) and tells the
+    /// peers; returns the bookings and each side's name and URLs (prefill, decode).
+    ///
+    /// # Errors
+    /// Either replica is gone or no longer routable; nothing stays booked.
+    pub fn book_pd(
+        &mut self,
+        req: &RouteRequest,
+        d: kvmesh_core::PdDecision,
+        now: f64,
+    ) -> Result<(kvmesh_core::PdRouted, [NamedReplica; 2]), kvmesh_core::Error> {
+        let side = |id: kvmesh_core::ReplicaId| {
+            self.fleet
+                .replica(id)
+                .and_then(|state| self.replicas.get(&state.spec.name))
+                .map(|r| (r.config.name.clone(), r.endpoints.clone()))
+                .ok_or(kvmesh_core::Error::UnknownReplica(id))
+        };
+        let sides = [side(d.prefill.replica)?, side(d.decode.replica)?];
+        let routed = self.fleet.book_pd(self.policy.as_mut(), req, d, now)?;
+        if let Some(out) = self.outbox.as_mut() {
+            out.routed(&self.fleet, &routed.prefill, &req.hashes, now);
+            out.routed(&self.fleet, &routed.decode, &req.hashes, now);
+        }
+        Ok((routed, sides))
     }
 
     /// Counts `req` (decided as `decision`) as arriving demand: its token load (uncached

@@ -101,6 +101,8 @@ impl Tier {
                 data_parallel_rank: None,
                 data_parallel_size: None,
                 lora_adapters: None,
+                role: Default::default(),
+                bootstrap_port: None,
             })
             .collect();
         let ports = free_ports(spec.nodes)?;

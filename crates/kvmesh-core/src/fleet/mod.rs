@@ -12,11 +12,13 @@
 //! random source, so the simulator replays a run from its seed and the node uses real time.
 //! The same `route` runs in the node and the simulator.
 
+mod pd;
 mod replica;
 mod request;
 mod view;
 
-pub use replica::{OverlapSource, ReplicaSpec, ReplicaState, ReplicaStatus};
+pub use pd::{PdDecision, PdRouted};
+pub use replica::{OverlapSource, ReplicaSpec, ReplicaState, ReplicaStatus, Role};
 pub use request::RouteRequest;
 pub use view::{Estimate, Estimator, FleetView};
 
@@ -521,16 +523,50 @@ impl Fleet {
         rng: &mut dyn RngCore,
         now: f64,
     ) -> Result<Decision, Error> {
-        debug_assert!(subset.is_none_or(|s| s.is_sorted()), "the subset must be sorted by id");
+        self.decide_as(Role::Both, policy, req, subset, rng, now)
+    }
+
+    /// [`Fleet::decide_within`] among the replicas of `role` only.
+    fn decide_as(
+        &mut self,
+        role: Role,
+        policy: &mut dyn Policy,
+        req: &RouteRequest,
+        subset: Option<&[ReplicaId]>,
+        rng: &mut dyn RngCore,
+        now: f64,
+    ) -> Result<Decision, Error> {
+        self.ready_for(policy, req, now);
+        let view = self.view(role, req, subset, now);
+        if view.routable().next().is_none() {
+            return Err(Error::NoReplicaReady);
+        }
+        let decision = policy.pick(req, &view, rng)?;
+        // A policy is user-extensible code: never book on a replica that cannot take traffic.
+        match self.pos(decision.replica) {
+            Some(p) if view.takes(p) => Ok(decision),
+            _ => Err(Error::UnknownReplica(decision.replica)),
+        }
+    }
+
+    /// Readies the fleet for a decision on `req` at `now`: the policy told of the lifecycle
+    /// events since its last pick, decoding outputs re-estimated, the overlaps filled.
+    fn ready_for(&mut self, policy: &mut dyn Policy, req: &RouteRequest, now: f64) {
         if !self.lifecycle.is_empty() {
             policy.observe(&self.lifecycle);
             self.lifecycle.clear();
         }
         self.refresh_outputs(now);
         self.prepare(req, policy.reads_kv_events(), policy.pending_prefix_s(), now);
+    }
+
+    /// The decision snapshot for `req` among the replicas of `role` (after
+    /// [`Fleet::ready_for`]).
+    fn view<'a>(&'a self, role: Role, req: &RouteRequest, subset: Option<&'a [ReplicaId]>, now: f64) -> FleetView<'a> {
+        debug_assert!(subset.is_none_or(|s| s.is_sorted()), "the subset must be sorted by id");
         // A model of another block size: the view counts its blocks in that size.
         let config = self.config_of(req.model);
-        let view = FleetView {
+        FleetView {
             now,
             epoch: self.epoch,
             config,
@@ -542,15 +578,7 @@ impl Fleet {
             peer_rank: self.peer_rank,
             subset,
             model: req.model.unwrap_or(self.hasher.model()),
-        };
-        if view.routable().next().is_none() {
-            return Err(Error::NoReplicaReady);
-        }
-        let decision = policy.pick(req, &view, rng)?;
-        // A policy is user-extensible code: never book on a replica that cannot take traffic.
-        match self.pos(decision.replica) {
-            Some(p) if view.takes(p) => Ok(decision),
-            _ => Err(Error::UnknownReplica(decision.replica)),
+            role,
         }
     }
 
@@ -700,7 +728,7 @@ impl Fleet {
     /// (reason [`crate::Reason::NoKvHeadroom`]), or every routable replica already carries its
     /// profile's `max_num_seqs` requests or more (`decision` is not booked yet: admission
     /// control checks before [`Fleet::book_decision`]) — every routable replica of the chosen
-    /// replica's model. This is the trigger of admission control (wait rather than pile onto
+    /// replica's model and role. This is the trigger of admission control (wait rather than pile onto
     /// full replicas).
     pub fn capacity_short(&self, decision: &Decision) -> bool {
         if decision.reason == crate::policy::Reason::NoKvHeadroom {
@@ -708,8 +736,9 @@ impl Fleet {
         }
         let loads = self.bookings.loads();
         // Only the chosen replica's model's replicas could have taken the request.
-        let model = self.replica(decision.replica).map(|r| r.model);
-        let mut routable = self.replicas.iter().filter(|r| r.routable() && Some(r.model) == model).peekable();
+        let model = self.replica(decision.replica).map(|r| (r.model, r.spec.role));
+        let mut routable =
+            self.replicas.iter().filter(|r| r.routable() && Some((r.model, r.spec.role)) == model).peekable();
         routable.peek().is_some()
             && routable.all(|r| loads.get(r.id.index()).map_or(0, |l| l.outstanding()) >= r.spec.profile.max_num_seqs)
     }

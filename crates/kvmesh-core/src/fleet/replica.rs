@@ -29,6 +29,60 @@ pub struct ReplicaSpec {
     /// events, its requests' hashes, its overlaps and its KV are all counted in its model's
     /// blocks.
     pub block_size: u32,
+    /// The part of a request it serves: both (today's aggregated serving), or one side of a
+    /// prefill/decode-disaggregated pair ([`Role`]). Default [`Role::Both`].
+    pub role: Role,
+}
+
+/// The part of a request a replica serves, as vLLM's disaggregated serving splits it
+/// (`--kv-transfer-config` with a KV connector such as `NixlConnector`; vLLM's
+/// `tests/v1/kv_connector/nixl_integration/toy_proxy_server.py` shows the flow) and SGLang's
+/// (`--disaggregation-mode prefill|decode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Prefill and decode on one replica (aggregated serving).
+    #[default]
+    Both,
+    /// Computes prompts and hands their KV to a decode replica.
+    Prefill,
+    /// Receives a prompt's KV from a prefill replica and generates the answer.
+    Decode,
+}
+
+impl Role {
+    /// `both`, `prefill` or `decode`, as in configs, the API and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::Both => "both",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+impl Role {
+    /// Whether this is [`Role::Both`] (a config field left out).
+    pub fn is_both(&self) -> bool {
+        *self == Role::Both
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+
+    /// Parses [`Role::as_str`]'s names (empty: `both`).
+    ///
+    /// # Errors
+    /// A message naming the three roles.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "" | "both" => Ok(Role::Both),
+            "prefill" => Ok(Role::Prefill),
+            "decode" => Ok(Role::Decode),
+            other => Err(format!("role must be both, prefill or decode, got {other:?}")),
+        }
+    }
 }
 
 impl ReplicaSpec {
@@ -42,6 +96,7 @@ impl ReplicaSpec {
             publishes_events: true,
             model: String::new(),
             block_size: 0,
+            role: Role::Both,
         }
     }
 }

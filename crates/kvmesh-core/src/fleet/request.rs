@@ -88,6 +88,14 @@ impl RouteRequest {
         self
     }
 
+    /// The prefill leg of a disaggregated request: the same prompt, answered with one token
+    /// (`max_tokens` 1, as vLLM's disaggregated proxy asks the prefill replica), not streamed.
+    /// Its expected output is that one token (a hint), so the prefill replica is booked for
+    /// the prompt alone.
+    pub fn prefill_leg(&self) -> RouteRequest {
+        RouteRequest { max_tokens: Some(1), output_hint: Some(1), streamed: false, ..self.clone() }
+    }
+
     /// Full prompt blocks.
     pub fn blocks(&self) -> u32 {
         self.hashes.len() as u32

@@ -2,7 +2,7 @@
 //! booked load and overlap with the request — and the TTFT / KV-headroom estimate all policies
 //! share.
 
-use super::{FleetConfig, ReplicaState, RouteRequest};
+use super::{FleetConfig, ReplicaState, Role, RouteRequest};
 use crate::load::TokenLoad;
 use crate::overlap::Overlap;
 
@@ -39,6 +39,9 @@ pub struct FleetView<'a> {
     /// The model the request asks for: only replicas serving it take the request
     /// ([`crate::ModelKey::ANY`]: any replica).
     pub model: crate::hashing::ModelKey,
+    /// The role the picked replica plays: [`Role::Both`] for a whole request, or one side of
+    /// a disaggregated one. Only replicas of that role take it.
+    pub role: Role,
 }
 
 /// One replica's estimated cost for one request.
@@ -61,18 +64,19 @@ pub struct Estimate {
 }
 
 impl<'a> FleetView<'a> {
-    /// Positions of replicas that take new requests: routable, serving the request's model,
-    /// within the subset if one is given.
+    /// Positions of replicas that take new requests: routable, of the view's role, serving
+    /// the request's model, within the subset if one is given.
     pub fn routable(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.replicas.len()).filter(|&i| self.takes(i))
     }
 
-    /// Whether the replica at position `i` may take this request: routable, and in the
-    /// subset when one is given.
+    /// Whether the replica at position `i` may take this request: routable, of the view's
+    /// role, serving its model, and in the subset when one is given.
     #[inline]
     pub fn takes(&self, i: usize) -> bool {
         let r = &self.replicas[i];
         r.routable()
+            && r.spec.role == self.role
             && (r.model == self.model || self.model == crate::hashing::ModelKey::ANY)
             && self.subset.is_none_or(|s| s.binary_search(&r.id).is_ok())
     }

@@ -25,7 +25,7 @@
 
 mod active_sequences;
 mod cache_aware;
-mod choose;
+pub(crate) mod choose;
 mod consistent_hash;
 mod kv_cost;
 mod least_outstanding;

@@ -19,7 +19,7 @@
 
 mod route;
 
-pub use route::{Admitted, NotAdmitted, Ticket, Via};
+pub use route::{Admitted, Leg, NotAdmitted, Ticket, Via};
 
 use crate::config::AdmissionSection;
 use kvmesh_core::admission::TtftGate;

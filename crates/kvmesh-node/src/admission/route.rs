@@ -23,6 +23,27 @@ pub struct Admitted {
     /// How long the deciding and booking took (the core's lock included; waits in the queue
     /// not), seconds.
     pub decision_s: f64,
+    /// A disaggregated request's decode side (then `routed`, `replica` and `endpoints` are
+    /// its prefill side's); `None` for a request served whole.
+    pub decode: Option<Leg>,
+}
+
+/// One side of a disaggregated request, booked.
+pub struct Leg {
+    /// The decision and its booking.
+    pub routed: Routed,
+    /// The replica's name.
+    pub replica: String,
+    /// Its URLs.
+    pub endpoints: Arc<Endpoints>,
+}
+
+/// What one pass through the core produced.
+enum Decided {
+    /// Booked: the (prefill) replica's, and a decode side's when disaggregated.
+    Booked((Routed, String, Arc<Endpoints>), Option<Leg>),
+    /// Held: capacity is short; the token load it waits with.
+    Held(u64),
 }
 
 /// Why a request was not routed.
@@ -81,6 +102,9 @@ pub struct Ticket<'a> {
     subset: Option<Vec<kvmesh_core::ReplicaId>>,
     /// The model and LoRA adapter it runs under: only replicas serving it may take it.
     adapter: Option<(String, String)>,
+    /// Replicas it is not to go to again (one that failed it before any byte reached the
+    /// client), sorted ids.
+    excluded: Vec<kvmesh_core::ReplicaId>,
 }
 
 /// Observes a wait in the admission queue once, however it ends (routed, refused after
@@ -131,7 +155,33 @@ impl<'a> Ticket<'a> {
             hot_prefix: true,
             subset: None,
             adapter: None,
+            excluded: Vec::new(),
         }
+    }
+
+    /// Keeps the request off `replica` from now on (its retries go elsewhere).
+    pub fn exclude(&mut self, replica: kvmesh_core::ReplicaId) {
+        if let Err(i) = self.excluded.binary_search(&replica) {
+            self.excluded.insert(i, replica);
+        }
+    }
+
+    /// The replicas it may go to: the adapter's servers or the gateway's subset, without the
+    /// excluded ones (sorted ids); `None`: any.
+    fn allowed(&self, core: &crate::state::Core) -> Option<Vec<kvmesh_core::ReplicaId>> {
+        let serving = self.adapter.as_ref().and_then(|(m, a)| core.serving_adapter(m, a, self.subset.as_deref()));
+        let base = serving.or_else(|| self.subset.clone());
+        if self.excluded.is_empty() {
+            return base;
+        }
+        let all = || {
+            let mut ids: Vec<_> = core.replicas.values().map(|r| r.id).collect();
+            ids.sort_unstable();
+            ids
+        };
+        let mut ids = base.unwrap_or_else(all);
+        ids.retain(|id| self.excluded.binary_search(id).is_err());
+        Some(ids)
     }
 
     /// For a request selecting `selected`: the prompt of a LoRA adapter's, a non-default
@@ -192,46 +242,70 @@ impl<'a> Ticket<'a> {
             // The core's lock lives in this block only: the caller's future must stay Send.
             let decided = {
                 let mut core = shared.core();
-                let serving =
-                    self.adapter.as_ref().and_then(|(m, a)| core.serving_adapter(m, a, self.subset.as_deref()));
-                core.decide_within(req, serving.as_deref().or(self.subset.as_deref()), now).and_then(|d| {
-                    if !std::mem::replace(&mut self.demand_counted, true) {
-                        core.count_demand(req, tokens, &d, now, self.hot_prefix);
-                    }
-                    // Capacity short, or (with the TTFT gate) the best replica would make it
-                    // miss its SLO: wait rather than pile onto a full replica.
-                    let arrived = self.arrived;
-                    if adm.section.enabled
+                let allowed = self.allowed(&core);
+                let arrived = self.arrived;
+                // Capacity short, or (with the TTFT gate) the best replica would make it miss
+                // its SLO: wait rather than pile onto a full replica.
+                let holds = |core: &crate::state::Core, d: &kvmesh_core::Decision, gated: bool| {
+                    adm.section.enabled
                         && !self.unqueued
-                        && (core.fleet.capacity_short(&d)
-                            || adm.gate().is_some_and(|g| !g.admits(&d, arrived.elapsed().as_secs_f64())))
-                    {
-                        Ok(Err(u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0))))
-                    } else {
-                        let booked = core.book(req, d, now)?;
-                        // The proxy waits on what it sends (the hung-engine check counts it);
-                        // a gRPC caller's request is the caller's to wait on.
-                        if self.via != Via::Route {
-                            if let Some(r) = core.replicas.get_mut(&booked.1) {
-                                r.proxied += 1;
-                            }
+                        && (core.fleet.capacity_short(d)
+                            || gated && adm.gate().is_some_and(|g| !g.admits(d, arrived.elapsed().as_secs_f64())))
+                };
+                let load =
+                    |d: &kvmesh_core::Decision| u64::from(d.uncached_tokens) + u64::from(max_tokens.unwrap_or(0));
+                let via = self.via;
+                // The proxy waits on what it sends (the hung-engine check counts it); a gRPC
+                // caller's request is the caller's to wait on.
+                let proxied = |core: &mut crate::state::Core, name: &str| {
+                    if via != Via::Route {
+                        if let Some(r) = core.replicas.get_mut(name) {
+                            r.proxied += 1;
                         }
-                        Ok(Ok(booked))
                     }
-                })
+                };
+                if core.disaggregated(req.model) {
+                    core.decide_pd_within(req, allowed.as_deref(), now).and_then(|d| {
+                        if !std::mem::replace(&mut self.demand_counted, true) {
+                            core.count_demand(req, tokens, &d.prefill, now, self.hot_prefix);
+                        }
+                        // The prefill side's TTFT is the request's; the decode side's KV and
+                        // slots must have room too.
+                        if holds(&core, &d.prefill, true) || holds(&core, &d.decode, false) {
+                            return Ok(Decided::Held(load(&d.prefill)));
+                        }
+                        let (routed, [(pname, pend), (dname, dend)]) = core.book_pd(req, d, now)?;
+                        proxied(&mut core, &pname);
+                        proxied(&mut core, &dname);
+                        let decode = Leg { routed: routed.decode, replica: dname, endpoints: dend };
+                        Ok(Decided::Booked((routed.prefill, pname, pend), Some(decode)))
+                    })
+                } else {
+                    core.decide_within(req, allowed.as_deref(), now).and_then(|d| {
+                        if !std::mem::replace(&mut self.demand_counted, true) {
+                            core.count_demand(req, tokens, &d, now, self.hot_prefix);
+                        }
+                        if holds(&core, &d, true) {
+                            return Ok(Decided::Held(load(&d)));
+                        }
+                        let booked = core.book(req, d, now)?;
+                        proxied(&mut core, &booked.1);
+                        Ok(Decided::Booked(booked, None))
+                    })
+                }
             };
             match decided {
                 Err(e) => {
                     settle(&mut held);
                     return Err(NotAdmitted::NoReplica(e));
                 }
-                Ok(Ok((routed, replica, endpoints))) => {
+                Ok(Decided::Booked((routed, replica, endpoints), decode)) => {
                     settle(&mut held);
                     drop(held);
                     let decision_s = t0.elapsed().as_secs_f64();
-                    return Ok(Admitted { routed, replica, endpoints, at: now, decision_s });
+                    return Ok(Admitted { routed, replica, endpoints, at: now, decision_s, decode });
                 }
-                Ok(Err(load)) => {
+                Ok(Decided::Held(load)) => {
                     let first = held.is_none();
                     let h = held.get_or_insert_with(|| Held {
                         since: tokio::time::Instant::now(),

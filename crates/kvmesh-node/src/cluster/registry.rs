@@ -344,6 +344,8 @@ mod tests {
             data_parallel_rank: None,
             lora_adapters: None,
             data_parallel_size: None,
+            role: Default::default(),
+            bootstrap_port: None,
         }
     }
 

@@ -35,6 +35,11 @@ pub struct EngineRequest {
     /// The LoRA adapter it runs under, if any: its blocks are another chain than the base
     /// model's (vLLM's block hash includes the adapter) and its `BlockStored`s name it.
     pub lora: Option<Arc<str>>,
+    /// Its prompt's KV comes from a prefill replica (a disaggregated decode request, vLLM's
+    /// `kv_transfer_params.do_remote_prefill`): the blocks it does not find cached are loaded,
+    /// not computed — admitted whole, outside the step's token budget, at no compute cost (the
+    /// transfer's time is the caller's to wait before enqueueing).
+    pub remote_prefill: bool,
 }
 
 /// What one step produced.
@@ -213,12 +218,16 @@ impl Engine {
         debug_assert!(!self.stepping);
         let bs = self.block_size as u64;
         let mut budget = self.profile.chunk_tokens;
-        let (mut prefill, mut decode) = (0u64, 0u64);
+        let (mut prefill, mut decode, mut loaded) = (0u64, 0u64, 0u64);
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() {
             let seq = &self.running[i];
-            let want = if seq.prefilling() { (seq.remaining_prefill() as u32).min(budget) } else { budget.min(1) };
+            let want = match (seq.prefilling(), seq.req.remote_prefill) {
+                (true, true) => seq.remaining_prefill() as u32,
+                (true, false) => (seq.remaining_prefill() as u32).min(budget),
+                (false, _) => budget.min(1),
+            };
             if want == 0 {
                 self.running[i].scheduled = 0;
                 i += 1;
@@ -238,10 +247,13 @@ impl Engine {
             let seq = &mut self.running[i];
             seq.private += need;
             seq.scheduled = want;
-            budget -= want;
-            if seq.prefilling() {
+            if seq.prefilling() && seq.req.remote_prefill {
+                loaded += want as u64;
+            } else if seq.prefilling() {
+                budget -= want;
                 prefill += want as u64;
             } else {
+                budget -= want;
                 decode += 1;
             }
             i += 1;
@@ -258,7 +270,11 @@ impl Engine {
             let max_hit = ((seq.prompt() - 1) / self.block_size) as usize;
             let hit = seq.hashes.iter().take(max_hit).take_while(|h| self.kv.contains(**h)).count();
             let computed = hit as u32 * self.block_size;
-            let want = (seq.prefill_target() - computed).min(budget);
+            let want = if seq.req.remote_prefill {
+                seq.prefill_target() - computed
+            } else {
+                (seq.prefill_target() - computed).min(budget)
+            };
             let need = (computed as u64 + want as u64).div_ceil(bs) - hit as u64;
             // As vLLM's `allocate_slots`: check the room first (hits nobody references leave
             // the evictable pool once taken), and touch the cache only if the request fits, so
@@ -286,11 +302,15 @@ impl Engine {
             seq.cached_tokens.get_or_insert(seq.computed);
             seq.private = need;
             seq.scheduled = want;
-            budget -= want;
-            prefill += want as u64;
+            if seq.req.remote_prefill {
+                loaded += want as u64;
+            } else {
+                budget -= want;
+                prefill += want as u64;
+            }
             self.running.push(seq);
         }
-        if prefill + decode == 0 {
+        if prefill + decode + loaded == 0 {
             return None;
         }
         self.stepping = true;
@@ -344,7 +364,9 @@ impl Engine {
             let mut done = false;
             if n > 0 && seq.prefilling() {
                 seq.computed += n;
-                out.prefill_tokens += n as u64;
+                if !seq.req.remote_prefill {
+                    out.prefill_tokens += n as u64;
+                }
                 self.pending_prefill -= n as u64;
                 // Newly full prompt blocks enter the prefix cache.
                 let full = (seq.computed as usize / bs).min(seq.hashes.len());

@@ -13,6 +13,7 @@ fn profile(kv_tokens: u64, chunk: u32) -> EngineProfile {
         kv_tokens,
         max_batch: 8,
         cold_start_s: 0.0,
+        kv_bytes_per_token: 131_072,
     }
 }
 
@@ -22,7 +23,13 @@ fn engine(kv_tokens: u64, chunk: u32) -> Engine {
 }
 
 fn req(id: u64, tokens: std::ops::Range<u32>, out: u32) -> EngineRequest {
-    EngineRequest { id, tokens: tokens.collect::<Vec<_>>().into(), output_tokens: out, lora: None }
+    EngineRequest {
+        id,
+        tokens: tokens.collect::<Vec<_>>().into(),
+        output_tokens: out,
+        lora: None,
+        remote_prefill: false,
+    }
 }
 
 fn step(e: &mut Engine) -> (f64, StepOutcome) {
@@ -57,6 +64,26 @@ fn one_request_follows_the_step_model() {
 }
 
 #[test]
+fn a_remote_prefill_loads_its_prompt_whole_at_no_compute_cost_and_announces_its_blocks() {
+    // A decode replica of a disaggregated pair: 40 prompt tokens received, a 16-token budget.
+    let mut e = engine(1000, 16);
+    e.enqueue(EngineRequest { remote_prefill: true, ..req(1, 0..40, 3) });
+    e.enqueue(req(2, 100..120, 1));
+    let (d, out) = step(&mut e);
+    // Request 1 is loaded whole outside the budget; request 2 computes a 16-token chunk.
+    close(d, 1e-3 + 16.0 * 1e-5);
+    assert_eq!(out.first_tokens, vec![(1, 0)]);
+    assert_eq!(out.prefill_tokens, 16, "loaded tokens are not computed");
+    // Its 10 full blocks enter the cache and are announced, as a decode vLLM's are.
+    let stored: usize =
+        out.events.iter().map(|ev| if let KvEvent::Stored(s) = ev { s.block_hashes.len() } else { 0 }).sum();
+    assert_eq!(stored, 10 + 4);
+    let (d, _) = step(&mut e);
+    // One decode token for request 1, request 2's last 4 prompt tokens.
+    close(d, 1e-3 + 4.0 * 1e-5 + 1e-4);
+}
+
+#[test]
 fn long_prompts_prefill_in_chunks() {
     let mut e = engine(1000, 16);
     e.enqueue(req(1, 0..40, 1));
@@ -75,7 +102,7 @@ fn a_shared_prefix_is_not_recomputed_and_not_announced_again() {
     // Same first 8 tokens (2 blocks), then different ones.
     let mut toks: Vec<u32> = (0..8).collect();
     toks.extend(100..110);
-    e.enqueue(EngineRequest { id: 2, tokens: toks.into(), output_tokens: 1, lora: None });
+    e.enqueue(EngineRequest { id: 2, tokens: toks.into(), output_tokens: 1, lora: None, remote_prefill: false });
     let (d, out) = step(&mut e);
     assert_eq!(out.first_tokens, vec![(2, 8)]);
     close(d, 1e-3 + 10.0 * 1e-5);

@@ -340,6 +340,7 @@ fn run(
                 publishes_events: true,
                 model: String::new(),
                 block_size: 0,
+                role: kvmesh_core::Role::Both,
             };
             let id = fleet.add_replica(spec).map_err(|e| e.to_string())?;
             debug_assert_eq!(id.index(), r as usize);
@@ -702,7 +703,13 @@ impl Sim<'_> {
         o.prompt_tokens = tokens.len() as u32;
         o.estimated_ttft_s = routed.decision.estimated_ttft_s;
         let output_tokens = self.trace.requests[i].output_tokens.max(1);
-        self.engines[r].enqueue(EngineRequest { id: i as u64, tokens: tokens.into(), output_tokens, lora: None });
+        self.engines[r].enqueue(EngineRequest {
+            id: i as u64,
+            tokens: tokens.into(),
+            output_tokens,
+            lora: None,
+            remote_prefill: false,
+        });
         self.kick(r, t);
         Ok(true)
     }
@@ -981,6 +988,7 @@ impl Sim<'_> {
                 tokens: w.tokens.clone(),
                 output_tokens: 1,
                 lora: None,
+                remote_prefill: false,
             });
             kicks.push(r.index());
         }

@@ -17,6 +17,7 @@ fn profile() -> EngineProfile {
         kv_tokens: 4096,
         max_batch: 16,
         cold_start_s: 0.0,
+        kv_bytes_per_token: 131_072,
     }
 }
 
