@@ -515,3 +515,50 @@ async fn c14_c16_streams_broken_anywhere_leave_no_load_and_no_replica_is_a_503()
     assert_eq!(i.status.unwrap().code, 503);
     node.stop().await;
 }
+
+/// A disaggregated fleet (2 prefill, 2 decode replicas): the gateway is sent to a decode
+/// replica, with the prefill replica named in `x-prefiller-host-port` (llm-d's P/D
+/// convention for the decode pod's sidecar); both sides are booked, the prefill leg released
+/// when the response starts, the decode side at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_request_goes_to_a_decode_replica_naming_its_prefill_replica() {
+    use kvmesh_core::Role;
+    let engines = common::engines(4, 50.0).await;
+    let roles = [Role::Prefill, Role::Prefill, Role::Decode, Role::Decode];
+    let replicas = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| kvmesh_node::config::ReplicaConfig { role: roles[i], ..common::replica(i, e) });
+    let mut section = common::section();
+    section.model = "m".into();
+    let node = kvmesh_node::start(common::single(section, replicas.collect())).await.unwrap();
+    eventually("every replica ready", || kvmesh_node::health::Readiness::of(&node.shared).routable == 4).await;
+    let body = completion(false);
+    let mut gw = Gateway::open(&node).await;
+    gw.send_with(request_headers("/v1/completions", false), Some(FULL_DUPLEX), None).await;
+    gw.send(request_body(&body, true)).await;
+    let answer = gw.answer_with_metadata().await;
+    let (endpoint, meta) = destination(&answer);
+    let endpoint = endpoint.expect("a destination");
+    assert_eq!(meta.as_deref(), Some(endpoint.as_str()));
+    assert!([authority(&engines[2]), authority(&engines[3])].contains(&endpoint), "{endpoint} is a decode replica");
+    let Answer::RequestHeaders(h) = answer.response.unwrap() else { panic!() };
+    let set = &h.response.as_ref().unwrap().header_mutation.as_ref().unwrap().set_headers;
+    let prefill = set.iter().filter_map(|o| o.header.as_ref()).find(|h| h.key == "x-prefiller-host-port").unwrap();
+    let prefill = String::from_utf8(prefill.raw_value.clone()).unwrap();
+    assert!([authority(&engines[0]), authority(&engines[1])].contains(&prefill), "{prefill} is a prefill replica");
+    assert_eq!(streamed_body(&gw.answer().await), (body, true));
+    assert_eq!(live_bookings(&node), 2, "both sides booked");
+    gw.send(response_headers(200, "application/json")).await;
+    assert!(matches!(gw.answer().await, Answer::ResponseHeaders(_)));
+    eventually("the prefill leg released at the response's start", || live_bookings(&node) == 1).await;
+    let usage = br#"{"choices":[{"text":" t t"}],"usage":{"prompt_tokens":12,"completion_tokens":2}}"#;
+    gw.send(response_body(usage, true)).await;
+    let _ = gw.answer().await;
+    eventually("the decode side released at the end", || live_bookings(&node) == 0).await;
+    assert!(metric(&node, "kvmesh_requests_total").contains("kvmesh_requests_total{outcome=\"ok\"} 1"));
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}

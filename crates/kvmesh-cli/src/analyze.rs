@@ -2,7 +2,8 @@
 
 use crate::cli::AnalyzeArgs;
 use anyhow::{bail, Context};
-use kvmesh_sim::analyze::analyze;
+use kvmesh_sim::analyze::{advise_pd, analyze, PdAdvice, PdTarget};
+use kvmesh_sim::engine::EngineProfile;
 use kvmesh_sim::trace;
 use kvmesh_sim::workload::Workload;
 
@@ -39,10 +40,62 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<()> {
         bail!("{} malformed lines in {source} (--strict)", trace.skipped.len());
     }
     let stats = analyze(&trace, args.top);
+    let advice = pd_advice(args, &trace)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&stats)?);
+        let mut v = serde_json::to_value(&stats)?;
+        v["pd_advice"] = serde_json::to_value(advice)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", stats.render(&source));
+        if let Some(a) = advice {
+            print!("{}", render_advice(&a, args));
+        }
     }
     Ok(())
+}
+
+/// The prefill:decode split for `trace` (`--gpus` 0, or a trace without a rate: none).
+fn pd_advice(args: &AnalyzeArgs, trace: &kvmesh_sim::trace::Trace) -> anyhow::Result<Option<PdAdvice>> {
+    if args.gpus == 0 {
+        return Ok(None);
+    }
+    if args.gpus == 1 {
+        bail!("--gpus: a split needs at least 2 replicas (or 0 for no advice)");
+    }
+    if !(args.ttft_slo.is_finite() && args.ttft_slo > 0.0) {
+        bail!("--ttft-slo must be a positive number of seconds, got {}", args.ttft_slo);
+    }
+    if let Some(t) = args.tpot_slo.filter(|t| !(t.is_finite() && *t > 0.0)) {
+        bail!("--tpot-slo must be a positive number of seconds, got {t}");
+    }
+    let profile = EngineProfile::resolve(&args.profile).map_err(anyhow::Error::msg)?;
+    let target = PdTarget { gpus: args.gpus, ttft_slo_s: args.ttft_slo, tpot_slo_s: args.tpot_slo, block_size: 16 };
+    Ok(advise_pd(trace, &profile, &target))
+}
+
+fn render_advice(a: &PdAdvice, args: &AnalyzeArgs) -> String {
+    let tpot = args.tpot_slo.map_or(String::new(), |t| format!(", TPOT SLO {:.1} ms", t * 1e3));
+    format!(
+        "{:<17}{}:{} of {} {} replicas (TTFT SLO {} s{tpot}; check with `kvmesh replay --pd {}:{}`)\n\
+         {:<17}prefill {:.1} ms mean / {:.1} ms p99 uncached, at most {:.0} % busy for the TTFT SLO; decode batch {}, \
+         {:.1} µs per token; at the trace's rate {:.2} prefill and {:.2} decode replicas are busy; \
+         this split carries up to {:.1}× the rate\n",
+        "P:D advice",
+        a.prefill,
+        a.decode,
+        a.gpus,
+        args.profile,
+        args.ttft_slo,
+        a.prefill,
+        a.decode,
+        "",
+        a.prefill_s_mean * 1e3,
+        a.prefill_s_p99 * 1e3,
+        a.prefill_utilisation * 100.0,
+        a.decode_batch,
+        a.decode_s_per_token * 1e6,
+        a.prefill_replicas_needed,
+        a.decode_replicas_needed,
+        a.max_rate_scale
+    )
 }

@@ -242,6 +242,17 @@ pub struct ReplicaAddArgs {
     /// several. Default: the node learns them from the engine's `/v1/models`.
     #[arg(long = "lora-adapter", value_name = "NAME")]
     pub lora_adapters: Vec<String>,
+    /// Its part in prefill/decode-disaggregated serving: both (default), prefill or decode.
+    /// While its model has a routable replica of each side, requests go to one of each.
+    #[arg(long, default_value = "both", value_parser = ["both", "prefill", "decode"])]
+    pub role: String,
+    /// `vllm` or `sglang`: how a disaggregated request is handed over (vLLM's
+    /// kv_transfer_params, SGLang's bootstrap room).
+    #[arg(long, default_value = "vllm", value_parser = ["vllm", "sglang"])]
+    pub engine: String,
+    /// An SGLang prefill replica's disaggregation bootstrap port (default 8998).
+    #[arg(long, value_name = "PORT")]
+    pub bootstrap_port: Option<u16>,
     /// Register it as starting (its engine still loading; needs a cluster), in the same Raft
     /// entry: never routed to, counted by the autoscaler, until `kvmesh replica ready`.
     #[arg(long)]
@@ -621,6 +632,20 @@ pub struct ReplayArgs {
     /// order per run: to see which requests make a tail.
     #[arg(long, value_name = "FILE.csv")]
     pub outcomes_csv: Option<PathBuf>,
+    /// Replay on a prefill/decode-disaggregated fleet of P prefill and D decode replicas
+    /// (replacing --replicas: P + D GPUs), e.g. 8:8. Each request's prefill leg runs on a
+    /// prefill replica, its KV crosses --pd-link-gbps, and a decode replica generates the
+    /// answer (TTFT is the decode side's first token). One router; no admission control,
+    /// scaling or replication.
+    #[arg(long, value_name = "P:D")]
+    pub pd: Option<String>,
+    /// The KV link into each decode replica, Gb/s (with --pd).
+    #[arg(long, default_value_t = 100.0, value_name = "GBPS")]
+    pub pd_link_gbps: f64,
+    /// The decode side's policy (with --pd); default: each policy picks its own decode side
+    /// too, token_load with kvmesh's decode pick (KV headroom, then decode time).
+    #[arg(long, value_name = "POLICY")]
+    pub decode_policy: Option<String>,
     /// Set one parameter of one policy, `POLICY.NAME=VALUE` (repeatable), e.g.
     /// `token_load.affinity_budget=0.6`: the names and ranges a cluster's `policy_params`
     /// takes (README: policies). The rest keep their defaults.
@@ -650,6 +675,20 @@ pub struct AnalyzeArgs {
     /// `conversation` (fitted to the Mooncake conversation trace; `kvmesh demo`'s default).
     #[arg(long, default_value = "chat", value_name = "NAME")]
     pub workload: String,
+    /// Advise a prefill:decode split of this many replicas for the trace at its own rate
+    /// (prefill and decode work balanced at the utilisation the SLOs allow; check it with
+    /// `kvmesh replay --pd P:D`). 0: no advice.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub gpus: u32,
+    /// TTFT SLO for the split advice, seconds.
+    #[arg(long, default_value_t = 2.0, value_name = "SECONDS")]
+    pub ttft_slo: f64,
+    /// TPOT SLO for the split advice, seconds per token (bounds the decode batch).
+    #[arg(long, value_name = "SECONDS")]
+    pub tpot_slo: Option<f64>,
+    /// Engine profile for the split advice: h100, a100, or a JSON profile file.
+    #[arg(long, default_value = "h100")]
+    pub profile: String,
 }
 
 /// `kvmesh policies`.

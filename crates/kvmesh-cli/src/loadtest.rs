@@ -29,6 +29,9 @@ struct Tally {
     latency: Option<Histogram<u64>>,
     /// With `--stream`: microseconds to each successful answer's first chunk.
     ttft: Option<Histogram<u64>>,
+    /// With `--stream`: microseconds between successive chunks of successful answers (ITL:
+    /// one token per chunk, as vLLM streams).
+    itl: Option<Histogram<u64>>,
     ok: u64,
     errors: BTreeMap<String, u64>,
     /// Requests retried once on the next URL after a refused or reset connection.
@@ -40,8 +43,9 @@ struct Tally {
 }
 
 /// What one successful request brought back: microseconds to its first chunk when streamed,
-/// and the replica a kvmesh node says served it.
-type Answer = (Option<u64>, Option<String>);
+/// the replica a kvmesh node says served it, and the gaps between its chunks (streamed),
+/// microseconds.
+type Answer = (Option<u64>, Option<String>, Vec<u64>);
 
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds")
@@ -52,11 +56,14 @@ impl Tally {
     fn record(&mut self, us: u64, result: Result<Answer, String>) {
         let h = self.latency.get_or_insert_with(histogram);
         match result {
-            Ok((ttft_us, replica)) => {
+            Ok((ttft_us, replica, gaps)) => {
                 self.ok += 1;
                 let _ = h.record(us.max(1));
                 if let Some(t) = ttft_us {
                     let _ = self.ttft.get_or_insert_with(histogram).record(t.max(1));
+                }
+                for g in gaps {
+                    let _ = self.itl.get_or_insert_with(histogram).record(g.max(1));
                 }
                 if let Some(r) = replica {
                     let _ = self.by_replica.entry(r).or_insert_with(histogram).record(us.max(1));
@@ -135,6 +142,10 @@ pub fn run(args: &LoadtestArgs) -> anyhow::Result<()> {
                 v["ttft_p90_ms"] = p90.into();
                 v["ttft_p99_ms"] = p99.into();
             }
+            if let Some([p50, p99]) = s.itl_ms {
+                v["itl_p50_ms"] = p50.into();
+                v["itl_p99_ms"] = p99.into();
+            }
         };
         ttft(&mut v, &target);
         if let (Some(b), Some(url)) = (&baseline, &args.baseline) {
@@ -207,6 +218,8 @@ struct Summary {
     max_ms: f64,
     /// TTFT p50, p90 and p99 with `--stream`, milliseconds.
     ttft_ms: Option<[f64; 3]>,
+    /// ITL p50 and p99 with `--stream`, milliseconds.
+    itl_ms: Option<[f64; 2]>,
 }
 
 impl Summary {
@@ -226,6 +239,7 @@ impl Summary {
             p99_ms: q(0.99),
             max_ms: h.max() as f64 / 1000.0,
             ttft_ms: ttft,
+            itl_ms: t.itl.as_ref().map(|h| [0.5, 0.99].map(|p| h.value_at_quantile(p) as f64 / 1000.0)),
         }
     }
 
@@ -238,6 +252,9 @@ impl Summary {
         );
         if let Some([p50, p90, p99]) = self.ttft_ms {
             println!("  TTFT (first chunk) p50 {p50:.2} ms, p90 {p90:.2} ms, p99 {p99:.2} ms");
+        }
+        if let Some([p50, p99]) = self.itl_ms {
+            println!("  ITL (between chunks) p50 {p50:.2} ms, p99 {p99:.2} ms");
         }
         if !self.errors.is_empty() {
             println!("  errors {:?}", self.errors);
@@ -322,7 +339,7 @@ async fn one(client: reqwest::Client, stream: Arc<Stream>, knobs: Knobs, measure
             match request.send().await {
                 Ok(r) if r.status().is_success() => {
                     let replica = r.headers().get("x-kvmesh-replica").and_then(|v| v.to_str().ok()).map(str::to_string);
-                    read_body(r, streamed.then_some(t)).await.map(|ttft| (ttft, replica))
+                    read_body(r, streamed.then_some(t)).await.map(|(ttft, gaps)| (ttft, replica, gaps))
                 }
                 Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
                 Err(e) => Err(if e.is_connect() { "connect".into() } else { "request".into() }),
@@ -343,13 +360,25 @@ async fn one(client: reqwest::Client, stream: Arc<Stream>, knobs: Knobs, measure
 }
 
 /// Reads an answer to its end; with `streamed_since`, returns the microseconds from then to
-/// its first chunk.
-async fn read_body(mut r: reqwest::Response, streamed_since: Option<Instant>) -> Result<Option<u64>, String> {
+/// its first chunk, and the gaps between its chunks.
+async fn read_body(
+    mut r: reqwest::Response,
+    streamed_since: Option<Instant>,
+) -> Result<(Option<u64>, Vec<u64>), String> {
     let mut first = None;
+    let mut gaps = Vec::new();
+    let mut last: Option<Instant> = None;
     while let Some(_chunk) = r.chunk().await.map_err(|e| format!("body: {e}"))? {
         first = first.or_else(|| streamed_since.map(|t| t.elapsed().as_micros() as u64));
+        if streamed_since.is_some() {
+            let now = Instant::now();
+            if let Some(l) = last {
+                gaps.push(now.duration_since(l).as_micros() as u64);
+            }
+            last = Some(now);
+        }
     }
-    Ok(first)
+    Ok((first, gaps))
 }
 
 async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, Option<Tally>, f64)> {
@@ -468,7 +497,7 @@ where
                     if t >= measure_from {
                         let mut tl = tally.lock().unwrap_or_else(|p| p.into_inner());
                         match result {
-                            Ok(us) => tl.record(us, Ok((None, None))),
+                            Ok(us) => tl.record(us, Ok((None, None, Vec::new()))),
                             Err(e) => tl.record(0, Err(e)),
                         }
                     }

@@ -20,6 +20,9 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     model: a.model.clone().unwrap_or_default(),
                     data_parallel_rank: a.data_parallel_rank,
                     lora_adapters: a.lora_adapters.clone(),
+                    role: if a.role == "both" { String::new() } else { a.role.clone() },
+                    engine: a.engine.clone(),
+                    bootstrap_port: a.bootstrap_port.map(u32::from),
                     ..Default::default()
                 };
                 let mut client = admin(&a.target).await?;
@@ -51,6 +54,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                                     s.capacity_blocks,
                                     s.model.clone(),
                                     s.data_parallel_rank,
+                                    s.role.clone(),
                                 )
                             };
                             key(&s) == key(&spec)

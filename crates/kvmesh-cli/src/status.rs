@@ -181,6 +181,7 @@ fn row_json(r: &v1::Replica) -> serde_json::Value {
         "last_event_age_s": r.last_event_age_s, "last_seq": r.last_seq, "idle": r.idle, "engine_up": r.engine_up,
         "model": spec.model, "block_size": spec.block_size, "data_parallel_rank": spec.data_parallel_rank,
         "lora_adapters": spec.lora_adapters,
+        "role": if spec.role.is_empty() { "both" } else { spec.role.as_str() },
     })
 }
 
@@ -205,8 +206,14 @@ fn render(replicas: &[v1::Replica]) -> String {
     for r in replicas {
         let spec = r.spec.clone().unwrap_or_default();
         let age = r.last_event_age_s.map_or_else(|| "—".to_string(), |a| format!("{a:.1} s"));
+        // A disaggregated replica's side, after its name.
+        let name = if spec.role.is_empty() || spec.role == "both" {
+            spec.name
+        } else {
+            format!("{} ({})", spec.name, spec.role)
+        };
         t.add_row(vec![
-            spec.name,
+            name,
             status_name(r.status).to_string(),
             r.running.to_string(),
             r.waiting.to_string(),

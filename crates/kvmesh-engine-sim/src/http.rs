@@ -60,7 +60,9 @@ pub struct AppState {
 /// `remote_block_ids`, `remote_request_id`, `remote_host`, `remote_port`, `tp_size`); one
 /// that says `do_remote_prefill` is a decode leg — its prompt's blocks are received over the
 /// link (a wait, [`crate::EngineSimConfig::kv_link_gbps`]), loaded into the cache (announced
-/// in `BlockStored`s), and the answer generated.
+/// in `BlockStored`s), and the answer generated. A request carrying SGLang's `bootstrap_room`
+/// is a prefill leg on a replica of role `prefill` and a decode leg (its whole prompt
+/// received) on one of role `decode`, as an SGLang server's `--disaggregation-mode` decides.
 #[derive(Debug)]
 pub struct PdState {
     /// The role it was started with.

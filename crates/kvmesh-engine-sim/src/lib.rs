@@ -12,7 +12,11 @@
 //! - **KV events** in vLLM's wire format on a ZMQ PUB socket, with a ROUTER replay socket
 //!   buffering the last messages — [`publisher`];
 //! - **faults** settable at start or at runtime (`POST /admin/faults`): drop or delay events,
-//!   restart the sequence, answer 400/429/503, hang, die — [`faults`].
+//!   restart the sequence, answer 400/429/503, hang, die — [`faults`];
+//! - **prefill/decode disaggregation** as vLLM's `NixlConnector` plays it (and SGLang's
+//!   bootstrap room, by `role`): a prefill leg answers with `kv_transfer_params`, a decode leg
+//!   waits for its prompt's KV over a link of `kv_link_gbps`, loads it uncomputed and
+//!   generates; `GET /admin/pd` counts each kind — [`http::PdState`].
 //!
 //! [`fleet`] (binary `kvmesh-fleet-sim`) is another kind of stand-in: many busy replicas'
 //! KV events and metrics from one process, no serving, for measuring how many replicas one

@@ -11,7 +11,8 @@ use kvmesh_core::autoscale::AutoscaleConfig;
 use kvmesh_core::PolicyKind;
 use kvmesh_sim::engine::EngineProfile;
 use kvmesh_sim::simulation::{
-    floors, simulate, AdmissionConfig, Autoscaler, Floors, ReplicationConfig, RunMetrics, ScalingConfig, SimConfig,
+    floors, simulate, simulate_pd, AdmissionConfig, Autoscaler, Floors, PdConfig, ReplicationConfig, RunMetrics,
+    ScalingConfig, SimConfig,
 };
 use kvmesh_sim::trace::{self, Trace};
 use kvmesh_sim::workload::arrivals;
@@ -73,6 +74,8 @@ pub struct Report {
     pub span_s: f64,
     /// Replicas.
     pub replicas: u32,
+    /// The prefill:decode split and link, when disaggregated (`--pd`).
+    pub disaggregated: Option<String>,
     /// Engine profile name.
     pub profile: String,
     /// Rate scale applied.
@@ -124,8 +127,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let (traces, source) = load(args, &seeds)?;
     let trace = &traces[0];
     let gate = args.admission_slo.then(|| TtftGate::new(args.ttft_slo)).transpose()?;
+    let pd = pd_of(args)?;
     let config = SimConfig {
-        replicas: args.replicas,
+        replicas: pd.map_or(args.replicas, |p| p.prefill + p.decode),
         profile: profile.clone(),
         block_size: args.block_size,
         event_delay_s: args.event_delay_ms / 1000.0,
@@ -146,7 +150,8 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         source,
         requests: trace.requests.len(),
         span_s,
-        replicas: args.replicas,
+        replicas: config.replicas,
+        disaggregated: pd.map(|p| format!("{}:{} over {} Gb/s", p.prefill, p.decode, p.link_gbps)),
         profile: profile.name.clone(),
         rate_scale: args.rate_scale,
         event_delay_s: config.event_delay_s,
@@ -172,6 +177,28 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         eprintln!("TTFT CDFs written to {}", path.display());
     }
     Ok(())
+}
+
+/// The disaggregated fleet `--pd` asks for, checked against what it cannot run with.
+fn pd_of(args: &ReplayArgs) -> anyhow::Result<Option<PdConfig>> {
+    let Some(pd) = &args.pd else {
+        if args.decode_policy.is_some() {
+            bail!("--decode-policy picks a disaggregated request's decode side: give --pd too");
+        }
+        return Ok(None);
+    };
+    let mut pd: PdConfig = pd.parse().map_err(|e| anyhow::anyhow!("--pd: {e}"))?;
+    if !(args.pd_link_gbps.is_finite() && args.pd_link_gbps > 0.0) {
+        bail!("--pd-link-gbps must be a positive number, got {}", args.pd_link_gbps);
+    }
+    pd.link_gbps = args.pd_link_gbps;
+    if args.autoscale.is_some() || args.replication || args.admission || args.admission_slo || args.routers > 1 {
+        bail!("--pd runs one router without --autoscale, --replication, --admission or --admission-slo");
+    }
+    if let Some(d) = &args.decode_policy {
+        d.parse::<PolicyKind>().map_err(|e| anyhow::anyhow!("--decode-policy: {e}"))?;
+    }
+    Ok(Some(pd))
 }
 
 /// Rejects flag values that cannot make a simulation, before any work.
@@ -349,6 +376,7 @@ fn run_all(
     seeds: &[u64],
     args: &ReplayArgs,
 ) -> anyhow::Result<Vec<PolicyResult>> {
+    let pd = pd_of(args)?;
     let params =
         policies.iter().map(|v| policy_params(&args.policy_params, v.kind)).collect::<anyhow::Result<Vec<_>>>()?;
     for s in &args.policy_params {
@@ -414,7 +442,25 @@ fn run_all(
                     }),
                     ..config.clone()
                 };
-                match simulate(config, trace, policy.as_mut(), seeds[s], &mut |n| bar.set_position(n)) {
+                let ran = match pd {
+                    None => simulate(config, trace, policy.as_mut(), seeds[s], &mut |n| bar.set_position(n)),
+                    Some(pd) => {
+                        // The decode side: --decode-policy, else the policy's own kind;
+                        // token_load's is kvmesh's decode pick.
+                        let kind = args.decode_policy.as_deref().map_or(Ok(policies[p].kind), str::parse);
+                        match kind {
+                            Ok(PolicyKind::TokenLoad) => {
+                                simulate_pd(config, &pd, trace, policy.as_mut(), None, seeds[s])
+                            }
+                            Ok(kind) => {
+                                let mut decode = kind.build();
+                                simulate_pd(config, &pd, trace, policy.as_mut(), Some(decode.as_mut()), seeds[s])
+                            }
+                            Err(e) => Err(e.to_string()),
+                        }
+                    }
+                };
+                match ran {
                     Ok(run) => {
                         let metrics = RunMetrics::of(&run, config);
                         if args.scale_csv.is_some() {

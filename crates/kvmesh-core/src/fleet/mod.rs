@@ -526,6 +526,24 @@ impl Fleet {
         self.decide_as(Role::Both, policy, req, subset, rng, now)
     }
 
+    /// [`Fleet::decide_within`] among the replicas of `role` only: one side of a
+    /// disaggregated request decided by `policy` (the simulator's peer pairs: SGLang's and the
+    /// vLLM router's disaggregated modes pick each side with a policy of their own).
+    ///
+    /// # Errors
+    /// [`Error::NoReplicaReady`] when no replica of `role` takes traffic.
+    pub fn decide_role(
+        &mut self,
+        role: Role,
+        policy: &mut dyn Policy,
+        req: &RouteRequest,
+        subset: Option<&[ReplicaId]>,
+        rng: &mut dyn RngCore,
+        now: f64,
+    ) -> Result<Decision, Error> {
+        self.decide_as(role, policy, req, subset, rng, now)
+    }
+
     /// [`Fleet::decide_within`] among the replicas of `role` only.
     fn decide_as(
         &mut self,

@@ -161,3 +161,24 @@ fn equal_decode_replicas_are_chosen_at_random() {
     }
     assert!(seen[0] > 5 && seen[1] > 5, "{seen:?}");
 }
+
+#[test]
+fn a_hash_ring_per_side_owns_every_key_on_that_side() {
+    // The vLLM router keeps one worker list per side: no key owned by the other side's
+    // replicas spills onto the first routable one.
+    let (mut f, [_, p0, p1, d0, d1]) = fleet(false);
+    let (mut pre, mut dec) = (PolicyKind::ConsistentHash.build(), PolicyKind::ConsistentHash.build());
+    let mut rng = SmallRng::seed_from_u64(1);
+    let mut seen = [0u32; 4];
+    for k in 0..64 {
+        let req = RouteRequest::new(f.hasher(), &toks(40 + k), Some(8));
+        let p = f.decide_role(Role::Prefill, pre.as_mut(), &req.prefill_leg(), None, &mut rng, 0.0).unwrap();
+        let d = f.decide_role(Role::Decode, dec.as_mut(), &req, None, &mut rng, 0.0).unwrap();
+        assert_eq!((p.reason, d.reason), (Reason::RingOwner, Reason::RingOwner), "key {k}");
+        for (i, id) in [p0, p1, d0, d1].into_iter().enumerate() {
+            seen[i] += u32::from(p.replica == id || d.replica == id);
+        }
+    }
+    assert!(seen.iter().all(|&n| n >= 16), "every replica owns keys: {seen:?}");
+    assert_eq!(seen.iter().sum::<u32>(), 128);
+}

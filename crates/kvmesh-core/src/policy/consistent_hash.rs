@@ -9,7 +9,8 @@
 //! text) — goes to the first point clockwise. If that replica is not routable the request
 //! goes to the first routable replica (the vLLM router's `healthy_indices[0]`; it does not walk
 //! on). No load bound: a hot key stays on its replica. The ring is built over every registered
-//! replica, routable or not, so a replica going unhealthy moves only its own keys.
+//! replica of the request's model (and disaggregated side), routable or not, so a replica
+//! going unhealthy moves only its own keys.
 //!
 //! The vLLM router hashes with mcrouter's `furc_hash` and MurmurHash64A; xxh3 here places the
 //! points as uniformly (the map of keys to replicas differs, not its statistics).
@@ -42,9 +43,10 @@ impl Default for ConsistentHashParams {
 #[derive(Debug)]
 pub struct ConsistentHash {
     params: ConsistentHashParams,
-    /// `(point, name key, replica)`, sorted; rebuilt when the fleet epoch changes.
+    /// `(point, name key, replica)`, sorted; rebuilt when the fleet epoch, or the role or
+    /// model asked for, changes.
     ring: Vec<(u64, u64, ReplicaId)>,
-    epoch: Option<u64>,
+    epoch: Option<(u64, crate::Role, crate::ModelKey)>,
 }
 
 impl ConsistentHash {
@@ -56,7 +58,13 @@ impl ConsistentHash {
     fn rebuild(&mut self, view: &FleetView<'_>) {
         self.ring.clear();
         let mut label = String::new();
-        for r in view.replicas {
+        // One ring per worker list, as the vLLM router keeps one per model and, in its
+        // disaggregated mode, one for prefill and one for decode workers: a replica of another
+        // model or role owning a key would spill every such key onto the first routable one.
+        let of_list = |r: &&crate::ReplicaState| {
+            r.spec.role == view.role && (view.model == crate::ModelKey::ANY || r.model == view.model)
+        };
+        for r in view.replicas.iter().filter(of_list) {
             for k in 0..self.params.vnodes {
                 label.clear();
                 let _ = write!(label, "{}:{k}", r.spec.name);
@@ -66,7 +74,7 @@ impl ConsistentHash {
         // Ties between points (astronomically rare) are ordered by name key, not id, so the
         // ring stays independent of registration order.
         self.ring.sort_unstable_by_key(|&(p, key, _)| (p, key));
-        self.epoch = Some(view.epoch);
+        self.epoch = Some((view.epoch, view.role, view.model));
     }
 }
 
@@ -80,7 +88,7 @@ impl Policy for ConsistentHash {
     }
 
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, _rng: &mut dyn RngCore) -> Result<Decision, Error> {
-        if self.epoch != Some(view.epoch) {
+        if self.epoch != Some((view.epoch, view.role, view.model)) {
             self.rebuild(view);
         }
         let first = view.routable().next().ok_or(Error::NoReplicaReady)?;

@@ -17,7 +17,11 @@ pub mod protocol;
 
 use crate::admission::{NotAdmitted, Ticket, Via};
 use crate::config::EppSection;
-use crate::in_flight::InFlight;
+use crate::in_flight::{InFlight, Side};
+
+/// A pick: the endpoint, its data-parallel rank, and a disaggregated request's prefill
+/// endpoint.
+type Picked = (String, Option<u32>, Option<String>);
 use crate::proxy::{check, parse, read_chat, read_completion, Parsed, Rejected};
 use crate::state::Shared;
 use bytes::Bytes;
@@ -126,6 +130,9 @@ struct Exchange {
     pick_by: Option<tokio::time::Instant>,
     picked: bool,
     in_flight: Option<InFlight>,
+    /// A disaggregated request's prefill leg (its decode side is `in_flight`): released when
+    /// the response starts, by which time the decode pod's sidecar has run it.
+    prefill_in_flight: Option<InFlight>,
     following: Following,
     by_name: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
@@ -147,6 +154,7 @@ impl Exchange {
             pick_by: None,
             picked: false,
             in_flight: None,
+            prefill_in_flight: None,
             following: Following::default(),
             by_name: picker.by_name.clone(),
         }
@@ -291,6 +299,13 @@ impl Exchange {
     /// A non-2xx answer: released at once with its outcome; 429/503 mark the replica
     /// overloaded for `node.overload_backoff_s`, as the proxy does.
     fn response_status(&mut self, status: u16) {
+        if let Some(mut p) = self.prefill_in_flight.take() {
+            let ok = (200..300).contains(&status);
+            if ok {
+                p.first_token(false);
+            }
+            p.release(None, if ok { "ok" } else { "upstream_error" });
+        }
         if (200..300).contains(&status) {
             return;
         }
@@ -358,15 +373,18 @@ impl Exchange {
             () = out.closed() => return Err(()),
         };
         let (name, header, metadata) = match picked {
-            Ok((endpoint, rank)) => {
+            Ok((endpoint, rank, prefill)) => {
                 let body_len = body.as_ref().filter(|_| full_duplex).map(|b| b.len());
-                let (common, metadata) = protocol::destination(
+                let (mut common, metadata) = protocol::destination(
                     &self.section.destination_header,
                     &self.section.metadata_namespace,
                     &endpoint,
                     rank,
                     body_len,
                 );
+                if let (Some(p), Some(m)) = (prefill, common.header_mutation.as_mut()) {
+                    m.set_headers.push(protocol::header(protocol::PREFILL_HEADER, &p));
+                }
                 (endpoint, Some(common), Some(metadata))
             }
             Err(r) if r.may_fail_open && self.section.fail_open => {
@@ -402,8 +420,10 @@ impl Exchange {
         Ok(true)
     }
 
-    /// The endpoint (`<ip:port>`) for the request, booked when it is a completion.
-    async fn pick(&mut self, body: Option<&Bytes>) -> Result<(String, Option<u32>), Refusal> {
+    /// The endpoint (`<ip:port>`) for the request, its data-parallel rank, and — for a
+    /// disaggregated request, whose endpoint is its decode replica — its prefill replica's
+    /// `<ip:port>`; booked when it is a completion.
+    async fn pick(&mut self, body: Option<&Bytes>) -> Result<Picked, Refusal> {
         let subset = self.subset_ids()?;
         let path = self.path.split('?').next().unwrap_or_default();
         let read: Option<crate::proxy::Reader> = match path {
@@ -411,7 +431,9 @@ impl Exchange {
             "/v1/chat/completions" => Some(read_chat),
             _ => None,
         };
-        let (Some(read), Some(body)) = (read, body) else { return self.least_loaded(subset, body) };
+        let (Some(read), Some(body)) = (read, body) else {
+            return self.least_loaded(subset, body).map(|(e, r)| (e, r, None));
+        };
         let shared = self.shared.clone();
         let Parsed { model, max_tokens, tokens, exact, stream, cache_salt } =
             parse(&shared, body, read).await.map_err(Refusal::from_rejected)?;
@@ -462,21 +484,24 @@ impl Exchange {
             }
         };
         self.warn_if_named(&admitted.replica, &admitted.endpoints);
-        let endpoint = (admitted.endpoints.authority.clone(), admitted.endpoints.data_parallel_rank);
-        let in_flight = InFlight::routed(
-            &shared,
-            &admitted.routed,
-            &admitted.replica,
-            admitted.at,
-            admitted.decision_s,
-            tokens.len() as u32,
-            "gateway",
-            &span,
-            self.arrived,
-        )
-        .with_prompt(&tokens, &checked.selected);
-        self.in_flight = Some(in_flight);
-        Ok(endpoint)
+        let n = tokens.len() as u32;
+        let when = (admitted.at, admitted.decision_s);
+        let follow = |routed: &kvmesh_core::Routed, replica: &str, side: Side| {
+            InFlight::routed_side(&shared, routed, replica, when, n, "gateway", &span, self.arrived, side)
+                .with_prompt(&tokens, &checked.selected)
+        };
+        let Some(decode) = admitted.decode else {
+            self.in_flight = Some(follow(&admitted.routed, &admitted.replica, Side::Whole));
+            return Ok((admitted.endpoints.authority.clone(), admitted.endpoints.data_parallel_rank, None));
+        };
+        // Disaggregated, as llm-d's P/D scheduling hands it to the decode pod's sidecar: the
+        // gateway sends the request to the decode replica, naming the prefill replica in
+        // `x-prefiller-host-port`; the sidecar runs the prefill leg first.
+        self.warn_if_named(&decode.replica, &decode.endpoints);
+        self.prefill_in_flight = Some(follow(&admitted.routed, &admitted.replica, Side::Prefill));
+        self.in_flight = Some(follow(&decode.routed, &decode.replica, Side::Decode));
+        let prefill = admitted.endpoints.authority.clone();
+        Ok((decode.endpoints.authority.clone(), decode.endpoints.data_parallel_rank, Some(prefill)))
     }
 
     /// Warns (once per replica) that `replica` is registered by host name: the gateway's

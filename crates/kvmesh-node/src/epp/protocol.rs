@@ -23,6 +23,11 @@ use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 /// The filter-metadata key of the endpoint subset (inside the subset namespace).
 pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
 
+/// The request header naming a disaggregated request's prefill endpoint (`<ip:port>`) to the
+/// decode pod's sidecar, as llm-d's P/D scheduling sets it (llm-d-inference-scheduler,
+/// `x-prefiller-host-port`).
+pub const PREFILL_HEADER: &str = "x-prefiller-host-port";
+
 /// How the gateway sends request bodies (Envoy's `ProcessingMode.BodySendMode`, told in
 /// `ProcessingRequest.protocol_config`), which decides when the picker may answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +113,7 @@ fn string(s: &str) -> Value {
     Value { kind: Some(Kind::StringValue(s.to_string())) }
 }
 
-fn header(key: &str, value: &str) -> HeaderValueOption {
+pub(crate) fn header(key: &str, value: &str) -> HeaderValueOption {
     HeaderValueOption {
         header: Some(HeaderValue { key: key.to_string(), value: String::new(), raw_value: value.as_bytes().to_vec() }),
         ..HeaderValueOption::default()

@@ -12,7 +12,10 @@
 //!   starts with shows as the share of requests that start with the most common first block,
 //!   not as its group (which holds only the requests that share nothing longer).
 
+mod pd;
 mod report;
+
+pub use pd::{advise_pd, PdAdvice, PdTarget};
 
 use crate::trace::{Trace, TraceFormat};
 use std::collections::{HashMap, HashSet};

@@ -14,11 +14,13 @@
 //! the node runs (no loss in the simulator, so no summaries).
 
 mod metrics;
+mod pd;
 mod queue;
 mod scaling;
 
 pub use kvmesh_core::replication::ReplicationConfig;
 pub use metrics::{floors, Floors, RunMetrics};
+pub use pd::{simulate_pd, PdConfig};
 pub use scaling::{Autoscaler, ScalePoint, ScalingConfig, ScalingStats};
 
 use crate::engine::{Engine, EngineProfile, EngineRequest};
@@ -173,7 +175,7 @@ impl std::fmt::Display for OutputInfo {
 /// Per group of `requests` (in group order), the last finish minus the first arrival among
 /// `outcomes` (parallel to `requests`), seconds; infinite when one was never served. Empty
 /// when no request has a group.
-fn group_times(requests: &[TraceRequest], outcomes: &[Outcome]) -> Vec<f64> {
+pub(crate) fn group_times(requests: &[TraceRequest], outcomes: &[Outcome]) -> Vec<f64> {
     let mut span: std::collections::BTreeMap<u32, (f64, f64)> = std::collections::BTreeMap::new();
     for (r, o) in requests.iter().zip(outcomes) {
         let Some(g) = r.group else { continue };
@@ -495,6 +497,7 @@ fn run(
                 sim.replica_ready(r as usize, t);
                 sim.admit_waiting(policy, t)?;
             }
+            Ev::Transferred(_) => unreachable!("only disaggregated runs transfer"),
             Ev::Replicate => {
                 sim.replicate(t);
                 if let Some(r) = sim.replication.as_ref().filter(|_| sim.more()) {

@@ -26,6 +26,8 @@ pub(crate) enum Ev {
     Autoscale,
     /// Replica `r`'s cold start ends (scaling only).
     Ready(u32),
+    /// Request `i`'s prompt KV has reached its decode replica (disaggregated runs only).
+    Transferred(u32),
 }
 
 #[derive(Debug)]
