@@ -29,12 +29,19 @@ MAX_TOKENS=${MAX_TOKENS:-64}
 OUT=target/pd-compare
 mkdir -p "$OUT"
 rm -f "$OUT"/*.jsonl
-cargo build --release -q -p kvmesh-cli -p kvmesh-engine-sim
-B=target/release
+# KVMESH_BIN: a directory with kvmesh and kvmesh-engine-sim already built (CI's short run
+# uses target/debug); default: a release build here.
+if [ -n "${KVMESH_BIN:-}" ]; then
+  B=$KVMESH_BIN
+else
+  cargo build --release -q -p kvmesh-cli -p kvmesh-engine-sim
+  B=target/release
+fi
 VENV="$OUT/venv"
 if [ ! -x "$VENV/bin/vllm-router" ] || [ ! -x "$VENV/bin/sglang-router" ]; then
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q vllm-router sglang-router
+  # The versions measured in BENCHMARKS.md.
+  "$VENV/bin/pip" install -q "vllm-router==0.1.17" "sglang-router==0.3.2"
 fi
 VLLM_ROUTER_VERSION=$("$VENV/bin/pip" show vllm-router | awk '/^Version/{print $2}')
 SGLANG_ROUTER_VERSION=$("$VENV/bin/pip" show sglang-router | awk '/^Version/{print $2}')
@@ -111,4 +118,10 @@ for r in rows:
     print(f"| {r['target']} | {r.get('ttft_p50_ms', 0):.1f} ms | {r.get('ttft_p99_ms', 0):.1f} ms | {r.get('itl_p99_ms', 0):.1f} ms "
           f"| {r.get('p99_ms', 0):.1f} ms | {r.get('achieved_rps', 0):.1f} | {err} | {r['prefill_legs'][0]}/{r['prefill_legs'][1]} "
           f"| {r['decode_legs'][0]}/{r['decode_legs'][1]} | {r['whole']} |")
+# Every router must have served requests, and kvmesh every one of them as a prefill and a
+# decode leg, without an error.
+kvmesh = rows[0]
+ok = all(r.get("ok", 0) > 0 for r in rows) and not kvmesh.get("errors") and kvmesh["whole"] == 0 \
+    and sum(kvmesh["decode_legs"]) >= kvmesh["ok"] and sum(kvmesh["prefill_legs"]) >= kvmesh["ok"]
+sys.exit(0 if ok else 1)
 PY
