@@ -150,6 +150,7 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
             lora_name: None,
             expected_output_tokens: None,
             cache_salt: None,
+            accept_disaggregated: false,
         })
         .await
         .unwrap()

@@ -390,6 +390,7 @@ async fn a_route_that_fits_no_replica_is_refused_not_booked() {
         lora_name: None,
         expected_output_tokens: None,
         cache_salt: None,
+        accept_disaggregated: false,
     };
     let ids = || v1::route_request::Prompt::TokenIds(v1::TokenIds { ids: (0..32).collect() });
     let capacity = node.shared.core().fleet.largest_kv_tokens() / 16;
@@ -953,6 +954,7 @@ async fn grpc_calls_beyond_the_per_connection_limit_wait_while_other_connections
             lora_name: None,
             expected_output_tokens: None,
             cache_salt: None,
+            accept_disaggregated: false,
         };
         tokio::time::timeout(Duration::from_millis(500), r.route(req)).await
     };

@@ -347,6 +347,7 @@ async fn grpc_route_waits_while_capacity_is_short_and_refuses_the_excess_with_re
                 lora_name: None,
                 expected_output_tokens: None,
                 cache_salt: None,
+                accept_disaggregated: false,
             };
             router.route(req).await.map(|r| r.into_inner().booking)
         }
@@ -436,6 +437,7 @@ async fn a_request_that_can_never_fit_is_refused_at_once_not_held() {
         lora_name: None,
         expected_output_tokens: None,
         cache_salt: None,
+        accept_disaggregated: false,
     };
     assert_eq!(router.route(req).await.unwrap_err().code(), tonic::Code::InvalidArgument);
     // Text without a tokenizer is an approximate count: not refused, not held either — sent
@@ -470,6 +472,7 @@ async fn a_route_never_released_ends_at_its_lease_and_the_waiting_one_goes() {
         lora_name: None,
         expected_output_tokens: None,
         cache_salt: None,
+        accept_disaggregated: false,
     };
     // Booked and never released: it fills the replica.
     let forgotten = router.route(route(0)).await.unwrap().into_inner().booking;

@@ -75,7 +75,7 @@ async fn all_released(node: &kvmesh_node::Node) {
 async fn a_2p2d_fleet_prefills_on_one_side_and_decodes_on_the_other() {
     let (engines, replicas) = fleet("vllm").await;
     let node = node(replicas).await;
-    assert!(node.shared.core().disaggregated(None));
+    assert!(node.shared.core().disaggregated(None, None));
     let mut decodes = std::collections::BTreeSet::new();
     let mut prefill_of = Vec::new();
     for k in 0..8 {
@@ -118,32 +118,64 @@ async fn a_2p2d_fleet_prefills_on_one_side_and_decodes_on_the_other() {
 async fn a_failing_side_is_left_out_and_no_request_is_decoded_twice() {
     let (engines, replicas) = fleet("vllm").await;
     let node = node(replicas).await;
-    // p0 fails every prefill (500); d0 refuses every decode (503: overloaded).
-    engines[0].faults.set(Faults { status: Some(500), ..Faults::default() });
-    engines[2].faults.set(Faults { status: Some(503), ..Faults::default() });
+    let index = |name: &str| ["p0", "p1", "d0", "d1"].iter().position(|n| *n == name).unwrap();
+    // A first request caches its prompt on one prefill replica, which then fails every
+    // prefill (500): the requests sharing that prompt go there first, by their overlap.
+    let prompt = "shared prefix ".repeat(80);
+    let (status, _, cached_on, _, _) = stream(&node, &format!("{prompt} first"), 2).await;
+    assert_eq!(status, 200);
+    all_released(&node).await;
+    // A gRPC caller's booking (kept) makes one decode replica busier: the other, idle, is
+    // picked first, and refuses every decode (503).
+    let mut router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);
+    let ids: Vec<u32> = (0..64).collect();
+    let request = v1::RouteRequest { accept_disaggregated: true, ..common::route_request("", &ids, None) };
+    let held = router.route(request).await.unwrap().into_inner();
+    let busy = held.decode.clone().unwrap().replica_id;
+    let refusing = if busy == "d0" { "d1" } else { "d0" };
+    let serving_prefill = if cached_on == "p0" { "p1" } else { "p0" };
+    engines[index(&cached_on)].faults.set(Faults { status: Some(500), ..Faults::default() });
+    engines[index(refusing)].faults.set(Faults { status: Some(503), ..Faults::default() });
+    let before: Vec<PdCounts> = engines.iter().map(EngineSim::pd_counts).collect();
     for k in 0..6 {
-        let prompt = format!("failing {k} ").repeat(80);
-        let (status, decode, prefill, tokens, _) = stream(&node, &prompt, 4).await;
-        assert_eq!((status, decode.as_str(), prefill.as_str(), tokens), (200, "d1", "p1", 4), "request {k}");
+        let (status, decode, prefill, tokens, _) = stream(&node, &format!("{prompt} {k}"), 4).await;
+        assert_eq!(
+            (status, decode.as_str(), prefill.as_str(), tokens),
+            (200, busy.as_str(), serving_prefill, 4),
+            "{k}"
+        );
     }
-    // Each request decoded exactly once, on d1; p1 prefilled all six and once more for each
-    // request whose decode d0 refused (a fresh prefill).
-    let c: Vec<PdCounts> = engines.iter().map(EngineSim::pd_counts).collect();
-    assert_eq!((c[2].decode, c[3].decode), (0, 6));
-    let refused_by_d0 = c[1].prefill - 6;
+    let d: Vec<PdCounts> = engines
+        .iter()
+        .zip(&before)
+        .map(|(e, b)| {
+            let c = e.pd_counts();
+            PdCounts { whole: c.whole - b.whole, prefill: c.prefill - b.prefill, decode: c.decode - b.decode }
+        })
+        .collect();
+    // Each request decoded once, on the busy replica; the refusing one was sent a decode leg
+    // (and refused it) at least once, each refusal costing one fresh prefill leg.
+    let refusals = d[index(refusing)].decode;
+    assert_eq!(d[index(&busy)].decode, 6);
+    assert!(refusals >= 1, "the idle decode replica was tried first");
+    assert_eq!(d[index(serving_prefill)].prefill, 6 + refusals);
+    assert!(d[index(&cached_on)].prefill >= 1, "the cached prefill replica was tried first");
+    assert_eq!(d.iter().map(|c| c.whole).sum::<u64>(), 0);
     let errors = metric(&node, "kvmesh_pd_errors_total");
-    assert!(
-        errors.contains("side=\"prefill\",kind=\"failed\"") || errors.contains("kind=\"failed\",side=\"prefill\""),
-        "{errors}"
-    );
-    if refused_by_d0 > 0 {
-        assert!(errors.contains("overloaded"), "{errors}");
+    let has = |side: &str, kind: &str| {
+        errors.contains(&format!("side=\"{side}\",kind=\"{kind}\""))
+            || errors.contains(&format!("kind=\"{kind}\",side=\"{side}\""))
+    };
+    assert!(has("prefill", "failed") && has("decode", "overloaded"), "{errors}");
+    for booking in [held.booking, held.decode.unwrap().booking] {
+        router.release(v1::ReleaseRequest { booking, output_tokens: None }).await.unwrap();
     }
     all_released(&node).await;
-    assert!(metric(&node, "kvmesh_requests_total").contains("kvmesh_requests_total{outcome=\"ok\"} 6"));
+    assert!(metric(&node, "kvmesh_requests_total").contains("kvmesh_requests_total{outcome=\"ok\"} 7"));
 
-    // Both decode replicas refuse: the client hears which side failed, nothing stays booked.
-    engines[3].faults.set(Faults { status: Some(500), ..Faults::default() });
+    // Both decode replicas refuse: the client hears which side failed, nothing stays booked,
+    // and no decode ran (the refusals are the engines' 503s).
+    engines[index(&busy)].faults.set(Faults { status: Some(500), ..Faults::default() });
     let url = format!("http://{}/v1/completions", node.http);
     let body = json!({"prompt": "doomed ".repeat(80), "max_tokens": 4});
     let r = reqwest::Client::new().post(url).json(&body).send().await.unwrap();
@@ -151,7 +183,34 @@ async fn a_failing_side_is_left_out_and_no_request_is_decoded_twice() {
     let e: serde_json::Value = r.json().await.unwrap();
     assert_eq!(e["error"]["type"], "decode_error", "{e}");
     all_released(&node).await;
-    assert_eq!(engines.iter().map(|e| e.pd_counts().decode).sum::<u64>(), 6, "no decode ran for it");
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_that_took_the_request_and_hung_is_not_sent_again() {
+    let (engines, replicas) = fleet("vllm").await;
+    let section = NodeSection { scrape_interval_ms: 50, request_timeout_s: 1, ..common::section() };
+    let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
+    eventually("all four replicas scraped", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    for e in &engines[2..] {
+        e.faults.set(Faults { hang: true, ..Faults::default() });
+    }
+    let url = format!("http://{}/v1/completions", node.http);
+    let body = json!({"prompt": "hung ".repeat(80), "max_tokens": 4});
+    let r = reqwest::Client::new().post(url).json(&body).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 504);
+    let e: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "decode_error", "{e}");
+    // One prefill leg, one decode leg: the decode side may have been decoding, so it is not
+    // decoded again elsewhere.
+    assert_eq!(kinds(&engines), (1, 1, 0));
+    all_released(&node).await;
+    for e in &engines[2..] {
+        e.faults.set(Faults::default());
+    }
     node.stop().await;
     for e in engines {
         e.stop().await;
@@ -187,10 +246,28 @@ async fn sglang_sides_get_the_bootstrap_fields_at_once() {
     // Both sides saw every request (the engine-sim reads bootstrap_room by its role).
     assert_eq!(kinds(&engines), (4, 4, 0));
     all_released(&node).await;
+    // Both prefill sides fail (500) while the decode side answers: the answer is the
+    // client's, decoded once; the prefill failures are counted.
+    for e in &engines[..2] {
+        e.faults.set(Faults { status: Some(500), ..Faults::default() });
+    }
+    let (status, _, _, tokens, _) = stream(&node, &"sglang failing prefill ".repeat(30), 3).await;
+    assert_eq!((status, tokens), (200, 3));
+    assert_eq!(kinds(&engines), (5, 5, 0));
+    all_released(&node).await;
+    assert!(metric(&node, "kvmesh_pd_errors_total").contains("prefill"));
+    for e in &engines[..2] {
+        e.faults.set(Faults::default());
+    }
     // gRPC Route names both sides and the bootstrap fields a gateway would send.
     let mut router = v1::router_client::RouterClient::new(common::grpc(node.grpc).await);
     let ids: Vec<u32> = (0..640).collect();
-    let routed = router.route(common::route_request("", &ids, None)).await.unwrap().into_inner();
+    // A caller that cannot run the flow is told so (no `both` replica to serve it whole).
+    let whole = router.route(common::route_request("", &ids, None)).await.unwrap_err();
+    assert_eq!(whole.code(), tonic::Code::FailedPrecondition, "{whole:?}");
+    assert!(node.shared.core().fleet.bookings().is_empty());
+    let request = v1::RouteRequest { accept_disaggregated: true, ..common::route_request("", &ids, None) };
+    let routed = router.route(request).await.unwrap().into_inner();
     let decode = routed.decode.clone().expect("a decode side");
     let bootstrap = routed.bootstrap.clone().expect("bootstrap fields for SGLang");
     assert!(["p0", "p1"].contains(&routed.replica_id.as_str()));
@@ -237,7 +314,7 @@ async fn a_three_node_tier_routes_the_same_fleet_disaggregated() {
         nodes.iter().all(|n| {
             let c = n.cluster.as_ref().unwrap().state.borrow();
             c.seeded && c.replicas.values().filter(|e| e.config.role != kvmesh_core::Role::Both).count() == 4
-        }) && nodes.iter().all(|n| n.shared.core().disaggregated(None))
+        }) && nodes.iter().all(|n| n.shared.core().disaggregated(None, None))
     })
     .await;
     // Twelve requests, each node in turn.

@@ -458,6 +458,7 @@ async fn route(args: &LoadtestArgs) -> anyhow::Result<(Tally, f64)> {
             lora_name: None,
             expected_output_tokens: None,
             cache_salt: None,
+            accept_disaggregated: false,
         };
         let r = client.route(req).await.map_err(|e| format!("{:?}", e.code()))?;
         let us = t.elapsed().as_micros() as u64;

@@ -77,7 +77,7 @@ pub struct PdState {
     pub kv_link_gbps: f64,
     /// Time compression (the transfer wait is divided by it).
     pub speed: f64,
-    /// Whole requests, prefill legs, decode legs.
+    /// Whole requests, prefill legs, decode legs, as they arrived (faults included).
     pub counts: [std::sync::atomic::AtomicU64; 3],
 }
 
@@ -173,6 +173,18 @@ fn rank_for(s: &AppState, headers: &HeaderMap) -> Result<usize, String> {
     }
 }
 
+/// Counts the request by its disaggregated kind as it arrives, before any fault answers it:
+/// what a router sent where (a malformed `kv_transfer_params` counts nowhere).
+fn note_pd(s: &AppState, body: &Value) {
+    let kind = match transfer(body, s.pd.role) {
+        Ok(Transfer::Whole) => 0,
+        Ok(Transfer::ToDecode) => 1,
+        Ok(Transfer::FromPrefill { .. }) => 2,
+        Err(_) => return,
+    };
+    s.pd.counts[kind].fetch_add(1, Ordering::Relaxed);
+}
+
 /// Counts the request's `model` (the engine serves whatever it is asked; a router's choice is
 /// what tests read from it).
 fn note_model(s: &AppState, body: &Value) {
@@ -241,12 +253,6 @@ fn common(s: &AppState, body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Re
     };
     let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
     let transfer = transfer(body, s.pd.role).map_err(|m| Box::new(error(StatusCode::BAD_REQUEST, &m)))?;
-    let kind = match transfer {
-        Transfer::Whole => 0,
-        Transfer::ToDecode => 1,
-        Transfer::FromPrefill { .. } => 2,
-    };
-    s.pd.counts[kind].fetch_add(1, Ordering::Relaxed);
     Ok(Parsed {
         transfer,
         tokens,
@@ -264,6 +270,7 @@ fn common(s: &AppState, body: &Value, tokens: Vec<u32>) -> Result<Parsed, Box<Re
 async fn completions(State(s): State<AppState>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
     note_traceparent(&s, &headers);
     note_model(&s, &body);
+    note_pd(&s, &body);
     if let Some(r) = injected(&s.faults).await {
         return r;
     }
@@ -286,6 +293,7 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, Json(body): 
 async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
     note_traceparent(&s, &headers);
     note_model(&s, &body);
+    note_pd(&s, &body);
     if let Some(r) = injected(&s.faults).await {
         return r;
     }

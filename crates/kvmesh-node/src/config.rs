@@ -643,9 +643,9 @@ pub struct ReplicaConfig {
     pub metrics_url: Option<String>,
     /// KV-cache capacity, blocks.
     pub capacity_blocks: u64,
-    /// `vllm` or `sglang`. Both event formats are read either way; it decides how a
-    /// disaggregated request is handed between its prefill and decode replicas (vLLM's
-    /// `kv_transfer_params`, SGLang's bootstrap room).
+    /// `vllm` or `sglang`. Both event formats are read either way; for a `prefill` or
+    /// `decode` replica it decides how a disaggregated request is handed between its sides
+    /// (vLLM's `kv_transfer_params`, SGLang's bootstrap room) and must be one of the two.
     #[serde(default = "default_engine")]
     pub engine: String,
     /// The model it serves (vLLM `--served-model-name`); default `node.model`. Requests for a
@@ -689,8 +689,9 @@ pub struct ReplicaConfig {
     /// whole), `prefill` or `decode` (vLLM: a KV connector such as `NixlConnector` in
     /// `--kv-transfer-config`; SGLang: `--disaggregation-mode`). While a model has a routable
     /// replica of each side, each of its requests goes to one prefill and one decode replica,
-    /// picked together (prefill by token load with prefix overlap, decode by decode load and
-    /// KV headroom); otherwise its `both` replicas serve it whole.
+    /// picked together (prefill by the node's policy — token load with prefix overlap by
+    /// default — decode by KV headroom, then decode load); otherwise its `both` replicas serve
+    /// it whole.
     #[serde(default, skip_serializing_if = "Role::is_both")]
     pub role: Role,
     /// A `prefill` replica of `engine = "sglang"`: its disaggregation bootstrap port
@@ -806,8 +807,14 @@ impl ReplicaConfig {
         if self.data_parallel_rank.is_some_and(|k| k >= MAX_DATA_PARALLEL_SIZE) {
             return bad(&format!("data_parallel_rank must be below {MAX_DATA_PARALLEL_SIZE}"));
         }
-        if self.engine != "vllm" && self.engine != "sglang" {
-            return bad(&format!("engine must be vllm or sglang, got {:?}", self.engine));
+        // Informational for a replica serving whole requests; the hand-over of a disaggregated
+        // one depends on it.
+        if self.role != Role::Both && self.engine != "vllm" && self.engine != "sglang" {
+            return bad(&format!(
+                "engine must be vllm or sglang for a {} replica (it decides the hand-over), got {:?}",
+                self.role.as_str(),
+                self.engine
+            ));
         }
         if self.bootstrap_port.is_some() && (self.engine != "sglang" || self.role != Role::Prefill) {
             return bad("bootstrap_port is for a prefill replica of engine = \"sglang\" only");

@@ -15,17 +15,19 @@
 //!   replica's answer is the client's, the prefill replica's is read and dropped.
 //!
 //! Failures, before any byte reaches the client: a prefill replica that cannot be reached,
-//! is overloaded (429/503), fails (5xx) or answers brokenly is left out and the request is
-//! decided again — a prefill leg runs again harmlessly. A decode replica that refuses the
-//! request (unreachable, 429/503, 5xx) is left out and the request decided again with a
-//! fresh prefill: one request is never decoded twice. A client error (4xx) of either side
+//! is overloaded (429/503), fails (5xx, a timeout) or answers 200 with no JSON is left out and
+//! the request is decided again — a prefill leg runs again harmlessly. A decode replica that
+//! refuses the request (unreachable, 429/503, 5xx) is left out and the request decided again
+//! with a fresh prefill; one that took it and then failed without an answer (a timeout, a
+//! reset) is not sent it again: one request is never decoded twice. With SGLang, a decode
+//! side that answered is the client's answer whatever the prefill side's answer was. A client error (4xx) of either side
 //! is the request's and goes back to the client. Every booking is released on every path;
 //! failures count in `kvmesh_pd_errors_total{side, kind}` and the final answer's error type
 //! names the side (`prefill_error`, `decode_error`).
 
 use crate::admission::Leg;
 use crate::in_flight::{InFlight, Side};
-use crate::proxy::{error_of_kind, read_usage, stream_through, with_content_type, with_replica};
+use crate::proxy::{error_of_kind, read_usage_from, stream_through, with_content_type, with_replica};
 use crate::replica::endpoints::{Api, Endpoints};
 use crate::state::Shared;
 use axum::body::{Body, Bytes};
@@ -139,12 +141,17 @@ pub(crate) async fn forward(
     mut legs: Legs,
     span: &tracing::Span,
 ) -> Step {
-    let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
+    let Ok(Value::Object(mut request)) = serde_json::from_slice::<Value>(body) else {
         // Parsed once already; only a body that is JSON but not an object gets here.
         legs.prefill.release(None, "bad_request");
         legs.decode.release(None, "bad_request");
         return Step::Done(error_of_kind(StatusCode::BAD_REQUEST, "the body must be a JSON object", None));
     };
+    // The hand-over is the router's to set: a client's own transfer parameters or bootstrap
+    // fields would point an engine at a host of the client's choosing.
+    for k in ["kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room"] {
+        request.remove(k);
+    }
     let (engine, bootstrap_port) = {
         let core = shared.core();
         let r = core.replicas.get(&legs.prefill.replica);
@@ -216,11 +223,16 @@ async fn vllm(
             return failed(shared, &mut legs, Side::Prefill, "failed", failure);
         }
     };
+    let Ok(mut answer_json) = serde_json::from_slice::<Value>(&answer) else {
+        let failure = format!("prefill replica {} answered 200 with a body that is not JSON", legs.prefill.replica);
+        return failed(shared, &mut legs, Side::Prefill, "failed", failure);
+    };
+    // The prompt's cache hits are the prefill side's (the decode side counts received KV as
+    // cached).
+    let _ = read_usage_from(shared, &answer, true);
     legs.prefill.first_token(false);
     legs.prefill.release(None, "ok");
-    let params = serde_json::from_slice::<Value>(&answer)
-        .ok()
-        .and_then(|mut v| v.get_mut("kv_transfer_params").map(Value::take));
+    let params = answer_json.get_mut("kv_transfer_params").map(Value::take);
     let mut request = request;
     match params.filter(|p| !p.is_null()) {
         Some(p) => {
@@ -261,41 +273,36 @@ async fn sglang(
         send(shared, &legs.prefill_endpoints, api, headers, body.clone(), span, Side::Prefill),
         send(shared, &legs.decode_endpoints, api, headers, body, span, Side::Decode),
     );
-    let prefill = match prefill {
-        Ok(r) => r,
-        Err(e) => {
-            let kind = send_failure(&e);
-            if kind == "unreachable" {
-                shared.core().record_down(&legs.prefill.replica, e.to_string(), shared.now());
-            }
-            let failure = format!("prefill replica {} failed: {}", legs.prefill.replica, crate::error_chain(&e));
-            return failed(shared, &mut legs, Side::Prefill, kind, failure);
-        }
-    };
-    if let Some(step) = refused(shared, &mut legs, Side::Prefill, prefill.status()) {
-        return settle(step, prefill, legs, Side::Prefill).await;
-    }
+    // The decode side first: a decode that answered is the client's answer whatever became of
+    // the prefill side's (its KV arrived, or the decode could not have answered).
     let decode = match decode {
-        Ok(r) => r,
-        Err(e) => {
-            let kind = send_failure(&e);
-            if kind == "unreachable" {
-                shared.core().record_down(&legs.decode.replica, e.to_string(), shared.now());
-            }
-            let failure = format!("decode replica {} failed: {}", legs.decode.replica, crate::error_chain(&e));
-            return failed(shared, &mut legs, Side::Decode, kind, failure);
-        }
+        Ok(r) => match refused(shared, &mut legs, Side::Decode, r.status()) {
+            // Refused before decoding: decided again (a fresh room) unless it is the client's.
+            Some(step) => return settle(step, r, legs, Side::Decode).await,
+            None => r,
+        },
+        Err(e) => return decode_unsent(shared, legs, &e),
     };
-    if let Some(step) = refused(shared, &mut legs, Side::Decode, decode.status()) {
-        return settle(step, decode, legs, Side::Decode).await;
-    }
     let Legs { prefill: mut prefill_leg, decode: decode_leg, .. } = legs;
     let prefill_name = prefill_leg.replica.clone();
     // The prefill side's answer is read to its end in the background; its booking ends there.
+    let drain = shared.clone();
     tokio::spawn(async move {
-        let ok = prefill.bytes().await.is_ok();
-        prefill_leg.first_token(false);
-        prefill_leg.release(None, if ok { "ok" } else { "upstream_error" });
+        let outcome = match prefill {
+            Ok(r) if r.status().is_success() => match r.bytes().await {
+                Ok(b) => {
+                    prefill_leg.first_token(false);
+                    let _ = read_usage_from(&drain, &b, true);
+                    "ok"
+                }
+                Err(_) => "upstream_error",
+            },
+            _ => "upstream_error",
+        };
+        if outcome != "ok" {
+            count(&drain, Side::Prefill, "failed");
+        }
+        prefill_leg.release(None, outcome);
     });
     answer(shared, decode, decode_leg, &prefill_name).await
 }
@@ -317,15 +324,27 @@ async fn decode(
                 answer(shared, resp, legs.decode, &prefill).await
             }
         },
-        Err(e) => {
-            let kind = send_failure(&e);
-            if kind == "unreachable" {
-                shared.core().record_down(&legs.decode.replica, e.to_string(), shared.now());
-            }
-            let failure = format!("decode replica {} failed: {}", legs.decode.replica, crate::error_chain(&e));
-            failed(shared, &mut legs, Side::Decode, kind, failure)
-        }
+        Err(e) => decode_unsent(shared, legs, &e),
     }
+}
+
+/// The decode side's request failed without an answer: a connect failure (it never got the
+/// request) is decided again with a fresh prefill; any other failure (a timeout, a reset
+/// after sending) may have left it decoding, so it is not sent again — the client gets a
+/// `decode_error`.
+fn decode_unsent(shared: &Shared, mut legs: Legs, e: &reqwest::Error) -> Step {
+    let name = legs.decode.replica.clone();
+    let failure = format!("decode replica {name} failed: {}", crate::error_chain(e));
+    if e.is_connect() {
+        shared.core().record_down(&name, e.to_string(), shared.now());
+        return failed(shared, &mut legs, Side::Decode, "unreachable", failure);
+    }
+    count(shared, Side::Decode, "failed");
+    tracing::warn!(replica = %name, error = %failure, "decode replica took the request and failed; not sent again");
+    legs.prefill.release(None, "decode_error");
+    legs.decode.release(None, "upstream_error");
+    let code = if e.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
+    Step::Done(with_replica(error_of_kind(code, failure, Some("decode_error")), &name))
 }
 
 /// The decode side's successful response to the client: streamed through, or whole.
@@ -340,7 +359,7 @@ async fn answer(shared: &Arc<Shared>, resp: reqwest::Response, mut decode: InFli
     match resp.bytes().await {
         Ok(bytes) => {
             decode.first_token(false);
-            let output = read_usage(shared, &bytes);
+            let output = read_usage_from(shared, &bytes, false);
             decode.release(output, "ok");
             let r = with_content_type(StatusCode::OK, ct, Body::from(bytes));
             Step::Done(with_prefill(with_replica(r, &name), prefill))

@@ -91,12 +91,21 @@ impl router_server::Router for Services {
             return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f)));
         }
         let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived)
-            .for_selected(&selected);
+            .for_selected(&selected)
+            .whole_only(!r.accept_disaggregated);
         let Admitted { routed, replica: name, endpoints, at: now, decision_s, decode } = match ticket
             .route(&req, &tokens, r.max_tokens)
             .await
         {
             Ok(a) => a,
+            Err(NotAdmitted::NoReplica(_))
+                if !r.accept_disaggregated && self.shared.core().disaggregated(req.model, None) =>
+            {
+                return Err(GrpcStatus::failed_precondition(
+                    "this model is served disaggregated (prefill and decode replicas) and has no `both` replica: set \
+                     accept_disaggregated and run the flow (RouteResponse.decode), or register a `both` replica",
+                ))
+            }
             Err(NotAdmitted::NoReplica(e)) => return Err(GrpcStatus::unavailable(e.to_string())),
             Err(NotAdmitted::Refused(why)) => return Err(self.too_many(why)),
             Err(NotAdmitted::NeverFits(f)) => return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f))),

@@ -119,9 +119,11 @@ impl InFlight {
     ) -> InFlight {
         let d = &routed.decision;
         let m = &shared.metrics;
-        let labels = vec![("policy", shared.policy_name().to_string()), ("reason", d.reason.as_str().into())];
-        m.decisions.get_or_create(&labels).inc();
         if side != Side::Decode {
+            // One decision per request, as gRPC Route counts it: the prefill side's (the
+            // decode side is kvmesh's decode pick, logged with the request's span).
+            let labels = vec![("policy", shared.policy_name().to_string()), ("reason", d.reason.as_str().into())];
+            m.decisions.get_or_create(&labels).inc();
             m.decision_latency.observe(decision_s);
             m.prompt_tokens.inc_by(u64::from(prompt_tokens));
             m.predicted_cached_tokens.inc_by(u64::from(prompt_tokens).saturating_sub(u64::from(d.uncached_tokens)));
@@ -136,16 +138,18 @@ impl InFlight {
                 "routed"
             );
         });
-        shared.record_decision(crate::state::DecisionRecord {
-            at,
-            via,
-            replica: replica.to_string(),
-            reason: d.reason.as_str(),
-            prompt_tokens,
-            overlap_blocks: d.overlap_blocks,
-            uncached_tokens: d.uncached_tokens,
-            estimated_ttft_s: d.estimated_ttft_s,
-        });
+        if side != Side::Decode {
+            shared.record_decision(crate::state::DecisionRecord {
+                at,
+                via,
+                replica: replica.to_string(),
+                reason: d.reason.as_str(),
+                prompt_tokens,
+                overlap_blocks: d.overlap_blocks,
+                uncached_tokens: d.uncached_tokens,
+                estimated_ttft_s: d.estimated_ttft_s,
+            });
+        }
         match side {
             Side::Decode => {
                 span.record("decode_replica", replica);

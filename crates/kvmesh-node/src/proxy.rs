@@ -526,8 +526,15 @@ fn too_many(shared: &Shared, why: crate::admission::Refused) -> Response {
 /// `prompt_tokens_details.cached_tokens` (the engine's own hit count) is counted in
 /// `kvmesh_engine_cached_tokens`.
 pub(crate) fn read_usage(shared: &Shared, body: &[u8]) -> Option<u32> {
+    read_usage_from(shared, body, true)
+}
+
+/// [`read_usage`]; with `count_cached` false the hit count is not counted (a disaggregated
+/// request's decode side counts the KV it received as cached: its prefill side's answer is
+/// counted instead).
+pub(crate) fn read_usage_from(shared: &Shared, body: &[u8], count_cached: bool) -> Option<u32> {
     let usage = serde_json::from_slice::<ResponseUsage>(body).ok().and_then(|r| r.usage)?;
-    if let Some(c) = usage.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens) {
+    if let Some(c) = usage.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens).filter(|_| count_cached) {
         shared.metrics.engine_cached_tokens.inc_by(c);
     }
     usage.completion_tokens.map(|n| n.min(u32::MAX as u64) as u32)

@@ -1059,10 +1059,14 @@ impl Core {
         Ok((routed, name, endpoints))
     }
 
-    /// Whether requests of `model` go to a prefill and a decode replica (see
-    /// [`kvmesh_core::Fleet::disaggregated`]).
-    pub fn disaggregated(&self, model: Option<kvmesh_core::ModelKey>) -> bool {
-        self.fleet.disaggregated(model)
+    /// Whether requests of `model` go to a prefill and a decode replica, among `subset`
+    /// (sorted ids) when given (see [`kvmesh_core::Fleet::disaggregated`]).
+    pub fn disaggregated(
+        &self,
+        model: Option<kvmesh_core::ModelKey>,
+        subset: Option<&[kvmesh_core::ReplicaId]>,
+    ) -> bool {
+        self.fleet.disaggregated(model, subset)
     }
 
     /// Decides both sides of a disaggregated `req` at `now` among `subset` (sorted ids), when

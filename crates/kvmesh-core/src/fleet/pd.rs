@@ -46,14 +46,18 @@ pub struct PdRouted {
 
 impl Fleet {
     /// Whether requests for `model` (`None`: the namespace model; [`ModelKey::ANY`]: any) are
-    /// served disaggregated now: it has a routable [`Role::Prefill`] and a routable
-    /// [`Role::Decode`] replica.
-    pub fn disaggregated(&self, model: Option<ModelKey>) -> bool {
+    /// served disaggregated now: among `subset` (replica ids, sorted; `None`: all) it has a
+    /// routable [`Role::Prefill`] and a routable [`Role::Decode`] replica. When not, its
+    /// [`Role::Both`] replicas serve it whole.
+    pub fn disaggregated(&self, model: Option<ModelKey>, subset: Option<&[ReplicaId]>) -> bool {
         let model = model.unwrap_or(self.hasher.model());
         let of = |role: Role| {
-            self.replicas
-                .iter()
-                .any(|r| r.routable() && r.spec.role == role && (model == ModelKey::ANY || r.model == model))
+            self.replicas.iter().any(|r| {
+                r.routable()
+                    && r.spec.role == role
+                    && (model == ModelKey::ANY || r.model == model)
+                    && subset.is_none_or(|s| s.binary_search(&r.id).is_ok())
+            })
         };
         of(Role::Prefill) && of(Role::Decode)
     }

@@ -44,8 +44,8 @@ fn stored(tokens: &[u32]) -> KvEvent {
 
 #[test]
 fn a_model_is_disaggregated_while_both_sides_have_a_routable_replica() {
-    let (mut f, [w, _, _, d0, d1]) = fleet(false);
-    assert!(f.disaggregated(None));
+    let (mut f, [w, p0, p1, d0, d1]) = fleet(false);
+    assert!(f.disaggregated(None, None));
     let mut p = PolicyKind::TokenLoad.build();
     let req = RouteRequest::new(f.hasher(), &toks(64), Some(8));
     // A whole request goes to the whole replica only, however often it is decided.
@@ -53,11 +53,14 @@ fn a_model_is_disaggregated_while_both_sides_have_a_routable_replica() {
         let d = f.decide(p.as_mut(), &req, &mut SmallRng::seed_from_u64(s), 0.0).unwrap();
         assert_eq!(d.replica, w);
     }
+    // A subset without a decode replica (a gateway's, or a retry's exclusions): served whole.
+    assert!(!f.disaggregated(None, Some(&[w, p0, p1])));
+    assert!(f.disaggregated(None, Some(&[p0, d1])));
     f.set_status(d0, ReplicaStatus::Draining).unwrap();
-    assert!(f.disaggregated(None));
+    assert!(f.disaggregated(None, None));
     f.set_status(d1, ReplicaStatus::Draining).unwrap();
-    assert!(!f.disaggregated(None));
-    assert!(!f.disaggregated(Some(crate::ModelKey::of("other"))));
+    assert!(!f.disaggregated(None, None));
+    assert!(!f.disaggregated(Some(crate::ModelKey::of("other")), None));
     assert_eq!(f.decide_pd(p.as_mut(), &req, None, &mut SmallRng::seed_from_u64(1), 0.0), Err(Error::NoReplicaReady));
 }
 

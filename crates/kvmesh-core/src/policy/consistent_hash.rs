@@ -43,38 +43,50 @@ impl Default for ConsistentHashParams {
 #[derive(Debug)]
 pub struct ConsistentHash {
     params: ConsistentHashParams,
-    /// `(point, name key, replica)`, sorted; rebuilt when the fleet epoch, or the role or
-    /// model asked for, changes.
-    ring: Vec<(u64, u64, ReplicaId)>,
-    epoch: Option<(u64, crate::Role, crate::ModelKey)>,
+    /// Per worker list (role and model), `(point, name key, replica)`, sorted; all rebuilt
+    /// when the fleet epoch changes.
+    rings: rustc_hash::FxHashMap<(crate::Role, crate::ModelKey), Ring>,
+    epoch: Option<u64>,
 }
+
+/// A hash ring: `(point, name key, replica)`, sorted.
+type Ring = Vec<(u64, u64, ReplicaId)>;
 
 impl ConsistentHash {
     /// A policy with `params`.
     pub fn new(params: ConsistentHashParams) -> Self {
-        ConsistentHash { params, ring: Vec::new(), epoch: None }
+        ConsistentHash { params, rings: Default::default(), epoch: None }
     }
 
-    fn rebuild(&mut self, view: &FleetView<'_>) {
-        self.ring.clear();
-        let mut label = String::new();
-        // One ring per worker list, as the vLLM router keeps one per model and, in its
-        // disaggregated mode, one for prefill and one for decode workers: a replica of another
-        // model or role owning a key would spill every such key onto the first routable one.
-        let of_list = |r: &&crate::ReplicaState| {
-            r.spec.role == view.role && (view.model == crate::ModelKey::ANY || r.model == view.model)
-        };
-        for r in view.replicas.iter().filter(of_list) {
-            for k in 0..self.params.vnodes {
-                label.clear();
-                let _ = write!(label, "{}:{k}", r.spec.name);
-                self.ring.push((xxh3_64(label.as_bytes()), r.name_key, r.id));
-            }
+    /// The ring of `view`'s worker list (its role and model), built if missing.
+    fn ring(&mut self, view: &FleetView<'_>) -> &Ring {
+        if self.epoch != Some(view.epoch) {
+            self.rings.clear();
+            self.epoch = Some(view.epoch);
         }
-        // Ties between points (astronomically rare) are ordered by name key, not id, so the
-        // ring stays independent of registration order.
-        self.ring.sort_unstable_by_key(|&(p, key, _)| (p, key));
-        self.epoch = Some((view.epoch, view.role, view.model));
+        let vnodes = self.params.vnodes;
+        self.rings.entry((view.role, view.model)).or_insert_with(|| {
+            // One ring per worker list, as the vLLM router keeps one per model and, in its
+            // disaggregated mode, one for prefill and one for decode workers: a replica of
+            // another model or role owning a key would spill every such key onto the first
+            // routable one.
+            let of_list = |r: &&crate::ReplicaState| {
+                r.spec.role == view.role && (view.model == crate::ModelKey::ANY || r.model == view.model)
+            };
+            let mut ring = Vec::new();
+            let mut label = String::new();
+            for r in view.replicas.iter().filter(of_list) {
+                for k in 0..vnodes {
+                    label.clear();
+                    let _ = write!(label, "{}:{k}", r.spec.name);
+                    ring.push((xxh3_64(label.as_bytes()), r.name_key, r.id));
+                }
+            }
+            // Ties between points (astronomically rare) are ordered by name key, not id, so the
+            // ring stays independent of registration order.
+            ring.sort_unstable_by_key(|&(p, key, _)| (p, key));
+            ring
+        })
     }
 }
 
@@ -88,13 +100,11 @@ impl Policy for ConsistentHash {
     }
 
     fn pick(&mut self, req: &RouteRequest, view: &FleetView<'_>, _rng: &mut dyn RngCore) -> Result<Decision, Error> {
-        if self.epoch != Some((view.epoch, view.role, view.model)) {
-            self.rebuild(view);
-        }
         let first = view.routable().next().ok_or(Error::NoReplicaReady)?;
         let key = xxh3_64(&req.key.to_le_bytes());
-        let start = self.ring.partition_point(|&(p, _, _)| p < key);
-        let Some(&(_, _, owner)) = self.ring.get(start % self.ring.len().max(1)) else {
+        let ring = self.ring(view);
+        let start = ring.partition_point(|&(p, _, _)| p < key);
+        let Some(&(_, _, owner)) = ring.get(start % ring.len().max(1)) else {
             return Ok(Decision::at(view, req, first, Reason::RingSpill));
         };
         match view.replicas.binary_search_by_key(&owner, |r| r.id) {

@@ -306,9 +306,11 @@ fn add_targets(config: &ReplicationConfig, now: f64, fleet: &Fleet, plan: &mut R
     added
 }
 
-/// Whether `r` can take warm-ups: routable and serving the fleet's namespace model, the one
+/// Whether `r` can take warm-ups: routable, serving the fleet's namespace model, the one
 /// whose requests feed the hot-prefix sketch (a replica of another model would compute the
-/// prefix in its own namespace, of no use to the requests that made it hot).
+/// prefix in its own namespace, of no use to the requests that made it hot), and computing
+/// prompts: not a decode replica of a disaggregated fleet (a plain one-token warm-up is no
+/// request its engine expects, and prompts are computed on the prefill side).
 fn warmable(fleet: &Fleet, r: &crate::fleet::ReplicaState) -> bool {
-    r.routable() && r.model == fleet.hasher().model()
+    r.routable() && r.model == fleet.hasher().model() && r.spec.role != crate::Role::Decode
 }

@@ -429,3 +429,18 @@ fn config_ranges_are_checked() {
     let bad = ReplicationConfig { target_utilisation: 1.5, ..ReplicationConfig::default() };
     assert_eq!(bad.validate().unwrap_err().to_string(), "invalid target_utilisation: must be in (0, 1], got 1.5");
 }
+
+#[test]
+fn decode_replicas_of_a_disaggregated_fleet_are_never_warmed() {
+    // r2 and r3 decode; a plain one-token warm-up is no request their engines expect.
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    for i in 0..8 {
+        let role = if i == 2 || i == 3 { crate::Role::Decode } else { crate::Role::Both };
+        f.add_replica(ReplicaSpec { role, ..ReplicaSpec::new(format!("r{i}"), 10_000) }).unwrap();
+    }
+    store(&mut f, 0, &hot_tokens(), 0.0);
+    let plan = plan_round(&ReplicationConfig::default(), 1.0, &report(&f, 0.3), &f, &ReplicationPlan::default());
+    let targets: Vec<&str> = plan.prefixes[0].targets.iter().map(|t| t.replica.as_str()).collect();
+    // Sized on the 6 replicas that compute prompts: 0.3 · 6 / 0.7 = 2.57 → 3 holders, r0 one.
+    assert_eq!(targets, vec!["r1", "r4"]);
+}

@@ -105,6 +105,9 @@ pub struct Ticket<'a> {
     /// Replicas it is not to go to again (one that failed it before any byte reached the
     /// client), sorted ids.
     excluded: Vec<kvmesh_core::ReplicaId>,
+    /// Served whole even where its model is disaggregated (a gRPC caller that cannot run the
+    /// disaggregated flow).
+    whole_only: bool,
 }
 
 /// Observes a wait in the admission queue once, however it ends (routed, refused after
@@ -156,7 +159,15 @@ impl<'a> Ticket<'a> {
             subset: None,
             adapter: None,
             excluded: Vec::new(),
+            whole_only: false,
         }
+    }
+
+    /// Routes it whole, among its model's `both` replicas, even where the model is served
+    /// disaggregated.
+    pub fn whole_only(mut self, whole: bool) -> Self {
+        self.whole_only = whole;
+        self
     }
 
     /// Keeps the request off `replica` from now on (its retries go elsewhere).
@@ -264,7 +275,7 @@ impl<'a> Ticket<'a> {
                         }
                     }
                 };
-                if core.disaggregated(req.model) {
+                if !self.whole_only && core.disaggregated(req.model, allowed.as_deref()) {
                     core.decide_pd_within(req, allowed.as_deref(), now).and_then(|d| {
                         if !std::mem::replace(&mut self.demand_counted, true) {
                             core.count_demand(req, tokens, &d.prefill, now, self.hot_prefix);

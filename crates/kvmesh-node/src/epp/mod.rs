@@ -382,8 +382,8 @@ impl Exchange {
                     rank,
                     body_len,
                 );
-                if let (Some(p), Some(m)) = (prefill, common.header_mutation.as_mut()) {
-                    m.set_headers.push(protocol::header(protocol::PREFILL_HEADER, &p));
+                if let Some(m) = common.header_mutation.as_mut() {
+                    protocol::prefill_header(m, prefill.as_deref());
                 }
                 (endpoint, Some(common), Some(metadata))
             }

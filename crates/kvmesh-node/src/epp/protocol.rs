@@ -113,7 +113,7 @@ fn string(s: &str) -> Value {
     Value { kind: Some(Kind::StringValue(s.to_string())) }
 }
 
-pub(crate) fn header(key: &str, value: &str) -> HeaderValueOption {
+fn header(key: &str, value: &str) -> HeaderValueOption {
     HeaderValueOption {
         header: Some(HeaderValue { key: key.to_string(), value: String::new(), raw_value: value.as_bytes().to_vec() }),
         ..HeaderValueOption::default()
@@ -162,6 +162,20 @@ pub fn destination(
         fields: [(namespace.to_string(), Value { kind: Some(Kind::StructValue(inner)) })].into_iter().collect(),
     };
     (common, metadata)
+}
+
+/// Names a disaggregated request's prefill endpoint in [`PREFILL_HEADER`] (replacing any
+/// value the client sent), or — for a request served whole — removes a client's own: only
+/// the picker says where a prefill runs.
+pub fn prefill_header(m: &mut HeaderMutation, prefill: Option<&str>) {
+    match prefill {
+        Some(p) => {
+            let action =
+                envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd;
+            m.set_headers.push(HeaderValueOption { append_action: action as i32, ..header(PREFILL_HEADER, p) });
+        }
+        None => m.remove_headers.push(PREFILL_HEADER.to_string()),
+    }
 }
 
 /// The answer to request headers: `common` (a plain continue when `None`), with `metadata`.
