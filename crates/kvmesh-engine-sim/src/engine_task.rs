@@ -36,9 +36,10 @@ pub struct Submission {
     pub output_tokens: u32,
     /// The LoRA adapter it names (one of the engine's `lora_modules`), if any.
     pub lora: Option<Arc<str>>,
-    /// Its prompt's KV was received from a prefill replica (see
-    /// [`kvmesh_sim::engine::EngineRequest::remote_prefill`]).
-    pub remote_prefill: bool,
+    /// A decode leg of a disaggregated request: its prompt's KV comes from a prefill replica
+    /// ([`kvmesh_sim::engine::EngineRequest::remote_prefill`]), the blocks the engine's prefix
+    /// cache lacks taking this many seconds each (real time) before the engine takes it.
+    pub transfer_s_per_block: Option<f64>,
     /// Where its outputs go; dropping the receiver aborts the request at its next token.
     pub outputs: mpsc::UnboundedSender<Output>,
 }
@@ -97,6 +98,8 @@ pub fn spawn(
         let mut waiters: HashMap<u64, mpsc::UnboundedSender<Output>> = HashMap::new();
         let mut next_id = 0u64;
         let mut rejected = Vec::new();
+        // Decode legs whose KV is on its way: (when it has arrived, the submission).
+        let mut transfers: Vec<(tokio::time::Instant, Submission)> = Vec::new();
         let mut enqueue = |engine: &mut Engine, waiters: &mut HashMap<u64, _>, s: Submission| {
             next_id += 1;
             engine.enqueue(EngineRequest {
@@ -104,14 +107,34 @@ pub fn spawn(
                 tokens: s.tokens,
                 output_tokens: s.output_tokens.max(1),
                 lora: s.lora,
-                remote_prefill: s.remote_prefill,
+                remote_prefill: s.transfer_s_per_block.is_some(),
             });
             waiters.insert(next_id, s.outputs);
         };
+        // A decode leg waits for the blocks its cache lacks; anything else goes in at once.
+        let arrive = |engine: &Engine, transfers: &mut Vec<(tokio::time::Instant, Submission)>, s: Submission| match s
+            .transfer_s_per_block
+        {
+            Some(per_block) => {
+                let lacking = engine.lacking_blocks(&s.tokens, s.lora.as_deref());
+                let at = tokio::time::Instant::now() + Duration::from_secs_f64(per_block * lacking as f64);
+                transfers.push((at, s));
+                None
+            }
+            None => Some(s),
+        };
         loop {
             while let Ok(s) = inbox.try_recv() {
+                if let Some(s) = arrive(&engine, &mut transfers, s) {
+                    enqueue(&mut engine, &mut waiters, s);
+                }
+            }
+            let now = tokio::time::Instant::now();
+            while let Some(k) = transfers.iter().position(|(at, _)| *at <= now) {
+                let (_, s) = transfers.swap_remove(k);
                 enqueue(&mut engine, &mut waiters, s);
             }
+            let next_transfer = transfers.iter().map(|(at, _)| *at).min();
             rejected.clear();
             let step = engine.start_step(&mut rejected);
             for id in rejected.drain(..) {
@@ -128,10 +151,27 @@ pub fn spawn(
                     continue;
                 }
                 publish_stats(&engine, &shared, None);
+                let transfer_done = async {
+                    match next_transfer {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
-                    s = inbox.recv() => match s { Some(s) => enqueue(&mut engine, &mut waiters, s), None => break },
+                    s = inbox.recv() => match s {
+                        Some(s) => {
+                            if let Some(s) = arrive(&engine, &mut transfers, s) {
+                                enqueue(&mut engine, &mut waiters, s);
+                            }
+                        }
+                        None => break,
+                    },
+                    () = transfer_done => {}
                     _ = stop.wait_for(|s| *s) => break,
-                    Ok(()) = restarts.changed() => restart(&mut engine, fresh(), &mut waiters, &shared, &events),
+                    Ok(()) = restarts.changed() => {
+                        transfers.clear();
+                        restart(&mut engine, fresh(), &mut waiters, &shared, &events);
+                    }
                 }
                 continue;
             };
@@ -142,6 +182,7 @@ pub fn spawn(
                 _ = tokio::time::sleep(Duration::from_secs_f64(duration / speed)) => {}
                 _ = stop.wait_for(|s| *s) => break,
                 Ok(()) = restarts.changed() => {
+                    transfers.clear();
                     restart(&mut engine, fresh(), &mut waiters, &shared, &events);
                     continue;
                 }

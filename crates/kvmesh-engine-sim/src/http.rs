@@ -59,8 +59,9 @@ pub struct AppState {
 /// one token and the params a decode replica needs (`do_remote_prefill`, `remote_engine_id`,
 /// `remote_block_ids`, `remote_request_id`, `remote_host`, `remote_port`, `tp_size`); one
 /// that says `do_remote_prefill` is a decode leg — its prompt's blocks are received over the
-/// link (a wait, [`crate::EngineSimConfig::kv_link_gbps`]), loaded into the cache (announced
-/// in `BlockStored`s), and the answer generated. A request carrying SGLang's `bootstrap_room`
+/// link — the leading blocks its own prefix cache lacks, as NIXL pulls only those (a wait,
+/// [`crate::EngineSimConfig::kv_link_gbps`]) — loaded into the cache (announced in
+/// `BlockStored`s), and the answer generated. A request carrying SGLang's `bootstrap_room`
 /// is a prefill leg on a replica of role `prefill` and a decode leg (its whole prompt
 /// received) on one of role `decode`, as an SGLang server's `--disaggregation-mode` decides.
 #[derive(Debug)]
@@ -137,7 +138,8 @@ fn transfer(body: &Value, role: kvmesh_core::Role) -> Result<Transfer, String> {
         });
         return match (engine, ids) {
             (Some(_), Some(n)) => Ok(Transfer::FromPrefill { blocks: Some(n as u64) }),
-            _ => Err("kv_transfer_params: do_remote_prefill needs the prefill replica's remote_engine_id and                       remote_block_ids (pass on what the prefill replica answered)"
+            _ => Err("kv_transfer_params: do_remote_prefill needs the prefill replica's remote_engine_id and \
+                      remote_block_ids (pass on what the prefill replica answered)"
                 .into()),
         };
     }
@@ -327,19 +329,18 @@ async fn generate(s: AppState, p: Parsed, chat: bool, rank: usize) -> Response {
     // An answer shorter than max_tokens stops (its end of sequence), as vLLM says.
     let output_tokens = s.outputs.as_ref().map_or(p.max_tokens, |o| o.sample(p.max_tokens));
     let finish_reason = if output_tokens < p.max_tokens { "stop" } else { "length" };
-    let remote_prefill = match p.transfer {
-        Transfer::FromPrefill { blocks } => {
-            // The prompt's KV crosses the link before the engine can take the request.
-            let blocks = blocks.unwrap_or(p.tokens.len().div_ceil(s.block_size as usize) as u64);
-            let bytes = blocks * u64::from(s.block_size) * s.profile.kv_bytes_per_token;
-            let secs = bytes as f64 * 8.0 / (s.pd.kv_link_gbps * 1e9) / s.pd.speed;
-            tokio::time::sleep(std::time::Duration::from_secs_f64(secs)).await;
-            true
+    // A decode leg: the engine receives the blocks it lacks over the link before it takes the
+    // request (seconds per block, real time).
+    let transfer_s_per_block = match p.transfer {
+        Transfer::FromPrefill { .. } => {
+            let bytes = u64::from(s.block_size) * s.profile.kv_bytes_per_token;
+            Some(bytes as f64 * 8.0 / (s.pd.kv_link_gbps * 1e9) / s.pd.speed)
         }
-        _ => false,
+        _ => None,
     };
     let handoff = (p.transfer == Transfer::ToDecode).then(|| p.tokens.len().div_ceil(s.block_size as usize));
-    let submission = Submission { tokens: p.tokens.into(), output_tokens, lora: p.lora, remote_prefill, outputs: tx };
+    let submission =
+        Submission { tokens: p.tokens.into(), output_tokens, lora: p.lora, transfer_s_per_block, outputs: tx };
     s.by_rank[rank].fetch_add(1, Ordering::Relaxed);
     if s.submit[rank].send(submission).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "engine is shutting down");

@@ -95,7 +95,8 @@ pub struct EngineSimConfig {
     pub role: kvmesh_core::Role,
     /// The link a decode replica receives a prompt's KV over, gigabits per second: a decode
     /// request waits `blocks × block_size × kv_bytes_per_token × 8 / (gbps × 10⁹)` seconds
-    /// (÷ `speed`) before its engine takes it. Default 100 (RDMA-class NIC).
+    /// (÷ `speed`) for the blocks its prefix cache lacks before its engine takes it. Default
+    /// 100 (RDMA-class NIC).
     pub kv_link_gbps: f64,
 }
 

@@ -59,8 +59,9 @@ struct Args {
     /// ask whatever the role; `GET /admin/pd` counts what came.
     #[arg(long, default_value = "both", value_parser = parse_role)]
     role: kvmesh_core::Role,
-    /// A decode replica receives a prompt's KV over a link of this many Gb/s (the wait is
-    /// blocks × block size × the profile's kv_bytes_per_token × 8 / link, ÷ --speed).
+    /// A decode replica receives a prompt's KV over a link of this many Gb/s (the wait is the
+    /// blocks its prefix cache lacks × block size × the profile's kv_bytes_per_token × 8 /
+    /// link, ÷ --speed).
     #[arg(long, default_value_t = 100.0)]
     kv_link_gbps: f64,
     /// Fault: publish no KV events.

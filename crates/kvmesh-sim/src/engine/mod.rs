@@ -174,6 +174,15 @@ impl Engine {
         });
     }
 
+    /// Leading full blocks of `tokens` (under LoRA adapter `lora`) this engine's prefix cache
+    /// does not hold, plus the partial last block: what a decode replica of a disaggregated
+    /// pair still has to receive from its prefill replica (NIXL pulls only those).
+    pub fn lacking_blocks(&self, tokens: &[u32], lora: Option<&str>) -> u64 {
+        let hasher = lora.map_or(self.hasher, |l| self.hasher.for_adapter(l));
+        let held = hasher.hash_blocks(tokens).iter().take_while(|h| self.kv.contains(h.0)).count();
+        tokens.len().div_ceil(self.block_size as usize) as u64 - held as u64
+    }
+
     /// Whether a step is in flight.
     pub fn stepping(&self) -> bool {
         self.stepping

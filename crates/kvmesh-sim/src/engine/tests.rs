@@ -84,6 +84,21 @@ fn a_remote_prefill_loads_its_prompt_whole_at_no_compute_cost_and_announces_its_
 }
 
 #[test]
+fn a_decode_side_lacks_only_the_blocks_its_cache_does_not_hold() {
+    let mut e = engine(1000, 64);
+    let cached: Vec<u32> = (0..40).collect();
+    assert_eq!(e.lacking_blocks(&cached, None), 10);
+    e.enqueue(req(1, 0..40, 1));
+    step(&mut e);
+    // 46 tokens: 11 full blocks and a partial one; the first 10 are cached.
+    let longer: Vec<u32> = (0..46).collect();
+    assert_eq!(e.lacking_blocks(&longer, None), 2);
+    assert_eq!(e.lacking_blocks(&longer, Some("sql")), 12, "an adapter's blocks are another chain");
+    let other: Vec<u32> = (100..146).collect();
+    assert_eq!(e.lacking_blocks(&other, None), 12);
+}
+
+#[test]
 fn long_prompts_prefill_in_chunks() {
     let mut e = engine(1000, 16);
     e.enqueue(req(1, 0..40, 1));

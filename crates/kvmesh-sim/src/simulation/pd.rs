@@ -117,7 +117,6 @@ pub fn simulate_pd(
         trace,
         fleet,
         engines,
-        engine_hasher,
         queue: Queue::default(),
         rng: SmallRng::seed_from_u64(seed),
         prefill_booking: vec![None; n],
@@ -127,7 +126,6 @@ pub fn simulate_pd(
         outcomes: Vec::with_capacity(n),
         bytes_per_block: config.profile.kv_bytes_per_token as f64 * f64::from(config.block_size),
         link_bps: pd.link_gbps * 1e9,
-        transferred_blocks: 0,
         rejected: Vec::new(),
     };
     for (i, r) in trace.requests.iter().enumerate() {
@@ -182,7 +180,6 @@ struct PdSim<'a> {
     trace: &'a Trace,
     fleet: Fleet,
     engines: Vec<Engine>,
-    engine_hasher: BlockHasher,
     queue: Queue,
     rng: SmallRng,
     prefill_booking: Vec<Option<BookingId>>,
@@ -194,7 +191,6 @@ struct PdSim<'a> {
     outcomes: Vec<Outcome>,
     bytes_per_block: f64,
     link_bps: f64,
-    transferred_blocks: u64,
     rejected: Vec<u64>,
 }
 
@@ -309,12 +305,7 @@ impl PdSim<'_> {
 
     /// Prompt blocks of request `i` decode replica `d` does not hold (what crosses the link).
     fn transfer_blocks(&mut self, i: usize, d: usize) -> u64 {
-        let tokens = &self.tokens[i];
-        let hashes = self.engine_hasher.hash_blocks(tokens);
-        let held = hashes.iter().take_while(|h| self.engines[d].kv().contains(h.0)).count();
-        let blocks = tokens.len().div_ceil(self.config.block_size as usize) - held;
-        self.transferred_blocks += blocks as u64;
-        blocks as u64
+        self.engines[d].lacking_blocks(&self.tokens[i], None)
     }
 
     fn transferred(&mut self, i: usize, t: f64) {
