@@ -67,6 +67,16 @@ async fn stream(node: &kvmesh_node::Node, prompt: &str, max_tokens: u32) -> (u16
     (status, decode, prefill, tokens, text.ends_with("data: [DONE]\n\n"))
 }
 
+/// `kvmesh_pd_errors_total{side, kind}` now (every series is there from the start, at 0).
+fn pd_errors(node: &kvmesh_node::Node, side: &str, kind: &str) -> u64 {
+    let page = metric(node, "kvmesh_pd_errors_total");
+    let line = page
+        .lines()
+        .find(|l| l.contains(&format!("side=\"{side}\"")) && l.contains(&format!("kind=\"{kind}\"")))
+        .unwrap_or_else(|| panic!("no series for {side} {kind} in {page}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 async fn all_released(node: &kvmesh_node::Node) {
     eventually("every booking released", || node.shared.core().fleet.bookings().is_empty()).await;
 }
@@ -161,12 +171,12 @@ async fn a_failing_side_is_left_out_and_no_request_is_decoded_twice() {
     assert_eq!(d[index(serving_prefill)].prefill, 6 + refusals);
     assert!(d[index(&cached_on)].prefill >= 1, "the cached prefill replica was tried first");
     assert_eq!(d.iter().map(|c| c.whole).sum::<u64>(), 0);
-    let errors = metric(&node, "kvmesh_pd_errors_total");
-    let has = |side: &str, kind: &str| {
-        errors.contains(&format!("side=\"{side}\",kind=\"{kind}\""))
-            || errors.contains(&format!("kind=\"{kind}\",side=\"{side}\""))
-    };
-    assert!(has("prefill", "failed") && has("decode", "overloaded"), "{errors}");
+    assert!(pd_errors(&node, "prefill", "failed") >= 1 && pd_errors(&node, "decode", "overloaded") >= 1);
+    // Only the failing side is charged: the decode replica that was never sent a failed
+    // prefill's request has no prefill_error against it.
+    let charged = metric(&node, "kvmesh_replica_requests_total");
+    assert!(!charged.contains(&format!("replica=\"{busy}\",outcome=\"prefill_error\"")), "{charged}");
+    assert!(charged.contains(&format!("replica=\"{cached_on}\",outcome=\"prefill_error\"")), "{charged}");
     for booking in [held.booking, held.decode.unwrap().booking] {
         router.release(v1::ReleaseRequest { booking, output_tokens: None }).await.unwrap();
     }
@@ -218,6 +228,34 @@ async fn a_decode_that_took_the_request_and_hung_is_not_sent_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_with_one_side_left_is_not_ready_and_says_which_side_is_missing() {
+    let (engines, replicas) = fleet("vllm").await;
+    let node = node(replicas).await;
+    let health = |node: &kvmesh_node::Node| kvmesh_node::health::Readiness::of(&node.shared);
+    assert_eq!((health(&node).routable, health(&node).ready()), (4, true));
+    for d in ["d0", "d1"] {
+        node.shared.set_draining(d, true).unwrap();
+    }
+    // Two prefill replicas routable, but nothing they could serve.
+    assert_eq!((health(&node).routable, health(&node).ready()), (0, false));
+    let url = format!("http://{}/v1/completions", node.http);
+    let r =
+        reqwest::Client::new().post(url).json(&json!({"prompt": "one side", "max_tokens": 2})).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    let e: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        e["error"]["message"],
+        "this model is served disaggregated and no decode replica is routable (2 prefill and 0 decode replicas \
+         routable), and it has no routable `both` replica to serve it whole"
+    );
+    assert!(node.shared.core().fleet.bookings().is_empty());
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_prefill_replica_is_marked_down_and_its_requests_go_to_the_other() {
     let (mut engines, replicas) = fleet("vllm").await;
     let node = node(replicas).await;
@@ -255,7 +293,7 @@ async fn sglang_sides_get_the_bootstrap_fields_at_once() {
     assert_eq!((status, tokens), (200, 3));
     assert_eq!(kinds(&engines), (5, 5, 0));
     all_released(&node).await;
-    assert!(metric(&node, "kvmesh_pd_errors_total").contains("prefill"));
+    eventually("the prefill failures counted", || pd_errors(&node, "prefill", "failed") >= 1).await;
     for e in &engines[..2] {
         e.faults.set(Faults::default());
     }

@@ -68,18 +68,36 @@ fn pd_advice(args: &AnalyzeArgs, trace: &kvmesh_sim::trace::Trace) -> anyhow::Re
     if let Some(t) = args.tpot_slo.filter(|t| !(t.is_finite() && *t > 0.0)) {
         bail!("--tpot-slo must be a positive number of seconds, got {t}");
     }
+    if !(args.link_gbps.is_finite() && args.link_gbps > 0.0) {
+        bail!("--link-gbps must be a positive number, got {}", args.link_gbps);
+    }
     let profile = EngineProfile::resolve(&args.profile).map_err(anyhow::Error::msg)?;
-    let target = PdTarget { gpus: args.gpus, ttft_slo_s: args.ttft_slo, tpot_slo_s: args.tpot_slo, block_size: 16 };
+    let target = PdTarget {
+        gpus: args.gpus,
+        ttft_slo_s: args.ttft_slo,
+        tpot_slo_s: args.tpot_slo,
+        block_size: 16,
+        link_gbps: args.link_gbps,
+    };
     Ok(advise_pd(trace, &profile, &target))
 }
 
 fn render_advice(a: &PdAdvice, args: &AnalyzeArgs) -> String {
     let tpot = args.tpot_slo.map_or(String::new(), |t| format!(", TPOT SLO {:.1} ms", t * 1e3));
+    if !a.slo_reachable {
+        return format!(
+            "{:<17}{}:{} of {} {} replicas by work alone: the TTFT SLO ({} s) is below the slowest prompts' prefill and \
+             KV transfer even on an idle fleet ({:.1} ms p99 at {} Gb/s); raise --ttft-slo or --link-gbps, or serve \
+             aggregated\n",
+            "P:D advice", a.prefill, a.decode, a.gpus, args.profile, args.ttft_slo, a.handoff_s_p99 * 1e3, args.link_gbps
+        );
+    }
     format!(
-        "{:<17}{}:{} of {} {} replicas (TTFT SLO {} s{tpot}; check with `kvmesh replay --pd {}:{}`)\n\
-         {:<17}prefill {:.1} ms mean / {:.1} ms p99 uncached, at most {:.0} % busy for the TTFT SLO; decode batch {}, \
-         {:.1} µs per token; at the trace's rate {:.2} prefill and {:.2} decode replicas are busy; \
-         this split carries up to {:.1}× the rate\n",
+        "{:<17}{}:{} of {} {} replicas (TTFT SLO {} s{tpot}; check with `kvmesh replay --pd {}:{} --pd-link-gbps {} \
+         --ttft-slo {}`)\n\
+         {:<17}prefill {:.1} ms mean / {:.1} ms p99 uncached, {:.1} ms p99 with the KV transfer; prefill replicas at \
+         most {:.0} % busy for the TTFT SLO; decode batch {}, {:.1} GPU-µs per output token; at the trace's rate \
+         {:.2} prefill and {:.2} decode replicas are busy; this split carries up to {:.1}× the rate\n",
         "P:D advice",
         a.prefill,
         a.decode,
@@ -88,9 +106,12 @@ fn render_advice(a: &PdAdvice, args: &AnalyzeArgs) -> String {
         args.ttft_slo,
         a.prefill,
         a.decode,
+        args.link_gbps,
+        args.ttft_slo,
         "",
         a.prefill_s_mean * 1e3,
         a.prefill_s_p99 * 1e3,
+        a.handoff_s_p99 * 1e3,
         a.prefill_utilisation * 100.0,
         a.decode_batch,
         a.decode_s_per_token * 1e6,

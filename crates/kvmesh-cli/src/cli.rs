@@ -689,6 +689,10 @@ pub struct AnalyzeArgs {
     /// Engine profile for the split advice: h100, a100, or a JSON profile file.
     #[arg(long, default_value = "h100")]
     pub profile: String,
+    /// The KV link from prefill to decode replica, Gb/s, for the split advice (a prompt's
+    /// transfer counts in its TTFT).
+    #[arg(long, default_value_t = 100.0, value_name = "GBPS")]
+    pub link_gbps: f64,
 }
 
 /// `kvmesh policies`.

@@ -914,6 +914,16 @@ impl NodeConfig {
                 self.node.model
             ));
         }
+        // A disaggregated model needs both sides: one alone serves nothing.
+        for (model, (prefill, decode)) in self.sides() {
+            if prefill == 0 || decode == 0 {
+                let (has, lacks) = if prefill > 0 { ("prefill", "decode") } else { ("decode", "prefill") };
+                out.push(format!(
+                    "model {model:?} has {has} replicas but no {lacks} replica: its requests go to its `both` replicas \
+                     only, and the {has} replicas serve nothing until a {lacks} replica is added"
+                ));
+            }
+        }
         let a = &self.autoscaler;
         if a.enabled && self.replicas.len() > a.max_replicas as usize {
             out.push(format!(
@@ -926,11 +936,39 @@ impl NodeConfig {
         out
     }
 
+    /// Per model with disaggregated replicas: how many prefill and decode replicas it has.
+    fn sides(&self) -> std::collections::BTreeMap<&str, (usize, usize)> {
+        let mut sides = std::collections::BTreeMap::<&str, (usize, usize)>::new();
+        for r in self.replicas.iter().filter(|r| r.role != Role::Both) {
+            let e = sides.entry(r.model.as_deref().unwrap_or(&self.node.model)).or_default();
+            if r.role == Role::Prefill {
+                e.0 += 1;
+            } else {
+                e.1 += 1;
+            }
+        }
+        sides
+    }
+
     /// Checks values and combinations.
     ///
     /// # Errors
     /// A message naming the field.
     pub fn validate(&self) -> Result<(), String> {
+        // One hand-over per model: a prefill replica's engine decides it, so a decode replica
+        // of another engine would receive fields it does not read.
+        let mut engines = std::collections::BTreeMap::<&str, (&str, &str)>::new();
+        for r in self.replicas.iter().filter(|r| r.role != Role::Both) {
+            let model = r.model.as_deref().unwrap_or(&self.node.model);
+            let (first, name) = *engines.entry(model).or_insert((r.engine.as_str(), r.name.as_str()));
+            if first != r.engine {
+                return Err(format!(
+                    "model {model:?}: replica {:?} has engine {:?} but replica {name:?} has {first:?}; a disaggregated \
+                     model's prefill and decode replicas must run one engine (it decides the hand-over)",
+                    r.name, r.engine
+                ));
+            }
+        }
         let kind = self.node.policy.parse::<PolicyKind>().map_err(|e| format!("node.policy: {e}"))?;
         kind.build_with(&self.node.params()).map_err(|e| format!("node.policy_params: {e}"))?;
         if self.node.block_size == 0 {
@@ -1220,6 +1258,40 @@ capacity_blocks = 100
         assert_eq!(
             c.validate().unwrap_err(),
             "replica \"vllm-0\": model \"m2\" is also one of node.lora_adapters; a request naming it would get the adapter"
+        );
+    }
+
+    #[test]
+    fn a_disaggregated_model_needs_both_sides_and_one_engine() {
+        let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+        c.node.model = "m".into();
+        c.replicas[0].role = Role::Prefill;
+        assert_eq!(
+            c.doubts(),
+            ["model \"m\" has prefill replicas but no decode replica: its requests go to its `both` replicas only, and \
+              the prefill replicas serve nothing until a decode replica is added"]
+        );
+        let mut decode = c.replicas[0].clone();
+        decode.name = "vllm-1".into();
+        decode.role = Role::Decode;
+        decode.engine = "sglang".into();
+        c.replicas.push(decode);
+        assert_eq!(c.doubts(), Vec::<String>::new());
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "model \"m\": replica \"vllm-1\" has engine \"sglang\" but replica \"vllm-0\" has \"vllm\"; a disaggregated \
+             model's prefill and decode replicas must run one engine (it decides the hand-over)"
+        );
+        c.replicas[1].engine = "vllm".into();
+        assert_eq!(c.validate(), Ok(()));
+        // Informational for a replica serving whole requests, as it always was.
+        c.replicas[0].role = Role::Both;
+        c.replicas[0].engine = "trtllm".into();
+        assert_eq!(c.replicas[0].validate(), Ok(()));
+        c.replicas[0].role = Role::Prefill;
+        assert_eq!(
+            c.replicas[0].validate().unwrap_err(),
+            "replica \"vllm-0\": engine must be vllm or sglang for a prefill replica (it decides the hand-over), got \"trtllm\""
         );
     }
 

@@ -92,16 +92,47 @@ fn failed(shared: &Shared, legs: &mut Legs, side: Side, kind: &'static str, fail
         _ => (legs.prefill.replica.clone(), legs.prefill_id),
     };
     count(shared, side, kind);
-    tracing::warn!(replica = %name, side = side_name(side), kind, error = %failure, "disaggregated hand-off failed; deciding again");
+    tracing::warn!(replica = %name, side = side_name(side), kind, error = %failure, "disaggregated hand-off failed; the side is left out of the request's retries");
     let outcome = if side == Side::Decode { "decode_error" } else { "prefill_error" };
-    legs.prefill.release(None, outcome);
-    legs.decode.release(None, outcome);
+    // Only the failing side's replica is charged; the other was not (or is no longer) at fault.
+    if side == Side::Decode {
+        legs.prefill.release_untouched(outcome);
+        legs.decode.release(None, outcome);
+    } else {
+        legs.prefill.release(None, outcome);
+        legs.decode.release_untouched(outcome);
+    }
     Step::Retry { failure, exclude: id, side }
 }
 
 fn count(shared: &Shared, side: Side, kind: &'static str) {
     let labels = vec![("side", side_name(side).to_string()), ("kind", kind.to_string())];
     shared.metrics.pd_errors.get_or_create(&labels).inc();
+}
+
+/// Why a request for `model` finds no replica, when the reason is a disaggregated model with
+/// a side missing (and no `both` replica to serve it whole); `None` otherwise.
+pub(crate) fn why_unserved(shared: &Shared, model: Option<kvmesh_core::ModelKey>) -> Option<String> {
+    let core = shared.core();
+    let key = model.unwrap_or(core.fleet.hasher().model());
+    let disaggregated = core
+        .fleet
+        .replicas()
+        .iter()
+        .any(|r| r.spec.role != kvmesh_core::Role::Both && (key == kvmesh_core::ModelKey::ANY || r.model == key));
+    let [both, prefill, decode] = core.fleet.routable_roles(model);
+    if !disaggregated || both > 0 || (prefill > 0 && decode > 0) {
+        return None;
+    }
+    let lacking = match (prefill, decode) {
+        (0, 0) => "neither side has a routable replica",
+        (0, _) => "no prefill replica is routable",
+        _ => "no decode replica is routable",
+    };
+    Some(format!(
+        "this model is served disaggregated and {lacking} ({prefill} prefill and {decode} decode replicas routable), \
+         and it has no routable `both` replica to serve it whole"
+    ))
 }
 
 /// `prefill` or `decode`.

@@ -106,7 +106,10 @@ impl router_server::Router for Services {
                      accept_disaggregated and run the flow (RouteResponse.decode), or register a `both` replica",
                 ))
             }
-            Err(NotAdmitted::NoReplica(e)) => return Err(GrpcStatus::unavailable(e.to_string())),
+            Err(NotAdmitted::NoReplica(e)) => {
+                let why = crate::disaggregated::why_unserved(&self.shared, req.model);
+                return Err(GrpcStatus::unavailable(why.unwrap_or_else(|| e.to_string())));
+            }
             Err(NotAdmitted::Refused(why)) => return Err(self.too_many(why)),
             Err(NotAdmitted::NeverFits(f)) => return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f))),
         };

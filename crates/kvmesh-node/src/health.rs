@@ -23,7 +23,8 @@ pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 pub struct Readiness {
     /// Replicas in the node's registry.
     pub replicas: usize,
-    /// Of those, the ones a request may be routed to now.
+    /// Of those, the ones a request may be routed to now (a disaggregated side counts only
+    /// while its model has a routable replica on the other side too).
     pub routable: usize,
     /// The node is shutting down (draining what it follows): not ready, whatever the
     /// replicas.
@@ -38,7 +39,8 @@ impl Readiness {
         core.sync_all(now);
         Readiness {
             replicas: core.replicas.len(),
-            routable: core.fleet.replicas().iter().filter(|r| r.routable()).count(),
+            // A prefill replica without a decode replica (or the reverse) serves nothing.
+            routable: core.fleet.servable_replicas(),
             stopping: shared.stopping.load(std::sync::atomic::Ordering::Acquire),
         }
     }

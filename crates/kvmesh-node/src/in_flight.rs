@@ -210,6 +210,16 @@ impl InFlight {
     }
 
     pub(crate) fn release(&mut self, output_tokens: Option<u32>, outcome: &'static str) {
+        self.release_charging(output_tokens, outcome, true);
+    }
+
+    /// Ends the booking of a side that was never sent the request (its partner failed):
+    /// counted for the request, not against its replica.
+    pub(crate) fn release_untouched(&mut self, outcome: &'static str) {
+        self.release_charging(None, outcome, false);
+    }
+
+    fn release_charging(&mut self, output_tokens: Option<u32>, outcome: &'static str, charge: bool) {
         if let Some(id) = self.id.take() {
             // Whatever happens below, a queued request may fit now.
             let mut wake = WakeOnDrop(&self.shared, None);
@@ -250,9 +260,11 @@ impl InFlight {
             if self.side != Side::Prefill {
                 m.request(outcome);
             }
-            m.replica_requests
-                .get_or_create(&vec![("replica", self.replica.clone()), ("outcome", outcome.into())])
-                .inc();
+            if charge {
+                m.replica_requests
+                    .get_or_create(&vec![("replica", self.replica.clone()), ("outcome", outcome.into())])
+                    .inc();
+            }
             if outcome == "ok" && self.side != Side::Prefill {
                 m.replica_e2e
                     .get_or_create(&vec![("replica", self.replica.clone())])

@@ -195,7 +195,20 @@ impl Metrics {
             ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             ttft_over_slo: Counter::default(),
             replica_requests: Family::default(),
-            pd_errors: Family::default(),
+            pd_errors: {
+                // Every series present from the start, at 0: an alert on the rate sees a
+                // healthy fleet, not no data.
+                let f: Family<Labels, Counter> = Family::default();
+                for side in ["prefill", "decode"] {
+                    for kind in ["unreachable", "overloaded", "failed", "no_transfer_params"] {
+                        if side == "decode" && kind == "no_transfer_params" {
+                            continue;
+                        }
+                        let _ = f.get_or_create(&vec![("side", side.to_string()), ("kind", kind.to_string())]);
+                    }
+                }
+                f
+            },
             replica_ttft: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             replica_e2e: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             // 5 ms to 41 s.

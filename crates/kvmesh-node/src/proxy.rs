@@ -386,9 +386,10 @@ async fn forward(
                 Err(NotAdmitted::NoReplica(e)) => {
                     shared.metrics.request("no_replica");
                     crate::telemetry::failed(&span, "no_replica");
+                    let e = crate::disaggregated::why_unserved(&shared, req.model).unwrap_or_else(|| e.to_string());
                     let message = match &last_failure {
                         Some(f) => format!("{f}; then: {e}"),
-                        None => e.to_string(),
+                        None => e,
                     };
                     let kind = last_side.map(crate::disaggregated::error_type);
                     return error_of_kind(StatusCode::SERVICE_UNAVAILABLE, message, kind);
@@ -422,7 +423,11 @@ async fn forward(
                 Step::Done(r) => return r,
                 Step::Retry { failure, exclude, side } => {
                     ticket.exclude(exclude);
-                    last_failure = Some(failure);
+                    // Every side that failed is named in the final error, oldest first.
+                    last_failure = Some(match last_failure.take() {
+                        Some(before) => format!("{before}; {failure}"),
+                        None => failure,
+                    });
                     last_side = Some(side);
                     continue;
                 }

@@ -63,9 +63,11 @@ fn header(r: &Report) -> String {
         Some(pd) => format!("{routers}, disaggregated {pd} (prefill:decode)"),
         None => routers,
     };
+    // Disaggregated, every request also waits for its KV transfer, which the floor leaves out.
+    let floor = if r.disaggregated.is_some() { "aggregated floor" } else { "floor" };
     format!(
         "{} — {} requests over {:.0} s on {} × {} replicas, rate scale {}, KV-event delay {:.0} ms{routers}, {seeds}\n\
-         floor p99 TTFT (no queueing): {} with nothing cached, {} with every reusable prefix cached; SLO {}\n",
+         {floor} p99 TTFT (no queueing): {} with nothing cached, {} with every reusable prefix cached; SLO {}\n",
         r.source,
         r.requests,
         r.span_s,
@@ -139,7 +141,7 @@ pub fn markdown(r: &Report) -> String {
 /// With a trace of groups (RL steps) or any preemption: E2E, step completion, throughput and
 /// preemptions per policy, the figures decode-heavy traffic is judged by.
 fn decode_table(r: &Report, markdown: bool) -> String {
-    if r.disaggregated.is_none() && !r.results.iter().any(|p| p.mean.steps > 0 || p.mean.preemptions > 0) {
+    if !r.results.iter().any(|p| p.mean.steps > 0 || p.mean.preemptions > 0) {
         return String::new();
     }
     let columns = ["policy", "E2E p50", "E2E p99", "steps", "step p50", "step p99", "out tok/s", "preemptions"];

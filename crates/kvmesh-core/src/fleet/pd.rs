@@ -62,6 +62,27 @@ impl Fleet {
         of(Role::Prefill) && of(Role::Decode)
     }
 
+    /// Replicas that can serve a request now: routable, and of role [`Role::Both`] or of a
+    /// model with a routable replica on each side (a prefill replica without a decode
+    /// replica serves nothing).
+    pub fn servable_replicas(&self) -> usize {
+        self.replicas
+            .iter()
+            .filter(|r| r.routable() && (r.spec.role == Role::Both || self.disaggregated(Some(r.model), None)))
+            .count()
+    }
+
+    /// Routable replicas of `model` (`None`: the namespace model) by role: `[both, prefill,
+    /// decode]`.
+    pub fn routable_roles(&self, model: Option<ModelKey>) -> [usize; 3] {
+        let model = model.unwrap_or(self.hasher.model());
+        let mut n = [0; 3];
+        for r in self.replicas.iter().filter(|r| r.routable() && (model == ModelKey::ANY || r.model == model)) {
+            n[r.spec.role as usize] += 1;
+        }
+        n
+    }
+
     /// Decides both sides of `req` at `now` among `subset` (replica ids, sorted; `None`: all),
     /// booking nothing (see the [module docs](self)).
     ///

@@ -40,6 +40,7 @@ pub struct ReplicaSpec {
 /// (`--disaggregation-mode prefill|decode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[repr(u8)]
 pub enum Role {
     /// Prefill and decode on one replica (aggregated serving).
     #[default]

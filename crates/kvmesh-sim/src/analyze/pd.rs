@@ -7,10 +7,10 @@
 //!   blocks an earlier request of the trace computed, as [`crate::simulation::floors`] counts
 //!   them — an optimistic cache) at `β1 + β0 / chunk` seconds a token (a busy prefill replica
 //!   packs whole chunks per step). A prefill replica runs at most at the utilisation `ρp` the
-//!   TTFT SLO leaves room for: the largest `ρ` with `s99 + ρ / (1 − ρ) · s̄ ≤ SLO`, where `s̄`
-//!   and `s99` are the mean and 99th-percentile prefill times (the queueing wait of a
-//!   single-server queue, `ρ / (1 − ρ)` mean services, on top of the slowest prompts), capped
-//!   at 0.95.
+//!   TTFT SLO leaves room for: the largest `ρ` with `t99 + ρ / (1 − ρ) · s̄ ≤ SLO`, where `s̄`
+//!   is the mean prefill time and `t99` the 99th percentile of a request's prefill plus its
+//!   whole prompt's KV transfer over the link (the queueing wait of a single-server queue,
+//!   `ρ / (1 − ρ)` mean services, on top of the slowest prompts), capped at 0.95.
 //! - **Decode work** per output token: `(β0 + β2 · B) / B` seconds at a decode batch of `B`
 //!   sequences — as many as the KV cache holds at the trace's mean context (prompt plus half
 //!   the output), at most `max_batch`, and at most what keeps a step within the TPOT SLO
@@ -41,6 +41,8 @@ pub struct PdTarget {
     pub tpot_slo_s: Option<f64>,
     /// Tokens per KV block.
     pub block_size: u32,
+    /// The link a prompt's KV crosses from prefill to decode replica, Gb/s.
+    pub link_gbps: f64,
 }
 
 /// A split and the figures behind it.
@@ -56,8 +58,14 @@ pub struct PdAdvice {
     pub prefill_s_mean: f64,
     /// Its 99th percentile, seconds.
     pub prefill_s_p99: f64,
-    /// Prefill utilisation the TTFT SLO allows (0 when even an idle replica misses it).
+    /// The 99th percentile of a request's prefill plus its prompt's KV transfer, seconds: the
+    /// least TTFT the slowest prompts see on an idle fleet.
+    pub handoff_s_p99: f64,
+    /// Prefill utilisation the TTFT SLO allows (0 when even an idle fleet misses it).
     pub prefill_utilisation: f64,
+    /// Whether the slowest prompts' prefill and transfer fit the TTFT SLO at all; when not, the
+    /// split balances work alone (prefill at 0.95).
+    pub slo_reachable: bool,
     /// Decode batch the KV cache, `max_batch` and the TPOT SLO allow, sequences.
     pub decode_batch: u32,
     /// Decode seconds per output token at that batch.
@@ -81,14 +89,23 @@ pub fn advise_pd(trace: &Trace, profile: &EngineProfile, target: &PdTarget) -> O
     }
     let rate = reqs.len() as f64 / span;
     let per_token = profile.prefill_s_per_token + profile.step_overhead_s / f64::from(profile.chunk_tokens.max(1));
-    let mut prefill: Vec<f64> =
-        uncached_tokens(trace, target.block_size).iter().map(|&u| u as f64 * per_token).collect();
+    let bs = u64::from(target.block_size.max(1));
+    let per_block = (bs * profile.kv_bytes_per_token) as f64 * 8.0 / (target.link_gbps * 1e9);
+    let uncached = uncached_tokens(trace, target.block_size);
+    let mut prefill: Vec<f64> = uncached.iter().map(|&u| u as f64 * per_token).collect();
+    let mut handoff: Vec<f64> = uncached
+        .iter()
+        .zip(reqs)
+        .map(|(&u, r)| u as f64 * per_token + u64::from(r.input_tokens.max(1)).div_ceil(bs) as f64 * per_block)
+        .collect();
     prefill.sort_by(f64::total_cmp);
+    handoff.sort_by(f64::total_cmp);
     let n = prefill.len() as f64;
+    let at99 = |v: &[f64]| v[((0.99 * n).ceil() as usize).clamp(1, v.len()) - 1];
     let mean = prefill.iter().sum::<f64>() / n;
-    let p99 = prefill[((0.99 * n).ceil() as usize).clamp(1, prefill.len()) - 1];
-    // The largest ρ with p99 + ρ/(1−ρ)·mean ≤ SLO: ρ = x / (1 + x), x = (SLO − p99) / mean.
-    let room = target.ttft_slo_s - p99;
+    let (p99, h99) = (at99(&prefill), at99(&handoff));
+    // The largest ρ with h99 + ρ/(1−ρ)·mean ≤ SLO: ρ = x / (1 + x), x = (SLO − h99) / mean.
+    let room = target.ttft_slo_s - h99;
     let rho =
         if room <= 0.0 || mean <= 0.0 { 0.0 } else { (room / mean / (1.0 + room / mean)).min(MAX_PREFILL_UTILISATION) };
     let mean_in = reqs.iter().map(|r| f64::from(r.input_tokens)).sum::<f64>() / n;
@@ -99,10 +116,12 @@ pub fn advise_pd(trace: &Trace, profile: &EngineProfile, target: &PdTarget) -> O
         .map_or(f64::INFINITY, |t| ((t - profile.step_overhead_s) / profile.decode_s_per_token).floor());
     let batch = by_kv.min(by_tpot).min(f64::from(profile.max_batch)).max(1.0);
     let decode_per_token = (profile.step_overhead_s + profile.decode_s_per_token * batch) / batch;
-    let prefill_needed = if rho > 0.0 { rate * mean / rho } else { f64::INFINITY };
+    // An SLO the slowest prompts miss even on an idle fleet: split by work alone.
+    let slo_reachable = rho > 0.0;
+    let prefill_needed = rate * mean / if slo_reachable { rho } else { MAX_PREFILL_UTILISATION };
     let decode_needed = rate * mean_out * decode_per_token / DECODE_UTILISATION;
     let gpus = f64::from(target.gpus);
-    let share = if prefill_needed.is_finite() { prefill_needed / (prefill_needed + decode_needed) } else { 1.0 };
+    let share = prefill_needed / (prefill_needed + decode_needed);
     let p = ((gpus * share).round() as u32).clamp(1, target.gpus - 1);
     let d = target.gpus - p;
     let max_rate_scale = (f64::from(p) / prefill_needed).min(f64::from(d) / decode_needed);
@@ -112,7 +131,9 @@ pub fn advise_pd(trace: &Trace, profile: &EngineProfile, target: &PdTarget) -> O
         decode: d,
         prefill_s_mean: mean,
         prefill_s_p99: p99,
+        handoff_s_p99: h99,
         prefill_utilisation: rho,
+        slo_reachable,
         decode_batch: batch as u32,
         decode_s_per_token: decode_per_token,
         prefill_replicas_needed: prefill_needed,
@@ -185,13 +206,16 @@ mod tests {
             (3.0, 2048, 100, &[5, 6, 11, 12]),
         ]);
         let h100 = EngineProfile::h100();
-        let target = PdTarget { gpus: 16, ttft_slo_s: 1.0, tpot_slo_s: None, block_size: 16 };
+        let target = PdTarget { gpus: 16, ttft_slo_s: 1.0, tpot_slo_s: None, block_size: 16, link_gbps: 100.0 };
         let a = advise_pd(&t, &h100, &target).unwrap();
         // Prefill: 2,048, 2,048, 1,024, 1,024 tokens at 17.25 µs + 5.75 ms / 8,192.
         let per = 17.25e-6 + 5.75e-3 / 8192.0;
         assert!((a.prefill_s_mean - 1536.0 * per).abs() < 1e-12);
         assert!((a.prefill_s_p99 - 2048.0 * per).abs() < 1e-12);
-        let x = (1.0 - 2048.0 * per) / (1536.0 * per);
+        // The slowest hand-off: 2,048 tokens' prefill and 128 blocks of 2 MiB at 100 Gb/s.
+        let h99 = 2048.0 * per + 128.0 * (16.0 * 131_072.0 * 8.0 / 100e9);
+        assert!((a.handoff_s_p99 - h99).abs() < 1e-12);
+        let x = (1.0 - h99) / (1536.0 * per);
         assert!((a.prefill_utilisation - 0.95f64.min(x / (1.0 + x))).abs() < 1e-12);
         // Decode: 470,000 KV tokens / (2,048 + 50) = 224 sequences, under max_batch 256.
         assert_eq!(a.decode_batch, 224);
@@ -204,10 +228,11 @@ mod tests {
         // A TPOT SLO of 6 ms caps the batch at (6 − 5.75) ms / 6 µs = 41.
         let tight = advise_pd(&t, &h100, &PdTarget { tpot_slo_s: Some(6e-3), ..target }).unwrap();
         assert_eq!(tight.decode_batch, 41);
-        // An SLO below the slowest prompt's prefill leaves prefill no utilisation: all but
-        // one replica to prefill.
+        // An SLO below the slowest prompt's prefill and transfer: said so, split by work alone
+        // (prefill at 0.95, as here).
         let hopeless = advise_pd(&t, &h100, &PdTarget { ttft_slo_s: 0.01, ..target }).unwrap();
-        assert_eq!((hopeless.prefill_utilisation, hopeless.prefill, hopeless.decode), (0.0, 15, 1));
+        assert_eq!((hopeless.slo_reachable, hopeless.prefill_utilisation), (false, 0.0));
+        assert_eq!((hopeless.prefill, hopeless.decode), (14, 2));
         assert_eq!(advise_pd(&trace(&[(0.0, 10, 1, &[])]), &h100, &target), None);
     }
 }

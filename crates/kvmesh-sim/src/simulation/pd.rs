@@ -54,7 +54,7 @@ impl std::str::FromStr for PdConfig {
     /// # Errors
     /// A message for anything but two positive counts.
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("expected PREFILL:DECODE replica counts such as 8:8, got {s:?}");
+        let bad = || format!("expected PREFILL:DECODE replica counts, each at least 1, such as 8:8; got {s:?}");
         let (p, d) = s.split_once(':').ok_or_else(bad)?;
         let (prefill, decode) =
             (p.trim().parse::<u32>().map_err(|_| bad())?, d.trim().parse::<u32>().map_err(|_| bad())?);
