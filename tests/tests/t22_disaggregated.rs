@@ -77,6 +77,14 @@ fn pd_errors(node: &kvmesh_node::Node, side: &str, kind: &str) -> u64 {
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
+/// Stops the node, then its engines.
+async fn shutdown(node: kvmesh_node::Node, engines: Vec<EngineSim>) {
+    node.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}
+
 async fn all_released(node: &kvmesh_node::Node) {
     eventually("every booking released", || node.shared.core().fleet.bookings().is_empty()).await;
 }
@@ -118,10 +126,7 @@ async fn a_2p2d_fleet_prefills_on_one_side_and_decodes_on_the_other() {
     let (status, _, prefill, tokens, _) = stream(&node, &again, 3).await;
     assert_eq!((status, tokens, prefill.as_str()), (200, 3, prefill_of[3].as_str()));
     all_released(&node).await;
-    node.stop().await;
-    for e in engines {
-        e.stop().await;
-    }
+    shutdown(node, engines).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,10 +198,7 @@ async fn a_failing_side_is_left_out_and_no_request_is_decoded_twice() {
     let e: serde_json::Value = r.json().await.unwrap();
     assert_eq!(e["error"]["type"], "decode_error", "{e}");
     all_released(&node).await;
-    node.stop().await;
-    for e in engines {
-        e.stop().await;
-    }
+    shutdown(node, engines).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,10 +223,7 @@ async fn a_decode_that_took_the_request_and_hung_is_not_sent_again() {
     for e in &engines[2..] {
         e.faults.set(Faults::default());
     }
-    node.stop().await;
-    for e in engines {
-        e.stop().await;
-    }
+    shutdown(node, engines).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,10 +248,7 @@ async fn a_model_with_one_side_left_is_not_ready_and_says_which_side_is_missing(
          routable), and it has no routable `both` replica to serve it whole"
     );
     assert!(node.shared.core().fleet.bookings().is_empty());
-    node.stop().await;
-    for e in engines {
-        e.stop().await;
-    }
+    shutdown(node, engines).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,10 +262,7 @@ async fn a_dead_prefill_replica_is_marked_down_and_its_requests_go_to_the_other(
     }
     assert_eq!(engines[0].pd_counts().prefill, 4, "p1 prefilled every request");
     all_released(&node).await;
-    node.stop().await;
-    for e in engines {
-        e.stop().await;
-    }
+    shutdown(node, engines).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -318,10 +311,7 @@ async fn sglang_sides_get_the_bootstrap_fields_at_once() {
         router.release(v1::ReleaseRequest { booking, output_tokens: None }).await.unwrap();
     }
     assert!(node.shared.core().fleet.bookings().is_empty());
-    node.stop().await;
-    for e in engines {
-        e.stop().await;
-    }
+    shutdown(node, engines).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -153,13 +153,26 @@ pub(crate) fn error_type(side: Side) -> &'static str {
     }
 }
 
-/// A failed send: the kind it counts as, and whether the replica is to be marked down.
-fn send_failure(e: &reqwest::Error) -> &'static str {
+/// The prefill side's request failed without an answer: left out and decided again (a
+/// prefill leg runs again harmlessly); an unreachable replica is marked down.
+fn prefill_unsent(shared: &Shared, mut legs: Legs, e: &reqwest::Error) -> Step {
+    let name = legs.prefill.replica.clone();
+    let failure = format!("prefill replica {name} failed: {}", crate::error_chain(e));
     if e.is_connect() {
-        "unreachable"
-    } else {
-        "failed"
+        shared.core().record_down(&name, e.to_string(), shared.now());
+        return failed(shared, &mut legs, Side::Prefill, "unreachable", failure);
     }
+    failed(shared, &mut legs, Side::Prefill, "failed", failure)
+}
+
+/// SGLang's bootstrap fields for a request whose prefill replica is at `endpoints` with
+/// bootstrap port `port` (its `bootstrap_port`, else SGLang's default): the replica's host,
+/// the port, and a fresh room in [0, 2^63), as SGLang draws one.
+pub(crate) fn bootstrap(endpoints: &Endpoints, port: Option<u16>) -> (String, u16, u64) {
+    let authority = &endpoints.authority;
+    let host = authority.rsplit_once(':').map_or(authority.as_str(), |(h, _)| h);
+    let port = port.unwrap_or(crate::config::DEFAULT_BOOTSTRAP_PORT);
+    (host.trim_start_matches('[').trim_end_matches(']').to_string(), port, random_u64() >> 1)
 }
 
 /// Runs one attempt of the disaggregated flow for `body` (the client's JSON request, `api`),
@@ -197,8 +210,7 @@ pub(crate) async fn forward(
         );
     }
     if engine.as_deref() == Some("sglang") {
-        let port = bootstrap_port.unwrap_or(crate::config::DEFAULT_BOOTSTRAP_PORT);
-        return sglang(shared, api, &headers, request, legs, port, span).await;
+        return sglang(shared, api, &headers, request, legs, bootstrap_port, span).await;
     }
     vllm(shared, api, &headers, request, legs, span).await
 }
@@ -227,7 +239,7 @@ async fn vllm(
     shared: &Arc<Shared>,
     api: Api,
     headers: &HeaderMap,
-    request: Map<String, Value>,
+    mut request: Map<String, Value>,
     mut legs: Legs,
     span: &tracing::Span,
 ) -> Step {
@@ -235,14 +247,7 @@ async fn vllm(
     let sent = send(shared, &legs.prefill_endpoints, api, headers, leg, span, Side::Prefill).await;
     let resp = match sent {
         Ok(r) => r,
-        Err(e) => {
-            let kind = send_failure(&e);
-            if kind == "unreachable" {
-                shared.core().record_down(&legs.prefill.replica, e.to_string(), shared.now());
-            }
-            let failure = format!("prefill replica {} failed: {}", legs.prefill.replica, crate::error_chain(&e));
-            return failed(shared, &mut legs, Side::Prefill, kind, failure);
-        }
+        Err(e) => return prefill_unsent(shared, legs, &e),
     };
     if let Some(step) = refused(shared, &mut legs, Side::Prefill, resp.status()) {
         return settle(step, resp, legs, Side::Prefill).await;
@@ -264,7 +269,6 @@ async fn vllm(
     legs.prefill.first_token(false);
     legs.prefill.release(None, "ok");
     let params = answer_json.get_mut("kv_transfer_params").map(Value::take);
-    let mut request = request;
     match params.filter(|p| !p.is_null()) {
         Some(p) => {
             request.insert("kv_transfer_params".into(), p);
@@ -287,18 +291,13 @@ async fn sglang(
     headers: &HeaderMap,
     mut request: Map<String, Value>,
     mut legs: Legs,
-    port: u16,
+    port: Option<u16>,
     span: &tracing::Span,
 ) -> Step {
-    let host = legs
-        .prefill_endpoints
-        .authority
-        .rsplit_once(':')
-        .map_or(legs.prefill_endpoints.authority.clone(), |(h, _)| h.to_string());
-    request.insert("bootstrap_host".into(), json!(host.trim_start_matches('[').trim_end_matches(']')));
+    let (host, port, room) = bootstrap(&legs.prefill_endpoints, port);
+    request.insert("bootstrap_host".into(), json!(host));
     request.insert("bootstrap_port".into(), json!(port));
-    // SGLang draws a room in [0, 2^63).
-    request.insert("bootstrap_room".into(), json!(random_u64() >> 1));
+    request.insert("bootstrap_room".into(), json!(room));
     let body = serde_json::to_vec(&request).unwrap_or_default();
     let (prefill, decode) = tokio::join!(
         send(shared, &legs.prefill_endpoints, api, headers, body.clone(), span, Side::Prefill),

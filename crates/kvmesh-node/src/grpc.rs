@@ -135,13 +135,8 @@ impl router_server::Router for Services {
         let bootstrap = decode.as_ref().and_then(|_| {
             let core = self.shared.core();
             let r = core.replicas.get(&name).filter(|r| r.config.engine == "sglang")?;
-            let authority = &r.endpoints.authority;
-            let host = authority.rsplit_once(':').map_or(authority.as_str(), |(h, _)| h);
-            Some(v1::Bootstrap {
-                host: host.trim_start_matches('[').trim_end_matches(']').to_string(),
-                port: u32::from(r.config.bootstrap_port.unwrap_or(crate::config::DEFAULT_BOOTSTRAP_PORT)),
-                room: crate::disaggregated::random_u64() >> 1,
-            })
+            let (host, port, room) = crate::disaggregated::bootstrap(&r.endpoints, r.config.bootstrap_port);
+            Some(v1::Bootstrap { host, port: u32::from(port), room })
         });
         let decode = decode.map(|leg| {
             let d = leg.routed.decision;

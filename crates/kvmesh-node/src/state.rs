@@ -1019,6 +1019,14 @@ impl Core {
         subset: Option<&[kvmesh_core::ReplicaId]>,
         now: f64,
     ) -> Result<Decision, kvmesh_core::Error> {
+        self.ready_to_decide(now);
+        let Core { fleet, policy, rng, .. } = self;
+        fleet.decide_within(policy.as_mut(), req, subset, rng, now)
+    }
+
+    /// What every decision at `now` needs first: replicas' routable flags current, and the
+    /// active peers (gossip) told to the fleet.
+    fn ready_to_decide(&mut self, now: f64) {
         // Status changes on events, scrapes and failures re-sync their replica at once; only
         // the passing of time (an overload mark or event silence running out) needs a sweep,
         // and a sweep every 10 ms is plenty.
@@ -1026,10 +1034,8 @@ impl Core {
             self.sync_all(now);
             self.synced_at = now;
         }
-        let Core { fleet, policy, rng, remote, node_id, .. } = self;
-        let (peers, rank) = remote.active_peers(*node_id, now, ACTIVE_PEER_WINDOW_S);
-        fleet.set_active_peers(peers, rank);
-        fleet.decide_within(policy.as_mut(), req, subset, rng, now)
+        let (peers, rank) = self.remote.active_peers(self.node_id, now, ACTIVE_PEER_WINDOW_S);
+        self.fleet.set_active_peers(peers, rank);
     }
 
     /// Books `decision` (from [`Core::decide`] for `req`) and tells the peers; returns the
@@ -1080,13 +1086,8 @@ impl Core {
         subset: Option<&[kvmesh_core::ReplicaId]>,
         now: f64,
     ) -> Result<kvmesh_core::PdDecision, kvmesh_core::Error> {
-        if now - self.synced_at > 0.01 {
-            self.sync_all(now);
-            self.synced_at = now;
-        }
-        let Core { fleet, policy, rng, remote, node_id, .. } = self;
-        let (peers, rank) = remote.active_peers(*node_id, now, ACTIVE_PEER_WINDOW_S);
-        fleet.set_active_peers(peers, rank);
+        self.ready_to_decide(now);
+        let Core { fleet, policy, rng, .. } = self;
         fleet.decide_pd(policy.as_mut(), req, subset, rng, now)
     }
 

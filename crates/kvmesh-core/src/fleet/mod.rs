@@ -523,7 +523,7 @@ impl Fleet {
         rng: &mut dyn RngCore,
         now: f64,
     ) -> Result<Decision, Error> {
-        self.decide_as(Role::Both, policy, req, subset, rng, now)
+        self.decide_role(Role::Both, policy, req, subset, rng, now)
     }
 
     /// [`Fleet::decide_within`] among the replicas of `role` only: one side of a
@@ -533,19 +533,6 @@ impl Fleet {
     /// # Errors
     /// [`Error::NoReplicaReady`] when no replica of `role` takes traffic.
     pub fn decide_role(
-        &mut self,
-        role: Role,
-        policy: &mut dyn Policy,
-        req: &RouteRequest,
-        subset: Option<&[ReplicaId]>,
-        rng: &mut dyn RngCore,
-        now: f64,
-    ) -> Result<Decision, Error> {
-        self.decide_as(role, policy, req, subset, rng, now)
-    }
-
-    /// [`Fleet::decide_within`] among the replicas of `role` only.
-    fn decide_as(
         &mut self,
         role: Role,
         policy: &mut dyn Policy,

@@ -66,10 +66,14 @@ impl Fleet {
     /// model with a routable replica on each side (a prefill replica without a decode
     /// replica serves nothing).
     pub fn servable_replicas(&self) -> usize {
-        self.replicas
-            .iter()
-            .filter(|r| r.routable() && (r.spec.role == Role::Both || self.disaggregated(Some(r.model), None)))
-            .count()
+        // Per model, whether a routable prefill and a routable decode replica exist: one pass.
+        let mut sides: rustc_hash::FxHashMap<ModelKey, [bool; 2]> = Default::default();
+        for r in self.replicas.iter().filter(|r| r.routable() && r.spec.role != Role::Both) {
+            sides.entry(r.model).or_default()[usize::from(r.spec.role == Role::Decode)] = true;
+        }
+        let serves =
+            |r: &&super::ReplicaState| r.spec.role == Role::Both || sides.get(&r.model).is_some_and(|s| s[0] && s[1]);
+        self.replicas.iter().filter(|r| r.routable()).filter(serves).count()
     }
 
     /// Routable replicas of `model` (`None`: the namespace model) by role: `[both, prefill,
@@ -96,7 +100,7 @@ impl Fleet {
         rng: &mut dyn RngCore,
         now: f64,
     ) -> Result<PdDecision, Error> {
-        let prefill = self.decide_as(Role::Prefill, policy, &req.prefill_leg(), subset, rng, now)?;
+        let prefill = self.decide_role(Role::Prefill, policy, &req.prefill_leg(), subset, rng, now)?;
         // The overlaps were filled for the leg, whose blocks are the request's.
         let view = self.view(Role::Decode, req, subset, now);
         let decode = decode_pick(&view, req, rng)?;

@@ -3,9 +3,7 @@
 
 use super::*;
 use crate::fleet::{FleetConfig, ReplicaSpec, ReplicaStatus};
-use crate::index::{KvEvent, Stored};
 use crate::policy::PolicyKind;
-use crate::{EngineBlockHash, Medium};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
@@ -27,19 +25,6 @@ fn fleet(small_d0: bool) -> (Fleet, [ReplicaId; 5]) {
 
 fn toks(n: u32) -> Vec<u32> {
     (0..n).collect()
-}
-
-fn stored(tokens: &[u32]) -> KvEvent {
-    KvEvent::Stored(Stored {
-        block_hashes: (0..tokens.len() as u64 / 16).map(|k| EngineBlockHash(100 + k)).collect(),
-        parent: None,
-        token_ids: tokens.to_vec(),
-        block_size: 16,
-        medium: Medium::Gpu,
-        lora_name: None,
-        extra_keys: None,
-        kv_group: None,
-    })
 }
 
 #[test]
@@ -69,7 +54,7 @@ fn prefill_goes_where_the_prefix_is_and_decode_where_fewer_sequences_run() {
     let (mut f, [_, p0, p1, d0, d1]) = fleet(false);
     let prompt = toks(640);
     // p1 holds the prompt's first 32 blocks; d0 carries three decoding requests.
-    f.apply_event(p1, &stored(&prompt[..512]), 0.0).unwrap();
+    f.apply_event(p1, &crate::fleet::tests::stored(&prompt[..512], 100), 0.0).unwrap();
     let mut p = PolicyKind::TokenLoad.build();
     for k in 0..3 {
         let other = RouteRequest::new(f.hasher(), &toks(100 + k), Some(100));

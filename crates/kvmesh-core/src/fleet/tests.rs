@@ -431,7 +431,7 @@ fn a_decision_within_a_subset_picks_only_from_it() {
 }
 
 /// A store of `tokens` (whole blocks) as one engine event, engine ids from `first_id`.
-fn stored(tokens: &[u32], first_id: u64) -> KvEvent {
+pub(super) fn stored(tokens: &[u32], first_id: u64) -> KvEvent {
     KvEvent::Stored(Stored {
         block_hashes: (0..tokens.len() as u64 / 16).map(|k| EngineBlockHash(first_id + k)).collect(),
         parent: None,

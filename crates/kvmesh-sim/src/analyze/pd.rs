@@ -22,7 +22,6 @@
 
 use crate::engine::EngineProfile;
 use crate::trace::Trace;
-use std::collections::HashMap;
 
 /// Decode replicas run at most this busy.
 const DECODE_UTILISATION: f64 = 0.9;
@@ -91,7 +90,7 @@ pub fn advise_pd(trace: &Trace, profile: &EngineProfile, target: &PdTarget) -> O
     let per_token = profile.prefill_s_per_token + profile.step_overhead_s / f64::from(profile.chunk_tokens.max(1));
     let bs = u64::from(target.block_size.max(1));
     let per_block = (bs * profile.kv_bytes_per_token) as f64 * 8.0 / (target.link_gbps * 1e9);
-    let uncached = uncached_tokens(trace, target.block_size);
+    let uncached = crate::simulation::uncached_prompt_tokens(trace, target.block_size);
     let mut prefill: Vec<f64> = uncached.iter().map(|&u| u as f64 * per_token).collect();
     let mut handoff: Vec<f64> = uncached
         .iter()
@@ -140,39 +139,6 @@ pub fn advise_pd(trace: &Trace, profile: &EngineProfile, target: &PdTarget) -> O
         decode_replicas_needed: decode_needed,
         max_rate_scale,
     })
-}
-
-/// Per request, prompt tokens no earlier request of the trace computed (in whole blocks of
-/// `block_size`; all of them without block ids), at least one.
-fn uncached_tokens(trace: &Trace, block_size: u32) -> Vec<u64> {
-    let mut seen: HashMap<u64, u64> = HashMap::new();
-    let bt = u64::from(trace.block_tokens.unwrap_or(0));
-    let bs = u64::from(block_size.max(1));
-    trace
-        .requests
-        .iter()
-        .map(|r| {
-            let input = u64::from(r.input_tokens.max(1));
-            let covered = |k: usize| bt.min(input.saturating_sub(k as u64 * bt));
-            let mut reused = 0;
-            for (k, id) in r.block_ids.iter().enumerate() {
-                match seen.get(id) {
-                    Some(&had) => {
-                        reused += had.min(covered(k));
-                        if had < covered(k) {
-                            break;
-                        }
-                    }
-                    None => break,
-                }
-            }
-            for (k, id) in r.block_ids.iter().enumerate() {
-                let c = seen.entry(*id).or_default();
-                *c = (*c).max(covered(k));
-            }
-            input - (reused / bs * bs).min(input - 1)
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -204,13 +204,24 @@ pub struct Floors {
 
 /// The floors of `trace` on `profile` with blocks of `block_size` tokens.
 pub fn floors(trace: &Trace, profile: &ReplicaProfile, block_size: u32) -> Floors {
+    let cold: Vec<f64> = trace.requests.iter().map(|r| profile.ttft(u64::from(r.input_tokens.max(1)), 0)).collect();
+    let warm: Vec<f64> = uncached_prompt_tokens(trace, block_size).into_iter().map(|u| profile.ttft(u, 0)).collect();
+    Floors { p99_uncached: pct(&sorted(cold), 0.99), p99_all_cached: pct(&sorted(warm), 0.99) }
+}
+
+/// Per request of `trace`, in order, the prompt tokens no earlier request computed: its
+/// prompt minus the leading tokens of block ids some earlier request covered (as far as it
+/// covered them), in whole blocks of `block_size` tokens, at least one token (the prompt's last
+/// is always computed). Without block ids: the whole prompt. An infinite cache shared by the
+/// fleet — what the floors and `kvmesh analyze`'s P:D advice assume.
+pub(crate) fn uncached_prompt_tokens(trace: &Trace, block_size: u32) -> Vec<u64> {
     // Tokens of each id some earlier request computed (a request's last id may be partial).
     let mut seen: HashMap<u64, u64> = HashMap::new();
-    let (mut cold, mut warm) = (Vec::new(), Vec::new());
-    let bt = trace.block_tokens.unwrap_or(0) as u64;
+    let bt = u64::from(trace.block_tokens.unwrap_or(0));
+    let bs = u64::from(block_size.max(1));
+    let mut out = Vec::with_capacity(trace.requests.len());
     for r in &trace.requests {
-        let input = r.input_tokens.max(1) as u64;
-        cold.push(profile.ttft(input, 0));
+        let input = u64::from(r.input_tokens.max(1));
         let covered = |k: usize| bt.min(input.saturating_sub(k as u64 * bt));
         let mut reused = 0;
         for (k, id) in r.block_ids.iter().enumerate() {
@@ -224,13 +235,11 @@ pub fn floors(trace: &Trace, profile: &ReplicaProfile, block_size: u32) -> Floor
                 None => break,
             }
         }
-        let bs = block_size.max(1) as u64;
-        let cached = (reused / bs * bs).min(input - 1);
-        warm.push(profile.ttft(input - cached, 0));
+        out.push(input - (reused / bs * bs).min(input - 1));
         for (k, id) in r.block_ids.iter().enumerate() {
             let c = seen.entry(*id).or_default();
             *c = (*c).max(covered(k));
         }
     }
-    Floors { p99_uncached: pct(&sorted(cold), 0.99), p99_all_cached: pct(&sorted(warm), 0.99) }
+    out
 }

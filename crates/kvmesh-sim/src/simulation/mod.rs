@@ -19,6 +19,7 @@ mod queue;
 mod scaling;
 
 pub use kvmesh_core::replication::ReplicationConfig;
+pub(crate) use metrics::uncached_prompt_tokens;
 pub use metrics::{floors, Floors, RunMetrics};
 pub use pd::{simulate_pd, PdConfig};
 pub use scaling::{Autoscaler, ScalePoint, ScalingConfig, ScalingStats};
