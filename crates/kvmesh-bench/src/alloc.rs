@@ -3,6 +3,8 @@
 //! The binary installs [`Counting`] as its global allocator; [`live_bytes`] then reads what is
 //! allocated and not yet freed, across all threads (an index's worker threads included).
 
+#![allow(unsafe_code)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 

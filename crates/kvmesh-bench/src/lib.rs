@@ -12,6 +12,10 @@
 //! Run it with `cargo run --release -p kvmesh-bench --bin vs-dynamo` (see `--help`); the
 //! figures and how to read them are in BENCHMARKS.md, "Prefix index against Dynamo's".
 
+// Only the counting allocator needs `unsafe` (a `GlobalAlloc` cannot be written without it).
+#![deny(unsafe_code)]
+#![deny(missing_docs)]
+
 pub mod alloc;
 pub mod contender;
 pub mod decision;

@@ -2,6 +2,9 @@
 //! workload built from the Mooncake conversation trace, in one process (see the library docs
 //! and BENCHMARKS.md). Exits 1 when any index answers a query differently from the truth.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 use anyhow::{bail, Context};
 use clap::Parser;
 use kvmesh_bench::alloc::Counting;

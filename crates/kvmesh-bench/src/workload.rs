@@ -111,10 +111,22 @@ pub struct Query {
 /// One step of the workload, in order.
 #[derive(Debug, Clone)]
 pub enum Op {
-    /// Engine `engine` stored `blocks` (in sequence order) under parent `parent`.
-    Store { engine: u32, parent: Option<u64>, blocks: Vec<Block> },
-    /// Engine `engine` evicted these block ids.
-    Remove { engine: u32, engine_ids: Vec<u64> },
+    /// An engine stored blocks under a parent.
+    Store {
+        /// The engine, 0-based.
+        engine: u32,
+        /// The engine's id of the block they follow; `None` for a prompt's first block.
+        parent: Option<u64>,
+        /// The blocks, in sequence order.
+        blocks: Vec<Block>,
+    },
+    /// An engine evicted blocks.
+    Remove {
+        /// The engine, 0-based.
+        engine: u32,
+        /// The engine's ids of the evicted blocks.
+        engine_ids: Vec<u64>,
+    },
     /// A query (index into [`Workload::queries`]).
     Query(usize),
 }

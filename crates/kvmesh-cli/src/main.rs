@@ -1,6 +1,7 @@
 //! `kvmesh`: the command line of the kvmesh LLM router.
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 mod analyze;
 mod autoscaler;

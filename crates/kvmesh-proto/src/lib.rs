@@ -8,6 +8,7 @@
 //!   [`replication`]: hot-prefix reports and the replication plan.
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod convert;
 pub mod gossip;

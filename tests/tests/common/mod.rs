@@ -44,6 +44,14 @@ pub fn ports(n: usize) -> Vec<u16> {
     out
 }
 
+/// One cluster test at a time in this process: each starts several nodes, and C12 measures
+/// routing among simultaneous deciders, which other cluster tests' nodes on the same two cores
+/// would skew by tens of milliseconds.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
 /// Waits until `ok` holds, polling every 10 ms; panics with `what` after 10 s. Returns the
 /// time it took.
 pub async fn eventually(what: &str, ok: impl FnMut() -> bool) -> Duration {

@@ -13,6 +13,9 @@
 //! All three processes share the machine's cores: on a 2-core machine the emulator and the
 //! load generator take CPU the node would otherwise have.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 use anyhow::Context;
 use clap::Parser;
 use comfy_table::{presets::ASCII_MARKDOWN, Table};

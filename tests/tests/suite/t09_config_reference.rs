@@ -1,7 +1,7 @@
 //! docs/configuration.md is generated from the node's config types: every key of `[node]`,
 //! `[[replicas]]`, `[cluster]`, `[security]`, `[replication]`, `[autoscaler]`, `[admission]`, `[limits]` and `[epp]` with its default and its doc comment, read from
 //! the sources. This test fails when the file is stale; `KVMESH_BLESS=1 cargo test -p
-//! kvmesh-tests --test t09_config_reference` rewrites it.
+//! kvmesh-tests --test suite t09_config_reference` rewrites it.
 
 use kvmesh_node::auth::SecuritySection;
 use kvmesh_node::config::{
@@ -53,13 +53,17 @@ fn section(out: &mut String, title: &str, fields: &[(String, String)], defaults:
 }
 
 fn generate() -> String {
-    let config = std::fs::read_to_string(root().join("crates/kvmesh-node/src/config.rs")).unwrap();
+    // Every file of the config module, one concatenated source (each section in its own file).
+    let dir = root().join("crates/kvmesh-node/src/config");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    let config: String = files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect();
     let auth = std::fs::read_to_string(root().join("crates/kvmesh-node/src/auth.rs")).unwrap();
     let mut out = String::from(
         "# kvmesh node configuration reference\n\n\
-         Generated from the config types in `crates/kvmesh-node/src/config.rs` and `auth.rs` by\n\
-         `tests/tests/t09_config_reference.rs` (`KVMESH_BLESS=1 cargo test -p kvmesh-tests --test\n\
-         t09_config_reference` after changing them). `kvmesh node --config FILE` reads TOML; unknown\n\
+         Generated from the config types in `crates/kvmesh-node/src/config/` and `auth.rs` by\n\
+         `tests/tests/suite/t09_config_reference.rs` (`KVMESH_BLESS=1 cargo test -p kvmesh-tests\n\
+         --test suite t09_config_reference` after changing them). `kvmesh node --config FILE` reads TOML; unknown\n\
          keys are errors. Cluster keys can also come from flags and environment variables (`--id`/\n\
          `KVMESH_NODE_ID`, `--raft-addr`/`KVMESH_RAFT_ADDR`, `--peers`/`KVMESH_PEERS`, `--data-dir`/\n\
          `KVMESH_DATA_DIR`), tokens from `KVMESH_ADMIN_TOKEN` and `KVMESH_CLUSTER_TOKEN`.\n",
@@ -77,11 +81,9 @@ fn generate() -> String {
     section(&mut out, "[autoscaler]", &fields(&config, "AutoscalerSection"), &autoscaler, &[]);
     let admission = defaults(&AdmissionSection::default());
     section(&mut out, "[admission]", &fields(&config, "AdmissionSection"), &admission, &[]);
-    let limits_src = std::fs::read_to_string(root().join("crates/kvmesh-node/src/config/limits.rs")).unwrap();
     let limits = defaults(&LimitsSection::default());
-    section(&mut out, "[limits]", &fields(&limits_src, "LimitsSection"), &limits, &[]);
-    let epp_src = std::fs::read_to_string(root().join("crates/kvmesh-node/src/config/epp.rs")).unwrap();
-    section(&mut out, "[epp]", &fields(&epp_src, "EppSection"), &defaults(&EppSection::default()), &[]);
+    section(&mut out, "[limits]", &fields(&config, "LimitsSection"), &limits, &[]);
+    section(&mut out, "[epp]", &fields(&config, "EppSection"), &defaults(&EppSection::default()), &[]);
     out
 }
 
@@ -96,10 +98,14 @@ fn the_configuration_reference_is_current() {
     let current = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         current == fresh,
-        "docs/configuration.md is stale: run KVMESH_BLESS=1 cargo test -p kvmesh-tests --test t09_config_reference"
+        "docs/configuration.md is stale: run KVMESH_BLESS=1 cargo test -p kvmesh-tests --test suite t09_config_reference"
     );
     // Every section of the config file has its table.
-    let config = std::fs::read_to_string(root().join("crates/kvmesh-node/src/config.rs")).unwrap();
+    // Every file of the config module, one concatenated source (each section in its own file).
+    let dir = root().join("crates/kvmesh-node/src/config");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    let config: String = files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect();
     for (name, _) in fields(&config, "NodeConfig") {
         let heading = if name == "replicas" { "[[replicas]]".to_string() } else { format!("[{name}]") };
         assert!(fresh.contains(&format!("## `{heading}`")), "no table for {heading}");

@@ -4,7 +4,7 @@
 //! rank's stream and loaded from its own metrics series; every request routed to one carries
 //! `X-data-parallel-rank`, so the engine runs it on the rank whose cache was counted.
 
-mod common;
+use crate::common;
 
 use common::{blocks, eventually_within};
 use kvmesh_engine_sim::EngineSimConfig;

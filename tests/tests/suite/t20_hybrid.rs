@@ -4,7 +4,7 @@
 //! the full-attention hit, cut where the window group's last run of `⌈(window − 1) / block⌉`
 //! blocks ends.
 
-mod common;
+use crate::common;
 
 use common::publisher::Publisher;
 use common::{blocks, eventually_within};

@@ -5,7 +5,7 @@
 //! the booking's release on every path, fail-open and fail-closed, the subset rule and both
 //! body modes.
 
-mod common;
+use crate::common;
 
 use common::{eventually, metric};
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};

@@ -3,7 +3,7 @@
 //! message, which a warm engine serving cached prompts may never send), and the live copies
 //! of replayed messages it queued meanwhile are not taken for an engine restart.
 
-mod common;
+use crate::common;
 
 use common::publisher::{stored_batch, Publisher};
 use common::{blocks, eventually_within, metric};

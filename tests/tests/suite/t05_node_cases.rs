@@ -4,7 +4,7 @@
 //! `/v1/models` (C17), overload marks that expire (C18); a hostile event stream quarantined
 //! while the others serve; gRPC health that follows `/health`; and the metrics page parses.
 
-mod common;
+use crate::common;
 
 use common::{blocks, eventually, eventually_within, metric};
 use kvmesh_engine_sim::{EngineSim, EngineSimConfig, Faults};

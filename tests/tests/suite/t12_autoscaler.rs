@@ -5,7 +5,7 @@
 //! short, admission control queues requests and refuses the excess with 429 `Retry-After`, and
 //! with a TTFT SLO holds a request that would queue past it.
 
-mod common;
+use crate::common;
 
 use common::{engines, eventually, eventually_within, replica, section};
 use kvmesh_engine_sim::EngineSimConfig;

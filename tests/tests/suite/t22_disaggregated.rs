@@ -4,7 +4,7 @@
 //! client; a failing side is left out and the request decided again (never decoded twice);
 //! every booking is released.
 
-mod common;
+use crate::common;
 
 use common::{blocks, eventually, metric};
 use kvmesh_engine_sim::http::PdCounts;

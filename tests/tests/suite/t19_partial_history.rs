@@ -5,7 +5,7 @@
 //! prompt it routes there shows the prefix's tokens: the recovered fraction of what the
 //! engine holds rises as traffic flows.
 
-mod common;
+use crate::common;
 
 use common::{eventually_within, metric};
 use kvmesh_engine_sim::EngineSimConfig;

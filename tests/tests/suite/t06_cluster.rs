@@ -4,23 +4,14 @@
 //!
 //! The multi-process versions with kill -9 live in `chaos/`.
 
-mod common;
+use crate::common;
 
-use common::{engines, eventually, grpc, ports, replica};
+use common::{engines, eventually, grpc, ports, replica, serial};
 use kvmesh_node::config::{ClusterSection, NodeConfig, NodeSection, ReplicaConfig};
 use kvmesh_node::Node;
 use kvmesh_proto::v1;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// The tests of this file run one at a time: each starts several nodes, and C12 measures
-/// routing among simultaneous deciders, which other tests' nodes on the same two cores would
-/// skew by tens of milliseconds.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().await
-}
 
 fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, gossip: bool) -> NodeConfig {
     let section = NodeSection {

@@ -3,7 +3,7 @@
 //! carries `lora_name`, and its block hash includes the adapter), and a base-model request
 //! never counts an adapter's blocks.
 
-mod common;
+use crate::common;
 
 use common::publisher::{stored_batch, Publisher};
 use common::{blocks, eventually_within};

@@ -3,7 +3,7 @@
 //! model's replicas, and overlap counts only blocks of its model's namespace — the same tokens
 //! cached for another model, or under a LoRA adapter, are no overlap.
 
-mod common;
+use crate::common;
 
 use common::publisher::{stored_batch, Publisher};
 use common::{blocks, eventually_within};

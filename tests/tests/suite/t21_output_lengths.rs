@@ -3,7 +3,7 @@
 //! `usage.completion_tokens`, an output-length hint header honoured by the router only, and
 //! the estimator's error in the node's metrics.
 
-mod common;
+use crate::common;
 
 use common::{eventually_within, metric};
 use kvmesh_engine_sim::outputs::OutputLengths;

@@ -2,7 +2,7 @@
 //! repeated prefixes stick to the replica that holds them, a killed engine is routed around,
 //! streams pass through, the gRPC API answers, and every booking is released.
 
-mod common;
+use crate::common;
 
 use common::{engines, eventually, replica, section, single};
 use kvmesh_engine_sim::EngineSim;

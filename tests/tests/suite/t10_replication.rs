@@ -5,7 +5,7 @@
 //! 3-node cluster the plan commits through Raft, every node routes by it, and it survives a
 //! leader kill. The multi-process kill -9 version is `chaos/replication_leader_kill.sh`.
 
-mod common;
+use crate::common;
 
 use common::{engines, eventually_within, ports, replica, section};
 use kvmesh_engine_sim::EngineSim;

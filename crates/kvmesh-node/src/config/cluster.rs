@@ -1,0 +1,105 @@
+//! `[cluster]`: Raft between router nodes and shared bookings.
+
+use serde::{Deserialize, Serialize};
+
+/// `[cluster]`: Raft between router nodes and shared bookings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSection {
+    /// This node's Raft id, > 0.
+    pub id: u64,
+    /// Its gRPC address as the other nodes reach it (`host:port`); empty: `node.grpc`.
+    pub addr: String,
+    /// The initial voters, `id=host:port` each, this node included; `kvmesh cluster init`
+    /// bootstraps them. A node that joins later lists none.
+    pub peers: Vec<String>,
+    /// Directory of the Raft log and state machine (sled); created if missing.
+    pub data_dir: std::path::PathBuf,
+    /// Share bookings with the other nodes.
+    pub gossip: bool,
+    /// Booking deltas are batched this long before they are sent, milliseconds.
+    pub gossip_interval_ms: u64,
+    /// A full summary of this node's live bookings goes out this often, milliseconds.
+    pub summary_interval_ms: u64,
+    /// A peer silent this long has its bookings dropped, milliseconds.
+    pub peer_timeout_ms: u64,
+    /// Raft heartbeat interval, milliseconds.
+    pub heartbeat_ms: u64,
+    /// Raft election timeout, a random value in [min, max), milliseconds.
+    pub election_timeout_min_ms: u64,
+    /// See `election_timeout_min_ms`.
+    pub election_timeout_max_ms: u64,
+    /// A snapshot is taken (and the log before it purged) after this many new log entries.
+    pub snapshot_every: u64,
+    /// Accept `Cluster.InjectFault` (`kvmesh cluster fault`): tests and chaos runs only.
+    pub allow_fault_injection: bool,
+    /// Run the cluster without authentication: anyone who reaches the gRPC port can then
+    /// send Raft and gossip messages and write the registry. Without it a node in a cluster
+    /// refuses to start unless it has a cluster token (`[security] cluster_token_file` or
+    /// `KVMESH_CLUSTER_TOKEN`) or mTLS (`tls_client_auth`); with it, it warns at every start.
+    /// `kvmesh node --insecure` sets it.
+    pub insecure: bool,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            id: 0,
+            addr: String::new(),
+            peers: Vec::new(),
+            data_dir: "kvmesh-data".into(),
+            gossip: true,
+            gossip_interval_ms: 5,
+            summary_interval_ms: 1000,
+            peer_timeout_ms: 5000,
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 300,
+            election_timeout_max_ms: 600,
+            snapshot_every: 1000,
+            allow_fault_injection: false,
+            insecure: false,
+        }
+    }
+}
+
+impl ClusterSection {
+    /// `peers` as (id, address) pairs.
+    ///
+    /// # Errors
+    /// An entry that is not `id=host:port` with a positive id, or an id listed twice.
+    pub fn peer_map(&self) -> Result<std::collections::BTreeMap<u64, String>, String> {
+        let mut out = std::collections::BTreeMap::new();
+        for p in &self.peers {
+            let (id, addr) = p.split_once('=').ok_or_else(|| format!("cluster.peers: {p:?} is not id=host:port"))?;
+            let id: u64 = id.trim().parse().map_err(|_| format!("cluster.peers: {p:?}: the id is not a number"))?;
+            if id == 0 || addr.trim().is_empty() || !addr.contains(':') {
+                return Err(format!("cluster.peers: {p:?} is not id=host:port with id > 0"));
+            }
+            if out.insert(id, addr.trim().to_string()).is_some() {
+                return Err(format!("cluster.peers: id {id} appears twice"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks this node's own entry in `peers` against where it serves gRPC (`grpc_port`, the
+    /// bound port) and `addr`: peers dial that entry, so a typo there cuts the node off.
+    ///
+    /// # Errors
+    /// The entry differs from `addr` when `addr` is set, or names another port when it is not.
+    pub fn check_own_peer(&self, grpc_port: u16) -> Result<(), String> {
+        let peers = self.peer_map()?;
+        let Some(own) = peers.get(&self.id) else { return Ok(()) };
+        let port = own.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+        let wrong = if self.addr.is_empty() { port != Some(grpc_port) } else { *own != self.addr };
+        if wrong {
+            let serves = if self.addr.is_empty() { format!("port {grpc_port}") } else { self.addr.clone() };
+            return Err(format!(
+                "cluster.peers lists this node (id {}) at {own}, but it serves gRPC on {serves}: peers would dial the \
+                 wrong address; fix its entry in peers (or cluster.addr)",
+                self.id
+            ));
+        }
+        Ok(())
+    }
+}

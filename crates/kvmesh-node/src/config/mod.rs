@@ -1,0 +1,347 @@
+//! The node's configuration file (`kvmesh node --config kvmesh.toml`).
+//!
+//! ```toml
+//! [node]
+//! http = "0.0.0.0:8080"          # OpenAI-compatible proxy, /health, /metrics
+//! grpc = "0.0.0.0:50051"         # kvmesh.v1 Router/Admin/Events, health, reflection
+//! policy = "token_load"          # see `kvmesh policies`
+//! block_size = 16                # tokens per KV block; must equal the engines' --block-size
+//! model = "meta-llama/Llama-3.1-8B-Instruct"
+//! tokenizer = "/models/llama-3.1-8b/tokenizer.json"   # optional: exact token ids
+//!
+//! [[replicas]]
+//! name = "vllm-0"
+//! http = "http://10.0.0.7:8000"
+//! kv_events = "tcp://10.0.0.7:5557"   # vLLM --kv-events-config endpoint; omit: no events
+//! replay = "tcp://10.0.0.7:5558"      # vLLM replay_endpoint; omit: resync by clearing
+//! capacity_blocks = 29375             # vLLM logs "GPU KV cache size: N tokens"; N / block_size
+//!
+//! [cluster]                 # optional: run as one of 3 or 5 router nodes (Raft + gossip)
+//! id = 1                    # this node's id, > 0, unique in the cluster
+//! addr = "10.0.1.1:50051"   # its gRPC address as peers reach it (default: node.grpc)
+//! peers = ["1=10.0.1.1:50051", "2=10.0.1.2:50051", "3=10.0.1.3:50051"]   # initial voters
+//! data_dir = "/var/lib/kvmesh"   # Raft log and state machine (sled)
+//! ```
+//!
+//! In a cluster the `[[replicas]]` list seeds the replicated registry at `kvmesh cluster init`;
+//! from then on the registry (admin API, through the Raft leader) is what every node follows.
+
+use kvmesh_core::{PolicyKind, Role};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+mod admission;
+mod autoscaler;
+mod cluster;
+mod epp;
+mod hints;
+mod limits;
+mod node;
+mod replica;
+mod replication;
+pub use admission::AdmissionSection;
+pub use autoscaler::AutoscalerSection;
+pub use cluster::ClusterSection;
+pub use epp::EppSection;
+pub use limits::LimitsSection;
+pub use node::NodeSection;
+pub use replica::{ReplicaConfig, DEFAULT_BOOTSTRAP_PORT, MAX_DATA_PARALLEL_SIZE};
+pub use replication::ReplicationSection;
+
+/// Everything a node runs with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Node-wide settings (every key has a default, so the section may be left out).
+    #[serde(default)]
+    pub node: NodeSection,
+    /// The engine replicas to route to.
+    #[serde(default)]
+    pub replicas: Vec<ReplicaConfig>,
+    /// Cluster membership; absent: a single node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterSection>,
+    /// Bearer tokens for the admin and cluster-internal gRPC; absent: open.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub security: crate::auth::SecuritySection,
+    /// Hot-prefix detection and partial KV replication; off unless `enabled`.
+    #[serde(default)]
+    pub replication: ReplicationSection,
+    /// The tier's autoscaler; off unless `enabled`.
+    #[serde(default)]
+    pub autoscaler: AutoscalerSection,
+    /// Admission control while capacity is short; off unless `enabled`.
+    #[serde(default)]
+    pub admission: AdmissionSection,
+    /// Caps on what one replica, client or peer may cost the node.
+    #[serde(default)]
+    pub limits: LimitsSection,
+    /// The Gateway API Inference Extension endpoint picker (Envoy ext_proc on the gRPC port).
+    #[serde(default)]
+    pub epp: EppSection,
+}
+
+fn is_default(s: &crate::auth::SecuritySection) -> bool {
+    *s == crate::auth::SecuritySection::default()
+}
+
+impl NodeConfig {
+    /// Replaces every entry with a `data_parallel_size` by its ranks
+    /// ([`ReplicaConfig::ranks`]), in place.
+    ///
+    /// # Errors
+    /// As [`ReplicaConfig::ranks`].
+    pub fn expand_data_parallel(&mut self) -> Result<(), String> {
+        let mut out = Vec::with_capacity(self.replicas.len());
+        for r in &self.replicas {
+            out.extend(r.ranks()?);
+        }
+        self.replicas = out;
+        Ok(())
+    }
+
+    /// Reads and validates a TOML file.
+    ///
+    /// # Errors
+    /// The file cannot be read, is not valid TOML for this schema (with the line), or fails
+    /// [`NodeConfig::validate`].
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let config = Self::read(path)?;
+        config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Reads a TOML file without validating it (command-line flags complete it first).
+    ///
+    /// # Errors
+    /// The file cannot be read or is not valid TOML for this schema (with the line).
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        let mut config: NodeConfig = toml::from_str(&text).map_err(|e| {
+            anyhow::anyhow!("{}: {}{}", path.display(), e.to_string().trim_end(), hints::hint(&e, &text))
+        })?;
+        config.expand_data_parallel().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Valid but probably not meant: each a line for the start-up log.
+    pub fn doubts(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.replicas.is_empty() && self.cluster.is_none() {
+            out.push(
+                "no [[replicas]] configured: the node routes nothing until replicas are added (`kvmesh replica add`, \
+                 or [[replicas]] in this file and SIGHUP)"
+                    .into(),
+            );
+        }
+        let wanted = self
+            .node
+            .policy
+            .parse::<PolicyKind>()
+            .ok()
+            .and_then(|k| k.build_with(&self.node.params()).ok())
+            .and_then(|p| p.scrape_interval_s().map(|s| (p.name(), s)));
+        if let Some((policy, s)) = wanted {
+            let ms = (s * 1e3).round() as u64;
+            if self.node.scrape_interval_ms > ms {
+                out.push(format!(
+                    "policy {policy} reproduces a router that reads engine metrics every {ms} ms; node.scrape_interval_ms \
+                     is {}, so it scores on older gauges than that router would (set node.scrape_interval_ms = {ms} to match)",
+                    self.node.scrape_interval_ms
+                ));
+            }
+        }
+        // Before 2026-12-06 a replica's `model` was informational; now it is the model it
+        // serves, and a request is routed among its model's replicas only.
+        let mut others: Vec<&str> = self
+            .replicas
+            .iter()
+            .filter_map(|r| r.model.as_deref())
+            .filter(|m| !m.is_empty() && *m != self.node.model)
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        if !others.is_empty() {
+            out.push(format!(
+                "replicas declare models other than node.model ({:?}): {others:?}; each serves only requests naming its \
+                 model (a request naming none goes to node.model's replicas)",
+                self.node.model
+            ));
+        }
+        // A disaggregated model needs both sides: one alone serves nothing.
+        for (model, (prefill, decode)) in self.sides() {
+            if prefill == 0 || decode == 0 {
+                let (has, lacks) = if prefill > 0 { ("prefill", "decode") } else { ("decode", "prefill") };
+                out.push(format!(
+                    "model {model:?} has {has} replicas but no {lacks} replica: its requests go to its `both` replicas \
+                     only, and the {has} replicas serve nothing until a {lacks} replica is added"
+                ));
+            }
+        }
+        let a = &self.autoscaler;
+        if a.enabled && self.replicas.len() > a.max_replicas as usize {
+            out.push(format!(
+                "autoscaler.max_replicas ({}) is below the {} replicas configured: no decision asks for more than {}",
+                a.max_replicas,
+                self.replicas.len(),
+                a.max_replicas
+            ));
+        }
+        out
+    }
+
+    /// Per model with disaggregated replicas: how many prefill and decode replicas it has.
+    fn sides(&self) -> std::collections::BTreeMap<&str, (usize, usize)> {
+        let mut sides = std::collections::BTreeMap::<&str, (usize, usize)>::new();
+        for r in self.replicas.iter().filter(|r| r.role != Role::Both) {
+            let e = sides.entry(r.model.as_deref().unwrap_or(&self.node.model)).or_default();
+            if r.role == Role::Prefill {
+                e.0 += 1;
+            } else {
+                e.1 += 1;
+            }
+        }
+        sides
+    }
+
+    /// Checks values and combinations.
+    ///
+    /// # Errors
+    /// A message naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        // One hand-over per model: a prefill replica's engine decides it, so a decode replica
+        // of another engine would receive fields it does not read.
+        let mut engines = std::collections::BTreeMap::<&str, (&str, &str)>::new();
+        for r in self.replicas.iter().filter(|r| r.role != Role::Both) {
+            let model = r.model.as_deref().unwrap_or(&self.node.model);
+            let (first, name) = *engines.entry(model).or_insert((r.engine.as_str(), r.name.as_str()));
+            if first != r.engine {
+                return Err(format!(
+                    "model {model:?}: replica {:?} has engine {:?} but replica {name:?} has {first:?}; a disaggregated \
+                     model's prefill and decode replicas must run one engine (it decides the hand-over)",
+                    r.name, r.engine
+                ));
+            }
+        }
+        let kind = self.node.policy.parse::<PolicyKind>().map_err(|e| format!("node.policy: {e}"))?;
+        kind.build_with(&self.node.params()).map_err(|e| format!("node.policy_params: {e}"))?;
+        if self.node.block_size == 0 {
+            return Err("node.block_size must be positive".into());
+        }
+        self.node.replica_profile()?;
+        if self.node.proxy_threads == 0 {
+            return Err("node.proxy_threads must be at least 1".into());
+        }
+        if self.node.scrape_interval_ms == 0 {
+            return Err("node.scrape_interval_ms must be positive".into());
+        }
+        let hung = self.node.hung_after_s;
+        let scrape_s = self.node.scrape_interval_ms as f64 / 1e3;
+        if !(hung.is_finite() && (hung == 0.0 || hung >= 2.0 * scrape_s)) {
+            return Err(format!(
+                "node.hung_after_s must be 0 (off) or at least twice node.scrape_interval_ms ({} s), got {hung}",
+                2.0 * scrape_s
+            ));
+        }
+        let mut adapters = std::collections::HashSet::new();
+        for a in &self.node.lora_adapters {
+            if a.is_empty() || *a == self.node.model {
+                return Err(format!("node.lora_adapters: {a:?} is empty or the base model's name"));
+            }
+            if !adapters.insert(a) {
+                return Err(format!("node.lora_adapters: {a:?} appears twice"));
+            }
+        }
+        // A model named like an adapter could never be asked for: the adapter wins the name.
+        if let Some(r) = self.replicas.iter().find(|r| r.model.as_ref().is_some_and(|m| adapters.contains(m))) {
+            return Err(format!(
+                "replica {:?}: model {:?} is also one of node.lora_adapters; a request naming it would get the adapter",
+                r.name,
+                r.model.as_deref().unwrap_or_default()
+            ));
+        }
+        let grace = self.node.shutdown_grace_s;
+        if !(0.0..=3600.0).contains(&grace) {
+            return Err(format!("node.shutdown_grace_s must be 0 to 3600 seconds, got {grace}"));
+        }
+        let lease = self.node.booking_lease_s;
+        if !(lease > 0.0 && lease <= 86_400.0) {
+            return Err(format!("node.booking_lease_s must be positive seconds, at most a day, got {lease}"));
+        }
+        self.replication.validate()?;
+        self.autoscaler.validate()?;
+        self.admission.validate()?;
+        self.limits.validate()?;
+        self.epp.validate()?;
+        if let Some(c) = &self.cluster {
+            if c.id == 0 {
+                return Err("cluster.id must be positive (or --id / KVMESH_NODE_ID)".into());
+            }
+            let peers = c.peer_map()?;
+            if !peers.is_empty() && !peers.contains_key(&c.id) {
+                return Err(format!("cluster.peers must include this node (id {})", c.id));
+            }
+            if c.election_timeout_min_ms <= c.heartbeat_ms || c.election_timeout_max_ms <= c.election_timeout_min_ms {
+                return Err("cluster: need heartbeat_ms < election_timeout_min_ms < election_timeout_max_ms".into());
+            }
+            if c.peer_timeout_ms <= 2 * c.summary_interval_ms {
+                return Err("cluster: peer_timeout_ms must exceed twice summary_interval_ms (an idle peer is heard only through summaries)".into());
+            }
+            if c.gossip_interval_ms == 0 || c.summary_interval_ms == 0 || c.snapshot_every == 0 {
+                return Err(
+                    "cluster: gossip_interval_ms, summary_interval_ms and snapshot_every must be positive".into()
+                );
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        // One block size per model; node.model's is node.block_size.
+        let mut sizes: std::collections::HashMap<&str, (u32, &str)> = std::collections::HashMap::new();
+        for r in &self.replicas {
+            r.validate()?;
+            let model = r.model.as_deref().filter(|m| !m.is_empty()).unwrap_or(&self.node.model);
+            let bs = r.block_size.unwrap_or(self.node.block_size);
+            if model == self.node.model && bs != self.node.block_size {
+                return Err(format!(
+                    "replica {:?}: block_size {bs} differs from node.block_size {} (a replica of node.model has its \
+                     block size; another model may have its own)",
+                    r.name, self.node.block_size
+                ));
+            }
+            for a in r.lora_adapters.iter().flatten() {
+                let taken = *a == self.node.model
+                    || self.replicas.iter().any(|o| o.model.as_deref() == Some(a.as_str()))
+                    || self.node.lora_adapters.iter().any(|n| n == a) && model != self.node.model;
+                if taken {
+                    return Err(format!(
+                        "replica {:?}: lora_adapters: {a:?} is a model's name (or node.model's adapter) here",
+                        r.name
+                    ));
+                }
+            }
+            match sizes.get(model) {
+                Some(&(other, first)) if other != bs => {
+                    return Err(format!(
+                        "replica {:?}: block_size {bs} differs from replica {first:?}'s {other}: the replicas of model \
+                         {model:?} must share one block size",
+                        r.name
+                    ))
+                }
+                _ => {
+                    sizes.insert(model, (bs, &r.name));
+                }
+            }
+            if !names.insert(&r.name) {
+                return Err(format!("replica name {:?} appears twice", r.name));
+            }
+        }
+        Ok(())
+    }
+
+    /// The configuration as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests;

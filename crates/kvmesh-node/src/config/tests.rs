@@ -1,0 +1,331 @@
+//! The configuration's unit tests: loading, validation and every refusal's message.
+
+use super::*;
+
+const EXAMPLE: &str = r#"
+[node]
+http = "127.0.0.1:8080"
+policy = "kv_cost"
+
+[[replicas]]
+name = "vllm-0"
+http = "http://10.0.0.7:8000"
+kv_events = "tcp://10.0.0.7:5557"
+capacity_blocks = 100
+"#;
+
+#[test]
+fn doubts_name_a_node_with_no_replicas_and_a_cap_below_the_fleet() {
+    let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+    assert_eq!(c.doubts(), Vec::<String>::new());
+    c.autoscaler.enabled = true;
+    c.autoscaler.max_replicas = 1;
+    let mut second = c.replicas[0].clone();
+    second.name = "vllm-1".into();
+    c.replicas.push(second);
+    assert_eq!(c.validate(), Ok(()));
+    assert_eq!(
+        c.doubts(),
+        ["autoscaler.max_replicas (1) is below the 2 replicas configured: no decision asks for more than 1"]
+    );
+    c.node.policy = "weighted_scorer".into();
+    assert_eq!(
+        c.doubts()[0],
+        "policy weighted_scorer reproduces a router that reads engine metrics every 50 ms; node.scrape_interval_ms \
+         is 1000, so it scores on older gauges than that router would (set node.scrape_interval_ms = 50 to match)"
+    );
+    c.node.scrape_interval_ms = 50;
+    c.node.hung_after_s = 60.0;
+    assert_eq!(c.doubts().len(), 1, "only the autoscaler's doubt is left");
+    let empty: NodeConfig = toml::from_str("").unwrap();
+    assert_eq!(empty.doubts().len(), 1);
+    assert!(empty.doubts()[0].starts_with("no [[replicas]] configured: the node routes nothing"));
+    // A cluster node gets its replicas from the registry.
+    let joining: NodeConfig = toml::from_str("[cluster]\nid = 2\n").unwrap();
+    assert_eq!(joining.doubts(), Vec::<String>::new());
+}
+
+#[test]
+fn parses_with_defaults_and_validates() {
+    let c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+    assert_eq!((c.node.policy.as_str(), c.node.block_size, c.node.grpc.port()), ("kv_cost", 16, 50051));
+    assert_eq!(c.replicas[0].metrics(), "http://10.0.0.7:8000/metrics");
+    assert_eq!((c.replicas[0].replay.as_deref(), c.replicas[0].engine.as_str()), (None, "vllm"));
+    c.validate().unwrap();
+    let back: NodeConfig = toml::from_str(&c.to_toml()).unwrap();
+    assert_eq!(back, c);
+}
+
+#[test]
+fn autoscaler_settings_are_checked_in_the_same_words() {
+    let with = |extra: &str| toml::from_str::<NodeConfig>(&format!("{EXAMPLE}\n[autoscaler]\n{extra}\n")).unwrap();
+    assert_eq!(
+        with("target_utilisation = 2").validate().unwrap_err(),
+        "autoscaler.target_utilisation must be in (0, 1], got 2"
+    );
+    assert_eq!(
+        with("min_replicas = 3\nmax_replicas = 2").validate().unwrap_err(),
+        "autoscaler.max_replicas must be positive and at least min_replicas (3), got 2"
+    );
+}
+
+#[test]
+fn admission_settings_are_checked() {
+    let with = |extra: &str| toml::from_str::<NodeConfig>(&format!("{EXAMPLE}\n[admission]\n{extra}\n")).unwrap();
+    let c = with("enabled = true\nttft_slo_s = 2.5");
+    assert_eq!(c.admission.ttft_slo_s, Some(2.5));
+    c.validate().unwrap();
+    assert_eq!(
+        with("ttft_slo_s = 0").validate().unwrap_err(),
+        "admission.ttft_slo_s must be a positive, finite number of seconds, got 0"
+    );
+    assert_eq!(
+        with("max_wait_s = -1").validate().unwrap_err(),
+        "admission.max_wait_s must be positive seconds, at most a day, got -1"
+    );
+    assert!(with("max_wait_s = 1e19").validate().is_err());
+    assert_eq!(
+        with("queue_limit = 0").validate().unwrap_err(),
+        "admission.queue_limit must be 1 to 1000000 requests, got 0"
+    );
+    with("queue_limit = 1000000").validate().unwrap();
+    let lease = |v: &str| {
+        let text = EXAMPLE.replacen("[node]\n", &format!("[node]\nbooking_lease_s = {v}\n"), 1);
+        toml::from_str::<NodeConfig>(&text).unwrap().validate()
+    };
+    assert_eq!(lease("0").unwrap_err(), "node.booking_lease_s must be positive seconds, at most a day, got 0");
+    lease("30").unwrap();
+    assert_eq!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().admission.ttft_slo_s, None);
+}
+
+#[test]
+fn a_data_parallel_size_becomes_one_replica_per_rank_at_the_offset_ports() {
+    let entry = |extra: &str| {
+        let text = format!(
+            "name = \"v\"\nhttp = \"http://10.0.0.7:8000\"\nkv_events = \"tcp://10.0.0.7:5557\"\n\
+             replay = \"tcp://10.0.0.7:5600\"\ncapacity_blocks = 100\n{extra}"
+        );
+        toml::from_str::<ReplicaConfig>(&text).unwrap()
+    };
+    let ranks = entry("data_parallel_size = 3").ranks().unwrap();
+    type Rank = (String, Option<u32>, Option<String>, Option<String>, u64);
+    let got: Vec<Rank> = ranks
+        .iter()
+        .map(|r| (r.name.clone(), r.data_parallel_rank, r.kv_events.clone(), r.replay.clone(), r.capacity_blocks))
+        .collect();
+    let want = |k: u32| {
+        (
+            format!("v-dp{k}"),
+            Some(k),
+            Some(format!("tcp://10.0.0.7:{}", 5557 + k)),
+            Some(format!("tcp://10.0.0.7:{}", 5600 + k)),
+            100,
+        )
+    };
+    assert_eq!(got, [want(0), want(1), want(2)]);
+    assert!(ranks.iter().all(|r| r.http == "http://10.0.0.7:8000" && r.data_parallel_size.is_none()));
+    assert!(ranks.iter().all(|r| r.validate().is_ok()));
+    // Without a size the entry stands for itself; a size of 1 is one rank.
+    assert_eq!(entry("").ranks().unwrap(), [entry("")]);
+    assert_eq!(entry("data_parallel_size = 1").ranks().unwrap()[0].name, "v-dp0");
+    for (extra, err) in [
+        ("data_parallel_size = 0", "replica \"v\": data_parallel_size must be 1..=1024, got 0"),
+        ("data_parallel_size = 1025", "replica \"v\": data_parallel_size must be 1..=1024, got 1025"),
+        (
+            "data_parallel_size = 2\ndata_parallel_rank = 1",
+            "replica \"v\": data_parallel_size and data_parallel_rank exclude each other (the size writes the ranks)",
+        ),
+    ] {
+        assert_eq!(entry(extra).ranks().unwrap_err(), err);
+    }
+    let close = ReplicaConfig { replay: Some("tcp://10.0.0.7:5558".into()), ..entry("data_parallel_size = 2") };
+    assert_eq!(
+        close.ranks().unwrap_err(),
+        "replica \"v\": with data_parallel_size 2, tcp://10.0.0.7:5558 is both a publisher and a replay socket \
+         (vLLM adds the rank to both ports): keep kv_events and replay at least 2 ports apart"
+    );
+    let high = ReplicaConfig { kv_events: Some("tcp://h:65535".into()), ..entry("data_parallel_size = 2") };
+    assert_eq!(
+        high.ranks().unwrap_err(),
+        "replica \"v\": kv_events \"tcp://h:65535\": port 65535 + rank 1 is past 65535"
+    );
+    // An entry that still has a size was not read through NodeConfig::read.
+    assert!(entry("data_parallel_size = 2").validate().unwrap_err().contains("data_parallel_size is expanded"));
+}
+
+#[test]
+fn replica_models_other_than_the_default_are_said_and_never_an_adapters_name() {
+    let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+    c.node.model = "m1".into();
+    c.replicas[0].model = Some("m2".into());
+    assert_eq!(
+        c.doubts(),
+        ["replicas declare models other than node.model (\"m1\"): [\"m2\"]; each serves only requests naming its \
+          model (a request naming none goes to node.model's replicas)"]
+    );
+    c.node.lora_adapters = vec!["m2".into()];
+    assert_eq!(
+        c.validate().unwrap_err(),
+        "replica \"vllm-0\": model \"m2\" is also one of node.lora_adapters; a request naming it would get the adapter"
+    );
+}
+
+#[test]
+fn a_disaggregated_model_needs_both_sides_and_one_engine() {
+    let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+    c.node.model = "m".into();
+    c.replicas[0].role = Role::Prefill;
+    assert_eq!(
+        c.doubts(),
+        ["model \"m\" has prefill replicas but no decode replica: its requests go to its `both` replicas only, and \
+          the prefill replicas serve nothing until a decode replica is added"]
+    );
+    let mut decode = c.replicas[0].clone();
+    decode.name = "vllm-1".into();
+    decode.role = Role::Decode;
+    decode.engine = "sglang".into();
+    c.replicas.push(decode);
+    assert_eq!(c.doubts(), Vec::<String>::new());
+    assert_eq!(
+        c.validate().unwrap_err(),
+        "model \"m\": replica \"vllm-1\" has engine \"sglang\" but replica \"vllm-0\" has \"vllm\"; a disaggregated \
+         model's prefill and decode replicas must run one engine (it decides the hand-over)"
+    );
+    c.replicas[1].engine = "vllm".into();
+    assert_eq!(c.validate(), Ok(()));
+    // Informational for a replica serving whole requests, as it always was.
+    c.replicas[0].role = Role::Both;
+    c.replicas[0].engine = "trtllm".into();
+    assert_eq!(c.replicas[0].validate(), Ok(()));
+    c.replicas[0].role = Role::Prefill;
+    assert_eq!(
+        c.replicas[0].validate().unwrap_err(),
+        "replica \"vllm-0\": engine must be vllm or sglang for a prefill replica (it decides the hand-over), got \"trtllm\""
+    );
+}
+
+#[test]
+fn lora_adapters_are_named_once_and_not_the_base_model() {
+    let with = |v: &str| {
+        let text = EXAMPLE.replacen("[node]\n", &format!("[node]\nmodel = \"m\"\nlora_adapters = {v}\n"), 1);
+        toml::from_str::<NodeConfig>(&text).unwrap().validate()
+    };
+    with("[\"sql\", \"chat\"]").unwrap();
+    assert_eq!(with("[\"sql\", \"sql\"]").unwrap_err(), "node.lora_adapters: \"sql\" appears twice");
+    assert_eq!(with("[\"m\"]").unwrap_err(), "node.lora_adapters: \"m\" is empty or the base model's name");
+    assert_eq!(with("[\"\"]").unwrap_err(), "node.lora_adapters: \"\" is empty or the base model's name");
+    // A replica's own list: the same rules.
+    let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+    c.replicas[0].model = Some("m2".into());
+    c.replicas[0].lora_adapters = Some(vec!["sql".into(), "sql".into()]);
+    assert_eq!(c.validate().unwrap_err(), "replica \"vllm-0\": lora_adapters: \"sql\" appears twice");
+    c.replicas[0].lora_adapters = Some(vec!["m2".into()]);
+    assert_eq!(c.validate().unwrap_err(), "replica \"vllm-0\": lora_adapters: \"m2\" is empty or the replica's model");
+    c.replicas[0].lora_adapters = Some(vec!["sql".into()]);
+    c.validate().unwrap();
+    // Never another model's name: a request naming it would mean the model.
+    c.node.model = "m1".into();
+    c.replicas[0].lora_adapters = Some(vec!["m1".into()]);
+    assert_eq!(
+        c.validate().unwrap_err(),
+        "replica \"vllm-0\": lora_adapters: \"m1\" is a model's name (or node.model's adapter) here"
+    );
+}
+
+#[test]
+fn errors_name_the_field() {
+    let bad = EXAMPLE.replace("kv_cost", "fastest");
+    let c: NodeConfig = toml::from_str(&bad).unwrap();
+    assert!(c.validate().unwrap_err().starts_with("node.policy: "), "{:?}", c.validate());
+    let bad = EXAMPLE.replace("tcp://10.0.0.7:5557", "10.0.0.7:5557");
+    let c: NodeConfig = toml::from_str(&bad).unwrap();
+    assert_eq!(
+        c.validate().unwrap_err(),
+        "replica \"vllm-0\": kv_events \"10.0.0.7:5557\": only tcp://host:port endpoints are supported"
+    );
+    // No port: refused here, not retried as a parse error at every restart of the actor.
+    let c: NodeConfig = toml::from_str(&EXAMPLE.replace("tcp://10.0.0.7:5557", "tcp://10.0.0.7")).unwrap();
+    assert_eq!(
+        c.validate().unwrap_err(),
+        "replica \"vllm-0\": kv_events \"tcp://10.0.0.7\" has no port (tcp://host:port)"
+    );
+    let c: NodeConfig = toml::from_str(&EXAMPLE.replace(
+        "kv_events = \"tcp://10.0.0.7:5557\"",
+        "kv_events = \"tcp://10.0.0.7:5557\"\nreplay = \"ipc:///tmp/replay\"",
+    ))
+    .unwrap();
+    assert_eq!(
+        c.validate().unwrap_err(),
+        "replica \"vllm-0\": replay \"ipc:///tmp/replay\": only tcp://host:port endpoints are supported"
+    );
+    // https engines: refused up front (the engine client has no TLS backend).
+    let c: NodeConfig = toml::from_str(&EXAMPLE.replace("http://10.0.0.7:8000", "https://10.0.0.7:8000")).unwrap();
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .starts_with("replica \"vllm-0\": http \"https://10.0.0.7:8000\": https:// engines are not supported"));
+    let clustered = format!("{EXAMPLE}\n[cluster]\nid = 2\npeers = [\"1=a:1\", \"3=c:3\"]\n");
+    let c: NodeConfig = toml::from_str(&clustered).unwrap();
+    assert_eq!(c.validate().unwrap_err(), "cluster.peers must include this node (id 2)");
+    let c: NodeConfig = toml::from_str(&clustered.replace("3=c:3", "2=b")).unwrap();
+    assert_eq!(c.validate().unwrap_err(), "cluster.peers: \"2=b\" is not id=host:port with id > 0");
+    let c: NodeConfig = toml::from_str(&clustered.replace("3=c:3", "2=b:2")).unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.cluster.unwrap().peer_map().unwrap().get(&2).map(String::as_str), Some("b:2"));
+    let c: NodeConfig =
+        toml::from_str(&EXAMPLE.replace("capacity_blocks = 100", "capacity_blocks = 100\nblock_size = 32")).unwrap();
+    assert_eq!(
+        c.validate().unwrap_err(),
+        "replica \"vllm-0\": block_size 32 differs from node.block_size 16 (a replica of node.model has its block \
+         size; another model may have its own)"
+    );
+    // Another model may have its own, one per model.
+    let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+    let mut other = c.replicas[0].clone();
+    other.name = "qwen-0".into();
+    other.model = Some("qwen".into());
+    other.block_size = Some(32);
+    c.replicas.push(other.clone());
+    c.validate().unwrap();
+    other.name = "qwen-1".into();
+    other.block_size = None;
+    c.replicas.push(other);
+    assert_eq!(
+        c.validate().unwrap_err(),
+        "replica \"qwen-1\": block_size 16 differs from replica \"qwen-0\"'s 32: the replicas of model \"qwen\" must \
+         share one block size"
+    );
+    let c: NodeConfig = toml::from_str(
+        &EXAMPLE.replace("policy = \"kv_cost\"", "policy = \"kv_cost\"\npolicy_params = { weight = 1.0 }"),
+    )
+    .unwrap();
+    assert_eq!(
+        c.validate().unwrap_err(),
+        "node.policy_params: invalid policy_params: policy kv_cost has no parameter \"weight\""
+    );
+    let c: NodeConfig =
+        toml::from_str(&EXAMPLE.replace("policy = \"kv_cost\"", "policy = \"kv_cost\"\nproxy_threads = 0")).unwrap();
+    assert_eq!(c.validate().unwrap_err(), "node.proxy_threads must be at least 1");
+    let typo = EXAMPLE.replace("capacity_blocks", "capacity");
+    assert!(toml::from_str::<NodeConfig>(&typo).unwrap_err().to_string().contains("unknown field `capacity`"));
+}
+
+#[test]
+fn a_nodes_own_entry_in_peers_must_be_where_it_serves() {
+    let section = |addr: &str, own: &str| ClusterSection {
+        id: 2,
+        addr: addr.into(),
+        peers: vec!["1=10.0.0.1:50051".into(), format!("2={own}")],
+        ..ClusterSection::default()
+    };
+    assert_eq!(section("", "10.0.0.2:50051").check_own_peer(50051), Ok(()));
+    assert_eq!(section("10.0.0.2:50051", "10.0.0.2:50051").check_own_peer(40000), Ok(()));
+    assert_eq!(
+        section("", "10.0.0.2:50099").check_own_peer(50051).unwrap_err(),
+        "cluster.peers lists this node (id 2) at 10.0.0.2:50099, but it serves gRPC on port 50051: peers would dial \
+         the wrong address; fix its entry in peers (or cluster.addr)"
+    );
+    assert!(section("10.0.0.2:50051", "10.0.0.9:50051").check_own_peer(50051).is_err());
+    // A node that joins later lists no peers.
+    assert_eq!(ClusterSection { id: 4, ..ClusterSection::default() }.check_own_peer(1), Ok(()));
+}

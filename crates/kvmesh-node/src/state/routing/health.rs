@@ -1,0 +1,213 @@
+//! A replica's status: health checks, backpressure, engine reports, and the routable flag.
+
+use super::Core;
+use crate::state::{Replica, Status, StatusChange};
+use kvmesh_core::fleet::ReplicaStatus as CoreStatus;
+use kvmesh_core::load::EngineMetrics;
+
+impl Core {
+    /// The status operators see for `r` at `now`.
+    pub fn status(&self, r: &Replica, now: f64) -> Status {
+        if r.starting {
+            return Status::Starting;
+        }
+        if r.draining() {
+            return Status::Draining;
+        }
+        if r.failures >= self.unhealthy_after || r.hung.is_some() || self.hung_for(r, now).is_some() {
+            return Status::Unhealthy;
+        }
+        if r.overloaded_until > now {
+            return Status::Overloaded;
+        }
+        // Time-based: a quarantine ends by itself even when nothing acts on its end (an
+        // `Events.Publish` pusher that never comes back).
+        if r.bad_events_until.is_some_and(|u| now < u) {
+            return Status::BadEvents;
+        }
+        if let Some(health) = self.fleet.index().health(r.id) {
+            if health.block_size_mismatch.is_some() {
+                return Status::BlockSizeMismatch;
+            }
+            if health.out_of_sync || r.resyncing {
+                return Status::OutOfSync;
+            }
+        }
+        // An event owed for longer than `events_silent_s`: the stream is silent, however
+        // sparse the traffic.
+        if r.config.kv_events.is_some() && r.unpublished_since.is_some_and(|t| now - t > self.events_silent_s) {
+            return Status::NoEvents;
+        }
+        Status::Ready
+    }
+
+    /// How long `r`'s engine has served no token while this node had requests in flight on
+    /// it, seconds, once that reaches `hung_after_s`: a hung engine whose metrics endpoint
+    /// still answers (its served-token counter stands still).
+    fn hung_for(&self, r: &Replica, now: f64) -> Option<f64> {
+        if !r.counts_every_step {
+            return None;
+        }
+        let (_, still_since) = r.engine_served?;
+        let hung = now - still_since.max(r.busy_since?);
+        (self.hung_after_s > 0.0 && hung >= self.hung_after_s).then_some(hung)
+    }
+
+    /// Whether a replica takes new requests (ready, or degraded but still serving).
+    fn routable(status: Status) -> bool {
+        !matches!(status, Status::Draining | Status::Starting | Status::Unhealthy | Status::Overloaded)
+    }
+
+    /// What `r`'s `status` means at `now`, for operators (empty when the status says it all).
+    pub fn status_detail(&self, r: &Replica, status: Status, now: f64) -> String {
+        match status {
+            Status::BlockSizeMismatch => {
+                let ours = self.fleet.block_size_of(self.fleet.replica(r.id).map(|s| s.model));
+                self.fleet.index().health(r.id).and_then(|h| h.block_size_mismatch).map_or(String::new(), |b| {
+                    format!("events carry block size {b}, this node uses {ours}: routed on load only")
+                })
+            }
+            Status::Unhealthy if r.hung.is_some() || self.hung_for(r, now).is_some() => {
+                let still = r.engine_served.map_or(0.0, |(_, since)| now - since);
+                format!(
+                    "hung: its engine served no token for {still:.0} s with requests in flight; routed \
+                     around until it serves again (or tried again once idle for hung_after_s)"
+                )
+            }
+            Status::Unhealthy => r.last_error.clone().unwrap_or_default(),
+            Status::Overloaded => "answered 429/503; backing off".into(),
+            Status::BadEvents => r.bad_events_until.map_or(String::new(), |u| {
+                format!(
+                    "its KV events kept being refused: quarantined for {:.0} s more (blocks dropped, stream \
+                     not followed; routed on load only), then rebuilt",
+                    (u - now).max(0.0)
+                )
+            }),
+            Status::NoEvents => "serving, but no KV event arrives: routed on load and the router's record".into(),
+            Status::OutOfSync => {
+                "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
+            }
+            Status::Starting => match (&r.engine, &r.last_error) {
+                (Some(_), None) => "starting: the engine answers; not routed to until marked ready".into(),
+                (_, Some(e)) => format!("starting: the engine does not answer yet ({e})"),
+                (None, None) => "starting: no scrape of the engine yet".into(),
+            },
+            Status::Draining => self.drain_progress(r, now).map_or(String::new(), |p| p.to_string()),
+            Status::Ready => String::new(),
+        }
+    }
+
+    /// Brings the core's ready/draining flag in line with `name`'s status, and queues a change
+    /// of status to be logged once, after the lock ([`CoreGuard`]); returns the change, (from,
+    /// to), if there was one.
+    pub fn sync_routable(&mut self, name: &str, now: f64) -> Option<(Status, Status)> {
+        let r = self.replicas.get(name)?;
+        let status = self.status(r, now);
+        let id = r.id;
+        let _ =
+            self.fleet.set_status(id, if Core::routable(status) { CoreStatus::Ready } else { CoreStatus::Draining });
+        let from = r.reported;
+        if from == status {
+            return None;
+        }
+        let detail = self.status_detail(r, status, now);
+        self.status_changes.push(StatusChange { replica: name.to_string(), from, to: status, detail });
+        if let Some(r) = self.replicas.get_mut(name) {
+            r.reported = status;
+        }
+        Some((from, status))
+    }
+
+    /// Re-evaluates every replica (overload marks expire with time, case C18).
+    pub fn sync_all(&mut self, now: f64) {
+        let names: Vec<String> = self.replicas.keys().cloned().collect();
+        for n in names {
+            let _ = self.sync_routable(&n, now);
+        }
+    }
+
+    /// A request that began at `began` (node seconds) finished on `name` having filled KV
+    /// blocks its engine did not hold: the engine owes an event for them unless one came
+    /// since it began (the no-events status counts from the oldest such request).
+    pub fn served_new_blocks(&mut self, name: &str, began: f64) {
+        if let Some(r) = self.replicas.get_mut(name) {
+            if r.last_event_at.is_none_or(|e| e < began) {
+                r.unpublished_since.get_or_insert(began);
+            }
+        }
+    }
+
+    /// Records a failed scrape or connect; returns the replica's status after it.
+    pub fn record_failure(&mut self, name: &str, error: String, now: f64) -> Option<Status> {
+        let r = self.replicas.get_mut(name)?;
+        r.failures += 1;
+        r.last_error = Some(error);
+        let _ = self.sync_routable(name, now);
+        self.note_idle(name, now);
+        self.replicas.get(name).map(|r| self.status(r, now))
+    }
+
+    /// A connect failure takes a replica out at once: a dead engine is routed around now, not
+    /// after `unhealthy_after` scrapes.
+    pub fn record_down(&mut self, name: &str, error: String, now: f64) {
+        let threshold = self.unhealthy_after;
+        if let Some(r) = self.replicas.get_mut(name) {
+            r.failures = r.failures.max(threshold);
+            r.last_error = Some(error);
+        }
+        let _ = self.sync_routable(name, now);
+    }
+
+    /// Records a backpressure answer (429/503): out of rotation until `until`.
+    pub fn record_overload(&mut self, name: &str, until: f64, now: f64) {
+        if let Some(r) = self.replicas.get_mut(name) {
+            r.overloaded_until = until;
+        }
+        let _ = self.sync_routable(name, now);
+    }
+
+    /// Records a good scrape, asked for at `asked_at` and answered by `now` (node seconds),
+    /// with the engine's served-token counter when its page has one (tokens).
+    pub fn record_metrics(&mut self, name: &str, metrics: EngineMetrics, served: Option<f64>, asked_at: f64, now: f64) {
+        let threshold = self.unhealthy_after;
+        let Some(r) = self.replicas.get_mut(name) else { return };
+        if r.failures >= threshold {
+            r.resync_requested = Some("recovery");
+        }
+        r.failures = 0;
+        r.last_error = None;
+        r.engine = Some(metrics);
+        r.engine_at = Some(asked_at);
+        r.engine_served = match (served, r.engine_served) {
+            (Some(v), Some((old, since))) if v == old => Some((old, since)),
+            (Some(v), old) => {
+                // Served something (or restarted): not hung.
+                if old.is_some() {
+                    r.hung = None;
+                }
+                Some((v, asked_at))
+            }
+            (None, _) => None,
+        };
+        r.busy_since = (r.proxied > 0).then(|| r.busy_since.unwrap_or(asked_at));
+        let id = r.id;
+        let hung_after_s = self.hung_after_s;
+        let found = self.replicas.get(name).and_then(|r| self.hung_for(r, now));
+        let Some(r) = self.replicas.get_mut(name) else { return };
+        if found.is_some() && r.hung.is_none() {
+            r.hung = Some(None);
+        }
+        // Nothing of ours in flight on a hung engine for hung_after_s: try it again (if it is
+        // still hung, the next requests find that out within hung_after_s).
+        if let Some(idle_since) = r.hung.as_mut() {
+            if r.proxied > 0 {
+                *idle_since = None;
+            } else if now - *idle_since.get_or_insert(asked_at) >= hung_after_s {
+                r.hung = None;
+            }
+        }
+        let _ = self.fleet.report_metrics(id, metrics);
+        let _ = self.sync_routable(name, now);
+        self.note_idle(name, now);
+    }
+}
