@@ -33,7 +33,7 @@ pub struct SkippedEvent {
     /// Its position in the batch's `events` array.
     pub index: usize,
     /// What was wrong with it.
-    pub reason: String,
+    pub reason: crate::EventError,
 }
 
 /// Decodes one msgpack payload.

@@ -18,46 +18,56 @@
 //! `ExternalBlockHash` may be `bytes`) is reduced to 64 bits with xxh3; ids stay opaque either way.
 
 use crate::batch::kind;
+use crate::error::EventError;
 use kvmesh_core::index::{ExtraKeys, KvEvent, KvGroup, Removed, Stored};
 use kvmesh_core::{EngineBlockHash, Medium};
 use rmpv::Value;
 
 /// Decodes one event; the error says what was wrong, for the batch's skipped list.
-pub fn decode_event(v: &Value) -> Result<KvEvent, String> {
+pub fn decode_event(v: &Value) -> Result<KvEvent, EventError> {
     let fields = Fields::of(v)?;
     match fields.tag {
         "BlockStored" => stored(&fields),
         "BlockRemoved" => {
-            let block_hashes = hashes(fields.get("block_hashes", 1).ok_or("BlockRemoved without block_hashes")?)?;
+            let block_hashes = hashes(
+                fields
+                    .get("block_hashes", 1)
+                    .ok_or(EventError::Missing { event: "BlockRemoved", field: "block_hashes" })?,
+            )?;
             let kv_group = group_idx(fields.get("group_idx", 3))?;
             Ok(KvEvent::Removed(Removed { block_hashes, medium: medium(fields.get("medium", 2))?, kv_group }))
         }
         "AllBlocksCleared" => Ok(KvEvent::Cleared),
-        other => Err(format!("unknown event type {other:?}")),
+        other => Err(EventError::UnknownType(other.to_string())),
     }
 }
 
-fn stored(f: &Fields<'_>) -> Result<KvEvent, String> {
-    let block_hashes = hashes(f.get("block_hashes", 1).ok_or("BlockStored without block_hashes")?)?;
+fn stored(f: &Fields<'_>) -> Result<KvEvent, EventError> {
+    let block_hashes =
+        hashes(f.get("block_hashes", 1).ok_or(EventError::Missing { event: "BlockStored", field: "block_hashes" })?)?;
     let parent = match f.get("parent_block_hash", 2) {
         None | Some(Value::Nil) => None,
         Some(h) => Some(hash(h)?),
     };
-    let token_ids = match f.get("token_ids", 3).ok_or("BlockStored without token_ids")? {
+    let token_ids = match f
+        .get("token_ids", 3)
+        .ok_or(EventError::Missing { event: "BlockStored", field: "token_ids" })?
+    {
         Value::Array(ts) => ts
             .iter()
-            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| format!("token id {t} is not a u32")))
-            .collect::<Result<Vec<u32>, String>>()?,
-        other => return Err(format!("token_ids is {}, not an array", kind(other))),
+            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| out_of_range("token id", t, "a u32")))
+            .collect::<Result<Vec<u32>, EventError>>()?,
+        other => return Err(wrong("token_ids", other, "an array")),
     };
-    let block_size = match f.get("block_size", 4).ok_or("BlockStored without block_size")? {
-        Value::Integer(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0),
-        _ => None,
-    }
-    .ok_or("block_size is not a positive integer")?;
+    let block_size =
+        match f.get("block_size", 4).ok_or(EventError::Missing { event: "BlockStored", field: "block_size" })? {
+            Value::Integer(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0),
+            _ => None,
+        }
+        .ok_or(EventError::BlockSize)?;
     // vLLM ≥ 0.10 sends the adapter's name; older ones only its integer id.
     let lora_name = match (f.get("lora_name", 7), f.get("lora_id", 5)) {
-        (Some(Value::String(s)), _) => Some(s.as_str().ok_or("lora_name is not UTF-8")?.to_string()),
+        (Some(Value::String(s)), _) => Some(s.as_str().ok_or(EventError::NotUtf8("lora_name"))?.to_string()),
         (_, Some(Value::Integer(id))) => Some(format!("lora-id:{id}")),
         _ => None,
     };
@@ -67,23 +77,23 @@ fn stored(f: &Fields<'_>) -> Result<KvEvent, String> {
             extra_keys(per_block, lora_name.as_deref(), parent.is_none())
         }
         Some(Value::Array(per_block)) => {
-            return Err(format!("extra_keys has {} entries for {} blocks", per_block.len(), block_hashes.len()))
+            return Err(EventError::ExtraKeysLength { keys: per_block.len(), blocks: block_hashes.len() })
         }
-        Some(other) => return Err(format!("extra_keys is {}, not an array", kind(other))),
+        Some(other) => return Err(wrong("extra_keys", other, "an array")),
     };
     let spec_kind = match f.get("kv_cache_spec_kind", 10) {
         None | Some(Value::Nil) => None,
-        Some(Value::String(s)) => Some(s.as_str().ok_or("kv_cache_spec_kind is not UTF-8")?.to_string()),
-        Some(other) => return Err(format!("kv_cache_spec_kind is {}, not a string", kind(other))),
+        Some(Value::String(s)) => Some(s.as_str().ok_or(EventError::NotUtf8("kv_cache_spec_kind"))?.to_string()),
+        Some(other) => return Err(wrong("kv_cache_spec_kind", other, "a string")),
     };
     let sliding_window = match f.get("kv_cache_spec_sliding_window", 11) {
         None | Some(Value::Nil) => None,
         Some(Value::Integer(n)) => Some(
             n.as_u64()
                 .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| format!("kv_cache_spec_sliding_window {n} is not a u32"))?,
+                .ok_or_else(|| out_of_range("kv_cache_spec_sliding_window", n, "a u32"))?,
         ),
-        Some(other) => return Err(format!("kv_cache_spec_sliding_window is {}, not an integer", kind(other))),
+        Some(other) => return Err(wrong("kv_cache_spec_sliding_window", other, "an integer")),
     };
     // An engine with one KV cache group may still send its index (0) or its kind.
     let kv_group = match group_idx(f.get("group_idx", 9))? {
@@ -148,6 +158,14 @@ fn digest(keys: &[Value]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&bytes).max(1)
 }
 
+fn wrong(field: &'static str, found: &Value, expected: &'static str) -> EventError {
+    EventError::WrongType { field, found: kind(found), expected }
+}
+
+fn out_of_range(field: &'static str, value: impl std::fmt::Display, expected: &'static str) -> EventError {
+    EventError::OutOfRange { field, value: value.to_string(), expected }
+}
+
 /// An event's tag and fields, by name (map form) or position (array form).
 struct Fields<'a> {
     tag: &'a str,
@@ -156,21 +174,24 @@ struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    fn of(v: &'a Value) -> Result<Self, String> {
+    fn of(v: &'a Value) -> Result<Self, EventError> {
         match v {
             Value::Map(kv) => {
                 let tag = kv
                     .iter()
                     .find(|(k, _)| k.as_str() == Some("type"))
                     .and_then(|(_, t)| t.as_str())
-                    .ok_or("event map without a string \"type\"")?;
+                    .ok_or(EventError::NoTag("event map without a string \"type\""))?;
                 Ok(Fields { tag, map: Some(kv), array: &[] })
             }
             Value::Array(a) => {
-                let tag = a.first().and_then(Value::as_str).ok_or("event array not led by a string tag")?;
+                let tag = a
+                    .first()
+                    .and_then(Value::as_str)
+                    .ok_or(EventError::NoTag("event array not led by a string tag"))?;
                 Ok(Fields { tag, map: None, array: a })
             }
-            other => Err(format!("event is {}, not a map or an array", kind(other))),
+            other => Err(wrong("event", other, "a map or an array")),
         }
     }
 
@@ -182,47 +203,47 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn hashes(v: &Value) -> Result<Vec<EngineBlockHash>, String> {
+fn hashes(v: &Value) -> Result<Vec<EngineBlockHash>, EventError> {
     match v {
         Value::Array(hs) => hs.iter().map(hash).collect(),
-        other => Err(format!("block_hashes is {}, not an array", kind(other))),
+        other => Err(wrong("block_hashes", other, "an array")),
     }
 }
 
-fn hash(v: &Value) -> Result<EngineBlockHash, String> {
+fn hash(v: &Value) -> Result<EngineBlockHash, EventError> {
     match v {
         Value::Integer(i) => match (i.as_u64(), i.as_i64()) {
             (Some(u), _) => Ok(EngineBlockHash::from(u)),
             (None, Some(s)) => Ok(EngineBlockHash::from(s)),
-            _ => Err(format!("block hash {i} is not a 64-bit integer")),
+            _ => Err(out_of_range("block hash", i, "a 64-bit integer")),
         },
         Value::Binary(b) => Ok(EngineBlockHash(xxhash_rust::xxh3::xxh3_64(b))),
-        other => Err(format!("block hash is {}, not an integer or bytes", kind(other))),
+        other => Err(wrong("block hash", other, "an integer or bytes")),
     }
 }
 
 /// vLLM's `group_idx` (a hybrid model's KV cache group), when sent.
-fn group_idx(v: Option<&Value>) -> Result<Option<u32>, String> {
+fn group_idx(v: Option<&Value>) -> Result<Option<u32>, EventError> {
     match v {
         None | Some(Value::Nil) => Ok(None),
         Some(Value::Integer(i)) => i
             .as_u64()
             .and_then(|g| u32::try_from(g).ok())
             .map(Some)
-            .ok_or_else(|| format!("group_idx {i} is not a u32")),
-        Some(other) => Err(format!("group_idx is {}, not an integer", kind(other))),
+            .ok_or_else(|| out_of_range("group_idx", i, "a u32")),
+        Some(other) => Err(wrong("group_idx", other, "an integer")),
     }
 }
 
-fn medium(v: Option<&Value>) -> Result<Medium, String> {
+fn medium(v: Option<&Value>) -> Result<Medium, EventError> {
     match v {
         None | Some(Value::Nil) => Ok(Medium::Gpu),
         Some(Value::String(s)) => match s.as_str() {
             Some(m) if m.eq_ignore_ascii_case("gpu") => Ok(Medium::Gpu),
             Some(m) if m.eq_ignore_ascii_case("cpu") => Ok(Medium::Cpu),
-            Some(m) => Err(format!("unsupported medium {m:?} (kvmesh indexes GPU and CPU)")),
-            None => Err("medium is not UTF-8".into()),
+            Some(m) => Err(EventError::UnsupportedMedium(m.to_string())),
+            None => Err(EventError::NotUtf8("medium")),
         },
-        Some(other) => Err(format!("medium is {}, not a string", kind(other))),
+        Some(other) => Err(wrong("medium", other, "a string")),
     }
 }

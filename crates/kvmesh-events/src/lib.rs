@@ -45,8 +45,8 @@ pub mod sse;
 
 pub use batch::{decode_batch, decode_batch_with, EventBatch, SkippedEvent};
 pub use budget::{check_budget, DecodeLimits};
-pub use endpoint::offset_endpoint_port;
-pub use error::DecodeError;
+pub use endpoint::{offset_endpoint_port, EndpointError, EndpointProblem};
+pub use error::{DecodeError, EventError};
 pub use message::{decode_message, decode_message_with, EventMessage};
 pub use metrics::{
     parse_engine_metrics, parse_engine_page, parse_engine_page_of, parse_served_tokens, Dialect, EnginePage,

@@ -3,7 +3,9 @@
 
 use kvmesh_core::index::{KvEvent, Removed, Stored};
 use kvmesh_core::{EngineBlockHash, Medium};
-use kvmesh_events::{decode_batch, decode_message, decode_replay_reply, replay_request, DecodeError, ReplayReply};
+use kvmesh_events::{
+    decode_batch, decode_message, decode_replay_reply, replay_request, DecodeError, EventError, ReplayReply,
+};
 use proptest::prelude::*;
 use rmpv::Value;
 
@@ -148,9 +150,15 @@ fn a_bad_event_is_skipped_with_its_reason_and_the_rest_apply() {
     ];
     let b = decode_batch(&batch(events)).unwrap();
     assert_eq!(b.events, vec![KvEvent::Cleared]);
-    let reasons: Vec<(usize, &str)> = b.skipped.iter().map(|s| (s.index, s.reason.as_str())).collect();
+    let reasons: Vec<(usize, String)> = b.skipped.iter().map(|s| (s.index, s.reason.to_string())).collect();
+    // Typed, for callers that count by kind; the messages below are what operators read.
+    assert_eq!(b.skipped[0].reason, EventError::UnknownType("BlockUpdated".into()));
     assert_eq!(
-        reasons,
+        b.skipped[3].reason,
+        EventError::OutOfRange { field: "token id", value: "-1".into(), expected: "a u32" }
+    );
+    assert_eq!(
+        reasons.iter().map(|(i, r)| (*i, r.as_str())).collect::<Vec<_>>(),
         vec![
             (0, "unknown event type \"BlockUpdated\""),
             (1, "unsupported medium \"DISK\" (kvmesh indexes GPU and CPU)"),
@@ -321,7 +329,10 @@ fn every_current_block_stored_field_decodes() {
         ("block_size", Value::from(4)),
         ("extra_keys", s("x")),
     ]);
-    assert_eq!(decode_batch(&batch(vec![bad])).unwrap().skipped[0].reason, "extra_keys is a string, not an array");
+    assert_eq!(
+        decode_batch(&batch(vec![bad])).unwrap().skipped[0].reason.to_string(),
+        "extra_keys is a string, not an array"
+    );
     let short = map(vec![
         ("type", s("BlockStored")),
         ("block_hashes", Value::Array(vec![Value::from(41u64), Value::from(42u64)])),
@@ -329,7 +340,10 @@ fn every_current_block_stored_field_decodes() {
         ("block_size", Value::from(4)),
         ("extra_keys", Value::Array(vec![Value::Nil])),
     ]);
-    assert_eq!(decode_batch(&batch(vec![short])).unwrap().skipped[0].reason, "extra_keys has 1 entries for 2 blocks");
+    assert_eq!(
+        decode_batch(&batch(vec![short])).unwrap().skipped[0].reason.to_string(),
+        "extra_keys has 1 entries for 2 blocks"
+    );
     // A hybrid model's sliding-window group, and a removal naming its group (positional form).
     let window = map(vec![
         ("type", s("BlockStored")),

@@ -7,7 +7,7 @@ use crate::cluster::registry::{Command, ReplicaState};
 use crate::cluster::{Cluster, ClusterError};
 use crate::config::ReplicaConfig;
 use crate::replica::SupervisorMsg;
-use crate::state::{Shared, Status};
+use crate::state::{RegistryError, Shared, Status};
 use kvmesh_core::load::BookingId;
 use kvmesh_core::prompt::approximate_tokens;
 use kvmesh_core::RouteRequest;
@@ -36,7 +36,8 @@ impl router_server::Router for Services {
         let arrived = tokio::time::Instant::now();
         let caller = crate::booking_token::Caller::of(&request);
         let r = request.into_inner();
-        let mut selected = self.shared.models.select(Some(&r.model)).map_err(GrpcStatus::not_found)?;
+        let mut selected =
+            self.shared.models.select(Some(&r.model)).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         // Token ids given are exact; text is as exact as the node's tokenizer.
         let (tokens, exact) = match r.prompt {
             Some(v1::route_request::Prompt::TokenIds(t)) if !t.ids.is_empty() => (t.ids, true),
@@ -55,7 +56,7 @@ impl router_server::Router for Services {
         // An adapter's blocks chain from its own seed: overlap counts only blocks stored under it.
         let adapter = r.lora_name.as_deref().filter(|a| !a.is_empty());
         if let Some(a) = adapter {
-            self.shared.models.adapter(a).map_err(GrpcStatus::not_found)?;
+            self.shared.models.adapter(a).map_err(|e| GrpcStatus::not_found(e.to_string()))?;
             let model = self.shared.models.of_replica(selected.model.as_deref());
             if let Some(message) = self.shared.core().adapter_unserved(model, a) {
                 return Err(GrpcStatus::not_found(message));
@@ -449,12 +450,10 @@ impl admin_server::Admin for Services {
         }
         let result = ractor::call!(self.supervisor, SupervisorMsg::Add, Box::new(config))
             .map_err(|e| GrpcStatus::internal(e.to_string()))?;
-        result.map_err(|e| {
-            if e.contains("already exists") {
-                GrpcStatus::already_exists(e)
-            } else {
-                GrpcStatus::invalid_argument(e)
-            }
+        result.map_err(|e| match e {
+            RegistryError::Exists(_) => GrpcStatus::already_exists(e.to_string()),
+            RegistryError::Unknown(_) | RegistryError::Invalid(_) => GrpcStatus::invalid_argument(e.to_string()),
+            RegistryError::NotStarted { .. } => GrpcStatus::internal(e.to_string()),
         })?;
         self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::internal("added replica vanished"))
     }
@@ -471,7 +470,7 @@ impl admin_server::Admin for Services {
         }
         let result = ractor::call!(self.supervisor, SupervisorMsg::Remove, name)
             .map_err(|e| GrpcStatus::internal(e.to_string()))?;
-        result.map_err(GrpcStatus::not_found)?;
+        result.map_err(|e| GrpcStatus::not_found(e.to_string()))?;
         Ok(Response::new(v1::RemoveReplicaResponse {}))
     }
 

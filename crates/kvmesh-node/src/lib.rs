@@ -94,7 +94,7 @@ impl Node {
     pub async fn add_replica(&self, config: config::ReplicaConfig) -> anyhow::Result<()> {
         ractor::call!(self.supervisor, SupervisorMsg::Add, Box::new(config))
             .map_err(|e| anyhow::anyhow!("{e}"))?
-            .map_err(anyhow::Error::msg)
+            .map_err(anyhow::Error::from)
     }
 
     /// Removes a replica at runtime.
@@ -104,7 +104,7 @@ impl Node {
     pub async fn remove_replica(&self, name: &str) -> anyhow::Result<()> {
         ractor::call!(self.supervisor, SupervisorMsg::Remove, name.to_string())
             .map_err(|e| anyhow::anyhow!("{e}"))?
-            .map_err(anyhow::Error::msg)
+            .map_err(anyhow::Error::from)
     }
 
     /// Brings the replica set in line with `config.replicas` (a config reload): removes

@@ -85,11 +85,9 @@ impl ServedModels {
     /// # Errors
     /// An adapter named like `node.model` or a served model: a request naming it asks for the
     /// model (the adapter is not learned).
-    pub fn learn_adapter(&self, adapter: &str, model: Option<&str>) -> Result<bool, String> {
+    pub fn learn_adapter(&self, adapter: &str, model: Option<&str>) -> Result<bool, ModelError> {
         if adapter == self.default || self.lock().contains_key(adapter) {
-            return Err(format!(
-                "LoRA adapter {adapter:?} has the name of a model served here: requests naming it go to the model"
-            ));
+            return Err(ModelError::AdapterNamedLikeModel(adapter.to_string()));
         }
         if self.adapters.iter().any(|a| a == adapter) {
             return Ok(false);
@@ -109,7 +107,7 @@ impl ServedModels {
     ///
     /// # Errors
     /// The client's message when nothing here serves `asked` (HTTP 404, gRPC NOT_FOUND).
-    pub fn select(&self, asked: Option<&str>) -> Result<Selected, String> {
+    pub fn select(&self, asked: Option<&str>) -> Result<Selected, ModelError> {
         let Some(asked) = asked.filter(|a| !a.is_empty()) else { return Ok(Selected::default()) };
         if self.adapters.iter().any(|a| a == asked) {
             return Ok(Selected { adapter: Some(asked.to_string()), ..Selected::default() });
@@ -131,8 +129,8 @@ impl ServedModels {
         if self.default.is_empty() && (m.contains_key("") || m.is_empty()) {
             return Ok(Selected::default());
         }
-        let served: Vec<&str> = m.keys().map(String::as_str).filter(|k| !k.is_empty()).collect();
-        Err(format!("model {asked:?} is not served here (this router serves {served:?})"))
+        let served = m.keys().filter(|k| !k.is_empty()).cloned().collect();
+        Err(ModelError::NotServed { asked: asked.to_string(), served })
     }
 
     /// Whether a gRPC Route's `lora_name` `adapter` is served: one of `node.lora_adapters` or
@@ -141,14 +139,14 @@ impl ServedModels {
     ///
     /// # Errors
     /// The caller's message (gRPC NOT_FOUND).
-    pub fn adapter(&self, adapter: &str) -> Result<(), String> {
+    pub fn adapter(&self, adapter: &str) -> Result<(), ModelError> {
         if self.adapters.is_empty()
             || self.adapters.iter().any(|a| a == adapter)
             || self.learned.lock().unwrap_or_else(|p| p.into_inner()).contains_key(adapter)
         {
             return Ok(());
         }
-        Err(format!("LoRA adapter {adapter:?} is not served here (node.lora_adapters: {:?})", self.adapters))
+        Err(ModelError::AdapterNotServed { adapter: adapter.to_string(), configured: self.adapters.clone() })
     }
 
     /// `model`'s block size when its replicas' differs from the node's.
@@ -164,6 +162,30 @@ impl ServedModels {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, usize>> {
         self.replicas.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// A model or adapter name this node does not serve, or cannot take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// A request's `model` names nothing served here (HTTP 404, gRPC NOT_FOUND).
+    #[error("model {asked:?} is not served here (this router serves {served:?})")]
+    NotServed {
+        /// The name asked for.
+        asked: String,
+        /// The models served, by name.
+        served: Vec<String>,
+    },
+    /// A gRPC Route's `lora_name` is not one of `node.lora_adapters` nor learned (NOT_FOUND).
+    #[error("LoRA adapter {adapter:?} is not served here (node.lora_adapters: {configured:?})")]
+    AdapterNotServed {
+        /// The adapter asked for.
+        adapter: String,
+        /// `node.lora_adapters`.
+        configured: Vec<String>,
+    },
+    /// An adapter a replica declares or lists has a served model's name: not learned.
+    #[error("LoRA adapter {0:?} has the name of a model served here: requests naming it go to the model")]
+    AdapterNamedLikeModel(String),
 }
 
 #[cfg(test)]
@@ -187,10 +209,9 @@ mod tests {
         assert_eq!(s.select(Some("m1")), Ok(sel(None, None)));
         assert_eq!(s.select(Some("m2")), Ok(sel(Some("m2"), None)));
         assert_eq!(s.select(Some("sql-lora")), Ok(sel(None, Some("sql-lora"))));
-        assert_eq!(
-            s.select(Some("m3")),
-            Err("model \"m3\" is not served here (this router serves [\"m1\", \"m2\"])".into())
-        );
+        let e = s.select(Some("m3")).unwrap_err();
+        assert_eq!(e, ModelError::NotServed { asked: "m3".into(), served: vec!["m1".into(), "m2".into()] });
+        assert_eq!(e.to_string(), "model \"m3\" is not served here (this router serves [\"m1\", \"m2\"])");
         // The last m2 replica gone, m2 is no longer served.
         s.removed(Some("m2"));
         assert_eq!(s.select(Some("m2")), Ok(sel(Some("m2"), None)));
@@ -206,7 +227,7 @@ mod tests {
         assert_eq!(s.learn_adapter("sql", Some("m2")), Ok(true));
         assert_eq!(s.learn_adapter("sql", None), Ok(false), "known already, under m2");
         assert!(s.learn_adapter("m1", None).is_err());
-        assert!(s.learn_adapter("m2", None).unwrap_err().contains("has the name of a model served here"));
+        assert_eq!(s.learn_adapter("m2", None).unwrap_err(), ModelError::AdapterNamedLikeModel("m2".into()));
         assert_eq!(s.select(Some("m2")), Ok(sel(Some("m2"), None)));
         assert_eq!(s.select(Some("sql")), Ok(sel(Some("m2"), Some("sql"))));
     }
@@ -219,8 +240,8 @@ mod tests {
         s.added(Some("m2"));
         assert_eq!(s.select(Some("m2")), Ok(sel(Some("m2"), None)));
         assert_eq!(
-            s.select(Some("anything")),
-            Err("model \"anything\" is not served here (this router serves [\"m2\"])".into())
+            s.select(Some("anything")).unwrap_err().to_string(),
+            "model \"anything\" is not served here (this router serves [\"m2\"])"
         );
         s.added(None);
         assert_eq!(s.select(Some("anything")), Ok(sel(None, None)));

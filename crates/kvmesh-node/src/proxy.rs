@@ -154,9 +154,9 @@ pub(crate) fn check(
     max_tokens: Option<u64>,
     headers: &HeaderMap,
 ) -> Result<Checked, Rejected> {
-    let mut selected = shared.models.select(asked_model).map_err(|message| Rejected {
+    let mut selected = shared.models.select(asked_model).map_err(|e| Rejected {
         status: StatusCode::NOT_FOUND,
-        message,
+        message: e.to_string(),
         outcome: "unknown_model",
     })?;
     let model = shared.models.of_replica(selected.model.as_deref());

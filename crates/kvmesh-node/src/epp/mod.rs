@@ -558,11 +558,11 @@ impl Exchange {
         let named = body.and_then(|b| serde_json::from_slice::<Named<'_>>(b).ok()).and_then(|n| n.model);
         let model = match named.as_deref().map(|m| self.shared.models.select(Some(m))) {
             Some(Ok(selected)) => self.shared.settings.hasher_for(&selected).model(),
-            Some(Err(message)) => {
+            Some(Err(e)) => {
                 self.shared.metrics.request("unknown_model");
                 return Err(Refusal::from_rejected(crate::proxy::Rejected {
                     status: axum::http::StatusCode::NOT_FOUND,
-                    message,
+                    message: e.to_string(),
                     outcome: "unknown_model",
                 }));
             }

@@ -7,7 +7,7 @@ use super::ingest;
 use crate::config::LimitsSection;
 use crate::state::Shared;
 use kvmesh_core::index::KvEvent;
-use kvmesh_events::{EventBatch, SkippedEvent};
+use kvmesh_events::{EventBatch, EventError, SkippedEvent};
 use kvmesh_proto::v1;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -96,7 +96,7 @@ impl PushGuards {
         for (index, e) in batch.events.into_iter().enumerate() {
             match KvEvent::try_from(e) {
                 Ok(e) => decoded.events.push(e),
-                Err(e) => decoded.skipped.push(SkippedEvent { index, reason: e.to_string() }),
+                Err(e) => decoded.skipped.push(SkippedEvent { index, reason: EventError::Pushed(e.to_string()) }),
             }
         }
         let (problems, applied) = {

@@ -6,7 +6,7 @@
 
 use super::actor::{ReplicaActor, ReplicaArgs, ReplicaMsg};
 use crate::config::ReplicaConfig;
-use crate::state::Shared;
+use crate::state::{RegistryError, Shared};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,9 +24,9 @@ pub struct Supervisor;
 /// Messages to the supervisor.
 pub enum SupervisorMsg {
     /// Register a replica and start its actor.
-    Add(Box<ReplicaConfig>, RpcReplyPort<Result<(), String>>),
+    Add(Box<ReplicaConfig>, RpcReplyPort<Result<(), RegistryError>>),
     /// Stop a replica's actor and forget the replica.
-    Remove(String, RpcReplyPort<Result<(), String>>),
+    Remove(String, RpcReplyPort<Result<(), RegistryError>>),
     /// Start a replica's actor again (after a failure).
     Restart(String),
     /// The running replica actors, by replica name (status pages, tests).
@@ -50,12 +50,12 @@ async fn start_child(
     myself: &ActorRef<SupervisorMsg>,
     state: &mut SupervisorState,
     config: ReplicaConfig,
-) -> Result<(), String> {
+) -> Result<(), RegistryError> {
     let name = config.name.clone();
     let args = ReplicaArgs { shared: state.shared.clone(), config };
     let (child, _) = Actor::spawn_linked(None, ReplicaActor, args, myself.get_cell())
         .await
-        .map_err(|e| format!("starting {name}: {e}"))?;
+        .map_err(|e| RegistryError::NotStarted { name: name.clone(), error: e.to_string() })?;
     state.children.insert(name, child);
     Ok(())
 }
@@ -92,12 +92,12 @@ impl Actor for Supervisor {
                         }
                         r
                     }
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(e),
                 };
                 let _ = reply.send(result);
             }
             SupervisorMsg::Remove(name, reply) => {
-                let result = state.shared.remove_replica(&name).map_err(|e| e.to_string());
+                let result = state.shared.remove_replica(&name);
                 if let Some(child) = state.children.remove(&name) {
                     child.stop(Some("replica removed".into()));
                 }

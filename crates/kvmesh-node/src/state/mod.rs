@@ -133,6 +133,14 @@ pub enum RegistryError {
     /// Bad fields.
     #[error("{0}")]
     Invalid(String),
+    /// Registered, but its actor did not start (it is unregistered again).
+    #[error("starting {name}: {error}")]
+    NotStarted {
+        /// The replica.
+        name: String,
+        /// The actor system's error.
+        error: String,
+    },
 }
 
 impl Shared {
