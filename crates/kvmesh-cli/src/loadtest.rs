@@ -646,7 +646,7 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(20), "bookings left");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let page = kvmesh_node::metrics::Metrics::render(&node.shared);
+        let page = kvmesh_node::metrics_page::render(&node.shared);
         let ok = format!("kvmesh_replica_requests_total{{replica=\"e0\",outcome=\"ok\"}} {}", tally.ok);
         assert!(page.contains(&ok), "{ok} in\n{page}");
         assert_eq!(node.shared.recent_decisions(1)[0].via, "gateway");

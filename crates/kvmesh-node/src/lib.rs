@@ -33,6 +33,7 @@ pub mod health;
 pub mod http_server;
 pub mod in_flight;
 pub mod metrics;
+pub mod metrics_page;
 pub mod metrics_text;
 pub mod models;
 pub mod proxy;

@@ -749,7 +749,7 @@ async fn health(State(shared): State<Arc<Shared>>) -> Response {
 /// (see [`crate::metrics_text`]).
 async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     use crate::metrics_text::{to_classic, wants_classic, CLASSIC, OPENMETRICS};
-    let text = crate::metrics::Metrics::render(&shared);
+    let text = crate::metrics_page::render(&shared);
     if wants_classic(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok())) {
         return ([(header::CONTENT_TYPE, CLASSIC)], to_classic(&text)).into_response();
     }
@@ -800,7 +800,7 @@ mod tests {
         let out: Vec<_> = stream_through(resp, booking).collect().await;
         let text = out.into_iter().map(|c| String::from_utf8(c.unwrap().to_vec()).unwrap()).collect();
         assert!(shared.core().fleet.bookings().is_empty(), "released");
-        let page = crate::metrics::Metrics::render(&shared);
+        let page = crate::metrics_page::render(&shared);
         let outcome = ["ok", "upstream_error"]
             .into_iter()
             .find(|o| page.contains(&format!("kvmesh_requests_total{{outcome=\"{o}\"}} 1\n")))

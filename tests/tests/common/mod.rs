@@ -81,7 +81,7 @@ pub fn blocks(node: &kvmesh_node::Node, name: &str) -> usize {
 
 /// The lines of the node's metrics page that start with `name`.
 pub fn metric(node: &kvmesh_node::Node, name: &str) -> String {
-    kvmesh_node::metrics::Metrics::render(&node.shared)
+    kvmesh_node::metrics_page::render(&node.shared)
         .lines()
         .filter(|l| l.starts_with(name))
         .collect::<Vec<_>>()
