@@ -158,14 +158,12 @@ async fn warn_if_none_routable(
 ) {
     let Ok(req) = authed(target, v1::ListReplicasRequest {}) else { return };
     let Ok(list) = client.list_replicas(req).await else { return };
-    let out = [
-        v1::ReplicaStatus::Draining,
-        v1::ReplicaStatus::Starting,
-        v1::ReplicaStatus::Unhealthy,
-        v1::ReplicaStatus::Overloaded,
-    ];
     let replicas = list.into_inner().replicas;
-    if !replicas.iter().any(|r| !out.iter().any(|s| *s as i32 == r.status)) {
+    // Routable as the node decides it (`ReplicaStatus::routable`); a status this build does
+    // not know (a newer node) counts as taking traffic, so no false alarm.
+    let takes_traffic =
+        |r: &v1::Replica| kvmesh_proto::convert::replica_status(r.status).map_or(true, |s| s.routable());
+    if !replicas.iter().any(takes_traffic) {
         eprintln!(
             "warning: no replica takes traffic now: every request gets 503 until one is back \
              (`kvmesh replica undrain --name <replica>`)"

@@ -157,18 +157,7 @@ fn render_decisions(ds: &[v1::RecentDecision]) -> String {
 }
 
 fn status_name(raw: i32) -> &'static str {
-    match v1::ReplicaStatus::try_from(raw) {
-        Ok(v1::ReplicaStatus::Ready) => "ready",
-        Ok(v1::ReplicaStatus::Draining) => "draining",
-        Ok(v1::ReplicaStatus::Starting) => "starting",
-        Ok(v1::ReplicaStatus::OutOfSync) => "out_of_sync",
-        Ok(v1::ReplicaStatus::NoEvents) => "no_events",
-        Ok(v1::ReplicaStatus::BlockSizeMismatch) => "block_size_mismatch",
-        Ok(v1::ReplicaStatus::Unhealthy) => "unhealthy",
-        Ok(v1::ReplicaStatus::Overloaded) => "overloaded",
-        Ok(v1::ReplicaStatus::BadEvents) => "bad_events",
-        _ => "unknown",
-    }
+    kvmesh_proto::convert::replica_status(raw).map_or("unknown", |s| s.as_str())
 }
 
 fn row_json(r: &v1::Replica) -> serde_json::Value {

@@ -6,7 +6,7 @@
 
 use crate::budget::{check_budget, DecodeLimits};
 use crate::error::DecodeError;
-use crate::event::decode_event;
+use crate::event::{decode_event, kind};
 use kvmesh_core::index::KvEvent;
 use rmpv::Value;
 
@@ -128,20 +128,5 @@ fn msgpack_error(e: rmpv::decode::Error) -> DecodeError {
         }
         rmpv::decode::Error::DepthLimitExceeded => DecodeError::malformed("payload nests too deeply"),
         other => DecodeError::malformed(format!("invalid msgpack: {other}")),
-    }
-}
-
-/// A msgpack value's type, for error messages.
-pub(crate) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Nil => "nil",
-        Value::Boolean(_) => "a boolean",
-        Value::Integer(_) => "an integer",
-        Value::F32(_) | Value::F64(_) => "a float",
-        Value::String(_) => "a string",
-        Value::Binary(_) => "binary",
-        Value::Array(_) => "an array",
-        Value::Map(_) => "a map",
-        Value::Ext(..) => "an extension",
     }
 }

@@ -17,7 +17,6 @@
 //! int64 (SGLang): the same 64 bits are the same block (case C05). A hash sent as bytes (vLLM's
 //! `ExternalBlockHash` may be `bytes`) is reduced to 64 bits with xxh3; ids stay opaque either way.
 
-use crate::batch::kind;
 use crate::error::EventError;
 use kvmesh_core::index::{ExtraKeys, KvEvent, KvGroup, Removed, Stored};
 use kvmesh_core::{EngineBlockHash, Medium};
@@ -245,5 +244,20 @@ fn medium(v: Option<&Value>) -> Result<Medium, EventError> {
             None => Err(EventError::NotUtf8("medium")),
         },
         Some(other) => Err(wrong("medium", other, "a string")),
+    }
+}
+
+/// A msgpack value's type, for error messages.
+pub(crate) fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Nil => "nil",
+        Value::Boolean(_) => "a boolean",
+        Value::Integer(_) => "an integer",
+        Value::F32(_) | Value::F64(_) => "a float",
+        Value::String(_) => "a string",
+        Value::Binary(_) => "binary",
+        Value::Array(_) => "an array",
+        Value::Map(_) => "a map",
+        Value::Ext(..) => "an extension",
     }
 }

@@ -25,10 +25,10 @@
 //! failures count in `kvmesh_pd_errors_total{side, kind}` and the final answer's error type
 //! names the side (`prefill_error`, `decode_error`).
 
-use crate::admission::Leg;
+use crate::admit::Leg;
+use crate::endpoints::{Api, Endpoints};
 use crate::in_flight::{InFlight, Side};
-use crate::proxy::{error_of_kind, read_usage_from, stream_through, with_content_type, with_replica};
-use crate::replica::endpoints::{Api, Endpoints};
+use crate::response::{error_of_kind, read_usage_from, stream_through, with_content_type, with_replica};
 use crate::state::Shared;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -157,7 +157,7 @@ pub(crate) fn error_type(side: Side) -> &'static str {
 /// prefill leg runs again harmlessly); an unreachable replica is marked down.
 fn prefill_unsent(shared: &Shared, mut legs: Legs, e: &reqwest::Error) -> Step {
     let name = legs.prefill.replica.clone();
-    let failure = format!("prefill replica {name} failed: {}", crate::error_chain(e));
+    let failure = format!("prefill replica {name} failed: {}", crate::errors::error_chain(e));
     if e.is_connect() {
         shared.core().record_down(&name, e.to_string(), shared.now());
         return failed(shared, &mut legs, Side::Prefill, "unreachable", failure);
@@ -255,7 +255,7 @@ async fn vllm(
     let answer = match resp.bytes().await {
         Ok(b) => b,
         Err(e) => {
-            let failure = format!("prefill replica {} broke off: {}", legs.prefill.replica, crate::error_chain(&e));
+            let failure = format!("prefill replica {} broke off: {}", legs.prefill.replica, crate::errors::error_chain(&e));
             return failed(shared, &mut legs, Side::Prefill, "failed", failure);
         }
     };
@@ -364,7 +364,7 @@ async fn decode(
 /// `decode_error`.
 fn decode_unsent(shared: &Shared, mut legs: Legs, e: &reqwest::Error) -> Step {
     let name = legs.decode.replica.clone();
-    let failure = format!("decode replica {name} failed: {}", crate::error_chain(e));
+    let failure = format!("decode replica {name} failed: {}", crate::errors::error_chain(e));
     if e.is_connect() {
         shared.core().record_down(&name, e.to_string(), shared.now());
         return failed(shared, &mut legs, Side::Decode, "unreachable", failure);
@@ -399,7 +399,7 @@ async fn answer(shared: &Arc<Shared>, resp: reqwest::Response, mut decode: InFli
             count(shared, Side::Decode, "failed");
             decode.release(None, "upstream_error");
             let code = if e.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
-            let message = format!("decode replica {name} failed mid-response: {}", crate::error_chain(&e));
+            let message = format!("decode replica {name} failed mid-response: {}", crate::errors::error_chain(&e));
             Step::Done(with_replica(error_of_kind(code, message, Some("decode_error")), &name))
         }
     }

@@ -3,14 +3,10 @@
 //! exactly once on every path, its TTFT and E2E, and its span.
 
 use crate::state::Shared;
+use crate::telemetry::REQUEST_TARGET;
 use kvmesh_core::load::BookingId;
 use kvmesh_core::Routed;
 use std::sync::Arc;
-
-/// The target of every per-request span and event, wherever the request came in (the
-/// proxy or the endpoint picker): one `RUST_LOG=info,kvmesh_node::proxy=debug` turns them
-/// on in the log, and the trace exporter takes them at debug ([`crate::telemetry`]).
-pub const REQUEST_TARGET: &str = "kvmesh_node::proxy";
 
 /// A routed request's span, `request`, its decision fields empty until routed.
 ///

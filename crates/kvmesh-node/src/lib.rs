@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 
 pub mod admission;
+pub mod admit;
 pub mod auth;
 pub mod autoscaler;
 pub mod body_budget;
@@ -27,7 +28,9 @@ pub mod booking_token;
 pub mod cluster;
 pub mod config;
 pub mod disaggregated;
+pub mod endpoints;
 pub mod epp;
+pub mod errors;
 pub mod grpc;
 pub mod health;
 pub mod http_server;
@@ -40,7 +43,10 @@ pub mod proxy;
 pub mod proxy_runtime;
 pub mod replica;
 pub mod replication;
+pub mod request;
+pub mod response;
 pub mod state;
+pub mod tasks;
 pub mod telemetry;
 pub mod tls;
 pub mod tokenize;
@@ -54,22 +60,6 @@ use state::Shared;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::watch;
-
-/// An error with its causes, `outer: cause: root` (reqwest's own message omits them, e.g.
-/// the "connection refused" behind "error sending request").
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = cause.source();
-    }
-    out
-}
 
 /// A running node.
 pub struct Node {
@@ -358,19 +348,19 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     if let Some(c) = &cluster {
         let section = c.section.clone();
         if section.gossip {
-            tasks.push(tokio::spawn(cluster::gossip::run(shared.clone(), c.clone(), section, stopped.clone())));
+            tasks.push(tokio::spawn(tasks::gossip::run(shared.clone(), c.clone(), section, stopped.clone())));
         }
         tasks.push(tokio::spawn(cluster::log_leadership(c.clone(), stopped.clone())));
-        tasks.push(tokio::spawn(cluster::follow::run(
+        tasks.push(tokio::spawn(tasks::reconcile::run(
             shared.clone(),
             supervisor.clone(),
             c.state.clone(),
             stopped.clone(),
         )));
     }
-    tasks.push(tokio::spawn(replication::run(shared.clone(), cluster.clone(), stopped.clone())));
-    tasks.push(tokio::spawn(autoscaler::run(shared.clone(), cluster.clone(), stopped.clone())));
-    let autoscaler_service = autoscaler::service::AutoscalerService { shared: shared.clone() };
+    tasks.push(tokio::spawn(tasks::replication::run(shared.clone(), cluster.clone(), stopped.clone())));
+    tasks.push(tokio::spawn(tasks::autoscaler::run(shared.clone(), cluster.clone(), stopped.clone())));
+    let autoscaler_service = grpc::autoscaler::AutoscalerService { shared: shared.clone() };
     let services = grpc::Services {
         shared: shared.clone(),
         supervisor: supervisor.clone(),
@@ -378,7 +368,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         push: Arc::new(replica::push::PushGuards::new(&shared.limits)),
     };
     let replication_service =
-        replication::service::ReplicationService { shared: shared.clone(), cluster: cluster.clone() };
+        grpc::replication::ReplicationService { shared: shared.clone(), cluster: cluster.clone() };
     let picker = epp::EndpointPicker::new(shared.clone(), config.epp.clone());
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RouterServer<grpc::Services>>().await;
@@ -406,7 +396,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             let _ = s.set_nodelay(true);
         })
     });
-    let cluster_services = cluster.as_ref().map(|c| cluster::service::ClusterServices {
+    let cluster_services = cluster.as_ref().map(|c| grpc::cluster::ClusterServices {
         cluster: c.clone(),
         shared: shared.clone(),
         stopped: s2.clone(),

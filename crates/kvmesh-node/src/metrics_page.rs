@@ -5,7 +5,8 @@
 //! records into it).
 
 use crate::metrics::recovered_ratio;
-use crate::state::{Shared, Status};
+use crate::state::Shared;
+use kvmesh_core::ReplicaStatus;
 use prometheus_client::encoding::text::encode;
 
 /// The text exposition, with per-replica gauges refreshed from `shared`.
@@ -25,7 +26,7 @@ pub fn render(shared: &Shared) -> String {
         m.replica_idle.clear();
         for r in core.replicas.values() {
             let status = core.status(r, now);
-            for s in Status::ALL {
+            for s in ReplicaStatus::OBSERVED {
                 let labels = vec![("replica", r.config.name.clone()), ("status", s.as_str().to_string())];
                 m.replica_status.get_or_create(&labels).set((s == status) as i64);
             }
@@ -87,7 +88,7 @@ pub fn render(shared: &Shared) -> String {
         for (state, n) in ["pending", "warming", "confirmed", "failed"].into_iter().zip(counts) {
             m.replication_targets.get_or_create(&vec![("state", state.to_string())]).set(n as i64);
         }
-        let hot = shared.replication.hot(shared);
+        let hot = crate::tasks::replication::hot(shared);
         let top = hot.prefixes.iter().map(|p| p.load_tokens_per_s).fold(0.0, f64::max);
         m.replication_top_share.set(if hot.total_load_tokens_per_s > 0.0 {
             top / hot.total_load_tokens_per_s

@@ -31,6 +31,11 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+/// The target of every per-request span and event, wherever the request came in (the
+/// proxy or the endpoint picker): one `RUST_LOG=info,kvmesh_node::proxy=debug` turns them
+/// on in the log, and the trace exporter takes them at debug.
+pub const REQUEST_TARGET: &str = "kvmesh_node::proxy";
+
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -121,7 +126,7 @@ impl Telemetry {
                 let ours = tracing_subscriber::filter::filter_fn(|m| {
                     m.target().starts_with("kvmesh")
                         && (*m.level() <= tracing::Level::INFO
-                            || (m.target() == crate::in_flight::REQUEST_TARGET && *m.level() <= tracing::Level::DEBUG))
+                            || (m.target() == REQUEST_TARGET && *m.level() <= tracing::Level::DEBUG))
                 });
                 let layer = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(ours);
                 (Some(layer), Some(provider))

@@ -2,7 +2,7 @@
 
 use crate::v1;
 use kvmesh_core::index::{KvEvent, Removed, Stored};
-use kvmesh_core::{EngineBlockHash, Medium};
+use kvmesh_core::{EngineBlockHash, Medium, ReplicaStatus};
 
 /// A wire event that cannot become a core event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,8 +84,70 @@ impl From<&KvEvent> for v1::KvEvent {
     }
 }
 
+impl From<ReplicaStatus> for v1::ReplicaStatus {
+    fn from(s: ReplicaStatus) -> Self {
+        match s {
+            ReplicaStatus::Ready => v1::ReplicaStatus::Ready,
+            ReplicaStatus::Draining => v1::ReplicaStatus::Draining,
+            ReplicaStatus::Starting => v1::ReplicaStatus::Starting,
+            ReplicaStatus::OutOfSync => v1::ReplicaStatus::OutOfSync,
+            ReplicaStatus::NoEvents => v1::ReplicaStatus::NoEvents,
+            ReplicaStatus::BlockSizeMismatch => v1::ReplicaStatus::BlockSizeMismatch,
+            ReplicaStatus::Unhealthy => v1::ReplicaStatus::Unhealthy,
+            ReplicaStatus::Overloaded => v1::ReplicaStatus::Overloaded,
+            ReplicaStatus::BadEvents => v1::ReplicaStatus::BadEvents,
+            ReplicaStatus::Removed => v1::ReplicaStatus::Removed,
+        }
+    }
+}
+
+impl TryFrom<v1::ReplicaStatus> for ReplicaStatus {
+    type Error = ConvertError;
+
+    fn try_from(s: v1::ReplicaStatus) -> Result<Self, ConvertError> {
+        Ok(match s {
+            v1::ReplicaStatus::Unspecified => {
+                return Err(ConvertError::UnknownEnum { field: "ReplicaStatus", value: s as i32 })
+            }
+            v1::ReplicaStatus::Ready => ReplicaStatus::Ready,
+            v1::ReplicaStatus::Draining => ReplicaStatus::Draining,
+            v1::ReplicaStatus::Starting => ReplicaStatus::Starting,
+            v1::ReplicaStatus::OutOfSync => ReplicaStatus::OutOfSync,
+            v1::ReplicaStatus::NoEvents => ReplicaStatus::NoEvents,
+            v1::ReplicaStatus::BlockSizeMismatch => ReplicaStatus::BlockSizeMismatch,
+            v1::ReplicaStatus::Unhealthy => ReplicaStatus::Unhealthy,
+            v1::ReplicaStatus::Overloaded => ReplicaStatus::Overloaded,
+            v1::ReplicaStatus::BadEvents => ReplicaStatus::BadEvents,
+            v1::ReplicaStatus::Removed => ReplicaStatus::Removed,
+        })
+    }
+}
+
+/// A message's raw `ReplicaStatus` field (an `i32` on the wire) as the core's status.
+///
+/// # Errors
+/// [`ConvertError::UnknownEnum`]: unset, or a value this build does not know (a newer server).
+pub fn replica_status(raw: i32) -> Result<ReplicaStatus, ConvertError> {
+    let wire = v1::ReplicaStatus::try_from(raw)
+        .map_err(|_| ConvertError::UnknownEnum { field: "ReplicaStatus", value: raw })?;
+    ReplicaStatus::try_from(wire)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_status_has_its_own_wire_value_named_as_in_the_metrics_and_comes_back() {
+        let mut all = kvmesh_core::ReplicaStatus::OBSERVED.to_vec();
+        all.push(kvmesh_core::ReplicaStatus::Removed);
+        for s in all {
+            let wire = v1::ReplicaStatus::from(s);
+            assert_eq!(wire.as_str_name().trim_start_matches("REPLICA_STATUS_").to_lowercase(), s.as_str());
+            assert_eq!(super::replica_status(wire as i32), Ok(s));
+        }
+        assert_eq!(super::replica_status(0), Err(ConvertError::UnknownEnum { field: "ReplicaStatus", value: 0 }));
+        assert_eq!(super::replica_status(99), Err(ConvertError::UnknownEnum { field: "ReplicaStatus", value: 99 }));
+    }
+
     use super::*;
 
     #[test]

@@ -7,9 +7,9 @@
 use crate::common;
 
 use common::{blocks, eventually, eventually_within, metric};
+use kvmesh_core::ReplicaStatus;
 use kvmesh_engine_sim::{EngineSim, EngineSimConfig, Faults};
 use kvmesh_node::config::{NodeSection, ReplicaConfig};
-use kvmesh_node::state::Status;
 use kvmesh_node::Node;
 use serde_json::json;
 
@@ -49,7 +49,7 @@ async fn send(node: &Node, tag: usize, blocks: usize) -> u16 {
         .as_u16()
 }
 
-fn status(node: &Node, name: &str) -> Status {
+fn status(node: &Node, name: &str) -> ReplicaStatus {
     let now = node.shared.now();
     let core = node.shared.core();
     core.status(&core.replicas[name], now)
@@ -82,7 +82,7 @@ async fn c07_gaps_are_replayed_when_a_replay_socket_exists() {
         "{}",
         metric(&node, "kvmesh_resyncs_total")
     );
-    assert_eq!(status(&node, "e0"), Status::Ready);
+    assert_eq!(status(&node, "e0"), ReplicaStatus::Ready);
     node.stop().await;
     e.stop().await;
 }
@@ -121,8 +121,8 @@ async fn c09_a_silent_publisher_is_reported_and_still_served() {
     let node = node(vec![replica(0, &e, true)], |s| s.events_silent_s = 0.3).await;
     assert_eq!(send(&node, 1, 4).await, 200);
     // Not reported before the event it owes is `events_silent_s` late.
-    assert_ne!(status(&node, "e0"), Status::NoEvents);
-    eventually("no_events status", || status(&node, "e0") == Status::NoEvents).await;
+    assert_ne!(status(&node, "e0"), ReplicaStatus::NoEvents);
+    eventually("no_events status", || status(&node, "e0") == ReplicaStatus::NoEvents).await;
     assert_eq!(send(&node, 2, 4).await, 200, "routed on load meanwhile");
     assert_eq!(blocks(&node, "e0"), 0);
     node.stop().await;
@@ -145,7 +145,7 @@ async fn blocks_filled_by_output_are_announced_so_a_cached_prompt_owes_nothing()
         eventually("output blocks indexed", || blocks(&node, "e0") == 4 + 2 * round).await;
     }
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
-    assert_eq!(status(&node, "e0"), Status::Ready);
+    assert_eq!(status(&node, "e0"), ReplicaStatus::Ready);
     node.stop().await;
     e.stop().await;
 }
@@ -155,7 +155,7 @@ async fn c04_a_block_size_mismatch_is_loud() {
     let e = engine(32, Faults::default()).await;
     let node = node(vec![replica(0, &e, true)], |_| {}).await;
     assert_eq!(send(&node, 1, 4).await, 200);
-    eventually("mismatch status", || status(&node, "e0") == Status::BlockSizeMismatch).await;
+    eventually("mismatch status", || status(&node, "e0") == ReplicaStatus::BlockSizeMismatch).await;
     assert!(metric(&node, "kvmesh_events_rejected_total").contains("reason=\"block_size_mismatch\""));
     assert_eq!(send(&node, 2, 4).await, 200, "still routed, on load");
     node.stop().await;
@@ -203,8 +203,8 @@ async fn c17_models_answers_from_a_healthy_replica_and_c18_overload_marks_expire
         assert_eq!(send(&node, i, 1).await, 200);
     }
     a.faults.set(Faults::default());
-    assert_eq!(status(&node, "e0"), Status::Overloaded);
-    eventually("the mark expires", || status(&node, "e0") == Status::Ready).await;
+    assert_eq!(status(&node, "e0"), ReplicaStatus::Overloaded);
+    eventually("the mark expires", || status(&node, "e0") == ReplicaStatus::Ready).await;
     // C17: with e0 gone, /v1/models still answers.
     a.stop().await;
     let r = reqwest::get(format!("http://{}/v1/models", node.http)).await.unwrap();
@@ -313,7 +313,7 @@ async fn an_engine_that_dies_is_routed_around() {
     for i in 0..4 {
         assert_eq!(send(&node, i, 1).await, 200, "request {i}");
     }
-    assert_eq!(status(&node, "e0"), Status::Unhealthy);
+    assert_eq!(status(&node, "e0"), ReplicaStatus::Unhealthy);
     assert!(node.shared.core().fleet.bookings().is_empty());
     node.stop().await;
     a.stop().await;
@@ -354,7 +354,7 @@ async fn grpc_health_says_what_http_health_says() {
     let (serving, not_serving) = (S::Serving as i32, S::NotServing as i32);
     let a = engine(16, Faults::default()).await;
     let node = node(vec![replica(0, &a, true)], |_| {}).await;
-    eventually("e0 ready", || status(&node, "e0") == Status::Ready).await;
+    eventually("e0 ready", || status(&node, "e0") == ReplicaStatus::Ready).await;
     assert_eq!(http_health(&node).await, 200);
     // The follower runs every 500 ms: within a few periods of a change.
     grpc_health_becomes(&node, [serving, serving, serving]).await;
@@ -368,7 +368,7 @@ async fn grpc_health_says_what_http_health_says() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     a.stopped().await;
-    eventually("e0 unhealthy", || status(&node, "e0") == Status::Unhealthy).await;
+    eventually("e0 unhealthy", || status(&node, "e0") == ReplicaStatus::Unhealthy).await;
     assert_eq!(http_health(&node).await, 503);
     grpc_health_becomes(&node, [not_serving, not_serving, serving]).await;
     node.stop().await;
@@ -486,10 +486,10 @@ async fn a_hung_engine_whose_metrics_still_answer_is_taken_out_and_its_requests_
             tokio::spawn(async move { c.post(url).json(&body).send().await.unwrap() })
         })
         .collect();
-    eventually("e0 is hung", || status(&node, "e0") == Status::Unhealthy).await;
+    eventually("e0 is hung", || status(&node, "e0") == ReplicaStatus::Unhealthy).await;
     let detail = {
         let core = node.shared.core();
-        core.status_detail(&core.replicas["e0"], Status::Unhealthy, node.shared.now())
+        core.status_detail(&core.replicas["e0"], ReplicaStatus::Unhealthy, node.shared.now())
     };
     assert!(detail.starts_with("hung: its engine served no token for"), "{detail}");
     // Routed around: every new request goes to e1.
@@ -510,8 +510,8 @@ async fn a_hung_engine_whose_metrics_still_answer_is_taken_out_and_its_requests_
     assert_eq!(body["error"]["type"], "timeout");
     // Its request over, e0 stays out (still hung) until nothing was in flight there for
     // hung_after_s, then it is tried again.
-    assert_eq!(status(&node, "e0"), Status::Unhealthy);
-    eventually("e0 tried again", || status(&node, "e0") == Status::Ready).await;
+    assert_eq!(status(&node, "e0"), ReplicaStatus::Unhealthy);
+    eventually("e0 tried again", || status(&node, "e0") == ReplicaStatus::Ready).await;
     node.stop().await;
     a.stop().await;
     b.stop().await;
@@ -526,13 +526,13 @@ async fn a_restarted_engine_recovers_and_its_events_resume() {
     // The engine dies: unhealthy once the scrapes fail.
     let (http, kv_events, replay) = (first.http, first.kv_events.clone(), first.replay.clone());
     first.stop().await;
-    eventually("unhealthy", || status(&node, "e0") == Status::Unhealthy).await;
+    eventually("unhealthy", || status(&node, "e0") == ReplicaStatus::Unhealthy).await;
     // It comes back on the same addresses, with a fresh cache and its sequence from 0.
     let second =
         kvmesh_engine_sim::start(EngineSimConfig { http, kv_events, replay, speed: 5.0, ..EngineSimConfig::default() })
             .await
             .unwrap();
-    eventually("ready again", || status(&node, "e0") == Status::Ready).await;
+    eventually("ready again", || status(&node, "e0") == ReplicaStatus::Ready).await;
     assert_eq!(send(&node, 2, 4).await, 200);
     // The SUB reconnected; the sequence went back to 0, so the old engine's blocks were
     // dropped and only the new one's remain.
@@ -569,7 +569,7 @@ async fn c03_an_unknown_parent_marks_the_replica_and_rebuilds_it() {
     })
     .await;
     eventually("a rebuild", || metric(&node, "kvmesh_resyncs_total").contains("method=\"unknown_parent\"")).await;
-    eventually("in sync again", || status(&node, "e0") == Status::Ready).await;
+    eventually("in sync again", || status(&node, "e0") == ReplicaStatus::Ready).await;
     // It rebuilds from what the engine announces next (message 3 is lost too; message 4 lands).
     assert_eq!(send(&node, 8, 2).await, 200);
     assert_eq!(send(&node, 9, 3).await, 200);
@@ -617,7 +617,7 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
             bytes::Bytes::from(bad.clone()),
         ];
         let _ = futures_block(publisher.send(zeromq::ZmqMessage::try_from(m).unwrap()));
-        status(&node, "e1") == Status::BadEvents
+        status(&node, "e1") == ReplicaStatus::BadEvents
     })
     .await;
     let page = metric(&node, "kvmesh_events_rejected_total");
@@ -627,7 +627,7 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     assert!(metric(&node, "kvmesh_event_quarantines_total").contains("replica=\"e1\"} 1"));
     // The other replica kept its status and its events apply; requests still route (e1 on
     // load only: it holds no block).
-    assert_eq!(status(&node, "e0"), Status::Ready);
+    assert_eq!(status(&node, "e0"), ReplicaStatus::Ready);
     for tag in 2..22 {
         assert_eq!(send(&node, tag, 2).await, 200);
         if blocks(&node, "e0") > 0 {
@@ -639,7 +639,7 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     // The quarantine ends by itself.
     // (The status turns at the quarantine's end; the ingest task clears the mark once it wakes.)
     eventually("e1 out of quarantine, its mark cleared", || {
-        status(&node, "e1") != Status::BadEvents && node.shared.core().replicas["e1"].bad_events_until.is_none()
+        status(&node, "e1") != ReplicaStatus::BadEvents && node.shared.core().replicas["e1"].bad_events_until.is_none()
     })
     .await;
     node.stop().await;
@@ -825,7 +825,7 @@ async fn a_frame_header_declaring_a_petabyte_is_cut_before_zeromq_allocates() {
     let hostile = ReplicaConfig { kv_events: Some(endpoint), replay: None, ..common::replica(1, &other) };
     let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
     let node = kvmesh_node::start(common::single(section, vec![replica(0, &good, true), hostile])).await.unwrap();
-    eventually("e1 quarantined after two cut connections", || status(&node, "e1") == Status::BadEvents).await;
+    eventually("e1 quarantined after two cut connections", || status(&node, "e1") == ReplicaStatus::BadEvents).await;
     assert!(accepted.load(std::sync::atomic::Ordering::Relaxed) >= 2);
     let page = metric(&node, "kvmesh_events_rejected_total");
     // Two or more: cuts between the quarantine and the disconnect count too.
@@ -894,25 +894,25 @@ async fn pushed_events_apply_and_a_bad_pusher_is_quarantined_alone_then_recovers
     bad.push(pushed("e1", 5, vec![pushed_store(300, 1, 16)]));
     let four = publish(bad).await.unwrap();
     assert_eq!((four.batches, four.events_applied, four.events_rejected), (5, 1, 8));
-    assert_eq!(status(&node, "e1"), Status::Ready);
+    assert_eq!(status(&node, "e1"), ReplicaStatus::Ready);
     assert_eq!(blocks(&node, "e1"), 1);
     // The fifth quarantines e1 and drops its blocks; the next batch is refused.
     let fifth = vec![pushed("e1", 6, vec![pushed_store(400, 2, 10)]), pushed("e1", 7, vec![pushed_store(500, 1, 16)])];
     let refused = publish(fifth).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     assert!(refused.message().contains("quarantined"), "{}", refused.message());
-    assert_eq!(status(&node, "e1"), Status::BadEvents);
+    assert_eq!(status(&node, "e1"), ReplicaStatus::BadEvents);
     assert_eq!(blocks(&node, "e1"), 0, "its blocks dropped");
     let page = metric(&node, "kvmesh_events_rejected_total");
     assert!(page.contains("replica=\"e1\",reason=\"over_budget\"} 1"), "{page}");
     assert!(page.contains("replica=\"e1\",reason=\"token_count_mismatch\"} 4"), "{page}");
     assert!(metric(&node, "kvmesh_event_quarantines_total").contains("replica=\"e1\"} 1"));
     // The other replica did not notice; requests route.
-    assert_eq!(status(&node, "e0"), Status::Ready);
+    assert_eq!(status(&node, "e0"), ReplicaStatus::Ready);
     assert_eq!(send(&node, 1, 2).await, 200);
 
     // The quarantine ends by itself (nothing pushes meanwhile), and pushes apply again.
-    eventually("e1 out of quarantine", || status(&node, "e1") != Status::BadEvents).await;
+    eventually("e1 out of quarantine", || status(&node, "e1") != ReplicaStatus::BadEvents).await;
     let again = publish(vec![pushed("e1", 0, vec![pushed_store(600, 3, 48)])]).await.unwrap();
     assert_eq!((again.batches, again.events_applied, again.events_rejected), (1, 1, 0));
     assert_eq!(blocks(&node, "e1"), 3);
@@ -1007,13 +1007,13 @@ async fn a_metrics_page_over_the_limit_fails_the_scrape_without_being_read_whole
     let mut config = common::single(section, vec![replica(0, &good, true), hostile]);
     config.limits.metrics_max_page_bytes = 1 << 20;
     let node = kvmesh_node::start(config).await.unwrap();
-    eventually("e1 unhealthy from its oversized page", || status(&node, "e1") == Status::Unhealthy).await;
+    eventually("e1 unhealthy from its oversized page", || status(&node, "e1") == ReplicaStatus::Unhealthy).await;
     let error = node.shared.core().replicas["e1"].last_error.clone().unwrap_or_default();
     assert!(error.contains("page over limits.metrics_max_page_bytes (1048576 bytes)"), "{error}");
     // Each scrape stopped reading at the limit: no connection took more than the 1 MiB limit
     // plus what socket buffers hold (a few MiB), where the old read took all it could get
     // within the 500 ms scrape timeout.
-    assert_eq!(status(&node, "e0"), Status::Ready);
+    assert_eq!(status(&node, "e0"), ReplicaStatus::Ready);
     assert_eq!(send(&node, 1, 2).await, 200);
     node.stop().await;
     let per_scrape = served.load(std::sync::atomic::Ordering::Relaxed);

@@ -759,7 +759,8 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_and_never_twice() {
-    use kvmesh_node::cluster::registry::{Command, ReplicaState};
+    use kvmesh_core::ReplicaStatus;
+    use kvmesh_node::cluster::registry::Command;
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(3, 20.0).await;
     let replicas: Vec<ReplicaConfig> =
@@ -795,7 +796,7 @@ async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_a
                 .core()
                 .replicas
                 .get("e2")
-                .is_some_and(|r| r.starting && !r.reported.eq(&kvmesh_node::state::Status::Ready))
+                .is_some_and(|r| r.starting && !r.reported.eq(&kvmesh_core::ReplicaStatus::Ready))
         })
     })
     .await;
@@ -809,13 +810,13 @@ async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_a
     };
     let expected = (vec!["e2".to_string(), "e0".to_string()], Some(1));
     eventually_within("the scale-down on every node", 20, || nodes.iter().all(|n| drains(n) == expected)).await;
-    let states = |n: &Node| -> Vec<(String, ReplicaState)> {
+    let states = |n: &Node| -> Vec<(String, ReplicaStatus)> {
         n.cluster.as_ref().unwrap().state.borrow().live_replicas().map(|e| (e.config.name.clone(), e.state)).collect()
     };
     let after = vec![
-        ("e0".to_string(), ReplicaState::Draining),
-        ("e1".to_string(), ReplicaState::Ready),
-        ("e2".to_string(), ReplicaState::Draining),
+        ("e0".to_string(), ReplicaStatus::Draining),
+        ("e1".to_string(), ReplicaStatus::Ready),
+        ("e2".to_string(), ReplicaStatus::Draining),
     ];
     eventually("every node applied the drains", || {
         nodes.iter().all(|n| {

@@ -359,7 +359,7 @@ async fn each_model_counts_its_own_block_size() {
     let now = node.shared.now();
     for name in ["e0", "e1"] {
         let core = node.shared.core();
-        assert_eq!(core.status(&core.replicas[name], now), kvmesh_node::state::Status::Ready, "{name}");
+        assert_eq!(core.status(&core.replicas[name], now), kvmesh_core::ReplicaStatus::Ready, "{name}");
     }
     // A third m2 replica in 16-token blocks is refused.
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await;

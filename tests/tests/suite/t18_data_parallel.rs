@@ -7,9 +7,9 @@
 use crate::common;
 
 use common::{blocks, eventually_within};
+use kvmesh_core::ReplicaStatus;
 use kvmesh_engine_sim::EngineSimConfig;
 use kvmesh_node::config::NodeConfig;
-use kvmesh_node::state::Status;
 use kvmesh_proto::v1;
 use serde_json::json;
 
@@ -123,7 +123,7 @@ async fn two_ranks_behind_one_api_are_indexed_loaded_and_routed_apart() {
     eventually_within("crossed quarantined", 10, || {
         let now = node.shared.now();
         let core = node.shared.core();
-        core.status(&core.replicas["crossed"], now) == Status::BadEvents
+        core.status(&core.replicas["crossed"], now) == ReplicaStatus::BadEvents
     })
     .await;
     assert_eq!(blocks(&node, "crossed"), 0);

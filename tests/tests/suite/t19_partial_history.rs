@@ -8,9 +8,9 @@
 use crate::common;
 
 use common::{eventually_within, metric};
+use kvmesh_core::ReplicaStatus;
 use kvmesh_engine_sim::EngineSimConfig;
 use kvmesh_node::config::NodeSection;
-use kvmesh_node::state::Status;
 use serde_json::json;
 
 /// The system prompt: exactly 32 blocks (16 bytes are 4 approximate tokens).
@@ -61,7 +61,7 @@ async fn a_prefix_older_than_the_buffer_is_recovered_from_the_prompts_routed_the
     // The replay gives the last four stores, each under a block this node never heard of:
     // all kept aside, and the replica is not out of sync.
     eventually_within("the buffer replayed", 10, || counts(&node) == (0, 8)).await;
-    assert_eq!(status(&node), Status::Ready);
+    assert_eq!(status(&node), ReplicaStatus::Ready);
     assert!(
         metric(&node, "kvmesh_replica_recovered_ratio{").ends_with(" 0.0"),
         "{}",

@@ -1,6 +1,7 @@
 //! One engine replica as the fleet knows it: identity, capacity, speed, status and the
 //! freshness of its signals.
 
+use super::status::ReplicaStatus;
 use crate::ids::ReplicaId;
 use crate::load::{EngineMetrics, PrefillRate, ReplicaProfile};
 
@@ -102,15 +103,6 @@ impl ReplicaSpec {
     }
 }
 
-/// Whether a replica takes new requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplicaStatus {
-    /// Takes new requests.
-    Ready,
-    /// Finishes what it has, takes nothing new.
-    Draining,
-}
-
 /// Where a replica's overlap figures come from at a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverlapSource {
@@ -133,7 +125,8 @@ pub struct ReplicaState {
     pub name_key: u64,
     /// The model it serves (its spec's, or the fleet's namespace model when that is empty).
     pub model: crate::hashing::ModelKey,
-    /// Takes new requests or not.
+    /// Its status as the node last set it ([`ReplicaStatus::routable`]: takes new requests
+    /// or not).
     pub status: ReplicaStatus,
     /// When its last accepted KV event was applied, seconds; `None` before the first.
     pub last_event_at: Option<f64>,
@@ -157,7 +150,7 @@ pub struct ReplicaState {
 impl ReplicaState {
     /// Whether new requests may go here.
     pub fn routable(&self) -> bool {
-        self.status == ReplicaStatus::Ready
+        self.status.routable()
     }
 
     /// The step model decisions use: the registered profile, with the learned prefill cost in

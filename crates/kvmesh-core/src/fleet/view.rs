@@ -2,7 +2,9 @@
 //! booked load and overlap with the request — and the TTFT / KV-headroom estimate all policies
 //! share.
 
-use super::{FleetConfig, ReplicaState, Role, RouteRequest};
+use super::config::FleetConfig;
+use super::replica::{OverlapSource, ReplicaState, Role};
+use super::request::RouteRequest;
 use crate::load::TokenLoad;
 use crate::overlap::Overlap;
 
@@ -14,7 +16,7 @@ use crate::overlap::Overlap;
 pub struct FleetView<'a> {
     /// Decision time, seconds.
     pub now: f64,
-    /// Fleet membership epoch: changes whenever a replica is added, removed or changes status,
+    /// Fleet membership epoch: changes whenever a replica is added, removed or changes whether it is routable,
     /// so policies can cache structures built from membership (the hash ring).
     pub epoch: u64,
     /// Fleet settings (block size, freshness windows).
@@ -96,7 +98,7 @@ impl<'a> FleetView<'a> {
     /// full credit: their record expires by its own TTL.
     pub fn overlap_credit(&self, i: usize) -> f64 {
         let r = &self.replicas[i];
-        if r.overlap_source() == super::OverlapSource::Approximate {
+        if r.overlap_source() == OverlapSource::Approximate {
             return 1.0;
         }
         let (Some(at), Some(served)) = (r.last_event_at, r.last_first_token_at) else { return 1.0 };

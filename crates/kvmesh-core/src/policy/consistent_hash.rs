@@ -17,7 +17,8 @@
 
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::{FleetView, RouteRequest};
+use crate::fleet::request::RouteRequest;
+use crate::fleet::view::FleetView;
 use crate::ids::ReplicaId;
 use rand::RngCore;
 use std::fmt::Write;

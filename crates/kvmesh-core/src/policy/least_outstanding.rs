@@ -6,7 +6,8 @@
 use super::choose::lowest;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::{FleetView, RouteRequest};
+use crate::fleet::request::RouteRequest;
+use crate::fleet::view::FleetView;
 use rand::RngCore;
 
 /// Fewest outstanding requests.

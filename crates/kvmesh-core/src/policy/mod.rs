@@ -53,7 +53,8 @@ pub use vllm_cache_aware::VllmCacheAware;
 pub use weighted_scorer::{WeightedScorer, WeightedScorerParams};
 
 use crate::error::Error;
-use crate::fleet::{FleetView, RouteRequest};
+use crate::fleet::request::RouteRequest;
+use crate::fleet::view::FleetView;
 use crate::ids::ReplicaId;
 use crate::load::{BookingId, FleetEvent};
 use rand::RngCore;

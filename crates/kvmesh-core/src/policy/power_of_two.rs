@@ -10,7 +10,8 @@
 use super::choose::two;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::{FleetView, RouteRequest};
+use crate::fleet::request::RouteRequest;
+use crate::fleet::view::FleetView;
 use rand::RngCore;
 
 /// Power of two choices on in-flight requests.

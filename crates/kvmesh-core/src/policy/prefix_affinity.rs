@@ -24,7 +24,8 @@ use super::choose::{first_lowest, two};
 use super::tenant_tree::TenantTree;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::{FleetView, RouteRequest};
+use crate::fleet::request::RouteRequest;
+use crate::fleet::view::FleetView;
 use crate::load::{BookingId, FleetEvent};
 use rand::RngCore;
 

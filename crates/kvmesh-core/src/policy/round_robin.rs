@@ -2,7 +2,8 @@
 
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::{FleetView, RouteRequest};
+use crate::fleet::request::RouteRequest;
+use crate::fleet::view::FleetView;
 use rand::RngCore;
 
 /// Rotates over routable replicas; the counter survives membership changes.

@@ -13,13 +13,9 @@
 //! "Capacity frees" is every booking that ends on this node, and a 250 ms re-check besides
 //! (bookings of peer nodes end there, and their release reaches this node by gossip).
 //!
-//! Both paths that route go through it ([`Ticket`]): the OpenAI proxy (refusal: 429 with
+//! Both paths that route go through it ([`crate::admit::Ticket`]): the OpenAI proxy (refusal: 429 with
 //! `Retry-After`) and gRPC `Router.Route` (refusal: `RESOURCE_EXHAUSTED` with a `retry-after`
 //! metadata entry).
-
-mod route;
-
-pub use route::{Admitted, Leg, NotAdmitted, Ticket, Via};
 
 use crate::config::AdmissionSection;
 use kvmesh_core::admission::TtftGate;

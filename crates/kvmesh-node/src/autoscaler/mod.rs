@@ -26,24 +26,16 @@
 //! then safe to release once it is idle (`Core::drain_progress`, `Replica.idle` in the admin
 //! API: nothing in flight anywhere).
 
-pub mod service;
-mod starts;
+pub(crate) mod starts;
 
-use crate::cluster::registry::Command;
-use crate::cluster::Cluster;
 use crate::config::AutoscalerSection;
-use crate::state::Shared;
-use kvmesh_core::autoscale::{
-    pick_releases, CapacityMeter, ColdStartAware, PoolInputs, ReleaseCandidate, ScalePolicy, ScaleReason,
-};
+use kvmesh_core::autoscale::CapacityMeter;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// A decision re-committed unchanged after this long, seconds: watchers see the policy alive.
-const REFRESH_S: f64 = 30.0;
+pub(crate) const REFRESH_S: f64 = 30.0;
 
 /// One committed decision, as stored in Raft and served.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -89,7 +81,13 @@ impl Decision {
     /// The policy's decision `d` for `pool` at `now` (Unix seconds), with the `demand`
     /// measured over the last interval (tokens per second) and the cold start assumed
     /// (seconds); not yet in the log.
-    fn new(pool: &str, d: &kvmesh_core::autoscale::ScaleDecision, demand: f64, cold_start_s: f64, now: f64) -> Self {
+    pub(crate) fn new(
+        pool: &str,
+        d: &kvmesh_core::autoscale::ScaleDecision,
+        demand: f64,
+        cold_start_s: f64,
+        now: f64,
+    ) -> Self {
         Decision {
             pool: pool.to_string(),
             desired_replicas: d.desired,
@@ -137,7 +135,7 @@ impl Autoscaling {
         self.evaluated.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn set_evaluated(&self, d: &Decision) {
+    pub(crate) fn set_evaluated(&self, d: &Decision) {
         *self.evaluated.lock().unwrap_or_else(|p| p.into_inner()) = Some(d.clone());
     }
 
@@ -199,7 +197,7 @@ impl Autoscaling {
     }
 
     /// A single node's own decision.
-    fn record_local(&self, decision: Decision) {
+    pub(crate) fn record_local(&self, decision: Decision) {
         self.decisions.send_modify(|d| {
             let mut v = (**d).clone();
             v.push(decision);
@@ -208,185 +206,6 @@ impl Autoscaling {
             *d = Arc::new(v);
         });
     }
-}
-
-/// The leader's loop (see the module docs). Ends when `stop` turns true.
-pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: watch::Receiver<bool>) {
-    let section = shared.autoscaler.section.clone();
-    if !section.enabled {
-        return;
-    }
-    let mut policy = ColdStartAware::new(section.core());
-    let prior = shared.settings.profile.full_load_tokens_per_s_prior();
-    // The first evaluation one interval in: demand is a rate over a whole interval.
-    let every = Duration::from_secs_f64(section.interval_s);
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut starts = starts::Starts::default();
-    let mut last = (Instant::now(), shared.core().booked_tokens);
-    // The policy, the starts and the refresh run on a monotonic clock (seconds since this
-    // loop began): a wall clock set back or forward would hold or expire their windows. Wall
-    // time only stamps the decisions, for the audit log.
-    let epoch = Instant::now();
-    // What the last committed decision said: (desired, ready, starting, when on `mono`).
-    let mut committed: Option<(u32, u32, u32, f64)> = None;
-    // The newest committed decision seen (its Raft index), and when this node's own last one
-    // was made (to tell its own entries from another leader's).
-    let mut seen_index = 0u64;
-    let mut own_at: Option<f64> = None;
-    // The log index of this node's own last decision: the base of its next one even before
-    // its follower task has applied it.
-    let mut own_index = 0u64;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-        let now = crate::replication::unix_now();
-        let mono = epoch.elapsed().as_secs_f64();
-        // Replicas registered `starting`, and starts measured as they end.
-        let start_order = match &cluster {
-            Some(c) => starts.observe(&c.state.borrow(), mono),
-            None => BTreeMap::new(),
-        };
-        let leads = cluster.as_ref().is_none_or(|c| c.leads());
-        let held = shared.admission.waiting_load();
-        let (booked, ready, queued) = {
-            let core = shared.core();
-            let ready = core.fleet.replicas().iter().filter(|r| r.routable()).count() as u32;
-            // Requests held by admission control are a backlog too.
-            let queued = core.fleet.bookings().queued_prefill_at(shared.now()) + held;
-            (core.booked_tokens, ready, queued)
-        };
-        let dt = last.0.elapsed().as_secs_f64().max(1e-3);
-        let demand = (booked - last.1).max(0.0) / dt;
-        last = (Instant::now(), booked);
-        let cold_start_s = starts.cold_start_s(section.cold_start_s);
-        let inputs = PoolInputs {
-            now: mono,
-            demand_tokens_per_s: demand,
-            capacity_tokens_per_s: shared.autoscaler.capacity_tokens_per_s(prior),
-            ready,
-            starting: starts.counted(mono, cold_start_s),
-            cold_start_s,
-            queued_tokens: queued as f64,
-        };
-        if !leads {
-            // Shadow the leader: the same inputs keep this node's forecast warm.
-            let d = policy.decide(&inputs);
-            shared.autoscaler.set_evaluated(&Decision::new(&section.pool, &d, demand, cold_start_s, now));
-            continue;
-        }
-        // Continue from any decision committed by another leader (this node's first as leader,
-        // or one it applies only now: a new leader may not have applied the last entries yet).
-        if let Some(last) = shared.autoscaler.latest().filter(|l| l.log_index > seen_index) {
-            seen_index = last.log_index;
-            if own_at != Some(last.at) {
-                policy.resume(mono, last.desired_replicas);
-                // Its age on the wall clocks (another node's, then ours), at most one refresh: the
-                // next refresh comes REFRESH_S after it was committed, not after it was seen.
-                let age = (now - last.at).clamp(0.0, REFRESH_S);
-                committed = Some((last.desired_replicas, last.ready, last.starting, mono - age));
-            }
-        }
-        let d = policy.decide(&inputs);
-        let mut decision = Decision::new(&section.pool, &d, demand, cold_start_s, now);
-        if section.drain_on_scale_down && d.reason == ScaleReason::ScaleDown {
-            let excess = (d.ready + d.starting).saturating_sub(d.desired) as usize;
-            let candidates = release_candidates(&shared, &start_order);
-            decision.drain =
-                pick_releases(&candidates, excess).into_iter().map(|i| candidates[i].name.clone()).collect();
-        }
-        decision.base_log_index = shared.autoscaler.latest().map_or(0, |l| l.log_index).max(own_index);
-        shared.autoscaler.set_evaluated(&decision);
-        let due = committed.is_none_or(|(desired, ready, starting, at)| {
-            (desired, ready, starting) != (d.desired, d.ready, d.starting) || mono - at >= REFRESH_S
-        });
-        if !due {
-            continue;
-        }
-        let asked = !decision.drain.is_empty();
-        // The replicas the committed entry drained (the state machine may drain fewer).
-        let drained = match &cluster {
-            None => {
-                let drain = decision.drain.clone();
-                for name in &drain {
-                    let _ = shared.set_draining(name, true);
-                }
-                shared.autoscaler.record_local(decision);
-                drain
-            }
-            Some(c) => {
-                let json = match serde_json::to_value(&decision) {
-                    Ok(j) => j,
-                    Err(_) => continue,
-                };
-                match c.write(Command::RecordScaleDecision { decision: json }).await {
-                    Ok((_, index)) => {
-                        own_index = index;
-                        entry_drain(&c.state.borrow().scale_decisions, index)
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "autoscaler: decision not committed; the next evaluation decides again");
-                        continue;
-                    }
-                }
-            }
-        };
-        if committed.is_none_or(|(desired, ..)| desired != d.desired) {
-            tracing::info!(pool = %section.pool, desired = d.desired, reason = d.reason.as_str(), ready, starting = d.starting,
-                demand_tokens_per_s = demand, forecast_tokens_per_s = d.forecast_tokens_per_s, "autoscaler: decision");
-        }
-        if !drained.is_empty() {
-            tracing::info!(pool = %section.pool, desired = d.desired, replicas = %drained.join(", "),
-                "autoscaler: scale-down drains replicas; release each once idle (`kvmesh replica drain --wait`)");
-        }
-        own_at = Some(now);
-        if asked && drained.is_empty() {
-            // A decision committed meanwhile (another leader's): decide again next interval,
-            // on what it did, rather than after REFRESH_S.
-            committed = None;
-            continue;
-        }
-        committed = Some((d.desired, d.ready, d.starting, mono));
-    }
-}
-
-/// The replicas the committed decision at log `index` drained (empty if it is not among
-/// `decisions`, the last 100).
-fn entry_drain(decisions: &[serde_json::Value], index: u64) -> Vec<String> {
-    decisions
-        .iter()
-        .rev()
-        .find(|d| d.get("log_index").and_then(|i| i.as_u64()) == Some(index))
-        .and_then(|d| d.get("drain"))
-        .and_then(|d| serde_json::from_value(d.clone()).ok())
-        .unwrap_or_default()
-}
-
-/// The replicas a scale-down may release: the routable ones and those still `starting`
-/// (`starting`: by name, a key that orders them from the oldest start to the newest).
-fn release_candidates(shared: &Shared, starting: &BTreeMap<String, f64>) -> Vec<ReleaseCandidate> {
-    let core = shared.core();
-    core.replicas
-        .values()
-        .filter_map(|r| {
-            let routable = core.fleet.replica(r.id).is_some_and(|f| f.routable());
-            let since = starting.get(&r.config.name).copied();
-            if !routable && since.is_none() {
-                return None;
-            }
-            let load = core.fleet.bookings().load(r.id);
-            let engine = r.engine.map_or(0, |e| e.running + e.waiting);
-            Some(ReleaseCandidate {
-                name: r.config.name.clone(),
-                starting: since.is_some(),
-                starting_since: since.unwrap_or(0.0),
-                in_flight: (load.prefilling + load.decoding).max(engine),
-                cached_blocks: core.fleet.index().replica_blocks(r.id) as u64,
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 //! than [`STALE_START_COLD_STARTS`] cold starts is no longer counted: its engine never came up,
 //! or nobody marked it ready, and counting it would hold back every scale-up.
 
-use crate::cluster::registry::{ClusterState, ReplicaState};
+use crate::cluster::registry::ClusterState;
+use kvmesh_core::ReplicaStatus;
 use std::collections::BTreeMap;
 
 /// A start this old, in cold starts, is no longer counted as capacity on its way.
@@ -47,11 +48,11 @@ impl Starts {
         for e in state.live_replicas() {
             let name = &e.config.name;
             match e.state {
-                ReplicaState::Starting => {
+                ReplicaStatus::Starting => {
                     self.starting.entry(name.clone()).or_insert(Start { since: now, whole, stale: false });
                     order.insert(name.clone(), e.changed_at as f64);
                 }
-                ReplicaState::Ready => {
+                ReplicaStatus::Ready => {
                     if let Some(s) = self.starting.remove(name).filter(|s| s.whole) {
                         if self.measured.len() == STARTS_KEPT {
                             self.measured.pop_front();
@@ -59,7 +60,8 @@ impl Starts {
                         self.measured.push_back(now - s.since);
                     }
                 }
-                ReplicaState::Draining | ReplicaState::Removed => {}
+                // The registry holds lifecycle states only (`ReplicaStatus::is_lifecycle`).
+                _ => {}
             }
         }
         self.starting.retain(|n, _| order.contains_key(n));
@@ -96,7 +98,7 @@ mod tests {
     use crate::cluster::registry::RegistryEntry;
     use crate::config::ReplicaConfig;
 
-    fn state(replicas: &[(&str, ReplicaState, u64)]) -> ClusterState {
+    fn state(replicas: &[(&str, ReplicaStatus, u64)]) -> ClusterState {
         let mut s = ClusterState::default();
         for &(name, state, changed_at) in replicas {
             let config: ReplicaConfig =
@@ -109,7 +111,7 @@ mod tests {
 
     #[test]
     fn starts_are_measured_when_seen_whole_and_stop_counting_when_stale() {
-        use ReplicaState::*;
+        use ReplicaStatus::*;
         let mut starts = Starts::default();
         // Already starting when the node came up: counted, never measured.
         let order = starts.observe(&state(&[("a", Starting, 5), ("b", Ready, 2)]), 100.0);

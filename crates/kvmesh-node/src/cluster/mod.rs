@@ -11,12 +11,9 @@
 //! The data path never waits for Raft: every node follows every replica itself and routes on
 //! its own view; losing the leader or quorum freezes configuration changes only.
 
-pub mod follow;
-pub mod gossip;
 pub mod network;
 pub mod operator;
 pub mod registry;
-pub mod service;
 pub mod store;
 
 use crate::config::{ClusterSection, ReplicaConfig};
@@ -569,10 +566,7 @@ impl Cluster {
             registry: cs
                 .replicas
                 .values()
-                .map(|e| v1::RegistryEntry {
-                    spec: Some(crate::grpc::to_spec(&e.config, 0)),
-                    state: e.state.as_str().into(),
-                })
+                .map(|e| v1::RegistryEntry { spec: Some(e.config.to_spec(0)), state: e.state.as_str().into() })
                 .collect(),
         }
     }

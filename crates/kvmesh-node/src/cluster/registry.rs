@@ -3,34 +3,9 @@
 //! entries; [`ClusterState::apply`] is the deterministic state machine every node runs.
 
 use crate::config::ReplicaConfig;
+use kvmesh_core::ReplicaStatus;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-
-/// A replica's lifecycle in the registry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplicaState {
-    /// Registered, not yet serving (an engine still loading weights).
-    Starting,
-    /// Takes traffic.
-    Ready,
-    /// Takes no new requests; in-flight ones finish.
-    Draining,
-    /// Gone; kept so operators can see what was removed and when (by log index).
-    Removed,
-}
-
-impl ReplicaState {
-    /// Stable lower-case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReplicaState::Starting => "starting",
-            ReplicaState::Ready => "ready",
-            ReplicaState::Draining => "draining",
-            ReplicaState::Removed => "removed",
-        }
-    }
-}
 
 /// One registered replica.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,7 +13,7 @@ pub struct RegistryEntry {
     /// How to reach and size it.
     pub config: ReplicaConfig,
     /// Its lifecycle state.
-    pub state: ReplicaState,
+    pub state: ReplicaStatus,
     /// The log index of its last change.
     pub changed_at: u64,
 }
@@ -76,11 +51,11 @@ pub enum Command {
         /// Its name.
         name: String,
         /// The new state.
-        state: ReplicaState,
+        state: ReplicaStatus,
         /// Only from this state (else the command is rejected and changes nothing): marking
         /// a start done must not undo a scale-down's drain of that start.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        from: Option<ReplicaState>,
+        from: Option<ReplicaStatus>,
     },
     /// Changes the routing policy on every node.
     SetPolicy {
@@ -163,7 +138,7 @@ impl ClusterState {
             d.insert("drain".into(), serde_json::Value::Array(Vec::new()));
             return;
         }
-        let serving = |e: &RegistryEntry| matches!(e.state, ReplicaState::Ready | ReplicaState::Starting);
+        let serving = |e: &RegistryEntry| matches!(e.state, ReplicaStatus::Ready | ReplicaStatus::Starting);
         let mut excess = (self.replicas.values().filter(|e| serving(e)).count() as u64).saturating_sub(desired);
         let mut drained = Vec::new();
         for name in names.iter().filter_map(|n| n.as_str()) {
@@ -171,7 +146,7 @@ impl ClusterState {
                 break;
             }
             if let Some(e) = self.replicas.get_mut(name).filter(|e| serving(e)) {
-                e.state = ReplicaState::Draining;
+                e.state = ReplicaStatus::Draining;
                 e.changed_at = index;
                 drained.push(serde_json::Value::from(name));
                 excess -= 1;
@@ -197,7 +172,7 @@ impl ClusterState {
                 for r in replicas {
                     self.replicas.insert(
                         r.name.clone(),
-                        RegistryEntry { config: r.clone(), state: ReplicaState::Ready, changed_at: index },
+                        RegistryEntry { config: r.clone(), state: ReplicaStatus::Ready, changed_at: index },
                     );
                 }
             }
@@ -210,31 +185,34 @@ impl ClusterState {
                 if !self.seeded {
                     return err("the registry is not seeded yet: run `kvmesh cluster init` first".into());
                 }
-                if self.replicas.get(&config.name).is_some_and(|e| e.state != ReplicaState::Removed) {
+                if self.replicas.get(&config.name).is_some_and(|e| e.state != ReplicaStatus::Removed) {
                     return err(format!("replica {:?} already exists", config.name));
                 }
                 self.replicas.insert(
                     config.name.clone(),
                     RegistryEntry {
                         config: config.clone(),
-                        state: if *starting { ReplicaState::Starting } else { ReplicaState::Ready },
+                        state: if *starting { ReplicaStatus::Starting } else { ReplicaStatus::Ready },
                         changed_at: index,
                     },
                 );
             }
             Command::RemoveReplica { name } => match self.replicas.get_mut(name) {
-                Some(e) if e.state != ReplicaState::Removed => {
-                    e.state = ReplicaState::Removed;
+                Some(e) if e.state != ReplicaStatus::Removed => {
+                    e.state = ReplicaStatus::Removed;
                     e.changed_at = index;
                 }
                 _ => return err(format!("unknown replica {name:?}")),
             },
+            Command::SetReplicaState { state, .. } if !state.is_lifecycle() => {
+                return err(format!("{state} is not a registry state (starting, ready, draining or removed)"));
+            }
             Command::SetReplicaState { name, state, from } => match self.replicas.get_mut(name) {
-                Some(e) if e.state != ReplicaState::Removed && from.is_some_and(|f| f != e.state) => {
+                Some(e) if e.state != ReplicaStatus::Removed && from.is_some_and(|f| f != e.state) => {
                     let f = from.map_or("", |f| f.as_str());
                     return err(format!("replica {name:?} is {}, not {f}", e.state.as_str()));
                 }
-                Some(e) if e.state != ReplicaState::Removed => {
+                Some(e) if e.state != ReplicaStatus::Removed => {
                     e.state = *state;
                     e.changed_at = index;
                 }
@@ -271,7 +249,7 @@ impl ClusterState {
 
     /// Replicas every node should follow (not removed), by name.
     pub fn live_replicas(&self) -> impl Iterator<Item = &RegistryEntry> {
-        self.replicas.values().filter(|e| e.state != ReplicaState::Removed)
+        self.replicas.values().filter(|e| e.state != ReplicaStatus::Removed)
     }
 }
 
@@ -368,13 +346,13 @@ mod tests {
             s.apply(&Command::AddReplica { config: replica("a"), starting: false }, 3).error.as_deref(),
             Some("replica \"a\" already exists")
         );
-        let drain = Command::SetReplicaState { name: "b".into(), state: ReplicaState::Draining, from: None };
+        let drain = Command::SetReplicaState { name: "b".into(), state: ReplicaStatus::Draining, from: None };
         assert_eq!(s.apply(&drain, 4), CommandResult::default());
         // A start marked done only from `starting`: b is draining, and stays so.
         let ready = Command::SetReplicaState {
             name: "b".into(),
-            state: ReplicaState::Ready,
-            from: Some(ReplicaState::Starting),
+            state: ReplicaStatus::Ready,
+            from: Some(ReplicaStatus::Starting),
         };
         assert_eq!(s.apply(&ready, 4).error.as_deref(), Some("replica \"b\" is draining, not starting"));
         assert_eq!(s.apply(&Command::RemoveReplica { name: "a".into() }, 5), CommandResult::default());
@@ -387,9 +365,9 @@ mod tests {
             s.apply(&Command::AddReplica { config: replica("a"), starting: false }, 7),
             CommandResult::default()
         );
-        let live: Vec<(&str, ReplicaState, u64)> =
+        let live: Vec<(&str, ReplicaStatus, u64)> =
             s.live_replicas().map(|e| (e.config.name.as_str(), e.state, e.changed_at)).collect();
-        assert_eq!(live, vec![("a", ReplicaState::Ready, 7), ("b", ReplicaState::Draining, 4)]);
+        assert_eq!(live, vec![("a", ReplicaStatus::Ready, 7), ("b", ReplicaStatus::Draining, 4)]);
         let set = |policy: &str, params: &[(&str, f64)]| Command::SetPolicy {
             policy: policy.into(),
             params: params.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
@@ -418,20 +396,20 @@ mod tests {
             .contains("starting"));
         let mut other = s.clone();
         assert_eq!(other.apply(&e, 202), CommandResult::default());
-        assert_eq!(other.replicas["e"].state, ReplicaState::Starting);
+        assert_eq!(other.replicas["e"].state, ReplicaStatus::Starting);
         let down = |drain: serde_json::Value| Command::RecordScaleDecision {
             decision: serde_json::json!({"desired_replicas": 2, "drain": drain}),
         };
-        let states = |s: &ClusterState| -> Vec<(String, ReplicaState, u64)> {
+        let states = |s: &ClusterState| -> Vec<(String, ReplicaStatus, u64)> {
             s.replicas.values().map(|e| (e.config.name.clone(), e.state, e.changed_at)).collect()
         };
         // a, c and d serve; down to 2 drains one: removed and unknown names are skipped.
         assert_eq!(s.apply(&down(serde_json::json!(["b", "zz", "a", "c"])), 203), CommandResult::default());
         let after = vec![
-            ("a".to_string(), ReplicaState::Draining, 203),
-            ("b".to_string(), ReplicaState::Removed, 201),
-            ("c".to_string(), ReplicaState::Ready, 200),
-            ("d".to_string(), ReplicaState::Ready, 202),
+            ("a".to_string(), ReplicaStatus::Draining, 203),
+            ("b".to_string(), ReplicaStatus::Removed, 201),
+            ("c".to_string(), ReplicaStatus::Ready, 200),
+            ("d".to_string(), ReplicaStatus::Ready, 202),
         ];
         assert_eq!(states(&s), after);
         let last = s.scale_decisions.last().unwrap();
@@ -449,7 +427,7 @@ mod tests {
         assert_eq!((states(&s), &s.scale_decisions.last().unwrap()["drain"]), (after.clone(), &serde_json::json!([])));
         assert_eq!(s.apply(&based(205, 1, serde_json::json!(["c"])), 206), CommandResult::default());
         assert_eq!(s.scale_decisions.last().unwrap()["drain"], serde_json::json!(["c"]));
-        assert_eq!(states(&s)[2], ("c".to_string(), ReplicaState::Draining, 206));
+        assert_eq!(states(&s)[2], ("c".to_string(), ReplicaStatus::Draining, 206));
     }
 
     #[test]
@@ -485,7 +463,7 @@ mod tests {
 
     #[test]
     fn commands_have_a_stable_json_form() {
-        let cmd = Command::SetReplicaState { name: "vllm-0".into(), state: ReplicaState::Draining, from: None };
+        let cmd = Command::SetReplicaState { name: "vllm-0".into(), state: ReplicaStatus::Draining, from: None };
         let json = serde_json::to_string(&cmd).unwrap();
         assert_eq!(json, r#"{"op":"set_replica_state","name":"vllm-0","state":"draining"}"#);
         assert_eq!(serde_json::from_str::<Command>(&json).unwrap(), cmd);

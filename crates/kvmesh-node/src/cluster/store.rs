@@ -407,8 +407,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
 #[cfg(test)]
 mod tests {
-    use super::super::registry::{Command, ReplicaState};
+    use super::super::registry::Command;
     use super::*;
+    use kvmesh_core::ReplicaStatus;
     use openraft::{CommittedLeaderId, EntryPayload, Membership};
     use std::collections::BTreeSet;
 
@@ -425,7 +426,7 @@ mod tests {
             log.save_vote(&Vote::new(3, 2)).await.unwrap();
             let members = Membership::new(vec![BTreeSet::from([1, 2, 3])], None);
             let seed = Command::Seed { replicas: vec![], policy: "kv_cost".into(), params: Default::default() };
-            let drain = Command::SetReplicaState { name: "x".into(), state: ReplicaState::Draining, from: None };
+            let drain = Command::SetReplicaState { name: "x".into(), state: ReplicaStatus::Draining, from: None };
             let results = sm
                 .apply([
                     entry(1, EntryPayload::Membership(members)),

@@ -39,6 +39,7 @@ mod limits;
 mod node;
 mod replica;
 mod replication;
+mod spec;
 pub use admission::AdmissionSection;
 pub use autoscaler::AutoscalerSection;
 pub use cluster::ClusterSection;

@@ -172,14 +172,14 @@ impl ReplicaConfig {
         if !self.http.starts_with("http://") {
             return bad(&format!("http must be an http:// URL, got {:?}", self.http));
         }
-        if let Err(e) = crate::replica::endpoints::Endpoints::parse(&self.http) {
+        if let Err(e) = crate::endpoints::Endpoints::parse(&self.http) {
             return bad(&format!("http: {e}"));
         }
         for (field, ep) in [("kv_events", &self.kv_events), ("replay", &self.replay)] {
             if let Some(ep) = ep {
                 // What the frame guard will need at start; checked here, since at start a bad
                 // endpoint would fail the replica's actor again and again.
-                if let Err(e) = crate::replica::frame_guard::tcp_address(ep) {
+                if let Err(e) = crate::endpoints::tcp_address(ep) {
                     return bad(&format!("{field} {e}"));
                 }
             }

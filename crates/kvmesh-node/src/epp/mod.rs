@@ -15,14 +15,14 @@
 
 pub mod protocol;
 
-use crate::admission::{NotAdmitted, Ticket, Via};
+use crate::admit::{NotAdmitted, Ticket, Via};
 use crate::config::EppSection;
 use crate::in_flight::{InFlight, Side};
 
 /// A pick: the endpoint, its data-parallel rank, and a disaggregated request's prefill
 /// endpoint.
 type Picked = (String, Option<u32>, Option<String>);
-use crate::proxy::{check, parse, read_chat, read_completion, Parsed, Rejected};
+use crate::request::{check, parse, read_chat, read_completion, Parsed, Rejected};
 use crate::state::Shared;
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
@@ -354,7 +354,7 @@ impl Exchange {
             f.release(output, outcome);
         } else {
             f.first_token(false);
-            let output = crate::proxy::read_usage(&self.shared, &fo.body);
+            let output = crate::response::read_usage(&self.shared, &fo.body);
             f.release(output, "ok");
         }
     }
@@ -426,7 +426,7 @@ impl Exchange {
     async fn pick(&mut self, body: Option<&Bytes>) -> Result<Picked, Refusal> {
         let subset = self.subset_ids()?;
         let path = self.path.split('?').next().unwrap_or_default();
-        let read: Option<crate::proxy::Reader> = match path {
+        let read: Option<crate::request::Reader> = match path {
             "/v1/completions" => Some(read_completion),
             "/v1/chat/completions" => Some(read_chat),
             _ => None,
@@ -506,7 +506,7 @@ impl Exchange {
 
     /// Warns (once per replica) that `replica` is registered by host name: the gateway's
     /// endpoints are pod IPs, so its pick will not match one.
-    fn warn_if_named(&self, replica: &str, endpoints: &crate::replica::endpoints::Endpoints) {
+    fn warn_if_named(&self, replica: &str, endpoints: &crate::endpoints::Endpoints) {
         if endpoints.host_is_ip {
             return;
         }
@@ -560,7 +560,7 @@ impl Exchange {
             Some(Ok(selected)) => self.shared.settings.hasher_for(&selected).model(),
             Some(Err(e)) => {
                 self.shared.metrics.request("unknown_model");
-                return Err(Refusal::from_rejected(crate::proxy::Rejected {
+                return Err(Refusal::from_rejected(crate::request::Rejected {
                     status: axum::http::StatusCode::NOT_FOUND,
                     message: e.to_string(),
                     outcome: "unknown_model",

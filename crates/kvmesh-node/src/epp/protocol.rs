@@ -139,7 +139,7 @@ pub fn destination(
             envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd;
         set_headers.push(HeaderValueOption {
             append_action: action as i32,
-            ..header(crate::replica::endpoints::DATA_PARALLEL_RANK_HEADER, &k.to_string())
+            ..header(crate::endpoints::DATA_PARALLEL_RANK_HEADER, &k.to_string())
         });
     }
     if let Some(n) = body_len {
@@ -151,7 +151,7 @@ pub fn destination(
             set_headers,
             remove_headers: match rank {
                 Some(_) => vec![],
-                None => vec![crate::replica::endpoints::DATA_PARALLEL_RANK_HEADER.to_string()],
+                None => vec![crate::endpoints::DATA_PARALLEL_RANK_HEADER.to_string()],
             },
         }),
         clear_route_cache: true,

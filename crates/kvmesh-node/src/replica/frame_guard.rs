@@ -104,21 +104,6 @@ impl Drop for FrameGuard {
     }
 }
 
-/// `tcp://host:port` → `host:port` (`*` → `0.0.0.0`).
-///
-/// # Errors
-/// Another transport, or no port.
-pub fn tcp_address(endpoint: &str) -> anyhow::Result<String> {
-    let rest = endpoint
-        .strip_prefix("tcp://")
-        .ok_or_else(|| anyhow::anyhow!("{endpoint:?}: only tcp://host:port endpoints are supported"))?;
-    let rest = rest.strip_prefix("*:").map_or_else(|| rest.to_string(), |port| format!("0.0.0.0:{port}"));
-    if rest.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) {
-        anyhow::bail!("{endpoint:?} has no port (tcp://host:port)");
-    }
-    Ok(rest)
-}
-
 impl FrameGuard {
     /// Starts a relay for `direction` that cuts the connection at a frame or message over
     /// `limits.max_message_bytes`, and drops messages whose payload declares more than
@@ -532,13 +517,5 @@ mod tests {
         // An empty payload is the decoder's to refuse: forwarded.
         let empty = [&greeting[..], &frame(true, 0), &frame(false, 0)].concat();
         assert_eq!(run(DecodeLimits::default(), &empty, 1), Ok((empty.clone(), 0)));
-    }
-
-    #[test]
-    fn endpoints() {
-        assert_eq!(tcp_address("tcp://vllm-0.vllm:5557").unwrap(), "vllm-0.vllm:5557");
-        assert_eq!(tcp_address("tcp://*:5557").unwrap(), "0.0.0.0:5557");
-        assert!(tcp_address("ipc:///tmp/x").is_err());
-        assert!(tcp_address("tcp://host").is_err());
     }
 }

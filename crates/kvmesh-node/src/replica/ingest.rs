@@ -23,8 +23,9 @@
 //! more than the budget (the connection stays up).
 
 use super::event_guard::{EventGuard, Problems, StreamLogs};
-use super::frame_guard::{tcp_address, Direction, FrameGuard};
+use super::frame_guard::{Direction, FrameGuard};
 use super::replayed::Replayed;
+use crate::endpoints::tcp_address;
 use crate::state::Shared;
 use kvmesh_core::index::KvEvent;
 use kvmesh_events::{decode_message_with, decode_replay_reply_with, replay_request, EventBatch, ReplayReply};

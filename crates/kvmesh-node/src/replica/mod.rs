@@ -16,7 +16,6 @@
 
 pub mod actor;
 pub mod adapters;
-pub mod endpoints;
 pub mod event_guard;
 pub mod frame_guard;
 pub mod ingest;

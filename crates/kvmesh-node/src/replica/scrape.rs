@@ -126,7 +126,7 @@ async fn scrape(shared: &Shared, url: &str, interval: Duration) -> Result<String
         .timeout(timeout)
         .send()
         .await
-        .map_err(|e| format!("GET {url}: {}", crate::error_chain(&e)))?;
+        .map_err(|e| format!("GET {url}: {}", crate::errors::error_chain(&e)))?;
     if !resp.status().is_success() {
         return Err(format!("GET {url}: HTTP {}", resp.status()));
     }

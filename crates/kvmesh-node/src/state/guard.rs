@@ -2,7 +2,8 @@
 //! logged once the guard has released it: a log write (stderr, perhaps a slow pipe) never
 //! holds up the decisions waiting for the lock.
 
-use super::{Core, Status};
+use super::Core;
+use kvmesh_core::ReplicaStatus;
 use parking_lot::MutexGuard;
 use std::ops::{Deref, DerefMut};
 
@@ -12,9 +13,9 @@ pub struct StatusChange {
     /// The replica's name.
     pub replica: String,
     /// Its status before.
-    pub from: Status,
+    pub from: ReplicaStatus,
     /// Its status now.
-    pub to: Status,
+    pub to: ReplicaStatus,
     /// Why, for operators (empty for `ready`).
     pub detail: String,
 }
@@ -26,20 +27,23 @@ impl StatusChange {
         match self.to {
             // Backpressure comes and goes every `overload_backoff_ms` under load; it is
             // counted (`kvmesh_requests_total{outcome="backpressure"}`), and logged at debug.
-            Status::Overloaded => {
+            ReplicaStatus::Overloaded => {
                 tracing::debug!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
             }
-            Status::Ready if self.from == Status::Overloaded => {
+            ReplicaStatus::Ready if self.from == ReplicaStatus::Overloaded => {
                 tracing::debug!(replica = %name, from = from_s, "replica ready")
             }
-            Status::Ready => tracing::info!(replica = %name, from = from_s, "replica ready"),
-            Status::Draining | Status::Starting => {
+            ReplicaStatus::Ready => tracing::info!(replica = %name, from = from_s, "replica ready"),
+            ReplicaStatus::Draining | ReplicaStatus::Starting | ReplicaStatus::Removed => {
                 tracing::info!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
             }
-            Status::BlockSizeMismatch => {
+            ReplicaStatus::BlockSizeMismatch => {
                 tracing::error!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
             }
-            Status::Unhealthy | Status::OutOfSync | Status::NoEvents | Status::BadEvents => {
+            ReplicaStatus::Unhealthy
+            | ReplicaStatus::OutOfSync
+            | ReplicaStatus::NoEvents
+            | ReplicaStatus::BadEvents => {
                 tracing::warn!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")
             }
         }

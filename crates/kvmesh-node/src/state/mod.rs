@@ -10,7 +10,7 @@
 //! - [`Core`] (`routing/`): what the lock guards — the fleet, the policy, every replica's
 //!   live state ([`Replica`], `replica.rs`) — with its status rules (`routing/health.rs`),
 //!   KV events (`routing/events.rs`) and decisions (`routing/decide.rs`).
-//! - [`Status`] (`status.rs`), [`Settings`] (`settings.rs`), drains (`drain.rs`), the lock
+//! - [`Settings`] (`settings.rs`), drains (`drain.rs`), the lock
 //!   guard that logs status changes after the lock is released (`guard.rs`).
 
 mod drain;
@@ -18,22 +18,20 @@ mod guard;
 mod replica;
 mod routing;
 mod settings;
-mod status;
 #[cfg(test)]
 mod tests;
 
 use crate::config::{NodeConfig, ReplicaConfig};
+use crate::endpoints::Endpoints;
 use crate::metrics::Metrics;
-use crate::replica::endpoints::Endpoints;
 pub use drain::{DrainProgress, DRAIN_SETTLE_S, ENGINE_STALL_S};
 pub use guard::{CoreGuard, StatusChange};
-use kvmesh_core::{Fleet, FleetConfig, Namespace, PolicyKind, ReplicaId, ReplicaSpec};
+use kvmesh_core::{Fleet, FleetConfig, Namespace, PolicyKind, ReplicaId, ReplicaSpec, ReplicaStatus};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 pub use replica::{Replica, RECENT_PROMPTS, RECENT_PROMPT_TOKENS};
 pub use routing::Core;
 pub use settings::{NamedReplica, Settings};
-pub use status::Status;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -392,7 +390,7 @@ impl Shared {
             events_applied: 0,
             events_rejected: 0,
             bad_events_until: None,
-            reported: Status::Ready,
+            reported: ReplicaStatus::Ready,
         };
         core.replicas.insert(config.name.clone(), replica);
         // In line with the flags in the same lock section: never routed to in between.

@@ -1,11 +1,11 @@
 //! One registered replica as the node follows it: how to reach it, its health, its event
 //! stream's progress and what its engine last reported.
 
-use super::Status;
 use crate::config::ReplicaConfig;
-use crate::replica::endpoints::Endpoints;
+use crate::endpoints::Endpoints;
 use kvmesh_core::load::EngineMetrics;
 use kvmesh_core::ReplicaId;
+use kvmesh_core::ReplicaStatus;
 use std::sync::Arc;
 
 /// Prompts kept per replica whose history is partial ([`Replica::recent_prompts`]), at most.
@@ -98,7 +98,7 @@ pub struct Replica {
     /// End of its KV-event quarantine, node seconds (status `bad_events` until then).
     pub bad_events_until: Option<f64>,
     /// The status last logged: a change is logged once, when it is first seen.
-    pub reported: Status,
+    pub reported: ReplicaStatus,
 }
 
 impl Replica {

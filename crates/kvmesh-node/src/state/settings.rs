@@ -1,6 +1,6 @@
 //! The node settings the request path reads without the lock.
 
-use crate::replica::endpoints::Endpoints;
+use crate::endpoints::Endpoints;
 use kvmesh_core::Namespace;
 use std::sync::Arc;
 

@@ -23,18 +23,18 @@ fn a_change_of_status_is_reported_once_with_what_it_means() {
     let mut core = shared.core();
     assert_eq!(core.sync_routable("r0", 1.0), None);
     core.record_down("r0", "connection refused".into(), 1.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Unhealthy);
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Unhealthy);
     // Logged when it changed, not again.
     assert_eq!(core.sync_routable("r0", 1.5), None);
-    assert_eq!(core.status_detail(&core.replicas["r0"], Status::Unhealthy, 2.0), "connection refused");
+    assert_eq!(core.status_detail(&core.replicas["r0"], ReplicaStatus::Unhealthy, 2.0), "connection refused");
     let metrics = EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, at: 2.0 };
     core.record_metrics("r0", metrics, None, 2.0, 2.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Ready);
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready);
     // An overload mark runs out with time: seen at the next sync.
     core.record_overload("r0", 5.0, 3.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Overloaded);
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Overloaded);
     assert_eq!(core.sync_routable("r0", 4.0), None);
-    assert_eq!(core.sync_routable("r0", 6.0), Some((Status::Overloaded, Status::Ready)));
+    assert_eq!(core.sync_routable("r0", 6.0), Some((ReplicaStatus::Overloaded, ReplicaStatus::Ready)));
     assert_eq!(core.sync_routable("nobody", 6.0), None);
 }
 
@@ -59,8 +59,8 @@ fn status_changes_are_logged_after_the_lock_is_released() {
             queued,
             vec![StatusChange {
                 replica: "r0".into(),
-                from: Status::Ready,
-                to: Status::Unhealthy,
+                from: ReplicaStatus::Ready,
+                to: ReplicaStatus::Unhealthy,
                 detail: "connection refused".into()
             }]
         );
@@ -94,17 +94,17 @@ fn an_engine_that_serves_no_token_with_requests_in_flight_is_hung_and_routed_aro
     let decision = core.decide(&req, 100.0).unwrap();
     core.book(&req, decision, 100.0).unwrap();
     core.record_metrics("r0", m(200.0), Some(100.0), 200.0, 200.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Ready);
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready);
     // A proxied request in flight from the scrape at 202; the counter still from 1 s on.
     in_flight(&mut core, 1);
     core.record_metrics("r0", m(202.0), Some(100.0), 202.0, 202.0);
     core.record_metrics("r0", m(261.0), Some(100.0), 261.0, 261.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Ready, "59 s: not yet");
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready, "59 s: not yet");
     core.record_metrics("r0", m(262.0), Some(100.0), 262.0, 262.0);
     let r = &core.replicas["r0"];
-    assert_eq!(r.reported, Status::Unhealthy);
+    assert_eq!(r.reported, ReplicaStatus::Unhealthy);
     assert_eq!(
-        core.status_detail(r, Status::Unhealthy, 262.0),
+        core.status_detail(r, ReplicaStatus::Unhealthy, 262.0),
         "hung: its engine served no token for 261 s with requests in flight; routed around until it serves \
          again (or tried again once idle for hung_after_s)"
     );
@@ -112,20 +112,20 @@ fn an_engine_that_serves_no_token_with_requests_in_flight_is_hung_and_routed_aro
     in_flight(&mut core, 0);
     core.record_metrics("r0", m(800.0), Some(100.0), 800.0, 800.0);
     core.record_metrics("r0", m(859.0), Some(100.0), 859.0, 859.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Unhealthy, "idle for 59 s");
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Unhealthy, "idle for 59 s");
     core.record_metrics("r0", m(860.0), Some(100.0), 860.0, 860.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Ready, "tried again");
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready, "tried again");
     // Hung again with a request in flight; then it serves: back at once.
     in_flight(&mut core, 1);
     core.record_metrics("r0", m(861.0), Some(100.0), 861.0, 861.0);
     core.record_metrics("r0", m(921.0), Some(100.0), 921.0, 921.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Unhealthy);
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Unhealthy);
     core.record_metrics("r0", m(922.0), Some(140.0), 922.0, 922.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Ready);
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready);
     // An SGLang page's counter moves only as requests finish: never judged hung.
     core.replicas.get_mut("r0").unwrap().counts_every_step = false;
     core.record_metrics("r0", m(1_100.0), Some(140.0), 1_100.0, 1_100.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Ready);
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready);
     drop(core);
     let off = node(crate::config::NodeSection { hung_after_s: 0.0, ..Default::default() });
     add(&off, "name = \"r0\"");
@@ -133,7 +133,7 @@ fn an_engine_that_serves_no_token_with_requests_in_flight_is_hung_and_routed_aro
     in_flight(&mut core, 1);
     core.record_metrics("r0", m(2.0), Some(100.0), 2.0, 2.0);
     core.record_metrics("r0", m(500.0), Some(100.0), 500.0, 500.0);
-    assert_eq!(core.replicas["r0"].reported, Status::Ready, "0: off");
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready, "0: off");
 }
 
 #[test]
@@ -193,9 +193,9 @@ fn a_replica_the_registry_holds_starting_is_out_of_rotation_from_its_first_momen
         let r = &core.replicas[name];
         (core.status(r, 1.0), core.fleet.replica(r.id).unwrap().routable())
     };
-    assert_eq!(view("s"), (Status::Starting, false));
-    assert_eq!(view("d"), (Status::Draining, false));
-    assert_eq!(view("r"), (Status::Ready, true));
+    assert_eq!(view("s"), (ReplicaStatus::Starting, false));
+    assert_eq!(view("d"), (ReplicaStatus::Draining, false));
+    assert_eq!(view("r"), (ReplicaStatus::Ready, true));
     assert!(core.rotation_ahead.is_empty());
 }
 
@@ -220,17 +220,17 @@ fn a_kv_event_owed_longer_than_events_silent_s_means_no_events() {
     let status = |core: &Core, at: f64| core.status(&core.replicas["e"], at);
     // A request that began at 100 s filled new blocks; no event has come.
     core.served_new_blocks("e", 100.0);
-    assert_eq!(status(&core, 105.0), Status::Ready);
-    assert_eq!(status(&core, 110.5), Status::NoEvents);
+    assert_eq!(status(&core, 105.0), ReplicaStatus::Ready);
+    assert_eq!(status(&core, 110.5), ReplicaStatus::NoEvents);
     // An event settles it.
     core.apply("e", &KvEvent::Cleared, 111.0);
-    assert_eq!(status(&core, 112.0), Status::Ready);
+    assert_eq!(status(&core, 112.0), ReplicaStatus::Ready);
     // A request that began before that event owes nothing more.
     core.served_new_blocks("e", 105.0);
-    assert_eq!(status(&core, 200.0), Status::Ready);
+    assert_eq!(status(&core, 200.0), ReplicaStatus::Ready);
     // Sparse traffic: one request, and no event for 10 s, is enough.
     core.served_new_blocks("e", 300.0);
-    assert_eq!(status(&core, 311.0), Status::NoEvents);
+    assert_eq!(status(&core, 311.0), ReplicaStatus::NoEvents);
 }
 
 #[test]

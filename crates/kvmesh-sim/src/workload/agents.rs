@@ -16,7 +16,7 @@
 //! request's `group` is its session, so a replay reports session completion times (first
 //! arrival to last finish: what the user waits for) in its steps columns.
 
-use super::scenarios::ScenarioParams;
+use super::params::ScenarioParams;
 use super::{into_trace, lognormal};
 use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceRequest};
 use rand::rngs::SmallRng;

@@ -15,6 +15,7 @@
 pub mod agents;
 pub mod arrivals;
 pub mod chat;
+pub mod params;
 pub mod rollouts;
 pub mod scenarios;
 

@@ -12,7 +12,7 @@
 //! [1, [`MAX_TOKENS`]]; every request sends `max_tokens` = [`MAX_TOKENS`], far above the
 //! medians, as RL trainers do. Each request's `group` is its step.
 
-use super::scenarios::ScenarioParams;
+use super::params::ScenarioParams;
 use super::{into_trace, lognormal};
 use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceRequest};
 use rand::rngs::SmallRng;

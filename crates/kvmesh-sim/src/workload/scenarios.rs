@@ -15,6 +15,7 @@
 //! | `chat` | multi-turn sessions ([`super::Workload`]) |
 //! | `rl` | asynchronous RL rollouts: steps of 16 prompts × 8 samples, heavy-tailed outputs, `max_tokens` 8,192 ([`super::rollouts`]) |
 
+pub use super::params::ScenarioParams;
 use super::Workload;
 use crate::trace::{mooncake::BLOCK_TOKENS, Trace, TraceFormat, TraceRequest};
 use rand::rngs::SmallRng;
@@ -47,24 +48,6 @@ pub enum Scenario {
     Rl,
     /// Agent tool loops ([`super::agents`]).
     Agents,
-}
-
-/// Size and pace of a generated scenario.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScenarioParams {
-    /// Requests to generate.
-    pub requests: u32,
-    /// Mean arrival rate, requests per second.
-    pub rate: f64,
-    /// RNG seed.
-    pub seed: u64,
-}
-
-impl Default for ScenarioParams {
-    /// 2,000 requests at 10 req/s, seed 1.
-    fn default() -> Self {
-        ScenarioParams { requests: 2000, rate: 10.0, seed: 1 }
-    }
 }
 
 impl Scenario {

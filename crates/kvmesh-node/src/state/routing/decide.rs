@@ -1,7 +1,7 @@
 //! Decisions, bookings, first tokens, releases and expiry.
 
 use super::Core;
-use crate::replica::endpoints::Endpoints;
+use crate::endpoints::Endpoints;
 use crate::state::{NamedReplica, ACTIVE_PEER_WINDOW_S};
 use kvmesh_core::load::BookingId;
 use kvmesh_core::{Decision, RouteRequest, Routed};

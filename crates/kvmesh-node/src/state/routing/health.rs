@@ -1,44 +1,44 @@
 //! A replica's status: health checks, backpressure, engine reports, and the routable flag.
 
 use super::Core;
-use crate::state::{Replica, Status, StatusChange};
-use kvmesh_core::fleet::ReplicaStatus as CoreStatus;
+use crate::state::{Replica, StatusChange};
 use kvmesh_core::load::EngineMetrics;
+use kvmesh_core::ReplicaStatus;
 
 impl Core {
     /// The status operators see for `r` at `now`.
-    pub fn status(&self, r: &Replica, now: f64) -> Status {
+    pub fn status(&self, r: &Replica, now: f64) -> ReplicaStatus {
         if r.starting {
-            return Status::Starting;
+            return ReplicaStatus::Starting;
         }
         if r.draining() {
-            return Status::Draining;
+            return ReplicaStatus::Draining;
         }
         if r.failures >= self.unhealthy_after || r.hung.is_some() || self.hung_for(r, now).is_some() {
-            return Status::Unhealthy;
+            return ReplicaStatus::Unhealthy;
         }
         if r.overloaded_until > now {
-            return Status::Overloaded;
+            return ReplicaStatus::Overloaded;
         }
         // Time-based: a quarantine ends by itself even when nothing acts on its end (an
         // `Events.Publish` pusher that never comes back).
         if r.bad_events_until.is_some_and(|u| now < u) {
-            return Status::BadEvents;
+            return ReplicaStatus::BadEvents;
         }
         if let Some(health) = self.fleet.index().health(r.id) {
             if health.block_size_mismatch.is_some() {
-                return Status::BlockSizeMismatch;
+                return ReplicaStatus::BlockSizeMismatch;
             }
             if health.out_of_sync || r.resyncing {
-                return Status::OutOfSync;
+                return ReplicaStatus::OutOfSync;
             }
         }
         // An event owed for longer than `events_silent_s`: the stream is silent, however
         // sparse the traffic.
         if r.config.kv_events.is_some() && r.unpublished_since.is_some_and(|t| now - t > self.events_silent_s) {
-            return Status::NoEvents;
+            return ReplicaStatus::NoEvents;
         }
-        Status::Ready
+        ReplicaStatus::Ready
     }
 
     /// How long `r`'s engine has served no token while this node had requests in flight on
@@ -53,59 +53,55 @@ impl Core {
         (self.hung_after_s > 0.0 && hung >= self.hung_after_s).then_some(hung)
     }
 
-    /// Whether a replica takes new requests (ready, or degraded but still serving).
-    fn routable(status: Status) -> bool {
-        !matches!(status, Status::Draining | Status::Starting | Status::Unhealthy | Status::Overloaded)
-    }
-
     /// What `r`'s `status` means at `now`, for operators (empty when the status says it all).
-    pub fn status_detail(&self, r: &Replica, status: Status, now: f64) -> String {
+    pub fn status_detail(&self, r: &Replica, status: ReplicaStatus, now: f64) -> String {
         match status {
-            Status::BlockSizeMismatch => {
+            ReplicaStatus::BlockSizeMismatch => {
                 let ours = self.fleet.block_size_of(self.fleet.replica(r.id).map(|s| s.model));
                 self.fleet.index().health(r.id).and_then(|h| h.block_size_mismatch).map_or(String::new(), |b| {
                     format!("events carry block size {b}, this node uses {ours}: routed on load only")
                 })
             }
-            Status::Unhealthy if r.hung.is_some() || self.hung_for(r, now).is_some() => {
+            ReplicaStatus::Unhealthy if r.hung.is_some() || self.hung_for(r, now).is_some() => {
                 let still = r.engine_served.map_or(0.0, |(_, since)| now - since);
                 format!(
                     "hung: its engine served no token for {still:.0} s with requests in flight; routed \
                      around until it serves again (or tried again once idle for hung_after_s)"
                 )
             }
-            Status::Unhealthy => r.last_error.clone().unwrap_or_default(),
-            Status::Overloaded => "answered 429/503; backing off".into(),
-            Status::BadEvents => r.bad_events_until.map_or(String::new(), |u| {
+            ReplicaStatus::Unhealthy => r.last_error.clone().unwrap_or_default(),
+            ReplicaStatus::Overloaded => "answered 429/503; backing off".into(),
+            ReplicaStatus::BadEvents => r.bad_events_until.map_or(String::new(), |u| {
                 format!(
                     "its KV events kept being refused: quarantined for {:.0} s more (blocks dropped, stream \
                      not followed; routed on load only), then rebuilt",
                     (u - now).max(0.0)
                 )
             }),
-            Status::NoEvents => "serving, but no KV event arrives: routed on load and the router's record".into(),
-            Status::OutOfSync => {
+            ReplicaStatus::NoEvents => {
+                "serving, but no KV event arrives: routed on load and the router's record".into()
+            }
+            ReplicaStatus::OutOfSync => {
                 "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
             }
-            Status::Starting => match (&r.engine, &r.last_error) {
+            ReplicaStatus::Starting => match (&r.engine, &r.last_error) {
                 (Some(_), None) => "starting: the engine answers; not routed to until marked ready".into(),
                 (_, Some(e)) => format!("starting: the engine does not answer yet ({e})"),
                 (None, None) => "starting: no scrape of the engine yet".into(),
             },
-            Status::Draining => self.drain_progress(r, now).map_or(String::new(), |p| p.to_string()),
-            Status::Ready => String::new(),
+            ReplicaStatus::Draining => self.drain_progress(r, now).map_or(String::new(), |p| p.to_string()),
+            ReplicaStatus::Ready | ReplicaStatus::Removed => String::new(),
         }
     }
 
-    /// Brings the core's ready/draining flag in line with `name`'s status, and queues a change
+    /// Brings the routing core's status of `name` in line with what this node sees, and queues a change
     /// of status to be logged once, after the lock ([`CoreGuard`]); returns the change, (from,
     /// to), if there was one.
-    pub fn sync_routable(&mut self, name: &str, now: f64) -> Option<(Status, Status)> {
+    pub fn sync_routable(&mut self, name: &str, now: f64) -> Option<(ReplicaStatus, ReplicaStatus)> {
         let r = self.replicas.get(name)?;
         let status = self.status(r, now);
         let id = r.id;
-        let _ =
-            self.fleet.set_status(id, if Core::routable(status) { CoreStatus::Ready } else { CoreStatus::Draining });
+        let _ = self.fleet.set_status(id, status);
         let from = r.reported;
         if from == status {
             return None;
@@ -138,7 +134,7 @@ impl Core {
     }
 
     /// Records a failed scrape or connect; returns the replica's status after it.
-    pub fn record_failure(&mut self, name: &str, error: String, now: f64) -> Option<Status> {
+    pub fn record_failure(&mut self, name: &str, error: String, now: f64) -> Option<ReplicaStatus> {
         let r = self.replicas.get_mut(name)?;
         r.failures += 1;
         r.last_error = Some(error);

@@ -3,8 +3,8 @@
 //! request), nothing is booked: the request waits in the queue and is decided afresh when
 //! capacity frees.
 
-use super::Refused;
-use crate::replica::endpoints::Endpoints;
+use crate::admission::Refused;
+use crate::endpoints::Endpoints;
 use crate::state::Shared;
 use kvmesh_core::{RouteRequest, Routed};
 use std::sync::Arc;

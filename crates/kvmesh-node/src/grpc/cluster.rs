@@ -1,7 +1,7 @@
 //! The `kvmesh.v1` Raft, Cluster and Gossip services of one node.
 
-use super::registry::Command;
-use super::Cluster;
+use crate::cluster::registry::Command;
+use crate::cluster::Cluster;
 use crate::state::Shared;
 use kvmesh_core::gossip::{Delta, NodeId};
 use kvmesh_proto::v1::{self, cluster_server, gossip_server, raft_server};
@@ -44,12 +44,12 @@ impl ClusterServices {
 
     /// Calls an operator makes (the admin token), or a node forwards for one: marked
     /// forwarded, signed with the nodes' token, *and* carrying the operator's admin token,
-    /// which this node verifies itself ([`super::operator`]). The nodes' token alone is not
+    /// which this node verifies itself ([`crate::cluster::operator`]). The nodes' token alone is not
     /// an operator's credential.
     fn admin_or_peer_auth(&self, meta: &tonic::metadata::MetadataMap) -> Result<(), Status> {
-        if meta.contains_key(super::FORWARDED) {
+        if meta.contains_key(crate::cluster::FORWARDED) {
             self.peer_auth(meta)?;
-            let operator = super::operator::forwarded_credential(meta);
+            let operator = crate::cluster::operator::forwarded_credential(meta);
             crate::auth::check(&operator, &[&self.shared.tokens.admin]).map_err(|_| {
                 Status::permission_denied("a forwarded operator write must carry the operator's own admin token")
             })
@@ -142,7 +142,7 @@ impl cluster_server::Cluster for ClusterServices {
     }
 
     async fn write(&self, r: Request<v1::WriteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
-        let forwarded = r.metadata().contains_key(super::FORWARDED);
+        let forwarded = r.metadata().contains_key(crate::cluster::FORWARDED);
         let (meta, _, body) = r.into_parts();
         // A credential first, then the command is parsed.
         if forwarded {

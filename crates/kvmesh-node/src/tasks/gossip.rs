@@ -3,8 +3,8 @@
 //! `summary_interval_ms`. A peer that is down or slow loses batches (bounded queues); the next
 //! summary repairs them. Peers are the Raft members.
 
-use super::network::channel;
-use super::Cluster;
+use crate::cluster::network::channel;
+use crate::cluster::Cluster;
 use crate::config::ClusterSection;
 use crate::state::Shared;
 use kvmesh_core::gossip::NodeId;
@@ -113,8 +113,8 @@ async fn peer_sender(
         return;
     };
     loop {
-        let mut client =
-            v1::gossip_client::GossipClient::new(ch.clone()).max_encoding_message_size(super::MAX_MESSAGE_BYTES);
+        let mut client = v1::gossip_client::GossipClient::new(ch.clone())
+            .max_encoding_message_size(crate::cluster::MAX_MESSAGE_BYTES);
         let (tx, stream_rx) = mpsc::channel::<v1::GossipBatch>(PEER_QUEUE);
         let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(stream_rx));
         if let Some(t) = &token {

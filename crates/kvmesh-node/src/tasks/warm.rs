@@ -4,7 +4,7 @@
 //! on the target while it runs, so routing sees its prefill. Its success is judged later, by
 //! the target's KV events (`kvmesh_core::replication::warm_round`).
 
-use super::WarmFailure;
+use crate::replication::WarmFailure;
 use crate::state::Shared;
 use kvmesh_core::load::BookingSpec;
 use kvmesh_core::replication::Warmup;
@@ -105,14 +105,14 @@ async fn prefill(
     }
     let mut post = shared.probe_http.post(format!("{url}/v1/completions"));
     if let Some(k) = rank {
-        post = post.header(crate::replica::endpoints::DATA_PARALLEL_RANK_HEADER, k);
+        post = post.header(crate::endpoints::DATA_PARALLEL_RANK_HEADER, k);
     }
     let resp = post
         .timeout(timeout)
         .json(&body)
         .send()
         .await
-        .map_err(|e| format!("warm-up request to {url}: {}", crate::error_chain(&e)))?;
+        .map_err(|e| format!("warm-up request to {url}: {}", crate::errors::error_chain(&e)))?;
     let status = resp.status();
     if status.is_success() {
         return Ok(());
@@ -137,7 +137,7 @@ async fn transfer(
         .timeout(timeout)
         .connect()
         .await
-        .map_err(|e| format!("connecting to the transfer sidecar {endpoint}: {}", crate::error_chain(&e)))?;
+        .map_err(|e| format!("connecting to the transfer sidecar {endpoint}: {}", crate::errors::error_chain(&e)))?;
     let req = v1::TransferRequest {
         hash: w.hash.0,
         depth_blocks: w.depth_blocks,

@@ -92,9 +92,32 @@ impl Endpoints {
     }
 }
 
+/// `tcp://host:port` → `host:port` (`*` → `0.0.0.0`).
+///
+/// # Errors
+/// Another transport, or no port.
+pub fn tcp_address(endpoint: &str) -> anyhow::Result<String> {
+    let rest = endpoint
+        .strip_prefix("tcp://")
+        .ok_or_else(|| anyhow::anyhow!("{endpoint:?}: only tcp://host:port endpoints are supported"))?;
+    let rest = rest.strip_prefix("*:").map_or_else(|| rest.to_string(), |port| format!("0.0.0.0:{port}"));
+    if rest.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) {
+        anyhow::bail!("{endpoint:?} has no port (tcp://host:port)");
+    }
+    Ok(rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(tcp_address("tcp://vllm-0.vllm:5557").unwrap(), "vllm-0.vllm:5557");
+        assert_eq!(tcp_address("tcp://*:5557").unwrap(), "0.0.0.0:5557");
+        assert!(tcp_address("ipc:///tmp/x").is_err());
+        assert!(tcp_address("tcp://host").is_err());
+    }
 
     #[test]
     fn urls_join_the_base_and_the_path_whatever_the_trailing_slash() {

@@ -2,10 +2,11 @@
 //! (once seeded; before that, the node's own `[[replicas]]`), draining follows the registry's
 //! state, and the policy and the replication plan follow the cluster's.
 
-use super::registry::{ClusterState, ReplicaState};
+use crate::cluster::registry::ClusterState;
 use crate::config::ReplicaConfig;
 use crate::replica::SupervisorMsg;
 use crate::state::Shared;
+use kvmesh_core::ReplicaStatus;
 use ractor::ActorRef;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -44,7 +45,7 @@ async fn sync(shared: &Shared, supervisor: &ActorRef<SupervisorMsg>, state: &Clu
         if !current.contains(new) {
             // Out of rotation from its first moment if it is starting or draining (a node
             // restarting re-adds every replica).
-            shared.set_rotation_ahead(&new.name, e.state != ReplicaState::Ready, e.state == ReplicaState::Starting);
+            shared.set_rotation_ahead(&new.name, e.state != ReplicaStatus::Ready, e.state == ReplicaStatus::Starting);
             match ractor::call!(supervisor, SupervisorMsg::Add, Box::new(new.clone())) {
                 Ok(Ok(())) => {
                     tracing::info!(replica = %new.name, state = e.state.as_str(), "registry: replica added")
@@ -56,8 +57,8 @@ async fn sync(shared: &Shared, supervisor: &ActorRef<SupervisorMsg>, state: &Clu
     }
     for e in state.live_replicas() {
         // A starting replica is not routed to either: it cannot serve yet.
-        let draining = e.state != ReplicaState::Ready;
-        let _ = shared.set_rotation(&e.config.name, draining, e.state == ReplicaState::Starting);
+        let draining = e.state != ReplicaStatus::Ready;
+        let _ = shared.set_rotation(&e.config.name, draining, e.state == ReplicaStatus::Starting);
     }
     if let Some(plan) = &state.replication_plan {
         match serde_json::from_value::<kvmesh_core::replication::ReplicationPlan>(plan.clone()) {

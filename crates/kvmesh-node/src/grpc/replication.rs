@@ -42,7 +42,7 @@ impl replication_server::Replication for ReplicationService {
             n => n as usize,
         };
         let rep = &self.shared.replication;
-        let (hot, nodes) = rep.hot_with_nodes(&self.shared);
+        let (hot, nodes) = crate::tasks::replication::hot_with_nodes(&self.shared);
         let plan = rep.plan();
         let hasher = self.shared.settings.hasher;
         let bs = hasher.block_size();
@@ -126,7 +126,7 @@ impl replication_server::Replication for ReplicationService {
             Some(v1::trigger_request::Prefix::TokenIds(t)) => (t.ids, None),
             Some(v1::trigger_request::Prefix::Text(t)) => (self.shared.tokenizer.encode(&t), None),
             Some(v1::trigger_request::Prefix::Hash(h)) => {
-                let hot = rep.hot(&self.shared);
+                let hot = crate::tasks::replication::hot(&self.shared);
                 let p = hot.prefixes.iter().find(|p| p.hash == BlockHash(h)).ok_or_else(|| {
                     Status::not_found(format!(
                         "prefix {h} is not among this node's hot prefixes (kvmesh replication status)"
@@ -144,10 +144,10 @@ impl replication_server::Replication for ReplicationService {
             let current = rep.plan();
             let plan = {
                 let core = self.shared.core();
-                trigger(&config, super::unix_now(), &core.fleet, &current, &tokens, &r.replicas, expect)
+                trigger(&config, crate::replication::unix_now(), &core.fleet, &current, &tokens, &r.replicas, expect)
                     .map_err(|e| Status::invalid_argument(e.to_string()))?
             };
-            match super::commit(&self.shared, self.cluster.as_deref(), &current, plan).await {
+            match crate::tasks::replication::commit(&self.shared, self.cluster.as_deref(), &current, plan).await {
                 Ok(()) => {
                     // Committed and applied to this node's Raft state; its copy of the plan
                     // follows that a moment later: answer with the plan that includes ours.

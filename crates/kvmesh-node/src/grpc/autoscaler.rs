@@ -2,7 +2,7 @@
 //! decisions. The KEDA metric is the desired replica count with a target of 1 per replica, so
 //! a ScaledObject's HPA sets the Deployment to exactly the decision.
 
-use super::Decision;
+use crate::autoscaler::Decision;
 use crate::state::Shared;
 use kvmesh_proto::externalscaler::{self as keda, external_scaler_server::ExternalScaler};
 use kvmesh_proto::v1::{self, autoscaler_server::Autoscaler};

@@ -2,14 +2,20 @@
 //! `Events.Publish` for engines without ZMQ; plus the standard health service and server
 //! reflection, so `grpcurl -plaintext host:50051 list` works out of the box.
 
-use crate::admission::{Admitted, NotAdmitted, Refused};
-use crate::cluster::registry::{Command, ReplicaState};
+pub mod autoscaler;
+pub mod cluster;
+pub mod replication;
+
+use crate::admission::Refused;
+use crate::admit::{Admitted, NotAdmitted};
+use crate::cluster::registry::Command;
 use crate::cluster::{Cluster, ClusterError};
 use crate::config::ReplicaConfig;
 use crate::replica::SupervisorMsg;
-use crate::state::{RegistryError, Shared, Status};
+use crate::state::{RegistryError, Shared};
 use kvmesh_core::load::BookingId;
 use kvmesh_core::prompt::approximate_tokens;
+use kvmesh_core::ReplicaStatus;
 use kvmesh_core::RouteRequest;
 use kvmesh_proto::v1::{self, admin_server, events_server, router_server};
 use ractor::ActorRef;
@@ -91,7 +97,7 @@ impl router_server::Router for Services {
         {
             return Err(GrpcStatus::invalid_argument(NotAdmitted::never_fits(&f)));
         }
-        let mut ticket = crate::admission::Ticket::new(&self.shared, crate::admission::Via::Route, exact, arrived)
+        let mut ticket = crate::admit::Ticket::new(&self.shared, crate::admit::Via::Route, exact, arrived)
             .for_selected(&selected)
             .whole_only(!r.accept_disaggregated);
         let Admitted { routed, replica: name, endpoints, at: now, decision_s, decode } = match ticket
@@ -192,72 +198,6 @@ impl router_server::Router for Services {
     }
 }
 
-fn wire_status(s: Status) -> v1::ReplicaStatus {
-    match s {
-        Status::Ready => v1::ReplicaStatus::Ready,
-        Status::Draining => v1::ReplicaStatus::Draining,
-        Status::Starting => v1::ReplicaStatus::Starting,
-        Status::OutOfSync => v1::ReplicaStatus::OutOfSync,
-        Status::NoEvents => v1::ReplicaStatus::NoEvents,
-        Status::BlockSizeMismatch => v1::ReplicaStatus::BlockSizeMismatch,
-        Status::Unhealthy => v1::ReplicaStatus::Unhealthy,
-        Status::Overloaded => v1::ReplicaStatus::Overloaded,
-        Status::BadEvents => v1::ReplicaStatus::BadEvents,
-    }
-}
-
-pub(crate) fn to_spec(c: &ReplicaConfig, block_size: u32) -> v1::ReplicaSpec {
-    v1::ReplicaSpec {
-        name: c.name.clone(),
-        http_endpoint: c.http.clone(),
-        kv_events_endpoint: c.kv_events.clone().unwrap_or_default(),
-        replay_endpoint: c.replay.clone().unwrap_or_default(),
-        kv_events_bind: c.kv_events_bind,
-        metrics_url: c.metrics(),
-        model: c.model.clone().unwrap_or_default(),
-        engine: c.engine.clone(),
-        block_size: c.block_size.unwrap_or(block_size),
-        capacity_blocks: c.capacity_blocks,
-        data_parallel_rank: c.data_parallel_rank,
-        lora_adapters: c.lora_adapters.clone().unwrap_or_default(),
-        role: if c.role.is_both() { String::new() } else { c.role.as_str().to_string() },
-        bootstrap_port: c.bootstrap_port.map(u32::from),
-    }
-}
-
-/// The registry's entry for an `AddReplica` spec.
-///
-/// # Errors
-/// `INVALID_ARGUMENT` for a role that is not `both`, `prefill` or `decode`, or a bootstrap
-/// port past 65535.
-pub(crate) fn from_spec(s: v1::ReplicaSpec) -> Result<ReplicaConfig, GrpcStatus> {
-    let opt = |v: String| (!v.is_empty()).then_some(v);
-    let role = s.role.parse::<kvmesh_core::Role>().map_err(GrpcStatus::invalid_argument)?;
-    let bootstrap_port = s
-        .bootstrap_port
-        .map(|p| {
-            u16::try_from(p).map_err(|_| GrpcStatus::invalid_argument(format!("bootstrap_port {p} is past 65535")))
-        })
-        .transpose()?;
-    Ok(ReplicaConfig {
-        name: s.name,
-        http: s.http_endpoint,
-        kv_events: opt(s.kv_events_endpoint),
-        replay: opt(s.replay_endpoint),
-        kv_events_bind: s.kv_events_bind,
-        metrics_url: opt(s.metrics_url),
-        capacity_blocks: s.capacity_blocks,
-        engine: opt(s.engine).unwrap_or_else(|| "vllm".into()),
-        model: opt(s.model),
-        block_size: (s.block_size != 0).then_some(s.block_size),
-        data_parallel_rank: s.data_parallel_rank,
-        data_parallel_size: None,
-        lora_adapters: (!s.lora_adapters.is_empty()).then_some(s.lora_adapters),
-        role,
-        bootstrap_port,
-    })
-}
-
 fn not_found_or(e: ClusterError) -> GrpcStatus {
     match e {
         ClusterError::Rejected(m) if m.starts_with("unknown replica") => GrpcStatus::not_found(m),
@@ -292,7 +232,7 @@ impl Services {
     /// Drains or undrains `name`: through Raft in a cluster, locally otherwise.
     async fn set_draining(&self, name: String, draining: bool) -> Result<Response<v1::Replica>, GrpcStatus> {
         if let Some(c) = &self.cluster {
-            let state = if draining { ReplicaState::Draining } else { ReplicaState::Ready };
+            let state = if draining { ReplicaStatus::Draining } else { ReplicaStatus::Ready };
             c.write(Command::SetReplicaState { name: name.clone(), state, from: None }).await.map_err(not_found_or)?;
             // The follower task applies it too; doing it here makes the answer show it.
             let _ = self.shared.set_draining(&name, draining);
@@ -309,16 +249,16 @@ impl Services {
         &self,
         c: &Cluster,
         name: &str,
-        from: ReplicaState,
-        to: ReplicaState,
+        from: ReplicaStatus,
+        to: ReplicaStatus,
         draining: GrpcStatus,
     ) -> Result<Response<v1::Replica>, GrpcStatus> {
         let state = c.state.borrow().replicas.get(name).map(|e| e.state);
         match state {
-            None | Some(ReplicaState::Removed) => {
+            None | Some(ReplicaStatus::Removed) => {
                 return Err(GrpcStatus::not_found(format!("unknown replica {name:?}")))
             }
-            Some(ReplicaState::Draining) => return Err(draining),
+            Some(ReplicaStatus::Draining) => return Err(draining),
             Some(s) if s == to => return self.await_replica(name).await,
             Some(_) => {}
         }
@@ -331,7 +271,7 @@ impl Services {
             Err(e) => return Err(not_found_or(e)),
         }
         // The follower task applies it too; doing it here makes the answer show it.
-        let _ = self.shared.set_rotation(name, to != ReplicaState::Ready, to == ReplicaState::Starting);
+        let _ = self.shared.set_rotation(name, to != ReplicaStatus::Ready, to == ReplicaStatus::Starting);
         self.await_replica(name).await
     }
 
@@ -358,14 +298,14 @@ impl Services {
         let load = core.fleet.bookings().load(r.id);
         let block_size = core.fleet.block_size_of(core.fleet.replica(r.id).map(|s| s.model));
         let detail = core.status_detail(r, status, now);
-        let mut spec = to_spec(&r.config, block_size);
+        let mut spec = r.config.to_spec(block_size);
         if spec.lora_adapters.is_empty() {
             // Not declared: what its engine lists.
             spec.lora_adapters = r.listed_adapters.clone().unwrap_or_default();
         }
         Some(v1::Replica {
             spec: Some(spec),
-            status: wire_status(status) as i32,
+            status: v1::ReplicaStatus::from(status) as i32,
             status_detail: detail,
             running: r.engine.map_or(0, |e| e.running),
             waiting: r.engine.map_or(0, |e| e.waiting),
@@ -416,7 +356,7 @@ impl admin_server::Admin for Services {
         let request = request.into_inner();
         let starting = request.starting;
         let spec = request.spec.ok_or_else(|| GrpcStatus::invalid_argument("spec is required"))?;
-        let config = from_spec(spec)?;
+        let config = ReplicaConfig::from_spec(spec)?;
         // One block size per model (node.model's is the node's): refused here, before the
         // registry would take it.
         let model = self.shared.models.of_replica(config.model.as_deref()).to_string();
@@ -435,7 +375,7 @@ impl admin_server::Admin for Services {
                 ClusterError::Rejected(m) if m.contains("already exists") => GrpcStatus::already_exists(m),
                 e => GrpcStatus::from(e),
             })?;
-            if starting && c.state.borrow().replicas.get(&name).is_some_and(|e| e.state == ReplicaState::Starting) {
+            if starting && c.state.borrow().replicas.get(&name).is_some_and(|e| e.state == ReplicaStatus::Starting) {
                 // Once added here; the follower task applies it too, doing it here makes the
                 // answer show it.
                 let _ = self.await_replica(&name).await;
@@ -502,7 +442,7 @@ impl admin_server::Admin for Services {
             "replica {name:?} is draining (a scale-down cancelled its start, or an operator drained it): release \
              it, or `kvmesh replica undrain` to put it into rotation anyway"
         ));
-        self.transition(c, &name, ReplicaState::Starting, ReplicaState::Ready, drained).await
+        self.transition(c, &name, ReplicaStatus::Starting, ReplicaStatus::Ready, drained).await
     }
 
     async fn mark_starting(&self, request: Request<v1::ReplicaRef>) -> Result<Response<v1::Replica>, GrpcStatus> {
@@ -518,7 +458,7 @@ impl admin_server::Admin for Services {
         let draining = GrpcStatus::failed_precondition(format!(
             "replica {name:?} is draining: a start marked now would put it back (undrain it first)"
         ));
-        self.transition(c, &name, ReplicaState::Ready, ReplicaState::Starting, draining).await
+        self.transition(c, &name, ReplicaStatus::Ready, ReplicaStatus::Starting, draining).await
     }
 
     async fn recent_decisions(
@@ -582,18 +522,5 @@ impl events_server::Events for Services {
             summary.events_rejected += pushed.rejected;
         }
         Ok(Response::new(summary))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_status_has_its_own_wire_value_named_as_in_the_metrics() {
-        for s in Status::ALL {
-            let wire = wire_status(s).as_str_name().trim_start_matches("REPLICA_STATUS_").to_lowercase();
-            assert_eq!(wire, s.as_str(), "{s:?}");
-        }
     }
 }

@@ -1,0 +1,167 @@
+//! Answers to clients: errors in OpenAI's shape, the usage read from an engine's answer, and
+//! an engine's answer relayed (streamed or whole) with the router's headers. Shared by the
+//! proxy and the disaggregated flow, below both.
+
+use crate::in_flight::InFlight;
+use crate::state::Shared;
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+
+/// An OpenAI-shaped error answer of the type `status` implies.
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    error_of_kind(status, message, None)
+}
+
+/// An OpenAI-shaped error answer; `kind` overrides the type the status implies (a
+/// disaggregated request's `prefill_error` / `decode_error`).
+pub(crate) fn error_of_kind(status: StatusCode, message: impl Into<String>, kind: Option<&'static str>) -> Response {
+    let message = message.into();
+    // OpenAI's error types: a 429 is `rate_limit_exceeded` to its clients.
+    let kind = kind.unwrap_or(match status {
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
+        StatusCode::GATEWAY_TIMEOUT => "timeout",
+        _ => "service_unavailable",
+    });
+    (status, Json(json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}))).into_response()
+}
+
+/// A non-streamed OpenAI answer's `completion_tokens`, if it has a `usage`; its
+/// `prompt_tokens_details.cached_tokens` (the engine's own hit count) is counted in
+/// `kvmesh_engine_cached_tokens`.
+pub(crate) fn read_usage(shared: &Shared, body: &[u8]) -> Option<u32> {
+    read_usage_from(shared, body, true)
+}
+
+/// [`read_usage`]; with `count_cached` false the hit count is not counted (a disaggregated
+/// request's decode side counts the KV it received as cached: its prefill side's answer is
+/// counted instead).
+pub(crate) fn read_usage_from(shared: &Shared, body: &[u8], count_cached: bool) -> Option<u32> {
+    let usage = serde_json::from_slice::<ResponseUsage>(body).ok().and_then(|r| r.usage)?;
+    if let Some(c) = usage.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens).filter(|_| count_cached) {
+        shared.metrics.engine_cached_tokens.inc_by(c);
+    }
+    usage.completion_tokens.map(|n| n.min(u32::MAX as u64) as u32)
+}
+
+/// The `usage` of an OpenAI response (the output-length estimate and the engine-reported hit
+/// count), read without building the rest.
+#[derive(Deserialize)]
+struct ResponseUsage {
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptTokensDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+/// Names the replica that served a response (`x-kvmesh-replica`), for clients and debugging.
+pub(crate) fn with_replica(mut r: Response, replica: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(replica) {
+        r.headers_mut().insert("x-kvmesh-replica", v);
+    }
+    r
+}
+
+pub(crate) fn with_content_type(status: StatusCode, ct: Option<HeaderValue>, body: Body) -> Response {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    if let Some(ct) = ct {
+        r.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    r
+}
+
+/// Passes an upstream SSE body through chunk by chunk. The first chunk marks the first token;
+/// the end releases the booking with the events counted; an upstream error or the client
+/// dropping the body releases it too (the booking's drop).
+pub(crate) fn stream_through(
+    resp: reqwest::Response,
+    booking: InFlight,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    struct St<S> {
+        upstream: S,
+        booking: InFlight,
+        events: u32,
+        /// The closing `data: [DONE]` event came (vLLM and SGLang end every stream with it).
+        done: bool,
+        /// The stream parsed so far; bytes after the last whole event are passed on with the
+        /// rest of their event, so an error event never lands inside a half-sent one.
+        sse: kvmesh_events::SseReader,
+    }
+    /// An SSE error event (what OpenAI's clients raise on) for a stream that broke off.
+    fn broken(booking: &mut InFlight, why: String, timeout: bool) -> Bytes {
+        let replica = booking.replica.clone();
+        let message = format!("replica {replica} failed mid-stream: {why}");
+        tracing::warn!(replica = %replica, error = %why, "upstream stream broke off; the client gets an error event");
+        booking.release(None, "upstream_error");
+        let (kind, code) = if timeout { ("timeout", 504) } else { ("upstream_error", 502) };
+        let event = json!({"error": {"message": message, "type": kind, "code": code}});
+        Bytes::from(format!("data: {event}\n\n"))
+    }
+    let st = St {
+        upstream: Box::pin(resp.bytes_stream()),
+        booking,
+        events: 0,
+        done: false,
+        sse: kvmesh_events::SseReader::new(),
+    };
+    futures_util::stream::unfold(Some(st), |st| async move {
+        let mut st = st?;
+        loop {
+            match st.upstream.next().await {
+                Some(Ok(chunk)) => {
+                    st.booking.first_token(true);
+                    st.sse.push(&chunk);
+                    while let Some(event) = st.sse.next_event() {
+                        if event.is_done() {
+                            st.done = true;
+                        } else {
+                            st.events += 1;
+                        }
+                    }
+                    let whole = st.sse.take_parsed();
+                    if whole.is_empty() {
+                        continue;
+                    }
+                    return Some((Ok(Bytes::from(whole)), Some(st)));
+                }
+                // Headers and some tokens are sent: the status cannot change any more. An error
+                // event ends the stream in words rather than cutting it short (a half-sent
+                // event is dropped: a client would fail on it before reading the error).
+                Some(Err(e)) if !st.done => {
+                    let event = broken(&mut st.booking, crate::errors::error_chain(&e), e.is_timeout());
+                    return Some((Ok(event), None));
+                }
+                None if !st.done => {
+                    let why = "the stream ended without `data: [DONE]`".to_string();
+                    return Some((Ok(broken(&mut st.booking, why, false)), None));
+                }
+                // After [DONE] the answer is whole, however the connection ends.
+                Some(Err(_)) | None => {
+                    // Each token is one `data:` event, plus a last one with the finish reason.
+                    st.booking.release(Some(st.events.saturating_sub(1).max(1)), "ok");
+                    let rest = std::mem::take(&mut st.sse).into_buffered();
+                    return (!rest.is_empty()).then(|| (Ok(Bytes::from(rest)), None));
+                }
+            }
+        }
+    })
+}
