@@ -9,7 +9,7 @@
 //!   finished while the writer was still writing count.
 
 use crate::alloc::live_bytes;
-use crate::contender::Index;
+use crate::contender::{Index, Shared};
 use crate::workload::{Op, Phase, Workload};
 use hdrhistogram::Histogram;
 use std::time::Instant;
@@ -111,17 +111,6 @@ pub struct ConcurrentFigures {
     pub queries: Histogram<u64>,
     /// Nanoseconds the writer took for the events after the fleet was full.
     pub writer_ns: u64,
-}
-
-/// The two sides of a concurrent run: `write(op)` applies one event; `read(query index)`
-/// answers one query. Both are called from their own thread.
-pub trait Shared: Sync {
-    /// Applies `op` (an event).
-    fn write(&self, op: &Op);
-    /// Answers query `q` of the workload, returning something to keep the work observable.
-    fn read(&self, q: usize) -> usize;
-    /// Waits until every written event is applied.
-    fn settle(&self) {}
 }
 
 /// Applies the warm-up events, then runs a writer (the rest of the events) and one reader

@@ -52,15 +52,14 @@ pub mod policy;
 pub mod prompt;
 pub mod record;
 pub mod replication;
+pub mod view;
 
 pub use error::Error;
-pub use fleet::{
-    Fleet, FleetConfig, FleetView, PdDecision, PdRouted, ReplicaSpec, ReplicaState, ReplicaStatus, Role, RouteRequest,
-    Routed,
-};
+pub use fleet::{Fleet, PdDecision, PdRouted, Routed};
 pub use hashing::{BlockHasher, ModelKey, Namespace};
 pub use ids::{BlockHash, EngineBlockHash, Medium, ReplicaId};
 pub use index::PrefixIndex;
 pub use overlap::Overlap;
 pub use policy::{Decision, Policy, PolicyKind, Reason};
 pub use record::RoutingRecord;
+pub use view::{FleetConfig, FleetView, ReplicaSpec, ReplicaState, ReplicaStatus, Role, RouteRequest};

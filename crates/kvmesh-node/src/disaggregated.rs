@@ -255,7 +255,8 @@ async fn vllm(
     let answer = match resp.bytes().await {
         Ok(b) => b,
         Err(e) => {
-            let failure = format!("prefill replica {} broke off: {}", legs.prefill.replica, crate::errors::error_chain(&e));
+            let failure =
+                format!("prefill replica {} broke off: {}", legs.prefill.replica, crate::errors::error_chain(&e));
             return failed(shared, &mut legs, Side::Prefill, "failed", failure);
         }
     };

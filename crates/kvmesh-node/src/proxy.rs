@@ -188,7 +188,10 @@ async fn forward(
                 // The replica took the request: retrying elsewhere would run it twice.
                 booking.release(None, "upstream_error");
                 let code = if e.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
-                return with_replica(error(code, format!("replica {name} failed: {}", crate::errors::error_chain(&e))), &name);
+                return with_replica(
+                    error(code, format!("replica {name} failed: {}", crate::errors::error_chain(&e))),
+                    &name,
+                );
             }
         };
         let status = resp.status();

@@ -30,3 +30,4 @@ mod t19_partial_history;
 mod t20_hybrid;
 mod t21_output_lengths;
 mod t22_disaggregated;
+mod t23_house;

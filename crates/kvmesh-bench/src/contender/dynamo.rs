@@ -210,7 +210,7 @@ impl SharedConcurrent {
     }
 }
 
-impl crate::run::Shared for SharedConcurrent {
+impl super::Shared for SharedConcurrent {
     fn write(&self, op: &Op) {
         let event = self.events.lock().expect("no writer panics").of(op);
         if let Some(event) = event {

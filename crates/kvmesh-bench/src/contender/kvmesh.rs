@@ -131,7 +131,7 @@ impl SharedKvmesh {
     }
 }
 
-impl crate::run::Shared for SharedKvmesh {
+impl super::Shared for SharedKvmesh {
     fn write(&self, op: &Op) {
         if let Some((replica, event)) = event_of(op) {
             let mut index = self.index.write();

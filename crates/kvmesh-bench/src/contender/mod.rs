@@ -40,3 +40,14 @@ pub trait Index {
         0
     }
 }
+
+/// The two sides of a concurrent run: `write(op)` applies one event; `read(query index)`
+/// answers one query. Both are called from their own thread.
+pub trait Shared: Sync {
+    /// Applies `op` (an event).
+    fn write(&self, op: &crate::workload::Op);
+    /// Answers query `q` of the workload, returning something to keep the work observable.
+    fn read(&self, q: usize) -> usize;
+    /// Waits until every written event is applied.
+    fn settle(&self) {}
+}

@@ -12,19 +12,13 @@
 //! random source, so the simulator replays a run from its seed and the node uses real time.
 //! The same `route` runs in the node and the simulator.
 
-mod config;
 mod pd;
-pub(crate) mod replica;
-pub(crate) mod request;
-mod status;
-pub(crate) mod view;
 
-pub use config::FleetConfig;
+pub use crate::view::{
+    Estimate, Estimator, FleetConfig, FleetView, OverlapSource, ReplicaSpec, ReplicaState, ReplicaStatus, Role,
+    RouteRequest,
+};
 pub use pd::{PdDecision, PdRouted};
-pub use replica::{OverlapSource, ReplicaSpec, ReplicaState, Role};
-pub use request::RouteRequest;
-pub use status::ReplicaStatus;
-pub use view::{Estimate, Estimator, FleetView};
 
 use crate::error::Error;
 use crate::hashing::{BlockHasher, ModelKey, Namespace};
@@ -34,7 +28,6 @@ use crate::load::{BookingId, BookingSpec, Bookings, EngineMetrics, FleetEvent};
 use crate::overlap::Overlap;
 use crate::policy::{Decision, Policy};
 use crate::record::RoutingRecord;
-use crate::replication::ReplicationPlan;
 use rand::RngCore;
 use rustc_hash::{FxHashMap, FxHashSet};
 use xxhash_rust::xxh3::xxh3_64;
@@ -738,26 +731,14 @@ impl Fleet {
         sparse.into_iter().filter(|(_, o)| o.gpu as usize >= chain.len()).map(|(id, _)| id).collect()
     }
 
-    /// Routes by a committed replication plan from `now` (seconds on this fleet's clock): each
-    /// target of a planned prefix whose warm-up was sent counts as holding it for
-    /// `grace_ttl_s` after this fleet first saw it sent, after which only its KV events count
-    /// (a pending target, waiting for the rate limit, is not warm). Unknown replica names are
-    /// skipped (the registry may be ahead of this node).
-    pub fn set_replication_plan(&mut self, plan: &ReplicationPlan, grace_ttl_s: f64, now: f64) {
-        let mut next = Vec::with_capacity(plan.prefixes.len());
-        for p in &plan.prefixes {
-            let old = self.planned.iter().find(|w| w.hash == p.hash && w.depth == p.depth_blocks);
-            let mut targets = Vec::new();
-            for t in p.targets.iter().filter(|t| t.state.is_sent()) {
-                let Some(r) = self.replica_by_name(&t.replica) else { continue };
-                let seen = old.and_then(|w| w.targets.iter().find(|(id, _)| *id == r.id)).map(|&(_, until)| until);
-                targets.push((r.id, seen.unwrap_or(now + grace_ttl_s)));
-            }
-            if !targets.is_empty() && p.depth_blocks > 0 {
-                next.push(PlannedWarm { hash: p.hash, depth: p.depth_blocks, targets });
-            }
-        }
-        self.planned = next;
+    /// The planned warm targets this fleet routes by ([`crate::replication`] sets them).
+    pub(crate) fn planned(&self) -> &[PlannedWarm] {
+        &self.planned
+    }
+
+    /// Replaces the planned warm targets.
+    pub(crate) fn set_planned(&mut self, planned: Vec<PlannedWarm>) {
+        self.planned = planned;
     }
 
     fn pos(&self, id: ReplicaId) -> Option<usize> {
@@ -840,10 +821,13 @@ impl Fleet {
 
 /// A planned prefix's targets and until when each counts as holding it, seconds.
 #[derive(Debug, Clone)]
-struct PlannedWarm {
-    hash: BlockHash,
-    depth: u32,
-    targets: Vec<(ReplicaId, f64)>,
+pub(crate) struct PlannedWarm {
+    /// The prefix's last block hash.
+    pub(crate) hash: BlockHash,
+    /// Its depth, blocks.
+    pub(crate) depth: u32,
+    /// Each target and until when it counts as holding the prefix, seconds.
+    pub(crate) targets: Vec<(ReplicaId, f64)>,
 }
 
 /// Calls `set(position, overlap)` for each `(replica, overlap)` of `sparse` (sorted by id)

@@ -17,9 +17,9 @@
 
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::request::RouteRequest;
-use crate::fleet::view::FleetView;
 use crate::ids::ReplicaId;
+use crate::view::FleetView;
+use crate::view::RouteRequest;
 use rand::RngCore;
 use std::fmt::Write;
 use xxhash_rust::xxh3::xxh3_64;

@@ -25,11 +25,11 @@ use super::active_sequences::ActiveSequences;
 use super::choose::lowest;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::replica::OverlapSource;
-use crate::fleet::request::RouteRequest;
-use crate::fleet::view::FleetView;
 use crate::ids::ReplicaId;
 use crate::load::{BookingId, FleetEvent};
+use crate::view::FleetView;
+use crate::view::OverlapSource;
+use crate::view::RouteRequest;
 use rand::RngCore;
 
 /// Parameters of [`KvCost`].

@@ -6,8 +6,8 @@
 use super::choose::lowest;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::request::RouteRequest;
-use crate::fleet::view::FleetView;
+use crate::view::FleetView;
+use crate::view::RouteRequest;
 use rand::RngCore;
 
 /// Fewest outstanding requests.

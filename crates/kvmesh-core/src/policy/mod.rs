@@ -53,10 +53,10 @@ pub use vllm_cache_aware::VllmCacheAware;
 pub use weighted_scorer::{WeightedScorer, WeightedScorerParams};
 
 use crate::error::Error;
-use crate::fleet::request::RouteRequest;
-use crate::fleet::view::FleetView;
 use crate::ids::ReplicaId;
 use crate::load::{BookingId, FleetEvent};
+use crate::view::FleetView;
+use crate::view::RouteRequest;
 use rand::RngCore;
 use std::fmt;
 use std::str::FromStr;

@@ -10,8 +10,8 @@
 use super::choose::two;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::request::RouteRequest;
-use crate::fleet::view::FleetView;
+use crate::view::FleetView;
+use crate::view::RouteRequest;
 use rand::RngCore;
 
 /// Power of two choices on in-flight requests.

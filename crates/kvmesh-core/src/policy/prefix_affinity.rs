@@ -24,9 +24,9 @@ use super::choose::{first_lowest, two};
 use super::tenant_tree::TenantTree;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::request::RouteRequest;
-use crate::fleet::view::FleetView;
 use crate::load::{BookingId, FleetEvent};
+use crate::view::FleetView;
+use crate::view::RouteRequest;
 use rand::RngCore;
 
 /// Parameters of [`PrefixAffinity`].

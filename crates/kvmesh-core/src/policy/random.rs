@@ -2,8 +2,8 @@
 
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::request::RouteRequest;
-use crate::fleet::view::FleetView;
+use crate::view::FleetView;
+use crate::view::RouteRequest;
 use rand::{Rng, RngCore};
 
 /// Uniform random choice.

@@ -47,8 +47,8 @@ use super::choose::lowest;
 use super::recent_p99::RecentP99;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::request::RouteRequest;
-use crate::fleet::view::FleetView;
+use crate::view::FleetView;
+use crate::view::RouteRequest;
 use rand::RngCore;
 
 /// Parameters of [`TokenLoadPolicy`].
@@ -110,7 +110,7 @@ impl Default for TokenLoadParams {
 #[derive(Debug)]
 pub struct TokenLoadPolicy {
     params: TokenLoadParams,
-    estimates: Vec<(usize, crate::fleet::view::Estimate)>,
+    estimates: Vec<(usize, crate::view::Estimate)>,
     fits: Vec<(usize, f64)>,
     all: Vec<(usize, f64)>,
     near: Vec<(usize, f64)>,
@@ -152,7 +152,7 @@ impl TokenLoadPolicy {
 fn spread_among_peers(
     params: &TokenLoadParams,
     scores: &[(usize, f64)],
-    estimates: &[(usize, crate::fleet::view::Estimate)],
+    estimates: &[(usize, crate::view::Estimate)],
     near: &mut Vec<(usize, f64)>,
     best: f64,
     view: &FleetView<'_>,

@@ -28,10 +28,10 @@ use super::choose::first_lowest;
 use super::tenant_tree::TenantTree;
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::request::RouteRequest;
-use crate::fleet::view::FleetView;
 use crate::ids::ReplicaId;
 use crate::load::{BookingId, FleetEvent};
+use crate::view::FleetView;
+use crate::view::RouteRequest;
 use rand::seq::SliceRandom;
 use rand::RngCore;
 

@@ -25,10 +25,10 @@ use super::choose::highest;
 use super::lru_prefix::{LruPrefixIndex, LLMD_BLOCK_TOKENS, LLMD_MAX_PREFIX_TOKENS};
 use super::{Decision, Policy, Reason};
 use crate::error::Error;
-use crate::fleet::request::RouteRequest;
-use crate::fleet::view::FleetView;
 use crate::ids::ReplicaId;
 use crate::load::{BookingId, FleetEvent};
+use crate::view::FleetView;
+use crate::view::RouteRequest;
 use rand::RngCore;
 use rustc_hash::FxHashMap;
 

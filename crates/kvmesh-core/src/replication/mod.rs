@@ -25,6 +25,7 @@
 
 pub mod plan;
 pub mod planner;
+mod route;
 pub mod sketch;
 pub mod warm;
 

@@ -1,7 +1,8 @@
 //! A replica's status: health checks, backpressure, engine reports, and the routable flag.
 
 use super::Core;
-use crate::state::{Replica, StatusChange};
+use super::StatusChange;
+use crate::state::Replica;
 use kvmesh_core::load::EngineMetrics;
 use kvmesh_core::ReplicaStatus;
 

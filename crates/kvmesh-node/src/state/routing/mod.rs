@@ -4,11 +4,13 @@
 //! failures and drains), [`events`] (KV events and the prompts that place orphaned stores),
 //! [`decide`] (decisions, bookings, releases).
 
+mod change;
 mod decide;
 mod events;
 mod health;
 
-use crate::state::{Replica, StatusChange};
+use crate::state::Replica;
+pub use change::StatusChange;
 use kvmesh_core::index::ApplyOutcome;
 use kvmesh_core::{Fleet, Policy, ReplicaId};
 use rand::rngs::SmallRng;

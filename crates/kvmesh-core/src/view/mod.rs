@@ -1,10 +1,22 @@
+//! What a routing decision reads, below both the fleet that owns it and the policies that
+//! decide on it: the fleet-wide settings ([`FleetConfig`]), each replica's registered spec and
+//! live state ([`ReplicaSpec`], [`ReplicaState`], [`ReplicaStatus`], [`Role`]), the request
+//! ([`RouteRequest`]), and the view a policy decides on ([`FleetView`]).
+//!
 //! [`FleetView`]: the read-only snapshot one routing decision reads — every replica's state,
 //! booked load and overlap with the request — and the TTFT / KV-headroom estimate all policies
 //! share.
 
-use super::config::FleetConfig;
-use super::replica::{OverlapSource, ReplicaState, Role};
-use super::request::RouteRequest;
+mod config;
+mod replica;
+mod request;
+mod status;
+
+pub use config::FleetConfig;
+pub use replica::{OverlapSource, ReplicaSpec, ReplicaState, Role};
+pub use request::RouteRequest;
+pub use status::ReplicaStatus;
+
 use crate::load::TokenLoad;
 use crate::overlap::Overlap;
 
