@@ -16,6 +16,7 @@
 
 pub mod actor;
 pub mod adapters;
+pub mod apply;
 pub mod event_guard;
 pub mod frame_guard;
 pub mod ingest;

@@ -2,8 +2,8 @@
 //! accounting and quarantine as a followed ZMQ stream ([`super::ingest`]), one record per
 //! replica. A quarantined replica's pushes are refused before the routing core is locked.
 
+use super::apply;
 use super::event_guard::EventGuard;
-use super::ingest;
 use crate::config::LimitsSection;
 use crate::state::Shared;
 use kvmesh_core::index::KvEvent;
@@ -86,7 +86,7 @@ impl PushGuards {
         }
         let total = batch.events.len() as u64;
         if let Some(why) = self.over_budget(&batch.events) {
-            ingest::count_rejected(shared, &name, "over_budget", 1);
+            apply::count_rejected(shared, &name, "over_budget", 1);
             self.bad_message(shared, &name, &why);
             return Ok(Pushed { applied: 0, rejected: total });
         }
@@ -106,11 +106,11 @@ impl PushGuards {
                 None => return Err(PushError::UnknownReplica(name)),
             };
             if let Some(l) = last.filter(|l| batch.seq != l.wrapping_add(1)) {
-                ingest::resync_by_clearing(shared, &name, if batch.seq <= l { "restart" } else { "clear" });
+                apply::resync_by_clearing(shared, &name, if batch.seq <= l { "restart" } else { "clear" });
             }
-            ingest::apply(shared, &name, batch.seq, &decoded)
+            apply::apply(shared, &name, batch.seq, &decoded)
         };
-        ingest::record_lag(shared, batch.ts);
+        apply::record_lag(shared, batch.ts);
         self.rebuild_if_asked(shared, &name, now);
         if let Some(first) = problems.first {
             self.bad_message(shared, &name, &format!("{} bad events, the first: {first}", problems.events));
@@ -142,7 +142,7 @@ impl PushGuards {
     /// A stored event named a parent this node never saw: the replica missed events. A
     /// pusher has no replay socket (and no ingest task to act on the request), so its blocks
     /// are dropped here and rebuild from its next events; at most every 30 s, as on the ZMQ
-    /// path, since `ingest::apply` asks only that often. A replica that also has a ZMQ stream
+    /// path, since `apply::apply` asks only that often. A replica that also has a ZMQ stream
     /// leaves the request to its ingest task, which can replay.
     fn rebuild_if_asked(&self, shared: &Shared, name: &str, now: f64) {
         let mut core = shared.core();
@@ -153,7 +153,7 @@ impl PushGuards {
         r.resync_requested = None;
         r.last_resync_at = Some(now);
         drop(core);
-        ingest::resync_by_clearing(shared, name, "unknown_parent");
+        apply::resync_by_clearing(shared, name, "unknown_parent");
     }
 
     /// Counts a bad message from `name` (logged at a bounded rate); quarantines it when that
@@ -165,7 +165,7 @@ impl PushGuards {
             tracing::warn!(replica = %name, problem = %why, held_back = held, "bad pushed KV events");
         }
         if let Some(until) = until {
-            ingest::quarantine(shared, name, until);
+            apply::quarantine(shared, name, until);
         }
     }
 

@@ -112,7 +112,7 @@ pub async fn run(shared: Arc<Shared>, name: String, (url, rank): (String, Option
             drop(core);
             tracing::warn!(replica = %name, "the engine's generated-token counter went back: it restarted; dropping its blocks");
             if follows.is_none() {
-                super::ingest::resync_by_clearing(&shared, &name, "restart");
+                super::apply::resync_by_clearing(&shared, &name, "restart");
             }
         }
     }
