@@ -3,9 +3,11 @@
 
 use super::*;
 use crate::index::Stored;
-use crate::policy::{PolicyKind, Reason};
+use crate::load::BookingSpec;
+use crate::policy::{Policy, PolicyKind, Reason};
 use crate::{EngineBlockHash, Medium, ModelKey};
 use rand::rngs::SmallRng;
+use rand::RngCore;
 use rand::SeedableRng;
 
 fn rng() -> SmallRng {
