@@ -37,6 +37,10 @@ use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use tracing::Instrument;
 
+mod wire;
+use wire::prefill_leg;
+pub(crate) use wire::{bootstrap, random_u64};
+
 /// What one disaggregated attempt came to.
 pub(crate) enum Step {
     /// The client's answer (success, or an error that is the request's own).
@@ -163,16 +167,6 @@ fn prefill_unsent(shared: &Shared, mut legs: Legs, e: &reqwest::Error) -> Step {
         return failed(shared, &mut legs, Side::Prefill, "unreachable", failure);
     }
     failed(shared, &mut legs, Side::Prefill, "failed", failure)
-}
-
-/// SGLang's bootstrap fields for a request whose prefill replica is at `endpoints` with
-/// bootstrap port `port` (its `bootstrap_port`, else SGLang's default): the replica's host,
-/// the port, and a fresh room in [0, 2^63), as SGLang draws one.
-pub(crate) fn bootstrap(endpoints: &Endpoints, port: Option<u16>) -> (String, u16, u64) {
-    let authority = &endpoints.authority;
-    let host = authority.rsplit_once(':').map_or(authority.as_str(), |(h, _)| h);
-    let port = port.unwrap_or(crate::config::DEFAULT_BOOTSTRAP_PORT);
-    (host.trim_start_matches('[').trim_end_matches(']').to_string(), port, random_u64() >> 1)
 }
 
 /// Runs one attempt of the disaggregated flow for `body` (the client's JSON request, `api`),
@@ -458,45 +452,12 @@ async fn client_error(resp: reqwest::Response, replica: &str) -> Response {
     with_replica(with_content_type(code, ct, Body::from(bytes)), replica)
 }
 
-/// The prefill leg's body (vLLM): the request with `kv_transfer_params` asking for a remote
-/// decode, one token, not streamed.
-fn prefill_leg(request: &Map<String, Value>) -> Vec<u8> {
-    let mut leg = request.clone();
-    leg.insert(
-        "kv_transfer_params".into(),
-        json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
-               "remote_block_ids": null, "remote_host": null, "remote_port": null}),
-    );
-    leg.insert("stream".into(), json!(false));
-    leg.insert("max_tokens".into(), json!(1));
-    if leg.contains_key("max_completion_tokens") {
-        leg.insert("max_completion_tokens".into(), json!(1));
-    }
-    // Not for a one-token, non-streamed prefill (vLLM's proxy drops them too).
-    for k in ["stream_options", "min_tokens", "min_completion_tokens"] {
-        leg.remove(k);
-    }
-    serde_json::to_vec(&leg).unwrap_or_default()
-}
-
 /// Names the prefill replica of a disaggregated answer (`x-kvmesh-prefill-replica`).
 fn with_prefill(mut r: Response, replica: &str) -> Response {
     if let Ok(v) = HeaderValue::from_str(replica) {
         r.headers_mut().insert("x-kvmesh-prefill-replica", v);
     }
     r
-}
-
-/// 64 random bits from the system's source (a bootstrap room, a request id).
-pub(crate) fn random_u64() -> u64 {
-    use ring::rand::SecureRandom;
-    let mut b = [0u8; 8];
-    if ring::rand::SystemRandom::new().fill(&mut b).is_err() {
-        // Unreachable on supported platforms; a room must still differ per request.
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        return t as u64;
-    }
-    u64::from_le_bytes(b)
 }
 
 #[cfg(test)]
