@@ -30,13 +30,9 @@ pub use kvmesh_tests::node::{replica, section, single};
 /// below that range cannot. One counter per test process, so tests running in parallel never
 /// get the same port; the process id spreads test binaries apart.
 pub fn ports(n: usize) -> Vec<u16> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let offset = (std::process::id() % 600) * 20;
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
-        let k = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + ((offset + k) % 12_000) as u16;
+        let port = next_ports(1);
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             out.push(port);
         }
@@ -44,9 +40,37 @@ pub fn ports(n: usize) -> Vec<u16> {
     out
 }
 
-/// One cluster test at a time in this process: each starts several nodes, and C12 measures
-/// routing among simultaneous deciders, which other cluster tests' nodes on the same two cores
-/// would skew by tens of milliseconds.
+/// The first of `n` consecutive free loopback ports, taken from the same counter as [`ports`]
+/// (so no other test in this process is handed any of them).
+pub fn consecutive_ports(n: u16) -> u16 {
+    for _ in 0..200 {
+        let first = next_ports(n);
+        if first + n <= 32_000 && (0..n).all(|k| std::net::TcpListener::bind(("127.0.0.1", first + k)).is_ok()) {
+            return first;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// Advances this process's port counter by `n`, returning the first port of the run.
+fn next_ports(n: u16) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = (std::process::id() % 600) * 20;
+    loop {
+        let k = NEXT.fetch_add(u32::from(n), Ordering::Relaxed);
+        let first = 20_000 + (offset + k) % 12_000;
+        // A run never wraps past 31,999 back to 20,000.
+        if first + u32::from(n) <= 32_000 {
+            return first as u16;
+        }
+    }
+}
+
+/// One multi-node test at a time in this process (every test that starts a cluster takes it:
+/// t06, t10, t11, t12, t22): each starts several nodes, and C12 and the failover tests measure
+/// timing among them, which another cluster's nodes on the same two cores would skew by tens of
+/// milliseconds.
 pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     SERIAL.lock().await

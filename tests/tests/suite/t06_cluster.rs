@@ -67,6 +67,7 @@ async fn start_all_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_without_a_majority_names_the_peers_that_do_not_answer() {
+    let _serial = common::serial().await;
     let dir = tempfile::tempdir().unwrap();
     // Only node 1 of 3 runs (no serial lock: it uses its own ports and data).
     let ports = ports(3);

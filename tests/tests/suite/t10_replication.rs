@@ -327,6 +327,7 @@ fn leader(nodes: &[&Node]) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plan_commits_through_raft_and_survives_a_leader_kill() {
+    let _serial = common::serial().await;
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(4, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();

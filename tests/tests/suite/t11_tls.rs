@@ -132,6 +132,7 @@ async fn a_node_serves_https_and_grpc_over_tls_and_refuses_plain_text() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_runs_raft_over_mtls_and_refuses_clients_without_a_certificate() {
+    let _serial = crate::common::serial().await;
     let dir = tempfile::tempdir().unwrap();
     let p = pki(dir.path());
     let ls: Vec<std::net::TcpListener> = (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();

@@ -157,6 +157,7 @@ async fn three_nodes(dir: &std::path::Path, replicas: &[ReplicaConfig], autoscal
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_are_raft_entries_count_starting_replicas_and_survive_the_leader() {
+    let _serial = common::serial().await;
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(3, 20.0).await;
     let replicas: Vec<ReplicaConfig> =

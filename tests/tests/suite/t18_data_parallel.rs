@@ -13,21 +13,9 @@ use kvmesh_node::config::NodeConfig;
 use kvmesh_proto::v1;
 use serde_json::json;
 
-/// Four consecutive free loopback ports: rank 0's and rank 1's KV-event ports, then their
-/// replay ports.
-fn four_consecutive_ports() -> u16 {
-    for _ in 0..200 {
-        let p = common::ports(1)[0];
-        if p < 31_990 && (1..4).all(|k| std::net::TcpListener::bind(("127.0.0.1", p + k)).is_ok()) {
-            return p;
-        }
-    }
-    panic!("no four consecutive free ports");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_ranks_behind_one_api_are_indexed_loaded_and_routed_apart() {
-    let p = four_consecutive_ports();
+    let p = common::consecutive_ports(4);
     let (events, replay) = (format!("tcp://127.0.0.1:{p}"), format!("tcp://127.0.0.1:{}", p + 2));
     let engine = kvmesh_engine_sim::start(EngineSimConfig {
         kv_events: events.clone(),

@@ -316,6 +316,7 @@ async fn sglang_sides_get_the_bootstrap_fields_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_node_tier_routes_the_same_fleet_disaggregated() {
+    let _serial = common::serial().await;
     use kvmesh_node::config::{ClusterSection, NodeConfig};
     let dir = tempfile::tempdir().unwrap();
     let (engines, replicas) = fleet("vllm").await;

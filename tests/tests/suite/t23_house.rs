@@ -126,12 +126,17 @@ fn paths_after(code: &str, prefix: &str) -> Vec<ModPath> {
     out
 }
 
-/// `pub use a::b::{X, Y};` and `pub use a::b::X;` of module `at` (paths relative to it).
+/// `pub use a::b::{X, Y};`, `pub use a::b::X;` (also `pub(crate)` and `pub(super)`) of module
+/// `at`: relative to it, or from `crate::` or `super::`.
 fn reexports(at: &ModPath, code: &str, out: &mut BTreeMap<(ModPath, String), ModPath>) {
     for line in code.split(';') {
-        let Some(rest) = line.trim().strip_prefix("pub use ") else { continue };
+        let line = line.trim();
+        let Some(rest) = ["pub use ", "pub(crate) use ", "pub(super) use "].iter().find_map(|p| line.strip_prefix(p))
+        else {
+            continue;
+        };
         let rest = rest.trim();
-        if ["crate::", "super::", "std::", "kvmesh"].iter().any(|p| rest.starts_with(p)) || !rest.contains("::") {
+        if ["std::", "kvmesh", "tokio::", "serde"].iter().any(|p| rest.starts_with(p)) || !rest.contains("::") {
             continue;
         }
         let (base, items) = match rest.split_once("::{") {
@@ -141,14 +146,27 @@ fn reexports(at: &ModPath, code: &str, out: &mut BTreeMap<(ModPath, String), Mod
                 (base, vec![item])
             }
         };
-        let mut target = at.clone();
-        target.extend(base.split("::").map(str::to_string));
+        let Some(target) = absolute(at, base.split("::").map(str::to_string).collect()) else { continue };
         for item in items {
             let name = item.trim().rsplit(' ').next().unwrap_or("").to_string();
-            if !name.is_empty() {
+            if !name.is_empty() && name != "self" {
                 out.insert((at.clone(), name), target.clone());
             }
         }
+    }
+}
+
+/// A path written in module `at` as an absolute module path: `crate::…`, `super::super::…`,
+/// or relative to `at`; `None` for another crate's.
+fn absolute(at: &ModPath, path: ModPath) -> Option<ModPath> {
+    match path.first().map(String::as_str) {
+        Some("crate") => Some(path[1..].to_vec()),
+        Some("super") => {
+            let ups = path.iter().take_while(|s| *s == "super").count();
+            (ups <= at.len()).then(|| at[..at.len() - ups].iter().cloned().chain(path[ups..].iter().cloned()).collect())
+        }
+        Some("self") => Some(at.iter().cloned().chain(path[1..].iter().cloned()).collect()),
+        _ => Some(at.iter().cloned().chain(path).collect()),
     }
 }
 
@@ -171,9 +189,23 @@ fn dependencies(mods: &BTreeMap<ModPath, String>) -> BTreeMap<ModPath, BTreeSet<
     let mut deps: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
     for (m, c) in &codes {
         let mut paths = paths_after(c, "crate::");
-        let parent: ModPath = m[..m.len().saturating_sub(1)].to_vec();
         for p in paths_after(c, "super::") {
-            paths.push(parent.iter().cloned().chain(p).collect());
+            // `super::super::x` reads as `super` then `super::x`: count every step up.
+            let ups = 1 + p.iter().take_while(|s| *s == "super").count();
+            if ups <= m.len() {
+                paths.push(m[..m.len() - ups].iter().cloned().chain(p.into_iter().skip(ups - 1)).collect());
+            }
+        }
+        // A glob of the parent brings its child modules into scope: `sibling::X` after
+        // `use super::*;` is a dependency on that sibling.
+        if c.contains("use super::*;") && !m.is_empty() {
+            let parent = &m[..m.len() - 1];
+            for sibling in mods.keys().filter(|k| k.len() == m.len() && k.starts_with(parent) && *k != *m) {
+                let name = sibling.last().unwrap();
+                if paths_after(c, &format!("{name}::")).iter().any(|_| true) {
+                    paths.push(sibling.clone());
+                }
+            }
         }
         for line in mods[*m].lines() {
             let l = line.trim();
@@ -283,6 +315,28 @@ fn the_circle_check_finds_a_circle_through_a_reexport_and_a_group() {
     .into_iter()
     .collect();
     assert_eq!(circles(&mods), ["crate: a -> b -> a"]);
+
+    // `super::super::`, a sibling reached through `use super::*`, and a `pub(crate) use` of an
+    // absolute path each make an edge: p::x reaches r through q's re-export of r's R, and r
+    // uses p, so p and r form a circle.
+    let mods: BTreeMap<ModPath, String> = [
+        m(&[], "mod p;\nmod q;\nmod r;\n"),
+        m(&["p"], "mod x;\nmod y;\n"),
+        m(&["p", "x"], "use super::super::q::R;\n"),
+        m(&["p", "y"], "use super::*;\nfn f() -> x::X { todo!() }\n"),
+        m(&["q"], "pub(crate) use crate::r::R;\n"),
+        m(&["r"], "use super::p;\npub struct R;\n"),
+    ]
+    .into_iter()
+    .collect();
+    let deps = dependencies(&mods);
+    let edges = |from: &[&str]| -> Vec<String> {
+        let key: ModPath = from.iter().map(|s| s.to_string()).collect();
+        deps.get(&key).map_or(vec![], |ts| ts.iter().map(|t| t.join("::")).collect())
+    };
+    assert_eq!(edges(&["p", "x"]), ["r"], "super::super::q::R is r's R, re-exported by q");
+    assert_eq!(edges(&["p", "y"]), ["p", "p::x"], "x::X after use super::*");
+    assert_eq!(circles(&mods), ["crate: p -> r -> p"]);
     let deps = dependencies(&mods);
     assert_eq!(deps.get(&vec!["c".to_string()]), None, "a test module is no dependency: {deps:?}");
 }

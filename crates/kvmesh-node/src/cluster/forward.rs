@@ -5,9 +5,6 @@ use super::*;
 use kvmesh_proto::v1;
 use registry::{Command, CommandResult};
 
-/// Metadata marking a write forwarded by another node.
-pub const FORWARDED: &str = "x-kvmesh-forwarded";
-
 /// Marks a request as forwarded by a node and signs it with the nodes' token. The leader
 /// takes the nodes' token as the *node's* credential only; an operator's write forwarded
 /// carries the operator's own too ([`operator`]).

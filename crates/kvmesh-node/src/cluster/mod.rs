@@ -18,7 +18,8 @@ pub mod operator;
 pub mod registry;
 pub mod store;
 
-pub use forward::FORWARDED;
+/// Metadata marking a write forwarded by another node.
+pub const FORWARDED: &str = "x-kvmesh-forwarded";
 use forward::{forward_write, Forwarded};
 
 use crate::config::{ClusterSection, ReplicaConfig};

@@ -7,7 +7,7 @@ use tonic::Status as GrpcStatus;
 impl ReplicaConfig {
     /// This replica as the API's `ReplicaSpec`, its block size `block_size` when it has none
     /// of its own.
-    pub fn to_spec(&self, block_size: u32) -> v1::ReplicaSpec {
+    pub(crate) fn to_spec(&self, block_size: u32) -> v1::ReplicaSpec {
         let c = self;
         v1::ReplicaSpec {
             name: c.name.clone(),
@@ -32,7 +32,7 @@ impl ReplicaConfig {
     /// # Errors
     /// `INVALID_ARGUMENT` for a role that is not `both`, `prefill` or `decode`, or a bootstrap
     /// port past 65535.
-    pub fn from_spec(s: v1::ReplicaSpec) -> Result<ReplicaConfig, GrpcStatus> {
+    pub(crate) fn from_spec(s: v1::ReplicaSpec) -> Result<ReplicaConfig, GrpcStatus> {
         let opt = |v: String| (!v.is_empty()).then_some(v);
         let role = s.role.parse::<kvmesh_core::Role>().map_err(GrpcStatus::invalid_argument)?;
         let bootstrap_port = s

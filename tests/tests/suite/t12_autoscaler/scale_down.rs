@@ -185,6 +185,7 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_and_never_twice() {
+    let _serial = common::serial().await;
     use kvmesh_core::ReplicaStatus;
     use kvmesh_node::cluster::registry::Command;
     let dir = tempfile::tempdir().unwrap();

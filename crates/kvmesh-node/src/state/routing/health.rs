@@ -96,7 +96,7 @@ impl Core {
     }
 
     /// Brings the routing core's status of `name` in line with what this node sees, and queues a change
-    /// of status to be logged once, after the lock ([`CoreGuard`]); returns the change, (from,
+    /// of status to be logged once, after the lock ([`crate::state::CoreGuard`]); returns the change, (from,
     /// to), if there was one.
     pub fn sync_routable(&mut self, name: &str, now: f64) -> Option<(ReplicaStatus, ReplicaStatus)> {
         let r = self.replicas.get(name)?;

@@ -51,7 +51,7 @@ pub struct Core {
     pub own_demand_tokens: f64,
     /// Per peer: its incarnation and the last own demand it reported, tokens.
     pub(in crate::state) peer_demand: BTreeMap<u64, (u64, f64)>,
-    /// Status changes found in this lock section, logged by [`CoreGuard`] after it.
+    /// Status changes found in this lock section, logged by [`crate::state::CoreGuard`] after it.
     pub(in crate::state) status_changes: Vec<StatusChange>,
 }
 
