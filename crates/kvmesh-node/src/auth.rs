@@ -48,18 +48,29 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// A token the node cannot use ([`Secret::new`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Nothing but whitespace.
+    #[error("the token is empty")]
+    Empty,
+    /// Characters an HTTP/2 header value cannot carry.
+    #[error("the token has characters a header cannot carry")]
+    NotAHeader,
+}
+
 impl Secret {
     /// A token from a string (trimmed).
     ///
     /// # Errors
     /// An empty token, or one that cannot be sent as a header value.
-    pub fn new(token: &str) -> Result<Secret, String> {
+    pub fn new(token: &str) -> Result<Secret, TokenError> {
         let t = token.trim();
         if t.is_empty() {
-            return Err("the token is empty".into());
+            return Err(TokenError::Empty);
         }
         if MetadataValue::try_from(format!("Bearer {t}")).is_err() {
-            return Err("the token has characters a header cannot carry".into());
+            return Err(TokenError::NotAHeader);
         }
         Ok(Secret(t.to_string()))
     }
@@ -181,7 +192,9 @@ mod tests {
         assert!(check(&meta, &[&None, &admin]).is_ok());
         assert_eq!(check(&meta, &[&cluster]).unwrap_err().message(), "the bearer token is not accepted here");
         assert!(check(&meta, &[&cluster, &admin]).is_ok());
-        assert_eq!(Secret::new("  ").unwrap_err(), "the token is empty");
+        assert_eq!(Secret::new("  ").unwrap_err(), TokenError::Empty);
+        assert_eq!(Secret::new("  ").unwrap_err().to_string(), "the token is empty");
+        assert_eq!(Secret::new("a\nb").unwrap_err(), TokenError::NotAHeader);
     }
 
     #[test]

@@ -47,21 +47,41 @@ pub struct Endpoints {
     chat_completions: Url,
 }
 
+/// Why a URL does not parse (`url::ParseError`, named through reqwest, which re-exports `Url`).
+pub type UrlError = <Url as std::str::FromStr>::Err;
+
+/// A replica's `http` the node cannot use ([`Endpoints::parse`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointsError {
+    /// Not a URL.
+    #[error("{url:?}: {error}")]
+    Unparsable {
+        /// The URL as configured.
+        url: String,
+        /// Why it does not parse (the `url` crate's error, as reqwest's `Url` gives it).
+        error: UrlError,
+    },
+    /// A URL, but not `http://` or `https://`, or without a host.
+    #[error("{0:?} is not an http:// or https:// URL with a host")]
+    NotHttp(String),
+}
+
 impl Endpoints {
     /// Parses `http` (`http://host:port`, optionally with a path prefix and a trailing `/`).
     ///
     /// # Errors
-    /// `http` is not an absolute `http://` or `https://` URL with a host; the message says why.
-    pub fn parse(http: &str) -> Result<Endpoints, String> {
+    /// [`EndpointsError`]: `http` is not an absolute `http://` or `https://` URL with a host.
+    pub fn parse(http: &str) -> Result<Endpoints, EndpointsError> {
+        let unparsable = |error| EndpointsError::Unparsable { url: http.to_string(), error };
         // The base alone first: `http://` plus a path would parse with the path as its host.
-        let parsed = Url::parse(http).map_err(|e| format!("{http:?}: {e}"))?;
+        let parsed = Url::parse(http).map_err(unparsable)?;
         if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
-            return Err(format!("{http:?} is not an http:// or https:// URL with a host"));
+            return Err(EndpointsError::NotHttp(http.to_string()));
         }
         let base = http.trim_end_matches('/').to_string();
         let host = parsed.host_str().unwrap_or_default();
         let authority = format!("{host}:{}", parsed.port_or_known_default().unwrap_or(80));
-        let url = |api: Api| Url::parse(&format!("{base}{}", api.path())).map_err(|e| format!("{http:?}: {e}"));
+        let url = |api: Api| Url::parse(&format!("{base}{}", api.path())).map_err(unparsable);
         Ok(Endpoints {
             completions: url(Api::Completions)?,
             chat_completions: url(Api::ChatCompletions)?,
@@ -139,11 +159,15 @@ mod tests {
 
     #[test]
     fn a_url_without_a_host_or_of_another_scheme_is_refused() {
-        assert_eq!(Endpoints::parse("http://").unwrap_err(), "\"http://\": empty host");
-        assert!(Endpoints::parse("ftp://h:21").unwrap_err().contains("not an http:// or https:// URL"));
-        assert!(Endpoints::parse("h:8000").unwrap_err().contains("not an http:// or https:// URL"));
+        assert_eq!(Endpoints::parse("http://").unwrap_err().to_string(), "\"http://\": empty host");
         assert_eq!(
-            Endpoints::parse("localhost:8000").unwrap_err(),
+            Endpoints::parse("http://").unwrap_err(),
+            EndpointsError::Unparsable { url: "http://".into(), error: UrlError::EmptyHost }
+        );
+        assert_eq!(Endpoints::parse("ftp://h:21").unwrap_err(), EndpointsError::NotHttp("ftp://h:21".into()));
+        assert!(Endpoints::parse("h:8000").unwrap_err().to_string().contains("not an http:// or https:// URL"));
+        assert_eq!(
+            Endpoints::parse("localhost:8000").unwrap_err().to_string(),
             "\"localhost:8000\" is not an http:// or https:// URL with a host"
         );
     }

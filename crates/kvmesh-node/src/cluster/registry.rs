@@ -164,7 +164,7 @@ impl ClusterState {
                     return err("the registry is already seeded".into());
                 }
                 if let Err(e) = check_policy(policy, params) {
-                    return err(e);
+                    return err(e.to_string());
                 }
                 self.seeded = true;
                 self.policy = Some(policy.clone());
@@ -220,7 +220,7 @@ impl ClusterState {
             },
             Command::SetPolicy { policy, params } => {
                 if let Err(e) = check_policy(policy, params) {
-                    return err(e);
+                    return err(e.to_string());
                 }
                 self.policy = Some(policy.clone());
                 self.policy_params = params.clone();
@@ -297,10 +297,10 @@ fn merge_plan(
 }
 
 /// Whether `policy` with `params` can be built (so no node fails to apply it).
-fn check_policy(policy: &str, params: &BTreeMap<String, f64>) -> Result<(), String> {
-    let kind: kvmesh_core::PolicyKind = policy.parse().map_err(|e: kvmesh_core::Error| e.to_string())?;
+fn check_policy(policy: &str, params: &BTreeMap<String, f64>) -> Result<(), kvmesh_core::Error> {
+    let kind: kvmesh_core::PolicyKind = policy.parse()?;
     let params: Vec<(String, f64)> = params.iter().map(|(k, v)| (k.clone(), *v)).collect();
-    kind.build_with(&params).map(|_| ()).map_err(|e| e.to_string())
+    kind.build_with(&params).map(|_| ())
 }
 
 #[cfg(test)]

@@ -34,12 +34,17 @@ pub struct Listed {
     pub adapters: Vec<String>,
 }
 
+/// A `/v1/models` answer that is not an OpenAI model list.
+#[derive(Debug, thiserror::Error)]
+#[error("not an OpenAI model list: {0}")]
+pub struct NotAModelList(#[from] serde_json::Error);
+
 /// What a `/v1/models` answer `body` lists.
 ///
 /// # Errors
 /// A body that is not an OpenAI model list.
-pub fn listed(body: &[u8]) -> Result<Listed, String> {
-    let list: ModelList = serde_json::from_slice(body).map_err(|e| format!("not an OpenAI model list: {e}"))?;
+pub fn listed(body: &[u8]) -> Result<Listed, NotAModelList> {
+    let list: ModelList = serde_json::from_slice(body)?;
     let (mut models, mut adapters) = (Vec::new(), Vec::new());
     for m in list.data {
         if m.parent.is_some() {
@@ -79,7 +84,7 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String) {
                 }
                 body.extend_from_slice(&chunk);
             }
-            listed(&body)
+            listed(&body).map_err(|e| e.to_string())
         }
         .await;
         let Listed { models, adapters } = match got {
@@ -134,6 +139,6 @@ mod tests {
         assert_eq!(l.models, ["meta-llama/Llama-3.1-8B"]);
         let l = listed(br#"{"object":"list","data":[{"id":"m"}]}"#).unwrap();
         assert_eq!((l.models, l.adapters), (vec!["m".to_string()], vec![]));
-        assert!(listed(b"<html>").unwrap_err().starts_with("not an OpenAI model list"));
+        assert!(listed(b"<html>").unwrap_err().to_string().starts_with("not an OpenAI model list"));
     }
 }

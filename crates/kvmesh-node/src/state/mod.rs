@@ -313,16 +313,20 @@ impl Shared {
     /// when both are current.
     ///
     /// # Errors
-    /// An unknown policy name or parameter.
-    pub fn set_policy(&self, name: &str, params: &std::collections::BTreeMap<String, f64>) -> Result<(), String> {
-        let kind: PolicyKind = name.parse().map_err(|e| format!("{e}"))?;
+    /// The core's error for an unknown policy name or parameter.
+    pub fn set_policy(
+        &self,
+        name: &str,
+        params: &std::collections::BTreeMap<String, f64>,
+    ) -> Result<(), kvmesh_core::Error> {
+        let kind: PolicyKind = name.parse()?;
         let name = kind.as_str();
         let mut current = self.policy_name.lock().unwrap_or_else(|p| p.into_inner());
         if &*current.0 == name && &current.1 == params {
             return Ok(());
         }
         let list: Vec<(String, f64)> = params.iter().map(|(k, v)| (k.clone(), *v)).collect();
-        self.core().policy = kind.build_with(&list).map_err(|e| e.to_string())?;
+        self.core().policy = kind.build_with(&list)?;
         *current = (Arc::from(name), params.clone());
         tracing::info!(policy = name, ?params, "routing policy changed");
         Ok(())
@@ -335,7 +339,9 @@ impl Shared {
     pub fn add_replica(&self, config: ReplicaConfig) -> Result<ReplicaId, RegistryError> {
         config.validate().map_err(RegistryError::Invalid)?;
         let endpoints = Arc::new(
-            Endpoints::parse(&config.http).map_err(RegistryError::Invalid)?.with_rank(config.data_parallel_rank),
+            Endpoints::parse(&config.http)
+                .map_err(|e| RegistryError::Invalid(e.to_string()))?
+                .with_rank(config.data_parallel_rank),
         );
         let mut core = self.core();
         if core.replicas.contains_key(&config.name) {
