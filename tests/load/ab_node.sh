@@ -11,8 +11,8 @@
 #   generator come from target/release (built here if missing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-A=${1:?usage: ab_node.sh KVMESH_A KVMESH_B [seconds] [rounds]}
-B=${2:?usage: ab_node.sh KVMESH_A KVMESH_B [seconds] [rounds]}
+BUILD_A=${1:?usage: ab_node.sh KVMESH_A KVMESH_B [seconds] [rounds]}
+BUILD_B=${2:?usage: ab_node.sh KVMESH_A KVMESH_B [seconds] [rounds]}
 SECS=${3:-5}
 ROUNDS=${4:-3}
 OUT=target/ab-node
@@ -21,31 +21,19 @@ rm -f "$OUT"/*.jsonl
 [ -x target/release/kvmesh-engine-sim ] && [ -x target/release/kvmesh ] ||
   cargo build --release -q -p kvmesh-cli -p kvmesh-engine-sim
 R=target/release
+B=$R
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
-ENGINES=()
-for i in 0 1 2 3; do
-  "$R/kvmesh-engine-sim" --http 127.0.0.1:1940$i --kv-events tcp://127.0.0.1:1945$i \
-    --replay tcp://127.0.0.1:1948$i --speed 1000 >"$OUT/engine$i.log" 2>&1 &
-  PIDS+=($!)
-  ENGINES+=("http://127.0.0.1:1940$i")
-done
-DIRECT=$(IFS=,; echo "${ENGINES[*]}")
-cat >"$OUT/node.toml" <<TOML
-[node]
-http = "127.0.0.1:19410"
-grpc = "127.0.0.1:19411"
-$(for i in 0 1 2 3; do printf '\n[[replicas]]\nname = "e%s"\nhttp = "http://127.0.0.1:1940%s"\nkv_events = "tcp://127.0.0.1:1945%s"\nreplay = "tcp://127.0.0.1:1948%s"\ncapacity_blocks = 29375\n' $i $i $i $i; done)
-TOML
-wait_up() { for _ in $(seq 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done; echo "not up: $1" >&2; return 1; }
-for e in "${ENGINES[@]}"; do wait_up "$e/health"; done
+. tests/load/four_engines.sh
+start_four_engines 1940 1945 1948
+four_engines_node_toml 127.0.0.1:19410 127.0.0.1:19411
 
 for round in $(seq "$ROUNDS"); do
   for side in A B; do
-    bin=$A; [ "$side" = B ] && bin=$B
+    bin=$BUILD_A; [ "$side" = B ] && bin=$BUILD_B
     "$bin" node --config "$OUT/node.toml" >"$OUT/node-$side.log" 2>&1 &
     NODE=$!
     wait_up http://127.0.0.1:19410/health
@@ -63,7 +51,7 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-python3 - "$OUT" "$A" "$B" <<'PY'
+python3 - "$OUT" "$BUILD_A" "$BUILD_B" <<'PY'
 import json, statistics, sys
 out, a, b = sys.argv[1:4]
 def rows(f): return [json.loads(l) for l in open(f"{out}/{f}") if l.startswith("{")]

@@ -36,23 +36,9 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
-ENGINES=()
-for i in 0 1 2 3; do
-  "$B/kvmesh-engine-sim" --http 127.0.0.1:1900$i --kv-events tcp://127.0.0.1:1950$i \
-    --replay tcp://127.0.0.1:1960$i --speed 1000 >"$OUT/engine$i.log" 2>&1 &
-  PIDS+=($!)
-  ENGINES+=("http://127.0.0.1:1900$i")
-done
-DIRECT=$(IFS=,; echo "${ENGINES[*]}")
-cat >"$OUT/node.toml" <<TOML
-[node]
-http = "127.0.0.1:19100"
-grpc = "127.0.0.1:19101"
-$(for i in 0 1 2 3; do printf '\n[[replicas]]\nname = "e%s"\nhttp = "http://127.0.0.1:1900%s"\nkv_events = "tcp://127.0.0.1:1950%s"\nreplay = "tcp://127.0.0.1:1960%s"\ncapacity_blocks = 29375\n' $i $i $i $i; done)
-TOML
-
-wait_up() { for _ in $(seq 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done; echo "not up: $1" >&2; return 1; }
-for e in "${ENGINES[@]}"; do wait_up "$e/health"; done
+. tests/load/four_engines.sh
+start_four_engines 1900 1950 1960
+four_engines_node_toml 127.0.0.1:19100 127.0.0.1:19101
 
 run_load() { # name url rate rep [loadtest args…]
   local name=$1 url=$2 rate=$3 rep=$4; shift 4

@@ -18,8 +18,6 @@ pub mod operator;
 pub mod registry;
 pub mod store;
 
-/// Metadata marking a write forwarded by another node.
-pub const FORWARDED: &str = "x-kvmesh-forwarded";
 use forward::{forward_write, Forwarded};
 
 use crate::config::{ClusterSection, ReplicaConfig};
@@ -33,6 +31,9 @@ use std::io::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// Metadata marking a write forwarded by another node.
+pub const FORWARDED: &str = "x-kvmesh-forwarded";
 
 openraft::declare_raft_types!(
     /// kvmesh's Raft types: registry commands in the log, u64 node ids, gRPC addresses.

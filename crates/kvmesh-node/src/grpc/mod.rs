@@ -18,7 +18,7 @@ use crate::replica::SupervisorMsg;
 use crate::state::Shared;
 use kvmesh_core::load::BookingId;
 use kvmesh_core::ReplicaStatus;
-use kvmesh_proto::v1::{self};
+use kvmesh_proto::v1;
 use ractor::ActorRef;
 use std::sync::Arc;
 use tonic::{Request, Response, Status as GrpcStatus};

@@ -3,7 +3,7 @@
 //! [`crate::autoscaler`]). It sits above the state; the decisions it keeps
 //! ([`crate::autoscaler::Autoscaling`]) sit below it.
 
-use crate::autoscaler::*;
+use crate::autoscaler::{starts, Decision, REFRESH_S};
 use crate::cluster::registry::Command;
 use crate::cluster::Cluster;
 use crate::state::Shared;

@@ -4,7 +4,8 @@
 
 use crate::cluster::registry::Command;
 use crate::cluster::Cluster;
-use crate::replication::*;
+
+use crate::replication::{unix_now, WarmFailure};
 use crate::state::Shared;
 use kvmesh_core::replication::{plan_round, warm_failed, warm_round, ReplicationPlan, SketchReport, WarmLimiter};
 use std::sync::Arc;

@@ -354,23 +354,9 @@ impl PdSim<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::EngineProfile;
+    use crate::simulation::tests::profile;
     use crate::trace::{TraceFormat, TraceRequest};
     use kvmesh_core::policy::PolicyKind;
-
-    fn profile() -> EngineProfile {
-        EngineProfile {
-            name: "tiny".into(),
-            prefill_s_per_token: 1e-3,
-            decode_s_per_token: 1e-4,
-            step_overhead_s: 1e-3,
-            chunk_tokens: 64,
-            kv_tokens: 4096,
-            max_batch: 16,
-            cold_start_s: 0.0,
-            kv_bytes_per_token: 131_072,
-        }
-    }
 
     /// Requests `(arrival, block ids, output tokens)` of 4-token blocks.
     fn trace(reqs: &[(f64, &[u64], u32)]) -> Trace {

@@ -6,7 +6,8 @@ use kvmesh_core::policy::{Decision, PolicyKind};
 use kvmesh_core::FleetView;
 use rand::RngCore;
 
-fn profile() -> EngineProfile {
+/// A tiny engine whose step times make small differences decisive (shared with the P/D tests).
+pub(super) fn profile() -> EngineProfile {
     EngineProfile {
         name: "tiny".into(),
         // Slow enough that a 4-token difference is far outside token_load's 1 ms near-equal band.
