@@ -99,7 +99,7 @@ fn measure(w: &Workload, config: &WorkloadConfig, concurrent: bool) -> Report {
     let mut rows = Vec::new();
     let conc_kvmesh = concurrent.then(|| {
         eprintln!("  kvmesh: reader and writer");
-        concurrent_pass(&SharedKvmesh::new(w), w)
+        concurrent_pass(&SharedKvmesh::new(w, w.engines as u32), w)
     });
     rows.push(row(Kvmesh::new, w, entries, conc_kvmesh));
     rows.push(row(DynamoRadixTree::new, w, entries, None));

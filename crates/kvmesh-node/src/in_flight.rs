@@ -236,11 +236,18 @@ impl InFlight {
             if outcome == "ok" && new_blocks {
                 core.served_new_blocks(&self.replica, self.routed_at);
             }
-            let adopted = match self.prompt.take() {
-                Some((tokens, selected)) if outcome == "ok" => core.adopt_prompt(&self.replica, &tokens, &selected),
+            let prompt = self.prompt.take().filter(|_| outcome == "ok");
+            let waiting =
+                prompt.as_ref().and_then(|(tokens, selected)| core.keep_prompt(&self.replica, tokens, selected));
+            drop(core);
+            // Stores waiting there that continue the prompt are placed through the index's
+            // writer, after the core's lock (which never waits for the writer's holder).
+            let adopted = match (waiting, &prompt) {
+                (Some(id), Some((tokens, s))) => {
+                    self.shared.index.write().adopt_prompt(id, tokens, s.adapter.as_deref(), s.salt.as_deref())
+                }
                 _ => None,
             };
-            drop(core);
             if let (Some(out), Some(expected), "ok") = (output_tokens, expected, outcome) {
                 let m = &self.shared.metrics;
                 m.output_tokens.inc_by(u64::from(out));

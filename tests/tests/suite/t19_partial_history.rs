@@ -54,9 +54,9 @@ async fn a_prefix_older_than_the_buffer_is_recovered_from_the_prompts_routed_the
         core.status(&core.replicas["e0"], now)
     };
     let counts = |node: &kvmesh_node::Node| {
-        let core = node.shared.core();
-        let id = core.replicas["e0"].id;
-        (core.fleet.index().replica_blocks(id), core.fleet.index().orphan_blocks(id))
+        let id = node.shared.core().replicas["e0"].id;
+        let index = node.shared.index.read();
+        (index.replica_blocks(id), index.orphan_blocks(id))
     };
     // The replay gives the last four stores, each under a block this node never heard of:
     // all kept aside, and the replica is not out of sync.

@@ -3,7 +3,7 @@
 
 use super::Index;
 use crate::workload::{tokens_of, Op, Query, BLOCK_TOKENS};
-use kvmesh_core::index::{KvEvent, Removed, Stored};
+use kvmesh_core::index::{KvEvent, PublishedIndex, Removed, Stored};
 use kvmesh_core::{BlockHash, BlockHasher, EngineBlockHash, Medium, Namespace, Overlap, PrefixIndex, ReplicaId};
 use std::cell::RefCell;
 
@@ -109,38 +109,34 @@ impl Index for Kvmesh {
     }
 }
 
-/// kvmesh's index shared by a writer and readers the way a node shares it: behind one lock
-/// (a `RwLock` here, so readers do not wait for each other; the node takes a mutex), the
-/// writer applying an event [`SECTION_BLOCKS`] blocks at a time and handing the lock to a
-/// waiting reader between sections (`bump`), as the node's ingest does.
+/// kvmesh's index shared by a writer and readers the way a node shares it: a
+/// [`PublishedIndex`] (two copies; readers take the one not being written and never wait for
+/// the writer), each event one write, as the node's ingest applies a batch per write.
 pub struct SharedKvmesh {
-    index: parking_lot::RwLock<PrefixIndex>,
+    index: PublishedIndex,
     queries: Vec<Vec<BlockHash>>,
 }
 
-/// Most blocks the writer applies under one hold of the lock (the node's
-/// `replica::ingest::SECTION_BLOCKS`).
-pub const SECTION_BLOCKS: usize = 64;
-
 impl SharedKvmesh {
-    /// An empty index and the workload's queries as block hashes.
-    pub fn new(w: &crate::workload::Workload) -> Self {
+    /// An empty index, engines `0..engines` registered, and the workload's queries as block
+    /// hashes.
+    pub fn new(w: &crate::workload::Workload, engines: u32) -> Self {
         let k = Kvmesh::new();
         let queries = w.queries.iter().map(|q| block_hashes(&k.hasher, q)).collect();
-        SharedKvmesh { index: parking_lot::RwLock::new(k.index), queries }
+        let index = PublishedIndex::new(k.hasher, 0);
+        let mut writer = index.write();
+        for e in 0..engines {
+            writer.register(ReplicaId(e), None);
+        }
+        drop(writer);
+        SharedKvmesh { index, queries }
     }
 }
 
 impl super::Shared for SharedKvmesh {
     fn write(&self, op: &Op) {
         if let Some((replica, event)) = event_of(op) {
-            let mut index = self.index.write();
-            for (i, piece) in event.sections(SECTION_BLOCKS).enumerate() {
-                if i > 0 {
-                    parking_lot::RwLockWriteGuard::bump(&mut index);
-                }
-                index.apply(replica, &piece);
-            }
+            self.index.write().apply(replica, event);
         }
     }
 

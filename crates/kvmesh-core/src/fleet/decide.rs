@@ -285,7 +285,7 @@ impl Fleet {
             return;
         }
         self.sparse.clear();
-        self.index.overlaps(&req.hashes, &mut self.sparse);
+        self.index.read().overlaps(&req.hashes, &mut self.sparse);
         scatter(&self.sparse, &self.replicas, |p, o| self.overlaps[p] = o);
         let any_approx = self.replicas.iter().any(|r| r.overlap_source() == OverlapSource::Approximate);
         if any_approx {

@@ -8,29 +8,37 @@
 //!  first_token / release / expire ──► Bookings ──► TokenLoad
 //! ```
 //!
+//! The index lives in the fleet, or, after [`Fleet::publish_index`], beside it: a router
+//! applies KV events to the published index without holding the fleet, and decisions read it
+//! without waiting for them.
+//!
 //! The fleet never reads a clock or an RNG: callers pass `now` (seconds on their clock) and a
 //! random source, so the simulator replays a run from its seed and the node uses real time.
 //! The same `route` runs in the node and the simulator.
 
 mod booking;
 mod decide;
+mod index_home;
 mod pd;
 
 pub use crate::view::{
     Estimate, Estimator, FleetConfig, FleetView, OverlapSource, ReplicaSpec, ReplicaState, ReplicaStatus, Role,
     RouteRequest,
 };
+pub use index_home::IndexRef;
 pub use pd::{PdDecision, PdRouted};
 
 use crate::error::Error;
 use crate::hashing::{BlockHasher, ModelKey, Namespace};
 use crate::ids::{BlockHash, ReplicaId};
-use crate::index::{ApplyOutcome, KvEvent, PrefixIndex};
+use crate::index::{ApplyOutcome, KvEvent, PrefixIndex, PublishedIndex};
 use crate::load::{BookingId, Bookings, EngineMetrics, FleetEvent};
 use crate::overlap::Overlap;
 use crate::policy::Decision;
 use crate::record::RoutingRecord;
+use index_home::IndexHome;
 use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// A routing decision and the booking it made.
@@ -71,7 +79,7 @@ pub struct Fleet {
     config: FleetConfig,
     hasher: BlockHasher,
     replicas: Vec<ReplicaState>,
-    index: PrefixIndex,
+    index: IndexHome,
     record: RoutingRecord,
     bookings: Bookings,
     next_id: u32,
@@ -115,7 +123,7 @@ impl Fleet {
         config.validate()?;
         let hasher = BlockHasher::new(config.block_size, &config.namespace)?;
         Ok(Fleet {
-            index: PrefixIndex::with_seed(hasher, config.index_seed),
+            index: IndexHome::Owned(PrefixIndex::with_seed(hasher, config.index_seed)),
             record: RoutingRecord::new(config.record_ttl_s, config.record_max_entries),
             bookings: Bookings::new(config.lease_s, config.block_size)?,
             hasher,
@@ -172,9 +180,34 @@ impl Fleet {
         model.and_then(|m| self.model_configs.get(&m)).unwrap_or(&self.config)
     }
 
-    /// The prefix index.
-    pub fn index(&self) -> &PrefixIndex {
-        &self.index
+    /// The prefix index: the fleet's own, or the published one's front copy (see
+    /// [`Fleet::publish_index`]).
+    pub fn index(&self) -> IndexRef<'_> {
+        self.index.read()
+    }
+
+    /// Moves the prefix index out of the fleet into a [`PublishedIndex`] shared with the
+    /// caller, before any replica is registered: from then on the fleet registers and removes
+    /// replicas there, and each decision reads its front copy, never waiting for a write. The
+    /// caller applies KV events through [`PublishedIndex::write`] and tells the fleet what
+    /// they did with [`Fleet::note_events`] ([`Fleet::apply_event`] still works, writing
+    /// through the same writer). Calling it again returns the same index.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] once replicas are registered.
+    pub fn publish_index(&mut self) -> Result<Arc<PublishedIndex>, Error> {
+        if let IndexHome::Published(p) = &self.index {
+            return Ok(p.clone());
+        }
+        if self.next_id > 0 {
+            return Err(Error::InvalidConfig {
+                field: "index",
+                reason: "the index is published before any replica is registered".into(),
+            });
+        }
+        let published = Arc::new(PublishedIndex::new(self.hasher, self.config.index_seed));
+        self.index = IndexHome::Published(published.clone());
+        Ok(published)
     }
 
     /// The bookings.
@@ -234,9 +267,7 @@ impl Fleet {
         }
         self.bookings.set_block_size(id, block_size);
         let hasher = self.hasher_for(&spec.model);
-        if hasher != self.hasher {
-            self.index.set_replica_hasher(id, hasher);
-        }
+        self.index.register(id, (hasher != self.hasher).then_some(hasher));
         self.replicas.push(ReplicaState {
             id,
             spec,
@@ -338,15 +369,28 @@ impl Fleet {
     /// [`Error::UnknownReplica`]; a bad event is not an error but a counted rejection in the
     /// outcome.
     pub fn apply_event(&mut self, id: ReplicaId, event: &KvEvent, now: f64) -> Result<ApplyOutcome, Error> {
-        let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
+        self.pos(id).ok_or(Error::UnknownReplica(id))?;
         let outcome = self.index.apply(id, event);
-        let r = &mut self.replicas[p];
         let applied = outcome.stored + outcome.removed > 0 || matches!(event, KvEvent::Cleared);
-        if outcome.rejection.is_none() || applied {
+        let usable = events_usable(&self.index.read(), id);
+        self.note_events(id, outcome.rejection.is_none() || applied, usable, now)?;
+        Ok(outcome)
+    }
+
+    /// What events of `id` applied to a published index ([`Fleet::publish_index`]) at `now`
+    /// did: `heard` when any was accepted or changed a block (the replica's events are then
+    /// fresh as of `now`), `usable` as [`events_usable`] reads the index after them.
+    ///
+    /// # Errors
+    /// [`Error::UnknownReplica`].
+    pub fn note_events(&mut self, id: ReplicaId, heard: bool, usable: bool, now: f64) -> Result<(), Error> {
+        let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
+        let r = &mut self.replicas[p];
+        if heard {
             r.last_event_at = Some(r.last_event_at.map_or(now, |t| t.max(now)));
         }
-        r.events_usable = self.index.health(id).is_some_and(|h| h.block_size_mismatch.is_none() && !h.out_of_sync);
-        Ok(outcome)
+        r.events_usable = usable;
+        Ok(())
     }
 
     /// Says whether `id`'s event history is partial (see
@@ -392,7 +436,7 @@ impl Fleet {
     /// hashes) in GPU memory, sorted by id.
     pub fn holders(&self, chain: &[BlockHash]) -> Vec<ReplicaId> {
         let mut sparse = Vec::new();
-        self.index.overlaps(chain, &mut sparse);
+        self.index.read().overlaps(chain, &mut sparse);
         sparse.into_iter().filter(|(_, o)| o.gpu as usize >= chain.len()).map(|(id, _)| id).collect()
     }
 
@@ -409,6 +453,12 @@ impl Fleet {
     fn pos(&self, id: ReplicaId) -> Option<usize> {
         self.replicas.binary_search_by_key(&id, |r| r.id).ok()
     }
+}
+
+/// Whether `id`'s KV events can be routed on, as `index` reads after them: none refused for
+/// another block size, and in sync.
+pub fn events_usable(index: &PrefixIndex, id: ReplicaId) -> bool {
+    index.health(id).is_some_and(|h| h.block_size_mismatch.is_none() && !h.out_of_sync)
 }
 
 /// A planned prefix's targets and until when each counts as holding it, seconds.

@@ -109,7 +109,7 @@ pub(crate) struct Removal {
 }
 
 /// Shared holder lists, reused through a free list.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Arena {
     lists: Vec<Vec<Holder>>,
     free: Vec<u32>,

@@ -23,6 +23,7 @@ mod event;
 mod holders;
 mod orphans;
 mod outcome;
+mod published;
 mod replica_blocks;
 mod segments;
 mod table;
@@ -31,6 +32,7 @@ mod write;
 
 pub use event::{ExtraKeys, KvEvent, KvGroup, Removed, Stored};
 pub use outcome::{ApplyOutcome, EventCounters, Rejection};
+pub use published::{IndexWriter, PublishedIndex};
 pub use replica_blocks::IndexHealth;
 
 use crate::hashing::BlockHasher;
@@ -43,7 +45,7 @@ use segments::{Pos, Segments};
 use table::Table;
 
 /// The fleet-wide prefix index for one namespace and block size.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PrefixIndex {
     hasher: BlockHasher,
     blocks: Segments,

@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 pub const MAX_ORPHAN_STORES: usize = 4096;
 
 /// One replica's orphaned stores.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Orphans {
     /// Parent engine id → the stores waiting for it, in arrival order.
     by_parent: FxHashMap<u64, Vec<Stored>>,

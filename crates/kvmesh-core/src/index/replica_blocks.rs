@@ -25,7 +25,7 @@ impl Mapping {
 }
 
 /// Per-replica index state.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct ReplicaBlocks {
     /// Engine id → where its block is and the copies stored under this id ([`Mapping`],
     /// packed), per medium (`[GPU, CPU]`): removals carry engine ids only. The block's holder

@@ -38,7 +38,7 @@ pub(crate) struct Slot {
 }
 
 /// A chain of blocks.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Segment {
     pub(crate) slots: Vec<Slot>,
     /// Slots whose holder is not empty.
@@ -46,7 +46,7 @@ pub(crate) struct Segment {
 }
 
 /// Every segment, the free ids, and the first-block index.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Segments {
     segs: Vec<Segment>,
     free: Vec<u32>,

@@ -18,7 +18,7 @@ use crate::ids::{BlockHash, EngineBlockHash};
 use rustc_hash::FxHashMap;
 
 /// One replica's blocks of one sliding-window group.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct WindowGroup {
     /// vLLM's `group_idx`.
     pub(crate) idx: u32,

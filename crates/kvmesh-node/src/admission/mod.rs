@@ -470,13 +470,18 @@ mod tests {
         assert_eq!((after, message.as_str()), (4, "capacity is short (the admission queue is full); retry after 4 s"));
     }
 
-    #[tokio::test]
+    // Paused time: the clock moves only to the next timer, so the waits are exact.
+    #[tokio::test(start_paused = true)]
     async fn a_waiter_retries_after_250_ms_and_times_out_at_its_deadline() {
         let q = Admission::new(AdmissionSection { enabled: true, ..AdmissionSection::default() });
         let now = Instant::now();
         assert_eq!(q.wait(10, now, now + Duration::from_secs(5)).await, Ok(()));
-        let waited = Instant::now() - now;
-        assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(5), "{waited:?}");
-        assert_eq!(q.wait(10, now, now).await, Err(Refused::Timeout));
+        assert_eq!(Instant::now() - now, Duration::from_millis(250));
+        // A deadline before the recheck: back to its caller at the deadline, then refused.
+        let later = Instant::now();
+        assert_eq!(q.wait(10, later, later + Duration::from_millis(100)).await, Ok(()));
+        assert_eq!(Instant::now() - later, Duration::from_millis(100));
+        assert_eq!(q.wait(10, later, later + Duration::from_millis(100)).await, Err(Refused::Timeout));
+        assert_eq!(Instant::now() - later, Duration::from_millis(100));
     }
 }

@@ -136,6 +136,7 @@ impl Services {
         let load = core.fleet.bookings().load(r.id);
         let block_size = core.fleet.block_size_of(core.fleet.replica(r.id).map(|s| s.model));
         let detail = core.status_detail(r, status, now);
+        let index_blocks = core.fleet.index().replica_blocks(r.id) as u64;
         let mut spec = r.config.to_spec(block_size);
         if spec.lora_adapters.is_empty() {
             // Not declared: what its engine lists.
@@ -150,7 +151,7 @@ impl Services {
             kv_usage: r.engine.map_or(0.0, |e| e.kv_usage),
             queued_prefill_tokens: load.queued_prefill_tokens,
             live_bookings: load.prefilling + load.decoding,
-            index_blocks: core.fleet.index().replica_blocks(r.id) as u64,
+            index_blocks,
             events_applied: r.events_applied,
             events_rejected: r.events_rejected,
             last_event_age_s: r.last_event_at.map(|t| now - t),

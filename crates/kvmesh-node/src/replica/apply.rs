@@ -1,10 +1,16 @@
 //! Applying a replica's KV events to the node's state: one path for both sources, the ZMQ
 //! stream ([`super::ingest`]) and gRPC `Events.Publish` ([`super::push`]) — the same metrics,
 //! last-event time, unknown-parent resync, quarantine and routable sync for each.
+//!
+//! Events go to the published prefix index through its writer, never under the core's lock;
+//! the core hears what they did in one short section per batch. The writer is never held while
+//! waiting for the core's lock (the core's holders may wait for the writer).
 
 use super::event_guard::Problems;
-use crate::state::Shared;
+use crate::state::{AppliedBatch, Shared};
+use kvmesh_core::fleet::events_usable;
 use kvmesh_core::index::KvEvent;
+use kvmesh_core::ReplicaId;
 use kvmesh_events::EventBatch;
 
 /// The labels of a rejected-events count: the replica and the reason.
@@ -24,16 +30,46 @@ pub(super) fn count_rejected(shared: &Shared, name: &str, reason: &str, n: u64) 
 /// Drops `name`'s blocks and marks it `bad_events` until `until` (node seconds).
 pub(super) fn quarantine(shared: &Shared, name: &str, until: f64) {
     let now = shared.now();
+    let id = clear(shared, name, now);
     {
         let mut core = shared.core();
-        core.apply(name, &KvEvent::Cleared, now);
-        if let Some(r) = core.replicas.get_mut(name) {
+        if let Some(r) = core.replicas.get_mut(name).filter(|r| Some(r.id) == id) {
             r.bad_events_until = Some(until);
             r.last_seq = None;
         }
         let _ = core.sync_routable(name, now);
     }
     shared.metrics.quarantines.get_or_create(&vec![("replica", name.to_string())]).inc();
+}
+
+/// Drops every block of replica `name` through the index's writer, outside the core's lock
+/// (a large replica's clear takes a while), then tells the core. Returns its id, or `None`
+/// for a replica not registered.
+fn clear(shared: &Shared, name: &str, now: f64) -> Option<ReplicaId> {
+    let id = shared.core().replicas.get(name)?.id;
+    let mut writer = shared.index.write();
+    let outcome = writer.apply(id, KvEvent::Cleared)?;
+    let usable = events_usable(writer.index(), id);
+    drop(writer);
+    let batch = AppliedBatch {
+        accepted: u64::from(outcome.rejection.is_none()),
+        rejected: u64::from(outcome.rejection.is_some()),
+        heard: true,
+        usable,
+    };
+    shared.core().events_applied(name, id, batch, now);
+    Some(id)
+}
+
+/// Says whether replica `name`'s event history is partial
+/// ([`kvmesh_core::PrefixIndex::set_partial_history`]), through the index's writer; a whole
+/// history drops the prompts kept for its waiting stores.
+pub(super) fn set_partial_history(shared: &Shared, name: &str, partial: bool) {
+    let Some(id) = shared.core().replicas.get(name).map(|r| r.id) else { return };
+    shared.index.write().set_partial_history(id, partial);
+    if !partial {
+        shared.core().history_whole(name, id);
+    }
 }
 
 /// Records a live batch's publish-to-applied time (see [`crate::metrics::Metrics::event_lag`]);
@@ -49,24 +85,51 @@ pub(super) fn record_lag(shared: &Shared, ts: f64) {
 /// Drops the replica's blocks so they rebuild from its next events.
 pub(super) fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
     let now = shared.now();
-    let mut core = shared.core();
     // A clear also ends the index's out-of-sync mark: the replica rebuilds from here.
-    core.apply(name, &KvEvent::Cleared, now);
+    clear(shared, name, now);
     // A restarted engine's history starts afresh: this node will see all of it. (Otherwise
     // the history stays as partial as it was: a gap or a rebuild is missed events, which
     // case C03 resyncs; only a replay buffer that no longer reaches back to the engine's
     // first message makes it partial.)
     if how == "restart" {
-        core.set_partial_history(name, false);
+        set_partial_history(shared, name, false);
     }
     shared.metrics.resyncs.get_or_create(&vec![("replica", name.to_string()), ("method", how.to_string())]).inc();
 }
 
-/// Applies `batch` under the core lock; returns its bad events (for the caller to log and
-/// count outside the lock): events the decoder skipped, and stores no sound engine sends
-/// (token count off, self-referential); and the number of events applied. An unknown parent
-/// is not a bad event: it means this node missed events, and leads to a rebuild instead.
-pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -> (Problems, u64) {
+/// Applies `batch` through the index's writer, then records what it did in a short section of
+/// the core's lock (so a routing decision never waits for the index being written); returns
+/// its bad events (for the caller to log and count): events the decoder skipped, and stores
+/// no sound engine sends (token count off, self-referential); and the number of events
+/// applied. An unknown parent is not a bad event: it means this node missed events, and
+/// leads to a rebuild instead.
+pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: EventBatch) -> (Problems, u64) {
+    let target = shared.core().replicas.get(name).map(Target::of);
+    apply_to(shared, name, target, seq, batch)
+}
+
+/// The registered replica a batch is for: its id and data-parallel rank.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Target {
+    id: ReplicaId,
+    rank: Option<u32>,
+}
+
+impl Target {
+    pub(super) fn of(r: &crate::state::Replica) -> Self {
+        Target { id: r.id, rank: r.config.data_parallel_rank }
+    }
+}
+
+/// [`apply`] for a replica the caller looked up already (`None`: not registered), in the same
+/// section of the core's lock as its sequence check.
+pub(super) fn apply_to(
+    shared: &Shared,
+    name: &str,
+    target: Option<Target>,
+    seq: u64,
+    batch: EventBatch,
+) -> (Problems, u64) {
     let now = shared.now();
     let mut problems = Problems {
         events: batch.skipped.len() as u64,
@@ -79,20 +142,11 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
             .get_or_create(&labels(name, "undecodable_event"))
             .inc_by(batch.skipped.len() as u64);
     }
-    let mut unknown_parent = false;
-    let mut applied = [0u64; 3];
-    // Blocks kept aside (parent unknown, partial history), placed from earlier, and of lost
-    // prefixes placed from prompts routed there.
-    let (mut orphaned, mut adopted, mut inferred) = (0u64, 0u64, 0u64);
-    // Index rejections by reason, counted after the lock.
-    let mut rejected: Vec<kvmesh_core::index::Rejection> = Vec::new();
-    let mut core = shared.core();
+    let Some(Target { id, rank: want }) = target else { return (problems, 0) };
     // One data-parallel rank's stream carries its rank (vLLM annotates every batch): another
     // rank's batches here mean its endpoints are that rank's, and would mix two indexes.
-    let want = core.replicas.get(name).and_then(|r| r.config.data_parallel_rank);
     if let (Some(want), Some(got)) = (want, batch.data_parallel_rank) {
         if got != i64::from(want) {
-            drop(core);
             let n = batch.events.len().max(1) as u64;
             shared.metrics.events_rejected.get_or_create(&labels(name, "other_data_parallel_rank")).inc_by(n);
             problems.events += n;
@@ -103,40 +157,55 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
             return (problems, 0);
         }
     }
+    let mut unknown_parent = false;
+    let mut applied = [0u64; 3];
+    // Blocks kept aside (parent unknown, partial history), placed from earlier, and of lost
+    // prefixes placed from prompts routed there.
+    let (mut orphaned, mut adopted, mut inferred) = (0u64, 0u64, 0u64);
+    // Index rejections by reason, counted after the writer.
+    let mut rejected: Vec<kvmesh_core::index::Rejection> = Vec::new();
+    let mut done = AppliedBatch::default();
     let mut complete = true;
-    // Blocks applied since the lock was taken: it is let go every SECTION_BLOCKS, so a routing
-    // decision waits for at most that much of a large chunk or eviction, never a whole batch.
-    let mut section = 0usize;
-    'events: for e in &batch.events {
-        let kind = kind_of(e);
-        let mut refused = None;
-        for piece in e.sections(SECTION_BLOCKS) {
-            if section >= SECTION_BLOCKS {
-                core.bump();
-                section = 0;
-            }
-            section += piece.blocks().max(1);
-            let Some(o) = core.apply(name, &piece, now) else {
-                complete = false;
-                break 'events;
-            };
-            orphaned += u64::from(o.orphaned);
-            adopted += u64::from(o.adopted);
-            inferred += u64::from(o.inferred);
-            let Some(r) = o.rejection else { continue };
-            use kvmesh_core::index::Rejection as R;
-            let whole = !matches!(r, R::UnknownBlock | R::ConflictingBlock);
-            refused.get_or_insert(r);
-            // The rest of a split store whose first part was refused has lost its parent; a
-            // removal of some unknown blocks, or a store that replaced a mapping, goes on.
-            if whole {
-                break;
+    // An empty batch (a step that stored nothing) only moves the sequence on.
+    let mut writer = (!batch.events.is_empty()).then(|| shared.index.write());
+    for e in batch.events {
+        let Some(w) = writer.as_mut() else { break };
+        let kind = kind_of(&e);
+        let Some(mut o) = w.apply(id, e) else {
+            // Removed meanwhile.
+            complete = false;
+            break;
+        };
+        // A clear (kind 2) is heard even when it found nothing to drop.
+        done.heard |= o.rejection.is_none() || o.stored + o.removed > 0 || kind == 2;
+        if o.orphaned > 0 {
+            // Perhaps the store of a request that already ended here: its prompt places it.
+            // The store is published first and the prompts read after, under the core's lock
+            // (never waited for while holding the writer): a prompt kept meanwhile either saw
+            // the store waiting and placed it itself (`Core::keep_prompt`), or is read here.
+            writer = None;
+            let prompts = shared.core().recent_prompts(name);
+            let w = writer.insert(shared.index.write());
+            for (tokens, selected) in &prompts {
+                if w.index().orphan_blocks(id) == 0 {
+                    break;
+                }
+                let (adapter, salt) = (selected.adapter.as_deref(), selected.salt.as_deref());
+                if let Some(a) = w.adopt_prompt(id, tokens, adapter, salt) {
+                    o.inferred += a.inferred;
+                    o.adopted += a.adopted;
+                }
             }
         }
-        let Some(r) = refused else {
+        orphaned += u64::from(o.orphaned);
+        adopted += u64::from(o.adopted);
+        inferred += u64::from(o.inferred);
+        let Some(r) = o.rejection else {
+            done.accepted += 1;
             applied[kind] += 1;
             continue;
         };
+        done.rejected += 1;
         use kvmesh_core::index::Rejection as R;
         if matches!(r, R::UnknownParent) {
             unknown_parent = true;
@@ -149,8 +218,13 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
         }
         rejected.push(r);
     }
+    if let Some(w) = writer.take() {
+        done.usable = events_usable(w.index(), id);
+    }
+    let mut core = shared.core();
+    core.events_applied(name, id, done, now);
     if complete {
-        if let Some(r) = core.replicas.get_mut(name) {
+        if let Some(r) = core.replicas.get_mut(name).filter(|r| r.id == id) {
             r.last_seq = Some(seq);
             r.last_event_at = Some(now);
             r.resyncing = false;
@@ -167,7 +241,7 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
         let _ = core.sync_routable(name, now);
     }
     drop(core);
-    // Metrics after the lock: a family lookup per label set, once per batch and kind.
+    // Metrics after the locks: a family lookup per label set, once per batch and kind.
     for (kind, n) in applied.into_iter().enumerate().filter(|(_, n)| *n > 0) {
         shared
             .metrics
@@ -195,10 +269,6 @@ pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: &EventBatch) -
     (problems, total)
 }
 
-/// Most blocks applied under one hold of the core lock (a store or removal of more is split).
-/// 64 blocks apply in ~10 µs, about one routing decision's time.
-const SECTION_BLOCKS: usize = 64;
-
 /// Event kinds as metric labels, in [`kind_of`]'s order.
 const KINDS: [&str; 3] = ["stored", "removed", "cleared"];
 
@@ -212,3 +282,84 @@ fn kind_of(e: &KvEvent) -> usize {
 
 /// The shortest time between rebuilds caused by unknown parents, seconds.
 pub(super) const UNKNOWN_PARENT_RESYNC_S: f64 = 30.0;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvmesh_core::index::{Removed, Stored};
+    use kvmesh_core::{EngineBlockHash, Medium};
+
+    fn node() -> Shared {
+        let shared = crate::state::test_node(Default::default());
+        add(&shared);
+        shared
+    }
+
+    fn add(shared: &Shared) {
+        let replica =
+            "name = \"e\"\nhttp = \"http://127.0.0.1:9\"\nkv_events = \"tcp://127.0.0.1:9\"\ncapacity_blocks = 100";
+        shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
+    }
+
+    fn batch(events: Vec<KvEvent>) -> EventBatch {
+        EventBatch { ts: 0.0, events, data_parallel_rank: None, skipped: Vec::new() }
+    }
+
+    /// Two 16-token blocks (the node's default block size), engine ids 1 and 2.
+    fn store() -> KvEvent {
+        KvEvent::Stored(Stored {
+            block_hashes: vec![EngineBlockHash(1), EngineBlockHash(2)],
+            parent: None,
+            token_ids: (0..32).collect(),
+            block_size: 16,
+            medium: Medium::Gpu,
+            lora_name: None,
+            extra_keys: None,
+            kv_group: None,
+        })
+    }
+
+    fn remove_unknown() -> KvEvent {
+        KvEvent::Removed(Removed { block_hashes: vec![EngineBlockHash(99)], medium: Medium::Gpu, kv_group: None })
+    }
+
+    #[test]
+    fn a_batch_goes_to_the_published_index_and_the_core_records_it_once() {
+        let shared = node();
+        let id = shared.core().replicas["e"].id;
+        // A store, and a removal of a block never seen (a sound stream's, after a clear): one
+        // applied, one refused, no bad event.
+        let (problems, applied) = apply(&shared, "e", 7, batch(vec![store(), remove_unknown()]));
+        assert_eq!((problems.events, applied), (0, 1));
+        assert_eq!(shared.index.read().replica_blocks(id), 2);
+        let core = shared.core();
+        let r = &core.replicas["e"];
+        assert_eq!((r.events_applied, r.events_rejected, r.last_seq), (1, 1, Some(7)));
+        let state = core.fleet.replica(id).unwrap();
+        assert_eq!((state.last_event_at.is_some(), state.events_usable), (true, true));
+        drop(core);
+        // An empty batch moves the sequence on and touches nothing else.
+        assert_eq!(apply(&shared, "e", 8, batch(Vec::new())).1, 0);
+        let core = shared.core();
+        assert_eq!((core.replicas["e"].events_applied, core.replicas["e"].last_seq), (1, Some(8)));
+    }
+
+    #[test]
+    fn a_batch_for_a_replica_removed_and_added_again_meanwhile_touches_neither() {
+        let shared = node();
+        let target = shared.core().replicas.get("e").map(Target::of);
+        let old = target.unwrap().id;
+        shared.remove_replica("e").unwrap();
+        add(&shared);
+        let new = shared.core().replicas["e"].id;
+        assert_ne!(old, new);
+        let (_, applied) = apply_to(&shared, "e", target, 3, batch(vec![store()]));
+        assert_eq!(applied, 0);
+        let index = shared.index.read();
+        assert_eq!((index.replica_blocks(old), index.replica_blocks(new)), (0, 0));
+        drop(index);
+        let core = shared.core();
+        let r = &core.replicas["e"];
+        assert_eq!((r.events_applied, r.events_rejected, r.last_seq), (0, 0, None));
+    }
+}

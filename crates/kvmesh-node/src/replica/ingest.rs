@@ -22,7 +22,9 @@
 //! frame header declares), and drops whole any message whose payload's first bytes declare
 //! more than the budget (the connection stays up).
 
-use super::apply::{apply, count_rejected, labels, quarantine, record_lag, resync_by_clearing};
+use super::apply::{
+    apply, apply_to, count_rejected, labels, quarantine, record_lag, resync_by_clearing, set_partial_history, Target,
+};
 use super::event_guard::{EventGuard, Problems, StreamLogs};
 use super::frame_guard::{Direction, FrameGuard};
 use super::replayed::Replayed;
@@ -206,7 +208,11 @@ async fn handle(
     replayed: &mut Replayed,
 ) -> Problems {
     let mut problems = Problems::default();
-    let last = shared.core().replicas.get(&source.name).and_then(|r| r.last_seq);
+    // The replica's id and rank in the same short section as its last sequence number.
+    let (last, target) = match shared.core().replicas.get(&source.name) {
+        Some(r) => (r.last_seq, Some(Target::of(r))),
+        None => (None, None),
+    };
     match last {
         Some(l) if seq == l.wrapping_add(1) => {}
         None if seq > 0 => {
@@ -250,8 +256,9 @@ async fn handle(
             }
         }
     }
-    problems.add(apply(shared, &source.name, seq, &batch).0);
-    record_lag(shared, batch.ts);
+    let ts = batch.ts;
+    problems.add(apply_to(shared, &source.name, target, seq, batch).0);
+    record_lag(shared, ts);
     problems
 }
 
@@ -371,10 +378,10 @@ async fn replay_messages(
                     next = seq;
                     // The buffer starts after the engine's first message: what the engine
                     // stored before is history this node cannot have (stores under it wait).
-                    shared.core().set_partial_history(&source.name, seq > 0);
+                    set_partial_history(shared, &source.name, seq > 0);
                 }
                 if seq == next && seq < to {
-                    apply(shared, &source.name, seq, &batch);
+                    apply(shared, &source.name, seq, batch);
                     replayed.record(seq, reply.last().map_or(&[][..], |f| &f[..]));
                     next += 1;
                 }

@@ -16,16 +16,6 @@ impl<'a> CoreGuard<'a> {
     pub(super) fn new(inner: MutexGuard<'a, Core>) -> Self {
         CoreGuard { inner: Some(inner) }
     }
-
-    /// Hands the lock to a thread waiting for it, if one is, and takes it back after: a
-    /// writer applying a long batch in sections lets each waiting routing decision in
-    /// between (unlocking and locking again would not: the running writer wins the race
-    /// against a waiter that must first be woken).
-    pub fn bump(&mut self) {
-        if let Some(inner) = self.inner.as_mut() {
-            MutexGuard::bump(inner);
-        }
-    }
 }
 
 impl Deref for CoreGuard<'_> {

@@ -30,7 +30,7 @@ use kvmesh_core::{Fleet, FleetConfig, Namespace, PolicyKind, ReplicaId, ReplicaS
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 pub use replica::{Replica, RECENT_PROMPTS, RECENT_PROMPT_TOKENS};
-pub use routing::{Core, StatusChange};
+pub use routing::{AppliedBatch, Core, RecentPrompt, StatusChange};
 pub use settings::{NamedReplica, Settings};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -65,6 +65,10 @@ pub struct Shared {
     policy_name: Mutex<(Arc<str>, std::collections::BTreeMap<String, f64>)>,
     started: Instant,
     core: parking_lot::Mutex<Core>,
+    /// The prefix index, outside the core's lock: replicas' KV events are applied through its
+    /// writer without that lock, and a decision reads it without waiting for them
+    /// ([`kvmesh_core::index::PublishedIndex`]; the core's fleet reads the same index).
+    pub index: Arc<kvmesh_core::index::PublishedIndex>,
     /// Prometheus metrics.
     pub metrics: Metrics,
     /// The bytes of request bodies all clients may have in flight: the proxy's and the
@@ -160,7 +164,8 @@ impl Shared {
             },
             ..FleetConfig::default()
         };
-        let fleet = Fleet::new(fleet_config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut fleet = Fleet::new(fleet_config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let index = fleet.publish_index().map_err(|e| anyhow::anyhow!("{e}"))?;
         let core = Core {
             fleet,
             policy: kind.build_with(&config.node.params()).map_err(|e| anyhow::anyhow!("node.policy_params: {e}"))?,
@@ -234,6 +239,7 @@ impl Shared {
             policy_name,
             started: Instant::now(),
             core: parking_lot::Mutex::new(core),
+            index,
             metrics,
             body_budget,
             in_flight: Default::default(),
@@ -332,7 +338,8 @@ impl Shared {
         Ok(())
     }
 
-    /// Registers a replica in the routing core.
+    /// Registers a replica in the routing core (and in the published index, under the core's
+    /// lock: a registry change may wait for an event batch being applied).
     ///
     /// # Errors
     /// [`RegistryError::Exists`] or [`RegistryError::Invalid`].

@@ -12,7 +12,7 @@ use std::sync::Arc;
 pub const RECENT_PROMPTS: usize = 16;
 
 /// Their tokens, at most, all together: the oldest leave first (each store that arrives
-/// orphaned is matched against all of them, under the core lock).
+/// orphaned is matched against all of them, under the index's writer).
 pub const RECENT_PROMPT_TOKENS: usize = 65_536;
 
 /// One registered replica.
@@ -63,7 +63,7 @@ pub struct Replica {
     /// The latest prompts this node routed here that ended well, with their namespaces,
     /// kept while its history is partial (at most [`RECENT_PROMPTS`] of [`RECENT_PROMPT_TOKENS`]): a store that arrives
     /// after its request ended, under a parent never seen, is matched against them
-    /// ([`Core::adopt_prompt`]).
+    /// ([`Core::keep_prompt`]).
     pub recent_prompts: std::collections::VecDeque<(Arc<[u32]>, crate::models::Selected)>,
     /// The LoRA adapters its engine's `/v1/models` listed last (entries with a `parent`);
     /// `None` until it answered. `config.lora_adapters`, when given, is used instead.

@@ -223,7 +223,9 @@ fn a_kv_event_owed_longer_than_events_silent_s_means_no_events() {
     assert_eq!(status(&core, 105.0), ReplicaStatus::Ready);
     assert_eq!(status(&core, 110.5), ReplicaStatus::NoEvents);
     // An event settles it.
-    core.apply("e", &KvEvent::Cleared, 111.0);
+    let id = core.replicas["e"].id;
+    assert!(shared.index.write().apply(id, KvEvent::Cleared).is_some());
+    core.events_applied("e", id, AppliedBatch { accepted: 1, rejected: 0, heard: true, usable: true }, 111.0);
     assert_eq!(status(&core, 112.0), ReplicaStatus::Ready);
     // A request that began before that event owes nothing more.
     core.served_new_blocks("e", 105.0);
@@ -253,4 +255,48 @@ fn a_peers_demand_counts_by_its_increase_and_starts_over_when_the_peer_restarts(
     assert_eq!(seen(2, 9, f64::NAN), 205.0);
     assert_eq!(seen(2, 9, 10.0), 205.0);
     assert_eq!(core.own_demand_tokens, 0.0);
+}
+
+#[test]
+fn a_decision_reads_the_published_index_and_never_waits_for_its_writer() {
+    // Dynamo's cost: the replica caching more of the prompt is cheaper, whatever the load.
+    let shared = Arc::new(node(crate::config::NodeSection { policy: "kv_cost".into(), ..Default::default() }));
+    add(&shared, "name = \"r0\"\nkv_events = \"tcp://127.0.0.1:9\"");
+    add(&shared, "name = \"r1\"\nkv_events = \"tcp://127.0.0.1:9\"");
+    let tokens: Vec<u32> = (0..64).collect();
+    let hasher = shared.settings.hasher;
+    let req = RouteRequest::new(&hasher, &tokens, Some(1));
+    let id1 = shared.core().replicas["r1"].id;
+    // Both replicas' streams have begun (a clear each): they are routed on their events.
+    for name in ["r0", "r1"] {
+        let id = shared.core().replicas[name].id;
+        assert!(shared.index.write().apply(id, kvmesh_core::index::KvEvent::Cleared).is_some());
+        let batch = AppliedBatch { accepted: 1, rejected: 0, heard: true, usable: true };
+        shared.core().events_applied(name, id, batch, 0.5);
+    }
+    // r1 stores the prompt's first three blocks; its writer is not done yet.
+    let mut writer = shared.index.write();
+    let store = kvmesh_core::index::KvEvent::Stored(kvmesh_core::index::Stored {
+        block_hashes: (1..=3).map(kvmesh_core::EngineBlockHash).collect(),
+        parent: None,
+        token_ids: tokens[..48].to_vec(),
+        block_size: 16,
+        medium: kvmesh_core::Medium::Gpu,
+        lora_name: None,
+        extra_keys: None,
+        kv_group: None,
+    });
+    assert_eq!(writer.apply(id1, store).unwrap().stored, 3);
+    // A decision on another thread meanwhile: it does not wait, and sees none of it.
+    let decide = |shared: &Arc<Shared>, req: &RouteRequest| {
+        let (shared, req) = (shared.clone(), req.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(shared.core().decide(&req, 1.0).unwrap()).unwrap());
+        rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the decision waited for the index's writer")
+    };
+    assert_eq!(decide(&shared, &req).overlap_blocks, 0);
+    // Done: the next decision sees all three blocks on r1, and takes it.
+    drop(writer);
+    let d = decide(&shared, &req);
+    assert_eq!((d.replica, d.overlap_blocks), (id1, 3));
 }

@@ -1,52 +1,62 @@
-//! KV events, the prompts that place orphaned stores, and adapters.
+//! What KV events applied through the published index did, the prompts that place orphaned
+//! stores, and adapters.
 
-use super::adopt;
 use super::Core;
 use crate::state::{Replica, RECENT_PROMPTS, RECENT_PROMPT_TOKENS};
-use kvmesh_core::index::{ApplyOutcome, KvEvent};
+use kvmesh_core::ReplicaId;
 use std::sync::Arc;
 
+/// A prompt kept for a replica's waiting stores, and its namespace.
+pub type RecentPrompt = (Arc<[u32]>, crate::models::Selected);
+
+/// What a batch of one replica's KV events did ([`Core::events_applied`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AppliedBatch {
+    /// Events the index accepted.
+    pub accepted: u64,
+    /// Events it refused.
+    pub rejected: u64,
+    /// Whether any was accepted or changed a block.
+    pub heard: bool,
+    /// Whether the replica's events can be routed on after them.
+    pub usable: bool,
+}
+
 impl Core {
-    /// Applies one decoded event for `name`.
-    pub fn apply(&mut self, name: &str, event: &KvEvent, now: f64) -> Option<ApplyOutcome> {
-        let id = self.replicas.get(name)?.id;
-        let mut outcome = self.fleet.apply_event(id, event, now).ok()?;
-        if outcome.orphaned > 0 {
-            // Perhaps the store of a request that already ended here: its prompt places it.
-            let Core { replicas, fleet, .. } = self;
-            for (tokens, selected) in &replicas.get(name)?.recent_prompts {
-                if fleet.index().orphan_blocks(id) == 0 {
-                    break;
-                }
-                if let Some(o) = adopt(fleet, id, tokens, selected) {
-                    outcome.inferred += o.inferred;
-                    outcome.adopted += o.adopted;
-                }
-            }
+    /// Records what a batch of replica `name`'s KV events, applied through the published
+    /// index (not under this lock), did at `now`: `accepted` and `rejected` events; `heard`
+    /// when any was accepted or changed a block; `usable` as
+    /// [`kvmesh_core::fleet::events_usable`] reads the index after them. `id` is the replica
+    /// they were applied to: a replica removed and added again since is left alone.
+    pub fn events_applied(&mut self, name: &str, id: ReplicaId, batch: AppliedBatch, now: f64) {
+        let Some(r) = self.replicas.get_mut(name).filter(|r| r.id == id) else { return };
+        if batch.accepted + batch.rejected == 0 {
+            return;
         }
-        let r = self.replicas.get_mut(name)?;
         r.last_event_at = Some(now);
         r.unpublished_since = None;
-        if outcome.rejection.is_some() {
-            r.events_rejected += 1;
-        } else {
-            r.events_applied += 1;
-        }
-        Some(outcome)
+        r.events_applied += batch.accepted;
+        r.events_rejected += batch.rejected;
+        let _ = self.fleet.note_events(id, batch.heard, batch.usable, now);
     }
 
     /// A prompt `tokens` of namespace `selected` ended well on replica `name`: when its
-    /// history is partial, the stores waiting there that continue it are placed now
-    /// ([`kvmesh_core::Fleet::adopt_prompt`]), and it is kept among the replica's
-    /// `recent_prompts` for stores still on their way. `None` when the history is whole.
-    pub fn adopt_prompt(
+    /// history is partial, it is kept among the replica's `recent_prompts` for stores still
+    /// on their way, and the replica's id is returned when stores wait there now, for the
+    /// caller to place those that continue it ([`kvmesh_core::index::IndexWriter::adopt_prompt`],
+    /// outside this lock). `None` when the history is whole or nothing waits.
+    pub fn keep_prompt(
         &mut self,
         name: &str,
         tokens: &Arc<[u32]>,
         selected: &crate::models::Selected,
-    ) -> Option<kvmesh_core::index::ApplyOutcome> {
+    ) -> Option<ReplicaId> {
         let id = self.replicas.get(name)?.id;
-        if !self.fleet.index().history_is_partial(id) {
+        let (partial, waiting) = {
+            let index = self.fleet.index();
+            (index.history_is_partial(id), index.orphan_blocks(id))
+        };
+        if !partial {
             return None;
         }
         let r = self.replicas.get_mut(name)?;
@@ -58,20 +68,19 @@ impl Core {
             }
             r.recent_prompts.push_back((tokens.clone(), selected.clone()));
         }
-        if self.fleet.index().orphan_blocks(id) == 0 {
-            return None;
-        }
-        adopt(&mut self.fleet, id, tokens, selected)
+        (waiting > 0).then_some(id)
     }
 
-    /// Says whether replica `name`'s event history is partial
-    /// ([`kvmesh_core::Fleet::set_partial_history`]).
-    pub fn set_partial_history(&mut self, name: &str, partial: bool) {
-        if let Some(r) = self.replicas.get_mut(name) {
-            let _ = self.fleet.set_partial_history(r.id, partial);
-            if !partial {
-                r.recent_prompts.clear();
-            }
+    /// The prompts kept for replica `name`'s waiting stores ([`Core::keep_prompt`]).
+    pub fn recent_prompts(&self, name: &str) -> Vec<RecentPrompt> {
+        self.replicas.get(name).map(|r| r.recent_prompts.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Replica `name` (id `id`)'s history turned whole (a restarted engine): the prompts kept
+    /// for its waiting stores go.
+    pub fn history_whole(&mut self, name: &str, id: ReplicaId) {
+        if let Some(r) = self.replicas.get_mut(name).filter(|r| r.id == id) {
+            r.recent_prompts.clear();
         }
     }
 

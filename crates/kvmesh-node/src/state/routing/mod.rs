@@ -1,8 +1,10 @@
-//! The routing core and replica registry, behind the node's one lock: the fleet (index,
-//! bookings) and policy, each replica's live state, and what the gossip and autoscaler keep
-//! beside them. Its methods are split by what they serve: [`health`] (status from scrapes,
-//! failures and drains), [`events`] (KV events and the prompts that place orphaned stores),
-//! [`decide`] (decisions, bookings, releases).
+//! The routing core and replica registry, behind the node's one lock: the fleet (bookings,
+//! routing record; it reads the prefix index published beside it, [`crate::state::Shared::index`],
+//! which KV events are applied to without this lock) and policy, each replica's live state,
+//! and what the gossip and autoscaler keep beside them. Its methods are split by what they
+//! serve: [`health`] (status from scrapes, failures and drains), [`events`] (what applied KV
+//! events did, and the prompts that place orphaned stores), [`decide`] (decisions, bookings,
+//! releases).
 
 mod change;
 mod decide;
@@ -11,8 +13,8 @@ mod health;
 
 use crate::state::Replica;
 pub use change::StatusChange;
-use kvmesh_core::index::ApplyOutcome;
-use kvmesh_core::{Fleet, Policy, ReplicaId};
+pub use events::{AppliedBatch, RecentPrompt};
+use kvmesh_core::{Fleet, Policy};
 use rand::rngs::SmallRng;
 use std::collections::BTreeMap;
 
@@ -53,15 +55,4 @@ pub struct Core {
     pub(in crate::state) peer_demand: BTreeMap<u64, (u64, f64)>,
     /// Status changes found in this lock section, logged by [`crate::state::CoreGuard`] after it.
     pub(in crate::state) status_changes: Vec<StatusChange>,
-}
-
-/// Places `id`'s waiting stores that continue `tokens`, a prompt of namespace `selected`
-/// ([`kvmesh_core::Fleet::adopt_prompt`]).
-fn adopt(
-    fleet: &mut kvmesh_core::Fleet,
-    id: ReplicaId,
-    tokens: &[u32],
-    selected: &crate::models::Selected,
-) -> Option<ApplyOutcome> {
-    fleet.adopt_prompt(id, tokens, selected.adapter.as_deref(), selected.salt.as_deref()).ok()
 }
