@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
 use xxhash_rust::xxh3::xxh3_64;
 
-const BS: u32 = 4;
+pub(super) const BS: u32 = 4;
 
 fn index() -> PrefixIndex {
     PrefixIndex::new(BlockHasher::new(BS, &Namespace::default()).unwrap())
@@ -18,7 +18,7 @@ fn e(h: u64) -> EngineBlockHash {
     EngineBlockHash(h)
 }
 
-fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
+pub(super) fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
     KvEvent::Stored(Stored {
         block_hashes: hashes.iter().map(|&h| e(h)).collect(),
         parent: parent.map(e),
@@ -31,7 +31,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
     })
 }
 
-fn removed(hashes: &[u64]) -> KvEvent {
+pub(super) fn removed(hashes: &[u64]) -> KvEvent {
     KvEvent::Removed(Removed {
         block_hashes: hashes.iter().map(|&h| e(h)).collect(),
         medium: Medium::Gpu,
@@ -46,8 +46,8 @@ fn gpu_overlap(ix: &PrefixIndex, r: ReplicaId, tokens: &[u32]) -> u32 {
     out.iter().find(|(x, _)| *x == r).map_or(0, |(_, o)| o.gpu)
 }
 
-const R0: ReplicaId = ReplicaId(0);
-const R1: ReplicaId = ReplicaId(1);
+pub(super) const R0: ReplicaId = ReplicaId(0);
+pub(super) const R1: ReplicaId = ReplicaId(1);
 
 #[test]
 fn stored_chain_gives_leading_overlap() {

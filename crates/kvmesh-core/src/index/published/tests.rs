@@ -3,36 +3,14 @@
 
 use super::*;
 use crate::hashing::Namespace;
-use crate::ids::{EngineBlockHash, Medium};
-use crate::index::{Removed, Stored};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-const BS: u32 = 4;
+// The index tests' event makers: 4-token blocks, GPU.
+use crate::index::tests::{removed, stored, BS, R0, R1};
 
 fn hasher() -> BlockHasher {
     BlockHasher::new(BS, &Namespace::default()).unwrap()
-}
-
-fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
-    KvEvent::Stored(Stored {
-        block_hashes: hashes.iter().map(|&h| EngineBlockHash(h)).collect(),
-        parent: parent.map(EngineBlockHash),
-        token_ids: tokens,
-        block_size: BS,
-        medium: Medium::Gpu,
-        lora_name: None,
-        extra_keys: None,
-        kv_group: None,
-    })
-}
-
-fn removed(hashes: &[u64]) -> KvEvent {
-    KvEvent::Removed(Removed {
-        block_hashes: hashes.iter().map(|&h| EngineBlockHash(h)).collect(),
-        medium: Medium::Gpu,
-        kv_group: None,
-    })
 }
 
 fn overlaps(ix: &PrefixIndex, tokens: &[u32]) -> Vec<(ReplicaId, u32)> {
@@ -40,9 +18,6 @@ fn overlaps(ix: &PrefixIndex, tokens: &[u32]) -> Vec<(ReplicaId, u32)> {
     ix.overlaps(&ix.hasher().hash_blocks(tokens), &mut out);
     out.into_iter().map(|(r, o)| (r, o.gpu)).collect()
 }
-
-const R0: ReplicaId = ReplicaId(0);
-const R1: ReplicaId = ReplicaId(1);
 
 #[test]
 fn a_write_shows_when_its_writer_is_dropped_and_a_reader_never_waits_for_it() {
