@@ -23,10 +23,6 @@ rm -f "$OUT"/*.jsonl
 R=target/release
 B=$R
 
-PIDS=()
-cleanup() { for p in "${PIDS[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
-
 . tests/load/four_engines.sh
 start_four_engines 1940 1945 1948
 four_engines_node_toml 127.0.0.1:19410 127.0.0.1:19411

@@ -1,10 +1,16 @@
 # Sourced by the load scripts: four kvmesh-engine-sims at --speed 1000 on loopback and a node
-# config that follows them. The caller sets B (the binaries' folder), OUT and PIDS (an array).
+# config that follows them. The caller sets B (the binaries' folder) and OUT. Sourcing it sets
+# PIDS (every process started: the engines, and whatever the caller appends) and a trap that
+# kills them on exit.
 #
 #   start_four_engines HTTP EVENTS REPLAY    ports HTTP0..3, EVENTS0..3, REPLAY0..3 (prefixes,
 #                                            e.g. 1900 → 19000..19003); sets ENGINES and DIRECT
 #   four_engines_node_toml HTTP_ADDR GRPC_ADDR  writes $OUT/node.toml for the engines started
 #   wait_up URL                              polls URL for up to 10 s
+
+PIDS=()
+cleanup() { for p in "${PIDS[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
 
 start_four_engines() {
   FOUR_HTTP=$1 FOUR_EVENTS=$2 FOUR_REPLAY=$3

@@ -32,10 +32,6 @@ fi
 VLLM_ROUTER_VERSION=$("$VENV/bin/pip" show vllm-router | awk '/^Version/{print $2}')
 SGLANG_ROUTER_VERSION=$("$VENV/bin/pip" show sglang-router | awk '/^Version/{print $2}')
 
-PIDS=()
-cleanup() { for p in "${PIDS[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
-
 . tests/load/four_engines.sh
 start_four_engines 1900 1950 1960
 four_engines_node_toml 127.0.0.1:19100 127.0.0.1:19101

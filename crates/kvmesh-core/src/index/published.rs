@@ -62,7 +62,6 @@ enum Op {
     Event(ReplicaId, KvEvent),
     Partial(ReplicaId, bool),
     Adopt { replica: ReplicaId, tokens: Vec<u32>, lora_name: Option<String>, cache_salt: Option<String> },
-    InSync(ReplicaId),
     Remove(ReplicaId),
 }
 
@@ -81,7 +80,6 @@ impl Op {
             Op::Adopt { replica, tokens, lora_name, cache_salt } => {
                 index.adopt_prompt(*replica, tokens, lora_name.as_deref(), cache_salt.as_deref());
             }
-            Op::InSync(id) => index.mark_in_sync(*id),
             Op::Remove(id) => {
                 index.remove_replica(*id);
             }
@@ -134,12 +132,6 @@ impl PublishedIndex {
             op.apply(&mut copy);
         }
         IndexWriter { owner: self, state, copy: Some(copy), back }
-    }
-
-    /// Heap bytes of both copies ([`PrefixIndex::memory_bytes`] of the front, twice: the copies
-    /// hold the same blocks), not counting the writer's log of the last write's operations.
-    pub fn memory_bytes(&self) -> usize {
-        2 * self.read().memory_bytes()
     }
 }
 
@@ -218,13 +210,6 @@ impl IndexWriter<'_> {
             cache_salt: cache_salt.map(str::to_string),
         });
         Some(outcome)
-    }
-
-    /// [`PrefixIndex::mark_in_sync`].
-    pub fn mark_in_sync(&mut self, replica: ReplicaId) {
-        if self.is_registered(replica) {
-            self.log(Op::InSync(replica));
-        }
     }
 
     /// Drops every block of `replica` and forgets it ([`PrefixIndex::remove_replica`]): its

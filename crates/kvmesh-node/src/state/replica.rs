@@ -15,6 +15,9 @@ pub const RECENT_PROMPTS: usize = 16;
 /// orphaned is matched against all of them, under the index's writer).
 pub const RECENT_PROMPT_TOKENS: usize = 65_536;
 
+/// A prompt kept for a replica's waiting stores, and its namespace.
+pub type RecentPrompt = (Arc<[u32]>, crate::models::Selected);
+
 /// One registered replica.
 #[derive(Debug, Clone)]
 pub struct Replica {
@@ -64,7 +67,7 @@ pub struct Replica {
     /// kept while its history is partial (at most [`RECENT_PROMPTS`] of [`RECENT_PROMPT_TOKENS`]): a store that arrives
     /// after its request ended, under a parent never seen, is matched against them
     /// ([`Core::keep_prompt`]).
-    pub recent_prompts: std::collections::VecDeque<(Arc<[u32]>, crate::models::Selected)>,
+    pub recent_prompts: std::collections::VecDeque<RecentPrompt>,
     /// The LoRA adapters its engine's `/v1/models` listed last (entries with a `parent`);
     /// `None` until it answered. `config.lora_adapters`, when given, is used instead.
     pub listed_adapters: Option<Vec<String>>,

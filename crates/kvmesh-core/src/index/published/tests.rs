@@ -57,7 +57,7 @@ fn events_of_a_replica_not_registered_or_removed_are_refused() {
 
 /// A seeded stream over 4 replicas (replica 3 hashed as another model) of stores (some under
 /// parents never seen), removals, clears, partial-history switches, prompts placing waiting
-/// stores, in-sync marks, and a replica removed and registered again, written in writes of 1 to
+/// stores, and a replica removed and registered again, written in writes of 1 to
 /// 5 operations, against one [`PrefixIndex`] fed the same: after every write both copies (the
 /// front, and the back once the next writer catches it up) answer every probe as that index
 /// does.
@@ -127,8 +127,6 @@ fn both_copies_answer_as_one_index_fed_the_same() {
                     let want = reference.adopt_prompt(r, &prompts[k][..n], None, None);
                     placed += want.adopted + want.inferred;
                     assert_eq!(w.adopt_prompt(r, &prompts[k][..n], None, None), Some(want));
-                    reference.mark_in_sync(r);
-                    w.mark_in_sync(r);
                 }
                 _ => {
                     assert_eq!(w.remove_replica(r), reference.remove_replica(r));

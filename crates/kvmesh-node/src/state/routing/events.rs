@@ -2,12 +2,9 @@
 //! stores, and adapters.
 
 use super::Core;
-use crate::state::{Replica, RECENT_PROMPTS, RECENT_PROMPT_TOKENS};
+use crate::state::{RecentPrompt, Replica, RECENT_PROMPTS, RECENT_PROMPT_TOKENS};
 use kvmesh_core::ReplicaId;
 use std::sync::Arc;
-
-/// A prompt kept for a replica's waiting stores, and its namespace.
-pub type RecentPrompt = (Arc<[u32]>, crate::models::Selected);
 
 /// What a batch of one replica's KV events did ([`Core::events_applied`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -13,7 +13,7 @@ mod health;
 
 use crate::state::Replica;
 pub use change::StatusChange;
-pub use events::{AppliedBatch, RecentPrompt};
+pub use events::AppliedBatch;
 use kvmesh_core::{Fleet, Policy};
 use rand::rngs::SmallRng;
 use std::collections::BTreeMap;
