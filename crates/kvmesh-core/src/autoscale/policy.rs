@@ -100,8 +100,14 @@ impl ColdStartAware {
     /// Continues from a decision committed elsewhere (a previous Raft leader's): the pool is
     /// held at `desired` replicas or more for a scale-down window from `now`, as if this
     /// policy had decided it.
+    ///
+    /// The needs this policy held before (a follower's shadow evaluations) are dropped: they
+    /// were never committed, and holding them would make the leader change itself a
+    /// scale-up (a follower's forecast overshooting a load step by a replica or two, say).
+    /// The forecast and the load samples stay warm, so a need the new load brings is
+    /// counted at the next evaluation.
     pub fn resume(&mut self, now: f64, desired: u32) {
-        clamp_future(&mut self.needs, now);
+        self.needs.clear();
         self.needs.push_back((now, desired));
     }
 

@@ -192,6 +192,31 @@ fn a_new_leader_resumes_from_the_committed_decision() {
 }
 
 #[test]
+fn a_new_leader_does_not_hold_what_it_only_shadowed() {
+    // A follower shadowing the leader saw 98,000 tokens/s (14 replicas at 7,000 each) before
+    // the load settled at 63,000 (9); the leader committed 9. Taking over, the follower holds
+    // the committed 9, not its own uncommitted 14: the leader change is not a scale-up.
+    let shadow = |p: &mut ColdStartAware| {
+        assert_eq!(p.decide(&inputs(0.0, 98_000.0, 9, vec![])).desired, 14);
+        for k in 1..20 {
+            p.decide(&inputs(f64::from(k) * 2.0, 63_000.0, 9, vec![]));
+        }
+    };
+    let mut follower = ColdStartAware::new(no_headroom());
+    shadow(&mut follower);
+    follower.resume(40.0, 9);
+    assert_eq!(follower.decide(&inputs(40.0, 63_000.0, 9, vec![])).desired, 9);
+    // Still leading on its own history (no resume), it would hold the 14 for the window.
+    let mut alone = ColdStartAware::new(no_headroom());
+    shadow(&mut alone);
+    assert_eq!(alone.decide(&inputs(40.0, 63_000.0, 9, vec![])).desired, 14);
+    // New load after the takeover counts at once: a jump to 126,000 moves the warm forecast
+    // (level and rising trend over the cold start) to 117,474 tokens/s, 17 replicas.
+    let d = follower.decide(&inputs(42.0, 126_000.0, 9, vec![]));
+    assert_eq!((d.desired, d.forecast_tokens_per_s.round()), (17, 117_474.0));
+}
+
+#[test]
 fn the_scale_down_window_defaults_to_the_cold_start() {
     let mut short = ColdStartAware::new(AutoscaleConfig { scale_down_delay_s: 10.0, ..no_headroom() });
     short.decide(&inputs(0.0, 35_000.0, 5, vec![]));

@@ -19,7 +19,8 @@
 //! KEDA's external-scaler protocol. The counts are absolute and count starting replicas, so a
 //! new leader continues without scaling twice; it also resumes from the last committed
 //! decision (holding its count for a scale-down window, and committing only what changes),
-//! so a leader change neither loses nor repeats a decision.
+//! so a leader change neither loses nor repeats a decision. What it held while it only
+//! shadowed the leader is dropped at the takeover: the leader change is not a scale-up.
 //!
 //! With `drain_on_scale_down`, a scale-down also names the replicas to release
 //! (`kvmesh_core::autoscale::pick_releases`) and drains them in the same entry; a replica is
