@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn last_seq(node: &Node, name: &str) -> Option<u64> {
-    node.shared.core().replicas.get(name).and_then(|r| r.last_seq)
+    node.shared.core().replicas.get(name).and_then(|r| r.stream.lock().last_seq)
 }
 
 async fn start(replicas: Vec<ReplicaConfig>) -> Node {

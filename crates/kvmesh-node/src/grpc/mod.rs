@@ -137,6 +137,7 @@ impl Services {
         let block_size = core.fleet.block_size_of(core.fleet.replica(r.id).map(|s| s.model));
         let detail = core.status_detail(r, status, now);
         let index_blocks = core.fleet.index().replica_blocks(r.id) as u64;
+        let stream = r.stream.lock().clone();
         let mut spec = r.config.to_spec(block_size);
         if spec.lora_adapters.is_empty() {
             // Not declared: what its engine lists.
@@ -152,10 +153,10 @@ impl Services {
             queued_prefill_tokens: load.queued_prefill_tokens,
             live_bookings: load.prefilling + load.decoding,
             index_blocks,
-            events_applied: r.events_applied,
-            events_rejected: r.events_rejected,
+            events_applied: stream.events_applied,
+            events_rejected: stream.events_rejected,
             last_event_age_s: r.last_event_at.map(|t| now - t),
-            last_seq: r.last_seq,
+            last_seq: stream.last_seq,
             idle: core.drain_progress(r, now).is_some_and(|p| p.idle()),
             engine_up: r.failures == 0 && r.engine.is_some(),
         })

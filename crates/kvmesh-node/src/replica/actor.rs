@@ -1,5 +1,7 @@
-//! The replica actor: owns one replica's event subscription and its metrics scraper.
+//! The replica actor: owns one replica's event subscription (and its stream record,
+//! [`crate::state::Stream`]) and its metrics scraper.
 
+use super::apply::Target;
 use super::ingest::{self, Source};
 use super::{adapters, scrape};
 use crate::config::ReplicaConfig;
@@ -59,12 +61,21 @@ impl Actor for ReplicaActor {
         };
         let mut tasks = Vec::new();
         if let Some(endpoint) = args.config.kv_events.clone() {
+            // The replica as registered now: its stream record is this actor's to keep.
+            let target = args
+                .shared
+                .core()
+                .replicas
+                .get(&args.config.name)
+                .map(Target::of)
+                .ok_or_else(|| format!("replica {:?} is not registered", args.config.name))?;
             let source = Source {
                 name: args.config.name.clone(),
                 endpoint,
                 bind: args.config.kv_events_bind,
                 replay: args.config.replay.clone(),
                 replay_timeout,
+                target,
             };
             let (shared, me) = (args.shared.clone(), myself.clone());
             tasks.push(tokio::spawn(async move {

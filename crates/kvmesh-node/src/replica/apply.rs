@@ -7,7 +7,7 @@
 //! waiting for the core's lock (the core's holders may wait for the writer).
 
 use super::event_guard::Problems;
-use crate::state::{AppliedBatch, Shared};
+use crate::state::{AppliedBatch, Shared, Stream, StreamState};
 use kvmesh_core::fleet::events_usable;
 use kvmesh_core::index::KvEvent;
 use kvmesh_core::ReplicaId;
@@ -18,35 +18,40 @@ pub(super) fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
     vec![("replica", replica.to_string()), ("reason", what.to_string())]
 }
 
+/// Replica `name`'s event-stream record, if it is registered.
+fn stream_of(shared: &Shared, name: &str) -> Option<Stream> {
+    shared.core().replicas.get(name).map(|r| r.stream.clone())
+}
+
 /// Counts `n` whole messages of `name` refused for `reason` (a metric label): in the metrics
 /// and in the replica's own record.
 pub(super) fn count_rejected(shared: &Shared, name: &str, reason: &str, n: u64) {
     shared.metrics.events_rejected.get_or_create(&labels(name, reason)).inc_by(n);
-    if let Some(r) = shared.core().replicas.get_mut(name) {
-        r.events_rejected += n;
+    if let Some(stream) = stream_of(shared, name) {
+        stream.lock().events_rejected += n;
     }
 }
 
 /// Drops `name`'s blocks and marks it `bad_events` until `until` (node seconds).
 pub(super) fn quarantine(shared: &Shared, name: &str, until: f64) {
     let now = shared.now();
-    let id = clear(shared, name, now);
-    {
-        let mut core = shared.core();
-        if let Some(r) = core.replicas.get_mut(name).filter(|r| Some(r.id) == id) {
-            r.bad_events_until = Some(until);
-            r.last_seq = None;
+    if let Some(target) = clear(shared, name, now) {
+        {
+            let mut s = target.stream.lock();
+            s.bad_events_until = Some(until);
+            s.last_seq = None;
         }
-        let _ = core.sync_routable(name, now);
+        let _ = shared.core().sync_routable(name, now);
     }
     shared.metrics.quarantines.get_or_create(&vec![("replica", name.to_string())]).inc();
 }
 
 /// Drops every block of replica `name` through the index's writer, outside the core's lock
-/// (a large replica's clear takes a while), then tells the core. Returns its id, or `None`
-/// for a replica not registered.
-fn clear(shared: &Shared, name: &str, now: f64) -> Option<ReplicaId> {
-    let id = shared.core().replicas.get(name)?.id;
+/// (a large replica's clear takes a while), then tells the core. Returns the replica, or
+/// `None` for one not registered.
+fn clear(shared: &Shared, name: &str, now: f64) -> Option<Target> {
+    let target = shared.core().replicas.get(name).map(Target::of)?;
+    let id = target.id;
     let mut writer = shared.index.write();
     let outcome = writer.apply(id, KvEvent::Cleared)?;
     let usable = events_usable(writer.index(), id);
@@ -57,8 +62,9 @@ fn clear(shared: &Shared, name: &str, now: f64) -> Option<ReplicaId> {
         heard: true,
         usable,
     };
+    count(&mut target.stream.lock(), &batch);
     shared.core().events_applied(name, id, batch, now);
-    Some(id)
+    Some(target)
 }
 
 /// Says whether replica `name`'s event history is partial
@@ -97,36 +103,39 @@ pub(super) fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
     shared.metrics.resyncs.get_or_create(&vec![("replica", name.to_string()), ("method", how.to_string())]).inc();
 }
 
-/// Applies `batch` through the index's writer, then records what it did in a short section of
-/// the core's lock (so a routing decision never waits for the index being written); returns
-/// its bad events (for the caller to log and count): events the decoder skipped, and stores
-/// no sound engine sends (token count off, self-referential); and the number of events
-/// applied. An unknown parent is not a bad event: it means this node missed events, and
-/// leads to a rebuild instead.
-pub(super) fn apply(shared: &Shared, name: &str, seq: u64, batch: EventBatch) -> (Problems, u64) {
-    let target = shared.core().replicas.get(name).map(Target::of);
-    apply_to(shared, name, target, seq, batch)
-}
-
-/// The registered replica a batch is for: its id and data-parallel rank.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Target {
+/// The registered replica a batch is for: its id, data-parallel rank and stream record,
+/// looked up once (by its actor when it starts, by a push per batch). A replica removed
+/// since is left alone: the index refuses its id, and the core's record checks it.
+#[derive(Debug, Clone)]
+pub struct Target {
     id: ReplicaId,
     rank: Option<u32>,
+    stream: Stream,
 }
 
 impl Target {
-    pub(super) fn of(r: &crate::state::Replica) -> Self {
-        Target { id: r.id, rank: r.config.data_parallel_rank }
+    /// Replica `r`'s.
+    pub fn of(r: &crate::state::Replica) -> Self {
+        Target { id: r.id, rank: r.config.data_parallel_rank, stream: r.stream.clone() }
+    }
+
+    /// Its stream record.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
     }
 }
 
-/// [`apply`] for a replica the caller looked up already (`None`: not registered), in the same
-/// section of the core's lock as its sequence check.
+/// Applies `batch` (message `seq`) of replica `name` (`target`; `None`: not registered)
+/// through the index's writer, then records what it did: in the replica's stream record, then
+/// in a short section of the core's lock (so a routing decision never waits for the index
+/// being written). Returns its bad events (for the caller to log and count): events the
+/// decoder skipped, and stores no sound engine sends (token count off, self-referential);
+/// and the number of events applied. An unknown parent is not a bad event: it means this
+/// node missed events, and leads to a rebuild instead.
 pub(super) fn apply_to(
     shared: &Shared,
     name: &str,
-    target: Option<Target>,
+    target: Option<&Target>,
     seq: u64,
     batch: EventBatch,
 ) -> (Problems, u64) {
@@ -142,7 +151,8 @@ pub(super) fn apply_to(
             .get_or_create(&labels(name, "undecodable_event"))
             .inc_by(batch.skipped.len() as u64);
     }
-    let Some(Target { id, rank: want }) = target else { return (problems, 0) };
+    let Some(Target { id, rank: want, stream }) = target else { return (problems, 0) };
+    let (id, want) = (*id, *want);
     // One data-parallel rank's stream carries its rank (vLLM annotates every batch): another
     // rank's batches here mean its endpoints are that rank's, and would mix two indexes.
     if let (Some(want), Some(got)) = (want, batch.data_parallel_rank) {
@@ -221,21 +231,28 @@ pub(super) fn apply_to(
     if let Some(w) = writer.take() {
         done.usable = events_usable(w.index(), id);
     }
+    {
+        // The stream's own record first, under its own lock (never held while taking the core's).
+        let mut s = stream.lock();
+        count(&mut s, &done);
+        if complete {
+            s.last_seq = Some(seq);
+            s.resyncing = false;
+            // Case C03: blocks are missing; rebuild, at most every UNKNOWN_PARENT_RESYNC_S.
+            // Said once per rebuild: batches before the stream task takes the request ask again.
+            if unknown_parent && s.last_resync_at.is_none_or(|t| now - t > UNKNOWN_PARENT_RESYNC_S) {
+                unknown_parent = s.resync_requested.is_none();
+                s.resync_requested.get_or_insert("unknown_parent");
+            } else {
+                unknown_parent = false;
+            }
+        }
+    }
     let mut core = shared.core();
     core.events_applied(name, id, done, now);
     if complete {
         if let Some(r) = core.replicas.get_mut(name).filter(|r| r.id == id) {
-            r.last_seq = Some(seq);
             r.last_event_at = Some(now);
-            r.resyncing = false;
-            // Case C03: blocks are missing; rebuild, at most every UNKNOWN_PARENT_RESYNC_S.
-            // Said once per rebuild: batches before the stream task takes the request ask again.
-            if unknown_parent && r.last_resync_at.is_none_or(|t| now - t > UNKNOWN_PARENT_RESYNC_S) {
-                unknown_parent = r.resync_requested.is_none();
-                r.resync_requested.get_or_insert("unknown_parent");
-            } else {
-                unknown_parent = false;
-            }
         }
         // A status the events change (block size mismatch, back in sync) is logged once, now.
         let _ = core.sync_routable(name, now);
@@ -267,6 +284,12 @@ pub(super) fn apply_to(
     }
     let total = applied.iter().sum();
     (problems, total)
+}
+
+/// Adds what a batch did to its stream's counts.
+fn count(s: &mut StreamState, batch: &AppliedBatch) {
+    s.events_applied += batch.accepted;
+    s.events_rejected += batch.rejected;
 }
 
 /// Event kinds as metric labels, in [`kind_of`]'s order.
@@ -301,6 +324,12 @@ mod tests {
         shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
     }
 
+    /// Applies `events` as message `seq` of replica `e`, looked up now.
+    fn apply(shared: &Shared, seq: u64, events: Vec<KvEvent>) -> (Problems, u64) {
+        let target = shared.core().replicas.get("e").map(Target::of);
+        apply_to(shared, "e", target.as_ref(), seq, batch(events))
+    }
+
     fn batch(events: Vec<KvEvent>) -> EventBatch {
         EventBatch { ts: 0.0, events, data_parallel_rank: None, skipped: Vec::new() }
     }
@@ -329,37 +358,36 @@ mod tests {
         let id = shared.core().replicas["e"].id;
         // A store, and a removal of a block never seen (a sound stream's, after a clear): one
         // applied, one refused, no bad event.
-        let (problems, applied) = apply(&shared, "e", 7, batch(vec![store(), remove_unknown()]));
+        let (problems, applied) = apply(&shared, 7, vec![store(), remove_unknown()]);
         assert_eq!((problems.events, applied), (0, 1));
         assert_eq!(shared.index.read().replica_blocks(id), 2);
         let core = shared.core();
-        let r = &core.replicas["e"];
-        assert_eq!((r.events_applied, r.events_rejected, r.last_seq), (1, 1, Some(7)));
+        let s = core.replicas["e"].stream.lock().clone();
+        assert_eq!((s.events_applied, s.events_rejected, s.last_seq), (1, 1, Some(7)));
         let state = core.fleet.replica(id).unwrap();
         assert_eq!((state.last_event_at.is_some(), state.events_usable), (true, true));
         drop(core);
         // An empty batch moves the sequence on and touches nothing else.
-        assert_eq!(apply(&shared, "e", 8, batch(Vec::new())).1, 0);
-        let core = shared.core();
-        assert_eq!((core.replicas["e"].events_applied, core.replicas["e"].last_seq), (1, Some(8)));
+        assert_eq!(apply(&shared, 8, Vec::new()).1, 0);
+        let s = shared.core().replicas["e"].stream.lock().clone();
+        assert_eq!((s.events_applied, s.last_seq), (1, Some(8)));
     }
 
     #[test]
     fn a_batch_for_a_replica_removed_and_added_again_meanwhile_touches_neither() {
         let shared = node();
         let target = shared.core().replicas.get("e").map(Target::of);
-        let old = target.unwrap().id;
+        let old = target.as_ref().unwrap().id;
         shared.remove_replica("e").unwrap();
         add(&shared);
         let new = shared.core().replicas["e"].id;
         assert_ne!(old, new);
-        let (_, applied) = apply_to(&shared, "e", target, 3, batch(vec![store()]));
+        let (_, applied) = apply_to(&shared, "e", target.as_ref(), 3, batch(vec![store()]));
         assert_eq!(applied, 0);
         let index = shared.index.read();
         assert_eq!((index.replica_blocks(old), index.replica_blocks(new)), (0, 0));
         drop(index);
-        let core = shared.core();
-        let r = &core.replicas["e"];
-        assert_eq!((r.events_applied, r.events_rejected, r.last_seq), (0, 0, None));
+        let s = shared.core().replicas["e"].stream.lock().clone();
+        assert_eq!((s.events_applied, s.events_rejected, s.last_seq), (0, 0, None));
     }
 }

@@ -23,7 +23,7 @@
 //! more than the budget (the connection stays up).
 
 use super::apply::{
-    apply, apply_to, count_rejected, labels, quarantine, record_lag, resync_by_clearing, set_partial_history, Target,
+    apply_to, count_rejected, labels, quarantine, record_lag, resync_by_clearing, set_partial_history, Target,
 };
 use super::event_guard::{EventGuard, Problems, StreamLogs};
 use super::frame_guard::{Direction, FrameGuard};
@@ -48,6 +48,8 @@ pub struct Source {
     pub replay: Option<String>,
     /// How long to wait for each replay reply.
     pub replay_timeout: Duration,
+    /// The replica the events are for, and its stream record (the task's to keep).
+    pub target: Target,
 }
 
 /// Follows `source` until the task is aborted. Returns only on a socket setup error that
@@ -62,9 +64,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
     let mut refused_seen = [0u64; 2];
     let mut replayed = Replayed::default();
     // A restarted task starts with a clean record: a quarantine it did not start is over.
-    if let Some(r) = shared.core().replicas.get_mut(&source.name) {
-        r.bad_events_until = None;
-    }
+    source.target.stream().lock().bad_events_until = None;
     let mut backoff = Duration::from_millis(100);
     let mut first_follow = true;
     loop {
@@ -106,7 +106,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
         // publish nothing for long: a prompt it holds whole stores no block. So what it holds
         // is asked for now, with the subscriber already connected (what it publishes meanwhile
         // queues there; the copies of replayed messages among it are told apart, `Replayed`).
-        let unknown = shared.core().replicas.get(&source.name).is_some_and(|r| r.last_seq.is_none());
+        let unknown = source.target.stream().lock().last_seq.is_none();
         if let (true, Some(ep)) = (unknown, &source.replay) {
             tracing::info!(replica = %source.name, "asking the replay socket for everything the engine holds");
             replay(&shared, &source, ep, 0, u64::MAX, &mut guard.stream, &mut replayed).await;
@@ -128,7 +128,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     if guard.quarantined(shared.now()) {
                         break;
                     }
-                    let requested = shared.core().replicas.get_mut(&source.name).and_then(|r| r.resync_requested.take());
+                    let requested = source.target.stream().lock().resync_requested.take();
                     if let Some(why) = requested {
                         rebuild(&shared, &source, why, &mut guard.stream, &mut replayed).await;
                     }
@@ -188,9 +188,7 @@ fn count_refused(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut [u6
 
 /// Ends `source`'s quarantine: its status clears and its blocks are rebuilt.
 async fn end_quarantine(shared: &Shared, source: &Source, logs: &mut StreamLogs, replayed: &mut Replayed) {
-    if let Some(r) = shared.core().replicas.get_mut(&source.name) {
-        r.bad_events_until = None;
-    }
+    source.target.stream().lock().bad_events_until = None;
     tracing::info!(replica = %source.name, "KV-event quarantine over");
     rebuild(shared, source, "quarantine_end", logs, replayed).await;
 }
@@ -208,11 +206,7 @@ async fn handle(
     replayed: &mut Replayed,
 ) -> Problems {
     let mut problems = Problems::default();
-    // The replica's id and rank in the same short section as its last sequence number.
-    let (last, target) = match shared.core().replicas.get(&source.name) {
-        Some(r) => (r.last_seq, Some(Target::of(r))),
-        None => (None, None),
-    };
+    let last = source.target.stream().lock().last_seq;
     match last {
         Some(l) if seq == l.wrapping_add(1) => {}
         None if seq > 0 => {
@@ -234,10 +228,7 @@ async fn handle(
                 tracing::warn!(replica = %source.name, seq, last = l, held_back = held, "sequence restarted: engine restart, dropping its blocks");
             }
             resync_by_clearing(shared, &source.name, "restart");
-            let now = shared.now();
-            if let Some(r) = shared.core().replicas.get_mut(&source.name) {
-                r.restart_seen_at = Some(now);
-            }
+            source.target.stream().lock().restart_seen_at = Some(shared.now());
             // The restarted engine's messages before this one are in its replay buffer.
             if let (true, Some(ep)) = (seq > 0, &source.replay) {
                 replay(shared, source, ep, 0, seq, logs, replayed).await;
@@ -257,7 +248,7 @@ async fn handle(
         }
     }
     let ts = batch.ts;
-    problems.add(apply_to(shared, &source.name, target, seq, batch).0);
+    problems.add(apply_to(shared, &source.name, Some(&source.target), seq, batch).0);
     record_lag(shared, ts);
     problems
 }
@@ -269,10 +260,10 @@ async fn handle(
 async fn rebuild(shared: &Shared, source: &Source, why: &'static str, logs: &mut StreamLogs, replayed: &mut Replayed) {
     tracing::info!(replica = %source.name, why, "rebuilding the replica's blocks");
     resync_by_clearing(shared, &source.name, why);
-    let now = shared.now();
-    if let Some(r) = shared.core().replicas.get_mut(&source.name) {
-        r.last_seq = None;
-        r.last_resync_at = Some(now);
+    {
+        let mut s = source.target.stream().lock();
+        s.last_seq = None;
+        s.last_resync_at = Some(shared.now());
     }
     if let Some(ep) = &source.replay {
         replay(shared, source, ep, 0, u64::MAX, logs, replayed).await;
@@ -295,12 +286,9 @@ async fn replay(
     replayed: &mut Replayed,
 ) -> bool {
     let set = |on: bool| {
+        source.target.stream().lock().resyncing = on;
         let now = shared.now();
-        let mut core = shared.core();
-        if let Some(r) = core.replicas.get_mut(&source.name) {
-            r.resyncing = on;
-        }
-        let _ = core.sync_routable(&source.name, now);
+        let _ = shared.core().sync_routable(&source.name, now);
     };
     set(true);
     replayed.start();
@@ -381,7 +369,7 @@ async fn replay_messages(
                     set_partial_history(shared, &source.name, seq > 0);
                 }
                 if seq == next && seq < to {
-                    apply(shared, &source.name, seq, batch);
+                    apply_to(shared, &source.name, Some(&source.target), seq, batch);
                     replayed.record(seq, reply.last().map_or(&[][..], |f| &f[..]));
                     next += 1;
                 }

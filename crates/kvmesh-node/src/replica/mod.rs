@@ -2,13 +2,18 @@
 //!
 //! ```text
 //! Supervisor ──spawns/links──► ReplicaActor (one per replica)
-//!                                ├─ ingest task: frame guard → ZMQ SUB → budget → decode → seq check (replay | clear) → core
+//!                                ├─ ingest task: frame guard → ZMQ SUB → budget → decode → seq check (replay | clear)
+//!                                │               → index writer → its stream record → core (one short section)
 //!                                │               (at subscribe: replay all the engine holds; live copies of
 //!                                │               replayed messages skipped, `replayed`; a stream that stays
 //!                                │               bad: quarantined, `event_guard`)
 //!                                └─ scrape task: GET /metrics → load + health → core
-//! Events.Publish (gRPC) ──────────────► push: budget → seq check (clear) → core, same quarantine
+//! Events.Publish (gRPC) ──────────────► push: budget → seq check (clear) → the same apply, same quarantine
 //! ```
+//!
+//! The actor looks its replica up once, when it starts (`apply::Target`: id, rank and the
+//! stream record, `crate::state::Stream`), so a batch's sequence check and bookkeeping need
+//! no lookup under the core's lock.
 //!
 //! A replica actor fails when one of its tasks dies; the supervisor restarts it (with a
 //! backoff and an intensity limit) without touching the others. Adding and removing replicas

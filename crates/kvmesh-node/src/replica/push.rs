@@ -101,14 +101,14 @@ impl PushGuards {
         }
         let (problems, applied) = {
             let _order = self.order.lock().unwrap_or_else(|p| p.into_inner());
-            let last = match shared.core().replicas.get(&name) {
-                Some(r) => r.last_seq,
-                None => return Err(PushError::UnknownReplica(name)),
+            let Some(target) = shared.core().replicas.get(&name).map(apply::Target::of) else {
+                return Err(PushError::UnknownReplica(name));
             };
+            let last = target.stream().lock().last_seq;
             if let Some(l) = last.filter(|l| batch.seq != l.wrapping_add(1)) {
                 apply::resync_by_clearing(shared, &name, if batch.seq <= l { "restart" } else { "clear" });
             }
-            apply::apply(shared, &name, batch.seq, decoded)
+            apply::apply_to(shared, &name, Some(&target), batch.seq, decoded)
         };
         apply::record_lag(shared, batch.ts);
         self.rebuild_if_asked(shared, &name, now);
@@ -145,14 +145,19 @@ impl PushGuards {
     /// path, since `apply::apply` asks only that often. A replica that also has a ZMQ stream
     /// leaves the request to its ingest task, which can replay.
     fn rebuild_if_asked(&self, shared: &Shared, name: &str, now: f64) {
-        let mut core = shared.core();
-        let Some(r) = core.replicas.get_mut(name) else { return };
-        if r.config.kv_events.is_some() || r.resync_requested != Some("unknown_parent") {
+        let Some((follows, stream)) =
+            shared.core().replicas.get(name).map(|r| (r.config.kv_events.is_some(), r.stream.clone()))
+        else {
             return;
+        };
+        {
+            let mut s = stream.lock();
+            if follows || s.resync_requested != Some("unknown_parent") {
+                return;
+            }
+            s.resync_requested = None;
+            s.last_resync_at = Some(now);
         }
-        r.resync_requested = None;
-        r.last_resync_at = Some(now);
-        drop(core);
         apply::resync_by_clearing(shared, name, "unknown_parent");
     }
 

@@ -100,13 +100,14 @@ pub async fn run(shared: Arc<Shared>, name: String, (url, rank): (String, Option
             }
         }
         // Seen by the ingest task since the previous page: handled there already.
-        let seen =
-            |r: &crate::state::Replica| r.restart_seen_at.is_some_and(|t| previous.is_some_and(|(_, at)| t >= at));
+        let seen = |r: &crate::state::Replica| {
+            r.stream.lock().restart_seen_at.is_some_and(|t| previous.is_some_and(|(_, at)| t >= at))
+        };
         if restarted && !core.replicas.get(&name).is_some_and(seen) {
             // The ingest task rebuilds (clear, then replay); without one, clear here.
-            let follows = core.replicas.get_mut(&name).and_then(|r| {
+            let follows = core.replicas.get(&name).and_then(|r| {
                 r.config.kv_events.as_ref()?;
-                r.resync_requested.get_or_insert("restart");
+                r.stream.lock().resync_requested.get_or_insert("restart");
                 Some(())
             });
             drop(core);

@@ -10,6 +10,9 @@
 //! - [`Core`] (`routing/`): what the lock guards — the fleet, the policy, every replica's
 //!   live state ([`Replica`], `replica.rs`) — with its status rules (`routing/health.rs`),
 //!   KV events (`routing/events.rs`) and decisions (`routing/decide.rs`).
+//! - [`Stream`] (`stream.rs`): each replica's event-stream record (sequence, resyncs,
+//!   quarantine, counts), behind a lock of its own that its ingest and pushes take, not
+//!   this one.
 //! - [`Settings`] (`settings.rs`), drains (`drain.rs`), the lock
 //!   guard that logs status changes after the lock is released (`guard.rs`).
 
@@ -18,6 +21,7 @@ mod guard;
 mod replica;
 mod routing;
 mod settings;
+mod stream;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +39,7 @@ pub use settings::{NamedReplica, Settings};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+pub use stream::{Stream, StreamState};
 
 /// Leading block hashes a shared booking carries (the prefix other nodes credit as pending):
 /// 512 blocks of 16 tokens cover 8k-token prompts; longer ones share their first 8k.
@@ -392,17 +397,10 @@ impl Shared {
             hung: None,
             recent_prompts: Default::default(),
             listed_adapters: None,
-            last_seq: None,
             last_event_at: None,
             unpublished_since: None,
             added_at: now,
-            resyncing: false,
-            resync_requested: None,
-            last_resync_at: None,
-            restart_seen_at: None,
-            events_applied: 0,
-            events_rejected: 0,
-            bad_events_until: None,
+            stream: Default::default(),
             reported: ReplicaStatus::Ready,
         };
         core.replicas.insert(config.name.clone(), replica);

@@ -1,6 +1,7 @@
 //! One registered replica as the node follows it: how to reach it, its health, its event
 //! stream's progress and what its engine last reported.
 
+use super::stream::Stream;
 use crate::config::ReplicaConfig;
 use crate::endpoints::Endpoints;
 use kvmesh_core::load::EngineMetrics;
@@ -71,8 +72,6 @@ pub struct Replica {
     /// The LoRA adapters its engine's `/v1/models` listed last (entries with a `parent`);
     /// `None` until it answered. `config.lora_adapters`, when given, is used instead.
     pub listed_adapters: Option<Vec<String>>,
-    /// Last KV-event sequence number applied.
-    pub last_seq: Option<u64>,
     /// Node time of the last KV-event message.
     pub last_event_at: Option<f64>,
     /// Node time a request began that filled KV blocks the replica did not hold, with no KV
@@ -80,26 +79,8 @@ pub struct Replica {
     pub unpublished_since: Option<f64>,
     /// Node time it was registered.
     pub added_at: f64,
-    /// A gap or restart was found and the replica is being resynced.
-    pub resyncing: bool,
-    /// Its blocks must be rebuilt, and why (the ingest task takes this): `recovery` — it came
-    /// back after being unhealthy, perhaps a new engine whose first messages went out before
-    /// this node's subscriber reconnected; `unknown_parent` — a stored event chained to a
-    /// block this node never saw (case C03); `restart` — its generated-token counter went back
-    /// (the engine restarted, whether or not it publishes again).
-    pub resync_requested: Option<&'static str>,
-    /// Node time of the last such rebuild (rebuilds from unknown parents are spaced out, so a
-    /// replay buffer that starts mid-chain cannot loop).
-    pub last_resync_at: Option<f64>,
-    /// Node time the ingest task last saw its engine restart (the sequence went back), so a
-    /// scrape that then sees the counters fall does not drop the new engine's blocks again.
-    pub restart_seen_at: Option<f64>,
-    /// Event counts.
-    pub events_applied: u64,
-    /// Events rejected by the decoder or the index.
-    pub events_rejected: u64,
-    /// End of its KV-event quarantine, node seconds (status `bad_events` until then).
-    pub bad_events_until: Option<f64>,
+    /// Its event stream: sequence, resyncs, quarantine, counts (behind a lock of its own).
+    pub stream: Stream,
     /// The status last logged: a change is logged once, when it is first seen.
     pub reported: ReplicaStatus,
 }

@@ -52,7 +52,8 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     // The quarantine ends by itself.
     // (The status turns at the quarantine's end; the ingest task clears the mark once it wakes.)
     eventually("e1 out of quarantine, its mark cleared", || {
-        status(&node, "e1") != ReplicaStatus::BadEvents && node.shared.core().replicas["e1"].bad_events_until.is_none()
+        status(&node, "e1") != ReplicaStatus::BadEvents
+            && node.shared.core().replicas["e1"].stream.lock().bad_events_until.is_none()
     })
     .await;
     node.stop().await;
@@ -377,7 +378,7 @@ async fn grpc_calls_beyond_the_per_connection_limit_wait_while_other_connections
     tx.send(pushed("e0", 0, vec![])).await.unwrap();
     let mut events = EventsClient::new(a.clone());
     let held = tokio::spawn(async move { events.publish(tokio_stream::wrappers::ReceiverStream::new(rx)).await });
-    eventually("the batch applied", || node.shared.core().replicas["e0"].last_seq == Some(0)).await;
+    eventually("the batch applied", || node.shared.core().replicas["e0"].stream.lock().last_seq == Some(0)).await;
     assert!(route(RouterClient::new(a.clone())).await.is_err(), "connection A's second call waits");
     // Connection B is not held up by A.
     let b = common::grpc(node.grpc).await;

@@ -24,7 +24,9 @@ impl Core {
     /// index (not under this lock), did at `now`: `accepted` and `rejected` events; `heard`
     /// when any was accepted or changed a block; `usable` as
     /// [`kvmesh_core::fleet::events_usable`] reads the index after them. `id` is the replica
-    /// they were applied to: a replica removed and added again since is left alone.
+    /// they were applied to: a replica removed and added again since is left alone. (The
+    /// stream's own record, its counts and sequence, is the caller's:
+    /// [`crate::state::Stream`].)
     pub fn events_applied(&mut self, name: &str, id: ReplicaId, batch: AppliedBatch, now: f64) {
         let Some(r) = self.replicas.get_mut(name).filter(|r| r.id == id) else { return };
         if batch.accepted + batch.rejected == 0 {
@@ -32,8 +34,6 @@ impl Core {
         }
         r.last_event_at = Some(now);
         r.unpublished_since = None;
-        r.events_applied += batch.accepted;
-        r.events_rejected += batch.rejected;
         let _ = self.fleet.note_events(id, batch.heard, batch.usable, now);
     }
 

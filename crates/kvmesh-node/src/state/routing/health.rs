@@ -23,14 +23,18 @@ impl Core {
         }
         // Time-based: a quarantine ends by itself even when nothing acts on its end (an
         // `Events.Publish` pusher that never comes back).
-        if r.bad_events_until.is_some_and(|u| now < u) {
+        let (bad_events_until, resyncing) = {
+            let s = r.stream.lock();
+            (s.bad_events_until, s.resyncing)
+        };
+        if bad_events_until.is_some_and(|u| now < u) {
             return ReplicaStatus::BadEvents;
         }
         if let Some(health) = self.fleet.index().health(r.id) {
             if health.block_size_mismatch.is_some() {
                 return ReplicaStatus::BlockSizeMismatch;
             }
-            if health.out_of_sync || r.resyncing {
+            if health.out_of_sync || resyncing {
                 return ReplicaStatus::OutOfSync;
             }
         }
@@ -72,7 +76,7 @@ impl Core {
             }
             ReplicaStatus::Unhealthy => r.last_error.clone().unwrap_or_default(),
             ReplicaStatus::Overloaded => "answered 429/503; backing off".into(),
-            ReplicaStatus::BadEvents => r.bad_events_until.map_or(String::new(), |u| {
+            ReplicaStatus::BadEvents => r.stream.lock().bad_events_until.map_or(String::new(), |u| {
                 format!(
                     "its KV events kept being refused: quarantined for {:.0} s more (blocks dropped, stream \
                      not followed; routed on load only), then rebuilt",
@@ -169,7 +173,7 @@ impl Core {
         let threshold = self.unhealthy_after;
         let Some(r) = self.replicas.get_mut(name) else { return };
         if r.failures >= threshold {
-            r.resync_requested = Some("recovery");
+            r.stream.lock().resync_requested = Some("recovery");
         }
         r.failures = 0;
         r.last_error = None;
