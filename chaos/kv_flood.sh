@@ -8,9 +8,9 @@
 # refused from their bytes, never decoded, then its stream not followed) and keeps the other
 # replicas ready; the load's p99, the attack's onset included, stays under 3× the quiet
 # run's plus 50 ms — a gate against the stall this attack once caused (12–13 s), loose
-# enough for debug builds on a busy CI machine. The figure itself (release build, ten rounds
-# of 40 s: median +5 %, at most +11.5 %; a control of two quiet runs −5.5 … +2.4 %) is a
-# benchmark, in BENCHMARKS.md, not a gate.
+# enough for debug builds on a busy CI machine. The figure itself (release build of e1af685,
+# ten rounds of 40 s: median +5 %, at most +11.5 %; a control of two quiet runs −5.5 … +2.4 %)
+# is a benchmark, in BENCHMARKS.md, not a gate.
 # Heal: once the stream is sound again, e1 leaves quarantine by itself (here after 12 s).
 export CHAOS_EXTRA_TOML='[limits]
 kv_event_quarantine_s = 12'

@@ -104,8 +104,11 @@ pub(super) fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
 }
 
 /// The registered replica a batch is for: its id, data-parallel rank and stream record,
-/// looked up once (by its actor when it starts, by a push per batch). A replica removed
-/// since is left alone: the index refuses its id, and the core's record checks it.
+/// looked up once (by its actor when it starts, by a push per batch). A batch for a replica
+/// removed since changes neither the index (it refuses the old id) nor the core's record (it
+/// checks the id); only the old, unregistered stream record hears of it. (The name-keyed
+/// actions — clear, quarantine, partial history — act on whatever is registered under the
+/// name, so an actor still stopping while its replica is added again can touch the new one.)
 #[derive(Debug, Clone)]
 pub struct Target {
     id: ReplicaId,
@@ -389,5 +392,11 @@ mod tests {
         drop(index);
         let s = shared.core().replicas["e"].stream.lock().clone();
         assert_eq!((s.events_applied, s.events_rejected, s.last_seq), (0, 0, None));
+        // An empty batch, which reaches the core's record, leaves the new replica alone too.
+        apply_to(&shared, "e", target.as_ref(), 4, batch(Vec::new()));
+        assert_eq!(shared.core().replicas["e"].last_event_at, None);
+        // The same batch for the replica as registered now is heard.
+        apply(&shared, 4, Vec::new());
+        assert!(shared.core().replicas["e"].last_event_at.is_some());
     }
 }

@@ -142,7 +142,7 @@ impl PushGuards {
     /// A stored event named a parent this node never saw: the replica missed events. A
     /// pusher has no replay socket (and no ingest task to act on the request), so its blocks
     /// are dropped here and rebuild from its next events; at most every 30 s, as on the ZMQ
-    /// path, since `apply::apply` asks only that often. A replica that also has a ZMQ stream
+    /// path, since `apply::apply_to` asks only that often. A replica that also has a ZMQ stream
     /// leaves the request to its ingest task, which can replay.
     fn rebuild_if_asked(&self, shared: &Shared, name: &str, now: f64) {
         let Some((follows, stream)) =

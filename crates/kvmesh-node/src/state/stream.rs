@@ -4,9 +4,10 @@
 //! The replica's own parts write it: its actor's ingest task (the ZMQ stream), the gRPC
 //! pushes for it (`Events.Publish`), and its scrape (a restart seen in the engine's counters);
 //! status and the admin API read it. It sits behind a lock of its own, not the core's, so a
-//! batch's sequence check and bookkeeping never wait for a routing decision, and no routing
-//! decision waits for them. Lock order: a stream's lock may be taken while the core's is held;
-//! the core's is never taken while a stream's is held.
+//! batch's sequence check and bookkeeping never wait for a routing decision (a decision reads
+//! none of it; a status check under the core's lock may wait for one such short section).
+//! Lock order: a stream's lock may be taken while the core's is held; the core's is never
+//! taken while a stream's is held.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -48,11 +49,5 @@ impl Stream {
     /// is one field or a counter, never half an invariant.
     pub fn lock(&self) -> MutexGuard<'_, StreamState> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether `other` is this very stream (not only an equal one): a replica removed and
-    /// added again under its name has a new one.
-    pub fn same(&self, other: &Stream) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
     }
 }

@@ -40,6 +40,8 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     // The log index of this node's own last decision: the base of its next one even before
     // its follower task has applied it.
     let mut own_index = 0u64;
+    // Whether this node led at the last evaluation (a takeover is the first one it leads).
+    let mut led = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -75,16 +77,23 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
             queued_tokens: queued as f64,
         };
         if !leads {
+            led = false;
             // Shadow the leader: the same inputs keep this node's forecast warm.
             let d = policy.decide(&inputs);
             shared.autoscaler.set_evaluated(&Decision::new(&section.pool, &d, demand, cold_start_s, now));
             continue;
         }
-        // Continue from any decision committed by another leader (this node's first as leader,
-        // or one it applies only now: a new leader may not have applied the last entries yet).
-        if let Some(last) = shared.autoscaler.latest().filter(|l| l.log_index > seen_index) {
-            seen_index = last.log_index;
-            if own_at != Some(last.at) {
+        // Continue from the decision committed last: at every takeover (the needs this node
+        // held while shadowing were never committed), and whenever another leader's appears
+        // (one this node applies only now: a new leader may not have applied the last entries
+        // yet). An entry at or below this node's own last index is its own or older: its
+        // own hold stays.
+        let took_over = !led;
+        led = true;
+        if let Some(last) = shared.autoscaler.latest().filter(|l| took_over || l.log_index > seen_index) {
+            seen_index = seen_index.max(last.log_index);
+            let own = own_at == Some(last.at) || (own_index > 0 && last.log_index <= own_index);
+            if took_over || !own {
                 policy.resume(mono, last.desired_replicas);
                 // Its age on the wall clocks (another node's, then ours), at most one refresh: the
                 // next refresh comes REFRESH_S after it was committed, not after it was seen.
