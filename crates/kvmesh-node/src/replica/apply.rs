@@ -18,18 +18,11 @@ pub(super) fn labels(replica: &str, what: &str) -> Vec<(&'static str, String)> {
     vec![("replica", replica.to_string()), ("reason", what.to_string())]
 }
 
-/// Replica `name`'s event-stream record, if it is registered.
-fn stream_of(shared: &Shared, name: &str) -> Option<Stream> {
-    shared.core().replicas.get(name).map(|r| r.stream.clone())
-}
-
-/// Counts `n` whole messages of `name` refused for `reason` (a metric label): in the metrics
-/// and in the replica's own record.
-pub(super) fn count_rejected(shared: &Shared, name: &str, reason: &str, n: u64) {
+/// Counts `n` whole messages of replica `name` (`target`) refused for `reason` (a metric
+/// label): in the metrics and in its stream record.
+pub(super) fn count_rejected(shared: &Shared, name: &str, target: &Target, reason: &str, n: u64) {
     shared.metrics.events_rejected.get_or_create(&labels(name, reason)).inc_by(n);
-    if let Some(stream) = stream_of(shared, name) {
-        stream.lock().events_rejected += n;
-    }
+    target.stream.lock().events_rejected += n;
 }
 
 /// Drops `name`'s blocks and marks it `bad_events` until `until` (node seconds).

@@ -85,7 +85,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
         };
         if let Err(e) = setup.await {
             // A handshake the frame guard cut counts as a bad message like any other.
-            count_refused(&shared, &source.name, &relay, &mut refused_seen, &mut guard);
+            count_refused(&shared, &source, &relay, &mut refused_seen, &mut guard);
             if guard.quarantined(shared.now()) {
                 continue;
             }
@@ -124,7 +124,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     }
                 },
                 _ = check.tick() => {
-                    count_refused(&shared, &source.name, &relay, &mut refused_seen, &mut guard);
+                    count_refused(&shared, &source, &relay, &mut refused_seen, &mut guard);
                     if guard.quarantined(shared.now()) {
                         break;
                     }
@@ -143,7 +143,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     p.first.map(|why| format!("{} bad events, the first: {why}", p.events))
                 }
                 Err(e) => {
-                    count_rejected(&shared, &source.name, e.kind(), 1);
+                    count_rejected(&shared, &source.name, &source.target, e.kind(), 1);
                     Some(format!("message dropped: {e}"))
                 }
             };
@@ -165,7 +165,8 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
 /// Counts what the frame guard refused since `seen` (cut connections and dropped messages,
 /// by reason, as
 /// [`super::frame_guard::Refused::by_reason`]) as bad messages.
-fn count_refused(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut [u64; 2], guard: &mut EventGuard) {
+fn count_refused(shared: &Shared, source: &Source, relay: &FrameGuard, seen: &mut [u64; 2], guard: &mut EventGuard) {
+    let name = &source.name;
     let refused = relay.refused.by_reason();
     let now = shared.now();
     for (i, (reason, to)) in refused.into_iter().enumerate() {
@@ -174,7 +175,7 @@ fn count_refused(shared: &Shared, name: &str, relay: &FrameGuard, seen: &mut [u6
         if to == from {
             continue;
         }
-        count_rejected(shared, name, reason, to - from);
+        count_rejected(shared, name, &source.target, reason, to - from);
         if let Some(held) = guard.log.allow(now) {
             tracing::warn!(replica = %name, reason, refused = to - from, held_back = held, "KV-event messages refused before decoding");
         }
@@ -384,7 +385,7 @@ async fn replay_messages(
     }
     for (reason, n) in relay.refused.by_reason() {
         if n > 0 {
-            count_rejected(shared, &source.name, reason, n);
+            count_rejected(shared, &source.name, &source.target, reason, n);
         }
     }
     // A bounded replay is complete with its last message; "everything it holds" only at the end.

@@ -81,12 +81,15 @@ impl PushGuards {
         if let Some(left_s) = left {
             return Err(PushError::Quarantined { replica: name, left_s });
         }
-        if !shared.core().replicas.contains_key(&name) {
+        // Looked up once: a replica removed meanwhile is left alone (see `apply::Target`).
+        let Some((target, follows)) =
+            shared.core().replicas.get(&name).map(|r| (apply::Target::of(r), r.config.kv_events.is_some()))
+        else {
             return Err(PushError::UnknownReplica(name));
-        }
+        };
         let total = batch.events.len() as u64;
         if let Some(why) = self.over_budget(&batch.events) {
-            apply::count_rejected(shared, &name, "over_budget", 1);
+            apply::count_rejected(shared, &name, &target, "over_budget", 1);
             self.bad_message(shared, &name, &why);
             return Ok(Pushed { applied: 0, rejected: total });
         }
@@ -101,9 +104,6 @@ impl PushGuards {
         }
         let (problems, applied) = {
             let _order = self.order.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(target) = shared.core().replicas.get(&name).map(apply::Target::of) else {
-                return Err(PushError::UnknownReplica(name));
-            };
             let last = target.stream().lock().last_seq;
             if let Some(l) = last.filter(|l| batch.seq != l.wrapping_add(1)) {
                 apply::resync_by_clearing(shared, &name, if batch.seq <= l { "restart" } else { "clear" });
@@ -111,7 +111,9 @@ impl PushGuards {
             apply::apply_to(shared, &name, Some(&target), batch.seq, decoded)
         };
         apply::record_lag(shared, batch.ts);
-        self.rebuild_if_asked(shared, &name, now);
+        if !follows {
+            rebuild_if_asked(shared, &name, &target, now);
+        }
         if let Some(first) = problems.first {
             self.bad_message(shared, &name, &format!("{} bad events, the first: {first}", problems.events));
         }
@@ -139,28 +141,6 @@ impl PushGuards {
             .then(|| format!("batch of {elements} block hashes and token ids, over the {max_elements} allowed"))
     }
 
-    /// A stored event named a parent this node never saw: the replica missed events. A
-    /// pusher has no replay socket (and no ingest task to act on the request), so its blocks
-    /// are dropped here and rebuild from its next events; at most every 30 s, as on the ZMQ
-    /// path, since `apply::apply_to` asks only that often. A replica that also has a ZMQ stream
-    /// leaves the request to its ingest task, which can replay.
-    fn rebuild_if_asked(&self, shared: &Shared, name: &str, now: f64) {
-        let Some((follows, stream)) =
-            shared.core().replicas.get(name).map(|r| (r.config.kv_events.is_some(), r.stream.clone()))
-        else {
-            return;
-        };
-        {
-            let mut s = stream.lock();
-            if follows || s.resync_requested != Some("unknown_parent") {
-                return;
-            }
-            s.resync_requested = None;
-            s.last_resync_at = Some(now);
-        }
-        apply::resync_by_clearing(shared, name, "unknown_parent");
-    }
-
     /// Counts a bad message from `name` (logged at a bounded rate); quarantines it when that
     /// makes the threshold.
     fn bad_message(&self, shared: &Shared, name: &str, why: &str) {
@@ -182,4 +162,21 @@ impl PushGuards {
         let g = guards.entry(name.to_string()).or_insert_with(|| EventGuard::new(&self.limits));
         f(g)
     }
+}
+
+/// A stored event named a parent this node never saw: the replica missed events. A pusher has
+/// no replay socket (and no ingest task to act on the request), so its blocks are dropped here
+/// and rebuild from its next events; at most every 30 s, as on the ZMQ path, since
+/// `apply::apply_to` asks only that often. (A replica that also has a ZMQ stream leaves the
+/// request to its ingest task, which can replay: the caller skips those.)
+fn rebuild_if_asked(shared: &Shared, name: &str, target: &apply::Target, now: f64) {
+    {
+        let mut s = target.stream().lock();
+        if s.resync_requested != Some("unknown_parent") {
+            return;
+        }
+        s.resync_requested = None;
+        s.last_resync_at = Some(now);
+    }
+    apply::resync_by_clearing(shared, name, "unknown_parent");
 }
