@@ -121,20 +121,13 @@ impl Target {
     }
 }
 
-/// Applies `batch` (message `seq`) of replica `name` (`target`; `None`: not registered)
-/// through the index's writer, then records what it did: in the replica's stream record, then
+/// Applies `batch` (message `seq`) of replica `name` (`target`) through the index's writer, then records what it did: in the replica's stream record, then
 /// in a short section of the core's lock (so a routing decision never waits for the index
 /// being written). Returns its bad events (for the caller to log and count): events the
 /// decoder skipped, and stores no sound engine sends (token count off, self-referential);
 /// and the number of events applied. An unknown parent is not a bad event: it means this
 /// node missed events, and leads to a rebuild instead.
-pub(super) fn apply_to(
-    shared: &Shared,
-    name: &str,
-    target: Option<&Target>,
-    seq: u64,
-    batch: EventBatch,
-) -> (Problems, u64) {
+pub(super) fn apply_to(shared: &Shared, name: &str, target: &Target, seq: u64, batch: EventBatch) -> (Problems, u64) {
     let now = shared.now();
     let mut problems = Problems {
         events: batch.skipped.len() as u64,
@@ -147,8 +140,7 @@ pub(super) fn apply_to(
             .get_or_create(&labels(name, "undecodable_event"))
             .inc_by(batch.skipped.len() as u64);
     }
-    let Some(Target { id, rank: want, stream }) = target else { return (problems, 0) };
-    let (id, want) = (*id, *want);
+    let Target { id, rank: want, ref stream } = *target;
     // One data-parallel rank's stream carries its rank (vLLM annotates every batch): another
     // rank's batches here mean its endpoints are that rank's, and would mix two indexes.
     if let (Some(want), Some(got)) = (want, batch.data_parallel_rank) {
@@ -322,8 +314,8 @@ mod tests {
 
     /// Applies `events` as message `seq` of replica `e`, looked up now.
     fn apply(shared: &Shared, seq: u64, events: Vec<KvEvent>) -> (Problems, u64) {
-        let target = shared.core().replicas.get("e").map(Target::of);
-        apply_to(shared, "e", target.as_ref(), seq, batch(events))
+        let target = shared.core().replicas.get("e").map(Target::of).unwrap();
+        apply_to(shared, "e", &target, seq, batch(events))
     }
 
     fn batch(events: Vec<KvEvent>) -> EventBatch {
@@ -372,13 +364,13 @@ mod tests {
     #[test]
     fn a_batch_for_a_replica_removed_and_added_again_meanwhile_touches_neither() {
         let shared = node();
-        let target = shared.core().replicas.get("e").map(Target::of);
-        let old = target.as_ref().unwrap().id;
+        let target = shared.core().replicas.get("e").map(Target::of).unwrap();
+        let old = target.id;
         shared.remove_replica("e").unwrap();
         add(&shared);
         let new = shared.core().replicas["e"].id;
         assert_ne!(old, new);
-        let (_, applied) = apply_to(&shared, "e", target.as_ref(), 3, batch(vec![store()]));
+        let (_, applied) = apply_to(&shared, "e", &target, 3, batch(vec![store()]));
         assert_eq!(applied, 0);
         let index = shared.index.read();
         assert_eq!((index.replica_blocks(old), index.replica_blocks(new)), (0, 0));
@@ -386,7 +378,7 @@ mod tests {
         let s = shared.core().replicas["e"].stream.lock().clone();
         assert_eq!((s.events_applied, s.events_rejected, s.last_seq), (0, 0, None));
         // An empty batch, which reaches the core's record, leaves the new replica alone too.
-        apply_to(&shared, "e", target.as_ref(), 4, batch(Vec::new()));
+        apply_to(&shared, "e", &target, 4, batch(Vec::new()));
         assert_eq!(shared.core().replicas["e"].last_event_at, None);
         // The same batch for the replica as registered now is heard.
         apply(&shared, 4, Vec::new());

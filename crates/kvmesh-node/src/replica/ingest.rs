@@ -249,7 +249,7 @@ async fn handle(
         }
     }
     let ts = batch.ts;
-    problems.add(apply_to(shared, &source.name, Some(&source.target), seq, batch).0);
+    problems.add(apply_to(shared, &source.name, &source.target, seq, batch).0);
     record_lag(shared, ts);
     problems
 }
@@ -370,7 +370,7 @@ async fn replay_messages(
                     set_partial_history(shared, &source.name, seq > 0);
                 }
                 if seq == next && seq < to {
-                    apply_to(shared, &source.name, Some(&source.target), seq, batch);
+                    apply_to(shared, &source.name, &source.target, seq, batch);
                     replayed.record(seq, reply.last().map_or(&[][..], |f| &f[..]));
                     next += 1;
                 }

@@ -108,7 +108,7 @@ impl PushGuards {
             if let Some(l) = last.filter(|l| batch.seq != l.wrapping_add(1)) {
                 apply::resync_by_clearing(shared, &name, if batch.seq <= l { "restart" } else { "clear" });
             }
-            apply::apply_to(shared, &name, Some(&target), batch.seq, decoded)
+            apply::apply_to(shared, &name, &target, batch.seq, decoded)
         };
         apply::record_lag(shared, batch.ts);
         if !follows {
