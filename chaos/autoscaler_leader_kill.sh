@@ -37,7 +37,7 @@ wait_for 20 "the scale-up settled" settled
 old="$(leader_seen_by 1)"
 [ -n "$old" ] || fail "no leader before the kill"
 survivor=$(( old % NODES + 1 ))
-before="$(decisions "$survivor" "[(x['log_index'], x['desired_replicas']) for x in d]")"
+before="$(decisions "$survivor" "[(int(x['log_index']), x['desired_replicas']) for x in d]")"
 [ -n "$before" ] || fail "no decision log from node $survivor"
 log "decisions before the kill (log index, desired): $before; killing leader $old"
 killed_at="$(date +%s.%N)"
@@ -52,7 +52,7 @@ log "node $new leads after $FAILOVER_MS ms"
 e3_ready() { decisions "$new" "any(x['at'] > $killed_at and x['starting'] == 0 for x in d)" | grep -q True; }
 wait_for 10 "the new leader's decision with e3 ready" e3_ready
 sleep 1
-after="$(decisions "$new" "[(x['log_index'], x['desired_replicas'], x['at'], x['starting']) for x in d]")"
+after="$(decisions "$new" "[(int(x['log_index']), x['desired_replicas'], x['at'], x['starting']) for x in d]")"
 log "decisions after: $after"
 [ -n "$after" ] || fail "no decision log from node $new"
 python3 - "$before" "$after" "$killed_at" <<'EOF' || fail "the decision log broke across the leader change"

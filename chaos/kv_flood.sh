@@ -20,9 +20,9 @@ p99() { json "d['p99_ms']" <"$WORK/load.json"; }
 # The worst p99 among the replicas other than e1 (each request's serving replica is in the
 # node's x-kvmesh-replica answer header; kvmesh loadtest tallies by it).
 others_p99() { json "max((v['p99_ms'] for k, v in d.get('by_replica', {}).items() if k != 'e1'), default=float('nan'))" <"$WORK/load.json"; }
-statuses() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "sorted((r['name'], r['status']) for r in d['replicas'])"; }
-e1_is() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "[r['status'] for r in d['replicas'] if r['name']=='e1']==['$2']" | grep -q True; }
-others_ready() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "all(r['status']=='ready' for r in d['replicas'] if r['name']!='e1')" | grep -q True; }
+statuses() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "sorted((r['spec']['name'], r['status']) for r in d['replicas'])"; }
+e1_is() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "[r['status'] for r in d['replicas'] if r['spec']['name']=='e1']==['REPLICA_STATUS_' + '$2'.upper()]" | grep -q True; }
+others_ready() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "all(r['status']=='REPLICA_STATUS_READY' for r in d['replicas'] if r['spec']['name']!='e1')" | grep -q True; }
 hostile() {
   python3 -c "import sys, urllib.request as u; u.urlopen(u.Request(sys.argv[1], data=sys.argv[2].encode(), headers={'content-type': 'application/json'}), timeout=5)" \
     "http://127.0.0.1:$((BASE + 1))/admin/faults" "{\"hostile_events\": $1}" || fail "setting e1's faults"

@@ -120,8 +120,8 @@ wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
 node_up() { "$BIN/kvmesh" cluster status --grpc "$(grpc_of "$1")" >/dev/null 2>&1; }
 has_leader() { [ -n "$(leader_seen_by "$1")" ]; }
 # Node $1's registry lists replica $2 in state $3.
-registry_has() { status_json "$1" | json "any(e['name']=='$2' and e['state']=='$3' for e in d['registry'])" | grep -q True; }
-all_replicas_ready() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "all(r['status']=='ready' for r in d['replicas']) and len(d['replicas'])>0" | grep -q True; }
+registry_has() { status_json "$1" | json "any(e['spec']['name']=='$2' and e['state']=='$3' for e in d['registry'])" | grep -q True; }
+all_replicas_ready() { "$BIN/kvmesh" status --grpc "http://$(grpc_of "$1")" --json | json "all(r['status']=='REPLICA_STATUS_READY' for r in d['replicas']) and len(d['replicas'])>0" | grep -q True; }
 
 # Starts engines and nodes, bootstraps the cluster, adds the last engine through a follower.
 setup_cluster() {

@@ -33,7 +33,7 @@ for i in range(200):
     urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:18080/v1/completions", data=body, headers={"content-type": "application/json"}), timeout=30).read()
 P
 sleep 1
-blocks() { $BIN/kvmesh status --grpc http://127.0.0.1:18051 --json 2>/dev/null | python3 -c "import sys, json; d=json.load(sys.stdin); print(sum(r.get('index_blocks', 0) for r in d['replicas']))" 2>/dev/null; }
+blocks() { $BIN/kvmesh status --grpc http://127.0.0.1:18051 --json 2>/dev/null | python3 -c "import sys, json; d=json.load(sys.stdin); print(sum(int(r['index_blocks']) for r in d['replicas']))" 2>/dev/null; }
 before=$(blocks); echo "indexed before the kill: $before blocks"
 kill -9 $N; wait $N 2>/dev/null
 t0=$(date +%s.%N)

@@ -23,8 +23,7 @@ pub fn run(cmd: &AutoscalerCommand) -> anyhow::Result<()> {
                     .context("reading the decisions")?
                     .into_inner();
                 if a.json {
-                    let rows: Vec<serde_json::Value> = list.decisions.iter().map(json).collect();
-                    crate::emit(&format!("{}\n", serde_json::to_string_pretty(&rows)?))?;
+                    crate::emit(&format!("{}\n", serde_json::to_string_pretty(&list.decisions)?))?;
                 } else {
                     crate::emit(&render(&list.decisions, now()))?;
                 }
@@ -37,7 +36,7 @@ pub fn run(cmd: &AutoscalerCommand) -> anyhow::Result<()> {
                     .context("reading the latest decision")?
                     .into_inner();
                 if a.json {
-                    crate::emit(&format!("{}\n", serde_json::to_string_pretty(&json(&d))?))?;
+                    crate::emit(&format!("{}\n", serde_json::to_string_pretty(&d)?))?;
                 } else {
                     crate::emit(&render(std::slice::from_ref(&d), now()))?;
                 }
@@ -63,7 +62,7 @@ pub fn run(cmd: &AutoscalerCommand) -> anyhow::Result<()> {
                         _ = &mut ctrl_c => return Ok(()),
                     };
                     line = match next.map_err(|s| anyhow::anyhow!("Autoscaler.WatchDecisions: {}", s.message()))? {
-                        Some(d) if a.json => format!("{}\n", json(&d)),
+                        Some(d) if a.json => format!("{}\n", serde_json::to_string(&d)?),
                         Some(d) => row(&d, now()),
                         None => anyhow::bail!("the node ended the stream (it stopped)"),
                     };
@@ -80,24 +79,6 @@ fn write_now(text: &str) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
     out.flush()
-}
-
-pub(crate) fn json(d: &v1::ScaleDecision) -> serde_json::Value {
-    serde_json::json!({
-        "log_index": d.log_index,
-        "at": d.at,
-        "pool": d.pool,
-        "desired_replicas": d.desired_replicas,
-        "reason": d.reason,
-        "panic": d.panic,
-        "ready": d.ready,
-        "starting": d.starting,
-        "demand_tokens_per_s": d.demand_tokens_per_s,
-        "forecast_tokens_per_s": d.forecast_tokens_per_s,
-        "capacity_tokens_per_s": d.capacity_tokens_per_s,
-        "drain": d.drain,
-        "cold_start_s": d.cold_start_s,
-    })
 }
 
 /// The table's header; the loads are tokens per second.
@@ -165,7 +146,10 @@ mod tests {
                 "       42      12s        6  burst (panic)          4        2          81234          95000          33000\n",
             )
         );
-        assert_eq!(json(&d)["log_index"], 42);
+        // The proto3 JSON mapping (pbjson): 64-bit integers as strings, every field printed.
+        let json = |d: &v1::ScaleDecision| serde_json::to_value(d).unwrap();
+        assert_eq!(json(&d)["log_index"], "42");
+        assert_eq!(json(&d)["desired_replicas"], 6);
         let down = v1::ScaleDecision {
             desired_replicas: 4,
             reason: "scale_down".into(),

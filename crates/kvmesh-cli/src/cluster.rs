@@ -31,7 +31,7 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
                     "Cluster.Status",
                 )?;
                 if a.json {
-                    println!("{}", serde_json::to_string_pretty(&status_json(&s))?);
+                    println!("{}", serde_json::to_string_pretty(&s)?);
                 } else {
                     print!("{}", render(&s));
                 }
@@ -83,31 +83,6 @@ pub fn with_token<T>(token: &Option<kvmesh_node::auth::Secret>, msg: T) -> tonic
 async fn client(t: &ClusterTarget) -> anyhow::Result<v1::cluster_client::ClusterClient<tonic::transport::Channel>> {
     let channel = crate::connect::channel(&t.grpc, "is `kvmesh node` running with a [cluster] section?").await?;
     Ok(v1::cluster_client::ClusterClient::new(channel))
-}
-
-fn status_json(s: &v1::ClusterStatus) -> serde_json::Value {
-    serde_json::json!({
-        "node_id": s.node_id,
-        "state": s.state,
-        "leader_id": s.leader_id,
-        "leader_addr": s.leader_addr,
-        "term": s.term,
-        "last_applied": s.last_applied,
-        "last_log_index": s.last_log_index,
-        "initialized": s.initialized,
-        "seeded": s.seeded,
-        "policy": s.policy,
-        "policy_params": s.policy_params,
-        "members": s.members.iter().map(|m| serde_json::json!({
-            "node_id": m.node_id, "addr": m.addr, "role": m.role, "lag": m.lag,
-            "shared_bookings": m.shared_bookings, "gossip_age_s": m.gossip_age_s,
-        })).collect::<Vec<_>>(),
-        "registry": s.registry.iter().map(|e| serde_json::json!({
-            "name": e.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
-            "http": e.spec.as_ref().map(|s| s.http_endpoint.clone()).unwrap_or_default(),
-            "state": e.state,
-        })).collect::<Vec<_>>(),
-    })
 }
 
 /// The status as a terminal table.

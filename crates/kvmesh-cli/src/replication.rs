@@ -23,7 +23,10 @@ pub fn run(cmd: &ReplicationCommand) -> anyhow::Result<()> {
                     .context("Replication.GetPlan")?
                     .into_inner();
                 if a.json {
-                    println!("{}", serde_json::to_string_pretty(&json(&hot, &plan))?);
+                    // Both messages in the proto3 JSON mapping (pbjson): hashes and other 64-bit
+                    // integers as strings, so no JSON reader rounds them.
+                    let both = serde_json::json!({ "hot": hot, "plan": plan });
+                    println!("{}", serde_json::to_string_pretty(&both)?);
                 } else {
                     print!("{}", render(&hot, &plan, kvmesh_node::replication::unix_now()));
                 }
@@ -131,30 +134,6 @@ pub fn render_plan(plan: &v1::ReplicationPlan, now: f64) -> String {
         }
     }
     out
-}
-
-fn json(hot: &v1::HotPrefixList, plan: &v1::ReplicationPlan) -> serde_json::Value {
-    serde_json::json!({
-        "enabled": hot.enabled,
-        "nodes": hot.nodes,
-        "total_load_tokens_per_s": hot.total_load_tokens_per_s,
-        "routable_replicas": hot.routable_replicas,
-        "hot_prefixes": hot.prefixes.iter().map(|p| serde_json::json!({
-            "hash": p.hash, "depth_blocks": p.depth_blocks, "tokens": p.tokens, "load_share": p.load_share,
-            "requests_per_s": p.requests_per_s, "holders": p.holders, "planned": p.planned, "warmable": p.warmable,
-        })).collect::<Vec<_>>(),
-        "plan": {
-            "version": plan.version,
-            "planned_blocks": plan.planned_blocks,
-            "prefixes": plan.prefixes.iter().map(|p| serde_json::json!({
-                "hash": p.hash, "depth_blocks": p.depth_blocks, "origin": p.origin, "load_share": p.load_share,
-                "want_replicas": p.want_replicas, "holders": p.holders, "cool_since": p.cool_since,
-                "targets": p.targets.iter().map(|t| serde_json::json!({
-                    "replica": t.replica, "state": t.state, "reason": t.reason, "attempts": t.attempts, "since": t.since,
-                })).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
-        },
-    })
 }
 
 #[cfg(test)]

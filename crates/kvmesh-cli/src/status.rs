@@ -52,12 +52,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     })?;
     let (replicas, admission) = (replicas.replicas, replicas.admission);
     if args.json {
-        let rows: Vec<serde_json::Value> = replicas.iter().map(row_json).collect();
-        let all = serde_json::json!({
-            "replicas": rows,
-            "admission": admission.as_ref().map(admission_json),
-            "autoscaler": scale.as_ref().map(crate::autoscaler::json),
-        });
+        let all = StatusJson { replicas: &replicas, admission: admission.as_ref(), autoscaler: scale.as_ref() };
         return crate::emit(&format!("{}\n", serde_json::to_string_pretty(&all)?));
     }
     let mut out = String::new();
@@ -81,6 +76,17 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         let _ = writeln!(out, "\n{}", render_decisions(&decisions));
     }
     crate::emit(&out)
+}
+
+/// `kvmesh status --json`: the node's messages in the proto3 JSON mapping (pbjson), as
+/// `grpcurl` shows them: `replicas` as `Admin.ListReplicas` returns them (`spec.name`, `status`
+/// `"REPLICA_STATUS_READY"`, 64-bit counts as strings), the admission state, and the autoscaler's
+/// latest decision (`null` where the node has none).
+#[derive(serde::Serialize)]
+struct StatusJson<'a> {
+    replicas: &'a [v1::Replica],
+    admission: Option<&'a v1::AdmissionState>,
+    autoscaler: Option<&'a v1::ScaleDecision>,
 }
 
 /// The autoscaler's latest committed decision, one line, with its age at `now` (Unix seconds):
@@ -124,17 +130,6 @@ fn render_admission(a: &v1::AdmissionState) -> String {
     )
 }
 
-fn admission_json(a: &v1::AdmissionState) -> serde_json::Value {
-    serde_json::json!({
-        "enabled": a.enabled, "waiting": a.waiting, "waiting_tokens": a.waiting_tokens,
-        "queue_limit": a.queue_limit, "max_wait_s": a.max_wait_s,
-        "ttft_slo_s": (a.ttft_slo_s > 0.0).then_some(a.ttft_slo_s),
-        "refused": {
-            "queue_full": a.refused_queue_full, "evicted_late": a.refused_evicted_late, "timeout": a.refused_timeout,
-        },
-    })
-}
-
 /// The latest decisions, newest first.
 fn render_decisions(ds: &[v1::RecentDecision]) -> String {
     let mut t = crate::table::plain(
@@ -158,20 +153,6 @@ fn render_decisions(ds: &[v1::RecentDecision]) -> String {
 
 fn status_name(raw: i32) -> &'static str {
     kvmesh_proto::convert::replica_status(raw).map_or("unknown", |s| s.as_str())
-}
-
-fn row_json(r: &v1::Replica) -> serde_json::Value {
-    let spec = r.spec.clone().unwrap_or_default();
-    serde_json::json!({
-        "name": spec.name, "endpoint": spec.http_endpoint, "status": status_name(r.status), "detail": r.status_detail,
-        "running": r.running, "waiting": r.waiting, "kv_usage": r.kv_usage,
-        "queued_prefill_tokens": r.queued_prefill_tokens, "live_bookings": r.live_bookings,
-        "index_blocks": r.index_blocks, "events_applied": r.events_applied, "events_rejected": r.events_rejected,
-        "last_event_age_s": r.last_event_age_s, "last_seq": r.last_seq, "idle": r.idle, "engine_up": r.engine_up,
-        "model": spec.model, "block_size": spec.block_size, "data_parallel_rank": spec.data_parallel_rank,
-        "lora_adapters": spec.lora_adapters,
-        "role": if spec.role.is_empty() { "both" } else { spec.role.as_str() },
-    })
 }
 
 /// The table `kvmesh status` prints.

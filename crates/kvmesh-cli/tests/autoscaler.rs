@@ -63,11 +63,15 @@ async fn recommend_and_watch_show_the_committed_decision() {
     let mut status = Command::new(env!("CARGO_BIN_EXE_kvmesh"));
     let status = status.args(["status", "--json", "--grpc", &grpc]).output().unwrap();
     let all: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-    assert_eq!(all["replicas"][0]["name"], "e0");
+    // Each part is the node's gRPC message in the proto3 JSON mapping: enums by name, 64-bit
+    // integers as strings, every field present.
+    assert_eq!(all["replicas"][0]["spec"]["name"], "e0");
+    assert_eq!(all["replicas"][0]["status"], "REPLICA_STATUS_READY");
+    assert!(all["replicas"][0]["index_blocks"].is_string(), "{all}");
     assert_eq!(all["replicas"].as_array().unwrap().len(), 1);
     assert_eq!(
         (&all["admission"]["enabled"], &all["admission"]["ttft_slo_s"]),
-        (&false.into(), &serde_json::Value::Null)
+        (&false.into(), &serde_json::Value::from(0.0))
     );
     assert_eq!((&all["autoscaler"]["desired_replicas"], &all["autoscaler"]["reason"]), (&1.into(), &"hold".into()));
 

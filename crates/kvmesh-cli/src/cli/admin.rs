@@ -25,7 +25,7 @@ pub struct AutoscalerArgs {
     /// The pool (default: the tier's).
     #[arg(long, default_value = "")]
     pub pool: String,
-    /// Print JSON (`watch`: one object per line).
+    /// Print the decisions as JSON, proto3 mapping (`watch`: one object per line).
     #[arg(long)]
     pub json: bool,
 }
@@ -49,7 +49,7 @@ pub struct ReplicationStatusArgs {
     /// Hot prefixes to list.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub limit: u32,
-    /// Print the hot prefixes and the plan as JSON.
+    /// Print `{"hot": …, "plan": …}` as JSON (proto3 mapping: hashes as strings).
     #[arg(long)]
     pub json: bool,
 }
@@ -239,7 +239,7 @@ pub struct LeaveArgs {
 pub struct ClusterStatusArgs {
     #[command(flatten)]
     pub target: ClusterTarget,
-    /// Print JSON instead of a table.
+    /// Print `Cluster.Status`'s answer as JSON (proto3 mapping) instead of a table.
     #[arg(long)]
     pub json: bool,
 }
@@ -264,7 +264,8 @@ pub struct StatusArgs {
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub decisions: u32,
     /// Print JSON instead of the tables: `{"replicas": […], "admission": {…}, "autoscaler":
-    /// {…}}` (null where the node has none).
+    /// {…}}` (null where the node has none), each the node's gRPC message in the proto3 JSON
+    /// mapping (enums by name, 64-bit integers as strings).
     #[arg(long)]
     pub json: bool,
 }
