@@ -34,7 +34,7 @@ pub fn render(shared: &Shared) -> String {
             let load = core.fleet.bookings().load(r.id);
             m.replica_queued_prefill.get_or_create(&l).set(load.queued_prefill_tokens as i64);
             m.replica_bookings.get_or_create(&l).set((load.prefilling + load.decoding) as i64);
-            m.replica_kv_usage.get_or_create(&l).set(r.engine.map_or(0.0, |e| e.kv_usage));
+            m.replica_kv_usage.get_or_create(&l).set(r.health.lock().engine.map_or(0.0, |e| e.kv_usage));
             m.replica_index_blocks.get_or_create(&l).set(core.fleet.index().replica_blocks(r.id) as i64);
             let (placed, waiting) = (core.fleet.index().replica_blocks(r.id), core.fleet.index().orphan_blocks(r.id));
             m.replica_orphan_blocks.get_or_create(&l).set(waiting as i64);

@@ -38,7 +38,8 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
     let mut engines = engines(4, 5.0).await;
     let node = node(&engines).await;
     // Every replica scraped once: the node sees them all.
-    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
+        .await;
     let client = reqwest::Client::new();
     let system = "You are a careful assistant that answers in one short sentence. ".repeat(20);
 
@@ -196,7 +197,8 @@ async fn events_flow_prefixes_stick_dead_engines_are_routed_around_and_bookings_
 async fn client_errors_pass_through_and_all_down_is_a_clear_503() {
     let engines = engines(2, 5.0).await;
     let node = node(&engines).await;
-    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
+        .await;
     let client = reqwest::Client::new();
     // A 400 from the engine reaches the client and does not mark the replica (case C15).
     let r = client
@@ -206,7 +208,7 @@ async fn client_errors_pass_through_and_all_down_is_a_clear_503() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
-    assert!(node.shared.core().replicas.values().all(|r| r.failures == 0));
+    assert!(node.shared.core().replicas.values().all(|r| r.health.lock().failures == 0));
     // Malformed JSON is the node's own 400.
     let r = client.post(format!("http://{}/v1/completions", node.http)).body("{").send().await.unwrap();
     assert_eq!(r.status().as_u16(), 400);
@@ -267,7 +269,10 @@ async fn replicas_are_added_drained_and_removed_at_runtime() {
     let e = admin.add_replica(v1::AddReplicaRequest { spec: Some(starting), starting: true }).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     // The new replica's actor follows its engine: scraped, then routable.
-    eventually("e1 scraped", || node.shared.core().replicas.get("e1").is_some_and(|r| r.engine.is_some())).await;
+    eventually("e1 scraped", || {
+        node.shared.core().replicas.get("e1").is_some_and(|r| r.health.lock().engine.is_some())
+    })
+    .await;
     let drained = admin.drain_replica(v1::ReplicaRef { name: "e0".into() }).await.unwrap().into_inner();
     assert_eq!(drained.status, v1::ReplicaStatus::Draining as i32);
     let client = reqwest::Client::new();

@@ -27,7 +27,8 @@ async fn node(replicas: Vec<ReplicaConfig>, tweak: impl FnOnce(&mut NodeSection)
     let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
     tweak(&mut section);
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
-    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
+        .await;
     node
 }
 
@@ -182,7 +183,7 @@ async fn c14_clients_that_disconnect_leave_no_booking() {
     assert!(requests(&node, "disconnected") >= 1);
     // The upstream request was dropped too, and the engine aborted it: nothing left running.
     eventually("the engine idle", || {
-        node.shared.core().replicas["e0"].engine.is_some_and(|m| m.running == 0 && m.waiting == 0)
+        node.shared.core().replicas["e0"].health.lock().engine.is_some_and(|m| m.running == 0 && m.waiting == 0)
     })
     .await;
     node.stop().await;

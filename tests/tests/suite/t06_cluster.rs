@@ -206,7 +206,7 @@ async fn a_partitioned_minority_keeps_routing_cannot_write_and_catches_up() {
     let all: Vec<&Node> = nodes.iter().collect();
     eventually("seeded everywhere", || all.iter().all(|n| n.cluster.as_ref().unwrap().state.borrow().seeded)).await;
     eventually("scraped everywhere", || {
-        all.iter().all(|n| n.shared.core().replicas.values().all(|r| r.engine.is_some()))
+        all.iter().all(|n| n.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
     })
     .await;
 
@@ -364,7 +364,7 @@ async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
         let nodes = start_all_with(&ports, dir.path(), &replicas, gossip, slow_tick).await;
         let all: Vec<&Node> = nodes.iter().collect();
         eventually("scraped everywhere", || {
-            all.iter().all(|n| n.shared.core().replicas.values().all(|r| r.engine.is_some()))
+            all.iter().all(|n| n.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
         })
         .await;
         if gossip {

@@ -90,7 +90,10 @@ async fn a_hot_prompt_is_planned_warmed_spread_and_retired() {
         epp: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
-    eventually_within("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually_within("first scrapes", 10, || {
+        node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
+    })
+    .await;
 
     // The hot prompt appears: one request after another (mostly on the first holder by
     // affinity).
@@ -219,7 +222,10 @@ async fn the_grpc_service_lists_watches_and_triggers_through_a_transfer_sidecar(
         epp: Default::default(),
     };
     let node = kvmesh_node::start(config).await.unwrap();
-    eventually_within("first scrapes", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually_within("first scrapes", 10, || {
+        node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
+    })
+    .await;
     let ch = tonic::transport::Channel::from_shared(format!("http://{}", node.grpc)).unwrap().connect().await.unwrap();
     let mut client = v1::replication_client::ReplicationClient::new(ch);
 

@@ -164,7 +164,7 @@ async fn an_engine_whose_counters_went_back_restarted_and_loses_its_blocks_witho
     };
     let node = start(vec![replica]).await;
     let prompt = "abc:".repeat(4 * 16);
-    eventually_within("e0 scraped", 10, || node.shared.core().replicas["e0"].engine.is_some()).await;
+    eventually_within("e0 scraped", 10, || node.shared.core().replicas["e0"].health.lock().engine.is_some()).await;
     let r = reqwest::Client::new()
         .post(format!("http://{}/v1/completions", node.http))
         .json(&json!({"model": "m", "prompt": prompt, "max_tokens": 2}))
@@ -238,7 +238,7 @@ async fn an_engine_restart_that_drops_its_cache_and_stays_silent_is_seen_in_its_
     // Restart dropping the cache, then silence: no event will come. (Once the node has read
     // the counters it will see go back.)
     eventually_within("the counters read", 10, || {
-        node.shared.core().replicas["e0"].engine_served.is_some_and(|(served, _)| served > 0.0)
+        node.shared.core().replicas["e0"].health.lock().engine_served.is_some_and(|(served, _)| served > 0.0)
     })
     .await;
     engine.faults.set(kvmesh_engine_sim::Faults { restart_engine: true, ..Default::default() });

@@ -39,7 +39,7 @@ async fn adapter_requests_match_only_their_adapters_blocks() {
     eventually_within("both replicas indexed and ready", 10, || {
         blocks(&node, "e0") == 64
             && blocks(&node, "e1") == 64
-            && node.shared.core().replicas.values().all(|r| r.engine.is_some())
+            && node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
     })
     .await;
 

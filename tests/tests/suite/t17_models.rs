@@ -41,7 +41,7 @@ async fn two_models_and_two_adapters_on_four_replicas_never_cross() {
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     eventually_within("three replicas indexed, all scraped", 10, || {
         ["e0", "e1", "e2"].iter().all(|r| blocks(&node, r) == 64)
-            && node.shared.core().replicas.values().all(|r| r.engine.is_some())
+            && node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
     })
     .await;
     assert_eq!(node.shared.models.counts(), [("m1".to_string(), 2), ("m2".to_string(), 2)].into_iter().collect());
@@ -172,7 +172,7 @@ async fn salted_and_multimodal_blocks_match_only_what_they_can() {
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     eventually_within("all indexed and scraped", 10, || {
         ["e0", "e1", "e2"].iter().all(|r| blocks(&node, r) == 64)
-            && node.shared.core().replicas.values().all(|r| r.engine.is_some())
+            && node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
     })
     .await;
     let client = reqwest::Client::new();
@@ -242,7 +242,7 @@ async fn adapters_learned_from_the_engines_go_only_where_they_are_loaded() {
         .collect();
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     eventually_within("every engine's adapters listed", 10, || {
-        node.shared.core().replicas.values().all(|r| r.listed_adapters.is_some() && r.engine.is_some())
+        node.shared.core().replicas.values().all(|r| r.listed_adapters.is_some() && r.health.lock().engine.is_some())
     })
     .await;
     let listed: Vec<Vec<String>> = ["e0", "e1", "e2", "e3"]
@@ -335,7 +335,8 @@ async fn each_model_counts_its_own_block_size() {
         ReplicaConfig { model: Some("m2".into()), block_size: Some(32), ..common::replica(1, &engines[1]) },
     ];
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
-    eventually_within("scraped", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually_within("scraped", 10, || node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
+        .await;
     let client = reqwest::Client::new();
     let url = format!("http://{}/v1/completions", node.http);
     // 640 tokens: 40 blocks of 16, 20 of 32.

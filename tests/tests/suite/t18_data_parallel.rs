@@ -55,8 +55,10 @@ async fn two_ranks_behind_one_api_are_indexed_loaded_and_routed_apart() {
     );
     assert_eq!(config.replicas[1].replay.as_deref(), Some(format!("tcp://127.0.0.1:{}", p + 3).as_str()));
     let node = kvmesh_node::start(config).await.unwrap();
-    eventually_within("every rank scraped", 10, || node.shared.core().replicas.values().all(|r| r.engine.is_some()))
-        .await;
+    eventually_within("every rank scraped", 10, || {
+        node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
+    })
+    .await;
 
     // Distinct prompts: each answer's rank (the engine's count) is the rank of the replica
     // the node named.

@@ -23,7 +23,7 @@ async fn answers_of_drawn_lengths_teach_the_node_and_its_error_is_measured() {
     let engine = kvmesh_engine_sim::start(config).await.unwrap();
     let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
     let node = kvmesh_node::start(common::single(section, vec![common::replica(0, &engine)])).await.unwrap();
-    eventually_within("scraped", 10, || node.shared.core().replicas["e0"].engine.is_some()).await;
+    eventually_within("scraped", 10, || node.shared.core().replicas["e0"].health.lock().engine.is_some()).await;
     let client = reqwest::Client::new();
     let url = format!("http://{}/v1/completions", node.http);
     // One task prompt (its first 4 blocks are the output key), 20 questions, max_tokens 256.

@@ -42,7 +42,10 @@ async fn fleet(engine: &str) -> (Vec<EngineSim>, Vec<ReplicaConfig>) {
 async fn node(replicas: Vec<ReplicaConfig>) -> kvmesh_node::Node {
     let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
-    eventually("all four replicas scraped", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually("all four replicas scraped", || {
+        node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
+    })
+    .await;
     node
 }
 
@@ -206,7 +209,10 @@ async fn a_decode_that_took_the_request_and_hung_is_not_sent_again() {
     let (engines, replicas) = fleet("vllm").await;
     let section = NodeSection { scrape_interval_ms: 50, request_timeout_s: 1, ..common::section() };
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
-    eventually("all four replicas scraped", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually("all four replicas scraped", || {
+        node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
+    })
+    .await;
     for e in &engines[2..] {
         e.faults.set(Faults { hang: true, ..Faults::default() });
     }

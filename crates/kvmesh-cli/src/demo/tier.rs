@@ -162,7 +162,9 @@ impl Tier {
         self.nodes.iter().all(|n| {
             let leader = n.cluster.as_ref().is_none_or(|c| c.leader().is_some());
             let core = n.shared.core();
-            leader && core.replicas.len() == self.engines.len() && core.replicas.values().all(|r| r.engine.is_some())
+            leader
+                && core.replicas.len() == self.engines.len()
+                && core.replicas.values().all(|r| r.health.lock().engine.is_some())
         })
     }
 

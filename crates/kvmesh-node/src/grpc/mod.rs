@@ -138,6 +138,10 @@ impl Services {
         let detail = core.status_detail(r, status, now);
         let index_blocks = core.fleet.index().replica_blocks(r.id) as u64;
         let stream = r.stream.lock().clone();
+        let (engine, failures) = {
+            let h = r.health.lock();
+            (h.engine, h.failures)
+        };
         let mut spec = r.config.to_spec(block_size);
         if spec.lora_adapters.is_empty() {
             // Not declared: what its engine lists.
@@ -147,9 +151,9 @@ impl Services {
             spec: Some(spec),
             status: v1::ReplicaStatus::from(status) as i32,
             status_detail: detail,
-            running: r.engine.map_or(0, |e| e.running),
-            waiting: r.engine.map_or(0, |e| e.waiting),
-            kv_usage: r.engine.map_or(0.0, |e| e.kv_usage),
+            running: engine.map_or(0, |e| e.running),
+            waiting: engine.map_or(0, |e| e.waiting),
+            kv_usage: engine.map_or(0.0, |e| e.kv_usage),
             queued_prefill_tokens: load.queued_prefill_tokens,
             live_bookings: load.prefilling + load.decoding,
             index_blocks,
@@ -158,7 +162,7 @@ impl Services {
             last_event_age_s: r.last_event_at.map(|t| now - t),
             last_seq: stream.last_seq,
             idle: core.drain_progress(r, now).is_some_and(|p| p.idle()),
-            engine_up: r.failures == 0 && r.engine.is_some(),
+            engine_up: failures == 0 && engine.is_some(),
         })
     }
 }

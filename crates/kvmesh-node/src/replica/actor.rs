@@ -1,5 +1,6 @@
 //! The replica actor: owns one replica's event subscription (and its stream record,
-//! [`crate::state::Stream`]) and its metrics scraper.
+//! [`crate::state::Stream`]) and its metrics scraper (and its health record,
+//! [`crate::state::Health`]).
 
 use super::apply::Target;
 use super::ingest::{self, Source};
@@ -60,22 +61,22 @@ impl Actor for ReplicaActor {
             (Duration::from_millis(c.node.scrape_interval_ms), Duration::from_millis(c.node.replay_timeout_ms))
         };
         let mut tasks = Vec::new();
+        // The replica as registered now: its stream and health records are this actor's to keep.
+        let target = args
+            .shared
+            .core()
+            .replicas
+            .get(&args.config.name)
+            .map(Target::of)
+            .ok_or_else(|| format!("replica {:?} is not registered", args.config.name))?;
         if let Some(endpoint) = args.config.kv_events.clone() {
-            // The replica as registered now: its stream record is this actor's to keep.
-            let target = args
-                .shared
-                .core()
-                .replicas
-                .get(&args.config.name)
-                .map(Target::of)
-                .ok_or_else(|| format!("replica {:?} is not registered", args.config.name))?;
             let source = Source {
                 name: args.config.name.clone(),
                 endpoint,
                 bind: args.config.kv_events_bind,
                 replay: args.config.replay.clone(),
                 replay_timeout,
-                target,
+                target: target.clone(),
             };
             let (shared, me) = (args.shared.clone(), myself.clone());
             tasks.push(tokio::spawn(async move {
@@ -93,7 +94,8 @@ impl Actor for ReplicaActor {
             (args.shared.clone(), myself.clone(), args.config.name.clone(), args.config.metrics());
         let rank = args.config.data_parallel_rank;
         tasks.push(tokio::spawn(async move {
-            let why = match AssertUnwindSafe(scrape::run(shared, name, (url, rank), interval)).catch_unwind().await {
+            let run = scrape::run(shared, name, target, (url, rank), interval);
+            let why = match AssertUnwindSafe(run).catch_unwind().await {
                 Ok(()) => "ended",
                 Err(_) => "panicked",
             };

@@ -7,7 +7,7 @@
 //! waiting for the core's lock (the core's holders may wait for the writer).
 
 use super::event_guard::Problems;
-use crate::state::{AppliedBatch, Shared, Stream, StreamState};
+use crate::state::{AppliedBatch, Health, Shared, Stream, StreamState};
 use kvmesh_core::fleet::events_usable;
 use kvmesh_core::index::KvEvent;
 use kvmesh_core::ReplicaId;
@@ -96,8 +96,9 @@ pub(super) fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
     shared.metrics.resyncs.get_or_create(&vec![("replica", name.to_string()), ("method", how.to_string())]).inc();
 }
 
-/// The registered replica a batch is for: its id, data-parallel rank and stream record,
-/// looked up once (by its actor when it starts, by a push per batch). A batch for a replica
+/// The registered replica a batch or a scrape is for: its id, data-parallel rank, stream
+/// record and health record, looked up once (by its actor when it starts, by a push per
+/// batch). A batch for a replica
 /// removed since changes neither the index (it refuses the old id) nor the core's record (it
 /// checks the id); only the old, unregistered stream record hears of it. (The name-keyed
 /// actions — clear, quarantine, partial history — act on whatever is registered under the
@@ -107,17 +108,23 @@ pub struct Target {
     id: ReplicaId,
     rank: Option<u32>,
     stream: Stream,
+    health: Health,
 }
 
 impl Target {
     /// Replica `r`'s.
     pub fn of(r: &crate::state::Replica) -> Self {
-        Target { id: r.id, rank: r.config.data_parallel_rank, stream: r.stream.clone() }
+        Target { id: r.id, rank: r.config.data_parallel_rank, stream: r.stream.clone(), health: r.health.clone() }
     }
 
     /// Its stream record.
     pub fn stream(&self) -> &Stream {
         &self.stream
+    }
+
+    /// Its health record.
+    pub fn health(&self) -> &Health {
+        &self.health
     }
 }
 
@@ -140,7 +147,7 @@ pub(super) fn apply_to(shared: &Shared, name: &str, target: &Target, seq: u64, b
             .get_or_create(&labels(name, "undecodable_event"))
             .inc_by(batch.skipped.len() as u64);
     }
-    let Target { id, rank: want, ref stream } = *target;
+    let Target { id, rank: want, ref stream, .. } = *target;
     // One data-parallel rank's stream carries its rank (vLLM annotates every batch): another
     // rank's batches here mean its endpoints are that rank's, and would mix two indexes.
     if let (Some(want), Some(got)) = (want, batch.data_parallel_rank) {

@@ -17,6 +17,7 @@
 //! sequence went back), which it has handled already. (Not the served-token count: vLLM's can
 //! fall for a while without a restart, see [`kvmesh_events::EnginePage::generated_tokens`].)
 
+use super::apply::Target;
 use crate::state::Shared;
 use kvmesh_events::parse_engine_page_of;
 use std::sync::Arc;
@@ -25,9 +26,15 @@ use std::time::Duration;
 /// KV usage (fraction of its blocks) at which an engine counts as full.
 const ENGINE_FULL_KV: f64 = 0.9;
 
-/// Scrapes `url` every `interval` for replica `name` until aborted: the whole page, or with
-/// `rank` the series of that data-parallel rank of the engine only.
-pub async fn run(shared: Arc<Shared>, name: String, (url, rank): (String, Option<u32>), interval: Duration) {
+/// Scrapes `url` every `interval` for replica `name` (`target`: its records) until aborted:
+/// the whole page, or with `rank` the series of that data-parallel rank of the engine only.
+pub async fn run(
+    shared: Arc<Shared>,
+    name: String,
+    target: Target,
+    (url, rank): (String, Option<u32>),
+    interval: Duration,
+) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Whether the engine's own KV block count was compared with `capacity_blocks` (once).
@@ -64,6 +71,11 @@ pub async fn run(shared: Arc<Shared>, name: String, (url, rank): (String, Option
         if let Some(g) = generated {
             last_generated = Some((g, now));
         }
+        if let Ok(page) = &result {
+            // SGLang counts tokens as requests finish: its counter stands still through a
+            // long request, so it says nothing about a hang.
+            target.health().lock().counts_every_step = page.dialect == kvmesh_events::Dialect::Vllm;
+        }
         let mut core = shared.core();
         match result {
             Ok(page) => {
@@ -86,11 +98,6 @@ pub async fn run(shared: Arc<Shared>, name: String, (url, rank): (String, Option
                         );
                     }
                 }
-                // SGLang counts tokens as requests finish: its counter stands still through a
-                // long request, so it says nothing about a hang.
-                if let Some(r) = core.replicas.get_mut(&name) {
-                    r.counts_every_step = page.dialect == kvmesh_events::Dialect::Vllm;
-                }
                 core.record_metrics(&name, page.metrics, page.served_tokens, asked_at, now)
             }
             Err(e) => {
@@ -100,10 +107,8 @@ pub async fn run(shared: Arc<Shared>, name: String, (url, rank): (String, Option
             }
         }
         // Seen by the ingest task since the previous page: handled there already.
-        let seen = |r: &crate::state::Replica| {
-            r.stream.lock().restart_seen_at.is_some_and(|t| previous.is_some_and(|(_, at)| t >= at))
-        };
-        if restarted && !core.replicas.get(&name).is_some_and(seen) {
+        let seen = || target.stream().lock().restart_seen_at.is_some_and(|t| previous.is_some_and(|(_, at)| t >= at));
+        if restarted && !seen() {
             // The ingest task rebuilds (clear, then replay); without one, clear here.
             let follows = core.replicas.get(&name).and_then(|r| {
                 r.config.kv_events.as_ref()?;

@@ -40,7 +40,7 @@ pub struct DrainProgress {
     pub engine: Option<(u32, u32)>,
     /// The engine's served-token counter stood still for [`ENGINE_STALL_S`] after the drain
     /// settled: its running/waiting gauges are stale (vLLM pages only, see
-    /// `Replica::counts_every_step`).
+    /// `HealthState::counts_every_step`).
     pub stalled: bool,
     /// Its health checks fail: an engine that does not answer has nothing left to finish.
     pub unhealthy: bool,
@@ -106,20 +106,21 @@ impl Core {
         let since = r.draining_since.filter(|_| !r.starting)?;
         let settled_at = since + self.drain_settle_s;
         let load = self.fleet.bookings().load(r.id);
-        let fresh = r.engine_at.filter(|&at| at >= settled_at);
+        let h = r.health.lock();
+        let fresh = h.engine_at.filter(|&at| at >= settled_at);
         // Only a counter that moves every engine step (vLLM's) standing still says the gauges
         // are stale; SGLang's moves as requests finish, and stands still through a long one.
-        let stalled = match (fresh, r.engine_served) {
-            (Some(at), Some((_, unchanged_since))) if r.counts_every_step => {
+        let stalled = match (fresh, h.engine_served) {
+            (Some(at), Some((_, unchanged_since))) if h.counts_every_step => {
                 at - unchanged_since.max(settled_at) >= ENGINE_STALL_S
             }
             _ => false,
         };
         Some(DrainProgress {
             bookings: load.prefilling + load.decoding,
-            engine: r.engine.filter(|_| fresh.is_some()).map(|e| (e.running, e.waiting)),
+            engine: h.engine.filter(|_| fresh.is_some()).map(|e| (e.running, e.waiting)),
             stalled,
-            unhealthy: r.failures >= self.unhealthy_after,
+            unhealthy: h.failures >= self.unhealthy_after,
             settled: now >= settled_at,
             settle_s: self.drain_settle_s,
         })

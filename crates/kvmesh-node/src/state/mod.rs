@@ -13,11 +13,15 @@
 //! - [`Stream`] (`stream.rs`): each replica's event-stream record (sequence, resyncs,
 //!   quarantine, counts), behind a lock of its own that its ingest and pushes take, not
 //!   this one.
+//! - [`Health`] (`health.rs`): each replica's health (engine report, failures, backpressure,
+//!   hang watch), behind a lock of its own that its scrape task takes; its status is derived
+//!   from it under this one.
 //! - [`Settings`] (`settings.rs`), drains (`drain.rs`), the lock
 //!   guard that logs status changes after the lock is released (`guard.rs`).
 
 mod drain;
 mod guard;
+mod health;
 mod replica;
 mod routing;
 mod settings;
@@ -30,6 +34,7 @@ use crate::endpoints::Endpoints;
 use crate::metrics::Metrics;
 pub use drain::{DrainProgress, DRAIN_SETTLE_S, ENGINE_STALL_S};
 pub use guard::CoreGuard;
+pub use health::{Health, HealthState};
 use kvmesh_core::{Fleet, FleetConfig, Namespace, PolicyKind, ReplicaId, ReplicaSpec, ReplicaStatus};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -385,22 +390,14 @@ impl Shared {
             draining_since: draining.then_some(now),
             starting: starting && draining,
             idle_logged: false,
-            failures: 0,
-            last_error: None,
-            overloaded_until: 0.0,
-            engine: None,
-            engine_at: None,
-            engine_served: None,
-            busy_since: None,
             proxied: 0,
-            counts_every_step: true,
-            hung: None,
             recent_prompts: Default::default(),
             listed_adapters: None,
             last_event_at: None,
             unpublished_since: None,
             added_at: now,
             stream: Default::default(),
+            health: Default::default(),
             reported: ReplicaStatus::Ready,
         };
         core.replicas.insert(config.name.clone(), replica);

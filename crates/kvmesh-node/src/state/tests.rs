@@ -123,7 +123,7 @@ fn an_engine_that_serves_no_token_with_requests_in_flight_is_hung_and_routed_aro
     core.record_metrics("r0", m(922.0), Some(140.0), 922.0, 922.0);
     assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready);
     // An SGLang page's counter moves only as requests finish: never judged hung.
-    core.replicas.get_mut("r0").unwrap().counts_every_step = false;
+    core.replicas["r0"].health.lock().counts_every_step = false;
     core.record_metrics("r0", m(1_100.0), Some(140.0), 1_100.0, 1_100.0);
     assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready);
     drop(core);
@@ -159,9 +159,9 @@ fn a_drained_replica_is_idle_after_a_fresh_idle_scrape_or_a_served_counter_stand
     // Still for 5 s (13 to 18): stale gauges, idle — on a vLLM page; SGLang's counter
     // moves only as requests finish, so there it says nothing.
     core.record_metrics("r0", busy(18.0), Some(180.0), 18.0, 18.1);
-    core.replicas.get_mut("r0").unwrap().counts_every_step = false;
+    core.replicas["r0"].health.lock().counts_every_step = false;
     assert_eq!((progress(&core, 18.1).stalled, progress(&core, 18.1).idle()), (false, false));
-    core.replicas.get_mut("r0").unwrap().counts_every_step = true;
+    core.replicas["r0"].health.lock().counts_every_step = true;
     let p = progress(&core, 18.1);
     assert_eq!((p.stalled, p.idle()), (true, true));
     assert!(core.replicas["r0"].idle_logged);

@@ -189,7 +189,7 @@ fn release_candidates(shared: &Shared, starting: &BTreeMap<String, f64>) -> Vec<
                 return None;
             }
             let load = core.fleet.bookings().load(r.id);
-            let engine = r.engine.map_or(0, |e| e.running + e.waiting);
+            let engine = r.health.lock().engine.map_or(0, |e| e.running + e.waiting);
             Some(ReleaseCandidate {
                 name: r.config.name.clone(),
                 starting: since.is_some(),

@@ -15,7 +15,8 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     let mut config = common::single(section, vec![replica(0, &good, true), hostile]);
     config.limits.kv_event_quarantine_s = 1.0;
     let node = kvmesh_node::start(config).await.unwrap();
-    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
+        .await;
     // Over the 65,536-event budget: the frame guard drops the message at the payload's first
     // bytes, so it never reaches zeromq nor is decoded. Sent until the subscriber has joined
     // (a PUB drops messages before that) and two (`kv_event_bad_messages`' default) have
@@ -286,7 +287,8 @@ async fn pushed_events_apply_and_a_bad_pusher_is_quarantined_alone_then_recovers
     // Long enough for the checks made during it on a loaded machine.
     config.limits.kv_event_quarantine_s = 3.0;
     let node = kvmesh_node::start(config).await.unwrap();
-    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.engine.is_some())).await;
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
+        .await;
     let events = EventsClient::new(common::grpc(node.grpc).await);
     let publish = |batches: Vec<v1::PublishRequest>| {
         let mut c = events.clone();
@@ -422,7 +424,7 @@ async fn a_metrics_page_over_the_limit_fails_the_scrape_without_being_read_whole
     config.limits.metrics_max_page_bytes = 1 << 20;
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("e1 unhealthy from its oversized page", || status(&node, "e1") == ReplicaStatus::Unhealthy).await;
-    let error = node.shared.core().replicas["e1"].last_error.clone().unwrap_or_default();
+    let error = node.shared.core().replicas["e1"].health.lock().last_error.clone().unwrap_or_default();
     assert!(error.contains("page over limits.metrics_max_page_bytes (1048576 bytes)"), "{error}");
     // Each scrape stopped reading at the limit: no connection took more than the 1 MiB limit
     // plus what socket buffers hold (a few MiB), where the old read took all it could get

@@ -281,7 +281,7 @@ async fn c11_every_node_maps_a_key_to_the_same_replica() {
         all.iter().all(|n| {
             n.cluster.as_ref().unwrap().state.borrow().seeded
                 && n.shared.core().replicas.len() == 4
-                && n.shared.core().replicas.values().all(|r| r.engine.is_some())
+                && n.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
         })
     })
     .await;

@@ -2,7 +2,7 @@
 
 use super::Core;
 use super::StatusChange;
-use crate::state::Replica;
+use crate::state::{HealthState, Replica};
 use kvmesh_core::load::EngineMetrics;
 use kvmesh_core::ReplicaStatus;
 
@@ -15,10 +15,17 @@ impl Core {
         if r.draining() {
             return ReplicaStatus::Draining;
         }
-        if r.failures >= self.unhealthy_after || r.hung.is_some() || self.hung_for(r, now).is_some() {
+        let (unhealthy, overloaded) = {
+            let h = r.health.lock();
+            (
+                h.failures >= self.unhealthy_after || h.hung.is_some() || self.hung_for(&h, now).is_some(),
+                h.overloaded_until > now,
+            )
+        };
+        if unhealthy {
             return ReplicaStatus::Unhealthy;
         }
-        if r.overloaded_until > now {
+        if overloaded {
             return ReplicaStatus::Overloaded;
         }
         // Time-based: a quarantine ends by itself even when nothing acts on its end (an
@@ -46,15 +53,15 @@ impl Core {
         ReplicaStatus::Ready
     }
 
-    /// How long `r`'s engine has served no token while this node had requests in flight on
-    /// it, seconds, once that reaches `hung_after_s`: a hung engine whose metrics endpoint
-    /// still answers (its served-token counter stands still).
-    fn hung_for(&self, r: &Replica, now: f64) -> Option<f64> {
-        if !r.counts_every_step {
+    /// How long a replica's engine (its health `h`) has served no token while this node had
+    /// requests in flight on it, seconds, once that reaches `hung_after_s`: a hung engine
+    /// whose metrics endpoint still answers (its served-token counter stands still).
+    fn hung_for(&self, h: &HealthState, now: f64) -> Option<f64> {
+        if !h.counts_every_step {
             return None;
         }
-        let (_, still_since) = r.engine_served?;
-        let hung = now - still_since.max(r.busy_since?);
+        let (_, still_since) = h.engine_served?;
+        let hung = now - still_since.max(h.busy_since?);
         (self.hung_after_s > 0.0 && hung >= self.hung_after_s).then_some(hung)
     }
 
@@ -67,14 +74,18 @@ impl Core {
                     format!("events carry block size {b}, this node uses {ours}: routed on load only")
                 })
             }
-            ReplicaStatus::Unhealthy if r.hung.is_some() || self.hung_for(r, now).is_some() => {
-                let still = r.engine_served.map_or(0.0, |(_, since)| now - since);
-                format!(
-                    "hung: its engine served no token for {still:.0} s with requests in flight; routed \
-                     around until it serves again (or tried again once idle for hung_after_s)"
-                )
+            ReplicaStatus::Unhealthy => {
+                let h = r.health.lock();
+                if h.hung.is_some() || self.hung_for(&h, now).is_some() {
+                    let still = h.engine_served.map_or(0.0, |(_, since)| now - since);
+                    format!(
+                        "hung: its engine served no token for {still:.0} s with requests in flight; routed \
+                         around until it serves again (or tried again once idle for hung_after_s)"
+                    )
+                } else {
+                    h.last_error.clone().unwrap_or_default()
+                }
             }
-            ReplicaStatus::Unhealthy => r.last_error.clone().unwrap_or_default(),
             ReplicaStatus::Overloaded => "answered 429/503; backing off".into(),
             ReplicaStatus::BadEvents => r.stream.lock().bad_events_until.map_or(String::new(), |u| {
                 format!(
@@ -89,11 +100,14 @@ impl Core {
             ReplicaStatus::OutOfSync => {
                 "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
             }
-            ReplicaStatus::Starting => match (&r.engine, &r.last_error) {
-                (Some(_), None) => "starting: the engine answers; not routed to until marked ready".into(),
-                (_, Some(e)) => format!("starting: the engine does not answer yet ({e})"),
-                (None, None) => "starting: no scrape of the engine yet".into(),
-            },
+            ReplicaStatus::Starting => {
+                let h = r.health.lock();
+                match (&h.engine, &h.last_error) {
+                    (Some(_), None) => "starting: the engine answers; not routed to until marked ready".into(),
+                    (_, Some(e)) => format!("starting: the engine does not answer yet ({e})"),
+                    (None, None) => "starting: no scrape of the engine yet".into(),
+                }
+            }
             ReplicaStatus::Draining => self.drain_progress(r, now).map_or(String::new(), |p| p.to_string()),
             ReplicaStatus::Ready | ReplicaStatus::Removed => String::new(),
         }
@@ -140,9 +154,11 @@ impl Core {
 
     /// Records a failed scrape or connect; returns the replica's status after it.
     pub fn record_failure(&mut self, name: &str, error: String, now: f64) -> Option<ReplicaStatus> {
-        let r = self.replicas.get_mut(name)?;
-        r.failures += 1;
-        r.last_error = Some(error);
+        {
+            let mut h = self.replicas.get(name)?.health.lock();
+            h.failures += 1;
+            h.last_error = Some(error);
+        }
         let _ = self.sync_routable(name, now);
         self.note_idle(name, now);
         self.replicas.get(name).map(|r| self.status(r, now))
@@ -152,17 +168,18 @@ impl Core {
     /// after `unhealthy_after` scrapes.
     pub fn record_down(&mut self, name: &str, error: String, now: f64) {
         let threshold = self.unhealthy_after;
-        if let Some(r) = self.replicas.get_mut(name) {
-            r.failures = r.failures.max(threshold);
-            r.last_error = Some(error);
+        if let Some(r) = self.replicas.get(name) {
+            let mut h = r.health.lock();
+            h.failures = h.failures.max(threshold);
+            h.last_error = Some(error);
         }
         let _ = self.sync_routable(name, now);
     }
 
     /// Records a backpressure answer (429/503): out of rotation until `until`.
     pub fn record_overload(&mut self, name: &str, until: f64, now: f64) {
-        if let Some(r) = self.replicas.get_mut(name) {
-            r.overloaded_until = until;
+        if let Some(r) = self.replicas.get(name) {
+            r.health.lock().overloaded_until = until;
         }
         let _ = self.sync_routable(name, now);
     }
@@ -171,41 +188,45 @@ impl Core {
     /// with the engine's served-token counter when its page has one (tokens).
     pub fn record_metrics(&mut self, name: &str, metrics: EngineMetrics, served: Option<f64>, asked_at: f64, now: f64) {
         let threshold = self.unhealthy_after;
-        let Some(r) = self.replicas.get_mut(name) else { return };
-        if r.failures >= threshold {
-            r.stream.lock().resync_requested = Some("recovery");
-        }
-        r.failures = 0;
-        r.last_error = None;
-        r.engine = Some(metrics);
-        r.engine_at = Some(asked_at);
-        r.engine_served = match (served, r.engine_served) {
-            (Some(v), Some((old, since))) if v == old => Some((old, since)),
-            (Some(v), old) => {
-                // Served something (or restarted): not hung.
-                if old.is_some() {
-                    r.hung = None;
-                }
-                Some((v, asked_at))
-            }
-            (None, _) => None,
-        };
-        r.busy_since = (r.proxied > 0).then(|| r.busy_since.unwrap_or(asked_at));
-        let id = r.id;
         let hung_after_s = self.hung_after_s;
-        let found = self.replicas.get(name).and_then(|r| self.hung_for(r, now));
-        let Some(r) = self.replicas.get_mut(name) else { return };
-        if found.is_some() && r.hung.is_none() {
-            r.hung = Some(None);
-        }
-        // Nothing of ours in flight on a hung engine for hung_after_s: try it again (if it is
-        // still hung, the next requests find that out within hung_after_s).
-        if let Some(idle_since) = r.hung.as_mut() {
-            if r.proxied > 0 {
-                *idle_since = None;
-            } else if now - *idle_since.get_or_insert(asked_at) >= hung_after_s {
-                r.hung = None;
+        let Some(r) = self.replicas.get(name) else { return };
+        let id = r.id;
+        let recovered = {
+            let mut h = r.health.lock();
+            let recovered = h.failures >= threshold;
+            h.failures = 0;
+            h.last_error = None;
+            h.engine = Some(metrics);
+            h.engine_at = Some(asked_at);
+            h.engine_served = match (served, h.engine_served) {
+                (Some(v), Some((old, since))) if v == old => Some((old, since)),
+                (Some(v), old) => {
+                    // Served something (or restarted): not hung.
+                    if old.is_some() {
+                        h.hung = None;
+                    }
+                    Some((v, asked_at))
+                }
+                (None, _) => None,
+            };
+            h.busy_since = (r.proxied > 0).then(|| h.busy_since.unwrap_or(asked_at));
+            if h.hung.is_none() && self.hung_for(&h, now).is_some() {
+                h.hung = Some(None);
             }
+            // Nothing of ours in flight on a hung engine for hung_after_s: try it again (if it
+            // is still hung, the next requests find that out within hung_after_s).
+            let proxied = r.proxied;
+            if let Some(idle_since) = h.hung.as_mut() {
+                if proxied > 0 {
+                    *idle_since = None;
+                } else if now - *idle_since.get_or_insert(asked_at) >= hung_after_s {
+                    h.hung = None;
+                }
+            }
+            recovered
+        };
+        if recovered {
+            r.stream.lock().resync_requested = Some("recovery");
         }
         let _ = self.fleet.report_metrics(id, metrics);
         let _ = self.sync_routable(name, now);
