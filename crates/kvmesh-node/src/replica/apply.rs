@@ -25,28 +25,27 @@ pub(super) fn count_rejected(shared: &Shared, name: &str, target: &Target, reaso
     target.stream.lock().events_rejected += n;
 }
 
-/// Drops `name`'s blocks and marks it `bad_events` until `until` (node seconds).
-pub(super) fn quarantine(shared: &Shared, name: &str, until: f64) {
+/// Drops replica `name`'s (`target`'s) blocks and marks it `bad_events` until `until` (node
+/// seconds).
+pub(super) fn quarantine(shared: &Shared, name: &str, target: &Target, until: f64) {
     let now = shared.now();
-    if let Some(target) = clear(shared, name, now) {
-        {
-            let mut s = target.stream.lock();
-            s.bad_events_until = Some(until);
-            s.last_seq = None;
-        }
-        let _ = shared.core().sync_routable(name, now);
+    clear(shared, name, target, now);
+    {
+        let mut s = target.stream.lock();
+        s.bad_events_until = Some(until);
+        s.last_seq = None;
     }
+    let _ = shared.core().sync_routable(name, now);
     shared.metrics.quarantines.get_or_create(&vec![("replica", name.to_string())]).inc();
 }
 
-/// Drops every block of replica `name` through the index's writer, outside the core's lock
-/// (a large replica's clear takes a while), then tells the core. Returns the replica, or
-/// `None` for one not registered.
-fn clear(shared: &Shared, name: &str, now: f64) -> Option<Target> {
-    let target = shared.core().replicas.get(name).map(Target::of)?;
+/// Drops every block of replica `name` (`target`) through the index's writer, outside the
+/// core's lock (a large replica's clear takes a while), then tells the core. A replica
+/// removed since `target` was looked up is left alone (the index refuses its old id).
+fn clear(shared: &Shared, name: &str, target: &Target, now: f64) {
     let id = target.id;
     let mut writer = shared.index.write();
-    let outcome = writer.apply(id, KvEvent::Cleared)?;
+    let Some(outcome) = writer.apply(id, KvEvent::Cleared) else { return };
     let usable = events_usable(writer.index(), id);
     drop(writer);
     let batch = AppliedBatch {
@@ -57,14 +56,13 @@ fn clear(shared: &Shared, name: &str, now: f64) -> Option<Target> {
     };
     count(&mut target.stream.lock(), &batch);
     shared.core().events_applied(name, id, batch, now);
-    Some(target)
 }
 
-/// Says whether replica `name`'s event history is partial
+/// Says whether replica `name`'s (`target`'s) event history is partial
 /// ([`kvmesh_core::PrefixIndex::set_partial_history`]), through the index's writer; a whole
 /// history drops the prompts kept for its waiting stores.
-pub(super) fn set_partial_history(shared: &Shared, name: &str, partial: bool) {
-    let Some(id) = shared.core().replicas.get(name).map(|r| r.id) else { return };
+pub(super) fn set_partial_history(shared: &Shared, name: &str, target: &Target, partial: bool) {
+    let id = target.id;
     shared.index.write().set_partial_history(id, partial);
     if !partial {
         shared.core().history_whole(name, id);
@@ -81,28 +79,27 @@ pub(super) fn record_lag(shared: &Shared, ts: f64) {
     }
 }
 
-/// Drops the replica's blocks so they rebuild from its next events.
-pub(super) fn resync_by_clearing(shared: &Shared, name: &str, how: &str) {
+/// Drops replica `name`'s (`target`'s) blocks so they rebuild from its next events.
+pub(super) fn resync_by_clearing(shared: &Shared, name: &str, target: &Target, how: &str) {
     let now = shared.now();
     // A clear also ends the index's out-of-sync mark: the replica rebuilds from here.
-    clear(shared, name, now);
+    clear(shared, name, target, now);
     // A restarted engine's history starts afresh: this node will see all of it. (Otherwise
     // the history stays as partial as it was: a gap or a rebuild is missed events, which
     // case C03 resyncs; only a replay buffer that no longer reaches back to the engine's
     // first message makes it partial.)
     if how == "restart" {
-        set_partial_history(shared, name, false);
+        set_partial_history(shared, name, target, false);
     }
     shared.metrics.resyncs.get_or_create(&vec![("replica", name.to_string()), ("method", how.to_string())]).inc();
 }
 
 /// The registered replica a batch or a scrape is for: its id, data-parallel rank, stream
 /// record and health record, looked up once (by its actor when it starts, by a push per
-/// batch). A batch for a replica
+/// batch). What a batch, a clear, a quarantine or a partial-history mark does for a replica
 /// removed since changes neither the index (it refuses the old id) nor the core's record (it
-/// checks the id); only the old, unregistered stream record hears of it. (The name-keyed
-/// actions — clear, quarantine, partial history — act on whatever is registered under the
-/// name, so an actor still stopping while its replica is added again can touch the new one.)
+/// checks the id), even if another replica was registered under the same name meanwhile; only
+/// the old, unregistered records hear of it.
 #[derive(Debug, Clone)]
 pub struct Target {
     id: ReplicaId,
@@ -115,6 +112,11 @@ impl Target {
     /// Replica `r`'s.
     pub fn of(r: &crate::state::Replica) -> Self {
         Target { id: r.id, rank: r.config.data_parallel_rank, stream: r.stream.clone(), health: r.health.clone() }
+    }
+
+    /// Its id in the routing core (a replica added again under the same name has another).
+    pub fn id(&self) -> ReplicaId {
+        self.id
     }
 
     /// Its stream record.
@@ -390,5 +392,38 @@ mod tests {
         // The same batch for the replica as registered now is heard.
         apply(&shared, 4, Vec::new());
         assert!(shared.core().replicas["e"].last_event_at.is_some());
+    }
+
+    #[test]
+    fn a_quarantine_or_resync_through_a_stale_target_leaves_the_new_replica_alone() {
+        let shared = node();
+        let stale = shared.core().replicas.get("e").map(Target::of).unwrap();
+        shared.remove_replica("e").unwrap();
+        add(&shared);
+        let fresh = shared.core().replicas.get("e").map(Target::of).unwrap();
+        assert_eq!(apply_to(&shared, "e", &fresh, 0, batch(vec![store()])).1, 1);
+        shared.index.write().set_partial_history(fresh.id, true);
+
+        let until = shared.now() + 60.0;
+        quarantine(&shared, "e", &stale, until);
+        resync_by_clearing(&shared, "e", &stale, "restart");
+        set_partial_history(&shared, "e", &stale, false);
+
+        // The new replica keeps its blocks, its history mark, its stream record and its status.
+        assert_eq!(shared.index.read().replica_blocks(fresh.id), 2);
+        assert!(shared.index.write().index().history_is_partial(fresh.id));
+        let core = shared.core();
+        let s = core.replicas["e"].stream.lock().clone();
+        assert_eq!((s.bad_events_until, s.last_seq, s.events_applied), (None, Some(0), 1));
+        assert_eq!(core.status(&core.replicas["e"], shared.now()), kvmesh_core::ReplicaStatus::Ready);
+        drop(core);
+        // Only the old, unregistered record heard of the quarantine.
+        assert_eq!(stale.stream().lock().bad_events_until, Some(until));
+
+        // Through the replica as registered now, the same quarantine takes hold.
+        quarantine(&shared, "e", &fresh, until);
+        assert_eq!(shared.index.read().replica_blocks(fresh.id), 0);
+        let core = shared.core();
+        assert_eq!(core.status(&core.replicas["e"], shared.now()), kvmesh_core::ReplicaStatus::BadEvents);
     }
 }

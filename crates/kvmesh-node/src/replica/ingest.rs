@@ -153,7 +153,7 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                     tracing::warn!(replica = %source.name, problem = %why, held_back = held, "bad KV events");
                 }
                 if let Some(until) = guard.bad_message(now) {
-                    quarantine(&shared, &source.name, until);
+                    quarantine(&shared, &source.name, &source.target, until);
                     // Stop following it: dropping the socket disconnects from its publisher.
                     break;
                 }
@@ -181,7 +181,7 @@ fn count_refused(shared: &Shared, source: &Source, relay: &FrameGuard, seen: &mu
         }
         for _ in from..to {
             if let Some(until) = guard.bad_message(now) {
-                quarantine(shared, name, until);
+                quarantine(shared, name, &source.target, until);
             }
         }
     }
@@ -228,7 +228,7 @@ async fn handle(
             if let Some(held) = logs.sequence.allow(shared.now()) {
                 tracing::warn!(replica = %source.name, seq, last = l, held_back = held, "sequence restarted: engine restart, dropping its blocks");
             }
-            resync_by_clearing(shared, &source.name, "restart");
+            resync_by_clearing(shared, &source.name, &source.target, "restart");
             source.target.stream().lock().restart_seen_at = Some(shared.now());
             // The restarted engine's messages before this one are in its replay buffer.
             if let (true, Some(ep)) = (seq > 0, &source.replay) {
@@ -244,7 +244,7 @@ async fn handle(
                 None => false,
             };
             if !recovered {
-                resync_by_clearing(shared, &source.name, "clear");
+                resync_by_clearing(shared, &source.name, &source.target, "clear");
             }
         }
     }
@@ -260,7 +260,7 @@ async fn handle(
 /// event named a parent this node never saw (case C03). `why` labels the resync metric.
 async fn rebuild(shared: &Shared, source: &Source, why: &'static str, logs: &mut StreamLogs, replayed: &mut Replayed) {
     tracing::info!(replica = %source.name, why, "rebuilding the replica's blocks");
-    resync_by_clearing(shared, &source.name, why);
+    resync_by_clearing(shared, &source.name, &source.target, why);
     {
         let mut s = source.target.stream().lock();
         s.last_seq = None;
@@ -367,7 +367,7 @@ async fn replay_messages(
                     next = seq;
                     // The buffer starts after the engine's first message: what the engine
                     // stored before is history this node cannot have (stores under it wait).
-                    set_partial_history(shared, &source.name, seq > 0);
+                    set_partial_history(shared, &source.name, &source.target, seq > 0);
                 }
                 if seq == next && seq < to {
                     apply_to(shared, &source.name, &source.target, seq, batch);

@@ -90,7 +90,7 @@ impl PushGuards {
         let total = batch.events.len() as u64;
         if let Some(why) = self.over_budget(&batch.events) {
             apply::count_rejected(shared, &name, &target, "over_budget", 1);
-            self.bad_message(shared, &name, &why);
+            self.bad_message(shared, &name, &target, &why);
             return Ok(Pushed { applied: 0, rejected: total });
         }
         // Converted before taking `order`: pushers of different replicas convert in parallel.
@@ -106,7 +106,7 @@ impl PushGuards {
             let _order = self.order.lock().unwrap_or_else(|p| p.into_inner());
             let last = target.stream().lock().last_seq;
             if let Some(l) = last.filter(|l| batch.seq != l.wrapping_add(1)) {
-                apply::resync_by_clearing(shared, &name, if batch.seq <= l { "restart" } else { "clear" });
+                apply::resync_by_clearing(shared, &name, &target, if batch.seq <= l { "restart" } else { "clear" });
             }
             apply::apply_to(shared, &name, &target, batch.seq, decoded)
         };
@@ -115,7 +115,7 @@ impl PushGuards {
             rebuild_if_asked(shared, &name, &target, now);
         }
         if let Some(first) = problems.first {
-            self.bad_message(shared, &name, &format!("{} bad events, the first: {first}", problems.events));
+            self.bad_message(shared, &name, &target, &format!("{} bad events, the first: {first}", problems.events));
         }
         Ok(Pushed { applied, rejected: total - applied })
     }
@@ -143,14 +143,14 @@ impl PushGuards {
 
     /// Counts a bad message from `name` (logged at a bounded rate); quarantines it when that
     /// makes the threshold.
-    fn bad_message(&self, shared: &Shared, name: &str, why: &str) {
+    fn bad_message(&self, shared: &Shared, name: &str, target: &apply::Target, why: &str) {
         let now = shared.now();
         let (held, until) = self.guard(name, now, |g| (g.log.allow(now), g.bad_message(now)));
         if let Some(held) = held {
             tracing::warn!(replica = %name, problem = %why, held_back = held, "bad pushed KV events");
         }
         if let Some(until) = until {
-            apply::quarantine(shared, name, until);
+            apply::quarantine(shared, name, target, until);
         }
     }
 
@@ -178,5 +178,5 @@ fn rebuild_if_asked(shared: &Shared, name: &str, target: &apply::Target, now: f6
         s.resync_requested = None;
         s.last_resync_at = Some(now);
     }
-    apply::resync_by_clearing(shared, name, "unknown_parent");
+    apply::resync_by_clearing(shared, name, target, "unknown_parent");
 }

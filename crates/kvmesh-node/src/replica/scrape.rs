@@ -77,6 +77,11 @@ pub async fn run(
             target.health().lock().counts_every_step = page.dialect == kvmesh_events::Dialect::Vllm;
         }
         let mut core = shared.core();
+        // Removed since its actor started (and perhaps added again under the same name, with
+        // an actor of its own): this task's pages are not the registered replica's.
+        if core.replicas.get(&name).is_none_or(|r| r.id != target.id()) {
+            continue;
+        }
         match result {
             Ok(page) => {
                 // In blocks of another size the counts do not compare (a block-size mismatch is
@@ -118,7 +123,7 @@ pub async fn run(
             drop(core);
             tracing::warn!(replica = %name, "the engine's generated-token counter went back: it restarted; dropping its blocks");
             if follows.is_none() {
-                super::apply::resync_by_clearing(&shared, &name, "restart");
+                super::apply::resync_by_clearing(&shared, &name, &target, "restart");
             }
         }
     }
