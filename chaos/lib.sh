@@ -91,7 +91,7 @@ json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 # The leader node $1 knows of ("" if none).
 leader_seen_by() {
   local s; s="$(status_json "$1")"
-  [ -n "$s" ] && echo "$s" | json "d['leader_id'] or ''" || true
+  [ -n "$s" ] && echo "$s" | json "d.get('leader_id') or ''" || true
 }
 
 # await_new_leader OLD SURVIVOR T0: polls SURVIVOR's view until it names a leader other than

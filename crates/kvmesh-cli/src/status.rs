@@ -52,6 +52,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     })?;
     let (replicas, admission) = (replicas.replicas, replicas.admission);
     if args.json {
+        let replicas = known_statuses(replicas);
         let all = StatusJson { replicas: &replicas, admission: admission.as_ref(), autoscaler: scale.as_ref() };
         return crate::emit(&format!("{}\n", serde_json::to_string_pretty(&all)?));
     }
@@ -87,6 +88,18 @@ struct StatusJson<'a> {
     replicas: &'a [v1::Replica],
     admission: Option<&'a v1::AdmissionState>,
     autoscaler: Option<&'a v1::ScaleDecision>,
+}
+
+/// `replicas` with every status this CLI does not know (a newer node's) as
+/// `REPLICA_STATUS_UNSPECIFIED`: the generated serializer refuses a value outside the enum, and
+/// one replica's new status must not cost the whole answer (the table prints it `unknown`).
+fn known_statuses(mut replicas: Vec<v1::Replica>) -> Vec<v1::Replica> {
+    for r in &mut replicas {
+        if v1::ReplicaStatus::try_from(r.status).is_err() {
+            r.status = v1::ReplicaStatus::Unspecified as i32;
+        }
+    }
+    replicas
 }
 
 /// The autoscaler's latest committed decision, one line, with its age at `now` (Unix seconds):
@@ -307,5 +320,24 @@ mod tests {
         );
         assert!(row.ends_with("events carry block size 32, this node uses 16"));
         assert_eq!(render(&[]).lines().nth(1), Some("(no replicas registered)"));
+    }
+
+    #[test]
+    fn a_status_this_cli_does_not_know_prints_as_unspecified_and_the_rest_as_sent() {
+        let replica = |name: &str, status: i32| v1::Replica {
+            spec: Some(v1::ReplicaSpec { name: name.into(), ..Default::default() }),
+            status,
+            index_blocks: 1 << 60,
+            ..Default::default()
+        };
+        let replicas = super::known_statuses(vec![replica("e0", 99), replica("e1", v1::ReplicaStatus::Ready as i32)]);
+        let all = super::StatusJson { replicas: &replicas, admission: None, autoscaler: None };
+        let json = serde_json::to_value(&all).unwrap();
+        assert_eq!(json["replicas"][0]["status"], "REPLICA_STATUS_UNSPECIFIED");
+        assert_eq!(json["replicas"][1]["status"], "REPLICA_STATUS_READY");
+        assert_eq!(json["replicas"][1]["spec"]["name"], "e1");
+        // 64-bit counts as strings: 2^60 survives a reader that parses numbers as doubles.
+        assert_eq!(json["replicas"][1]["index_blocks"], "1152921504606846976");
+        assert_eq!(json["admission"], serde_json::Value::Null);
     }
 }

@@ -64,7 +64,7 @@ async fn recommend_and_watch_show_the_committed_decision() {
     let status = status.args(["status", "--json", "--grpc", &grpc]).output().unwrap();
     let all: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     // Each part is the node's gRPC message in the proto3 JSON mapping: enums by name, 64-bit
-    // integers as strings, every field present.
+    // integers as strings, defaults printed.
     assert_eq!(all["replicas"][0]["spec"]["name"], "e0");
     assert_eq!(all["replicas"][0]["status"], "REPLICA_STATUS_READY");
     assert!(all["replicas"][0]["index_blocks"].is_string(), "{all}");

@@ -250,7 +250,7 @@ async fn adapters_learned_from_the_engines_go_only_where_they_are_loaded() {
         .map(|r| node.shared.core().replicas[*r].listed_adapters.clone().unwrap())
         .collect();
     assert_eq!(listed, [vec!["sql"], vec!["chat", "sql"], vec![], vec![]]);
-    // The admin API (and `kvmesh status --json`) shows them.
+    // The admin API (and `kvmesh status --json`, under `spec.lora_adapters`) shows them.
     let mut admin = v1::admin_client::AdminClient::new(common::grpc(node.grpc).await);
     let list = admin.list_replicas(v1::ListReplicasRequest {}).await.unwrap().into_inner();
     let shown: Vec<Vec<String>> = list.replicas.into_iter().map(|r| r.spec.unwrap().lora_adapters).collect();

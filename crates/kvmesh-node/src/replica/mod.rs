@@ -7,13 +7,15 @@
 //!                                │               (at subscribe: replay all the engine holds; live copies of
 //!                                │               replayed messages skipped, `replayed`; a stream that stays
 //!                                │               bad: quarantined, `event_guard`)
-//!                                └─ scrape task: GET /metrics → load + health → core
+//!                                └─ scrape task: GET /metrics → its health record → load + status → core
 //! Events.Publish (gRPC) ──────────────► push: budget → seq check (clear) → the same apply, same quarantine
 //! ```
 //!
-//! The actor looks its replica up once, when it starts (`apply::Target`: id, rank and the
-//! stream record, `crate::state::Stream`), so a batch's sequence check and bookkeeping need
-//! no lookup under the core's lock.
+//! The actor looks its replica up once, when it starts (`apply::Target`: id, rank, the stream
+//! record `crate::state::Stream` and the health record `crate::state::Health`), so a batch's
+//! sequence check and bookkeeping, and a scrape's health, need no lookup under the core's
+//! lock; what the actor's tasks do to the replica (clear, quarantine, record a scrape) reaches
+//! only the replica it started for, never another registered later under the same name.
 //!
 //! A replica actor fails when one of its tasks dies; the supervisor restarts it (with a
 //! backoff and an intensity limit) without touching the others. Adding and removing replicas

@@ -56,6 +56,12 @@ pub async fn run(
             }
             Err(e) => Err(e),
         };
+        // Removed since its actor started (and perhaps added again under the same name, with
+        // an actor of its own): this task's pages are not the registered replica's, for the
+        // autoscaler's capacity meter or the core. (Checked again under the core's lock below.)
+        if !current(&shared, &name, &target) {
+            continue;
+        }
         if let Ok(kvmesh_events::EnginePage { metrics: m, served_tokens: Some(served), .. }) = &result {
             // Requests held at the router by admission control queue for this replica too
             // (the router keeps the engines' own queues empty while capacity is short) — when
@@ -77,8 +83,6 @@ pub async fn run(
             target.health().lock().counts_every_step = page.dialect == kvmesh_events::Dialect::Vllm;
         }
         let mut core = shared.core();
-        // Removed since its actor started (and perhaps added again under the same name, with
-        // an actor of its own): this task's pages are not the registered replica's.
         if core.replicas.get(&name).is_none_or(|r| r.id != target.id()) {
             continue;
         }
@@ -127,6 +131,11 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Whether `name` is still the replica `target` was looked up for.
+fn current(shared: &Shared, name: &str, target: &Target) -> bool {
+    shared.core().replicas.get(name).is_some_and(|r| r.id == target.id())
 }
 
 async fn scrape(shared: &Shared, url: &str, interval: Duration) -> Result<String, String> {
