@@ -307,7 +307,8 @@ impl PolicyKind {
                 | "match_rate_threshold"
                 | "near_equal_rel"
                 | "kv_wait_weight"
-                | "affinity_budget" => range(name, *v, 0.0, 10.0)?,
+                | "affinity_budget"
+                | "interference_weight" => range(name, *v, 0.0, 10.0)?,
                 "affinity_room_share" => range(name, *v, 0.0, 100.0)?,
                 "near_equal_s" | "pending_prefix_s" | "peer_order_step_s" => range(name, *v, 0.0, 600.0)?,
                 _ => {}
@@ -350,6 +351,7 @@ impl PolicyKind {
                         "kv_wait_weight" => set(&mut p.kv_wait_weight, *v),
                         "affinity_budget" => set(&mut p.affinity_budget, *v),
                         "affinity_room_share" => set(&mut p.affinity_room_share, *v),
+                        "interference_weight" => set(&mut p.interference_weight, *v),
                         other => return Err(unknown(other)),
                     }
                 }

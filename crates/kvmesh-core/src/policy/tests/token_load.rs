@@ -40,6 +40,50 @@ fn token_load_trades_overlap_against_queue() {
     assert_eq!(decide(&mut g, &mut p, &toks).replica, gids[1]);
 }
 
+/// Gives `r` `n` sequences decoding (booked with nothing to prefill, past their first token).
+fn decoding(f: &mut Fleet, r: ReplicaId, n: u32) {
+    for _ in 0..n {
+        let spec = BookingSpec {
+            uncached_prefill_tokens: 0,
+            uncached_blocks: 0,
+            expected_output_tokens: 0,
+            reports_first_token: true,
+            output_key: None,
+            reestimate_up_to: None,
+        };
+        let b = f.book(r, spec, 1.0).unwrap();
+        f.first_token(b, 1.0).unwrap();
+    }
+}
+
+#[test]
+fn token_load_charges_a_move_for_the_decode_time_it_takes_from_others() {
+    let (mut f, ids) = fleet(2);
+    let toks = tokens(9, 64 * BS); // 1,024 tokens, all cached on replica 0
+    hold(&mut f, ids[0], &toks, 64, 1.0);
+    // Replica 0: 1,101 tokens queued (24.76 ms to the first token). Replica 1: nothing queued,
+    // 4 sequences decoding; the whole prompt to compute, 17.25 µs · 1,024 + 5.75 ms + 4 · 6 µs
+    // = 23.44 ms.
+    load(&mut f, ids[0], 3, 367);
+    decoding(&mut f, ids[1], 4);
+    let greedy = TokenLoadParams { move_weight: 0.0, ..TokenLoadParams::default() };
+    // The move's 1,023 extra tokens delay each of replica 1's 4 decoding sequences by 17.6 ms:
+    // 0.05 of that, 3.53 ms, puts replica 1 at 26.97 ms, more than the 1 ms near-equal band
+    // over replica 0's 24.76 ms: the request stays with its cache.
+    let d = decide(&mut f, &mut TokenLoadPolicy::new(greedy), &toks);
+    assert_eq!((d.replica, d.uncached_tokens), (ids[0], 1));
+    assert!((d.estimated_ttft_s - (17.25e-6 * 1102.0 + 5.75e-3)).abs() < 1e-12, "{}", d.estimated_ttft_s);
+    // Blind to it (0), the lower TTFT wins.
+    let blind = TokenLoadParams { interference_weight: 0.0, ..greedy };
+    let d = decide(&mut f, &mut TokenLoadPolicy::new(blind), &toks);
+    assert_eq!((d.replica, d.uncached_tokens), (ids[1], 1024));
+    assert!(
+        (d.estimated_ttft_s - (17.25e-6 * 1024.0 + 5.75e-3 + 4.0 * 6.0e-6)).abs() < 1e-12,
+        "{}",
+        d.estimated_ttft_s
+    );
+}
+
 /// A policy that always picks `self.0`: to read the shared estimate for one replica.
 #[derive(Debug)]
 struct Fixed(ReplicaId);
