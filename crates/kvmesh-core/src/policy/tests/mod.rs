@@ -51,15 +51,19 @@ fn load(f: &mut Fleet, r: ReplicaId, n: u32, prefill: u32) {
 
 fn load_at(f: &mut Fleet, r: ReplicaId, n: u32, prefill: u32, at: f64) {
     for _ in 0..n {
-        let spec = BookingSpec {
-            uncached_prefill_tokens: prefill,
-            uncached_blocks: 0,
-            expected_output_tokens: 0,
-            reports_first_token: true,
-            output_key: None,
-            reestimate_up_to: None,
-        };
-        f.book(r, spec, at).unwrap();
+        f.book(r, booking(prefill), at).unwrap();
+    }
+}
+
+/// A streamed request with `prefill` uncached tokens to compute and no output expected.
+fn booking(prefill: u32) -> BookingSpec {
+    BookingSpec {
+        uncached_prefill_tokens: prefill,
+        uncached_blocks: 0,
+        expected_output_tokens: 0,
+        reports_first_token: true,
+        output_key: None,
+        reestimate_up_to: None,
     }
 }
 

@@ -43,15 +43,7 @@ fn token_load_trades_overlap_against_queue() {
 /// Gives `r` `n` sequences decoding (booked with nothing to prefill, past their first token).
 fn decoding(f: &mut Fleet, r: ReplicaId, n: u32) {
     for _ in 0..n {
-        let spec = BookingSpec {
-            uncached_prefill_tokens: 0,
-            uncached_blocks: 0,
-            expected_output_tokens: 0,
-            reports_first_token: true,
-            output_key: None,
-            reestimate_up_to: None,
-        };
-        let b = f.book(r, spec, 1.0).unwrap();
+        let b = f.book(r, booking(0), 1.0).unwrap();
         f.first_token(b, 1.0).unwrap();
     }
 }
