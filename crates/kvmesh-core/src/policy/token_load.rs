@@ -30,10 +30,13 @@
 //! The last charges it for the decode time it takes from others: chunked prefill runs in the
 //! same engine steps as decoding, so each sequence decoding on the replica a request moves to
 //! waits about `β1 · extra` longer for its tokens (prefill–decode interference: Agrawal et al.,
-//! Sarathi-Serve, OSDI 2024; Zhong et al., DistServe, OSDI 2024). Pressure stays low where
+//! Sarathi-Serve, OSDI 2024; Zhong et al., DistServe, OSDI 2024). It is charged only while a
+//! best-cached replica has KV room for the request (staying where it does not fit would
+//! preempt that replica's own decodes), and only to moves: staying adds the request's own
+//! small uncached prefill beside the best-cached replica's decodes, which is not charged. Pressure stays low where
 //! prompts are mostly cached, so without it a multi-turn agent's next turn left its replica
 //! whenever a queue formed there, recomputing thousands of tokens of context beside another
-//! replica's decodes (agents at ~100 % load: E2E p99 24.8 → 19.1 s, hit rate 0.765 → 0.810;
+//! replica's decodes (agents at ~100 % load: E2E p99 24.8 → 19.2 s, hit rate 0.765 → 0.810;
 //! BENCHMARKS.md, decode-heavy traffic).
 //!
 //! **Affinity within the tail budget.** p99 TTFT is set by the requests whose own prefill is

@@ -76,6 +76,33 @@ fn token_load_charges_a_move_for_the_decode_time_it_takes_from_others() {
     );
 }
 
+#[test]
+fn token_load_charges_no_interference_for_leaving_a_replica_without_kv_room() {
+    // The queue and decodes of the test above, but the best-cached replica's engine reports all
+    // 64 of its blocks in use: the request (1 uncached block, 1 output block) lacks 2 of them
+    // there. Its priced wait for them is small (2 blocks · 1 token · a 24.74 ms step / 64 blocks
+    // in use = 0.77 ms, weighted 0.25: 24.96 ms in all), but staying would preempt that
+    // replica's own decodes, so the move is not charged for replica 1's: replica 1 wins at
+    // 23.44 ms. Charged as above (26.97 ms), it would lose.
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    let full = f.add_replica(ReplicaSpec::new("full", 64)).unwrap();
+    let other = f.add_replica(ReplicaSpec::new("other", 10_000)).unwrap();
+    let toks = tokens(9, 64 * BS);
+    hold(&mut f, full, &toks, 64, 1.0);
+    load(&mut f, full, 3, 367);
+    f.report_metrics(full, EngineMetrics { running: 0, waiting: 0, kv_usage: 1.0, at: 1.0 }).unwrap();
+    decoding(&mut f, other, 4);
+    let greedy = TokenLoadParams { move_weight: 0.0, ..TokenLoadParams::default() };
+    let req = RouteRequest::new(f.hasher(), &toks, Some(1));
+    let mut p = TokenLoadPolicy::new(greedy);
+    let d = f.decide(&mut p, &req, &mut rng(), 1.0).unwrap();
+    assert_eq!((d.replica, d.uncached_tokens), (other, 1024));
+    // With room there (the engine reports none in use), the charge holds the request, as above.
+    f.report_metrics(full, EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, at: 1.0 }).unwrap();
+    let d = f.decide(&mut p, &req, &mut rng(), 1.0).unwrap();
+    assert_eq!((d.replica, d.uncached_tokens), (full, 1));
+}
+
 /// A policy that always picks `self.0`: to read the shared estimate for one replica.
 #[derive(Debug)]
 struct Fixed(ReplicaId);
