@@ -146,7 +146,7 @@ mod tests {
                 "       42      12s        6  burst (panic)          4        2          81234          95000          33000\n",
             )
         );
-        // The proto3 JSON mapping (pbjson): 64-bit integers as strings, every field printed.
+        // The proto3 JSON mapping (pbjson): 64-bit integers as strings, defaults printed.
         let json = |d: &v1::ScaleDecision| serde_json::to_value(d).unwrap();
         assert_eq!(json(&d)["log_index"], "42");
         assert_eq!(json(&d)["desired_replicas"], 6);

@@ -33,10 +33,10 @@
 //! Sarathi-Serve, OSDI 2024; Zhong et al., DistServe, OSDI 2024). It is charged only while a
 //! best-cached replica has KV room for the request (staying where it does not fit would
 //! preempt that replica's own decodes), and only to moves: staying adds the request's own
-//! small uncached prefill beside the best-cached replica's decodes, which is not charged. Pressure stays low where
-//! prompts are mostly cached, so without it a multi-turn agent's next turn left its replica
-//! whenever a queue formed there, recomputing thousands of tokens of context beside another
-//! replica's decodes (agents at ~100 % load: E2E p99 24.8 → 19.2 s, hit rate 0.765 → 0.810;
+//! small uncached prefill beside the best-cached replica's decodes, which is not charged.
+//! Pressure stays low where prompts are mostly cached, so without it a multi-turn agent's next
+//! turn left its replica whenever a queue formed there, recomputing thousands of tokens of
+//! context beside another replica's decodes (agents at ~100 % load: E2E p99 24.8 → 19.2 s, hit rate 0.765 → 0.810;
 //! BENCHMARKS.md, decode-heavy traffic).
 //!
 //! **Affinity within the tail budget.** p99 TTFT is set by the requests whose own prefill is
@@ -230,19 +230,22 @@ impl Policy for TokenLoadPolicy {
         }
         // The recompute charge: prefill a move away from the best-cached replica adds to the
         // fleet's work, weighted by how many requests already queue per replica.
-        let fewest_uncached = self.estimates.iter().map(|(_, e)| e.uncached_tokens).min().unwrap_or(0);
+        // The fewest uncached tokens, whether a replica computing only those has KV room, and
+        // the first such replica, in one pass.
+        let (fewest_uncached, best_cached_fits, cached_best) =
+            self.estimates.iter().fold((u32::MAX, false, first), |(fewest, fits, at), &(i, e)| {
+                match e.uncached_tokens.cmp(&fewest) {
+                    std::cmp::Ordering::Less => (e.uncached_tokens, e.kv_headroom_blocks >= 0, i),
+                    std::cmp::Ordering::Equal => (fewest, fits || e.kv_headroom_blocks >= 0, at),
+                    std::cmp::Ordering::Greater => (fewest, fits, at),
+                }
+            });
         let n = self.estimates.len() as f64;
         let pressure = self.estimates.iter().map(|&(i, _)| view.load(i).prefilling as f64).sum::<f64>() / n;
         let charge = p.move_weight * (pressure - p.pressure_floor).clamp(0.0, p.max_pressure);
         // Staying is worth the decode time a move would take from others only where staying
         // fits: a replica short of KV room would preempt its own decodes instead.
-        let interference = if p.interference_weight > 0.0
-            && self.estimates.iter().any(|(_, e)| e.uncached_tokens == fewest_uncached && e.kv_headroom_blocks >= 0)
-        {
-            p.interference_weight
-        } else {
-            0.0
-        };
+        let interference = if best_cached_fits { p.interference_weight } else { 0.0 };
         for &(i, e) in &self.estimates {
             let extra = e.uncached_tokens - fewest_uncached;
             let mut cost = e.ttft_s + p.kv_wait_weight * e.kv_wait_s;
@@ -263,8 +266,6 @@ impl Policy for TokenLoadPolicy {
         let (estimates, slot) = (&self.estimates, &self.slot);
         let est = |i: usize| estimates[slot[i]].1;
         // The request's own prefill, no queue, at the replica caching most of it.
-        let cached_best =
-            self.estimates.iter().find(|(_, e)| e.uncached_tokens == fewest_uncached).map_or(first, |x| x.0);
         let profile = view.replicas[cached_best].profile(view.config.learn_prefill_rate);
         self.own_prefill.observe(profile.ttft(u64::from(fewest_uncached), 0));
         if p.affinity_budget > 0.0 {

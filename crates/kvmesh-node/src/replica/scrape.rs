@@ -56,21 +56,19 @@ pub async fn run(
             }
             Err(e) => Err(e),
         };
-        // Removed since its actor started (and perhaps added again under the same name, with
-        // an actor of its own): this task's pages are not the registered replica's, for the
-        // autoscaler's capacity meter or the core. (Checked again under the core's lock below.)
-        if !current(&shared, &name, &target) {
-            continue;
-        }
-        if let Ok(kvmesh_events::EnginePage { metrics: m, served_tokens: Some(served), .. }) = &result {
-            // Requests held at the router by admission control queue for this replica too
-            // (the router keeps the engines' own queues empty while capacity is short) — when
-            // the engine is full itself: the router's count of room is conservative (it books
-            // every request's whole max_tokens), and a part-loaded engine's rate is no capacity.
-            let full = m.running >= shared.settings.profile.max_num_seqs || m.kv_usage >= ENGINE_FULL_KV;
-            let held = if full { u32::try_from(shared.admission.depth()).unwrap_or(u32::MAX) } else { 0 };
-            shared.autoscaler.observe_served(&name, *served, m.waiting.saturating_add(held), now);
-        }
+        // For the autoscaler's capacity meter: tokens served, and requests queued for the
+        // replica. Requests held at the router by admission control queue for it too (the
+        // router keeps the engines' own queues empty while capacity is short) — when the engine
+        // is full itself: the router's count of room is conservative (it books every request's
+        // whole max_tokens), and a part-loaded engine's rate is no capacity.
+        let served = match &result {
+            Ok(kvmesh_events::EnginePage { metrics: m, served_tokens: Some(served), .. }) => {
+                let full = m.running >= shared.settings.profile.max_num_seqs || m.kv_usage >= ENGINE_FULL_KV;
+                let held = if full { u32::try_from(shared.admission.depth()).unwrap_or(u32::MAX) } else { 0 };
+                Some((*served, m.waiting.saturating_add(held)))
+            }
+            _ => None,
+        };
         let generated = result.as_ref().ok().and_then(|p| p.generated_tokens);
         let previous = last_generated;
         let restarted = generated.is_some_and(|g| previous.is_some_and(|(last, _)| g < last));
@@ -83,20 +81,19 @@ pub async fn run(
             target.health().lock().counts_every_step = page.dialect == kvmesh_events::Dialect::Vllm;
         }
         let mut core = shared.core();
-        if core.replicas.get(&name).is_none_or(|r| r.id != target.id()) {
-            continue;
-        }
+        // Removed since its actor started (and perhaps added again under the same name, with
+        // an actor of its own): this task's pages are not the registered replica's.
+        let Some(r) = core.replicas.get(&name).filter(|r| r.id == target.id()) else { continue };
+        let (configured, follows) = (r.config.capacity_blocks, r.config.kv_events.is_some());
         match result {
             Ok(page) => {
                 // In blocks of another size the counts do not compare (a block-size mismatch is
                 // reported on its own, from the KV events).
-                let model = core.replicas.get(&name).and_then(|r| core.fleet.replica(r.id)).map(|s| s.model);
-                let ours = core.fleet.block_size_of(model);
+                let ours = core.fleet.block_size_of(core.fleet.replica(target.id()).map(|s| s.model));
                 let same_size = page.kv_block_size.is_none_or(|b| b == ours);
                 if let (false, Some(engine_blocks), true) = (capacity_checked, page.kv_blocks, same_size) {
                     capacity_checked = true;
-                    let configured = core.replicas.get(&name).map(|r| r.config.capacity_blocks);
-                    if let Some(configured) = configured.filter(|c| *c != engine_blocks) {
+                    if configured != engine_blocks {
                         tracing::warn!(
                             replica = %name,
                             capacity_blocks = configured,
@@ -115,27 +112,22 @@ pub async fn run(
                 }
             }
         }
+        drop(core);
+        if let Some((served, queued)) = served {
+            shared.autoscaler.observe_served(&name, served, queued, now);
+        }
         // Seen by the ingest task since the previous page: handled there already.
         let seen = || target.stream().lock().restart_seen_at.is_some_and(|t| previous.is_some_and(|(_, at)| t >= at));
         if restarted && !seen() {
-            // The ingest task rebuilds (clear, then replay); without one, clear here.
-            let follows = core.replicas.get(&name).and_then(|r| {
-                r.config.kv_events.as_ref()?;
-                r.stream.lock().resync_requested.get_or_insert("restart");
-                Some(())
-            });
-            drop(core);
             tracing::warn!(replica = %name, "the engine's generated-token counter went back: it restarted; dropping its blocks");
-            if follows.is_none() {
+            if follows {
+                // Its ingest task rebuilds (clear, then replay).
+                target.stream().lock().resync_requested.get_or_insert("restart");
+            } else {
                 super::apply::resync_by_clearing(&shared, &name, &target, "restart");
             }
         }
     }
-}
-
-/// Whether `name` is still the replica `target` was looked up for.
-fn current(shared: &Shared, name: &str, target: &Target) -> bool {
-    shared.core().replicas.get(name).is_some_and(|r| r.id == target.id())
 }
 
 async fn scrape(shared: &Shared, url: &str, interval: Duration) -> Result<String, String> {
