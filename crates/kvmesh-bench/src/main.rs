@@ -43,6 +43,9 @@ struct Args {
     /// Skip the reader-and-writer pass.
     #[arg(long)]
     no_concurrent: bool,
+    /// Time only kvmesh's whole decisions (no index passes): for profiling the decision path.
+    #[arg(long)]
+    decision_only: bool,
     /// Also write the reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -63,7 +66,7 @@ fn main() -> anyhow::Result<()> {
         config.total_blocks = args.entries;
         eprintln!("{n} replicas: building the workload ({:?})…", args.variant);
         let w = build(&trace, &config);
-        let report = measure(&w, &config, !args.no_concurrent);
+        let report = measure(&w, &config, !args.no_concurrent, args.decision_only);
         println!(
             "\n{n} replicas, {:?} events: {} requests, {} queries, {} entries",
             args.variant, report.requests, report.queries, report.entries
@@ -94,20 +97,25 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Every pass of every index on `w`.
-fn measure(w: &Workload, config: &WorkloadConfig, concurrent: bool) -> Report {
+fn measure(w: &Workload, config: &WorkloadConfig, concurrent: bool, decision_only: bool) -> Report {
     let entries = w.entries;
     let mut rows = Vec::new();
+    let concurrent = concurrent && !decision_only;
     let conc_kvmesh = concurrent.then(|| {
         eprintln!("  kvmesh: reader and writer");
         concurrent_pass(&SharedKvmesh::new(w, w.engines as u32), w)
     });
-    rows.push(row(Kvmesh::new, w, entries, conc_kvmesh));
-    rows.push(row(DynamoRadixTree::new, w, entries, None));
+    if !decision_only {
+        rows.push(row(Kvmesh::new, w, entries, conc_kvmesh));
+        rows.push(row(DynamoRadixTree::new, w, entries, None));
+    }
     let conc_dynamo = concurrent.then(|| {
         eprintln!("  Dynamo concurrent tree: reader and writer");
         concurrent_pass(&SharedConcurrent::new(w), w)
     });
-    rows.push(row(|| DynamoConcurrent::new(1), w, entries, conc_dynamo));
+    if !decision_only {
+        rows.push(row(|| DynamoConcurrent::new(1), w, entries, conc_dynamo));
+    }
     eprintln!("  kvmesh: whole decisions");
     let capacity = (config.total_blocks / config.engines.max(1)) as u64;
     let decision = Some(Latency::of(&decision_pass(w, capacity)));

@@ -184,8 +184,23 @@ async fn forward(
                 booking.release(None, "upstream_error");
                 continue;
             }
+            Err(e) if crate::errors::lost_before_response(&e) => {
+                // No answer at all: an engine that died or restarted under a pooled
+                // connection. Elsewhere, but not back to it for this request; its health is
+                // the scrape's and the connect check's to judge, since a keep-alive race
+                // with a healthy engine ends the same way.
+                last_failure = Some(format!(
+                    "replica {name} closed the connection unanswered ({})",
+                    crate::errors::error_chain(&e)
+                ));
+                tracing::warn!(replica = %name, error = %e, "upstream closed the connection unanswered; trying another replica");
+                ticket.exclude(routed.decision.replica);
+                booking.release(None, "upstream_error");
+                continue;
+            }
             Err(e) => {
-                // The replica took the request: retrying elsewhere would run it twice.
+                // The replica may be running the request (a timeout): retrying elsewhere would
+                // run it twice.
                 booking.release(None, "upstream_error");
                 let code = if e.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
                 return with_replica(

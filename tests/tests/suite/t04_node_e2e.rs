@@ -409,3 +409,62 @@ async fn large_bodies_are_read_off_the_proxy_threads_and_routed_like_any_other()
     eventually("bookings released", || node.shared.core().fleet.bookings().is_empty()).await;
     node.stop().await;
 }
+
+/// An upstream that reads each POST's head and closes the connection without a word: an
+/// engine killed or restarting under a request. GETs get an empty 200. Counts the POSTs.
+async fn closes_unanswered() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let posts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = posts.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if head.starts_with(b"POST") {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                } else {
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+                }
+            });
+        }
+    });
+    (url, posts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_closes_the_connection_unanswered_is_retried_elsewhere() {
+    let engines = engines(1, 5.0).await;
+    let (dying, posts) = closes_unanswered().await;
+    // Scraped from the live engine, so the node takes it for a ready replica.
+    let closing = kvmesh_node::config::ReplicaConfig {
+        name: "dying".into(),
+        http: dying,
+        kv_events: None,
+        replay: None,
+        metrics_url: Some(format!("{}/metrics", engines[0].base_url())),
+        ..replica(1, &engines[0])
+    };
+    let node = kvmesh_node::start(single(section(), vec![replica(0, &engines[0]), closing])).await.unwrap();
+    eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
+        .await;
+    let client = reqwest::Client::new();
+    for q in 0..6 {
+        let (status, replica, body) = complete(&client, &node, &format!("question {q} of six")).await;
+        assert_eq!((status, replica.as_str()), (200, "e0"), "question {q}: {body}");
+    }
+    // Equal replicas take turns, so the closing one was tried about every other request; each
+    // of those was answered by e0 instead (a 502 before).
+    assert!(posts.load(std::sync::atomic::Ordering::SeqCst) >= 2, "the closing replica was never tried");
+    eventually("bookings released", || node.shared.core().fleet.bookings().is_empty()).await;
+    node.stop().await;
+}

@@ -39,7 +39,8 @@ pub struct NodeSection {
     pub unhealthy_after: u32,
     /// How long a 429/503 from a replica keeps it out of rotation, milliseconds.
     pub overload_backoff_ms: u64,
-    /// Other replicas tried after a connect failure or backpressure answer.
+    /// Other replicas tried after a connect failure, a connection closed unanswered, or a
+    /// backpressure answer.
     pub retries: u32,
     /// Upper bound on one proxied request, seconds.
     pub request_timeout_s: u64,

@@ -12,7 +12,8 @@ pub type NamedReplica = (String, Arc<Endpoints>);
 pub struct Settings {
     /// Served model name; empty accepts any.
     pub model: String,
-    /// Other replicas tried after a connect failure or backpressure.
+    /// Other replicas tried after a connect failure, a connection closed unanswered, or
+    /// backpressure.
     pub retries: u32,
     /// How long a 429/503 keeps a replica out, seconds.
     pub overload_backoff_s: f64,
