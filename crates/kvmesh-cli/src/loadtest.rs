@@ -299,7 +299,9 @@ async fn one(client: reqwest::Client, stream: Arc<Stream>, knobs: Knobs, measure
 }
 
 /// Reads an answer to its end; with `streamed_since`, returns the microseconds from then to
-/// its first chunk, and the gaps between its chunks.
+/// its first chunk, and the gaps between its chunks. A stream is whole only if it ends with
+/// `data: [DONE]` and carries no error event (what a router sends when its upstream breaks
+/// off after the 200: `sse_error`, `sse_truncated`), as OpenAI's clients judge it.
 async fn read_body(
     mut r: reqwest::Response,
     streamed_since: Option<Instant>,
@@ -307,7 +309,9 @@ async fn read_body(
     let mut first = None;
     let mut gaps = Vec::new();
     let mut last: Option<Instant> = None;
-    while let Some(_chunk) = r.chunk().await.map_err(|e| format!("body: {e}"))? {
+    let mut sse = kvmesh_events::SseReader::new();
+    let (mut done, mut error) = (false, false);
+    while let Some(chunk) = r.chunk().await.map_err(|e| format!("body: {e}"))? {
         first = first.or_else(|| streamed_since.map(|t| t.elapsed().as_micros() as u64));
         if streamed_since.is_some() {
             let now = Instant::now();
@@ -315,9 +319,25 @@ async fn read_body(
                 gaps.push(now.duration_since(l).as_micros() as u64);
             }
             last = Some(now);
+            sse.push(&chunk);
+            while let Some(event) = sse.next_event() {
+                done |= event.is_done();
+                error |= is_error_event(&event.data);
+            }
+            sse.take_parsed();
         }
     }
-    Ok((first, gaps))
+    match (streamed_since.is_some(), error, done) {
+        (true, true, _) => Err("sse_error".into()),
+        (true, false, false) => Err("sse_truncated".into()),
+        _ => Ok((first, gaps)),
+    }
+}
+
+/// Whether an SSE event's data is an error object (`{"error": …}`), not a token chunk.
+fn is_error_event(data: &str) -> bool {
+    data.contains("\"error\"")
+        && serde_json::from_str::<serde_json::Value>(data).is_ok_and(|v| v.get("error").is_some_and(|e| !e.is_null()))
 }
 
 async fn http(args: &LoadtestArgs) -> anyhow::Result<(Tally, Option<Tally>, f64)> {

@@ -99,11 +99,12 @@ fn failed(shared: &Shared, legs: &mut Legs, side: Side, kind: &'static str, fail
     tracing::warn!(replica = %name, side = side_name(side), kind, error = %failure, "disaggregated hand-off failed; the side is left out of the request's retries");
     let outcome = if side == Side::Decode { "decode_error" } else { "prefill_error" };
     // Only the failing side's replica is charged; the other was not (or is no longer) at fault.
+    // The request goes on: its own outcome is counted where it ends.
     if side == Side::Decode {
         legs.prefill.release_untouched(outcome);
-        legs.decode.release(None, outcome);
+        legs.decode.release_retried(outcome);
     } else {
-        legs.prefill.release(None, outcome);
+        legs.prefill.release_retried(outcome);
         legs.decode.release_untouched(outcome);
     }
     Step::Retry { failure, exclude: id, side }

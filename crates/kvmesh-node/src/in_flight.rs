@@ -205,17 +205,26 @@ impl InFlight {
         }
     }
 
+    /// Ends the booking with the request's final `outcome` (`kvmesh_requests_total`) and the
+    /// replica's (`kvmesh_replica_requests_total`).
     pub(crate) fn release(&mut self, output_tokens: Option<u32>, outcome: &'static str) {
-        self.release_charging(output_tokens, outcome, true);
+        self.release_charging(output_tokens, outcome, Count { replica: true, request: true });
     }
 
-    /// Ends the booking of a side that was never sent the request (its partner failed):
-    /// counted for the request, not against its replica.
+    /// Ends the booking of an attempt the request goes on from (to another replica): the
+    /// outcome counts against the replica only; the request's own outcome is counted once it
+    /// ends, so `kvmesh_requests_total` has one outcome per client request.
+    pub(crate) fn release_retried(&mut self, outcome: &'static str) {
+        self.release_charging(None, outcome, Count { replica: true, request: false });
+    }
+
+    /// Ends the booking of a side that was never sent the request (its partner failed, and the
+    /// request goes on elsewhere): counted neither for the request nor against its replica.
     pub(crate) fn release_untouched(&mut self, outcome: &'static str) {
-        self.release_charging(None, outcome, false);
+        self.release_charging(None, outcome, Count { replica: false, request: false });
     }
 
-    fn release_charging(&mut self, output_tokens: Option<u32>, outcome: &'static str, charge: bool) {
+    fn release_charging(&mut self, output_tokens: Option<u32>, outcome: &'static str, count: Count) {
         if let Some(id) = self.id.take() {
             // Whatever happens below, a queued request may fit now.
             let mut wake = WakeOnDrop(&self.shared, None);
@@ -260,10 +269,10 @@ impl InFlight {
                 self.shared.metrics.adopted_blocks.get_or_create(&l).inc_by(u64::from(o.adopted));
             }
             let m = &self.shared.metrics;
-            if self.side != Side::Prefill {
+            if count.request && self.side != Side::Prefill {
                 m.request(outcome);
             }
-            if charge {
+            if count.replica {
                 m.replica_requests
                     .get_or_create(&vec![("replica", self.replica.clone()), ("outcome", outcome.into())])
                     .inc();
@@ -273,7 +282,7 @@ impl InFlight {
                     .get_or_create(&vec![("replica", self.replica.clone())])
                     .observe(self.arrived.elapsed().as_secs_f64());
             }
-            if self.side != Side::Prefill {
+            if count.request && self.side != Side::Prefill {
                 self.span.record("outcome", outcome);
                 if outcome != "ok" {
                     crate::telemetry::failed(&self.span, outcome);
@@ -287,6 +296,15 @@ impl InFlight {
             );
         }
     }
+}
+
+/// Which counters a booking's end moves.
+#[derive(Debug, Clone, Copy)]
+struct Count {
+    /// `kvmesh_replica_requests_total`: the replica took (or failed) the attempt.
+    replica: bool,
+    /// `kvmesh_requests_total`: the request ends here.
+    request: bool,
 }
 
 impl Drop for InFlight {

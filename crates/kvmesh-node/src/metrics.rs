@@ -108,7 +108,9 @@ pub struct Metrics {
     pub prompt_tokens: Counter,
     /// See [`Metrics::prompt_tokens`].
     pub predicted_cached_tokens: Counter,
-    /// Prompt tokens the engines reported as cached (`usage.prompt_tokens_details`).
+    /// Prompt tokens the engines reported as cached (`usage.prompt_tokens_details`): in a
+    /// non-streamed answer, or in a stream's usage chunk (sent when the client asks for it with
+    /// `stream_options.include_usage`; a stream without one reports nothing).
     pub engine_cached_tokens: Counter,
     /// Output tokens of the requests that ended well with a known output (the answer's
     /// `usage.completion_tokens`, or a stream's chunks), and what routing expected of them when

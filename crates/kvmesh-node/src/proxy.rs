@@ -181,7 +181,7 @@ async fn forward(
                 last_failure = Some(format!("replica {name} unreachable ({})", crate::errors::error_chain(&e)));
                 tracing::warn!(replica = %name, error = %e, "upstream connect failed; trying another replica");
                 shared.core().record_down(&name, e.to_string(), shared.now());
-                booking.release(None, "upstream_error");
+                booking.release_retried("upstream_error");
                 continue;
             }
             Err(e) if crate::errors::lost_before_response(&e) => {
@@ -195,7 +195,7 @@ async fn forward(
                 ));
                 tracing::warn!(replica = %name, error = %e, "upstream closed the connection unanswered; trying another replica");
                 ticket.exclude(routed.decision.replica);
-                booking.release(None, "upstream_error");
+                booking.release_retried("upstream_error");
                 continue;
             }
             Err(e) => {
@@ -214,7 +214,7 @@ async fn forward(
             last_failure = Some(format!("replica {name} answered {status}"));
             let now = shared.now();
             shared.core().record_overload(&name, now + backoff_s, now);
-            booking.release(None, "backpressure");
+            booking.release_retried("backpressure");
             continue;
         }
         if !status.is_success() {
@@ -368,6 +368,16 @@ mod tests {
     /// The client's side of `stream_through` over an upstream that sends `chunks`, and the
     /// outcome the booking was released with.
     async fn through(chunks: &[&'static str]) -> (String, &'static str) {
+        let (text, page) = through_with_page(chunks).await;
+        let outcome = ["ok", "upstream_error"]
+            .into_iter()
+            .find(|o| page.contains(&format!("kvmesh_requests_total{{outcome=\"{o}\"}} 1\n")))
+            .expect("one outcome counted");
+        (text, outcome)
+    }
+
+    /// The stream passed through, and the node's metrics page after it.
+    async fn through_with_page(chunks: &[&'static str]) -> (String, String) {
         let shared = Arc::new(crate::state::test_node(Default::default()));
         let replica = "name = \"e0\"\nhttp = \"http://127.0.0.1:9\"\ncapacity_blocks = 100";
         shared.add_replica(toml::from_str(replica).unwrap()).unwrap();
@@ -405,12 +415,7 @@ mod tests {
         let out: Vec<_> = stream_through(resp, booking).collect().await;
         let text = out.into_iter().map(|c| String::from_utf8(c.unwrap().to_vec()).unwrap()).collect();
         assert!(shared.core().fleet.bookings().is_empty(), "released");
-        let page = crate::metrics_page::render(&shared);
-        let outcome = ["ok", "upstream_error"]
-            .into_iter()
-            .find(|o| page.contains(&format!("kvmesh_requests_total{{outcome=\"{o}\"}} 1\n")))
-            .expect("one outcome counted");
-        (text, outcome)
+        (text, crate::metrics_page::render(&shared))
     }
 
     const ERROR: &str = "data: {\"error\":{\"code\":502,\"message\":\"replica e0 failed mid-stream: the stream \
@@ -433,5 +438,19 @@ mod tests {
         // The marker inside a token's text is no end.
         let text = "data: {\"text\":\"data: [DONE]\"}\n\n";
         assert_eq!(through(&[text]).await, (format!("{text}{ERROR}"), "upstream_error"));
+    }
+
+    #[tokio::test]
+    async fn a_streams_usage_chunk_counts_the_engines_cached_tokens_once() {
+        // `stream_options.include_usage`: a last chunk with the usage and no choices (vLLM).
+        let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":2,\
+                     \"prompt_tokens_details\":{\"cached_tokens\":288}}}\n\n";
+        let chunks = ["data: {\"t\":1}\n\n", "data: {\"t\":2}\n\n", usage, "data: [DONE]\n\n"];
+        let (text, page) = through_with_page(&chunks).await;
+        assert_eq!(text, chunks.concat());
+        assert!(page.contains("kvmesh_engine_cached_tokens_total 288\n"), "{page}");
+        // Without a usage chunk nothing is counted.
+        let (_, page) = through_with_page(&["data: {\"t\":1}\n\n", "data: [DONE]\n\n"]).await;
+        assert!(page.contains("kvmesh_engine_cached_tokens_total 0\n"), "{page}");
     }
 }

@@ -43,11 +43,29 @@ pub(crate) fn read_usage(shared: &Shared, body: &[u8]) -> Option<u32> {
 /// request's decode side counts the KV it received as cached: its prefill side's answer is
 /// counted instead).
 pub(crate) fn read_usage_from(shared: &Shared, body: &[u8], count_cached: bool) -> Option<u32> {
-    let usage = serde_json::from_slice::<ResponseUsage>(body).ok().and_then(|r| r.usage)?;
-    if let Some(c) = usage.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens).filter(|_| count_cached) {
+    let usage = usage_of(body)?;
+    if let Some(c) = usage.cached_tokens.filter(|_| count_cached) {
         shared.metrics.engine_cached_tokens.inc_by(c);
     }
-    usage.completion_tokens.map(|n| n.min(u32::MAX as u64) as u32)
+    usage.completion_tokens
+}
+
+/// What an answer's (or a stream event's) `usage` says, when it has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct UsageSeen {
+    /// `completion_tokens`, at most `u32::MAX`.
+    pub(crate) completion_tokens: Option<u32>,
+    /// `prompt_tokens_details.cached_tokens`: the engine's own prefix-cache hit count.
+    pub(crate) cached_tokens: Option<u64>,
+}
+
+/// The `usage` of an OpenAI answer or stream chunk (`body`: its JSON), if it carries one.
+pub(crate) fn usage_of(body: &[u8]) -> Option<UsageSeen> {
+    let usage = serde_json::from_slice::<ResponseUsage>(body).ok().and_then(|r| r.usage)?;
+    Some(UsageSeen {
+        completion_tokens: usage.completion_tokens.map(|n| n.min(u32::MAX as u64) as u32),
+        cached_tokens: usage.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens),
+    })
 }
 
 /// The `usage` of an OpenAI response (the output-length estimate and the engine-reported hit
@@ -105,6 +123,9 @@ pub(crate) fn stream_through(
         /// The stream parsed so far; bytes after the last whole event are passed on with the
         /// rest of their event, so an error event never lands inside a half-sent one.
         sse: kvmesh_events::SseReader,
+        /// The last `usage` an event carried (`stream_options.include_usage`: the last chunk;
+        /// `continuous_usage_stats`: every chunk, cumulative), read when the stream ends.
+        usage: Option<UsageSeen>,
     }
     /// An SSE error event (what OpenAI's clients raise on) for a stream that broke off.
     fn broken(booking: &mut InFlight, why: String, timeout: bool) -> Bytes {
@@ -122,6 +143,7 @@ pub(crate) fn stream_through(
         events: 0,
         done: false,
         sse: kvmesh_events::SseReader::new(),
+        usage: None,
     };
     futures_util::stream::unfold(Some(st), |st| async move {
         let mut st = st?;
@@ -135,6 +157,11 @@ pub(crate) fn stream_through(
                             st.done = true;
                         } else {
                             st.events += 1;
+                            // Token chunks carry no usage unless the client asked for it:
+                            // parsed only when the event names one.
+                            if event.data.contains("\"usage\"") {
+                                st.usage = usage_of(event.data.as_bytes()).or(st.usage);
+                            }
                         }
                     }
                     let whole = st.sse.take_parsed();
@@ -156,8 +183,16 @@ pub(crate) fn stream_through(
                 }
                 // After [DONE] the answer is whole, however the connection ends.
                 Some(Err(_)) | None => {
-                    // Each token is one `data:` event, plus a last one with the finish reason.
-                    st.booking.release(Some(st.events.saturating_sub(1).max(1)), "ok");
+                    // A disaggregated request's decode side counts the KV it received as
+                    // cached; its prefill side's answer was counted instead.
+                    let usage = st.usage.unwrap_or_default();
+                    if let Some(c) = usage.cached_tokens.filter(|_| st.booking.side != crate::in_flight::Side::Decode) {
+                        st.booking.shared.metrics.engine_cached_tokens.inc_by(c);
+                    }
+                    // The usage's count when sent; else each token is one `data:` event, plus
+                    // a last one with the finish reason.
+                    let output = usage.completion_tokens.unwrap_or(st.events.saturating_sub(1).max(1));
+                    st.booking.release(Some(output), "ok");
                     let rest = std::mem::take(&mut st.sse).into_buffered();
                     return (!rest.is_empty()).then(|| (Ok(Bytes::from(rest)), None));
                 }

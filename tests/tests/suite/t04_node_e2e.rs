@@ -464,7 +464,14 @@ async fn a_replica_that_closes_the_connection_unanswered_is_retried_elsewhere() 
     }
     // Equal replicas take turns, so the closing one was tried about every other request; each
     // of those was answered by e0 instead (a 502 before).
-    assert!(posts.load(std::sync::atomic::Ordering::SeqCst) >= 2, "the closing replica was never tried");
+    let tried = posts.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(tried >= 2, "the closing replica was never tried");
     eventually("bookings released", || node.shared.core().fleet.bookings().is_empty()).await;
+    // One outcome per client request; each attempt on the closing replica counts against it.
+    let page = kvmesh_node::metrics_page::render(&node.shared);
+    assert!(page.contains("kvmesh_requests_total{outcome=\"ok\"} 6\n"), "{page}");
+    assert!(!page.contains("kvmesh_requests_total{outcome=\"upstream_error\"} 1"), "{page}");
+    let charged = format!("kvmesh_replica_requests_total{{replica=\"dying\",outcome=\"upstream_error\"}} {tried}\n");
+    assert!(page.contains(&charged), "{page}");
     node.stop().await;
 }

@@ -93,7 +93,9 @@ pub struct LoadtestArgs {
     #[arg(long)]
     pub retry_once: bool,
     /// HTTP: ask for streamed answers (`"stream": true`) and also report TTFT, the time to
-    /// the first chunk of each answer.
+    /// the first chunk of each answer. A stream counts as an error unless it ends with
+    /// `data: [DONE]` and carries no error event (`sse_error`: the router's event for an
+    /// upstream that broke off after the 200; `sse_truncated`: cut short).
     #[arg(long)]
     pub stream: bool,
     /// HTTP, open loop: also send the same rate to these base URLs (comma-separated, in turn),

@@ -180,3 +180,26 @@ fn a_baseline_needs_an_open_loop_run_valid_urls_and_answers_on_both_sides() {
         "no added latency: 0 requests succeeded on --url http://127.0.0.1:9, 0 on --baseline (see the errors above)"
     );
 }
+
+/// `read_body` of a streamed answer whose body arrives as `chunks`.
+async fn read_streamed(chunks: &[&'static str]) -> Result<(Option<u64>, Vec<u64>), String> {
+    let parts: Vec<Result<&'static str, std::io::Error>> = chunks.iter().map(|c| Ok(*c)).collect();
+    let body = reqwest::Body::wrap_stream(tokio_stream::iter(parts));
+    read_body(reqwest::Response::from(axum::http::Response::new(body)), Some(Instant::now())).await
+}
+
+#[tokio::test]
+async fn a_stream_counts_only_when_it_ends_with_done_and_carries_no_error_event() {
+    let token = "data: {\"choices\":[{\"text\":\" t\"}]}\n\n";
+    let (first, gaps) = read_streamed(&[token, token, "data: [DO", "NE]\n\n"]).await.unwrap();
+    assert!(first.is_some());
+    assert_eq!(gaps.len(), 3, "one gap between each pair of the 4 chunks");
+    // A router's error event after the 200 (its upstream broke off), then the end.
+    let error = "data: {\"error\":{\"message\":\"replica e0 failed mid-stream\",\"type\":\"upstream_error\"}}\n\n";
+    assert_eq!(read_streamed(&[token, error]).await, Err("sse_error".to_string()));
+    // Cut short with no word.
+    assert_eq!(read_streamed(&[token]).await, Err("sse_truncated".to_string()));
+    // "error" inside a token's text is text.
+    let text = "data: {\"choices\":[{\"text\":\"\\\"error\\\"\"}]}\n\n";
+    assert!(read_streamed(&[text, "data: [DONE]\n\n"]).await.is_ok());
+}

@@ -84,7 +84,7 @@ impl Metrics {
         );
         registry.register(
             "replica_requests",
-            "Requests followed to their end (proxied, or picked for a gateway) by replica and outcome",
+            "Attempts followed to their end (proxied, or picked for a gateway) by replica and outcome; a request retried elsewhere counts once per replica tried",
             m.replica_requests.clone(),
         );
         registry.register(
@@ -114,7 +114,7 @@ impl Metrics {
         );
         registry.register(
             "requests",
-            "Requests routed by the proxy or picked for a gateway (the endpoint picker), by outcome",
+            "Requests routed by the proxy or picked for a gateway (the endpoint picker), by final outcome: one per client request, retries included",
             m.requests.clone(),
         );
         registry.register("prompt_tokens", "Prompt tokens routed", m.prompt_tokens.clone());
@@ -140,7 +140,7 @@ impl Metrics {
         );
         registry.register(
             "engine_cached_tokens",
-            "Prompt tokens engines reported as cached",
+            "Prompt tokens engines reported as cached (answers and streams' usage chunks)",
             m.engine_cached_tokens.clone(),
         );
         registry.register("events_applied", "KV events applied by replica and kind", m.events_applied.clone());
