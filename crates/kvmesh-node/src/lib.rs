@@ -99,7 +99,9 @@ impl Node {
     }
 
     /// Brings the replica set in line with `config.replicas` (a config reload): removes
-    /// replicas no longer listed, adds new ones, and restarts changed ones.
+    /// replicas no longer listed, adds new ones, restarts changed ones, and puts back in
+    /// rotation the listed ones the admin API drained (on a single node the file is the
+    /// registry). Other sections take effect on restart only; a changed one is logged as such.
     ///
     /// # Errors
     /// The first replica that could not be added.
@@ -122,6 +124,19 @@ impl Node {
             if !current.contains(new) {
                 self.add_replica(new.clone()).await?;
             }
+        }
+        for r in &config.replicas {
+            let drained = self.shared.core().replicas.get(&r.name).is_some_and(|x| x.draining());
+            if drained && self.shared.set_draining(&r.name, false).is_ok() {
+                tracing::info!(replica = %r.name, "reload: back in rotation (drained through the admin API)");
+            }
+        }
+        let changed = config::sections_changed(&self.shared.config.lock().unwrap_or_else(|p| p.into_inner()), config);
+        if !changed.is_empty() {
+            tracing::warn!(
+                sections = %changed.join(", "),
+                "reload applies [[replicas]] only; restart the node for the changes to these sections"
+            );
         }
         Ok(())
     }

@@ -338,6 +338,11 @@ async fn a_failed_replica_actor_is_restarted_alone_and_reload_syncs_the_replica_
     node.reload(&config).await.unwrap();
     let names: Vec<String> = children().await.into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, vec!["e0", "e2"]);
+    // On a single node the file is the registry: a reload puts back what the admin API drained.
+    node.shared.set_draining("e0", true).unwrap();
+    assert!(node.shared.core().replicas["e0"].draining());
+    node.reload(&config).await.unwrap();
+    assert!(!node.shared.core().replicas["e0"].draining(), "a listed replica stays drained after a reload");
     node.stop().await;
     for e in engines {
         e.stop().await;

@@ -82,6 +82,25 @@ pub struct NodeConfig {
     pub epp: EppSection,
 }
 
+/// The sections other than `[[replicas]]` that differ between `running` and `file` (what a
+/// reload does not apply), by their TOML names.
+pub fn sections_changed(running: &NodeConfig, file: &NodeConfig) -> Vec<&'static str> {
+    let NodeConfig { node, replicas: _, cluster, security, replication, autoscaler, admission, limits, epp } = file;
+    [
+        ("[node]", running.node != *node),
+        ("[cluster]", running.cluster != *cluster),
+        ("[security]", running.security != *security),
+        ("[replication]", running.replication != *replication),
+        ("[autoscaler]", running.autoscaler != *autoscaler),
+        ("[admission]", running.admission != *admission),
+        ("[limits]", running.limits != *limits),
+        ("[epp]", running.epp != *epp),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect()
+}
+
 fn is_default(s: &crate::auth::SecuritySection) -> bool {
     *s == crate::auth::SecuritySection::default()
 }

@@ -329,3 +329,14 @@ fn a_nodes_own_entry_in_peers_must_be_where_it_serves() {
     // A node that joins later lists no peers.
     assert_eq!(ClusterSection { id: 4, ..ClusterSection::default() }.check_own_peer(1), Ok(()));
 }
+
+#[test]
+fn a_reload_names_the_sections_it_does_not_apply() {
+    let running: NodeConfig = toml::from_str("[node]\npolicy = \"token_load\"").unwrap();
+    let mut file = running.clone();
+    file.replicas.push(toml::from_str("name = \"e0\"\nhttp = \"http://127.0.0.1:9\"\ncapacity_blocks = 10").unwrap());
+    assert_eq!(sections_changed(&running, &file), Vec::<&str>::new(), "replicas are what a reload applies");
+    file.node.policy = "round_robin".into();
+    file.autoscaler.enabled = true;
+    assert_eq!(sections_changed(&running, &file), vec!["[node]", "[autoscaler]"]);
+}
