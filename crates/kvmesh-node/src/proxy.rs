@@ -46,8 +46,25 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(shared)
+}
+
+/// Any other path: an OpenAI-shaped 404 naming what the node serves.
+async fn not_found(uri: axum::http::Uri) -> Response {
+    let message = format!(
+        "no route {}: this router serves POST /v1/completions and /v1/chat/completions, GET /v1/models, /health \
+         and /metrics",
+        uri.path()
+    );
+    error(StatusCode::NOT_FOUND, message)
+}
+
+/// A served path asked with another method (`GET /v1/completions`): an OpenAI-shaped 405.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    error(StatusCode::METHOD_NOT_ALLOWED, format!("{method} is not allowed on {}", uri.path()))
 }
 
 async fn completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {

@@ -232,8 +232,18 @@ pub(crate) async fn parse(shared: &Arc<Shared>, body: &Bytes, read: Reader) -> R
     parsed
 }
 
+/// A body that is JSON but not an object would otherwise read as serde's field-by-field
+/// complaint about a struct given as a list.
+fn object(body: &[u8]) -> Result<&[u8], Rejected> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => Ok(body),
+        Some(b'[') => Err(Rejected::bad("the body must be a JSON object, not an array".into())),
+        _ => Ok(body),
+    }
+}
+
 pub(crate) fn read_completion(shared: &Shared, body: &[u8]) -> Result<Parsed, Rejected> {
-    let f = serde_json::from_slice::<RequestFields<'_>>(body)
+    let f = serde_json::from_slice::<RequestFields<'_>>(object(body)?)
         .map_err(|e| Rejected::bad(format!("the body is not a JSON completion request: {e}")))?;
     let exact = shared.tokenizer.exact(false);
     let (tokens, exact) = match &f.prompt {
@@ -249,7 +259,7 @@ pub(crate) fn read_completion(shared: &Shared, body: &[u8]) -> Result<Parsed, Re
 }
 
 pub(crate) fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Rejected> {
-    let f = serde_json::from_slice::<RequestFields<'_>>(body)
+    let f = serde_json::from_slice::<RequestFields<'_>>(object(body)?)
         .map_err(|e| Rejected::bad(format!("the body is not a JSON chat completion request: {e}")))?;
     let Some(messages) = &f.messages else {
         return Err(Rejected::bad("messages must be an array".into()));

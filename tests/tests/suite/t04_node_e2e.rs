@@ -209,9 +209,23 @@ async fn client_errors_pass_through_and_all_down_is_a_clear_503() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
     assert!(node.shared.core().replicas.values().all(|r| r.health.lock().failures == 0));
-    // Malformed JSON is the node's own 400.
+    // Malformed JSON is the node's own 400; so is JSON that is not an object.
     let r = client.post(format!("http://{}/v1/completions", node.http)).body("{").send().await.unwrap();
     assert_eq!(r.status().as_u16(), 400);
+    let r = client.post(format!("http://{}/v1/completions", node.http)).body("[1, 2]").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["message"], "the body must be a JSON object, not an array");
+    // Paths and methods it does not serve get OpenAI-shaped errors too, not empty bodies.
+    let r = client.get(format!("http://{}/v1/completions", node.http)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let r = client.post(format!("http://{}/v1/embeddings", node.http)).body("{}").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "not_found_error", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().starts_with("no route /v1/embeddings"), "{body}");
     // Every replica down: a 503 with a JSON error, and the node still up (case C16).
     for e in engines {
         e.stop().await;
