@@ -37,17 +37,21 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
             &instance,
         )?;
         let node = kvmesh_node::start(config).await?;
-        println!("kvmesh node: OpenAI API and /metrics on http://{}, gRPC on {}", node.http, node.grpc);
+        // With JSON logs every line a log shipper reads is JSON: the banner is a log event.
+        let json = format == kvmesh_node::telemetry::LogFormat::Json;
+        let say = |line: String| {
+            if json {
+                tracing::info!("{line}");
+            } else {
+                println!("kvmesh node: {line}");
+            }
+        };
+        say(format!("OpenAI API and /metrics on http://{}, gRPC on {}", node.http, node.grpc));
         if let Some(c) = &node.cluster {
-            println!(
-                "kvmesh node: cluster member {} at {}, Raft data in {}",
-                c.id,
-                c.addr,
-                c.section.data_dir.display()
-            );
+            say(format!("cluster member {} at {}, Raft data in {}", c.id, c.addr, c.section.data_dir.display()));
         }
         wait_for_stop(&node, args).await;
-        println!("kvmesh node: stopping");
+        say("stopping".into());
         node.stop().await;
         telemetry.shutdown().await;
         Ok(())

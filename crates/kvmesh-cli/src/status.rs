@@ -180,7 +180,7 @@ fn render(replicas: &[v1::Replica]) -> String {
             "queued tok",
             "bookings",
             "blocks",
-            "events",
+            "events ok/bad",
             "last ev",
             "detail",
         ],

@@ -278,8 +278,13 @@ async fn replicas_are_added_drained_and_removed_at_runtime() {
         admin.add_replica(v1::AddReplicaRequest { spec: Some(bad), starting: false }).await.unwrap_err().code(),
         tonic::Code::InvalidArgument
     );
-    // Starting replicas live in a cluster's registry.
-    let starting = v1::ReplicaSpec { name: "e3".into(), ..spec.clone() };
+    // One engine under a second name is refused, naming the replica that has it.
+    let twice = v1::ReplicaSpec { name: "e1-again".into(), ..spec.clone() };
+    let e = admin.add_replica(v1::AddReplicaRequest { spec: Some(twice), starting: false }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e:?}");
+    assert!(e.message().starts_with("replica \"e1\" already routes to "), "{e:?}");
+    // Starting replicas live in a cluster's registry (checked before the engine is looked at).
+    let starting = v1::ReplicaSpec { name: "e3".into(), http_endpoint: "http://127.0.0.1:9".into(), ..spec.clone() };
     let e = admin.add_replica(v1::AddReplicaRequest { spec: Some(starting), starting: true }).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     // The new replica's actor follows its engine: scraped, then routable.

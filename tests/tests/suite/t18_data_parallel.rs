@@ -29,15 +29,17 @@ async fn two_ranks_behind_one_api_are_indexed_loaded_and_routed_apart() {
     assert_eq!(engine.ranks[1], (format!("tcp://127.0.0.1:{}", p + 1), format!("tcp://127.0.0.1:{}", p + 3)));
 
     // The file an operator writes: one entry for the engine, its ranks written out at load.
-    // "crossed" claims rank 1 but is pointed at rank 0's stream (a misconfiguration).
+    // "crossed" claims rank 1 but is pointed at rank 0's stream (a misconfiguration), under
+    // another name for the engine's host (the same URL twice is refused at load).
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("node.toml");
     let url = engine.base_url();
+    let alias = url.replace("127.0.0.1", "localhost");
     let toml = format!(
         "[node]\nhttp = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\nscrape_interval_ms = 50\nshutdown_grace_s = 1.0\n\n\
          [[replicas]]\nname = \"e0\"\nhttp = \"{url}\"\nkv_events = \"{events}\"\nreplay = \"{replay}\"\n\
          capacity_blocks = 29375\ndata_parallel_size = 2\n\n\
-         [[replicas]]\nname = \"crossed\"\nhttp = \"{url}\"\nkv_events = \"{events}\"\ncapacity_blocks = 29375\n\
+         [[replicas]]\nname = \"crossed\"\nhttp = \"{alias}\"\nkv_events = \"{events}\"\ncapacity_blocks = 29375\n\
          data_parallel_rank = 1\n"
     );
     std::fs::write(&path, toml).unwrap();

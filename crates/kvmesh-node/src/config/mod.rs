@@ -353,6 +353,16 @@ impl NodeConfig {
             if !names.insert(&r.name) {
                 return Err(format!("replica name {:?} appears twice", r.name));
             }
+            if let Some(o) = self.replicas.iter().take_while(|o| !std::ptr::eq(*o, r)).find(|o| o.same_engine(r)) {
+                return Err(format!(
+                    "replicas {:?} and {:?} route to the same engine ({}{}): one engine under two names is booked \
+                     and scraped twice",
+                    o.name,
+                    r.name,
+                    r.http,
+                    r.data_parallel_rank.map(|k| format!(", data-parallel rank {k}")).unwrap_or_default()
+                ));
+            }
         }
         Ok(())
     }

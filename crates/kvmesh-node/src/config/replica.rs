@@ -98,6 +98,13 @@ fn default_engine() -> String {
 }
 
 impl ReplicaConfig {
+    /// Whether `other` names the same engine: the same `http` base URL (trailing `/`
+    /// ignored) and the same data-parallel rank.
+    pub fn same_engine(&self, other: &ReplicaConfig) -> bool {
+        self.http.trim_end_matches('/') == other.http.trim_end_matches('/')
+            && self.data_parallel_rank == other.data_parallel_rank
+    }
+
     /// This entry as the replicas it stands for: itself, or with `data_parallel_size` N one
     /// entry per rank (see [`ReplicaConfig::data_parallel_size`]).
     ///

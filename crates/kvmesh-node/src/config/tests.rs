@@ -340,3 +340,20 @@ fn a_reload_names_the_sections_it_does_not_apply() {
     file.autoscaler.enabled = true;
     assert_eq!(sections_changed(&running, &file), vec!["[node]", "[autoscaler]"]);
 }
+
+#[test]
+fn one_engine_under_two_names_is_refused() {
+    let two = |second: &str| {
+        let text = format!(
+            "[[replicas]]\nname = \"a\"\nhttp = \"http://10.0.0.7:8000\"\ncapacity_blocks = 10\n\
+             [[replicas]]\nname = \"b\"\nhttp = \"{second}\"\ncapacity_blocks = 10\n"
+        );
+        toml::from_str::<NodeConfig>(&text).unwrap().validate()
+    };
+    assert_eq!(
+        two("http://10.0.0.7:8000/").unwrap_err(),
+        "replicas \"a\" and \"b\" route to the same engine (http://10.0.0.7:8000/): one engine under two names is \
+         booked and scraped twice"
+    );
+    assert_eq!(two("http://10.0.0.8:8000"), Ok(()));
+}

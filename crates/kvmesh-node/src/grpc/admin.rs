@@ -56,6 +56,21 @@ impl admin_server::Admin for Services {
             return Err(GrpcStatus::invalid_argument(e.to_string()));
         }
         let name = config.name.clone();
+        // One engine under two names would be booked twice and scraped twice.
+        let same_engine = self
+            .shared
+            .core()
+            .replicas
+            .values()
+            .find_map(|r| (r.config.name != name && r.config.same_engine(&config)).then(|| r.config.name.clone()));
+        if let Some(other) = same_engine {
+            return Err(GrpcStatus::already_exists(format!(
+                "replica {other:?} already routes to {} (the same engine{}); remove it first, or give this one its \
+                 own engine",
+                config.http,
+                config.data_parallel_rank.map(|r| format!(", data-parallel rank {r}")).unwrap_or_default()
+            )));
+        }
         if let Some(c) = &self.cluster {
             config.validate().map_err(GrpcStatus::invalid_argument)?;
             c.write(Command::AddReplica { config, starting }).await.map_err(|e| match e {
