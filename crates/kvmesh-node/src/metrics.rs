@@ -16,7 +16,10 @@ type Labels = Vec<(&'static str, String)>;
 const RAFT: [(&str, &str); 6] = [
     ("term", "This node's Raft term"),
     ("leader_id", "The Raft leader's node id as this node knows it (0: none)"),
-    ("is_leader", "1 while this node leads the Raft group"),
+    (
+        "is_leader",
+        "1 while this node leads the Raft group: in the leader state with a quorum acknowledging it within cluster.election_timeout_max_ms",
+    ),
     ("last_applied_index", "The last Raft log index applied to this node's state machine"),
     ("last_log_index", "The last Raft log index in this node's log"),
     ("voters", "Voting members of the Raft group"),

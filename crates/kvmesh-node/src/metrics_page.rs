@@ -56,6 +56,8 @@ pub fn render(shared: &Shared) -> String {
             let timeout_s = c.section.peer_timeout_ms as f64 / 1000.0;
             for id in c.members().into_keys().filter(|id| *id != c.id) {
                 let l = vec![("peer", id.to_string())];
+                // Its bookings are dropped once it is silent: 0, not a missing series.
+                let _ = m.gossip_peer_bookings.get_or_create(&l);
                 let age = core.remote.last_heard(kvmesh_core::gossip::NodeId(id)).map_or(now, |h| now - h);
                 m.gossip_peer_age.get_or_create(&l).set(age);
                 m.gossip_peer_up.get_or_create(&l).set(i64::from(age <= timeout_s));

@@ -250,6 +250,22 @@ async fn a_partitioned_minority_keeps_routing_cannot_write_and_catches_up() {
     eventually("the healed node catches up", || has_replica(cut, "e2")).await;
     let routed = router.route(req).await.unwrap().into_inner();
     assert!(!routed.replica_id.is_empty());
+
+    // Cut off the leader: Raft keeps it in the leader state (it hears no newer term), but a
+    // leader no quorum answers does not lead, and says so (its is_leader gauge reads 0).
+    let all: Vec<&Node> = nodes.iter().collect();
+    let leader = leader_of(&all).unwrap();
+    let old = nodes.iter().find(|n| n.cluster.as_ref().unwrap().id == leader).unwrap();
+    let old_cluster = old.cluster.as_ref().unwrap();
+    old_cluster.faults.set(true, 0.0);
+    eventually("the cut-off leader stops leading", || !old_cluster.leads()).await;
+    let state = old_cluster.status().state;
+    assert!(["leader without quorum", "follower", "candidate"].contains(&state.as_str()), "{state}");
+    let page = kvmesh_node::metrics_page::render(&old.shared);
+    assert!(page.contains("kvmesh_raft_is_leader 0\n"), "{page}");
+    let rest: Vec<&Node> = nodes.iter().filter(|n| n.cluster.as_ref().unwrap().id != leader).collect();
+    eventually("the others elect a leader", || rest.iter().any(|n| n.cluster.as_ref().unwrap().leads())).await;
+    old_cluster.faults.set(false, 0.0);
     for n in nodes {
         n.stop().await;
     }

@@ -288,9 +288,23 @@ impl Cluster {
     /// Whether this node is the Raft leader now. Not `leader()` naming itself: a node that
     /// restarts reads its last vote back and names itself leader until it hears the newer
     /// term, while it is in fact a follower.
+    ///
+    /// Nor a leader a quorum no longer answers (partitioned, or its peers down): Raft keeps
+    /// its state until it hears a newer term, but nothing it writes can commit, so it is not
+    /// leading ([`Cluster::quorum_lost`]).
     pub fn leads(&self) -> bool {
         let m = self.raft.metrics().borrow().clone();
-        m.state == openraft::ServerState::Leader && m.current_leader == Some(self.id)
+        m.state == openraft::ServerState::Leader && m.current_leader == Some(self.id) && !self.quorum_lost(&m)
+    }
+
+    /// Whether this node is in the leader state with no acknowledgement from a quorum within
+    /// the longest election timeout (`cluster.election_timeout_max_ms`: by then the others
+    /// have elected a new leader if they could). A single voter is its own quorum.
+    fn quorum_lost(&self, m: &openraft::RaftMetrics<u64, openraft::BasicNode>) -> bool {
+        if m.state != ServerState::Leader || m.membership_config.membership().voter_ids().count() <= 1 {
+            return false;
+        }
+        m.millis_since_quorum_ack.is_none_or(|ms| ms > self.section.election_timeout_max_ms)
     }
 
     /// The leader's id and address, if one is known.
@@ -388,6 +402,7 @@ impl Cluster {
         let membership = m.membership_config.membership().clone();
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let state = match m.state {
+            ServerState::Leader if self.quorum_lost(&m) => "leader without quorum",
             ServerState::Leader => "leader",
             ServerState::Follower => "follower",
             ServerState::Candidate => "candidate",

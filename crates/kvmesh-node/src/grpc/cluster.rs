@@ -102,11 +102,14 @@ impl ClusterServices {
         let core = self.shared.core();
         let peers: std::collections::BTreeMap<u64, (usize, f64)> =
             core.remote.peers().map(|(n, live, heard)| (n.0, (live, now - heard))).collect();
-        for m in &mut s.members {
-            if let Some((live, age)) = peers.get(&m.node_id) {
-                m.shared_bookings = *live as u64;
-                m.gossip_age_s = Some(*age);
-            }
+        for m in &mut s.members.iter_mut().filter(|m| m.node_id != s.node_id) {
+            // A silent peer's bookings are dropped, not its age: a member never heard counts
+            // from this node's start, as kvmesh_gossip_peer_age_seconds does.
+            let (live, age) = peers.get(&m.node_id).copied().unwrap_or_else(|| {
+                (0, core.remote.last_heard(kvmesh_core::gossip::NodeId(m.node_id)).map_or(now, |h| now - h))
+            });
+            m.shared_bookings = live as u64;
+            m.gossip_age_s = Some(age);
         }
         s
     }

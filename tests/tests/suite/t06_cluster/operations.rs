@@ -246,6 +246,16 @@ async fn cluster_metrics_are_valid_openmetrics() {
         .find_map(|l| l.strip_prefix(&format!("kvmesh_gossip_peer_age_seconds{{peer=\"{gone}\"}} ")))
         .map(|v| v.parse::<f64>().unwrap());
     assert!(age.is_some_and(|a| a > 5.0), "{page}");
+    // Its bookings series stays too (0: dropped when it went silent), and `cluster status`
+    // shows its age, not a blank.
+    let bookings = format!("kvmesh_gossip_peer_bookings{{peer=\"{gone}\"}} 0\n");
+    assert!(page.contains(&bookings), "{page}");
+    let mut cluster = v1::cluster_client::ClusterClient::new(grpc(nodes[1].grpc).await);
+    let status = cluster.status(v1::ClusterStatusRequest {}).await.unwrap().into_inner();
+    let silent = status.members.iter().find(|m| m.node_id == gone).unwrap();
+    assert!(silent.gossip_age_s.is_some_and(|a| a > 5.0), "{status:?}");
+    let mine = status.members.iter().find(|m| m.node_id == me).unwrap();
+    assert_eq!(mine.gossip_age_s, None, "no gossip age for the node itself");
     for n in nodes {
         n.stop().await;
     }
