@@ -108,12 +108,15 @@ pub struct CommandResult {
     pub error: Option<String>,
 }
 
+/// Removed replicas the registry remembers (the newest; older ones are forgotten).
+pub const MAX_REMOVED: usize = 64;
+
 /// The replicated state.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ClusterState {
     /// Whether the registry was seeded (before that, each node follows its own config file).
     pub seeded: bool,
-    /// Replicas by name, removed ones included.
+    /// Replicas by name, the last [`MAX_REMOVED`] removed ones included.
     pub replicas: BTreeMap<String, RegistryEntry>,
     /// The routing policy every node uses; `None`: each node's own `node.policy`.
     pub policy: Option<String>,
@@ -201,6 +204,7 @@ impl ClusterState {
                 Some(e) if e.state != ReplicaStatus::Removed => {
                     e.state = ReplicaStatus::Removed;
                     e.changed_at = index;
+                    self.prune_removed();
                 }
                 _ => return err(format!("unknown replica {name:?}")),
             },
@@ -245,6 +249,26 @@ impl ClusterState {
             }
         }
         CommandResult::default()
+    }
+
+    /// Keeps the [`MAX_REMOVED`] most recently removed entries and drops older ones: an
+    /// autoscaled pool registers each pod under its own name, and the registry (snapshots,
+    /// `cluster status`) must not grow with every pod that ever ran. Deterministic (by log
+    /// index), so every node's state machine drops the same ones.
+    fn prune_removed(&mut self) {
+        let mut removed: Vec<(u64, String)> = self
+            .replicas
+            .iter()
+            .filter(|(_, e)| e.state == ReplicaStatus::Removed)
+            .map(|(n, e)| (e.changed_at, n.clone()))
+            .collect();
+        if removed.len() <= MAX_REMOVED {
+            return;
+        }
+        removed.sort_unstable();
+        for (_, name) in &removed[..removed.len() - MAX_REMOVED] {
+            self.replicas.remove(name);
+        }
     }
 
     /// Replicas every node should follow (not removed), by name.
@@ -325,6 +349,29 @@ mod tests {
             role: Default::default(),
             bootstrap_port: None,
         }
+    }
+
+    #[test]
+    fn only_the_newest_removed_replicas_are_remembered() {
+        let mut s = ClusterState::default();
+        let names: Vec<String> = (0..MAX_REMOVED + 6).map(|i| format!("pod-{i:03}")).collect();
+        let seed = Command::Seed {
+            replicas: names.iter().map(|n| replica(n)).collect(),
+            policy: "token_load".into(),
+            params: Default::default(),
+        };
+        assert_eq!(s.apply(&seed, 1), CommandResult::default());
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(s.apply(&Command::RemoveReplica { name: n.clone() }, 2 + i as u64), CommandResult::default());
+        }
+        // The 6 removed first are forgotten; the last 64 stay as removed.
+        let kept: Vec<&String> = s.replicas.keys().collect();
+        assert_eq!(kept.len(), MAX_REMOVED);
+        assert_eq!(kept[0], "pod-006");
+        assert!(s.replicas.values().all(|e| e.state == ReplicaStatus::Removed));
+        // A forgotten name can be registered again like any new one.
+        let again = Command::AddReplica { config: replica("pod-000"), starting: false };
+        assert_eq!(s.apply(&again, 1000), CommandResult::default());
     }
 
     #[test]
