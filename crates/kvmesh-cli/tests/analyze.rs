@@ -75,11 +75,22 @@ fn malformed_lines_are_reported_by_number_and_strict_fails() {
 
 #[test]
 fn unknown_and_missing_files_are_clear_errors() {
-    let out = kvmesh(&["analyze", "--trace", "trace.parquet"]);
+    let parquet = temp("trace.parquet", "PAR1");
+    let p = parquet.to_str().unwrap();
+    let out = kvmesh(&["analyze", "--trace", p]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         text(&out.stderr),
-        "error: analyzing trace.parquet\n  caused by: unknown trace format for trace.parquet: expected a .jsonl (Mooncake or kvmesh JSONL) or an Azure LLM .csv file\n"
+        format!(
+            "error: analyzing {p}\n  caused by: unknown trace format for {p}: expected a .jsonl (Mooncake or kvmesh JSONL) or an Azure LLM .csv file\n"
+        )
+    );
+    std::fs::remove_file(parquet).unwrap();
+    // A missing file is reported as missing, whatever its name.
+    let out = kvmesh(&["analyze", "--trace", "/nonexistent"]);
+    assert_eq!(
+        text(&out.stderr),
+        "error: analyzing /nonexistent\n  caused by: cannot read trace /nonexistent\n  caused by: No such file or directory (os error 2)\n"
     );
     let out = kvmesh(&["analyze", "--trace", "/nonexistent/t.jsonl"]);
     assert_eq!(out.status.code(), Some(1));

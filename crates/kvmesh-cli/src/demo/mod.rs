@@ -45,6 +45,16 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         "--rate must be a positive number of requests per second"
     );
     anyhow::ensure!(args.requests > 0, "--requests must be at least 1");
+    // Before minutes of running, not after: the report must have somewhere to go.
+    std::fs::create_dir_all(&args.out).map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
+    if args.nodes == 2 || args.nodes == 4 {
+        eprintln!(
+            "note: {} router nodes tolerate no more node failures than {} (Raft needs a majority); 3 or 5 is the \
+             usual choice",
+            args.nodes,
+            args.nodes - 1
+        );
+    }
     let mut policies = vec![args.policy.clone()];
     if args.compare != "none" && args.compare != args.policy {
         policies.push(args.compare.clone());

@@ -138,31 +138,34 @@ pub fn markdown(r: &Report) -> String {
     out
 }
 
-/// With a trace of groups (RL steps) or any preemption: E2E, step completion, throughput and
-/// preemptions per policy, the figures decode-heavy traffic is judged by.
+/// With a trace of groups (RL steps, agent sessions) or any preemption: E2E, step completion,
+/// throughput and preemptions per policy, the figures decode-heavy traffic is judged by (the
+/// step columns only when the traffic has steps).
 fn decode_table(r: &Report, markdown: bool) -> String {
-    if !r.results.iter().any(|p| p.mean.steps > 0 || p.mean.preemptions > 0) {
+    let steps = r.results.iter().any(|p| p.mean.steps > 0);
+    if !steps && !r.results.iter().any(|p| p.mean.preemptions > 0) {
         return String::new();
     }
-    let columns = ["policy", "E2E p50", "E2E p99", "steps", "step p50", "step p99", "out tok/s", "preemptions"];
+    let mut columns = vec!["policy", "E2E p50", "E2E p99"];
+    if steps {
+        columns.extend(["steps", "step p50", "step p99"]);
+    }
+    columns.extend(["out tok/s", "preemptions"]);
     let rows: Vec<Vec<String>> = r
         .results
         .iter()
         .map(|p| {
             let m = &p.mean;
-            vec![
-                p.policy.clone(),
-                secs(m.e2e_p50),
-                secs(m.e2e_p99),
-                m.steps.to_string(),
-                secs(m.step_p50),
-                secs(m.step_p99),
-                format!("{:.0}", m.output_tps),
-                m.preemptions.to_string(),
-            ]
+            let mut row = vec![p.policy.clone(), secs(m.e2e_p50), secs(m.e2e_p99)];
+            if steps {
+                row.extend([m.steps.to_string(), secs(m.step_p50), secs(m.step_p99)]);
+            }
+            row.extend([format!("{:.0}", m.output_tps), m.preemptions.to_string()]);
+            row
         })
         .collect();
-    let mut out = format!("\ndecode and steps (output lengths known to the router: {})\n", r.output_info);
+    let title = if steps { "decode and steps" } else { "decode" };
+    let mut out = format!("\n{title} (output lengths known to the router: {})\n", r.output_info);
     if markdown {
         out.push('\n');
         out.push_str(&markdown_rows(&columns, &rows));

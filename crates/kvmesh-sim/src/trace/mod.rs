@@ -100,6 +100,10 @@ pub fn load(path: &Path) -> Result<Trace, TraceError> {
     if path.is_dir() {
         return Err(TraceError::IsDirectory(path.display().to_string()));
     }
+    // A missing file is that, whatever its name says.
+    if let Err(e) = std::fs::metadata(path) {
+        return Err(TraceError::Io { path: path.display().to_string(), source: e });
+    }
     let format = TraceFormat::of(path)?;
     let file = File::open(path).map_err(|e| TraceError::Io { path: path.display().to_string(), source: e })?;
     let mut reader = BufReader::new(file);
