@@ -9,19 +9,21 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
     runtime.block_on(async {
         match cmd {
             ClusterCommand::Init(t) => {
-                let status = answer(client(t).await?.init(authed(t, v1::InitRequest {})?).await, "Cluster.Init")?;
+                let status = answer(client(t).await?.init(authed(t, v1::InitRequest {})?).await, "Cluster.Init", t)?;
                 println!("cluster initialized");
                 print!("{}", render(&status));
             }
             ClusterCommand::Join(a) => {
                 let req = v1::JoinRequest { node_id: a.id, addr: a.addr.clone() };
-                let status = answer(client(&a.target).await?.join(authed(&a.target, req)?).await, "Cluster.Join")?;
+                let status =
+                    answer(client(&a.target).await?.join(authed(&a.target, req)?).await, "Cluster.Join", &a.target)?;
                 println!("node {} joined", a.id);
                 print!("{}", render(&status));
             }
             ClusterCommand::Leave(a) => {
                 let req = v1::LeaveRequest { node_id: a.id };
-                let status = answer(client(&a.target).await?.leave(authed(&a.target, req)?).await, "Cluster.Leave")?;
+                let status =
+                    answer(client(&a.target).await?.leave(authed(&a.target, req)?).await, "Cluster.Leave", &a.target)?;
                 println!("node {} left", a.id);
                 print!("{}", render(&status));
             }
@@ -29,6 +31,7 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
                 let s = answer(
                     client(&a.target).await?.status(authed(&a.target, v1::ClusterStatusRequest {})?).await,
                     "Cluster.Status",
+                    &a.target,
                 )?;
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&s)?);
@@ -38,7 +41,11 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
             }
             ClusterCommand::Fault(a) => {
                 let req = v1::FaultRequest { isolate: a.isolate, gossip_drop: a.gossip_drop };
-                answer(client(&a.target).await?.inject_fault(authed(&a.target, req)?).await, "Cluster.InjectFault")?;
+                answer(
+                    client(&a.target).await?.inject_fault(authed(&a.target, req)?).await,
+                    "Cluster.InjectFault",
+                    &a.target,
+                )?;
                 println!("fault set: isolate={} gossip_drop={}", a.isolate, a.gossip_drop);
             }
         }
@@ -48,7 +55,7 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
 
 /// A `Cluster` call's answer; a node that runs without `[cluster]` does not serve the service
 /// at all, and says so in words instead of gRPC's "unimplemented".
-fn answer<T>(r: Result<tonic::Response<T>, tonic::Status>, call: &str) -> anyhow::Result<T> {
+fn answer<T>(r: Result<tonic::Response<T>, tonic::Status>, call: &str, t: &ClusterTarget) -> anyhow::Result<T> {
     match r {
         Ok(r) => Ok(r.into_inner()),
         Err(s) if s.code() == tonic::Code::Unimplemented => anyhow::bail!(
@@ -56,14 +63,26 @@ fn answer<T>(r: Result<tonic::Response<T>, tonic::Status>, call: &str) -> anyhow
              see README.md, \"Running a cluster of router nodes\""
         ),
         // The node's message says what happened; gRPC's status dump around it does not.
-        Err(s) if !s.message().is_empty() => anyhow::bail!("{call}: {}", s.message()),
-        Err(s) => anyhow::bail!("{call}: {:?}", s.code()),
+        Err(s) => Err(crate::connect::explain(call, &s, &token_source(t.token_file.as_deref()))),
     }
 }
 
-/// The admin token: KVMESH_ADMIN_TOKEN, else `--token-file`, else none.
+/// The admin token: `--token-file` when given (a flag beats the environment), else
+/// KVMESH_ADMIN_TOKEN, else none.
 pub fn admin_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<kvmesh_node::auth::Secret>> {
-    kvmesh_node::auth::load("KVMESH_ADMIN_TOKEN", &file.map(|f| f.to_path_buf()))
+    match file {
+        Some(f) => kvmesh_node::auth::load("", &Some(f.to_path_buf())),
+        None => kvmesh_node::auth::load("KVMESH_ADMIN_TOKEN", &None),
+    }
+}
+
+/// Where [`admin_token`] takes the token from, for error messages.
+pub fn token_source(file: Option<&std::path::Path>) -> String {
+    match file {
+        Some(f) => format!("from --token-file {}", f.display()),
+        None if std::env::var_os("KVMESH_ADMIN_TOKEN").is_some() => "from KVMESH_ADMIN_TOKEN".into(),
+        None => "none sent".into(),
+    }
 }
 
 /// `msg` as a request carrying the admin token, if one is given.
@@ -142,15 +161,20 @@ pub fn render(s: &v1::ClusterStatus) -> String {
 mod tests {
     use super::*;
 
+    fn target() -> ClusterTarget {
+        ClusterTarget { grpc: "http://127.0.0.1:50051".into(), token_file: Some("admin.token".into()) }
+    }
+
     #[test]
     fn a_single_node_says_it_has_no_cluster_in_words() {
-        let single = answer::<()>(Err(tonic::Status::unimplemented("")), "Cluster.Status").unwrap_err();
+        let single = answer::<()>(Err(tonic::Status::unimplemented("")), "Cluster.Status", &target()).unwrap_err();
         assert_eq!(
             single.to_string(),
             "Cluster.Status: this node runs without [cluster] (a single router node): there is no Raft cluster here; \
              see README.md, \"Running a cluster of router nodes\""
         );
-        let other = answer::<()>(Err(tonic::Status::unavailable("leader unknown")), "Cluster.Join").unwrap_err();
+        let other =
+            answer::<()>(Err(tonic::Status::unavailable("leader unknown")), "Cluster.Join", &target()).unwrap_err();
         assert_eq!(format!("{other:#}").split(": ").next(), Some("Cluster.Join"));
         assert!(format!("{other:#}").contains("leader unknown"), "{other:#}");
     }

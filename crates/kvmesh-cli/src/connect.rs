@@ -58,3 +58,49 @@ pub async fn channel(addr: &str, hint: &str) -> anyhow::Result<Channel> {
         .keep_alive_timeout(std::time::Duration::from_secs(10));
     endpoint.connect().await.with_context(|| format!("connecting to {url} ({hint})"))
 }
+
+/// A failed gRPC `call` in words: the node's message without gRPC's status dump, and for the
+/// two mistakes a new user makes most — no or the wrong admin token, a `--grpc` that is not a
+/// gRPC port — what to do about it. `token` says where the admin token came from
+/// ([`crate::cluster::token_source`]).
+pub fn explain(call: &str, s: &tonic::Status, token: &str) -> anyhow::Error {
+    use tonic::Code;
+    let what = if s.message().is_empty() { format!("{:?}", s.code()) } else { s.message().to_string() };
+    match s.code() {
+        Code::Unauthenticated | Code::PermissionDenied => anyhow::anyhow!(
+            "{call}: {what} (admin token: {token}; pass --token-file FILE or set KVMESH_ADMIN_TOKEN to the node's \
+             admin token)"
+        ),
+        Code::Unavailable | Code::Unknown | Code::Internal
+            if what.contains("transport error") || what.contains("h2 protocol error") =>
+        {
+            anyhow::anyhow!(
+                "{call}: {what} (no gRPC answer: is --grpc the node's gRPC address, `node.grpc`, and not its HTTP \
+                 port?)"
+            )
+        }
+        _ => anyhow::anyhow!("{call}: {what}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::explain;
+
+    #[test]
+    fn a_refused_token_and_a_wrong_port_say_what_to_do() {
+        let s = tonic::Status::unauthenticated("the bearer token is not accepted here");
+        assert_eq!(
+            explain("Cluster.Status", &s, "from KVMESH_ADMIN_TOKEN").to_string(),
+            "Cluster.Status: the bearer token is not accepted here (admin token: from KVMESH_ADMIN_TOKEN; pass \
+             --token-file FILE or set KVMESH_ADMIN_TOKEN to the node's admin token)"
+        );
+        let s = tonic::Status::unknown("transport error");
+        assert!(explain("Admin.ListReplicas", &s, "none sent").to_string().ends_with("and not its HTTP port?)"));
+        let s = tonic::Status::not_found("unknown replica \"x\"");
+        assert_eq!(
+            explain("Admin.DrainReplica", &s, "none sent").to_string(),
+            "Admin.DrainReplica: unknown replica \"x\""
+        );
+    }
+}

@@ -209,7 +209,7 @@ pub struct ClusterTarget {
     #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL", env = "KVMESH_GRPC")]
     pub grpc: String,
     /// A file holding the admin token, for nodes with `[security] admin_token_file`
-    /// (the environment variable KVMESH_ADMIN_TOKEN takes precedence).
+    /// (without it, the environment variable KVMESH_ADMIN_TOKEN).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 }
