@@ -80,7 +80,10 @@ impl Cluster {
         };
         tokio::time::timeout(Duration::from_secs(JOIN_ANSWER_S), m.wait_for(|m| matched(m).is_some()))
             .await
-            .map_err(|_| format!("did not answer within {JOIN_ANSWER_S} s"))?
+            .map_err(|_| match self.peer_error(id) {
+                Some(e) => format!("did not answer within {JOIN_ANSWER_S} s (last error: {e})"),
+                None => format!("did not answer within {JOIN_ANSWER_S} s"),
+            })?
             .map_err(|_| "raft stopped".to_string())?;
         tokio::time::timeout(Duration::from_secs(JOIN_CATCH_UP_S), m.wait_for(|m| matched(m) >= Some(target)))
             .await

@@ -265,6 +265,11 @@ impl Cluster {
         out
     }
 
+    /// The last error this node's Raft calls to `id` met, while it stays unreachable.
+    pub fn peer_error(&self, id: u64) -> Option<String> {
+        self.down.lock().unwrap_or_else(|p| p.into_inner()).get(&id).map(|d| d.last_error.clone())
+    }
+
     /// Waits until some leader is known.
     ///
     /// # Errors

@@ -103,6 +103,8 @@ pub struct Down {
     since: std::time::Instant,
     failures: u64,
     warned: std::time::Instant,
+    /// The last error's text (`code: message`).
+    pub last_error: String,
 }
 
 /// Seconds between warnings about a peer that stays unreachable (openraft retries it every
@@ -169,13 +171,26 @@ impl PeerClient {
         let (target, addr) = (self.target, &self.node.addr);
         {
             let mut down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+            // A peer that refuses this node's cluster token is as unreachable as a down one,
+            // and the operator must hear why: the tokens differ.
+            let refused = |c: tonic::Code| matches!(c, tonic::Code::Unauthenticated | tonic::Code::PermissionDenied);
             match &reply {
-                Err(s) if s.code() == tonic::Code::Unavailable => {
+                Err(s) if s.code() == tonic::Code::Unavailable || refused(s.code()) => {
                     let now = std::time::Instant::now();
-                    let d = down.entry(target).or_insert(Down { since: now, failures: 0, warned: now });
+                    let d = down.entry(target).or_insert(Down {
+                        since: now,
+                        failures: 0,
+                        warned: now,
+                        last_error: String::new(),
+                    });
                     d.failures += 1;
+                    d.last_error = format!("{:?}: {}", s.code(), s.message());
                     let due = d.failures == 1 || now - d.warned >= std::time::Duration::from_secs(DOWN_WARN_EVERY_S);
-                    if due {
+                    if due && refused(s.code()) {
+                        d.warned = now;
+                        tracing::warn!(peer = target, %addr, failures = d.failures, error = %s.message(),
+                            "raft peer refuses this node's cluster token: give every node the same cluster token");
+                    } else if due {
                         d.warned = now;
                         tracing::warn!(peer = target, %addr, failures = d.failures, down_s = d.since.elapsed().as_secs(),
                             error = %s.message(), "raft peer unreachable; retrying");
@@ -194,7 +209,9 @@ impl PeerClient {
             // Unreachable makes openraft back off; only a peer that cannot be reached at all
             // (refused, down, cut off) deserves that. A timeout or a reset is retried at once.
             match s.code() {
-                tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::new(&e)),
+                tonic::Code::Unavailable | tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                    RPCError::Unreachable(Unreachable::new(&e))
+                }
                 _ => RPCError::Network(NetworkError::new(&e)),
             }
         })?;
