@@ -22,6 +22,7 @@ fn doubts_name_a_node_with_no_replicas_and_a_cap_below_the_fleet() {
     c.autoscaler.max_replicas = 1;
     let mut second = c.replicas[0].clone();
     second.name = "vllm-1".into();
+    second.http = "http://10.0.0.8:8000".into();
     c.replicas.push(second);
     assert_eq!(c.validate(), Ok(()));
     assert_eq!(
@@ -182,6 +183,7 @@ fn a_disaggregated_model_needs_both_sides_and_one_engine() {
     );
     let mut decode = c.replicas[0].clone();
     decode.name = "vllm-1".into();
+    decode.http = "http://10.0.0.8:8000".into();
     decode.role = Role::Decode;
     decode.engine = "sglang".into();
     c.replicas.push(decode);
@@ -283,11 +285,13 @@ fn errors_name_the_field() {
     let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
     let mut other = c.replicas[0].clone();
     other.name = "qwen-0".into();
+    other.http = "http://10.0.0.8:8000".into();
     other.model = Some("qwen".into());
     other.block_size = Some(32);
     c.replicas.push(other.clone());
     c.validate().unwrap();
     other.name = "qwen-1".into();
+    other.http = "http://10.0.0.9:8000".into();
     other.block_size = None;
     c.replicas.push(other);
     assert_eq!(
