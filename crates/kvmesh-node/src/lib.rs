@@ -101,7 +101,7 @@ impl Node {
     /// Brings the replica set in line with `config.replicas` (a config reload): removes
     /// replicas no longer listed, adds new ones, restarts changed ones, and puts back in
     /// rotation the listed ones the admin API drained (on a single node the file is the
-    /// registry). Other sections take effect on restart only; a changed one is logged as such.
+    /// registry), not those the autoscaler drained to release. Other sections take effect on restart only; a changed one is logged as such.
     ///
     /// # Errors
     /// The first replica that could not be added.
@@ -125,7 +125,11 @@ impl Node {
                 self.add_replica(new.clone()).await?;
             }
         }
-        for r in &config.replicas {
+        // Not the autoscaler's drains (`drain_on_scale_down`): those replicas are on their
+        // way out, and the actuator releases them.
+        let released: std::collections::HashSet<String> =
+            self.shared.autoscaler.all().iter().flat_map(|d| d.drain.iter().cloned()).collect();
+        for r in config.replicas.iter().filter(|r| !released.contains(&r.name)) {
             let drained = self.shared.core().replicas.get(&r.name).is_some_and(|x| x.draining());
             if drained && self.shared.set_draining(&r.name, false).is_ok() {
                 tracing::info!(replica = %r.name, "reload: back in rotation (drained through the admin API)");

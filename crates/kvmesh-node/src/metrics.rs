@@ -18,7 +18,7 @@ const RAFT: [(&str, &str); 6] = [
     ("leader_id", "The Raft leader's node id as this node knows it (0: none)"),
     (
         "is_leader",
-        "1 while this node leads the Raft group: in the leader state with a quorum acknowledging it within cluster.election_timeout_max_ms",
+        "1 while this node leads the Raft group: in the leader state with a quorum acknowledging it within twice cluster.election_timeout_max_ms",
     ),
     ("last_applied_index", "The last Raft log index applied to this node's state machine"),
     ("last_log_index", "The last Raft log index in this node's log"),
@@ -112,8 +112,10 @@ pub struct Metrics {
     /// See [`Metrics::prompt_tokens`].
     pub predicted_cached_tokens: Counter,
     /// Prompt tokens the engines reported as cached (`usage.prompt_tokens_details`): in a
-    /// non-streamed answer, or in a stream's usage chunk (sent when the client asks for it with
-    /// `stream_options.include_usage`; a stream without one reports nothing).
+    /// proxied non-streamed answer, or in a proxied stream's usage chunk (sent when the client
+    /// asks for it with `stream_options.include_usage`; a stream without one reports nothing).
+    /// Not counted: streams through a gateway (the endpoint picker) and SGLang's disaggregated
+    /// streams.
     pub engine_cached_tokens: Counter,
     /// Output tokens of the requests that ended well with a known output (the answer's
     /// `usage.completion_tokens`, or a stream's chunks), and what routing expected of them when

@@ -115,6 +115,8 @@ async fn forward(
     // Kept across retries: demand counted once, one `max_wait_s` for all the waits.
     let mut ticket =
         crate::admit::Ticket::new(&shared, crate::admit::Via::Proxy, exact, arrived).for_selected(&selected);
+    // Whether a replica already closed the connection on this request unanswered.
+    let mut lost_once = false;
     for attempt in 0..=retries {
         span.record("attempts", attempt + 1);
         let crate::admit::Admitted { routed, replica: name, endpoints, at: now, decision_s, decode } =
@@ -122,6 +124,7 @@ async fn forward(
                 Ok(a) => a,
                 Err(NotAdmitted::NoReplica(e)) => {
                     shared.metrics.request("no_replica");
+                    span.record("outcome", "no_replica");
                     crate::telemetry::failed(&span, "no_replica");
                     let e = crate::disaggregated::why_unserved(&shared, req.model).unwrap_or_else(|| e.to_string());
                     let message = match &last_failure {
@@ -139,6 +142,7 @@ async fn forward(
                 }
                 Err(NotAdmitted::NeverFits(f)) => {
                     shared.metrics.request("too_long");
+                    span.record("outcome", "too_long");
                     crate::telemetry::failed(&span, "too_long");
                     return error(StatusCode::BAD_REQUEST, NotAdmitted::never_fits(&f));
                 }
@@ -201,16 +205,17 @@ async fn forward(
                 booking.release_retried("upstream_error");
                 continue;
             }
-            Err(e) if crate::errors::lost_before_response(&e) => {
+            Err(e) if !lost_once && crate::errors::lost_before_response(&e) => {
                 // No answer at all: an engine that died or restarted under a pooled
-                // connection. Elsewhere, but not back to it for this request; its health is
-                // the scrape's and the connect check's to judge, since a keep-alive race
-                // with a healthy engine ends the same way.
-                last_failure = Some(format!(
-                    "replica {name} closed the connection unanswered ({})",
-                    crate::errors::error_chain(&e)
-                ));
+                // connection. Elsewhere, but not back to it for this request, and once per
+                // request only: a request that itself crashes engines takes down one more at
+                // most. It counts as a failed health check (as a 5xx does), not as down: a
+                // keep-alive race with a healthy engine ends the same way.
+                lost_once = true;
+                let why = crate::errors::error_chain(&e);
+                last_failure = Some(format!("replica {name} closed the connection unanswered ({why})"));
                 tracing::warn!(replica = %name, error = %e, "upstream closed the connection unanswered; trying another replica");
+                shared.core().record_failure(&name, e.to_string(), shared.now());
                 ticket.exclude(routed.decision.replica);
                 booking.release_retried("upstream_error");
                 continue;

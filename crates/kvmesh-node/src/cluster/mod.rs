@@ -302,14 +302,16 @@ impl Cluster {
         m.state == openraft::ServerState::Leader && m.current_leader == Some(self.id) && !self.quorum_lost(&m)
     }
 
-    /// Whether this node is in the leader state with no acknowledgement from a quorum within
-    /// the longest election timeout (`cluster.election_timeout_max_ms`: by then the others
-    /// have elected a new leader if they could). A single voter is its own quorum.
+    /// Whether this node is in the leader state with no acknowledgement from a quorum for
+    /// twice the longest election timeout (`cluster.election_timeout_max_ms`: by then the
+    /// others have elected a new leader if they could; twice, so a slow flush or a starved CPU
+    /// does not flip it). A leader not acknowledged yet (just elected) counts as leading; a
+    /// single voter is its own quorum.
     fn quorum_lost(&self, m: &openraft::RaftMetrics<u64, openraft::BasicNode>) -> bool {
         if m.state != ServerState::Leader || m.membership_config.membership().voter_ids().count() <= 1 {
             return false;
         }
-        m.millis_since_quorum_ack.is_none_or(|ms| ms > self.section.election_timeout_max_ms)
+        m.millis_since_quorum_ack.is_some_and(|ms| ms > 2 * self.section.election_timeout_max_ms)
     }
 
     /// The leader's id and address, if one is known.

@@ -56,7 +56,9 @@ impl admin_server::Admin for Services {
             return Err(GrpcStatus::invalid_argument(e.to_string()));
         }
         let name = config.name.clone();
-        // One engine under two names would be booked twice and scraped twice.
+        // One engine under two names is booked twice and scraped twice. Said, not refused: in
+        // Kubernetes a pod that died without its preStop hook leaves its entry behind, and the
+        // next pod given the same IP must still be able to register.
         let same_engine = self
             .shared
             .core()
@@ -64,12 +66,10 @@ impl admin_server::Admin for Services {
             .values()
             .find_map(|r| (r.config.name != name && r.config.same_engine(&config)).then(|| r.config.name.clone()));
         if let Some(other) = same_engine {
-            return Err(GrpcStatus::already_exists(format!(
-                "replica {other:?} already routes to {} (the same engine{}); remove it first, or give this one its \
-                 own engine",
-                config.http,
-                config.data_parallel_rank.map(|r| format!(", data-parallel rank {r}")).unwrap_or_default()
-            )));
+            tracing::warn!(
+                replica = %name, registered = %other, http = %config.http,
+                "replica added for an engine already registered under another name (remove the stale one: `kvmesh replica remove --name {other}`)"
+            );
         }
         if let Some(c) = &self.cluster {
             config.validate().map_err(GrpcStatus::invalid_argument)?;

@@ -114,7 +114,7 @@ impl Metrics {
         );
         registry.register(
             "requests",
-            "Requests routed by the proxy or picked for a gateway (the endpoint picker), by final outcome: one per client request, retries included",
+            "Requests routed by the proxy or picked for a gateway (the endpoint picker), by final outcome: one per proxied request whatever its retries (a gateway's own retry is a new pick)",
             m.requests.clone(),
         );
         registry.register("prompt_tokens", "Prompt tokens routed", m.prompt_tokens.clone());
@@ -140,7 +140,7 @@ impl Metrics {
         );
         registry.register(
             "engine_cached_tokens",
-            "Prompt tokens engines reported as cached (answers and streams' usage chunks)",
+            "Prompt tokens engines reported as cached (proxied answers, and proxied streams' usage chunks)",
             m.engine_cached_tokens.clone(),
         );
         registry.register("events_applied", "KV events applied by replica and kind", m.events_applied.clone());
