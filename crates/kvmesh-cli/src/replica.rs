@@ -67,7 +67,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                         println!("replica {} already registered with these endpoints: unchanged", a.name);
                         return Ok(());
                     }
-                    Err(e) => return Err(anyhow::anyhow!("Admin.AddReplica: {}", e.message())),
+                    Err(e) => return Err(fail("Admin.AddReplica", &e, &a.target)),
                 }
             }
             ReplicaCommand::Remove(a) => remove(&mut admin(&a.target).await?, a).await?,
@@ -89,7 +89,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     .await?
                     .undrain_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
                     .await
-                    .map_err(|s| anyhow::anyhow!("Admin.UndrainReplica: {}", s.message()))?;
+                    .map_err(|s| fail("Admin.UndrainReplica", &s, &a.target))?;
                 println!("replica {} back in rotation", a.name);
             }
             ReplicaCommand::Ready(r) => {
@@ -106,7 +106,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                         tonic::Code::Unimplemented => {
                             anyhow::anyhow!("Admin.MarkReady: the node does not know this call")
                         }
-                        _ => anyhow::anyhow!("Admin.MarkReady: {}", s.message()),
+                        _ => fail("Admin.MarkReady", &s, &a.target),
                     }
                 })?;
                 println!("replica {} ready: in rotation", a.name);
@@ -116,7 +116,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     .await?
                     .mark_starting(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
                     .await
-                    .map_err(|s| anyhow::anyhow!("Admin.MarkStarting: {}", s.message()))?;
+                    .map_err(|s| fail("Admin.MarkStarting", &s, &a.target))?;
                 println!("replica {} starting: not routed to, counted by the autoscaler", a.name);
                 warn_if_none_routable(&mut admin(&a.target).await?, &a.target).await;
             }
@@ -136,7 +136,7 @@ async fn remove(
         Err(e) if e.code() == tonic::Code::NotFound => {
             println!("replica {} is not registered: nothing to remove", a.name)
         }
-        Err(e) => anyhow::bail!("Admin.RemoveReplica: {}", e.message()),
+        Err(e) => return Err(fail("Admin.RemoveReplica", &e, &a.target)),
     }
     Ok(())
 }
@@ -184,7 +184,7 @@ async fn drain(
         let err = match tokio::time::timeout(std::time::Duration::from_secs(10), ask).await {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(e)) if !matches!(e.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) => {
-                anyhow::bail!("Admin.DrainReplica: {}", e.message())
+                return Err(fail("Admin.DrainReplica", &e, &a.target))
             }
             Ok(Err(e)) => format!("{:?}: {}", e.code(), e.message()),
             Err(_) => "no answer within 10 s".to_string(),
@@ -270,7 +270,7 @@ async fn wait_for(
                 r.status_detail
             }
             Ok(Err(e)) if e.code() == tonic::Code::Unauthenticated || e.code() == tonic::Code::PermissionDenied => {
-                anyhow::bail!("Admin.ListReplicas: {}", e.message());
+                return Err(fail("Admin.ListReplicas", &e, &a.target));
             }
             Ok(Err(e)) => format!("the node answered {:?}: {}; asking again", e.code(), e.message()),
             Err(_) => "the node did not answer within 5 s; asking again".to_string(),
@@ -290,4 +290,9 @@ async fn wait_for(
 async fn admin(t: &ClusterTarget) -> anyhow::Result<v1::admin_client::AdminClient<tonic::transport::Channel>> {
     let channel = crate::connect::channel(&t.grpc, "is `kvmesh node` running?").await?;
     Ok(v1::admin_client::AdminClient::new(channel))
+}
+
+/// A failed Admin call in words, with the token and address hints ([`crate::connect::explain`]).
+fn fail(call: &str, s: &tonic::Status, t: &ClusterTarget) -> anyhow::Error {
+    crate::connect::explain(call, s, &crate::cluster::token_source(t.token_file.as_deref()))
 }

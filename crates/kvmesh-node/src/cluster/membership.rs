@@ -56,6 +56,8 @@ impl Cluster {
             let removed =
                 tokio::time::timeout(Duration::from_secs(5), self.raft.change_membership(remove, false)).await;
             let then = if matches!(removed, Ok(Ok(_))) { "not added" } else { "left a learner; remove it with leave" };
+            // A later join of this id starts with a clean record of its errors.
+            self.down.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             return Err(ClusterError::Rejected(format!(
                 "node {id} at {addr} {why}: {then} (start it with --id {id} first, then join)"
             )));

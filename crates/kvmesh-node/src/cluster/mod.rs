@@ -240,7 +240,14 @@ impl Cluster {
             if down.is_empty() {
                 return Err(e);
             }
-            let list: Vec<String> = down.iter().map(|(id, addr)| format!("{id} at {addr}")).collect();
+            // With why, when they answered at all: a peer that refuses the cluster token is up.
+            let list: Vec<String> = down
+                .iter()
+                .map(|(id, addr)| match self.peer_error(*id).filter(|e| !e.starts_with("Unavailable")) {
+                    Some(e) => format!("{id} at {addr} ({e})"),
+                    None => format!("{id} at {addr}"),
+                })
+                .collect();
             return Err(ClusterError::Rejected(format!(
                 "no Raft leader elected within 10 s; peers not answering: {}. Start them (with the same peers) and \
                  run `kvmesh cluster init` again",
