@@ -63,21 +63,27 @@ fn answer<T>(r: Result<tonic::Response<T>, tonic::Status>, call: &str, t: &Clust
              see README.md, \"Running a cluster of router nodes\""
         ),
         // The node's message says what happened; gRPC's status dump around it does not.
-        Err(s) => Err(crate::connect::explain(call, &s, &token_source(t.token_file.as_deref()))),
+        Err(s) => Err(failed(call, &s, t)),
     }
+}
+
+/// A failed call to the node at `t` in words, with the token and address hints
+/// ([`crate::connect::explain`]).
+pub fn failed(call: &str, s: &tonic::Status, t: &ClusterTarget) -> anyhow::Error {
+    crate::connect::explain(call, s, &token_source(t.token_file.as_deref()))
 }
 
 /// The admin token: `--token-file` when given (a flag beats the environment), else
 /// KVMESH_ADMIN_TOKEN, else none.
 pub fn admin_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<kvmesh_node::auth::Secret>> {
     match file {
-        Some(f) => kvmesh_node::auth::load("", &Some(f.to_path_buf())),
+        Some(f) => kvmesh_node::auth::load_file(f).map(Some),
         None => kvmesh_node::auth::load("KVMESH_ADMIN_TOKEN", &None),
     }
 }
 
 /// Where [`admin_token`] takes the token from, for error messages.
-pub fn token_source(file: Option<&std::path::Path>) -> String {
+fn token_source(file: Option<&std::path::Path>) -> String {
     match file {
         Some(f) => format!("from --token-file {}", f.display()),
         None if std::env::var_os("KVMESH_ADMIN_TOKEN").is_some() => "from KVMESH_ADMIN_TOKEN".into(),

@@ -3,7 +3,7 @@
 //! preStop hook need (`ready --wait`, `drain --wait`).
 
 use crate::cli::{ClusterTarget, ReplicaCommand};
-use crate::cluster::authed;
+use crate::cluster::{authed, failed as fail};
 use kvmesh_proto::v1;
 
 pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
@@ -290,9 +290,4 @@ async fn wait_for(
 async fn admin(t: &ClusterTarget) -> anyhow::Result<v1::admin_client::AdminClient<tonic::transport::Channel>> {
     let channel = crate::connect::channel(&t.grpc, "is `kvmesh node` running?").await?;
     Ok(v1::admin_client::AdminClient::new(channel))
-}
-
-/// A failed Admin call in words, with the token and address hints ([`crate::connect::explain`]).
-fn fail(call: &str, s: &tonic::Status, t: &ClusterTarget) -> anyhow::Error {
-    crate::connect::explain(call, s, &crate::cluster::token_source(t.token_file.as_deref()))
 }

@@ -26,13 +26,10 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
                 .map(|plan| (hot.into_inner(), plan.into_inner())),
             _ => None,
         };
-        let list = admin.list_replicas(with_token(&token, v1::ListReplicasRequest {})).await.map_err(|s| {
-            crate::connect::explain(
-                "Admin.ListReplicas",
-                &s,
-                &crate::cluster::token_source(args.target.token_file.as_deref()),
-            )
-        })?;
+        let list = admin
+            .list_replicas(with_token(&token, v1::ListReplicasRequest {}))
+            .await
+            .map_err(|s| crate::cluster::failed("Admin.ListReplicas", &s, &args.target))?;
         // A single node has no Cluster service; an older node no RecentDecisions: both optional.
         let cluster = v1::cluster_client::ClusterClient::new(channel.clone())
             .status(with_token(&token, v1::ClusterStatusRequest {}))

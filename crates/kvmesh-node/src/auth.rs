@@ -113,14 +113,17 @@ pub fn load(env: &str, file: &Option<PathBuf>) -> anyhow::Result<Option<Secret>>
     if let Ok(v) = std::env::var(env) {
         return Secret::new(&v).map(Some).map_err(|e| anyhow::anyhow!("{env}: {e}"));
     }
-    match file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("reading the token file {}: {e}", path.display()))?;
-            Secret::new(&text).map(Some).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-        }
-        None => Ok(None),
-    }
+    file.as_deref().map(load_file).transpose()
+}
+
+/// The token in `path`.
+///
+/// # Errors
+/// An unreadable file or an empty or unsendable token.
+pub fn load_file(path: &std::path::Path) -> anyhow::Result<Secret> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading the token file {}: {e}", path.display()))?;
+    Secret::new(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 impl Tokens {

@@ -48,9 +48,7 @@ pub(crate) fn read_usage(shared: &Shared, body: &[u8]) -> Option<u32> {
 /// counted instead).
 pub(crate) fn read_usage_from(shared: &Shared, body: &[u8], count_cached: bool) -> Option<u32> {
     let usage = usage_of(body)?;
-    if let Some(c) = usage.cached_tokens.filter(|_| count_cached) {
-        shared.metrics.engine_cached_tokens.inc_by(c);
-    }
+    usage.count_cached(shared, count_cached);
     usage.completion_tokens
 }
 
@@ -61,6 +59,16 @@ pub(crate) struct UsageSeen {
     pub(crate) completion_tokens: Option<u32>,
     /// `prompt_tokens_details.cached_tokens`: the engine's own prefix-cache hit count.
     pub(crate) cached_tokens: Option<u64>,
+}
+
+impl UsageSeen {
+    /// Adds the engine's hit count to `kvmesh_engine_cached_tokens_total`, when `count` (not
+    /// for a disaggregated request's decode side, whose "cached" tokens are the KV it received).
+    fn count_cached(&self, shared: &Shared, count: bool) {
+        if let Some(c) = self.cached_tokens.filter(|_| count) {
+            shared.metrics.engine_cached_tokens.inc_by(c);
+        }
+    }
 }
 
 /// The `usage` of an OpenAI answer or stream chunk (`body`: its JSON), if it carries one.
@@ -187,12 +195,8 @@ pub(crate) fn stream_through(
                 }
                 // After [DONE] the answer is whole, however the connection ends.
                 Some(Err(_)) | None => {
-                    // A disaggregated request's decode side counts the KV it received as
-                    // cached; its prefill side's answer was counted instead.
                     let usage = st.usage.unwrap_or_default();
-                    if let Some(c) = usage.cached_tokens.filter(|_| st.booking.side != crate::in_flight::Side::Decode) {
-                        st.booking.shared.metrics.engine_cached_tokens.inc_by(c);
-                    }
+                    usage.count_cached(&st.booking.shared, st.booking.side != crate::in_flight::Side::Decode);
                     // The usage's count when sent; else each token is one `data:` event, plus
                     // a last one with the finish reason.
                     let output = usage.completion_tokens.unwrap_or(st.events.saturating_sub(1).max(1));

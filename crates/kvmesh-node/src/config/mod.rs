@@ -314,6 +314,7 @@ impl NodeConfig {
             }
         }
         let mut names = std::collections::HashSet::new();
+        let mut engines: std::collections::HashMap<(&str, Option<u32>), &str> = std::collections::HashMap::new();
         // One block size per model; node.model's is node.block_size.
         let mut sizes: std::collections::HashMap<&str, (u32, &str)> = std::collections::HashMap::new();
         for r in &self.replicas {
@@ -353,11 +354,11 @@ impl NodeConfig {
             if !names.insert(&r.name) {
                 return Err(format!("replica name {:?} appears twice", r.name));
             }
-            if let Some(o) = self.replicas.iter().take_while(|o| !std::ptr::eq(*o, r)).find(|o| o.same_engine(r)) {
+            if let Some(first) = engines.insert(r.engine_key(), &r.name) {
                 return Err(format!(
                     "replicas {:?} and {:?} route to the same engine ({}{}): one engine under two names is booked \
                      and scraped twice",
-                    o.name,
+                    first,
                     r.name,
                     r.http,
                     r.data_parallel_rank.map(|k| format!(", data-parallel rank {k}")).unwrap_or_default()

@@ -98,11 +98,15 @@ fn default_engine() -> String {
 }
 
 impl ReplicaConfig {
-    /// Whether `other` names the same engine: the same `http` base URL (trailing `/`
-    /// ignored) and the same data-parallel rank.
+    /// The engine this entry routes to: its `http` base URL (trailing `/` dropped) and its
+    /// data-parallel rank. Two entries with one engine are one engine under two names.
+    pub fn engine_key(&self) -> (&str, Option<u32>) {
+        (self.http.trim_end_matches('/'), self.data_parallel_rank)
+    }
+
+    /// Whether `other` names the same engine ([`ReplicaConfig::engine_key`]).
     pub fn same_engine(&self, other: &ReplicaConfig) -> bool {
-        self.http.trim_end_matches('/') == other.http.trim_end_matches('/')
-            && self.data_parallel_rank == other.data_parallel_rank
+        self.engine_key() == other.engine_key()
     }
 
     /// This entry as the replicas it stands for: itself, or with `data_parallel_size` N one

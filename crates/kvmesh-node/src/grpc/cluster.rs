@@ -102,7 +102,8 @@ impl ClusterServices {
         let core = self.shared.core();
         let peers: std::collections::BTreeMap<u64, (usize, f64)> =
             core.remote.peers().map(|(n, live, heard)| (n.0, (live, now - heard))).collect();
-        for m in &mut s.members.iter_mut().filter(|m| m.node_id != s.node_id) {
+        let me = s.node_id;
+        for m in s.members.iter_mut().filter(|m| m.node_id != me) {
             // A silent peer's bookings are dropped, not its age: a member never heard counts
             // from this node's start, as kvmesh_gossip_peer_age_seconds does.
             let (live, age) = peers.get(&m.node_id).copied().unwrap_or_else(|| {
