@@ -163,10 +163,33 @@ impl BlockHasher {
         }
     }
 
-    /// A 64-bit key for the whole token sequence, partial block included: the consistent-hash
-    /// key of a prompt shorter than one block.
+    /// A 64-bit key for the whole token sequence, partial block included (a session key's
+    /// tokens, say).
     pub fn sequence_key(&self, tokens: &[u32]) -> u64 {
         xxh3_64_with_seed(&le_bytes(tokens), self.seed)
+    }
+
+    /// A 64-bit key for the whole prompt `tokens`, partial last block included, from its full
+    /// blocks' chained hashes `hashes` (as [`BlockHasher::hash_blocks`] gives them):
+    ///
+    /// ```text
+    /// key = xxh3_64_with_seed(le_bytes(u64 length), seed = last full block's hash, else the chain seed)
+    /// key = xxh3_64_with_seed(le_bytes(tokens after the last full block), seed = key)   when any
+    /// ```
+    ///
+    /// Equal keys mean equal prompts (barring a 64-bit collision), as a hash of all the tokens
+    /// would, but it reads only the partial block: hashing a 4,096-token prompt again whole
+    /// took about as long as chaining its blocks. A block-aligned prompt's key is
+    /// [`crate::RouteRequest::from_hashes`]' for the same hashes.
+    pub fn prompt_key(&self, hashes: &[BlockHash], tokens: &[u32]) -> u64 {
+        let last = hashes.last().map_or(self.seed, |h| h.0);
+        let key = xxh3_64_with_seed(&(tokens.len() as u64).to_le_bytes(), last);
+        let tail = tokens.get(hashes.len() * self.block_size as usize..).unwrap_or(&[]);
+        if tail.is_empty() {
+            key
+        } else {
+            xxh3_64_with_seed(&le_bytes(tail), key)
+        }
     }
 }
 
@@ -246,6 +269,23 @@ mod tests {
         let b0 = xxh3_64_with_seed(&[1, 0, 0, 0, 2, 0, 0, 0], seed);
         let b1 = xxh3_64_with_seed(&[3, 0, 0, 0, 4, 0, 0, 0], b0);
         assert_eq!(h.hash_blocks(&[1, 2, 3, 4, 5]), vec![BlockHash(b0), BlockHash(b1)]);
+    }
+
+    #[test]
+    fn a_prompt_key_is_its_length_then_its_partial_block_on_the_last_hash() {
+        let h = BlockHasher::new(2, &ns("m")).unwrap();
+        let toks = [1, 2, 3, 4, 5];
+        let hashes = h.hash_blocks(&toks);
+        let by_length = xxh3_64_with_seed(&5u64.to_le_bytes(), hashes[1].0);
+        assert_eq!(h.prompt_key(&hashes, &toks), xxh3_64_with_seed(&[5, 0, 0, 0], by_length));
+        // Block-aligned: the length on the last hash alone; shorter than a block: on the seed.
+        assert_eq!(h.prompt_key(&hashes, &toks[..4]), xxh3_64_with_seed(&4u64.to_le_bytes(), hashes[1].0));
+        let seeded = xxh3_64_with_seed(&1u64.to_le_bytes(), h.seed());
+        assert_eq!(h.prompt_key(&[], &toks[..1]), xxh3_64_with_seed(&[1, 0, 0, 0], seeded));
+        // Any token of the prompt changes it, in a full block or the partial one.
+        for changed in [[9, 2, 3, 4, 5], [1, 2, 3, 4, 9]] {
+            assert_ne!(h.prompt_key(&h.hash_blocks(&changed), &changed), h.prompt_key(&hashes, &toks));
+        }
     }
 
     #[test]

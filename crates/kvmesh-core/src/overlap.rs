@@ -93,7 +93,11 @@ impl Runs {
     /// every replica's overlap to `out`, sorted by replica id.
     pub(crate) fn finish(self, walked: u32, out: &mut Vec<(ReplicaId, Overlap)>) {
         out.extend(self.active.iter().map(|r| (r.replica, r.overlap(walked))));
-        out[self.start..].sort_unstable_by_key(|(r, _)| *r);
+        // `out` holds a few runs already sorted (each step's ended runs, then the live ones,
+        // each in id order): a stable sort merges them in linear time where an unstable one
+        // partitions them again (at 1,024 replicas sharing a system prompt, most of a
+        // decision's index query). Ids are distinct, so both give the same order.
+        out[self.start..].sort_by_key(|(r, _)| *r);
     }
 }
 
@@ -220,6 +224,19 @@ mod tests {
                 (ReplicaId(2), Overlap { gpu: 0, cpu: 3 }),
             ]
         );
+    }
+
+    #[test]
+    fn runs_ending_in_waves_come_out_in_replica_order_after_what_was_there() {
+        // Replicas 0, 2, 4 end at block 1, then 1 and 3 at block 2, and 5 runs to the end:
+        // three sorted stretches, merged into one order; an entry already in `out` stays put.
+        let g = [true, false];
+        let blocks: Vec<Vec<H>> =
+            vec![(0..6).map(|r| H(r, g)).collect(), vec![H(1, g), H(3, g), H(5, g)], vec![H(5, g)], vec![H(5, g)]];
+        let mut out = vec![(ReplicaId(99), Overlap::gpu(7))];
+        leading_runs(4, |i| blocks.get(i).map(|v| v.as_slice()), |h| mask(h.1), &mut out);
+        let gpu: Vec<(u32, u32)> = out.iter().map(|(r, o)| (r.0, o.gpu)).collect();
+        assert_eq!(gpu, vec![(99, 7), (0, 1), (1, 2), (2, 1), (3, 2), (4, 1), (5, 4)]);
     }
 
     #[test]

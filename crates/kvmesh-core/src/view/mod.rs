@@ -75,6 +75,14 @@ pub struct Estimate {
     /// When the request does not fit the replica's free KV now: the estimated wait for
     /// running sequences to finish and free the blocks it lacks, seconds; else 0.
     pub kv_wait_s: f64,
+    /// The replica's prefill speed the estimate used, seconds per token (its profile's β1, or
+    /// the learned rate with [`FleetConfig::learn_prefill_rate`]).
+    pub prefill_s_per_token: f64,
+    /// Booked requests there before their first token, and decoding
+    /// ([`TokenLoad::prefilling`], [`TokenLoad::decoding`]).
+    pub prefilling: u32,
+    /// See [`Estimate::prefilling`].
+    pub decoding: u32,
 }
 
 impl<'a> FleetView<'a> {
@@ -132,8 +140,13 @@ impl<'a> FleetView<'a> {
     /// moved by what this router booked or released since (the report is up to a scrape old),
     /// and at least the router's own bookings; else the bookings alone.
     pub fn kv_used_blocks(&self, i: usize) -> u64 {
+        self.kv_used_blocks_booked(i, self.load(i).kv_blocks)
+    }
+
+    /// [`Self::kv_used_blocks`] with the replica's booked KV blocks already read.
+    #[inline]
+    fn kv_used_blocks_booked(&self, i: usize, booked: u64) -> u64 {
         let r = &self.replicas[i];
-        let booked = self.load(i).kv_blocks;
         match r.metrics {
             Some(m) if m.age(self.now) <= self.config.metrics_fresh_s => {
                 let reported = m.kv_usage.clamp(0.0, 1.0) * r.spec.capacity_blocks as f64;
@@ -191,7 +204,9 @@ impl Estimator<'_, '_> {
     ///
     /// Runs once per replica per decision, so it avoids integer division: cached tokens are
     /// whole blocks, so uncached blocks are `⌈prompt / block_size⌉ − cached blocks`.
-    #[inline]
+    // Always inlined: returned through memory, the estimate's fields were read back before
+    // their stores could forward (at 1,024 replicas a third of the policy's own time).
+    #[inline(always)]
     pub fn at(&self, i: usize) -> Estimate {
         let view = self.view;
         let held = view.overlaps[i].gpu as u64;
@@ -218,7 +233,7 @@ impl Estimator<'_, '_> {
         let queued = load.queued_prefill_at(view.now, profile.prefill_s_per_token);
         let slot_wait = profile.slot_wait(load.outstanding(), load.decoding, view.expected_output_tokens);
         let ttft_s = profile.ttft(queued + uncached, load.decoding) + slot_wait;
-        let used = view.kv_used_blocks(i);
+        let used = view.kv_used_blocks_booked(i, load.kv_blocks);
         let free = r.spec.capacity_blocks as i64 - used as i64;
         let headroom = free - uncached_blocks as i64 - self.output_blocks;
         let kv_wait_s = if headroom >= 0 {
@@ -241,6 +256,9 @@ impl Estimator<'_, '_> {
             kv_headroom_blocks: headroom,
             queued_tokens: queued,
             kv_wait_s,
+            prefill_s_per_token: profile.prefill_s_per_token,
+            prefilling: load.prefilling,
+            decoding: load.decoding,
         }
     }
 }

@@ -14,8 +14,8 @@ pub struct RouteRequest {
     /// The client's `max_tokens`, if given.
     pub max_tokens: Option<u32>,
     /// A 64-bit key for the whole prompt, partial last block included: from tokens, equal keys
-    /// mean equal prompts (within one namespace); from a trace's block hashes, equal full
-    /// blocks and length.
+    /// mean equal prompts (within one namespace; [`BlockHasher::prompt_key`]); from a trace's
+    /// block hashes, equal full blocks and length.
     pub prompt_key: u64,
     /// Key for consistent hashing: the client's session key when it sends one, else
     /// `prompt_key` (the vLLM router hashes the request text when no session header or field
@@ -39,7 +39,7 @@ impl RouteRequest {
     /// Hashes `tokens` with `hasher`.
     pub fn new(hasher: &BlockHasher, tokens: &[u32], max_tokens: Option<u32>) -> Self {
         let hashes = hasher.hash_blocks(tokens);
-        let prompt_key = hasher.sequence_key(tokens);
+        let prompt_key = hasher.prompt_key(&hashes, tokens);
         RouteRequest {
             prompt_tokens: tokens.len() as u32,
             hashes,
