@@ -173,17 +173,21 @@ impl BlockHasher {
     /// blocks' chained hashes `hashes` (as [`BlockHasher::hash_blocks`] gives them):
     ///
     /// ```text
-    /// key = xxh3_64_with_seed(le_bytes(u64 length), seed = last full block's hash, else the chain seed)
+    /// key = xxh3_64_with_seed(le_bytes(u64 length) ‖ 0xFF, seed = last full block's hash, else the chain seed)
     /// key = xxh3_64_with_seed(le_bytes(tokens after the last full block), seed = key)   when any
     /// ```
     ///
     /// Equal keys mean equal prompts (barring a 64-bit collision), as a hash of all the tokens
-    /// would, but it reads only the partial block: hashing a 4,096-token prompt again whole
-    /// took about as long as chaining its blocks. A block-aligned prompt's key is
-    /// [`crate::RouteRequest::from_hashes`]' for the same hashes.
+    /// would, but it reads only the partial block: hashing a 4,096-token prompt again whole was
+    /// ~0.5 µs of the 1.9 µs its hashing took (BENCHMARKS.md). The length's 9 bytes are never a
+    /// block's input (whole tokens: a multiple of 4 bytes), so a key never equals a chained
+    /// block hash by construction, and both may share one key space (llm-d's scorer, whose
+    /// last partial block is this key).
     pub fn prompt_key(&self, hashes: &[BlockHash], tokens: &[u32]) -> u64 {
         let last = hashes.last().map_or(self.seed, |h| h.0);
-        let key = xxh3_64_with_seed(&(tokens.len() as u64).to_le_bytes(), last);
+        let mut length = [0xFF; 9];
+        length[..8].copy_from_slice(&(tokens.len() as u64).to_le_bytes());
+        let key = xxh3_64_with_seed(&length, last);
         let tail = tokens.get(hashes.len() * self.block_size as usize..).unwrap_or(&[]);
         if tail.is_empty() {
             key
@@ -276,12 +280,16 @@ mod tests {
         let h = BlockHasher::new(2, &ns("m")).unwrap();
         let toks = [1, 2, 3, 4, 5];
         let hashes = h.hash_blocks(&toks);
-        let by_length = xxh3_64_with_seed(&5u64.to_le_bytes(), hashes[1].0);
+        let length = |n: u8| [n, 0, 0, 0, 0, 0, 0, 0, 0xFF];
+        let by_length = xxh3_64_with_seed(&length(5), hashes[1].0);
         assert_eq!(h.prompt_key(&hashes, &toks), xxh3_64_with_seed(&[5, 0, 0, 0], by_length));
         // Block-aligned: the length on the last hash alone; shorter than a block: on the seed.
-        assert_eq!(h.prompt_key(&hashes, &toks[..4]), xxh3_64_with_seed(&4u64.to_le_bytes(), hashes[1].0));
-        let seeded = xxh3_64_with_seed(&1u64.to_le_bytes(), h.seed());
+        assert_eq!(h.prompt_key(&hashes, &toks[..4]), xxh3_64_with_seed(&length(4), hashes[1].0));
+        let seeded = xxh3_64_with_seed(&length(1), h.seed());
         assert_eq!(h.prompt_key(&[], &toks[..1]), xxh3_64_with_seed(&[1, 0, 0, 0], seeded));
+        // Never a block's hash: with 2-token blocks a block is 8 bytes, as a bare length would be.
+        let next = h.hash_blocks(&[1, 2, 3, 4, 4, 0]);
+        assert_ne!(h.prompt_key(&hashes, &toks[..4]), next[2].0);
         // Any token of the prompt changes it, in a full block or the partial one.
         for changed in [[9, 2, 3, 4, 5], [1, 2, 3, 4, 9]] {
             assert_ne!(h.prompt_key(&h.hash_blocks(&changed), &changed), h.prompt_key(&hashes, &toks));

@@ -135,9 +135,10 @@ pub struct TokenLoadPolicy {
 }
 
 /// One routable replica of a pick: its estimate's parts that scoring reads, and its cost.
-/// Kept in one contiguous array so that the passes after the estimates read 56 bytes per
-/// replica instead of the replica's state (fleets of a thousand replicas decide here: at
-/// 1,024 replicas each further pass over the view cost microseconds).
+/// Kept in one contiguous array: one pass over the view fills it, and the few passes after it
+/// read 56 bytes per replica instead of the replica's state through the view (fleets of a
+/// thousand replicas decide here: at 1,024 replicas each pass over the view cost
+/// microseconds).
 #[derive(Debug, Clone, Copy)]
 struct Candidate {
     /// Position in the view.
