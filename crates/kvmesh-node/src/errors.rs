@@ -46,3 +46,57 @@ pub fn lost_before_response(e: &reqwest::Error) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::lost_before_response;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A loopback server that reads one request and then does `then` with the connection.
+    async fn server(then: &'static [u8], close: bool) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            conn.write_all(then).await.unwrap();
+            if close {
+                drop(conn);
+            } else {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+        });
+        format!("http://{addr}/v1/completions")
+    }
+
+    fn client() -> reqwest::Client {
+        reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap()
+    }
+
+    #[tokio::test]
+    async fn only_a_connection_lost_before_any_answer_counts() {
+        // Read the request, answer nothing, hang up: retried elsewhere.
+        let url = server(b"", true).await;
+        let e = client().post(&url).body("{}").send().await.unwrap_err();
+        assert!(lost_before_response(&e), "closed unanswered: {e:?}");
+
+        // Refused: the replica is down, which the health checks handle, not a retry here.
+        let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        let e = client().post(format!("http://127.0.0.1:{port}/")).send().await.unwrap_err();
+        assert!(e.is_connect() && !lost_before_response(&e), "refused: {e:?}");
+
+        // No answer within the timeout: it may still be computing, so never sent twice.
+        let url = server(b"", false).await;
+        let e = client().post(&url).body("{}").send().await.unwrap_err();
+        assert!(e.is_timeout() && !lost_before_response(&e), "timed out: {e:?}");
+
+        // An answer that breaks off mid-body has started: the client got a status already.
+        let url = server(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789", true).await;
+        let answer = client().post(&url).body("{}").send().await.unwrap();
+        let e = answer.bytes().await.unwrap_err();
+        assert!(!lost_before_response(&e), "broken body: {e:?}");
+    }
+}

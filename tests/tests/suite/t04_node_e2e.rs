@@ -357,6 +357,28 @@ async fn a_failed_replica_actor_is_restarted_alone_and_reload_syncs_the_replica_
     assert!(node.shared.core().replicas["e0"].draining());
     node.reload(&config).await.unwrap();
     assert!(!node.shared.core().replicas["e0"].draining(), "a listed replica stays drained after a reload");
+    // ... but not what the autoscaler drained to release (`drain_on_scale_down`).
+    node.shared.autoscaler.record_local(kvmesh_node::autoscaler::Decision {
+        pool: "default".into(),
+        desired_replicas: 1,
+        reason: "scale down".into(),
+        ready: 2,
+        starting: 0,
+        forecast_tokens_per_s: 0.0,
+        demand_tokens_per_s: 0.0,
+        capacity_tokens_per_s: 1.0,
+        panic: false,
+        at: 0.0,
+        log_index: 0,
+        drain: vec!["e2".into()],
+        base_log_index: 0,
+        cold_start_s: 0.0,
+    });
+    node.shared.set_draining("e0", true).unwrap();
+    node.shared.set_draining("e2", true).unwrap();
+    node.reload(&config).await.unwrap();
+    let draining = |name: &str| node.shared.core().replicas[name].draining();
+    assert!(!draining("e0") && draining("e2"), "reload undrains e0 only, not the autoscaler's e2");
     node.stop().await;
     for e in engines {
         e.stop().await;

@@ -197,8 +197,9 @@ impl Autoscaling {
         });
     }
 
-    /// A single node's own decision.
-    pub(crate) fn record_local(&self, decision: Decision) {
+    /// Records a single node's own decision (the autoscaler task's, with no Raft log to
+    /// commit it to), keeping the newest 100.
+    pub fn record_local(&self, decision: Decision) {
         self.decisions.send_modify(|d| {
             let mut v = (**d).clone();
             v.push(decision);
