@@ -196,12 +196,15 @@ fn render(replicas: &[v1::Replica]) -> String {
         } else {
             format!("{} ({})", spec.name, spec.role)
         };
+        // The engine's gauges are its last scrape's: shown only while its engine answers them,
+        // so a dead replica does not look busy (or idle) on numbers from before it died.
+        let gauge = |text: String| if r.engine_up { text } else { "—".to_string() };
         t.add_row(vec![
             name,
             status_name(r.status).to_string(),
-            r.running.to_string(),
-            r.waiting.to_string(),
-            format!("{:.0}%", r.kv_usage * 100.0),
+            gauge(r.running.to_string()),
+            gauge(r.waiting.to_string()),
+            gauge(format!("{:.0}%", r.kv_usage * 100.0)),
             r.queued_prefill_tokens.to_string(),
             r.live_bookings.to_string(),
             r.index_blocks.to_string(),
@@ -312,7 +315,7 @@ mod tests {
             idle: false,
             engine_up: true,
         };
-        let table = render(&[r]);
+        let table = render(std::slice::from_ref(&r));
         let row = table.lines().nth(1).unwrap();
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
@@ -321,6 +324,11 @@ mod tests {
         );
         assert!(row.ends_with("events carry block size 32, this node uses 16"));
         assert_eq!(render(&[]).lines().nth(1), Some("(no replicas registered)"));
+        // An engine that stopped answering its scrapes: no gauges from before it stopped.
+        let down = v1::Replica { status: v1::ReplicaStatus::Unhealthy as i32, engine_up: false, ..r };
+        let table = render(&[down]);
+        let cells: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(&cells[..6], &["vllm-0", "unhealthy", "—", "—", "—", "4096"]);
     }
 
     #[test]
