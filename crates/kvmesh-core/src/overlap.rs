@@ -47,6 +47,14 @@ impl Run {
     }
 }
 
+thread_local! {
+    /// Each thread's run list between walks (readers query the index from many threads at
+    /// once, so it cannot live in the index). A query allocated its list and freed it:
+    /// measured on a heap holding a million-entry index, that malloc and free were up to half
+    /// of a query's time. A walk that ends without [`Runs::finish`] just drops its list.
+    static SCRATCH: std::cell::Cell<Vec<Run>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Each replica's runs during one walk over a request's blocks: start with the first block's
 /// holders, [`Runs::step`] each later block's (in order), [`Runs::finish`] where the walk
 /// stopped. A shrinking set of replicas still matching is intersected with each block's
@@ -61,13 +69,14 @@ impl Runs {
     /// Runs for every holder of the first block (`held(h)`: the media `h` holds it in, as a
     /// mask of [`GPU_BIT`] and [`CPU_BIT`]); `out` is where ended runs go.
     pub(crate) fn start<H: Holding>(first: &[H], held: impl Fn(&H) -> u8, out: &[(ReplicaId, Overlap)]) -> Self {
-        let active = first
-            .iter()
-            .filter_map(|h| {
-                let alive = held(h);
-                (alive != 0).then(|| Run { replica: h.replica(), alive, len: [0, 0] })
-            })
-            .collect();
+        // The run list of this thread's previous walk, reused: an allocation per query cost
+        // as much as the walk on a large heap (see `SCRATCH`).
+        let mut active = SCRATCH.take();
+        active.clear();
+        active.extend(first.iter().filter_map(|h| {
+            let alive = held(h);
+            (alive != 0).then(|| Run { replica: h.replica(), alive, len: [0, 0] })
+        }));
         Runs { active, start: out.len() }
     }
 
@@ -93,6 +102,7 @@ impl Runs {
     /// every replica's overlap to `out`, sorted by replica id.
     pub(crate) fn finish(self, walked: u32, out: &mut Vec<(ReplicaId, Overlap)>) {
         out.extend(self.active.iter().map(|r| (r.replica, r.overlap(walked))));
+        SCRATCH.set(self.active);
         // `out` holds stretches already in id order (each step's ended runs, then the live
         // ones): std's stable sort finds the long ones and merges, where the unstable sort
         // partitioned everything again — at 1,024 replicas sharing a system prompt, most of

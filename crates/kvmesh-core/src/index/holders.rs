@@ -1,5 +1,6 @@
 //! The replicas holding one block: 8 bytes inline for the common single holder, a shared list
-//! in an arena for blocks several replicas hold.
+//! in an arena for blocks several replicas hold — a pair (16 bytes in a table of pairs, the
+//! common shared block) or a longer list.
 //!
 //! A [`Holder`] is either one replica's copy counts or, when its replica field is [`MANY`], a
 //! handle to a list in the [`Arena`] (sorted by replica id). Keeping the map value at 8 bytes
@@ -12,8 +13,11 @@ use crate::overlap::{Holding, CPU_BIT, GPU_BIT};
 /// The replica-field marker of a handle to an arena list. Fleets never assign this id.
 pub(crate) const MANY: ReplicaId = ReplicaId(u32::MAX);
 
-/// In a handle's index: "the previous slot's list is equal" (lists number below 2^31).
+/// In a handle's index: "the previous slot's list is equal".
 const SAME_BIT: u32 = 1 << 31;
+/// In a handle's index: the list is a pair, in the arena's table of pairs (lists of each kind
+/// number below 2^30).
+const PAIR_BIT: u32 = 1 << 30;
 
 /// One replica's copies of one block, per medium — or, with `replica == MANY`, an arena handle
 /// whose index is `copies[0] | copies[1] << 16`.
@@ -108,9 +112,13 @@ pub(crate) struct Removal {
     pub(crate) block_empty: bool,
 }
 
-/// Shared holder lists, reused through a free list.
+/// Shared holder lists, reused through free lists. A block two replicas hold takes 16 bytes
+/// in `pairs`; a list of three or more a `Vec` in `lists` (24 bytes and its buffer: a pair
+/// kept that way cost 40 bytes; BENCHMARKS.md).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Arena {
+    pairs: Vec<[Holder; 2]>,
+    free_pairs: Vec<u32>,
     lists: Vec<Vec<Holder>>,
     free: Vec<u32>,
 }
@@ -119,10 +127,12 @@ impl Arena {
     /// The holders `h` stands for, sorted by replica id.
     #[inline]
     pub(crate) fn slice<'a>(&'a self, h: &'a Holder) -> &'a [Holder] {
-        if h.replica == MANY {
-            &self.lists[h.list_index()]
-        } else {
-            std::slice::from_ref(h)
+        if h.replica != MANY {
+            return std::slice::from_ref(h);
+        }
+        match h.list_index() {
+            i if i & PAIR_BIT as usize != 0 => &self.pairs[i & !(PAIR_BIT as usize)],
+            i => &self.lists[i],
         }
     }
 
@@ -140,13 +150,28 @@ impl Arena {
         if h.replica == replica {
             return count(&mut h.copies[m]);
         }
+        let new = Holder::one(replica, medium);
         if h.replica != MANY {
-            let new = Holder::one(replica, medium);
-            let list = if h.replica < replica { vec![*h, new] } else { vec![new, *h] };
+            let pair = if h.replica < replica { [*h, new] } else { [new, *h] };
+            *h = Holder::handle(self.alloc_pair(pair) | PAIR_BIT);
+            return Added::NewHolder;
+        }
+        let index = h.list_index();
+        if index & PAIR_BIT as usize != 0 {
+            let p = index & !(PAIR_BIT as usize);
+            if let Some(x) = self.pairs[p].iter_mut().find(|x| x.replica == replica) {
+                return count(&mut x.copies[m]);
+            }
+            // A third holder: the pair becomes a list.
+            let mut list = Vec::with_capacity(3);
+            list.extend_from_slice(&self.pairs[p]);
+            let at = list.partition_point(|x: &Holder| x.replica < replica);
+            list.insert(at, new);
+            self.release_pair(p);
             *h = Holder::handle(self.alloc(list));
             return Added::NewHolder;
         }
-        let list = &mut self.lists[h.list_index()];
+        let list = &mut self.lists[index];
         match list.binary_search_by_key(&replica, |x| x.replica) {
             Ok(i) => count(&mut list[i].copies[m]),
             Err(i) => {
@@ -169,6 +194,20 @@ impl Arena {
             return none;
         }
         let index = h.list_index();
+        if index & PAIR_BIT as usize != 0 {
+            let p = index & !(PAIR_BIT as usize);
+            let Some(k) = self.pairs[p].iter().position(|x| x.replica == replica) else { return none };
+            let x = &mut self.pairs[p][k];
+            x.copies[m] = x.copies[m].saturating_sub(n);
+            let left = x.copies[m];
+            if x.copies != [0, 0] {
+                return Removal { left, replica_gone: false, block_empty: false };
+            }
+            // The other holder is left: inline again.
+            *h = self.pairs[p][1 - k];
+            self.release_pair(p);
+            return Removal { left: 0, replica_gone: true, block_empty: false };
+        }
         let list = &mut self.lists[index];
         let Ok(i) = list.binary_search_by_key(&replica, |x| x.replica) else { return none };
         list[i].copies[m] = list[i].copies[m].saturating_sub(n);
@@ -177,9 +216,10 @@ impl Arena {
             return Removal { left, replica_gone: false, block_empty: false };
         }
         list.remove(i);
-        if list.len() == 1 {
-            *h = list[0];
+        if let [a, b] = list[..] {
+            // Two left: a pair again.
             self.release(index);
+            *h = Holder::handle(self.alloc_pair([a, b]) | PAIR_BIT);
         }
         Removal { left: 0, replica_gone: true, block_empty: false }
     }
@@ -205,7 +245,11 @@ impl Arena {
     /// Heap bytes held by the arena.
     pub(crate) fn heap_bytes(&self) -> usize {
         let lists: usize = self.lists.iter().map(|l| l.capacity() * std::mem::size_of::<Holder>()).sum();
-        lists + self.lists.capacity() * std::mem::size_of::<Vec<Holder>>() + self.free.capacity() * 4
+        lists
+            + self.lists.capacity() * std::mem::size_of::<Vec<Holder>>()
+            + self.free.capacity() * 4
+            + self.pairs.capacity() * std::mem::size_of::<[Holder; 2]>()
+            + self.free_pairs.capacity() * 4
     }
 
     fn alloc(&mut self, list: Vec<Holder>) -> u32 {
@@ -216,8 +260,35 @@ impl Arena {
             }
             None => {
                 self.lists.push(list);
-                (self.lists.len() - 1) as u32
+                let i = (self.lists.len() - 1) as u32;
+                debug_assert!(i < PAIR_BIT, "2^30 lists");
+                i
             }
+        }
+    }
+
+    fn alloc_pair(&mut self, pair: [Holder; 2]) -> u32 {
+        match self.free_pairs.pop() {
+            Some(i) => {
+                self.pairs[i as usize] = pair;
+                i
+            }
+            None => {
+                self.pairs.push(pair);
+                let i = (self.pairs.len() - 1) as u32;
+                debug_assert!(i < PAIR_BIT, "2^30 pairs");
+                i
+            }
+        }
+    }
+
+    fn release_pair(&mut self, index: usize) {
+        self.pairs[index] = Default::default();
+        self.free_pairs.push(index as u32);
+        if self.free_pairs.len() == self.pairs.len() {
+            // No pair left (e.g. after clears): give the table back.
+            self.pairs = Vec::new();
+            self.free_pairs = Vec::new();
         }
     }
 
@@ -257,12 +328,13 @@ mod tests {
         arena.remove(&mut h, ReplicaId(2), Medium::Gpu, 1);
         assert_eq!(h, Holder { replica: ReplicaId(9), copies: [0, 1] }, "collapsed back inline");
         assert_eq!((arena.lists.len(), arena.free.len()), (0, 0), "the last list freed gives the table back");
+        assert_eq!((arena.pairs.len(), arena.free_pairs.len()), (0, 0), "and the last pair the pairs'");
         let r = arena.remove(&mut h, ReplicaId(9), Medium::Cpu, u16::MAX);
         assert_eq!(r, Removal { left: 0, replica_gone: true, block_empty: true });
         // A new list starts the table again.
         let mut g = Holder::one(ReplicaId(1), Medium::Gpu);
         arena.add(&mut g, ReplicaId(3), Medium::Gpu);
-        assert_eq!((g.replica, g.list_index()), (MANY, 0));
+        assert_eq!((g.replica, g.list_index()), (MANY, PAIR_BIT as usize), "two holders: the first pair");
         // Equal lists mark the second; a medium that differs clears the mark.
         let mut k = Holder::one(ReplicaId(1), Medium::Gpu);
         arena.add(&mut k, ReplicaId(3), Medium::Gpu);
@@ -274,5 +346,30 @@ mod tests {
         assert!(!k.same_as_previous());
         arena.refresh_same(None, &mut k);
         assert!(!k.same_as_previous());
+    }
+
+    #[test]
+    fn a_pair_grows_into_a_list_and_shrinks_back_into_a_pair() {
+        let mut arena = Arena::default();
+        let mut h = Holder::one(ReplicaId(4), Medium::Gpu);
+        arena.add(&mut h, ReplicaId(8), Medium::Gpu);
+        assert_eq!((arena.pairs.len(), arena.lists.len()), (1, 0));
+        assert_eq!(arena.add(&mut h, ReplicaId(8), Medium::Cpu), Added::Copy, "a pair counts copies in place");
+        assert_eq!(arena.add(&mut h, ReplicaId(6), Medium::Gpu), Added::NewHolder);
+        let held = |a: &Arena, h: &Holder| a.slice(h).iter().map(|x| (x.replica.0, x.copies)).collect::<Vec<_>>();
+        assert_eq!(held(&arena, &h), vec![(4, [1, 0]), (6, [1, 0]), (8, [1, 1])]);
+        assert_eq!(h.list_index(), 0, "three holders: a list, the pair freed");
+        assert_eq!((arena.pairs.len(), arena.lists.len()), (0, 1));
+        arena.remove(&mut h, ReplicaId(4), Medium::Gpu, 1);
+        assert_eq!(held(&arena, &h), vec![(6, [1, 0]), (8, [1, 1])]);
+        assert_eq!(h.list_index(), PAIR_BIT as usize, "two left: a pair again");
+        assert_eq!((arena.pairs.len(), arena.lists.len()), (1, 0));
+        let unknown = arena.remove(&mut h, ReplicaId(7), Medium::Gpu, 1);
+        assert_eq!(unknown, Removal { left: 0, replica_gone: false, block_empty: false });
+        let r = arena.remove(&mut h, ReplicaId(8), Medium::Gpu, 1);
+        assert_eq!(r, Removal { left: 0, replica_gone: false, block_empty: false }, "8 still holds a CPU copy");
+        arena.remove(&mut h, ReplicaId(8), Medium::Cpu, 1);
+        assert_eq!(h, Holder { replica: ReplicaId(6), copies: [1, 0] }, "one left: inline");
+        assert_eq!((arena.pairs.len(), arena.free_pairs.len()), (0, 0));
     }
 }
