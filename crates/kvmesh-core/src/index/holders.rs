@@ -253,53 +253,46 @@ impl Arena {
     }
 
     fn alloc(&mut self, list: Vec<Holder>) -> u32 {
-        match self.free.pop() {
-            Some(i) => {
-                self.lists[i as usize] = list;
-                i
-            }
-            None => {
-                self.lists.push(list);
-                let i = (self.lists.len() - 1) as u32;
-                debug_assert!(i < PAIR_BIT, "2^30 lists");
-                i
-            }
-        }
+        put(&mut self.lists, &mut self.free, list)
     }
 
     fn alloc_pair(&mut self, pair: [Holder; 2]) -> u32 {
-        match self.free_pairs.pop() {
-            Some(i) => {
-                self.pairs[i as usize] = pair;
-                i
-            }
-            None => {
-                self.pairs.push(pair);
-                let i = (self.pairs.len() - 1) as u32;
-                debug_assert!(i < PAIR_BIT, "2^30 pairs");
-                i
-            }
-        }
-    }
-
-    fn release_pair(&mut self, index: usize) {
-        self.pairs[index] = Default::default();
-        self.free_pairs.push(index as u32);
-        if self.free_pairs.len() == self.pairs.len() {
-            // No pair left (e.g. after clears): give the table back.
-            self.pairs = Vec::new();
-            self.free_pairs = Vec::new();
-        }
+        put(&mut self.pairs, &mut self.free_pairs, pair)
     }
 
     fn release(&mut self, index: usize) {
-        self.lists[index] = Vec::new();
-        self.free.push(index as u32);
-        if self.free.len() == self.lists.len() {
-            // Nothing shared any more (e.g. after clears): give the handle table back too.
-            self.lists = Vec::new();
-            self.free = Vec::new();
+        take(&mut self.lists, &mut self.free, index);
+    }
+
+    fn release_pair(&mut self, index: usize) {
+        take(&mut self.pairs, &mut self.free_pairs, index);
+    }
+}
+
+/// Stores `item` in `table`, in a slot from `free` if one is, and returns its index.
+fn put<T>(table: &mut Vec<T>, free: &mut Vec<u32>, item: T) -> u32 {
+    match free.pop() {
+        Some(i) => {
+            table[i as usize] = item;
+            i
         }
+        None => {
+            table.push(item);
+            let i = (table.len() - 1) as u32;
+            debug_assert!(i < PAIR_BIT, "2^30 lists of one kind");
+            i
+        }
+    }
+}
+
+/// Frees `table[index]`; when nothing in `table` is in use any more (e.g. after clears), gives
+/// the table and its free list back.
+fn take<T: Default>(table: &mut Vec<T>, free: &mut Vec<u32>, index: usize) {
+    table[index] = T::default();
+    free.push(index as u32);
+    if free.len() == table.len() {
+        *table = Vec::new();
+        *free = Vec::new();
     }
 }
 
