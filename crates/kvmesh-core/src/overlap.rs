@@ -71,7 +71,7 @@ impl Runs {
     pub(crate) fn start<H: Holding>(first: &[H], held: impl Fn(&H) -> u8, out: &[(ReplicaId, Overlap)]) -> Self {
         // The run list of this thread's previous walk, reused: an allocation per query cost
         // as much as the walk on a large heap (see `SCRATCH`).
-        let mut active = SCRATCH.take();
+        let mut active = SCRATCH.try_with(std::cell::Cell::take).unwrap_or_default();
         active.clear();
         active.extend(first.iter().filter_map(|h| {
             let alive = held(h);
@@ -102,7 +102,8 @@ impl Runs {
     /// every replica's overlap to `out`, sorted by replica id.
     pub(crate) fn finish(self, walked: u32, out: &mut Vec<(ReplicaId, Overlap)>) {
         out.extend(self.active.iter().map(|r| (r.replica, r.overlap(walked))));
-        SCRATCH.set(self.active);
+        // (A thread being torn down has no scratch left: the list is just dropped.)
+        let _ = SCRATCH.try_with(|s| s.set(self.active));
         // `out` holds stretches already in id order (each step's ended runs, then the live
         // ones): std's stable sort finds the long ones and merges, where the unstable sort
         // partitioned everything again — at 1,024 replicas sharing a system prompt, most of

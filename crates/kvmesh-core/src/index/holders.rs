@@ -279,7 +279,8 @@ fn put<T>(table: &mut Vec<T>, free: &mut Vec<u32>, item: T) -> u32 {
         None => {
             table.push(item);
             let i = (table.len() - 1) as u32;
-            debug_assert!(i < PAIR_BIT, "2^30 lists of one kind");
+            // Checked in release builds too: an index past 2^30 would read as the other kind.
+            assert!(i < PAIR_BIT, "2^30 holder lists of one kind");
             i
         }
     }
