@@ -184,10 +184,7 @@ impl BlockHasher {
     /// block hash by construction, and both may share one key space (llm-d's scorer, whose
     /// last partial block is this key).
     pub fn prompt_key(&self, hashes: &[BlockHash], tokens: &[u32]) -> u64 {
-        let last = hashes.last().map_or(self.seed, |h| h.0);
-        let mut length = [0xFF; 9];
-        length[..8].copy_from_slice(&(tokens.len() as u64).to_le_bytes());
-        let key = xxh3_64_with_seed(&length, last);
+        let key = length_key(tokens.len() as u64, hashes.last().map_or(self.seed, |h| h.0));
         let tail = tokens.get(hashes.len() * self.block_size as usize..).unwrap_or(&[]);
         if tail.is_empty() {
             key
@@ -195,6 +192,16 @@ impl BlockHasher {
             xxh3_64_with_seed(&le_bytes(tail), key)
         }
     }
+}
+
+/// A prompt of `length` tokens whose last full block hashes to `last`: the first step of
+/// [`BlockHasher::prompt_key`], and the whole key of a request built from block hashes
+/// ([`crate::RouteRequest::from_hashes`]). The length's 8 bytes and a tag byte: 9 bytes, never
+/// a block's input.
+pub(crate) fn length_key(length: u64, last: u64) -> u64 {
+    let mut bytes = [0xFF; 9];
+    bytes[..8].copy_from_slice(&length.to_le_bytes());
+    xxh3_64_with_seed(&bytes, last)
 }
 
 /// Mixes a LoRA adapter name into a chain seed.
@@ -287,6 +294,9 @@ mod tests {
         assert_eq!(h.prompt_key(&hashes, &toks[..4]), xxh3_64_with_seed(&length(4), hashes[1].0));
         let seeded = xxh3_64_with_seed(&length(1), h.seed());
         assert_eq!(h.prompt_key(&[], &toks[..1]), xxh3_64_with_seed(&[1, 0, 0, 0], seeded));
+        // A request built from the same block hashes gets the same key.
+        let from = crate::RouteRequest::from_hashes(4, hashes.clone(), None);
+        assert_eq!(from.prompt_key, h.prompt_key(&hashes, &toks[..4]));
         // Never a block's hash: with 2-token blocks a block is 8 bytes, as a bare length would be.
         let next = h.hash_blocks(&[1, 2, 3, 4, 4, 0]);
         assert_ne!(h.prompt_key(&hashes, &toks[..4]), next[2].0);

@@ -233,10 +233,11 @@ impl Policy for TokenLoadPolicy {
         let estimator = view.estimator(req);
         let learn = view.config.learn_prefill_rate;
         let (mut fewest_uncached, mut best_cached_fits, mut cached_best) = (u32::MAX, false, usize::MAX);
-        let mut prefilling = 0.0;
+        let (mut prefilling, mut any_fits) = (0.0, false);
         for i in view.routable() {
             let e = estimator.at(i);
             let fits = e.kv_headroom_blocks >= 0;
+            any_fits |= fits;
             match e.uncached_tokens.cmp(&fewest_uncached) {
                 std::cmp::Ordering::Less => {
                     (fewest_uncached, best_cached_fits, cached_best) = (e.uncached_tokens, fits, i)
@@ -268,14 +269,12 @@ impl Policy for TokenLoadPolicy {
         // Staying is worth the decode time a move would take from others only where staying
         // fits: a replica short of KV room would preempt its own decodes instead.
         let interference = if best_cached_fits { p.interference_weight } else { 0.0 };
-        let mut any_fits = false;
         for c in &mut self.cands {
             let extra = c.uncached_tokens - fewest_uncached;
             c.cost = c.ttft_s + p.kv_wait_weight * c.kv_wait_s;
             if (charge > 0.0 || interference > 0.0) && extra > 0 {
                 c.cost += (charge + interference * f64::from(c.decoding)) * extra as f64 * c.prefill_s_per_token;
             }
-            any_fits |= c.fits;
         }
         let reason = if any_fits { Reason::LowestCost } else { Reason::NoKvHeadroom };
         // The replicas scored: all of them when a KV shortage is priced (or none has room),

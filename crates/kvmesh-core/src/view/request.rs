@@ -2,7 +2,6 @@
 
 use crate::hashing::BlockHasher;
 use crate::ids::BlockHash;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// One request to route.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,11 +52,12 @@ impl RouteRequest {
     }
 
     /// A request whose block hashes are already known (e.g. a trace's prefix-chained ids). Its
-    /// prompt key mixes the last full block's hash with the length: prompts built from the same
-    /// ids agree, as their token ids would.
+    /// prompt key mixes the last full block's hash with the length, as
+    /// [`BlockHasher::prompt_key`] does: prompts built from the same ids agree, and a
+    /// block-aligned prompt's key is the one its tokens would give.
     pub fn from_hashes(prompt_tokens: u32, hashes: Vec<BlockHash>, max_tokens: Option<u32>) -> Self {
         let last = hashes.last().map_or(0, |h| h.0);
-        let prompt_key = xxh3_64_with_seed(&u64::from(prompt_tokens).to_le_bytes(), last);
+        let prompt_key = crate::hashing::length_key(u64::from(prompt_tokens), last);
         RouteRequest {
             prompt_tokens,
             hashes,
