@@ -119,6 +119,8 @@ fn fleet(n: usize) -> (Fleet, Vec<u32>) {
     (f, req)
 }
 
+/// One request decided over and over: a profiling aid, not a decision latency (a router
+/// decides each request once; BENCHMARKS.md reports `vs-dynamo`'s fresh decisions instead).
 fn bench_decision(c: &mut Criterion) {
     let mut g = c.benchmark_group("route_decision_4096_tokens");
     for n in [16usize, 128, 1024] {
@@ -215,7 +217,7 @@ fn bench_replication(c: &mut Criterion) {
 // A benchmark measures wall time; the crate itself never reads a clock (clippy.toml).
 #[allow(clippy::disallowed_methods)]
 fn report_percentiles() {
-    println!("\nper-decision latency (token_load, hash + index query + score, 20,000 decisions):");
+    println!("\nper-decision latency (token_load, hash + index query + score, 20,000 decisions of one request — for profiling; fresh requests: vs-dynamo --decision-only):");
     for n in [16usize, 128, 1024] {
         let (mut f, tokens) = fleet(n);
         let mut policy = PolicyKind::TokenLoad.build();
