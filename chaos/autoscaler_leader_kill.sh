@@ -10,8 +10,8 @@
 # Heal: the killed node restarts from its sled files with the same log.
 export CHAOS_EXTRA_TOML='[autoscaler]
 enabled = true
-interval_s = 0.5
-cold_start_s = 120
+interval = "500ms"
+cold_start = "2m"
 capacity_tokens_per_s = 300
 max_replicas = 32'
 source "$(dirname "$0")/lib.sh"

@@ -51,9 +51,9 @@ start_engines() {
 write_config() {
   local i=$1
   {
-    printf '[node]\nhttp = "127.0.0.1:%s"\ngrpc = "127.0.0.1:%s"\nscrape_interval_ms = 200\n' \
+    printf '[node]\nhttp = "127.0.0.1:%s"\ngrpc = "127.0.0.1:%s"\nscrape_interval = \"200ms\"\n' \
       $((BASE + 300 + i)) $((BASE + 400 + i))
-    printf '\n[cluster]\nsummary_interval_ms = 500\nallow_fault_injection = true\n'
+    printf '\n[cluster]\nsummary_interval = \"500ms\"\nallow_fault_injection = true\n'
     printf '\n%s\n' "${CHAOS_EXTRA_TOML:-}"
     for e in $(seq 0 $((ENGINES - 2))); do
       # The last engine is added at runtime through the admin API.

@@ -6,8 +6,8 @@
 # Heal: the killed node restarts from its sled files with the plan.
 export CHAOS_EXTRA_TOML='[replication]
 enabled = true
-interval_ms = 200
-cooldown_s = 120'
+interval = "200ms"
+cooldown = "2m"'
 source "$(dirname "$0")/lib.sh"
 
 # `kvmesh replication status --json` of node $1 piped through a Python expression on it (d).

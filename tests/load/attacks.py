@@ -71,7 +71,7 @@ class Rig:
                          f'kv_events = "tcp://127.0.0.1:{ev}"\nreplay = "tcp://127.0.0.1:{rp}"\ncapacity_blocks = 29375\n')
         self.http, self.grpc = BASE + 300, BASE + 301
         cfg = (f'[node]\nhttp = "127.0.0.1:{self.http}"\ngrpc = "127.0.0.1:{self.grpc}"\n'
-               f'scrape_interval_ms = 200\nengine_speed = 100\n' + replicas + extra_replicas)
+               f'scrape_interval = "200ms"\nengine_speed = 100\n' + replicas + extra_replicas)
         path = os.path.join(self.dir, "node.toml")
         with open(path, "w") as f:
             f.write(cfg)

@@ -12,7 +12,7 @@ cat > node.toml <<T
 [node]
 http = "127.0.0.1:18080"
 grpc = "127.0.0.1:18051"
-scrape_interval_ms = 200
+scrape_interval = "200ms"
 T
 for i in 0 1 2 3; do cat >> node.toml <<T
 [[replicas]]

@@ -67,7 +67,7 @@ async fn request_spans_reach_an_otlp_collector() {
 
     let engine = common::engines(1, 5.0).await.remove(0);
     let replicas = vec![ReplicaConfig { capacity_blocks: 1000, ..common::replica(0, &engine) }];
-    let section = NodeSection { scrape_interval_ms: NodeSection::default().scrape_interval_ms, ..common::section() };
+    let section = NodeSection { scrape_interval: NodeSection::default().scrape_interval, ..common::section() };
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     let client = reqwest::Client::new();
     for stream in [false, true] {

@@ -24,7 +24,7 @@ async fn recommend_and_watch_show_the_committed_decision() {
     let engine = kvmesh_engine_sim::start(EngineSimConfig::default()).await.unwrap();
     let mut config = common::config(&engine, 1.0);
     config.autoscaler.enabled = true;
-    config.autoscaler.interval_s = 0.2;
+    config.autoscaler.policy.interval_s = 0.2;
     let node = kvmesh_node::start(config).await.unwrap();
     common::routable(&node).await;
     let grpc = format!("http://{}", node.grpc);

@@ -11,6 +11,7 @@
 //! - [`admission`]: admission control's TTFT gate (who may go to a replica while it is overloaded).
 //! - [`replication`]: hot-prefix detection, the replication plan, warm-ups.
 //! - [`prompt`]: approximate token ids and chat rendering for routers without a tokenizer.
+//! - [`seconds`]: serde for `f64`-second settings written as durations (`"250ms"`, `"2s"`).
 //!
 //! No async runtime, no I/O, no clock and no RNG of its own: time (`now`, seconds on the
 //! caller's clock) and randomness are arguments, so the simulator and the node run the same
@@ -52,6 +53,7 @@ pub mod policy;
 pub mod prompt;
 pub mod record;
 pub mod replication;
+pub mod seconds;
 pub mod view;
 
 pub use error::Error;

@@ -8,7 +8,7 @@ use crate::endpoints::Endpoints;
 use crate::state::Shared;
 use kvmesh_core::{RouteRequest, Routed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A request routed and booked.
 pub struct Admitted {
@@ -82,7 +82,7 @@ pub enum Via {
 }
 
 /// One request's passage through admission control, kept across its retries on other
-/// replicas: its demand is counted once, and its waits share one `max_wait_s`.
+/// replicas: its demand is counted once, and its waits share one `max_wait`.
 pub struct Ticket<'a> {
     shared: &'a Shared,
     via: Via,
@@ -217,13 +217,13 @@ impl<'a> Ticket<'a> {
 
     /// Decides where `req` (`tokens`, answer of at most `max_tokens` tokens) goes and books
     /// it — after waiting in the admission queue while capacity is short (with `[admission]`
-    /// on): no replica with room for it, or with `ttft_slo_s` the best replica would make it
+    /// on): no replica with room for it, or with `ttft_slo` the best replica would make it
     /// miss the SLO with more than half the SLO queued there.
     ///
     /// # Errors
     /// [`NotAdmitted::NoReplica`] when the core has no replica for it;
     /// [`NotAdmitted::Refused`] when the queue is full, it was evicted for a newer request,
-    /// or it waited `max_wait_s` (the refusal is counted and logged here);
+    /// or it waited `max_wait` (the refusal is counted and logged here);
     /// [`NotAdmitted::NeverFits`] (with `[admission]` on and an exact token count) when no
     /// replica could ever hold it, before its demand is counted.
     pub async fn route(
@@ -324,9 +324,8 @@ impl<'a> Ticket<'a> {
                         via: self.via,
                         settled: false,
                     });
-                    let deadline = *self.deadline.get_or_insert_with(|| {
-                        tokio::time::Instant::now() + Duration::from_secs_f64(adm.section.max_wait_s)
-                    });
+                    let deadline =
+                        *self.deadline.get_or_insert_with(|| tokio::time::Instant::now() + adm.section.max_wait);
                     let model = req.model.unwrap_or(shared.settings.hasher.model());
                     if let Err(why) = adm.wait_as(load, model, self.arrived, deadline).await {
                         h.settled = true;

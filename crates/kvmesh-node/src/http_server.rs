@@ -55,11 +55,7 @@ impl ServeLimits {
                 max_connections = room;
             }
         }
-        ServeLimits {
-            header_timeout: Duration::from_millis(l.http_header_timeout_ms),
-            idle_timeout: Duration::from_secs(l.http_idle_timeout_s),
-            max_connections,
-        }
+        ServeLimits { header_timeout: l.http_header_timeout, idle_timeout: l.http_idle_timeout, max_connections }
     }
 }
 

@@ -166,22 +166,30 @@ impl Node {
 
 impl Node {
     /// The first half of [`Node::stop`]: reports not ready at once and waits, at most
-    /// `node.shutdown_grace_s`, for the requests the node follows to finish (new ones are
+    /// `node.shutdown_grace`, for the requests the node follows to finish (new ones are
     /// still served meanwhile: a load balancer takes a moment to see the node go).
     pub async fn drain(&self) {
         use std::sync::atomic::Ordering;
         self.shared.stopping.store(true, Ordering::Release);
-        let grace = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).node.shutdown_grace_s;
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs_f64(grace);
+        let grace = self.shared.config.lock().unwrap_or_else(|p| p.into_inner()).node.shutdown_grace;
+        let deadline = tokio::time::Instant::now() + grace;
         let pending = || self.shared.in_flight.load(Ordering::Acquire);
         if pending() > 0 {
-            tracing::info!(in_flight = pending(), grace_s = grace, "stopping: letting requests in flight finish");
+            tracing::info!(
+                in_flight = pending(),
+                grace_s = grace.as_secs_f64(),
+                "stopping: letting requests in flight finish"
+            );
         }
         while pending() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         if pending() > 0 {
-            tracing::warn!(in_flight = pending(), grace_s = grace, "stopping: grace period over; cutting the rest");
+            tracing::warn!(
+                in_flight = pending(),
+                grace_s = grace.as_secs_f64(),
+                "stopping: grace period over; cutting the rest"
+            );
         }
     }
 }
@@ -232,46 +240,26 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             );
         }
     }
-    if config.node.booking_lease_s < config.node.request_timeout_s as f64 {
-        tracing::warn!(
-            booking_lease_s = config.node.booking_lease_s,
-            request_timeout_s = config.node.request_timeout_s,
-            "node.booking_lease_s is shorter than node.request_timeout_s: a proxied request that runs longer than the \
-             lease stops counting in its replica's token load while it runs"
-        );
-    }
     for doubt in config.doubts() {
         tracing::warn!("{doubt}");
     }
     let adm = &config.admission;
     if adm.enabled {
-        match adm.ttft_slo_s {
+        match adm.ttft_slo {
             Some(slo) => tracing::info!(
                 queue_limit = adm.queue_limit,
-                max_wait_s = adm.max_wait_s,
-                ttft_slo_s = slo,
+                max_wait_s = adm.max_wait.as_secs_f64(),
+                ttft_slo_s = slo.as_secs_f64(),
                 "admission control on, with the TTFT gate: requests wait at the router while capacity is short or \
                  the best replica would make them miss the SLO"
             ),
             None => tracing::info!(
                 queue_limit = adm.queue_limit,
-                max_wait_s = adm.max_wait_s,
-                "admission control on, no TTFT gate (ttft_slo_s unset): requests wait at the router while capacity \
+                max_wait_s = adm.max_wait.as_secs_f64(),
+                "admission control on, no TTFT gate (ttft_slo unset): requests wait at the router while capacity \
                  is short"
             ),
         }
-    }
-    match adm.ttft_slo_s {
-        Some(_) if !adm.enabled => {
-            tracing::warn!("admission.ttft_slo_s is set but admission.enabled is false: the TTFT gate is off")
-        }
-        Some(slo) if adm.max_wait_s > 10.0 * slo => tracing::warn!(
-            max_wait_s = adm.max_wait_s,
-            ttft_slo_s = slo,
-            "admission.max_wait_s is over 10x admission.ttft_slo_s: late requests wait behind fresh ones and may \
-             wait up to max_wait_s; a few times the SLO (say 3x) bounds how late an answer can come"
-        ),
-        _ => {}
     }
     let cluster = match config.cluster.clone() {
         Some(section) => {
@@ -320,8 +308,8 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     // Bookings end by themselves after the lease (a gRPC client that never calls Release, a
     // lost proxy task): one sweep a second, which also logs admission refusals not yet logged.
     let (sweeper, mut s0) = (shared.clone(), stopped.clone());
-    let peer_timeout_s = config.cluster.as_ref().map_or(5.0, |c| c.peer_timeout_ms as f64 / 1000.0);
-    let lease_s = config.node.booking_lease_s;
+    let peer_timeout_s = config.cluster.as_ref().map_or(5.0, |c| c.peer_timeout.as_secs_f64());
+    let lease_s = config.node.booking_lease.as_secs_f64();
     tasks.push(tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
@@ -335,7 +323,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
                             bookings = expired,
                             lease_s,
                             "bookings expired without a release (a Route caller that never called Release, or a \
-                             request running longer than node.booking_lease_s)"
+                             request running longer than node.booking_lease)"
                         );
                         // Their load is off the replicas: as many waiting requests may fit now.
                         for _ in 0..expired {

@@ -18,7 +18,7 @@ const RAFT: [(&str, &str); 6] = [
     ("leader_id", "The Raft leader's node id as this node knows it (0: none)"),
     (
         "is_leader",
-        "1 while this node leads the Raft group: in the leader state with a quorum acknowledging it within twice cluster.election_timeout_max_ms",
+        "1 while this node leads the Raft group: in the leader state with a quorum acknowledging it within twice cluster.election_timeout_max",
     ),
     ("last_applied_index", "The last Raft log index applied to this node's state machine"),
     ("last_log_index", "The last Raft log index in this node's log"),
@@ -65,7 +65,7 @@ pub struct Metrics {
     /// node (parsing, any wait in the admission queue and retries included) to the first
     /// streamed chunk, seconds. A non-streamed answer arrives whole and is not measured.
     pub ttft: Histogram,
-    /// Streamed requests whose TTFT exceeded `admission.ttft_slo_s` (counted only when set).
+    /// Streamed requests whose TTFT exceeded `admission.ttft_slo` (counted only when set).
     pub ttft_over_slo: Counter,
     /// Proxied requests by replica and outcome (the outcomes of [`Metrics::requests`] that
     /// reached a replica: `ok`, `client_error`, `upstream_error`, `backpressure`,
@@ -94,7 +94,7 @@ pub struct Metrics {
     /// Requests whose client went away (an HTTP disconnect, a cancelled gRPC call) while
     /// they waited in the admission queue.
     pub admission_abandoned: Counter,
-    /// Bookings ended by `node.booking_lease_s` because no release came (a gRPC `Route`
+    /// Bookings ended by `node.booking_lease` because no release came (a gRPC `Route`
     /// caller that never called `Release`, say): each held its token load on a replica until
     /// then.
     pub bookings_expired: Counter,
@@ -105,7 +105,7 @@ pub struct Metrics {
     /// `node.max_prompt_tokens`, or with admission control a prompt and `max_tokens` over the
     /// largest replica's KV); and admission control's 429s: `queue_full`,
     /// `evicted_late` (refused to make room, with the TTFT gate), `admission_timeout` (waited
-    /// `max_wait_s`). A retried request counts once per attempt.
+    /// `max_wait`). A retried request counts once per attempt.
     pub requests: Family<Labels, Counter>,
     /// Prompt tokens routed, and the part the chosen replica was believed to hold.
     pub prompt_tokens: Counter,

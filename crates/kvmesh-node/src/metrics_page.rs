@@ -53,7 +53,7 @@ pub fn render(shared: &Shared) -> String {
         // Every other member has an age and an up/down series, silent ones included (a
         // peer never heard counts from this node's start), so a lag alert can fire.
         if let Some(c) = shared.cluster.get() {
-            let timeout_s = c.section.peer_timeout_ms as f64 / 1000.0;
+            let timeout_s = c.section.peer_timeout.as_secs_f64();
             for id in c.members().into_keys().filter(|id| *id != c.id) {
                 let l = vec![("peer", id.to_string())];
                 // Its bookings are dropped once it is silent: 0, not a missing series.

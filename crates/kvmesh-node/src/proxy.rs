@@ -112,7 +112,7 @@ async fn forward(
         .with_output_hint(hint);
     let span = crate::in_flight::request_span(api.path(), tokens.len(), &shared.policy_name());
     crate::telemetry::parent_from(&span, &headers);
-    // Kept across retries: demand counted once, one `max_wait_s` for all the waits.
+    // Kept across retries: demand counted once, one `max_wait` for all the waits.
     let mut ticket =
         crate::admit::Ticket::new(&shared, crate::admit::Via::Proxy, exact, arrived).for_selected(&selected);
     // Whether a replica already closed the connection on this request unanswered.
@@ -277,7 +277,7 @@ async fn forward(
 }
 
 /// 429 with `Retry-After`: capacity is short and the admission queue refused the request
-/// (full, evicted as late, or waited `max_wait_s`).
+/// (full, evicted as late, or waited `max_wait`).
 fn too_many(shared: &Shared, why: crate::admission::Refused) -> Response {
     let (after, message) = shared.refusal(why);
     let mut r = error(StatusCode::TOO_MANY_REQUESTS, message);

@@ -24,7 +24,7 @@ fn replica(i: usize, e: &EngineSim, replay: bool) -> ReplicaConfig {
 }
 
 async fn node(replicas: Vec<ReplicaConfig>, tweak: impl FnOnce(&mut NodeSection)) -> Node {
-    let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let mut section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     tweak(&mut section);
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
@@ -119,9 +119,9 @@ async fn c08_a_sequence_restart_drops_the_stale_blocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c09_a_silent_publisher_is_reported_and_still_served() {
     let e = engine(16, Faults { drop_events: true, ..Faults::default() }).await;
-    let node = node(vec![replica(0, &e, true)], |s| s.events_silent_s = 0.3).await;
+    let node = node(vec![replica(0, &e, true)], |s| s.events_silent = std::time::Duration::from_millis(300)).await;
     assert_eq!(send(&node, 1, 4).await, 200);
-    // Not reported before the event it owes is `events_silent_s` late.
+    // Not reported before the event it owes is `events_silent` late.
     assert_ne!(status(&node, "e0"), ReplicaStatus::NoEvents);
     eventually("no_events status", || status(&node, "e0") == ReplicaStatus::NoEvents).await;
     assert_eq!(send(&node, 2, 4).await, 200, "routed on load meanwhile");
@@ -136,7 +136,7 @@ async fn c09_a_silent_publisher_is_reported_and_still_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_filled_by_output_are_announced_so_a_cached_prompt_owes_nothing() {
     let e = engine(16, Faults::default()).await;
-    let node = node(vec![replica(0, &e, true)], |s| s.events_silent_s = 0.3).await;
+    let node = node(vec![replica(0, &e, true)], |s| s.events_silent = std::time::Duration::from_millis(300)).await;
     let client = reqwest::Client::new();
     for round in 1..=2 {
         let body = json!({"model": "m", "prompt": prompt(1, 4), "max_tokens": 40});
@@ -195,7 +195,7 @@ async fn c17_models_answers_from_a_healthy_replica_and_c18_overload_marks_expire
     let (a, b) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
     let node = node(vec![replica(0, &a, true), replica(1, &b, true)], |s| {
         s.policy = "round_robin".into();
-        s.overload_backoff_ms = 300;
+        s.overload_backoff = std::time::Duration::from_millis(300);
     })
     .await;
     // C18: e0 answers 503; the request moves to e1 and e0 sits out the backoff.

@@ -17,7 +17,7 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
     let section = NodeSection {
         http: "127.0.0.1:0".parse().unwrap(),
         grpc: format!("127.0.0.1:{}", ports[id as usize - 1]).parse().unwrap(),
-        scrape_interval_ms: 100,
+        scrape_interval: std::time::Duration::from_millis(100),
         ..NodeSection::default()
     };
     let cluster = ClusterSection {
@@ -25,7 +25,7 @@ fn config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfig>, goss
         peers: ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect(),
         data_dir: dir.join(format!("node{id}")),
         gossip,
-        summary_interval_ms: 200,
+        summary_interval: std::time::Duration::from_millis(200),
         snapshot_every: 20,
         allow_fault_injection: true,
         insecure: true,
@@ -374,8 +374,8 @@ async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
         // deliveries inside a wave become rare, and the test waits for them between waves.
         let slow_tick = |c: &mut NodeConfig| {
             let cluster = c.cluster.as_mut().expect("a cluster config");
-            cluster.gossip_interval_ms = 250;
-            cluster.summary_interval_ms = 1000;
+            cluster.gossip_interval = std::time::Duration::from_millis(250);
+            cluster.summary_interval = std::time::Duration::from_millis(1000);
         };
         let nodes = start_all_with(&ports, dir.path(), &replicas, gossip, slow_tick).await;
         let all: Vec<&Node> = nodes.iter().collect();

@@ -51,7 +51,8 @@ fn the_router_tier_manifest_is_consistent() {
     assert_eq!(config.node.block_size, 16);
     // A stopping node drains within the pod's grace period.
     let pod_grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_f64().unwrap();
-    assert!(config.node.shutdown_grace_s + 10.0 <= pod_grace, "{} vs {pod_grace}", config.node.shutdown_grace_s);
+    let grace = config.node.shutdown_grace.as_secs_f64();
+    assert!(grace + 10.0 <= pod_grace, "{grace} vs {pod_grace}");
 }
 
 /// The one document in deploy/`file`, as JSON.
@@ -98,7 +99,7 @@ fn the_engine_deployment_is_what_keda_scales_and_drains_within_its_grace_period(
     let hook = sidecar["lifecycle"]["preStop"]["exec"]["command"][2].as_str().unwrap();
     let timeout: u64 = hook.split("--timeout ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
-    assert!(timeout < grace && timeout >= kvmesh_node::config::NodeSection::default().request_timeout_s);
+    assert!(timeout < grace && timeout >= kvmesh_node::config::NodeSection::default().request_timeout.as_secs());
     let engine = &pod["containers"][0];
     let wait = engine["lifecycle"]["preStop"]["exec"]["command"][2].as_str().unwrap();
     let engine_s: u64 = wait.split("seq ").nth(1).unwrap().split(')').next().unwrap().parse().unwrap();

@@ -8,6 +8,7 @@
 use crate::common;
 
 use common::{engines, eventually_within, ports, replica, section};
+use kvmesh_core::replication::{ReplicationConfig, SketchConfig};
 use kvmesh_engine_sim::EngineSim;
 use kvmesh_node::config::{ClusterSection, NodeConfig, NodeSection, ReplicaConfig, ReplicationSection};
 use kvmesh_node::Node;
@@ -19,13 +20,17 @@ use std::time::{Duration, Instant};
 
 /// Fast settings for tests: plan every 100 ms, counts with a 1 s half-life, cool after 1 s.
 fn fast() -> ReplicationSection {
+    let d = ReplicationSection::default().plan;
     ReplicationSection {
         enabled: true,
-        interval_ms: 100,
-        half_life_s: 1.0,
-        cooldown_s: 1.0,
-        warm_timeout_s: 3.0,
-        warm_share: 1.0,
+        plan: ReplicationConfig {
+            interval_s: 0.1,
+            cooldown_s: 1.0,
+            warm_timeout_s: 3.0,
+            warm_share: 1.0,
+            sketch: SketchConfig { half_life_s: 1.0, ..d.sketch },
+            ..d
+        },
         ..ReplicationSection::default()
     }
 }
@@ -203,12 +208,12 @@ async fn the_grpc_service_lists_watches_and_triggers_through_a_transfer_sidecar(
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await
     });
+    let fast = fast();
     let replication = ReplicationSection {
         transfer_endpoint: format!("http://{addr}"),
         // Detection off in practice: only the manual trigger plans.
-        min_requests_per_s: 1e9,
-        cooldown_s: 60.0,
-        ..fast()
+        plan: ReplicationConfig { min_requests_per_s: 1e9, cooldown_s: 60.0, ..fast.plan.clone() },
+        ..fast
     };
     let config = NodeConfig {
         node: section(),
@@ -307,7 +312,7 @@ fn cluster_config(id: u64, ports: &[u16], dir: &Path, replicas: Vec<ReplicaConfi
         id,
         peers: ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect(),
         data_dir: dir.join(format!("node{id}")),
-        summary_interval_ms: 200,
+        summary_interval: std::time::Duration::from_millis(200),
         insecure: true,
         ..ClusterSection::default()
     };

@@ -103,7 +103,7 @@ fn section() -> NodeSection {
     NodeSection {
         http: "127.0.0.1:0".parse().unwrap(),
         grpc: "127.0.0.1:0".parse().unwrap(),
-        scrape_interval_ms: 100,
+        scrape_interval: std::time::Duration::from_millis(100),
         ..NodeSection::default()
     }
 }

@@ -8,6 +8,7 @@
 use crate::common;
 
 use common::{engines, eventually, eventually_within, replica, section};
+use kvmesh_core::autoscale::AutoscaleConfig;
 use kvmesh_engine_sim::EngineSimConfig;
 use kvmesh_node::config::{AutoscalerSection, ClusterSection, NodeConfig, NodeSection, ReplicaConfig};
 use kvmesh_node::Node;
@@ -18,9 +19,8 @@ use kvmesh_proto::v1;
 fn autoscaler() -> AutoscalerSection {
     AutoscalerSection {
         enabled: true,
-        interval_s: 0.1,
         capacity_tokens_per_s: 2_000.0,
-        max_replicas: 8,
+        policy: AutoscaleConfig { interval_s: 0.1, max_replicas: 8, ..AutoscaleConfig::default() },
         ..AutoscalerSection::default()
     }
 }

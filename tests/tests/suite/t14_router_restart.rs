@@ -18,7 +18,7 @@ fn last_seq(node: &Node, name: &str) -> Option<u64> {
 }
 
 async fn start(replicas: Vec<ReplicaConfig>) -> Node {
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     kvmesh_node::start(common::single(section, replicas)).await.unwrap()
 }
 

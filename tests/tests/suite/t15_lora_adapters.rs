@@ -27,7 +27,7 @@ async fn adapter_requests_match_only_their_adapters_blocks() {
     on_sql.buffer.lock().unwrap().push((0, stored_batch(&sql_hashes, &tokens, Some("sql"), 1.0)));
     on_base.buffer.lock().unwrap().push((0, stored_batch(&base_hashes, &tokens, None, 1.0)));
     let engines = common::engines(2, 20.0).await;
-    let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let mut section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     section.model = "m".into();
     section.lora_adapters = vec!["sql".into(), "chat".into()];
     let node = kvmesh_node::start(common::single(

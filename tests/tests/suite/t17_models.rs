@@ -32,7 +32,7 @@ async fn two_models_and_two_adapters_on_four_replicas_never_cross() {
         let config = EngineSimConfig { model: model.into(), speed: 20.0, ..EngineSimConfig::default() };
         engines.push(kvmesh_engine_sim::start(config).await.unwrap());
     }
-    let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let mut section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     section.model = "m1".into();
     section.lora_adapters = vec!["sql".into(), "chat".into()];
     let replicas: Vec<ReplicaConfig> = (0..4)
@@ -167,7 +167,7 @@ async fn salted_and_multimodal_blocks_match_only_what_they_can() {
         publishers[p].buffer.lock().unwrap().push((0, payload));
     }
     let engines = common::engines(3, 20.0).await;
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     let replicas = (0..3).map(|i| publishers[i].replica(i, &engines[i])).collect();
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     eventually_within("all indexed and scraped", 10, || {
@@ -235,7 +235,7 @@ async fn adapters_learned_from_the_engines_go_only_where_they_are_loaded() {
         let config = EngineSimConfig { model: model.into(), lora_modules, speed: 20.0, ..EngineSimConfig::default() };
         engines.push(kvmesh_engine_sim::start(config).await.unwrap());
     }
-    let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let mut section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     section.model = "m1".into();
     let replicas: Vec<ReplicaConfig> = (0..4)
         .map(|i| ReplicaConfig { model: (i >= 2).then(|| "m2".to_string()), ..common::replica(i, &engines[i]) })
@@ -328,7 +328,7 @@ async fn each_model_counts_its_own_block_size() {
         let config = EngineSimConfig { model: model.into(), block_size, speed: 20.0, ..EngineSimConfig::default() };
         engines.push(kvmesh_engine_sim::start(config).await.unwrap());
     }
-    let mut section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let mut section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     section.model = "m1".into();
     let replicas = vec![
         common::replica(0, &engines[0]),

@@ -36,7 +36,7 @@ async fn two_ranks_behind_one_api_are_indexed_loaded_and_routed_apart() {
     let url = engine.base_url();
     let alias = url.replace("127.0.0.1", "localhost");
     let toml = format!(
-        "[node]\nhttp = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\nscrape_interval_ms = 50\nshutdown_grace_s = 1.0\n\n\
+        "[node]\nhttp = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\nscrape_interval = \"50ms\"\nshutdown_grace = \"1s\"\n\n\
          [[replicas]]\nname = \"e0\"\nhttp = \"{url}\"\nkv_events = \"{events}\"\nreplay = \"{replay}\"\n\
          capacity_blocks = 29375\ndata_parallel_size = 2\n\n\
          [[replicas]]\nname = \"crossed\"\nhttp = \"{alias}\"\nkv_events = \"{events}\"\ncapacity_blocks = 29375\n\

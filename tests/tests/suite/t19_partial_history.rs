@@ -46,7 +46,7 @@ async fn a_prefix_older_than_the_buffer_is_recovered_from_the_prompts_routed_the
     }
     assert_eq!(engine.cached_blocks(), [32 + 6 * 2]);
 
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     let node = kvmesh_node::start(common::single(section, vec![common::replica(0, &engine)])).await.unwrap();
     let status = |node: &kvmesh_node::Node| {
         let now = node.shared.now();

@@ -51,7 +51,7 @@ async fn a_window_group_that_lost_blocks_cuts_the_overlap_where_vllm_would() {
     let plain = [store(0, 30, None)];
     p1.buffer.lock().unwrap().push((0, bytes::Bytes::from(encode_batch(1.0, &plain, Some(0), Encoding::Map))));
     let engines = common::engines(2, 20.0).await;
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     let replicas = vec![p0.replica(0, &engines[0]), p1.replica(1, &engines[1])];
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     eventually_within("both indexed", 10, || {
@@ -72,7 +72,7 @@ async fn a_window_group_that_lost_blocks_cuts_the_overlap_where_vllm_would() {
 async fn an_engine_sim_serving_a_hybrid_model_is_indexed_per_group() {
     let config = EngineSimConfig { sliding_window: Some(128), speed: 20.0, ..EngineSimConfig::default() };
     let engine = kvmesh_engine_sim::start(config).await.unwrap();
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     let node = kvmesh_node::start(common::single(section, vec![common::replica(0, &engine)])).await.unwrap();
     let client = reqwest::Client::new();
     let url = format!("http://{}/v1/completions", node.http);

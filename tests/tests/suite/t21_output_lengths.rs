@@ -21,7 +21,7 @@ async fn answers_of_drawn_lengths_teach_the_node_and_its_error_is_measured() {
     let lengths = OutputLengths { median: 12.0, sigma: 1.0, seed: 3 };
     let config = EngineSimConfig { output_lengths: Some(lengths), speed: 50.0, ..EngineSimConfig::default() };
     let engine = kvmesh_engine_sim::start(config).await.unwrap();
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     let node = kvmesh_node::start(common::single(section, vec![common::replica(0, &engine)])).await.unwrap();
     eventually_within("scraped", 10, || node.shared.core().replicas["e0"].health.lock().engine.is_some()).await;
     let client = reqwest::Client::new();

@@ -40,7 +40,7 @@ async fn fleet(engine: &str) -> (Vec<EngineSim>, Vec<ReplicaConfig>) {
 }
 
 async fn node(replicas: Vec<ReplicaConfig>) -> kvmesh_node::Node {
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     eventually("all four replicas scraped", || {
         node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
@@ -207,7 +207,11 @@ async fn a_failing_side_is_left_out_and_no_request_is_decoded_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decode_that_took_the_request_and_hung_is_not_sent_again() {
     let (engines, replicas) = fleet("vllm").await;
-    let section = NodeSection { scrape_interval_ms: 50, request_timeout_s: 1, ..common::section() };
+    let section = NodeSection {
+        scrape_interval: std::time::Duration::from_millis(50),
+        request_timeout: std::time::Duration::from_secs(1),
+        ..common::section()
+    };
     let node = kvmesh_node::start(common::single(section, replicas)).await.unwrap();
     eventually("all four replicas scraped", || {
         node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some())
@@ -331,7 +335,7 @@ async fn a_three_node_tier_routes_the_same_fleet_disaggregated() {
     for id in 1..=3u64 {
         let node = NodeSection {
             grpc: format!("127.0.0.1:{}", ports[id as usize - 1]).parse().unwrap(),
-            scrape_interval_ms: 50,
+            scrape_interval: std::time::Duration::from_millis(50),
             ..common::section()
         };
         let cluster = ClusterSection {

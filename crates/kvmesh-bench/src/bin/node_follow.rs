@@ -163,7 +163,7 @@ async fn measure(args: &Args, n: usize) -> anyhow::Result<Vec<Window>> {
     std::fs::create_dir_all(&dir)?;
     let config_path = dir.join("node.toml");
     let mut toml =
-        format!("[node]\nhttp = \"{}\"\ngrpc = \"{}\"\nscrape_interval_ms = 1000\n", args.node_http, args.node_grpc);
+        format!("[node]\nhttp = \"{}\"\ngrpc = \"{}\"\nscrape_interval = \"1s\"\n", args.node_http, args.node_grpc);
     for (i, (events, metrics)) in fleet.kv_events.iter().zip(&fleet.metrics_urls).enumerate() {
         let _ = write!(
             toml,

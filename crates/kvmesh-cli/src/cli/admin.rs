@@ -35,7 +35,7 @@ pub enum ReplicationCommand {
     /// The hottest prefixes (all nodes' counts) and the committed plan with each target's
     /// warm-up state.
     Status(ReplicationStatusArgs),
-    /// Plan a prefix by hand: pinned for `cooldown_s`, warmed on exactly --replicas (or on
+    /// Plan a prefix by hand: pinned for `cooldown`, warmed on exactly --replicas (or on
     /// `min_replicas` chosen by load). Give the prefix as --hash (from `status`), --text or
     /// --token-ids; its length is cut down to the depths the nodes count (4, 6, 8, 12, 16, 24,
     /// … blocks). Needs the admin token.

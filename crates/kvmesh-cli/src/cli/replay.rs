@@ -39,7 +39,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub admission: bool,
     /// Admission control (as --admission) with its TTFT gate at --ttft-slo, as a node's
-    /// `admission.ttft_slo_s`: a request also waits when its estimated TTFT on the best
+    /// `admission.ttft_slo`: a request also waits when its estimated TTFT on the best
     /// replica would miss what is left of the SLO and more than half the SLO is queued there;
     /// requests that have waited less than half the SLO go before late ones (those that have
     /// waited longer), and a full queue refuses its largest late request rather than a new one.
@@ -103,7 +103,7 @@ pub struct ReplayArgs {
     /// KV block size, tokens (engines and router).
     #[arg(long, default_value_t = 16, value_name = "TOKENS")]
     pub block_size: u32,
-    /// TTFT SLO, seconds (a node's `admission.ttft_slo_s`): requests above it are counted in
+    /// TTFT SLO, seconds (a node's `admission.ttft_slo`): requests above it are counted in
     /// the >SLO column. Formerly `--slo-ttft`, still accepted.
     #[arg(long, alias = "slo-ttft", default_value_t = 5.0, value_name = "S", allow_negative_numbers = true)]
     pub ttft_slo: f64,

@@ -38,16 +38,16 @@ pub struct TierSpec<'a> {
 fn replication_section(spec: &TierSpec<'_>) -> kvmesh_node::config::ReplicationSection {
     let d = kvmesh_node::config::ReplicationSection::default();
     let s = spec.speed.max(1e-3);
-    kvmesh_node::config::ReplicationSection {
-        enabled: spec.replication,
-        interval_ms: ((d.interval_ms as f64 / s) as u64).max(20),
-        cooldown_s: d.cooldown_s / s,
-        grace_ttl_s: d.grace_ttl_s / s,
-        warm_timeout_s: d.warm_timeout_s / s,
-        half_life_s: d.half_life_s / s,
-        min_requests_per_s: d.min_requests_per_s * s,
-        ..d
-    }
+    let plan = kvmesh_core::replication::ReplicationConfig {
+        interval_s: (d.plan.interval_s / s).max(0.02),
+        cooldown_s: d.plan.cooldown_s / s,
+        grace_ttl_s: d.plan.grace_ttl_s / s,
+        warm_timeout_s: d.plan.warm_timeout_s / s,
+        min_requests_per_s: d.plan.min_requests_per_s * s,
+        sketch: kvmesh_core::replication::SketchConfig { half_life_s: d.plan.sketch.half_life_s / s, ..d.plan.sketch },
+        ..d.plan.clone()
+    };
+    kvmesh_node::config::ReplicationSection { enabled: spec.replication, plan, ..d }
 }
 
 /// Free loopback ports (peers must know each other's address before binding), from
@@ -113,7 +113,7 @@ impl Tier {
                 http: "127.0.0.1:0".parse()?,
                 grpc: format!("127.0.0.1:{port}").parse()?,
                 policy: spec.policy.to_string(),
-                scrape_interval_ms: 200,
+                scrape_interval: std::time::Duration::from_millis(200),
                 engine_speed: spec.speed,
                 ..NodeSection::default()
             };
@@ -132,11 +132,14 @@ impl Tier {
                 replication: replication_section(spec),
                 autoscaler: kvmesh_node::config::AutoscalerSection {
                     enabled: spec.autoscale,
-                    interval_s: 2.0 / spec.speed.max(1e-3),
-                    cold_start_s: 60.0 / spec.speed.max(1e-3),
-                    // 0: one (sped-up) cold start.
-                    scale_down_delay_s: 0.0,
-                    max_replicas: 4 * spec.replicas as u32,
+                    policy: kvmesh_core::autoscale::AutoscaleConfig {
+                        interval_s: 2.0 / spec.speed.max(1e-3),
+                        cold_start_s: 60.0 / spec.speed.max(1e-3),
+                        // 0: one (sped-up) cold start.
+                        scale_down_delay_s: 0.0,
+                        max_replicas: 4 * spec.replicas as u32,
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 admission: Default::default(),

@@ -52,27 +52,38 @@ pub use release::{pick_releases, ReleaseCandidate};
 
 use crate::error::Error;
 
-/// Settings of the autoscaling policies.
-#[derive(Debug, Clone, PartialEq)]
+/// Settings of the autoscaling policies. Deserialised from a node's `[autoscaler]` table
+/// (durations as text: `interval = "2s"`; every key optional), which leaves out the reactive
+/// baseline's two thresholds.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AutoscaleConfig {
     /// Seconds between evaluations. Default 2.
+    #[serde(rename = "interval", with = "crate::seconds")]
     pub interval_s: f64,
     /// Utilisation each replica should run at, in (0, 1]. Default 0.7.
     pub target_utilisation: f64,
     /// Seconds a new replica takes to serve, when no start has been measured yet. Default 60.
+    #[serde(rename = "cold_start", with = "crate::seconds")]
     pub cold_start_s: f64,
-    /// Fewest replicas. Default 1.
+    /// Fewest replicas. Default 1. 0 lets a pool scale to zero once no load arrives (KEDA's
+    /// `IsActive` turns false), but not back by itself: a router refuses a request that finds no
+    /// replica before it counts as demand, so an operator (or KEDA's `minReplicaCount`) starts
+    /// the first.
     pub min_replicas: u32,
     /// Most replicas. Default 64.
     pub max_replicas: u32,
     /// Knative's stable window (and the window the reactive baseline averages), seconds.
     /// Default 60.
+    #[serde(rename = "stable_window", with = "crate::seconds")]
     pub stable_window_s: f64,
     /// The panic window, seconds. Default 6.
+    #[serde(rename = "panic_window", with = "crate::seconds")]
     pub panic_window_s: f64,
     /// Panic when the panic window needs this many times the replicas on hand. Default 2.
     pub panic_ratio: f64,
     /// A panic lasts at least this long, seconds (no scale down meanwhile). Default 60.
+    #[serde(rename = "panic_hold", with = "crate::seconds")]
     pub panic_hold_s: f64,
     /// kvmesh's policy shrinks the pool only to the largest need of this last window, seconds
     /// (needs exactly this old still count, so a need lasts until the first evaluation after);
@@ -80,6 +91,7 @@ pub struct AutoscaleConfig {
     /// replica against restarting it (the ski-rental rule: an idle spell shorter than a cold
     /// start costs less than the restart's cold start), so a dip shorter than a cold start
     /// keeps the pool. The reactive baseline waits `stable_window_s` instead.
+    #[serde(rename = "scale_down_delay", with = "crate::seconds")]
     pub scale_down_delay_s: f64,
     /// Holt's level smoothing per evaluation, in (0, 1]. Default 0.5.
     pub level_smoothing: f64,
@@ -94,16 +106,20 @@ pub struct AutoscaleConfig {
     /// is also sized so that at full load it serves the forecast plus `queued_tokens /
     /// backlog_drain_s` (a pool that fell behind during a cold start sizes for its backlog
     /// too; the headroom below full load drains it first). Default 30.
+    #[serde(rename = "backlog_drain", with = "crate::seconds")]
     pub backlog_drain_s: f64,
     /// The reactive baseline scales up above this utilisation of its ready replicas. Default 0.8.
+    #[serde(skip)]
     pub reactive_high: f64,
     /// … and down below this one. Default 0.4.
+    #[serde(skip)]
     pub reactive_low: f64,
     /// kvmesh's policy sizes for at least this quantile, in [0, 1], of the load measured over
     /// the last `headroom_window_s` (one sample per evaluation; nearest rank, so 0 is the
-    /// window's least load: in effect no headroom). Default 0.8. Not a node setting.
+    /// window's least load: in effect no headroom). Default 0.8.
     pub headroom_quantile: f64,
     /// The window of `headroom_quantile`, seconds. Default 60.
+    #[serde(rename = "headroom_window", with = "crate::seconds")]
     pub headroom_window_s: f64,
 }
 
@@ -140,14 +156,14 @@ impl AutoscaleConfig {
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |field: &'static str, reason: String| Err(Error::InvalidConfig { field, reason });
         for (field, v) in [
-            ("interval_s", self.interval_s),
-            ("cold_start_s", self.cold_start_s),
-            ("stable_window_s", self.stable_window_s),
-            ("panic_window_s", self.panic_window_s),
-            ("panic_hold_s", self.panic_hold_s),
-            ("backlog_drain_s", self.backlog_drain_s),
+            ("interval", self.interval_s),
+            ("cold_start", self.cold_start_s),
+            ("stable_window", self.stable_window_s),
+            ("panic_window", self.panic_window_s),
+            ("panic_hold", self.panic_hold_s),
+            ("backlog_drain", self.backlog_drain_s),
             ("panic_ratio", self.panic_ratio),
-            ("headroom_window_s", self.headroom_window_s),
+            ("headroom_window", self.headroom_window_s),
         ] {
             if !(v.is_finite() && v > 0.0) {
                 return bad(field, format!("must be positive, got {v}"));
@@ -157,7 +173,7 @@ impl AutoscaleConfig {
             return bad("headroom_quantile", format!("must be in [0, 1], got {}", self.headroom_quantile));
         }
         if !(self.scale_down_delay_s.is_finite() && self.scale_down_delay_s >= 0.0) {
-            return bad("scale_down_delay_s", format!("must be ≥ 0 seconds, got {}", self.scale_down_delay_s));
+            return bad("scale_down_delay", format!("must be ≥ 0 seconds, got {}", self.scale_down_delay_s));
         }
         for (field, v) in [
             ("target_utilisation", self.target_utilisation),

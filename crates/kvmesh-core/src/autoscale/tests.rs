@@ -227,7 +227,7 @@ fn the_scale_down_window_defaults_to_the_cold_start() {
     default.decide(&inputs(0.0, 35_000.0, 5, vec![]));
     assert_eq!(default.decide(&inputs(12.0, 7_000.0, 5, vec![])).desired, 5);
     let bad = AutoscaleConfig { scale_down_delay_s: -1.0, ..AutoscaleConfig::default() };
-    assert_eq!(bad.validate().unwrap_err().to_string(), "invalid scale_down_delay_s: must be ≥ 0 seconds, got -1");
+    assert_eq!(bad.validate().unwrap_err().to_string(), "invalid scale_down_delay: must be ≥ 0 seconds, got -1");
 }
 
 #[test]

@@ -40,13 +40,16 @@ pub use warm::{warm_failed, warm_round, WarmLimiter, Warmup};
 use crate::error::Error;
 
 /// Replication settings (the `[replication]` config section of a node; the simulator's
-/// `--replication`).
-#[derive(Debug, Clone, PartialEq)]
+/// `--replication`). Deserialised from that table (durations as text: `cooldown = "30s"`;
+/// every key optional).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ReplicationConfig {
     /// How often the leader plans and sends warm-ups, seconds. Default 0.25: a prompt that
     /// turns hot is planned as soon as its decayed share crosses the threshold (a share ramps
     /// as 1 − e^{−λt}, so a few seconds with the 10 s half-life) and warmed on every target at
     /// once, where routing alone adds holders one miss at a time.
+    #[serde(rename = "interval", with = "crate::seconds")]
     pub interval_s: f64,
     /// Share of a replica's capacity a hot prefix's holders should run at, in (0, 1]. A
     /// prefix carrying share `s` of the fleet's token load over `n` replicas needs
@@ -61,6 +64,7 @@ pub struct ReplicationConfig {
     /// Default 0.5.
     pub cool_ratio: f64,
     /// A prefix cool this long leaves the plan, seconds. Default 30.
+    #[serde(rename = "cooldown", with = "crate::seconds")]
     pub cooldown_s: f64,
     /// Share of each replica's KV capacity the plan may fill with replicated prefixes, in
     /// [0, 1]. Default 0.1.
@@ -69,12 +73,14 @@ pub struct ReplicationConfig {
     pub max_prefixes: usize,
     /// A router treats a planned target as holding the prefix for this long after it first
     /// sees it planned, until the target's KV events confirm it, seconds. Default 10.
+    #[serde(rename = "grace_ttl", with = "crate::seconds")]
     pub grace_ttl_s: f64,
     /// Warm-ups never take more than this share of a replica's prefill time, in (0, 1].
     /// Default 0.1.
     pub warm_share: f64,
     /// A warm-up not confirmed by KV events this long after it was sent is retried, seconds.
     /// Default 10.
+    #[serde(rename = "warm_timeout", with = "crate::seconds")]
     pub warm_timeout_s: f64,
     /// Warm-ups per target before giving up. Default 3.
     pub max_attempts: u32,
@@ -132,18 +138,18 @@ impl ReplicationConfig {
             return bad("max_attempts", "must be at least 1".into());
         }
         for (field, v) in [
-            ("interval_s", self.interval_s),
-            ("cooldown_s", self.cooldown_s),
-            ("grace_ttl_s", self.grace_ttl_s),
-            ("warm_timeout_s", self.warm_timeout_s),
-            ("half_life_s", self.sketch.half_life_s),
+            ("interval", self.interval_s),
+            ("cooldown", self.cooldown_s),
+            ("grace_ttl", self.grace_ttl_s),
+            ("warm_timeout", self.warm_timeout_s),
+            ("sketch.half_life", self.sketch.half_life_s),
         ] {
             if !(v.is_finite() && v > 0.0) {
                 return bad(field, format!("must be positive seconds, got {v}"));
             }
         }
         if self.sketch.capacity == 0 {
-            return bad("sketch_capacity", "must be at least 1".into());
+            return bad("sketch.capacity", "must be at least 1".into());
         }
         Ok(())
     }

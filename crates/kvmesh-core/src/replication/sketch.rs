@@ -41,12 +41,14 @@ pub const GOSSIP_TOKENS_TOP: usize = 4;
 /// Rates above this (per second) are treated as garbage from the network and zeroed.
 pub const MAX_RATE: f64 = 1e12;
 
-/// Sketch settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Sketch settings (a node's `[replication.sketch]`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SketchConfig {
     /// Entries kept after a prune (memory holds at most twice as many). Default 4,096.
     pub capacity: usize,
     /// Half-life of every count, seconds. Default 10.
+    #[serde(rename = "half_life", with = "crate::seconds")]
     pub half_life_s: f64,
     /// Deepest prefix counted, blocks (longer prompts count up to here). Default 2,048.
     pub max_depth_blocks: u32,

@@ -1,10 +1,10 @@
 //! Admission control while capacity is short (`[admission]`): instead of piling requests onto
 //! replicas until they preempt, a request that finds no replica with room — none with KV
 //! headroom for it, or every one at `max_num_seqs` — waits in a bounded queue and is routed
-//! when capacity frees, smallest token load first; beyond the bound, or after `max_wait_s`,
+//! when capacity frees, smallest token load first; beyond the bound, or after `max_wait`,
 //! it gets 429 with `Retry-After`.
 //!
-//! With `ttft_slo_s` set, a request also waits when the best replica would make it miss its
+//! With `ttft_slo` set, a request also waits when the best replica would make it miss its
 //! TTFT SLO while more than half the SLO is queued there (`kvmesh_core::admission::TtftGate`);
 //! requests that have waited less than half the SLO are woken before late ones (those that
 //! have waited longer), and a full queue refuses its largest late request rather than a new
@@ -33,7 +33,7 @@ pub enum Refused {
     /// With the TTFT gate: it was the largest late request in a full queue, refused to make
     /// room for a new one.
     Evicted,
-    /// It waited `max_wait_s`.
+    /// It waited `max_wait`.
     Timeout,
 }
 
@@ -65,7 +65,7 @@ impl Refused {
         match self {
             Refused::QueueFull => "the admission queue is full",
             Refused::Evicted => "the admission queue is full and this request had waited past half its TTFT SLO",
-            Refused::Timeout => "the request waited admission.max_wait_s",
+            Refused::Timeout => "the request waited admission.max_wait",
         }
     }
 }
@@ -121,9 +121,9 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// A queue for `section` (validated: an invalid `ttft_slo_s` leaves the gate off).
+    /// A queue for `section` (validated: an invalid `ttft_slo` leaves the gate off).
     pub fn new(section: AdmissionSection) -> Self {
-        let gate = section.ttft_slo_s.and_then(|s| TtftGate::new(s).ok());
+        let gate = section.ttft_slo.and_then(|s| TtftGate::new(s.as_secs_f64()).ok());
         let recheck = Duration::from_millis(250);
         Admission {
             section,
@@ -136,7 +136,7 @@ impl Admission {
         }
     }
 
-    /// The TTFT gate, when `ttft_slo_s` is set.
+    /// The TTFT gate, when `ttft_slo` is set.
     pub fn gate(&self) -> Option<&TtftGate> {
         self.gate.as_ref()
     }
@@ -285,10 +285,10 @@ impl Admission {
     /// Seconds a refused client should wait before retrying: how long the pool takes to
     /// serve the backlog ahead of it, `backlog_tokens` (tokens) at `pool_tokens_per_s` (the
     /// routable replicas' capacity, tokens per second), rounded up and between 1 and
-    /// `max_wait_s` (rounded up); `max_wait_s` when the pool has no capacity (no routable
+    /// `max_wait` (rounded up); `max_wait` when the pool has no capacity (no routable
     /// replica). An estimate: requests arriving meanwhile compete for the same capacity.
     pub fn retry_after_s(&self, backlog_tokens: u64, pool_tokens_per_s: f64) -> u64 {
-        let most = self.section.max_wait_s.ceil().max(1.0);
+        let most = self.section.max_wait.as_secs_f64().ceil().max(1.0);
         let s = if pool_tokens_per_s > 0.0 { backlog_tokens as f64 / pool_tokens_per_s } else { most };
         s.ceil().clamp(1.0, most) as u64
     }
@@ -311,7 +311,12 @@ mod tests {
     /// A queue whose waiters re-check only after a minute: in these tests only
     /// `capacity_freed` and refusals end a wait.
     fn queue(queue_limit: usize, ttft_slo_s: Option<f64>) -> Arc<Admission> {
-        let section = AdmissionSection { enabled: true, queue_limit, max_wait_s: 300.0, ttft_slo_s };
+        let section = AdmissionSection {
+            enabled: true,
+            queue_limit,
+            max_wait: std::time::Duration::from_secs(300),
+            ttft_slo: ttft_slo_s.map(std::time::Duration::from_secs_f64),
+        };
         Arc::new(Admission { recheck: Duration::from_secs(60), ..Admission::new(section) })
     }
 
@@ -458,7 +463,11 @@ mod tests {
 
     #[test]
     fn retry_after_is_the_time_to_serve_the_backlog_within_1_s_and_max_wait_s() {
-        let q = Admission::new(AdmissionSection { enabled: true, max_wait_s: 29.5, ..AdmissionSection::default() });
+        let q = Admission::new(AdmissionSection {
+            enabled: true,
+            max_wait: std::time::Duration::from_millis(29_500),
+            ..AdmissionSection::default()
+        });
         // 100,000 tokens at 2 replicas × 15,000 tokens/s: 3.33 s, rounded up.
         assert_eq!(q.retry_after_s(100_000, 30_000.0), 4);
         assert_eq!(q.retry_after_s(60_000, 30_000.0), 2);

@@ -73,7 +73,7 @@ pub struct Decision {
     #[serde(default)]
     pub base_log_index: u64,
     /// The cold start it assumed, seconds: the mean of the starts measured, else
-    /// `cold_start_s` configured.
+    /// `cold_start` configured.
     #[serde(default)]
     pub cold_start_s: f64,
 }

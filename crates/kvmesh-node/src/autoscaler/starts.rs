@@ -79,7 +79,7 @@ impl Starts {
     }
 
     /// When each start still counted as capacity on its way began (on the same clock), at `now`
-    /// with cold starts of `cold_start_s`; a start that turns stale is warned about once.
+    /// with cold starts of `cold_start`; a start that turns stale is warned about once.
     pub fn counted(&mut self, now: f64, cold_start_s: f64) -> Vec<f64> {
         for (name, s) in self.starting.iter_mut().filter(|(_, s)| !s.stale) {
             if now - s.since > STALE_START_COLD_STARTS * cold_start_s {

@@ -29,6 +29,11 @@ use registry::{ClusterState, Command, CommandResult};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
 use std::sync::Arc;
+
+/// `d` in whole milliseconds, as openraft's settings take them.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -170,9 +175,9 @@ impl Cluster {
         let state = sm_store.subscribe();
         let config = openraft::Config {
             cluster_name: "kvmesh".into(),
-            heartbeat_interval: section.heartbeat_ms,
-            election_timeout_min: section.election_timeout_min_ms,
-            election_timeout_max: section.election_timeout_max_ms,
+            heartbeat_interval: millis(section.heartbeat),
+            election_timeout_min: millis(section.election_timeout_min),
+            election_timeout_max: millis(section.election_timeout_max),
             install_snapshot_timeout: 2000,
             // JSON spells each snapshot byte as up to 4 characters: 1 MiB chunks stay far
             // below MAX_MESSAGE_BYTES.
@@ -187,7 +192,7 @@ impl Cluster {
         let down = network::DownPeers::default();
         let network = Network {
             faults: faults.clone(),
-            backoff: Duration::from_millis(section.heartbeat_ms),
+            backoff: section.heartbeat,
             token: token.clone(),
             tls: tls.clone(),
             down: down.clone(),
@@ -310,7 +315,7 @@ impl Cluster {
     }
 
     /// Whether this node is in the leader state with no acknowledgement from a quorum for
-    /// twice the longest election timeout (`cluster.election_timeout_max_ms`: by then the
+    /// twice the longest election timeout (`cluster.election_timeout_max`: by then the
     /// others have elected a new leader if they could; twice, so a slow flush or a starved CPU
     /// does not flip it). A leader not acknowledged yet (just elected) counts as leading; a
     /// single voter is its own quorum.
@@ -318,7 +323,7 @@ impl Cluster {
         if m.state != ServerState::Leader || m.membership_config.membership().voter_ids().count() <= 1 {
             return false;
         }
-        m.millis_since_quorum_ack.is_some_and(|ms| ms > 2 * self.section.election_timeout_max_ms)
+        m.millis_since_quorum_ack.is_some_and(|ms| ms > 2 * millis(self.section.election_timeout_max))
     }
 
     /// The leader's id and address, if one is known.

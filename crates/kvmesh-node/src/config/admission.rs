@@ -1,11 +1,12 @@
 //! `[admission]`: holding requests that would miss their TTFT SLO.
 
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
 /// `[admission]`: while capacity is short — no replica with KV headroom for a request, or
-/// every one at `node.max_num_seqs`, or (with `ttft_slo_s`) none where it would meet its TTFT
+/// every one at `node.max_num_seqs`, or (with `ttft_slo`) none where it would meet its TTFT
 /// SLO — requests wait in a bounded queue and are routed as capacity frees (smallest token
-/// load first); beyond the bound or after `max_wait_s`: 429 with `Retry-After` (the seconds
+/// load first); beyond the bound or after `max_wait`: 429 with `Retry-After` (the seconds
 /// the routable replicas need to serve the backlog at `autoscaler.capacity_tokens_per_s` each,
 /// which is measured when left at 0, even with the autoscaler off).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -15,22 +16,24 @@ pub struct AdmissionSection {
     pub enabled: bool,
     /// Requests that may wait at once on this node (1 to 1,000,000); beyond, 429.
     pub queue_limit: usize,
-    /// Longest a request waits before 429, seconds. With `ttft_slo_s`, late requests wait
+    /// Longest a request waits before 429 (at most a day). With `ttft_slo`, late requests wait
     /// behind fresh ones and may wait this long under sustained overload: a few times the SLO
     /// bounds how late an answer can come.
-    pub max_wait_s: f64,
-    /// A TTFT SLO to hold requests to, seconds (unset: off). A request then also waits when
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+    /// A TTFT SLO to hold requests to, e.g. `\"2s\"` (unset: off). A request then also waits when
     /// its estimated TTFT on the best replica exceeds what is left of the SLO and more than
     /// half the SLO is queued there; requests that have waited less than half the SLO go
     /// before those that have waited longer (late ones), and a full queue refuses its largest
     /// late request instead of a new one. Why: engines serve in arrival order, so a queue
     /// longer than the SLO makes every request behind it late.
-    pub ttft_slo_s: Option<f64>,
+    #[serde(with = "humantime_serde")]
+    pub ttft_slo: Option<Duration>,
 }
 
 impl Default for AdmissionSection {
     fn default() -> Self {
-        AdmissionSection { enabled: false, queue_limit: 256, max_wait_s: 30.0, ttft_slo_s: None }
+        AdmissionSection { enabled: false, queue_limit: 256, max_wait: Duration::from_secs(30), ttft_slo: None }
     }
 }
 
@@ -40,19 +43,14 @@ impl AdmissionSection {
     /// # Errors
     /// A message naming the `admission.` key.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.max_wait_s > 0.0 && self.max_wait_s <= 86_400.0) {
-            return Err(format!(
-                "admission.max_wait_s must be positive seconds, at most a day, got {}",
-                self.max_wait_s
-            ));
-        }
+        super::up_to_a_day("admission.max_wait", self.max_wait)?;
         // Each waiter is a parked request and its connection: a million is far past any node.
         if !(1..=1_000_000).contains(&self.queue_limit) {
             return Err(format!("admission.queue_limit must be 1 to 1000000 requests, got {}", self.queue_limit));
         }
-        if let Some(slo) = self.ttft_slo_s {
-            kvmesh_core::admission::TtftGate::new(slo)
-                .map_err(|_| format!("admission.ttft_slo_s must be a positive, finite number of seconds, got {slo}"))?;
+        if let Some(slo) = self.ttft_slo {
+            super::up_to_a_day("admission.ttft_slo", slo)?;
+            kvmesh_core::admission::TtftGate::new(slo.as_secs_f64()).map_err(|e| format!("admission.ttft_slo: {e}"))?;
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! `[cluster]`: Raft between router nodes and shared bookings.
 
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
 /// `[cluster]`: Raft between router nodes and shared bookings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -17,18 +18,24 @@ pub struct ClusterSection {
     pub data_dir: std::path::PathBuf,
     /// Share bookings with the other nodes.
     pub gossip: bool,
-    /// Booking deltas are batched this long before they are sent, milliseconds.
-    pub gossip_interval_ms: u64,
-    /// A full summary of this node's live bookings goes out this often, milliseconds.
-    pub summary_interval_ms: u64,
-    /// A peer silent this long has its bookings dropped, milliseconds.
-    pub peer_timeout_ms: u64,
-    /// Raft heartbeat interval, milliseconds.
-    pub heartbeat_ms: u64,
-    /// Raft election timeout, a random value in [min, max), milliseconds.
-    pub election_timeout_min_ms: u64,
-    /// See `election_timeout_min_ms`.
-    pub election_timeout_max_ms: u64,
+    /// Booking deltas are batched this long before they are sent.
+    #[serde(with = "humantime_serde")]
+    pub gossip_interval: Duration,
+    /// A full summary of this node's live bookings goes out this often.
+    #[serde(with = "humantime_serde")]
+    pub summary_interval: Duration,
+    /// A peer silent this long has its bookings dropped.
+    #[serde(with = "humantime_serde")]
+    pub peer_timeout: Duration,
+    /// Raft heartbeat interval.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Raft election timeout, a random value in [min, max).
+    #[serde(with = "humantime_serde")]
+    pub election_timeout_min: Duration,
+    /// See `election_timeout_min`.
+    #[serde(with = "humantime_serde")]
+    pub election_timeout_max: Duration,
     /// A snapshot is taken (and the log before it purged) after this many new log entries.
     pub snapshot_every: u64,
     /// Accept `Cluster.InjectFault` (`kvmesh cluster fault`): tests and chaos runs only.
@@ -49,12 +56,12 @@ impl Default for ClusterSection {
             peers: Vec::new(),
             data_dir: "kvmesh-data".into(),
             gossip: true,
-            gossip_interval_ms: 5,
-            summary_interval_ms: 1000,
-            peer_timeout_ms: 5000,
-            heartbeat_ms: 100,
-            election_timeout_min_ms: 300,
-            election_timeout_max_ms: 600,
+            gossip_interval: Duration::from_millis(5),
+            summary_interval: Duration::from_secs(1),
+            peer_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_millis(100),
+            election_timeout_min: Duration::from_millis(300),
+            election_timeout_max: Duration::from_millis(600),
             snapshot_every: 1000,
             allow_fault_injection: false,
             insecure: false,

@@ -20,7 +20,7 @@ pub struct EppSection {
     /// the gateway's own fallback load balancing to place. Answered in both modes: admission
     /// control's 429; an endpoint subset with no eligible replica, 503 (the protocol's
     /// rule); and the node's body limits (413 over `limits.http_max_body_bytes`, 503 when
-    /// `limits.http_body_budget_bytes` is full, 408 after `limits.http_idle_timeout_s`).
+    /// `limits.http_body_budget_bytes` is full, 408 after `limits.http_idle_timeout`).
     pub fail_open: bool,
     /// The request header that carries the picked endpoint to the gateway.
     pub destination_header: String,

@@ -14,7 +14,11 @@ pub(super) fn hint(e: &toml::de::Error, text: &str) -> String {
         .and_then(|start| text[start..].lines().next())
         .unwrap_or("")
         .trim();
-    let hint = if let Some(near) = misspelt(message) {
+    let hint = if let Some(h) = renamed_duration(message, text) {
+        h
+    } else if let Some(h) = bare_duration(message, line, text) {
+        h
+    } else if let Some(near) = misspelt(message) {
         format!("did you mean `{near}`?")
     } else if line.starts_with("[replicas") && message.contains("expected a sequence") {
         "each replica is its own table with double brackets: [[replicas]] (then name, http, …)".into()
@@ -26,6 +30,48 @@ pub(super) fn hint(e: &toml::de::Error, text: &str) -> String {
         return String::new();
     };
     format!("\nhint: {hint}")
+}
+
+/// For a duration key from before durations became text (`scrape_interval_ms = 250`, until
+/// 2026-12-07): the key it is now, with the value as text (`scrape_interval = "250ms"`).
+fn renamed_duration(message: &str, text: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown field `")?;
+    let (unknown, expected) = rest.split_once("`, expected ")?;
+    if matches!(unknown, "half_life_s" | "sketch_capacity") && expected.contains("`sketch`") {
+        return Some(
+            "[replication]'s sketch settings are a table now: sketch = { half_life = \"10s\", capacity = 4096 }".into(),
+        );
+    }
+    let (stem, seconds_per_unit) =
+        if let Some(stem) = unknown.strip_suffix("_ms") { (stem, 1e-3) } else { (unknown.strip_suffix("_s")?, 1.0) };
+    if !expected.contains(&format!("`{stem}`")) {
+        return None;
+    }
+    // The value from the key's own line (the error may point at its table instead).
+    let value: f64 = text.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == unknown).then(|| v.split('#').next().unwrap_or("").trim().parse().ok()).flatten()
+    })?;
+    let d = std::time::Duration::try_from_secs_f64(value * seconds_per_unit).ok()?;
+    Some(format!("durations are text now: write {stem} = \"{}\" (units: ms, s, m, h)", super::human(d)))
+}
+
+/// For a number given where a duration is read (`scrape_interval = 250`): the same with a unit.
+/// The key is the error's line's, or named at the message's start (a section read in parts,
+/// `config::split`, points at its table).
+fn bare_duration(message: &str, line: &str, text: &str) -> Option<String> {
+    if !message.contains("expected a duration") {
+        return None;
+    }
+    let named = message.strip_prefix('`').and_then(|m| m.split_once("`: ")).map(|(k, _)| k);
+    let line = match named {
+        Some(k) => text.lines().find(|l| l.split_once('=').is_some_and(|(key, _)| key.trim() == k))?,
+        None => line,
+    };
+    let (key, value) = line.split_once('=')?;
+    let value = value.split('#').next().unwrap_or("").trim();
+    value.parse::<f64>().ok()?;
+    Some(format!("durations are text with a unit: {} = \"{value}ms\" or \"{value}s\"", key.trim()))
 }
 
 /// For serde's "unknown field `x`, expected one of `a`, `b`": the expected key closest to `x`,

@@ -1,6 +1,7 @@
 //! `[limits]`: what one replica, client or peer may cost the node before it is refused.
 
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
 /// `[limits]`: caps that keep a hostile or broken replica, client or peer from degrading the
 /// others. Every key has a default sized for real traffic with headroom (see each key).
@@ -20,25 +21,29 @@ pub struct LimitsSection {
     /// block hashes and token ids in one batch, all its events together.
     pub kv_event_max_elements: usize,
     /// A replica whose stream brings this many bad messages (refused or undecodable, or with
-    /// events the decoder or index rejected) within `kv_event_bad_window_s` is quarantined:
+    /// events the decoder or index rejected) within `kv_event_bad_window` is quarantined:
     /// status `bad_events`, its blocks dropped and its stream not followed (disconnected),
     /// routed on load only. Only what no sound engine sends counts, so two are already a
     /// pattern; each one before the quarantine costs the node reading it (a message over the
     /// budget is dropped by the frame guard from its first bytes, the rest skipped unread) and,
     /// for one over `kv_event_max_message_bytes`, a cut connection and a reconnect.
     pub kv_event_bad_messages: u32,
-    /// The window `kv_event_bad_messages` counts over, seconds.
-    pub kv_event_bad_window_s: f64,
-    /// How long a quarantine lasts, seconds; then the replica's blocks are rebuilt (from its
+    /// The window `kv_event_bad_messages` counts over.
+    #[serde(with = "humantime_serde")]
+    pub kv_event_bad_window: Duration,
+    /// How long a quarantine lasts; then the replica's blocks are rebuilt (from its
     /// replay socket when it has one) and its events apply again.
-    pub kv_event_quarantine_s: f64,
+    #[serde(with = "humantime_serde")]
+    pub kv_event_quarantine: Duration,
     /// A request's headers must be complete this long after their first byte arrived,
-    /// milliseconds, or the connection is closed (slowloris).
-    pub http_header_timeout_ms: u64,
+    /// or the connection is closed (slowloris).
+    #[serde(with = "humantime_serde")]
+    pub http_header_timeout: Duration,
     /// A client connection with no request in flight and none begun for this long (since the
-    /// connect or the last response) is closed, seconds. It is also how long a request body
+    /// connect or the last response) is closed. It is also how long a request body
     /// may take to arrive in full (408 beyond).
-    pub http_idle_timeout_s: u64,
+    #[serde(with = "humantime_serde")]
+    pub http_idle_timeout: Duration,
     /// Most client connections open at once (TLS handshakes included), at most 1,048,576;
     /// further ones wait in the listen backlog. Keep it below the process's open-file limit
     /// (the node lowers it to that limit less 256 for its own sockets and files, with a
@@ -70,10 +75,10 @@ impl Default for LimitsSection {
             kv_event_max_events: events.max_events,
             kv_event_max_elements: events.max_elements,
             kv_event_bad_messages: 2,
-            kv_event_bad_window_s: 30.0,
-            kv_event_quarantine_s: 60.0,
-            http_header_timeout_ms: 10_000,
-            http_idle_timeout_s: 120,
+            kv_event_bad_window: Duration::from_secs(30),
+            kv_event_quarantine: Duration::from_secs(60),
+            http_header_timeout: Duration::from_secs(10),
+            http_idle_timeout: Duration::from_secs(120),
             http_max_connections: 4096,
             http_body_budget_bytes: 256 << 20,
             http_max_body_bytes: 64 << 20,
@@ -104,8 +109,6 @@ impl LimitsSection {
             ("kv_event_max_events", self.kv_event_max_events),
             ("kv_event_max_elements", self.kv_event_max_elements),
             ("kv_event_bad_messages", self.kv_event_bad_messages as usize),
-            ("http_header_timeout_ms", self.http_header_timeout_ms as usize),
-            ("http_idle_timeout_s", self.http_idle_timeout_s as usize),
             ("http_max_connections", self.http_max_connections),
             ("http_body_budget_bytes", self.http_body_budget_bytes),
             ("http_max_body_bytes", self.http_max_body_bytes),
@@ -117,12 +120,12 @@ impl LimitsSection {
             return Err(format!("limits.{k} must be positive"));
         }
         for (k, v) in [
-            ("kv_event_bad_window_s", self.kv_event_bad_window_s),
-            ("kv_event_quarantine_s", self.kv_event_quarantine_s),
+            ("limits.kv_event_bad_window", self.kv_event_bad_window),
+            ("limits.kv_event_quarantine", self.kv_event_quarantine),
+            ("limits.http_header_timeout", self.http_header_timeout),
+            ("limits.http_idle_timeout", self.http_idle_timeout),
         ] {
-            if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
-                return Err(format!("limits.{k} must be positive seconds, at most a day, got {v}"));
-            }
+            super::up_to_a_day(k, v)?;
         }
         if self.http_max_connections > 1 << 20 {
             return Err(format!(

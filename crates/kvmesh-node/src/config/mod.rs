@@ -40,6 +40,7 @@ mod node;
 mod replica;
 mod replication;
 mod spec;
+mod split;
 pub use admission::AdmissionSection;
 pub use autoscaler::AutoscalerSection;
 pub use cluster::ClusterSection;
@@ -101,6 +102,23 @@ pub fn sections_changed(running: &NodeConfig, file: &NodeConfig) -> Vec<&'static
     .collect()
 }
 
+/// `d` as configured, e.g. `1s 500ms` (humantime's form, which the file takes too).
+pub fn human(d: std::time::Duration) -> String {
+    humantime_serde::re::humantime::format_duration(d).to_string()
+}
+
+/// Checks a duration is positive and at most a day.
+///
+/// # Errors
+/// A message naming `key`.
+pub(crate) fn up_to_a_day(key: &str, d: std::time::Duration) -> Result<(), String> {
+    const DAY: std::time::Duration = std::time::Duration::from_secs(86_400);
+    if d.is_zero() || d > DAY {
+        return Err(format!("{key} must be positive and at most a day (\"24h\"), got \"{}\"", human(d)));
+    }
+    Ok(())
+}
+
 fn is_default(s: &crate::auth::SecuritySection) -> bool {
     *s == crate::auth::SecuritySection::default()
 }
@@ -137,10 +155,18 @@ impl NodeConfig {
     /// The file cannot be read or is not valid TOML for this schema (with the line).
     pub fn read(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-        let mut config: NodeConfig = toml::from_str(&text).map_err(|e| {
-            anyhow::anyhow!("{}: {}{}", path.display(), e.to_string().trim_end(), hints::hint(&e, &text))
-        })?;
-        config.expand_data_parallel().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    /// Reads TOML text without validating it; data-parallel entries expanded.
+    ///
+    /// # Errors
+    /// Not valid TOML for this schema: the message names the line and, for common mistakes,
+    /// ends with a `hint:` line saying what to write.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut config: NodeConfig =
+            toml::from_str(text).map_err(|e| format!("{}{}", e.to_string().trim_end(), hints::hint(&e, text)))?;
+        config.expand_data_parallel()?;
         Ok(config)
     }
 
@@ -162,12 +188,13 @@ impl NodeConfig {
             .and_then(|k| k.build_with(&self.node.params()).ok())
             .and_then(|p| p.scrape_interval_s().map(|s| (p.name(), s)));
         if let Some((policy, s)) = wanted {
-            let ms = (s * 1e3).round() as u64;
-            if self.node.scrape_interval_ms > ms {
+            let theirs = human(std::time::Duration::from_secs_f64(s));
+            if self.node.scrape_interval.as_secs_f64() > s {
                 out.push(format!(
-                    "policy {policy} reproduces a router that reads engine metrics every {ms} ms; node.scrape_interval_ms \
-                     is {}, so it scores on older gauges than that router would (set node.scrape_interval_ms = {ms} to match)",
-                    self.node.scrape_interval_ms
+                    "policy {policy} reproduces a router that reads engine metrics every {theirs}; node.scrape_interval \
+                     is {}, so it scores on older gauges than that router would (set node.scrape_interval = \"{theirs}\" to \
+                     match)",
+                    human(self.node.scrape_interval)
                 ));
             }
         }
@@ -198,13 +225,35 @@ impl NodeConfig {
                 ));
             }
         }
+        if self.node.booking_lease < self.node.request_timeout {
+            out.push(format!(
+                "node.booking_lease (\"{}\") is shorter than node.request_timeout (\"{}\"): a proxied request that \
+                 runs longer than the lease stops counting in its replica's token load while it runs",
+                human(self.node.booking_lease),
+                human(self.node.request_timeout)
+            ));
+        }
+        let adm = &self.admission;
+        match adm.ttft_slo {
+            Some(_) if !adm.enabled => {
+                out.push("admission.ttft_slo is set but admission.enabled is false: the TTFT gate is off".into())
+            }
+            Some(slo) if adm.max_wait > 10 * slo => out.push(format!(
+                "admission.max_wait (\"{}\") is over 10x admission.ttft_slo (\"{}\"): late requests wait behind \
+                 fresh ones and may wait up to max_wait; a few times the SLO (say 3x) bounds how late an answer can \
+                 come",
+                human(adm.max_wait),
+                human(slo)
+            )),
+            _ => {}
+        }
         let a = &self.autoscaler;
-        if a.enabled && self.replicas.len() > a.max_replicas as usize {
+        if a.enabled && self.replicas.len() > a.policy.max_replicas as usize {
             out.push(format!(
                 "autoscaler.max_replicas ({}) is below the {} replicas configured: no decision asks for more than {}",
-                a.max_replicas,
+                a.policy.max_replicas,
                 self.replicas.len(),
-                a.max_replicas
+                a.policy.max_replicas
             ));
         }
         out
@@ -252,15 +301,23 @@ impl NodeConfig {
         if self.node.proxy_threads == 0 {
             return Err("node.proxy_threads must be at least 1".into());
         }
-        if self.node.scrape_interval_ms == 0 {
-            return Err("node.scrape_interval_ms must be positive".into());
+        let n = &self.node;
+        for (key, d) in [
+            ("node.scrape_interval", n.scrape_interval),
+            ("node.overload_backoff", n.overload_backoff),
+            ("node.request_timeout", n.request_timeout),
+            ("node.booking_lease", n.booking_lease),
+            ("node.events_silent", n.events_silent),
+            ("node.replay_timeout", n.replay_timeout),
+        ] {
+            up_to_a_day(key, d)?;
         }
-        let hung = self.node.hung_after_s;
-        let scrape_s = self.node.scrape_interval_ms as f64 / 1e3;
-        if !(hung.is_finite() && (hung == 0.0 || hung >= 2.0 * scrape_s)) {
+        let hung = n.hung_after;
+        if !(hung.is_zero() || hung >= 2 * n.scrape_interval) {
             return Err(format!(
-                "node.hung_after_s must be 0 (off) or at least twice node.scrape_interval_ms ({} s), got {hung}",
-                2.0 * scrape_s
+                "node.hung_after must be \"0s\" (off) or at least twice node.scrape_interval (\"{}\"), got \"{}\"",
+                human(2 * n.scrape_interval),
+                human(hung)
             ));
         }
         let mut adapters = std::collections::HashSet::new();
@@ -280,13 +337,11 @@ impl NodeConfig {
                 r.model.as_deref().unwrap_or_default()
             ));
         }
-        let grace = self.node.shutdown_grace_s;
-        if !(0.0..=3600.0).contains(&grace) {
-            return Err(format!("node.shutdown_grace_s must be 0 to 3600 seconds, got {grace}"));
-        }
-        let lease = self.node.booking_lease_s;
-        if !(lease > 0.0 && lease <= 86_400.0) {
-            return Err(format!("node.booking_lease_s must be positive seconds, at most a day, got {lease}"));
+        if self.node.shutdown_grace > std::time::Duration::from_secs(3600) {
+            return Err(format!(
+                "node.shutdown_grace must be at most an hour (\"1h\"), got \"{}\"",
+                human(self.node.shutdown_grace)
+            ));
         }
         self.replication.validate()?;
         self.autoscaler.validate()?;
@@ -301,16 +356,24 @@ impl NodeConfig {
             if !peers.is_empty() && !peers.contains_key(&c.id) {
                 return Err(format!("cluster.peers must include this node (id {})", c.id));
             }
-            if c.election_timeout_min_ms <= c.heartbeat_ms || c.election_timeout_max_ms <= c.election_timeout_min_ms {
-                return Err("cluster: need heartbeat_ms < election_timeout_min_ms < election_timeout_max_ms".into());
+            for (key, d) in [
+                ("cluster.gossip_interval", c.gossip_interval),
+                ("cluster.summary_interval", c.summary_interval),
+                ("cluster.peer_timeout", c.peer_timeout),
+                ("cluster.heartbeat", c.heartbeat),
+                ("cluster.election_timeout_min", c.election_timeout_min),
+                ("cluster.election_timeout_max", c.election_timeout_max),
+            ] {
+                up_to_a_day(key, d)?;
             }
-            if c.peer_timeout_ms <= 2 * c.summary_interval_ms {
-                return Err("cluster: peer_timeout_ms must exceed twice summary_interval_ms (an idle peer is heard only through summaries)".into());
+            if c.election_timeout_min <= c.heartbeat || c.election_timeout_max <= c.election_timeout_min {
+                return Err("cluster: need heartbeat < election_timeout_min < election_timeout_max".into());
             }
-            if c.gossip_interval_ms == 0 || c.summary_interval_ms == 0 || c.snapshot_every == 0 {
-                return Err(
-                    "cluster: gossip_interval_ms, summary_interval_ms and snapshot_every must be positive".into()
-                );
+            if c.peer_timeout <= 2 * c.summary_interval {
+                return Err("cluster: peer_timeout must exceed twice summary_interval (an idle peer is heard only through summaries)".into());
+            }
+            if c.snapshot_every == 0 {
+                return Err("cluster.snapshot_every must be positive".into());
             }
         }
         let mut names = std::collections::HashSet::new();

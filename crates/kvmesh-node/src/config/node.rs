@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
+use std::time::Duration;
 
 /// `[node]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,28 +34,33 @@ pub struct NodeSection {
     /// is empty and no engine listed it).
     #[serde(default)]
     pub lora_adapters: Vec<String>,
-    /// Engine metrics scrape (and health check) interval, milliseconds.
-    pub scrape_interval_ms: u64,
+    /// Engine metrics scrape (and health check) interval.
+    #[serde(with = "humantime_serde")]
+    pub scrape_interval: Duration,
     /// Consecutive failed scrapes or connects before a replica is unhealthy.
     pub unhealthy_after: u32,
-    /// How long a 429/503 from a replica keeps it out of rotation, milliseconds.
-    pub overload_backoff_ms: u64,
+    /// How long a 429/503 from a replica keeps it out of rotation.
+    #[serde(with = "humantime_serde")]
+    pub overload_backoff: Duration,
     /// Other replicas tried after a connect failure, a connection closed unanswered, or a
     /// backpressure answer.
     pub retries: u32,
-    /// Upper bound on one proxied request, seconds.
-    pub request_timeout_s: u64,
+    /// Upper bound on one proxied request.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
     /// A booking not released ends by itself this long after it was made or after its first
-    /// token, seconds (at most a day): the load of a gRPC `Route` caller that never calls
-    /// `Release` (or crashed) stops counting then. Keep it at least `request_timeout_s`, or
+    /// token (at most a day): the load of a gRPC `Route` caller that never calls
+    /// `Release` (or crashed) stops counting then. Keep it at least `request_timeout`, or
     /// long proxied requests stop counting while they run.
-    pub booking_lease_s: f64,
+    #[serde(with = "humantime_serde")]
+    pub booking_lease: Duration,
     /// On shutdown (SIGTERM, Ctrl-C), the node first stops reporting ready (`/health` 503,
     /// gRPC health `NOT_SERVING`, so load balancers and gateways send elsewhere) and lets the
-    /// requests it follows — proxied, or picked for a gateway — finish, for at most this long,
-    /// seconds (0 to 3,600); then it stops, cutting what is left. Keep the pod's
+    /// requests it follows — proxied, or picked for a gateway — finish, for at most this long
+    /// (at most an hour); then it stops, cutting what is left. Keep the pod's
     /// `terminationGracePeriodSeconds` above it.
-    pub shutdown_grace_s: f64,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
     /// Expect a request that gives `max_tokens` to produce what completed requests whose first
     /// 4 KV blocks of prompt match produced (once 4 have), re-estimated as a streamed answer
     /// decodes, instead of booking its whole `max_tokens` as decode work and KV. RL trainers and
@@ -63,18 +69,21 @@ pub struct NodeSection {
     /// (a client's `x-kvmesh-expected-output-tokens` hint still wins).
     pub learn_output_lengths: bool,
     /// A replica that owes a KV event this long (a request filled KV blocks it did not hold,
-    /// and no event came since the request began) is reported `no_events`, seconds.
-    pub events_silent_s: f64,
+    /// and no event came since the request began) is reported `no_events`.
+    #[serde(with = "humantime_serde")]
+    pub events_silent: Duration,
     /// A replica whose engine served no token this long (its served-token counter standing
     /// still at every scrape) while this node's proxy had requests in flight on it at every
-    /// scrape is reported `unhealthy` (hung: an engine whose metrics endpoint still answers),
-    /// seconds; 0: off. It is routed around until the counter moves, or tried again once
+    /// scrape is reported `unhealthy` (hung: an engine whose metrics endpoint still answers);
+    /// `"0s"`: off. It is routed around until the counter moves, or tried again once
     /// nothing of this node's was in flight on it for this long. vLLM pages only (its prompt
     /// and generation token totals move every step; vLLM counts a prompt when its first token
     /// comes, so keep this above the longest prefill); at least twice the scrape interval.
-    pub hung_after_s: f64,
-    /// How long to wait for each replay reply, milliseconds.
-    pub replay_timeout_ms: u64,
+    #[serde(with = "humantime_serde")]
+    pub hung_after: Duration,
+    /// How long to wait for each replay reply.
+    #[serde(with = "humantime_serde")]
+    pub replay_timeout: Duration,
     /// The model's `tokenizer.json` (Hugging Face format): prompts are routed on the engine's
     /// real token ids, and chats rendered with the `chat_template` of the
     /// `tokenizer_config.json` beside it. Without one, on kvmesh's approximate ids
@@ -147,17 +156,17 @@ impl Default for NodeSection {
             block_size: 16,
             model: String::new(),
             lora_adapters: Vec::new(),
-            scrape_interval_ms: 1000,
+            scrape_interval: Duration::from_secs(1),
             unhealthy_after: 3,
-            overload_backoff_ms: 2000,
+            overload_backoff: Duration::from_secs(2),
             retries: 2,
-            request_timeout_s: 600,
-            booking_lease_s: 600.0,
-            shutdown_grace_s: 30.0,
+            request_timeout: Duration::from_secs(600),
+            booking_lease: Duration::from_secs(600),
+            shutdown_grace: Duration::from_secs(30),
             learn_output_lengths: true,
-            events_silent_s: 30.0,
-            hung_after_s: 60.0,
-            replay_timeout_ms: 1000,
+            events_silent: Duration::from_secs(30),
+            hung_after: Duration::from_secs(60),
+            replay_timeout: Duration::from_secs(1),
             tokenizer: None,
             engine_profile: "h100".into(),
             max_prompt_tokens: 1 << 20,

@@ -19,7 +19,7 @@ fn doubts_name_a_node_with_no_replicas_and_a_cap_below_the_fleet() {
     let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
     assert_eq!(c.doubts(), Vec::<String>::new());
     c.autoscaler.enabled = true;
-    c.autoscaler.max_replicas = 1;
+    c.autoscaler.policy.max_replicas = 1;
     let mut second = c.replicas[0].clone();
     second.name = "vllm-1".into();
     second.http = "http://10.0.0.8:8000".into();
@@ -32,11 +32,10 @@ fn doubts_name_a_node_with_no_replicas_and_a_cap_below_the_fleet() {
     c.node.policy = "weighted_scorer".into();
     assert_eq!(
         c.doubts()[0],
-        "policy weighted_scorer reproduces a router that reads engine metrics every 50 ms; node.scrape_interval_ms \
-         is 1000, so it scores on older gauges than that router would (set node.scrape_interval_ms = 50 to match)"
+        "policy weighted_scorer reproduces a router that reads engine metrics every 50ms; node.scrape_interval is 1s, \
+         so it scores on older gauges than that router would (set node.scrape_interval = \"50ms\" to match)"
     );
-    c.node.scrape_interval_ms = 50;
-    c.node.hung_after_s = 60.0;
+    c.node.scrape_interval = std::time::Duration::from_millis(50);
     assert_eq!(c.doubts().len(), 1, "only the autoscaler's doubt is left");
     let empty: NodeConfig = toml::from_str("").unwrap();
     assert_eq!(empty.doubts().len(), 1);
@@ -73,30 +72,29 @@ fn autoscaler_settings_are_checked_in_the_same_words() {
 #[test]
 fn admission_settings_are_checked() {
     let with = |extra: &str| toml::from_str::<NodeConfig>(&format!("{EXAMPLE}\n[admission]\n{extra}\n")).unwrap();
-    let c = with("enabled = true\nttft_slo_s = 2.5");
-    assert_eq!(c.admission.ttft_slo_s, Some(2.5));
+    let c = with("enabled = true\nttft_slo = \"2s 500ms\"");
+    assert_eq!(c.admission.ttft_slo, Some(std::time::Duration::from_millis(2500)));
     c.validate().unwrap();
     assert_eq!(
-        with("ttft_slo_s = 0").validate().unwrap_err(),
-        "admission.ttft_slo_s must be a positive, finite number of seconds, got 0"
+        with("ttft_slo = \"0s\"").validate().unwrap_err(),
+        "admission.ttft_slo must be positive and at most a day (\"24h\"), got \"0s\""
     );
     assert_eq!(
-        with("max_wait_s = -1").validate().unwrap_err(),
-        "admission.max_wait_s must be positive seconds, at most a day, got -1"
+        with("max_wait = \"25h\"").validate().unwrap_err(),
+        "admission.max_wait must be positive and at most a day (\"24h\"), got \"1day 1h\""
     );
-    assert!(with("max_wait_s = 1e19").validate().is_err());
     assert_eq!(
         with("queue_limit = 0").validate().unwrap_err(),
         "admission.queue_limit must be 1 to 1000000 requests, got 0"
     );
     with("queue_limit = 1000000").validate().unwrap();
     let lease = |v: &str| {
-        let text = EXAMPLE.replacen("[node]\n", &format!("[node]\nbooking_lease_s = {v}\n"), 1);
+        let text = EXAMPLE.replacen("[node]\n", &format!("[node]\nbooking_lease = {v:?}\n"), 1);
         toml::from_str::<NodeConfig>(&text).unwrap().validate()
     };
-    assert_eq!(lease("0").unwrap_err(), "node.booking_lease_s must be positive seconds, at most a day, got 0");
-    lease("30").unwrap();
-    assert_eq!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().admission.ttft_slo_s, None);
+    assert_eq!(lease("0s").unwrap_err(), "node.booking_lease must be positive and at most a day (\"24h\"), got \"0s\"");
+    lease("30s").unwrap();
+    assert_eq!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().admission.ttft_slo, None);
 }
 
 #[test]
@@ -360,4 +358,84 @@ fn one_engine_under_two_names_is_refused() {
          booked and scraped twice"
     );
     assert_eq!(two("http://10.0.0.8:8000"), Ok(()));
+}
+
+#[test]
+fn durations_are_written_as_text_and_core_settings_are_keys_of_their_section() {
+    let c: NodeConfig = toml::from_str(&format!(
+        "{EXAMPLE}\n[autoscaler]\ninterval = \"500ms\"\ncold_start = \"1m 30s\"\npanic_window = \"10s\"\n\
+         capacity_tokens_per_s = 5000\n[replication]\ncooldown = \"45s\"\nreport_top = 4\n\
+         sketch = {{ capacity = 100, half_life = \"5s\" }}\n[cluster]\nid = 1\nheartbeat = \"50ms\"\n"
+    ))
+    .unwrap();
+    // Each key reaches the core's own setting, in seconds.
+    assert_eq!((c.autoscaler.policy.interval_s, c.autoscaler.policy.cold_start_s), (0.5, 90.0));
+    assert_eq!((c.autoscaler.policy.panic_window_s, c.autoscaler.capacity_tokens_per_s), (10.0, 5000.0));
+    assert_eq!((c.replication.plan.cooldown_s, c.replication.report_top), (45.0, 4));
+    assert_eq!((c.replication.plan.sketch.capacity, c.replication.plan.sketch.half_life_s), (100, 5.0));
+    assert_eq!(c.cluster.as_ref().unwrap().heartbeat, std::time::Duration::from_millis(50));
+    // Written back as text, and read back the same.
+    let text = c.to_toml();
+    assert!(text.contains("interval = \"500ms\"") && text.contains("cold_start = \"1m 30s\""), "{text}");
+    assert!(text.contains("scrape_interval = \"1s\""), "{text}");
+    assert_eq!(toml::from_str::<NodeConfig>(&text).unwrap(), c);
+    // A core setting's range is checked and named by its key.
+    let bad: NodeConfig = toml::from_str("[replication]\ncooldown = \"0s\"").unwrap();
+    assert_eq!(bad.validate().unwrap_err(), "replication.cooldown must be positive seconds, got 0");
+}
+
+#[test]
+fn a_key_of_no_part_of_a_section_is_refused_with_both_parts_keys() {
+    let e = NodeConfig::parse("[autoscaler]\nenabled = true\ncold_strat = \"30s\"\n").unwrap_err();
+    assert!(e.contains("unknown field `cold_strat`, expected one of `enabled`, `pool`"), "{e}");
+    assert!(e.contains("hint: did you mean `cold_start`?"), "{e}");
+    // The reactive baseline's thresholds are not node settings.
+    assert!(NodeConfig::parse("[autoscaler]\nreactive_high = 0.9\n").unwrap_err().contains("unknown field"));
+    let e = NodeConfig::parse("[replication]\ninterval = \"soon\"\n").unwrap_err();
+    assert!(e.contains("\"soon\" is not a duration"), "{e}");
+}
+
+#[test]
+fn a_duration_key_from_before_the_rename_gets_its_new_form() {
+    let e = NodeConfig::parse("[node]\nscrape_interval_ms = 250\n").unwrap_err();
+    assert!(e.contains("hint: durations are text now: write scrape_interval = \"250ms\" (units: ms, s, m, h)"), "{e}");
+    let e = NodeConfig::parse("[autoscaler]\ncold_start_s = 90\n").unwrap_err();
+    assert!(e.contains("write cold_start = \"1m 30s\""), "{e}");
+    let e = NodeConfig::parse("[node]\nbooking_lease_s = 0.5\n").unwrap_err();
+    assert!(e.contains("write booking_lease = \"500ms\""), "{e}");
+    let e = NodeConfig::parse("[replication]\nhalf_life_s = 5\n").unwrap_err();
+    assert!(
+        e.ends_with(
+            "hint: [replication]'s sketch settings are a table now: sketch = { half_life = \"10s\", capacity = 4096 }"
+        ),
+        "{e}"
+    );
+    // A number where text is wanted says so too.
+    let e = NodeConfig::parse("[node]\nscrape_interval = 250\n").unwrap_err();
+    assert!(e.contains("hint: durations are text with a unit: scrape_interval = \"250ms\" or \"250s\""), "{e}");
+    // Also in a section read in parts, whose error points at the table: the key is named.
+    let e = NodeConfig::parse("[replication]\nenabled = true\ninterval = 5\n").unwrap_err();
+    assert!(e.contains("`interval`: invalid type: integer `5`"), "{e}");
+    assert!(e.contains("hint: durations are text with a unit: interval = \"5ms\" or \"5s\""), "{e}");
+}
+
+#[test]
+fn doubts_name_a_lease_shorter_than_the_timeout_and_an_slo_the_queue_ignores() {
+    let with = |extra: &str| toml::from_str::<NodeConfig>(&format!("{EXAMPLE}\n{extra}\n")).unwrap().doubts();
+    assert_eq!(
+        with("[admission]\nttft_slo = \"2s\""),
+        ["admission.ttft_slo is set but admission.enabled is false: the TTFT gate is off"]
+    );
+    assert_eq!(
+        with("[admission]\nenabled = true\nttft_slo = \"2s\"\nmax_wait = \"21s\""),
+        ["admission.max_wait (\"21s\") is over 10x admission.ttft_slo (\"2s\"): late requests wait behind fresh ones \
+          and may wait up to max_wait; a few times the SLO (say 3x) bounds how late an answer can come"]
+    );
+    assert!(with("[admission]\nenabled = true\nttft_slo = \"2s\"\nmax_wait = \"20s\"").is_empty());
+    let text = EXAMPLE.replacen("[node]\n", "[node]\nbooking_lease = \"5m\"\n", 1);
+    assert_eq!(
+        toml::from_str::<NodeConfig>(&text).unwrap().doubts(),
+        ["node.booking_lease (\"5m\") is shorter than node.request_timeout (\"10m\"): a proxied request that runs \
+          longer than the lease stops counting in its replica's token load while it runs"]
+    );
 }

@@ -30,7 +30,6 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{processing_request, Processi
 use protocol::BodyMode;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// The service; one task per stream.
@@ -124,7 +123,7 @@ struct Exchange {
     body: Vec<u8>,
     /// The body's bytes in the node's body budget (shared with the proxy), until picked.
     held: Option<crate::body_budget::Held>,
-    /// The pick must come by then (the body complete): `limits.http_idle_timeout_s` after
+    /// The pick must come by then (the body complete): `limits.http_idle_timeout` after
     /// the headers.
     pick_by: Option<tokio::time::Instant>,
     picked: bool,
@@ -169,8 +168,8 @@ impl Exchange {
                 // The gateway stopped reading our answers: nothing more will come through.
                 () = self.out.closed() => break,
                 () = tokio::time::sleep_until(waiting.unwrap_or_else(tokio::time::Instant::now)), if waiting.is_some() => {
-                    let s = self.shared.limits.http_idle_timeout_s;
-                    let message = format!("the request body did not arrive within {s} s (limits.http_idle_timeout_s)");
+                    let s = crate::config::human(self.shared.limits.http_idle_timeout);
+                    let message = format!("the request body did not arrive within {s} (limits.http_idle_timeout)");
                     let _ = self.send(protocol::immediate(408, &message, "timeout", None)).await;
                     break;
                 }
@@ -205,7 +204,7 @@ impl Exchange {
         match request {
             processing_request::Request::RequestHeaders(h) => {
                 self.arrived = tokio::time::Instant::now();
-                self.pick_by = Some(self.arrived + Duration::from_secs(self.shared.limits.http_idle_timeout_s));
+                self.pick_by = Some(self.arrived + self.shared.limits.http_idle_timeout);
                 self.path = protocol::pseudo(h.headers.as_ref(), ":path").unwrap_or("/").to_string();
                 self.headers = protocol::to_http_headers(h.headers.as_ref());
                 self.subset = protocol::subset(m.metadata_context.as_ref(), &self.section.subset_namespace);

@@ -25,7 +25,7 @@ impl admin_server::Admin for Services {
             waiting: u32::try_from(a.depth()).unwrap_or(u32::MAX),
             waiting_tokens: a.waiting_load(),
             queue_limit: u32::try_from(a.section.queue_limit).unwrap_or(u32::MAX),
-            max_wait_s: a.section.max_wait_s,
+            max_wait_s: a.section.max_wait.as_secs_f64(),
             // A gate configured on a queue that is off holds nothing.
             ttft_slo_s: a.gate().filter(|_| a.section.enabled).map_or(0.0, |g| g.slo_s()),
             refused_queue_full: queue_full,

@@ -136,7 +136,7 @@ fn active(d: &Decision, min: u32) -> bool {
 impl ExternalScaler for AutoscalerService {
     async fn is_active(&self, r: Request<keda::ScaledObjectRef>) -> Result<Response<keda::IsActiveResponse>, Status> {
         self.check_pool(pool_of(r.get_ref()))?;
-        let min = self.shared.autoscaler.section.min_replicas;
+        let min = self.shared.autoscaler.section.policy.min_replicas;
         Ok(Response::new(keda::IsActiveResponse { result: self.latest().is_ok_and(|d| active(&d, min)) }))
     }
 
@@ -147,7 +147,7 @@ impl ExternalScaler for AutoscalerService {
         r: Request<keda::ScaledObjectRef>,
     ) -> Result<Response<Self::StreamIsActiveStream>, Status> {
         self.check_pool(pool_of(r.get_ref()))?;
-        let min = self.shared.autoscaler.section.min_replicas;
+        let min = self.shared.autoscaler.section.policy.min_replicas;
         Ok(Response::new(follow(&self.shared, move |d| {
             d.last().map(|d| keda::IsActiveResponse { result: active(d, min) })
         })))

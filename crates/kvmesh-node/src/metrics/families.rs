@@ -104,7 +104,7 @@ impl Metrics {
         );
         registry.register(
             "ttft_over_slo",
-            "Streamed requests whose TTFT exceeded admission.ttft_slo_s (counted only when it is set)",
+            "Streamed requests whose TTFT exceeded admission.ttft_slo (counted only when it is set)",
             m.ttft_over_slo.clone(),
         );
         registry.register(
@@ -226,7 +226,7 @@ impl Metrics {
         );
         registry.register(
             "gossip_peer_up",
-            "1 while a cluster member is heard from within cluster.peer_timeout_ms, 0 once it is silent",
+            "1 while a cluster member is heard from within cluster.peer_timeout, 0 once it is silent",
             m.gossip_peer_up.clone(),
         );
         registry.register(
@@ -276,7 +276,7 @@ impl Metrics {
         );
         registry.register(
             "bookings_expired",
-            "Bookings ended by node.booking_lease_s without a release (a gRPC Route caller that never called Release)",
+            "Bookings ended by node.booking_lease without a release (a gRPC Route caller that never called Release)",
             m.bookings_expired.clone(),
         );
         registry.register(

@@ -11,7 +11,6 @@ use futures_util::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::task::JoinHandle;
 
 /// One replica's actor.
@@ -58,7 +57,7 @@ impl Actor for ReplicaActor {
     ) -> Result<ReplicaTasks, ActorProcessingErr> {
         let (interval, replay_timeout) = {
             let c = args.shared.config.lock().unwrap_or_else(|p| p.into_inner());
-            (Duration::from_millis(c.node.scrape_interval_ms), Duration::from_millis(c.node.replay_timeout_ms))
+            (c.node.scrape_interval, c.node.replay_timeout)
         };
         let mut tasks = Vec::new();
         // The replica as registered now: its stream and health records are this actor's to keep.

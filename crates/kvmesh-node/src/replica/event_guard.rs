@@ -68,9 +68,9 @@ impl EventGuard {
     /// A clean record with `limits`' thresholds; complaints at most every 10 s.
     pub fn new(limits: &LimitsSection) -> Self {
         EventGuard {
-            window_s: limits.kv_event_bad_window_s,
+            window_s: limits.kv_event_bad_window.as_secs_f64(),
             threshold: limits.kv_event_bad_messages.max(1) as usize,
-            quarantine_s: limits.kv_event_quarantine_s,
+            quarantine_s: limits.kv_event_quarantine.as_secs_f64(),
             bad: VecDeque::new(),
             until: None,
             log: LogLimiter::new(10.0),
@@ -157,8 +157,8 @@ mod tests {
     fn guard() -> EventGuard {
         EventGuard::new(&LimitsSection {
             kv_event_bad_messages: 3,
-            kv_event_bad_window_s: 10.0,
-            kv_event_quarantine_s: 60.0,
+            kv_event_bad_window: std::time::Duration::from_secs(10),
+            kv_event_quarantine: std::time::Duration::from_secs(60),
             ..LimitsSection::default()
         })
     }

@@ -62,7 +62,7 @@ impl PushGuards {
     /// restart drops the replica's blocks: a pusher has no replay socket), then its events.
     /// A batch over the budget (`over_budget`: refused whole), or one holding
     /// undecodable or impossible events, counts as a bad message; `kv_event_bad_messages` of them within the window quarantine
-    /// the replica (`bad_events`, its blocks dropped) for `kv_event_quarantine_s`.
+    /// the replica (`bad_events`, its blocks dropped) for `kv_event_quarantine`.
     ///
     /// # Errors
     /// [`PushError::UnknownReplica`]; [`PushError::Quarantined`] while the quarantine lasts.

@@ -35,7 +35,7 @@ pub struct Replication {
 impl Replication {
     /// State for `section`.
     pub fn new(section: ReplicationSection) -> Self {
-        let config = section.enabled.then(|| section.core());
+        let config = section.enabled.then(|| section.plan.clone());
         Replication {
             section,
             config,
@@ -63,7 +63,7 @@ impl Replication {
     /// (`own_id` first).
     pub fn merged(&self, own_id: u64, own: SketchReport) -> (SketchReport, Vec<u64>) {
         let mut reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
-        let max_age = (REPORT_MAX_AGE_INTERVALS * self.section.interval_ms as f64 / 1000.0).max(5.0);
+        let max_age = (REPORT_MAX_AGE_INTERVALS * self.section.plan.interval_s).max(5.0);
         reports.retain(|_, (_, at)| at.elapsed().as_secs_f64() < max_age);
         let mut nodes = vec![own_id];
         nodes.extend(reports.keys().filter(|&&n| n != own_id));

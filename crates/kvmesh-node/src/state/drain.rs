@@ -27,7 +27,7 @@ pub const ENGINE_STALL_S: f64 = 5.0;
 /// are slower (a booking delta lost on the way is repaired by the next summary); none on a
 /// single node, where the drain and the bookings are under one lock.
 pub fn settle_s(cluster: Option<&ClusterSection>) -> f64 {
-    cluster.map_or(0.0, |c| DRAIN_SETTLE_S.max(2.0 * c.summary_interval_ms as f64 / 1000.0))
+    cluster.map_or(0.0, |c| DRAIN_SETTLE_S.max(2.0 * c.summary_interval.as_secs_f64()))
 }
 
 /// What a draining replica still has in flight.
@@ -173,8 +173,9 @@ mod tests {
     fn the_settle_is_two_gossip_summaries_at_least_two_seconds_and_none_alone() {
         assert_eq!(settle_s(None), 0.0);
         let c = ClusterSection::default();
-        assert_eq!((c.summary_interval_ms, settle_s(Some(&c))), (1000, 2.0));
-        let slow = ClusterSection { summary_interval_ms: 1500, ..ClusterSection::default() };
+        assert_eq!((c.summary_interval, settle_s(Some(&c))), (std::time::Duration::from_secs(1), 2.0));
+        let slow =
+            ClusterSection { summary_interval: std::time::Duration::from_millis(1500), ..ClusterSection::default() };
         assert_eq!(settle_s(Some(&slow)), 3.0);
     }
 }

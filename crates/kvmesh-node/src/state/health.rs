@@ -38,7 +38,7 @@ pub struct HealthState {
     pub counts_every_step: bool,
     /// Found hung (see [`crate::state::Core::status`]): out of rotation until its
     /// served-token counter moves, or for another try once it has had nothing of this node's
-    /// in flight for `hung_after_s` (the node time that spell began, if it has).
+    /// in flight for `hung_after` (the node time that spell began, if it has).
     pub hung: Option<Option<f64>>,
 }
 

@@ -165,7 +165,7 @@ impl Shared {
         let fleet_config = FleetConfig {
             block_size: config.node.block_size,
             namespace: Namespace { model: config.node.model.clone(), ..Namespace::default() },
-            lease_s: config.node.booking_lease_s,
+            lease_s: config.node.booking_lease.as_secs_f64(),
             learn_output_lengths: config.node.learn_output_lengths,
             // A per-process secret: engine ids from the network cannot be chosen to collide.
             index_seed: {
@@ -186,8 +186,8 @@ impl Shared {
             unhealthy_after: config.node.unhealthy_after.max(1),
             drain_settle_s: drain::settle_s(config.cluster.as_ref()),
             rotation_ahead: BTreeMap::new(),
-            events_silent_s: config.node.events_silent_s,
-            hung_after_s: config.node.hung_after_s,
+            events_silent_s: config.node.events_silent.as_secs_f64(),
+            hung_after_s: config.node.hung_after.as_secs_f64(),
             synced_at: f64::NEG_INFINITY,
             outbox: config
                 .cluster
@@ -203,12 +203,12 @@ impl Shared {
             peer_demand: BTreeMap::new(),
             status_changes: Vec::new(),
             sketch: config.replication.enabled.then(|| {
-                kvmesh_core::replication::PrefixSketch::new(config.replication.core().sketch, config.node.block_size)
+                kvmesh_core::replication::PrefixSketch::new(config.replication.plan.sketch, config.node.block_size)
             }),
         };
         let client = || {
             reqwest::Client::builder()
-                .timeout(std::time::Duration::from_secs(config.node.request_timeout_s.max(1)))
+                .timeout(config.node.request_timeout.max(std::time::Duration::from_secs(1)))
                 .connect_timeout(std::time::Duration::from_secs(2))
                 .build()
         };
@@ -216,7 +216,7 @@ impl Shared {
         let settings = Settings {
             model: config.node.model.clone(),
             retries: config.node.retries,
-            overload_backoff_s: config.node.overload_backoff_ms as f64 / 1000.0,
+            overload_backoff_s: config.node.overload_backoff.as_secs_f64(),
             block_size: config.node.block_size,
             hasher: *core.fleet.hasher(),
             profile: config.node.replica_profile().map_err(anyhow::Error::msg)?,
@@ -235,7 +235,7 @@ impl Shared {
         let body_budget = crate::body_budget::BodyBudget::new(
             l.http_body_budget_bytes,
             l.http_max_body_bytes,
-            std::time::Duration::from_secs(l.http_idle_timeout_s),
+            l.http_idle_timeout,
             metrics.http_body_bytes.clone(),
         );
         let models = crate::models::ServedModels::new(&config.node.model, &config.node.lora_adapters);
@@ -300,7 +300,7 @@ impl Shared {
 
     /// Routes by a committed replication plan from now on, and publishes it (watchers, metrics).
     pub fn apply_plan(&self, plan: kvmesh_core::replication::ReplicationPlan) {
-        let grace = self.replication.section.grace_ttl_s;
+        let grace = self.replication.section.plan.grace_ttl_s;
         let now = self.now();
         self.core().fleet.set_replication_plan(&plan, grace, now);
         self.replication.publish(plan);

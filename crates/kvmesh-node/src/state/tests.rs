@@ -73,7 +73,8 @@ fn status_changes_are_logged_after_the_lock_is_released() {
 
 #[test]
 fn an_engine_that_serves_no_token_with_requests_in_flight_is_hung_and_routed_around() {
-    let shared = node(crate::config::NodeSection { hung_after_s: 60.0, ..Default::default() });
+    let shared =
+        node(crate::config::NodeSection { hung_after: std::time::Duration::from_secs(60), ..Default::default() });
     add(&shared, "name = \"r0\"");
     let mut core = shared.core();
     let m = |at| EngineMetrics { running: 1, waiting: 0, kv_usage: 0.1, at };
@@ -106,7 +107,7 @@ fn an_engine_that_serves_no_token_with_requests_in_flight_is_hung_and_routed_aro
     assert_eq!(
         core.status_detail(r, ReplicaStatus::Unhealthy, 262.0),
         "hung: its engine served no token for 261 s with requests in flight; routed around until it serves \
-         again (or tried again once idle for hung_after_s)"
+         again (or tried again once idle for node.hung_after)"
     );
     // Its request times out (504): still out, until nothing of ours was in flight for 60 s.
     in_flight(&mut core, 0);
@@ -127,7 +128,7 @@ fn an_engine_that_serves_no_token_with_requests_in_flight_is_hung_and_routed_aro
     core.record_metrics("r0", m(1_100.0), Some(140.0), 1_100.0, 1_100.0);
     assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready);
     drop(core);
-    let off = node(crate::config::NodeSection { hung_after_s: 0.0, ..Default::default() });
+    let off = node(crate::config::NodeSection { hung_after: std::time::Duration::ZERO, ..Default::default() });
     add(&off, "name = \"r0\"");
     let mut core = off.core();
     in_flight(&mut core, 1);
@@ -212,7 +213,8 @@ fn the_policy_goes_by_its_canonical_name() {
 
 #[test]
 fn a_kv_event_owed_longer_than_events_silent_s_means_no_events() {
-    let shared = node(crate::config::NodeSection { events_silent_s: 10.0, ..Default::default() });
+    let shared =
+        node(crate::config::NodeSection { events_silent: std::time::Duration::from_secs(10), ..Default::default() });
     let replica =
         "name = \"e\"\nhttp = \"http://127.0.0.1:9\"\nkv_events = \"tcp://127.0.0.1:9\"\ncapacity_blocks = 100";
     shared.add_replica(toml::from_str(replica).unwrap()).unwrap();

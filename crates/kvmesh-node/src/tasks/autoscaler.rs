@@ -19,10 +19,10 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     if !section.enabled {
         return;
     }
-    let mut policy = ColdStartAware::new(section.core());
+    let mut policy = ColdStartAware::new(section.policy.clone());
     let prior = shared.settings.profile.full_load_tokens_per_s_prior();
     // The first evaluation one interval in: demand is a rate over a whole interval.
-    let every = Duration::from_secs_f64(section.interval_s);
+    let every = Duration::from_secs_f64(section.policy.interval_s);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut starts = starts::Starts::default();
@@ -66,7 +66,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
         let dt = last.0.elapsed().as_secs_f64().max(1e-3);
         let demand = (booked - last.1).max(0.0) / dt;
         last = (Instant::now(), booked);
-        let cold_start_s = starts.cold_start_s(section.cold_start_s);
+        let cold_start_s = starts.cold_start_s(section.policy.cold_start_s);
         let inputs = PoolInputs {
             now: mono,
             demand_tokens_per_s: demand,

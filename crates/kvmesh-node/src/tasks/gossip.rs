@@ -1,6 +1,6 @@
 //! Streams this node's booking deltas to every peer: one long-lived `Gossip.Stream` call per
-//! peer, fed a batch every `gossip_interval_ms` and a full summary every
-//! `summary_interval_ms`. A peer that is down or slow loses batches (bounded queues); the next
+//! peer, fed a batch every `gossip_interval` and a full summary every
+//! `summary_interval`. A peer that is down or slow loses batches (bounded queues); the next
 //! summary repairs them. Peers are the Raft members.
 
 use crate::cluster::network::channel;
@@ -24,12 +24,12 @@ const MAX_DELTAS_PER_BATCH: usize = 2000;
 pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSection, mut stop: watch::Receiver<bool>) {
     let incarnation: u64 = rand::rngs::SmallRng::from_os_rng().random();
     let mut rng = rand::rngs::SmallRng::from_os_rng();
-    let mut tick = tokio::time::interval(Duration::from_millis(section.gossip_interval_ms));
+    let mut tick = tokio::time::interval(section.gossip_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let summary_every = Duration::from_millis(section.summary_interval_ms);
+    let summary_every = section.summary_interval;
     let mut last_summary = tokio::time::Instant::now() - summary_every;
     let mut peers: BTreeMap<u64, (String, mpsc::Sender<v1::GossipBatch>)> = BTreeMap::new();
-    let report_every = Duration::from_millis(shared.replication.section.interval_ms);
+    let report_every = shared.replication.section.interval();
     let mut last_report = tokio::time::Instant::now() - report_every;
     let mut last_demand = 0.0;
     loop {

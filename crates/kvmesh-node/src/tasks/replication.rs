@@ -9,10 +9,9 @@ use crate::replication::{unix_now, WarmFailure};
 use crate::state::Shared;
 use kvmesh_core::replication::{plan_round, warm_failed, warm_round, ReplicationPlan, SketchReport, WarmLimiter};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
-/// The leader's loop: every `interval_ms`, plan, commit, warm. Runs on every node and acts
+/// The leader's loop: every `interval`, plan, commit, warm. Runs on every node and acts
 /// only while it leads (always, without a cluster). Ends when `stop` turns true.
 pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: watch::Receiver<bool>) {
     let Some(config) = shared.replication.config.clone() else { return };
@@ -25,7 +24,7 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     let mut limiter = WarmLimiter::default();
     let (fail_tx, mut fail_rx) = mpsc::unbounded_channel::<WarmFailure>();
     let mut failures: Vec<WarmFailure> = Vec::new();
-    let mut tick = tokio::time::interval(Duration::from_millis(shared.replication.section.interval_ms));
+    let mut tick = tokio::time::interval(shared.replication.section.interval());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut leading = false;
     loop {

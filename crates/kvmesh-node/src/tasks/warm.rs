@@ -43,9 +43,9 @@ pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::Unbounded
         (url.unwrap_or_default(), rank, model.unwrap_or_else(|| shared.settings.model.clone()), holder, booking)
     };
     // The whole send ends before the round that would retry it: the transfer and the prefill
-    // share 90 % of `warm_timeout_s`.
+    // share 90 % of `warm_timeout`.
     let transfer_first = !section.transfer_endpoint.is_empty();
-    let budget = section.warm_timeout_s * 0.9;
+    let budget = section.plan.warm_timeout_s * 0.9;
     let timeout = Duration::from_secs_f64(if transfer_first { budget / 2.0 } else { budget });
     let mut result = Err("no attempt".to_string());
     if transfer_first {

@@ -11,9 +11,9 @@ async fn a_hostile_event_stream_is_refused_unparsed_quarantined_and_recovers_whi
     let mut publisher = zeromq::PubSocket::new();
     let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
     let hostile = ReplicaConfig { kv_events: Some(endpoint), replay: None, ..common::replica(1, &other) };
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     let mut config = common::single(section, vec![replica(0, &good, true), hostile]);
-    config.limits.kv_event_quarantine_s = 1.0;
+    config.limits.kv_event_quarantine = std::time::Duration::from_millis(1000);
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
         .await;
@@ -135,9 +135,9 @@ fn futures_block<F: std::future::Future>(f: F) -> F::Output {
 async fn slow_clients_and_body_floods_are_cut_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let e = engine(16, Faults::default()).await;
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     let mut config = common::single(section, vec![replica(0, &e, true)]);
-    config.limits.http_header_timeout_ms = 200;
+    config.limits.http_header_timeout = std::time::Duration::from_millis(200);
     config.limits.http_body_budget_bytes = 1 << 20;
     config.limits.http_max_body_bytes = 1 << 20;
     let node = kvmesh_node::start(config).await.unwrap();
@@ -238,7 +238,7 @@ async fn a_frame_header_declaring_a_petabyte_is_cut_before_zeromq_allocates() {
     .await;
     let endpoint = format!("tcp://{fake}");
     let hostile = ReplicaConfig { kv_events: Some(endpoint), replay: None, ..common::replica(1, &other) };
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     let node = kvmesh_node::start(common::single(section, vec![replica(0, &good, true), hostile])).await.unwrap();
     eventually("e1 quarantined after two cut connections", || status(&node, "e1") == ReplicaStatus::BadEvents).await;
     assert!(accepted.load(std::sync::atomic::Ordering::Relaxed) >= 2);
@@ -278,14 +278,14 @@ async fn pushed_events_apply_and_a_bad_pusher_is_quarantined_alone_then_recovers
     let (good, other) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
     // e1's events come by Events.Publish, from this test.
     let pushing = ReplicaConfig { kv_events: None, replay: None, ..common::replica(1, &other) };
-    let section = NodeSection { scrape_interval_ms: 50, ..common::section() };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_millis(50), ..common::section() };
     let mut config = common::single(section, vec![replica(0, &good, true), pushing]);
     config.limits.kv_event_max_events = 4;
     config.limits.kv_event_max_elements = 100;
     // Five, not the default two: the count itself is what this test follows.
     config.limits.kv_event_bad_messages = 5;
     // Long enough for the checks made during it on a loaded machine.
-    config.limits.kv_event_quarantine_s = 3.0;
+    config.limits.kv_event_quarantine = std::time::Duration::from_millis(3000);
     let node = kvmesh_node::start(config).await.unwrap();
     eventually("first scrapes", || node.shared.core().replicas.values().all(|r| r.health.lock().engine.is_some()))
         .await;
@@ -419,7 +419,8 @@ async fn a_metrics_page_over_the_limit_fails_the_scrape_without_being_read_whole
     .await;
     let metrics_url = format!("http://{fake}/metrics");
     let hostile = ReplicaConfig { metrics_url: Some(metrics_url), ..replica(1, &other, false) };
-    let section = NodeSection { scrape_interval_ms: 50, unhealthy_after: 2, ..common::section() };
+    let section =
+        NodeSection { scrape_interval: std::time::Duration::from_millis(50), unhealthy_after: 2, ..common::section() };
     let mut config = common::single(section, vec![replica(0, &good, true), hostile]);
     config.limits.metrics_max_page_bytes = 1 << 20;
     let node = kvmesh_node::start(config).await.unwrap();
@@ -446,7 +447,7 @@ async fn a_stopping_node_reports_not_ready_and_lets_its_streams_finish() {
     let engine = kvmesh_engine_sim::start(kvmesh_engine_sim::EngineSimConfig { speed: 0.2, ..Default::default() })
         .await
         .unwrap();
-    let section = NodeSection { shutdown_grace_s: 20.0, ..common::section() };
+    let section = NodeSection { shutdown_grace: std::time::Duration::from_millis(20000), ..common::section() };
     let node = kvmesh_node::start(common::single(section, vec![common::replica(0, &engine)])).await.unwrap();
     common::eventually("ready", || kvmesh_node::health::Readiness::of(&node.shared).ready()).await;
     let http = node.http;

@@ -95,8 +95,8 @@ async fn a_hung_engine_whose_metrics_still_answer_is_taken_out_and_its_requests_
     let (a, b) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
     let node = node(vec![replica(0, &a, true), replica(1, &b, true)], |s| {
         s.policy = "round_robin".into();
-        s.hung_after_s = 1.0;
-        s.request_timeout_s = 2;
+        s.hung_after = std::time::Duration::from_millis(1000);
+        s.request_timeout = std::time::Duration::from_secs(2);
     })
     .await;
     // Both serve once, so both counters are on the scraped pages.

@@ -6,7 +6,7 @@ use super::*;
 /// A node with admission control (at most 2 waiting) in front of one engine that the router
 /// believes holds 40 blocks of KV: one 480-token request (30 blocks plus its output) at a time.
 /// Its capacity is set at 200 tokens/s, so `Retry-After` is the backlog's tokens ÷ 200.
-/// Bookings not released end after `booking_lease_s`.
+/// Bookings not released end after `booking_lease`.
 async fn short_node(booking_lease_s: f64) -> (Node, Vec<kvmesh_engine_sim::EngineSim>) {
     use kvmesh_node::config::AdmissionSection;
     let engines = engines(1, 20.0).await;
@@ -15,13 +15,22 @@ async fn short_node(booking_lease_s: f64) -> (Node, Vec<kvmesh_engine_sim::Engin
         // The node believes its engine 100,000× slower than an H100: a booking's 480 prompt
         // tokens stay queued (in its estimate) for ~15 minutes, so Retry-After's backlog is
         // exact here however slow the test machine.
-        node: NodeSection { booking_lease_s, engine_speed: 1e-5, ..section() },
+        node: NodeSection {
+            booking_lease: std::time::Duration::from_secs_f64(booking_lease_s),
+            engine_speed: 1e-5,
+            ..section()
+        },
         replicas,
         cluster: None,
         security: Default::default(),
         replication: Default::default(),
         autoscaler: AutoscalerSection { capacity_tokens_per_s: 200.0, ..Default::default() },
-        admission: AdmissionSection { enabled: true, queue_limit: 2, max_wait_s: 10.0, ttft_slo_s: None },
+        admission: AdmissionSection {
+            enabled: true,
+            queue_limit: 2,
+            max_wait: std::time::Duration::from_millis(10000),
+            ttft_slo: None,
+        },
         limits: Default::default(),
         epp: Default::default(),
     };
@@ -239,7 +248,7 @@ async fn a_route_never_released_ends_at_its_lease_and_the_waiting_one_goes() {
 }
 
 /// One engine 20× slower than the H100 profile (a 960-token prompt takes ~0.45 s to its first
-/// token), known as such to the node, with admission control and `ttft_slo_s`.
+/// token), known as such to the node, with admission control and `ttft_slo`.
 async fn slow_node(ttft_slo_s: Option<f64>) -> (Node, kvmesh_engine_sim::EngineSim) {
     use kvmesh_node::config::AdmissionSection;
     let engine = kvmesh_engine_sim::start(EngineSimConfig { speed: 0.05, ..EngineSimConfig::default() }).await.unwrap();
@@ -250,7 +259,11 @@ async fn slow_node(ttft_slo_s: Option<f64>) -> (Node, kvmesh_engine_sim::EngineS
         security: Default::default(),
         replication: Default::default(),
         autoscaler: Default::default(),
-        admission: AdmissionSection { enabled: true, ttft_slo_s, ..AdmissionSection::default() },
+        admission: AdmissionSection {
+            enabled: true,
+            ttft_slo: ttft_slo_s.map(std::time::Duration::from_secs_f64),
+            ..AdmissionSection::default()
+        },
         limits: Default::default(),
         epp: Default::default(),
     };

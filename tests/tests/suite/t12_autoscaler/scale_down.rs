@@ -32,7 +32,12 @@ async fn capacity_is_measured(admission: bool) {
         security: Default::default(),
         replication: Default::default(),
         autoscaler: AutoscalerSection { capacity_tokens_per_s: 0.0, ..autoscaler() },
-        admission: AdmissionSection { enabled: admission, queue_limit: 64, max_wait_s: 30.0, ttft_slo_s: None },
+        admission: AdmissionSection {
+            enabled: admission,
+            queue_limit: 64,
+            max_wait: std::time::Duration::from_millis(30000),
+            ttft_slo: None,
+        },
         limits: Default::default(),
         epp: Default::default(),
     };
@@ -93,13 +98,19 @@ async fn a_scale_down_drains_the_replicas_it_releases_and_each_turns_idle() {
         security: Default::default(),
         replication: Default::default(),
         // Capacity far above any load here: one replica would do.
-        autoscaler: AutoscalerSection {
-            capacity_tokens_per_s: 1e9,
-            min_replicas: 1,
-            cold_start_s: 0.5,
-            scale_down_delay_s: 1.5,
-            drain_on_scale_down: true,
-            ..autoscaler()
+        autoscaler: {
+            let a = autoscaler();
+            AutoscalerSection {
+                capacity_tokens_per_s: 1e9,
+                policy: kvmesh_core::autoscale::AutoscaleConfig {
+                    min_replicas: 1,
+                    cold_start_s: 0.5,
+                    scale_down_delay_s: 1.5,
+                    ..a.policy.clone()
+                },
+                drain_on_scale_down: true,
+                ..a
+            }
         },
         admission: Default::default(),
         limits: Default::default(),
@@ -193,12 +204,16 @@ async fn in_a_cluster_a_scale_down_drains_through_raft_starting_replicas_first_a
     let replicas: Vec<ReplicaConfig> =
         engines.iter().enumerate().map(|(i, e)| ReplicaConfig { replay: None, ..replica(i, e) }).collect();
     // No load needs more than one replica; the pool holds for 2 s first.
+    let a = autoscaler();
     let section = AutoscalerSection {
         capacity_tokens_per_s: 1e9,
-        min_replicas: 1,
-        scale_down_delay_s: 2.0,
+        policy: kvmesh_core::autoscale::AutoscaleConfig {
+            min_replicas: 1,
+            scale_down_delay_s: 2.0,
+            ..a.policy.clone()
+        },
         drain_on_scale_down: true,
-        ..autoscaler()
+        ..a
     };
     let mut nodes = three_nodes(dir.path(), &replicas[..2], section).await;
     nodes[0].cluster.as_ref().unwrap().init().await.unwrap();

@@ -38,7 +38,7 @@ async fn a_refused_request_fails_closed_or_open_as_configured() {
 
 /// Bodies through the picker share the node's body budget with the proxy: one over
 /// `http_max_body_bytes` is a 413, one that does not fit what others hold a 503 with
-/// `Retry-After`, one that never completes a 408 after `http_idle_timeout_s`; each gives its
+/// `Retry-After`, one that never completes a 408 after `http_idle_timeout`; each gives its
 /// bytes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_are_held_to_the_nodes_budget_and_deadline() {
@@ -46,7 +46,7 @@ async fn bodies_are_held_to_the_nodes_budget_and_deadline() {
     let limits = kvmesh_node::config::LimitsSection {
         http_max_body_bytes: 600,
         http_body_budget_bytes: 1000,
-        http_idle_timeout_s: 1,
+        http_idle_timeout: std::time::Duration::from_secs(1),
         ..Default::default()
     };
     let config = NodeConfig { limits, ..common::single(common::section(), vec![common::replica(0, &engines[0])]) };

@@ -20,7 +20,7 @@ impl StatusChange {
     pub fn log(&self) {
         let (name, from_s, to_s, detail) = (&self.replica, self.from.as_str(), self.to.as_str(), &self.detail);
         match self.to {
-            // Backpressure comes and goes every `overload_backoff_ms` under load; it is
+            // Backpressure comes and goes every `overload_backoff` under load; it is
             // counted (`kvmesh_requests_total{outcome="backpressure"}`), and logged at debug.
             ReplicaStatus::Overloaded => {
                 tracing::debug!(replica = %name, from = from_s, to = to_s, %detail, "replica status changed")

@@ -45,7 +45,7 @@ impl Core {
                 return ReplicaStatus::OutOfSync;
             }
         }
-        // An event owed for longer than `events_silent_s`: the stream is silent, however
+        // An event owed for longer than `events_silent`: the stream is silent, however
         // sparse the traffic.
         if r.config.kv_events.is_some() && r.unpublished_since.is_some_and(|t| now - t > self.events_silent_s) {
             return ReplicaStatus::NoEvents;
@@ -54,7 +54,7 @@ impl Core {
     }
 
     /// How long a replica's engine (its health `h`) has served no token while this node had
-    /// requests in flight on it, seconds, once that reaches `hung_after_s`: a hung engine
+    /// requests in flight on it, seconds, once that reaches `hung_after`: a hung engine
     /// whose metrics endpoint still answers (its served-token counter stands still).
     fn hung_for(&self, h: &HealthState, now: f64) -> Option<f64> {
         if !h.counts_every_step {
@@ -80,7 +80,7 @@ impl Core {
                     let still = h.engine_served.map_or(0.0, |(_, since)| now - since);
                     format!(
                         "hung: its engine served no token for {still:.0} s with requests in flight; routed \
-                         around until it serves again (or tried again once idle for hung_after_s)"
+                         around until it serves again (or tried again once idle for node.hung_after)"
                     )
                 } else {
                     h.last_error.clone().unwrap_or_default()
