@@ -3,8 +3,10 @@
 //! Why not hashbrown: its bucket count is a power of two kept at most 7/8 full, so a table
 //! just past a doubling sits at load 0.44 and its 17-byte slots cost ~39 bytes per entry — at
 //! exactly the 2^20-entry scale the index is sized for. This table has any number of buckets,
-//! grows by 4/3 at load 0.8 (so its load stays within 0.6–0.8: 20–27 bytes per entry) and
-//! shrinks when a replica's evictions empty it.
+//! grows by 6/5 at load 0.9 (so its load stays within 0.75–0.9: 18–22 bytes per entry) and
+//! shrinks when a replica's evictions empty it. At 0.6–0.8 (the first version) inserts and
+//! removals shifted shorter runs: vs-dynamo's apply ran 8–13 % faster at 16 replicas, for
+//! 3.3 bytes more per (block, replica) entry; queries do not read this table.
 //!
 //! Layout: ordered linear probing (Amble & Knuth, "Ordered hash tables", 1974). A key is
 //! stored as `m = mix(key)`, a bijection of `u64`; its home bucket is `⌊m · buckets / 2^64⌋`
@@ -17,9 +19,9 @@
 //! empty slot, and that key's value is kept beside the array.
 
 /// Load at which the table grows.
-const MAX_LOAD: f64 = 0.8;
+const MAX_LOAD: f64 = 0.9;
 /// Load right after growing or shrinking.
-const TARGET_LOAD: f64 = 0.6;
+const TARGET_LOAD: f64 = 0.75;
 /// Below this load the table shrinks, so memory follows what a replica holds after mass
 /// evictions; far enough below [`TARGET_LOAD`] that churn does not resize back and forth.
 const MIN_LOAD: f64 = 0.15;
@@ -253,9 +255,9 @@ mod tests {
             let load = t.len as f64 / t.buckets as f64;
             assert!(load <= MAX_LOAD, "load {load} at {k}");
         }
-        // Load 0.6–0.8 plus 1.6 % slack: 20–27.1 B/entry.
+        // Load 0.75–0.9 plus 1.6 % slack: 17.8–21.7 B/entry.
         let per_entry = t.heap_bytes() as f64 / t.len() as f64;
-        assert!((20.0..=27.1).contains(&per_entry), "{per_entry} B/entry");
+        assert!((17.8..=21.7).contains(&per_entry), "{per_entry} B/entry");
     }
 
     #[test]
