@@ -3,7 +3,7 @@
 //! and an operator reading `/health` never disagree.
 //!
 //! Ready means at least one replica is routable (the proxy and `Router.Route` can place a
-//! request) and the node is not shutting down. gRPC reports it for the server as a whole (`""`) and for `kvmesh.v1.Router`;
+//! request) and the node is not shutting down nor removed from its cluster. gRPC reports it for the server as a whole (`""`) and for `kvmesh.v1.Router`;
 //! `Admin` and `Events` answer whatever the replicas do, so they stay `SERVING`.
 
 use crate::state::Shared;
@@ -29,6 +29,9 @@ pub struct Readiness {
     /// The node is shutting down (draining what it follows): not ready, whatever the
     /// replicas.
     pub stopping: bool,
+    /// The node was removed from its cluster ([`crate::cluster::Cluster::removed`]): not
+    /// ready, whatever the replicas.
+    pub removed: bool,
 }
 
 impl Readiness {
@@ -42,12 +45,13 @@ impl Readiness {
             // A prefill replica without a decode replica (or the reverse) serves nothing.
             routable: core.fleet.servable_replicas(),
             stopping: shared.stopping.load(std::sync::atomic::Ordering::Acquire),
+            removed: shared.cluster.get().is_some_and(|c| c.removed()),
         }
     }
 
     /// Whether a request can be placed.
     pub fn ready(&self) -> bool {
-        self.routable > 0 && !self.stopping
+        self.routable > 0 && !self.stopping && !self.removed
     }
 
     /// The gRPC health status this readiness answers with.

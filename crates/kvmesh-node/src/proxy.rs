@@ -360,7 +360,15 @@ async fn first_models_answer(shared: &Shared, replicas: Vec<(String, String)>) -
 async fn health(State(shared): State<Arc<Shared>>) -> Response {
     let r = crate::health::Readiness::of(&shared);
     let body = Json(json!({
-        "status": if r.stopping { "stopping" } else if r.ready() { "ok" } else { "no_replica_ready" },
+        "status": if r.stopping {
+            "stopping"
+        } else if r.removed {
+            "removed"
+        } else if r.ready() {
+            "ok"
+        } else {
+            "no_replica_ready"
+        },
         "replicas": r.replicas,
         "routable": r.routable,
     }));

@@ -102,7 +102,7 @@ impl Cluster {
     pub async fn leave(&self, id: u64) -> Result<(), ClusterError> {
         if let Some(leader) = self.forward_target()? {
             let mut c = v1::cluster_client::ClusterClient::new(channel_to(&leader, self.tls.as_ref())?);
-            let mut request = tonic::Request::new(v1::LeaveRequest { node_id: id });
+            let mut request = tonic::Request::new(v1::LeaveRequest { node_id: id, removed_notice: false });
             mark_forwarded(request.metadata_mut(), &self.token);
             operator::attach(request.metadata_mut());
             return c.leave(request).await.map(|_| ()).map_err(|s| from_forwarded(&leader, &s));
@@ -119,11 +119,20 @@ impl Cluster {
         } else {
             return Err(ClusterError::Rejected(format!("node {id} is not a member")));
         };
+        let addr = self.members().get(&id).cloned();
         // Without quorum the change would wait for ever: answer like any other write.
         match tokio::time::timeout(Duration::from_secs(5), self.raft.change_membership(change, false)).await {
-            Err(_) => Err(ClusterError::NotCommitted),
-            Ok(r) => r.map(|_| ()).map_err(|e| ClusterError::Raft(e.to_string())),
+            Err(_) => return Err(ClusterError::NotCommitted),
+            Ok(r) => r.map_err(|e| ClusterError::Raft(e.to_string()))?,
+        };
+        // Committed. The leader replicates nothing more to the node it removed, so that node
+        // would keep serving as a member: tell it.
+        if id == self.id {
+            self.mark_removed();
+        } else if let Some(addr) = addr {
+            tokio::spawn(notify_removed(id, addr, self.token.clone(), self.tls.clone()));
         }
+        Ok(())
     }
 
     /// `None` when this node is the leader; the leader's address otherwise.
@@ -154,4 +163,36 @@ impl Cluster {
         }
         members
     }
+}
+
+/// Tells node `id` at `addr` that its removal is committed (`LeaveRequest.removed_notice`):
+/// three tries a second apart, two seconds each. A node that is down then learns nothing (it
+/// is refused by the members when it comes back, and its operator removes it).
+async fn notify_removed(
+    id: u64,
+    addr: String,
+    token: Option<crate::auth::Secret>,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) {
+    let mut last = String::new();
+    for attempt in 0..3 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let call = async {
+            let mut c = v1::cluster_client::ClusterClient::new(channel_to(&addr, tls.as_ref())?);
+            let mut request = tonic::Request::new(v1::LeaveRequest { node_id: id, removed_notice: true });
+            mark_forwarded(request.metadata_mut(), &token);
+            c.leave(request).await.map(|_| ()).map_err(|s| from_forwarded(&addr, &s))
+        };
+        match tokio::time::timeout(Duration::from_secs(2), call).await {
+            Ok(Ok(())) => {
+                tracing::info!(node = id, %addr, "told the removed node it was removed");
+                return;
+            }
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = "no answer within 2 s".into(),
+        }
+    }
+    tracing::warn!(node = id, %addr, error = %last, "could not tell the removed node it was removed: stop it by hand");
 }

@@ -155,6 +155,8 @@ pub struct Cluster {
     seed: (Vec<ReplicaConfig>, String, BTreeMap<String, f64>),
     /// Peers this node's Raft calls find unreachable (shared with its network).
     down: network::DownPeers,
+    /// Removed from the cluster ([`Cluster::mark_removed`]).
+    removed: std::sync::atomic::AtomicBool,
 }
 
 impl Cluster {
@@ -202,7 +204,19 @@ impl Cluster {
             .map_err(|e| anyhow::anyhow!("starting Raft: {e}"))?;
         let addr = if section.addr.is_empty() { default_addr } else { section.addr.clone() };
         let seed = (seed_replicas, seed_policy.0, seed_policy.1);
-        Ok(Cluster { id: section.id, addr, raft, state, faults, section, token, tls, seed, down })
+        Ok(Cluster {
+            id: section.id,
+            addr,
+            raft,
+            state,
+            faults,
+            section,
+            token,
+            tls,
+            seed,
+            down,
+            removed: Default::default(),
+        })
     }
 
     /// Bootstraps a fresh cluster with the configured peers as voters, waits for a leader and
@@ -300,6 +314,29 @@ impl Cluster {
         })
         .await;
         found.map_err(|_| ClusterError::NoLeader)
+    }
+
+    /// Whether this node was removed from the cluster: by a leave it led, or told so by the
+    /// leader that committed its removal. It then takes no part in Raft and reports not ready.
+    pub fn removed(&self) -> bool {
+        self.removed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records that this node was removed and stops its Raft (in the background: a removed
+    /// node's elections would only disturb the members). Idempotent.
+    pub fn mark_removed(&self) {
+        if self.removed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        tracing::warn!(
+            node = self.id,
+            "this node was removed from the cluster: it no longer takes part in Raft and reports not ready; stop it, \
+             or start it afresh (empty data_dir) and join it again"
+        );
+        let raft = self.raft.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(2), raft.shutdown()).await;
+        });
     }
 
     /// Whether this node is the Raft leader now. Not `leader()` naming itself: a node that

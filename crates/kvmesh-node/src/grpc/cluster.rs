@@ -135,8 +135,21 @@ impl cluster_server::Cluster for ClusterServices {
     }
 
     async fn leave(&self, r: Request<v1::LeaveRequest>) -> Result<Response<v1::ClusterStatus>, Status> {
-        self.admin_or_peer_auth(r.metadata())?;
-        self.cluster.leave(r.into_inner().node_id).await?;
+        let (meta, _, r) = r.into_parts();
+        if r.removed_notice {
+            // The leader telling this node its removal is committed: a node's word.
+            self.peer_auth(&meta)?;
+            if r.node_id != self.cluster.id {
+                return Err(Status::invalid_argument(format!(
+                    "a removal notice names its receiver (this is node {}, not {})",
+                    self.cluster.id, r.node_id
+                )));
+            }
+            self.cluster.mark_removed();
+            return Ok(Response::new(self.status()));
+        }
+        self.admin_or_peer_auth(&meta)?;
+        self.cluster.leave(r.node_id).await?;
         Ok(Response::new(self.status()))
     }
 
