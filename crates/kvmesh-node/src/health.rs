@@ -3,7 +3,8 @@
 //! and an operator reading `/health` never disagree.
 //!
 //! Ready means at least one replica is routable (the proxy and `Router.Route` can place a
-//! request) and the node is not shutting down nor removed from its cluster. gRPC reports it for the server as a whole (`""`) and for `kvmesh.v1.Router`;
+//! request) and the node is not shutting down, removed from its cluster, nor refused by every
+//! other member of it (a wrong cluster token). gRPC reports it for the server as a whole (`""`) and for `kvmesh.v1.Router`;
 //! `Admin` and `Events` answer whatever the replicas do, so they stay `SERVING`.
 
 use crate::state::Shared;
@@ -32,6 +33,9 @@ pub struct Readiness {
     /// The node was removed from its cluster ([`crate::cluster::Cluster::removed`]): not
     /// ready, whatever the replicas.
     pub removed: bool,
+    /// Every other member of its cluster refuses its cluster token
+    /// ([`crate::cluster::Cluster::refused_by_every_peer`]): not ready, whatever the replicas.
+    pub token_refused: bool,
 }
 
 impl Readiness {
@@ -46,12 +50,13 @@ impl Readiness {
             routable: core.fleet.servable_replicas(),
             stopping: shared.stopping.load(std::sync::atomic::Ordering::Acquire),
             removed: shared.cluster.get().is_some_and(|c| c.removed()),
+            token_refused: shared.cluster.get().is_some_and(|c| c.refused_by_every_peer()),
         }
     }
 
     /// Whether a request can be placed.
     pub fn ready(&self) -> bool {
-        self.routable > 0 && !self.stopping && !self.removed
+        self.routable > 0 && !self.stopping && !self.removed && !self.token_refused
     }
 
     /// The gRPC health status this readiness answers with.

@@ -364,6 +364,8 @@ async fn health(State(shared): State<Arc<Shared>>) -> Response {
             "stopping"
         } else if r.removed {
             "removed"
+        } else if r.token_refused {
+            "cluster_token_refused"
         } else if r.ready() {
             "ok"
         } else {

@@ -322,6 +322,15 @@ impl Cluster {
         self.removed.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Whether every other member refuses this node's cluster token (the last Raft call to
+    /// each was refused as unauthenticated): its token differs from theirs, so it takes no part
+    /// in the cluster, and it reports not ready until that changes.
+    pub fn refused_by_every_peer(&self) -> bool {
+        let peers: Vec<u64> = self.members().into_keys().filter(|&p| p != self.id).collect();
+        let down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        !peers.is_empty() && peers.iter().all(|p| down.get(p).is_some_and(|d| d.refused))
+    }
+
     /// Records that this node was removed and stops its Raft (in the background: a removed
     /// node's elections would only disturb the members). Idempotent.
     pub fn mark_removed(&self) {

@@ -105,6 +105,8 @@ pub struct Down {
     warned: std::time::Instant,
     /// The last error's text (`code: message`).
     pub last_error: String,
+    /// The last error was the peer refusing this node's cluster token.
+    pub refused: bool,
 }
 
 /// Seconds between warnings about a peer that stays unreachable (openraft retries it every
@@ -182,9 +184,11 @@ impl PeerClient {
                         failures: 0,
                         warned: now,
                         last_error: String::new(),
+                        refused: false,
                     });
                     d.failures += 1;
                     d.last_error = format!("{:?}: {}", s.code(), s.message());
+                    d.refused = refused(s.code());
                     let due = d.failures == 1 || now - d.warned >= std::time::Duration::from_secs(DOWN_WARN_EVERY_S);
                     if due && refused(s.code()) {
                         d.warned = now;

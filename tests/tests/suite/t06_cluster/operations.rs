@@ -450,6 +450,26 @@ async fn tokens_guard_admin_calls_and_nodes_still_talk() {
     }
     let mut plan = v1::replication_client::ReplicationClient::new(grpc(&nodes[0].grpc).await);
     assert_eq!(plan.get_plan(v1::GetPlanRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    // A member restarted with another cluster token: every peer refuses it, so it reports not
+    // ready (it would route on a registry it can no longer follow); the others stay ready.
+    let third = nodes.pop().unwrap();
+    let third_id = third.cluster.as_ref().unwrap().id;
+    third.stop().await;
+    let other_file = dir.path().join("other-token");
+    std::fs::write(&other_file, "not-the-node-secret").unwrap();
+    let mut c = config(third_id, &ports, dir.path(), replicas.clone(), true);
+    c.security.admin_token_file = Some(admin_file.clone());
+    c.security.cluster_token_file = Some(other_file);
+    let stray = kvmesh_node::start(c).await.unwrap();
+    eventually("every peer refuses the stray node", || stray.cluster.as_ref().unwrap().refused_by_every_peer()).await;
+    let health = reqwest::get(format!("http://{}/health", stray.http)).await.unwrap();
+    assert_eq!(health.status(), 503);
+    assert_eq!(health.json::<serde_json::Value>().await.unwrap()["status"], "cluster_token_refused");
+    for n in &nodes {
+        assert!(!n.cluster.as_ref().unwrap().refused_by_every_peer(), "one peer of two refusing is not every peer");
+        assert!(kvmesh_node::health::Readiness::of(&n.shared).ready());
+    }
+    stray.stop().await;
     for n in nodes {
         n.stop().await;
     }
