@@ -21,7 +21,7 @@ pub fn run(cmd: &ClusterCommand) -> anyhow::Result<()> {
                 print!("{}", render(&status));
             }
             ClusterCommand::Leave(a) => {
-                let req = v1::LeaveRequest { node_id: a.id, removed_notice: false };
+                let req = v1::LeaveRequest { node_id: a.id, removed_notice: false, membership_index: 0 };
                 let status =
                     answer(client(&a.target).await?.leave(authed(&a.target, req)?).await, "Cluster.Leave", &a.target)?;
                 println!("node {} left", a.id);

@@ -90,7 +90,7 @@ pub struct AutoscaleConfig {
     /// 0 (default): one cold start of the pool. That is the break-even of keeping an idle
     /// replica against restarting it (the ski-rental rule: an idle spell shorter than a cold
     /// start costs less than the restart's cold start), so a dip shorter than a cold start
-    /// keeps the pool. The reactive baseline waits `stable_window_s` instead.
+    /// keeps the pool. The reactive baseline waits `stable_window` instead.
     #[serde(rename = "scale_down_delay", with = "crate::seconds")]
     pub scale_down_delay_s: f64,
     /// Holt's level smoothing per evaluation, in (0, 1]. Default 0.5.
@@ -104,7 +104,7 @@ pub struct AutoscaleConfig {
     pub trend_damping: f64,
     /// The prefill backlog queued on the pool should drain within this long, seconds: the pool
     /// is also sized so that at full load it serves the forecast plus `queued_tokens /
-    /// backlog_drain_s` (a pool that fell behind during a cold start sizes for its backlog
+    /// backlog_drain` (a pool that fell behind during a cold start sizes for its backlog
     /// too; the headroom below full load drains it first). Default 30.
     #[serde(rename = "backlog_drain", with = "crate::seconds")]
     pub backlog_drain_s: f64,
@@ -115,7 +115,7 @@ pub struct AutoscaleConfig {
     #[serde(skip)]
     pub reactive_low: f64,
     /// kvmesh's policy sizes for at least this quantile, in [0, 1], of the load measured over
-    /// the last `headroom_window_s` (one sample per evaluation; nearest rank, so 0 is the
+    /// the last `headroom_window` (one sample per evaluation; nearest rank, so 0 is the
     /// window's least load: in effect no headroom). Default 0.8.
     pub headroom_quantile: f64,
     /// The window of `headroom_quantile`, seconds. Default 60.

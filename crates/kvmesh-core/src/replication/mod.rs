@@ -148,6 +148,12 @@ impl ReplicationConfig {
                 return bad(field, format!("must be positive seconds, got {v}"));
             }
         }
+        if self.sketch.max_depth_blocks < sketch::MIN_DEPTH_BLOCKS {
+            return bad(
+                "sketch.max_depth_blocks",
+                format!("must be at least {}, got {}", sketch::MIN_DEPTH_BLOCKS, self.sketch.max_depth_blocks),
+            );
+        }
         if self.sketch.capacity == 0 {
             return bad("sketch.capacity", "must be at least 1".into());
         }

@@ -102,7 +102,8 @@ impl Cluster {
     pub async fn leave(&self, id: u64) -> Result<(), ClusterError> {
         if let Some(leader) = self.forward_target()? {
             let mut c = v1::cluster_client::ClusterClient::new(channel_to(&leader, self.tls.as_ref())?);
-            let mut request = tonic::Request::new(v1::LeaveRequest { node_id: id, removed_notice: false });
+            let mut request =
+                tonic::Request::new(v1::LeaveRequest { node_id: id, removed_notice: false, membership_index: 0 });
             mark_forwarded(request.metadata_mut(), &self.token);
             operator::attach(request.metadata_mut());
             return c.leave(request).await.map(|_| ()).map_err(|s| from_forwarded(&leader, &s));
@@ -121,16 +122,18 @@ impl Cluster {
         };
         let addr = self.members().get(&id).cloned();
         // Without quorum the change would wait for ever: answer like any other write.
-        match tokio::time::timeout(Duration::from_secs(5), self.raft.change_membership(change, false)).await {
-            Err(_) => return Err(ClusterError::NotCommitted),
-            Ok(r) => r.map_err(|e| ClusterError::Raft(e.to_string()))?,
-        };
+        let committed =
+            match tokio::time::timeout(Duration::from_secs(5), self.raft.change_membership(change, false)).await {
+                Err(_) => return Err(ClusterError::NotCommitted),
+                Ok(r) => r.map_err(|e| ClusterError::Raft(e.to_string()))?,
+            };
         // Committed. The leader replicates nothing more to the node it removed, so that node
         // would keep serving as a member: tell it.
         if id == self.id {
             self.mark_removed();
         } else if let Some(addr) = addr {
-            tokio::spawn(notify_removed(id, addr, self.token.clone(), self.tls.clone()));
+            let at = committed.log_id.index;
+            tokio::spawn(notify_removed(id, at, addr, self.token.clone(), self.tls.clone()));
         }
         Ok(())
     }
@@ -165,11 +168,13 @@ impl Cluster {
     }
 }
 
-/// Tells node `id` at `addr` that its removal is committed (`LeaveRequest.removed_notice`):
+/// Tells node `id` at `addr` that its removal, the membership entry at log index `at`, is
+/// committed (`LeaveRequest.removed_notice`):
 /// three tries a second apart, two seconds each. A node that is down then learns nothing (it
 /// is refused by the members when it comes back, and its operator removes it).
 async fn notify_removed(
     id: u64,
+    at: u64,
     addr: String,
     token: Option<crate::auth::Secret>,
     tls: Option<tonic::transport::ClientTlsConfig>,
@@ -181,7 +186,8 @@ async fn notify_removed(
         }
         let call = async {
             let mut c = v1::cluster_client::ClusterClient::new(channel_to(&addr, tls.as_ref())?);
-            let mut request = tonic::Request::new(v1::LeaveRequest { node_id: id, removed_notice: true });
+            let mut request =
+                tonic::Request::new(v1::LeaveRequest { node_id: id, removed_notice: true, membership_index: at });
             mark_forwarded(request.metadata_mut(), &token);
             c.leave(request).await.map(|_| ()).map_err(|s| from_forwarded(&addr, &s))
         };

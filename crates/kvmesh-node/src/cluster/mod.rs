@@ -111,6 +111,10 @@ pub const JOIN_ANSWER_S: u64 = 5;
 pub const JOIN_CATCH_UP_S: u64 = 30;
 
 /// How often a write retries while no leader is reachable.
+/// The file in `data_dir` that records this node's removal from its cluster
+/// ([`Cluster::mark_removed`]), so a restart stays out.
+pub const REMOVED_MARKER: &str = "REMOVED";
+
 const RETRY_EVERY: Duration = Duration::from_millis(50);
 
 /// One write attempt's outcome.
@@ -204,6 +208,18 @@ impl Cluster {
             .map_err(|e| anyhow::anyhow!("starting Raft: {e}"))?;
         let addr = if section.addr.is_empty() { default_addr } else { section.addr.clone() };
         let seed = (seed_replicas, seed_policy.0, seed_policy.1);
+        // Removed before it stopped: its log still lists it (nothing after its removal
+        // reached it), so only this marker says so.
+        let removed = section.data_dir.join(REMOVED_MARKER).exists();
+        if removed {
+            tracing::warn!(
+                node = section.id,
+                data_dir = %section.data_dir.display(),
+                "this node was removed from its cluster: it takes no part in Raft and reports not ready; wipe its \
+                 data_dir and join it again to bring it back"
+            );
+            let _ = tokio::time::timeout(Duration::from_secs(2), raft.shutdown()).await;
+        }
         Ok(Cluster {
             id: section.id,
             addr,
@@ -215,7 +231,7 @@ impl Cluster {
             tls,
             seed,
             down,
-            removed: Default::default(),
+            removed: std::sync::atomic::AtomicBool::new(removed),
         })
     }
 
@@ -322,13 +338,18 @@ impl Cluster {
         self.removed.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Whether every other member refuses this node's cluster token (the last Raft call to
-    /// each was refused as unauthenticated): its token differs from theirs, so it takes no part
-    /// in the cluster, and it reports not ready until that changes.
+    /// Whether every other member refuses this node's cluster token: the last Raft call to
+    /// each, within the last few election timeouts, was refused as unauthenticated. Its token
+    /// differs from theirs, so it takes no part in the cluster, and it reports not ready until
+    /// that changes. Only with two or more other members: with one, the two sides look alike
+    /// (either may hold the wrong token), and taking the sound one out would be an outage.
     pub fn refused_by_every_peer(&self) -> bool {
         let peers: Vec<u64> = self.members().into_keys().filter(|&p| p != self.id).collect();
+        // A node refused by all campaigns every election timeout, so its marks stay this fresh;
+        // once it follows a leader it calls nobody, and its old marks age out.
+        let fresh = (4 * self.section.election_timeout_max).max(Duration::from_secs(2));
         let down = self.down.lock().unwrap_or_else(|p| p.into_inner());
-        !peers.is_empty() && peers.iter().all(|p| down.get(p).is_some_and(|d| d.refused))
+        peers.len() >= 2 && peers.iter().all(|p| down.get(p).is_some_and(|d| d.refused && d.at.elapsed() < fresh))
     }
 
     /// Records that this node was removed and stops its Raft (in the background: a removed
@@ -342,6 +363,10 @@ impl Cluster {
             "this node was removed from the cluster: it no longer takes part in Raft and reports not ready; stop it, \
              or start it afresh (empty data_dir) and join it again"
         );
+        let marker = self.section.data_dir.join(REMOVED_MARKER);
+        if let Err(e) = std::fs::write(&marker, format!("node {} was removed from its cluster\n", self.id)) {
+            tracing::warn!(path = %marker.display(), error = %e, "cannot record the removal: a restart would rejoin Raft");
+        }
         let raft = self.raft.clone();
         tokio::spawn(async move {
             let _ = tokio::time::timeout(Duration::from_secs(2), raft.shutdown()).await;

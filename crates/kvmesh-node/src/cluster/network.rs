@@ -107,6 +107,9 @@ pub struct Down {
     pub last_error: String,
     /// The last error was the peer refusing this node's cluster token.
     pub refused: bool,
+    /// When the last call failed. A follower makes no Raft calls, so a mark it got while it
+    /// campaigned stays until it calls again: readers judge by its age.
+    pub at: std::time::Instant,
 }
 
 /// Seconds between warnings about a peer that stays unreachable (openraft retries it every
@@ -185,10 +188,12 @@ impl PeerClient {
                         warned: now,
                         last_error: String::new(),
                         refused: false,
+                        at: now,
                     });
                     d.failures += 1;
                     d.last_error = format!("{:?}: {}", s.code(), s.message());
                     d.refused = refused(s.code());
+                    d.at = now;
                     let due = d.failures == 1 || now - d.warned >= std::time::Duration::from_secs(DOWN_WARN_EVERY_S);
                     if due && refused(s.code()) {
                         d.warned = now;

@@ -21,7 +21,7 @@ pub struct AdmissionSection {
     /// bounds how late an answer can come.
     #[serde(with = "humantime_serde")]
     pub max_wait: Duration,
-    /// A TTFT SLO to hold requests to, e.g. `\"2s\"` (unset: off). A request then also waits when
+    /// A TTFT SLO to hold requests to, e.g. `"2s"` (unset: off). A request then also waits when
     /// its estimated TTFT on the best replica exceeds what is left of the SLO and more than
     /// half the SLO is queued there; requests that have waited less than half the SLO go
     /// before those that have waited longer (late ones), and a full queue refuses its largest

@@ -14,9 +14,12 @@ pub(super) fn hint(e: &toml::de::Error, text: &str) -> String {
         .and_then(|start| text[start..].lines().next())
         .unwrap_or("")
         .trim();
-    let hint = if let Some(h) = renamed_duration(message, text) {
+    // A key's own line is searched for from where the error points (its line, or its table's
+    // header for a section read in parts), so another section's key of the same name is not it.
+    let after = e.span().and_then(|s| text.get(s.start.min(text.len())..)).unwrap_or(text);
+    let hint = if let Some(h) = renamed_duration(message, after) {
         h
-    } else if let Some(h) = bare_duration(message, line, text) {
+    } else if let Some(h) = bare_duration(message, line, after) {
         h
     } else if let Some(near) = misspelt(message) {
         format!("did you mean `{near}`?")

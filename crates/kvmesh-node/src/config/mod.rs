@@ -107,12 +107,14 @@ pub fn human(d: std::time::Duration) -> String {
     humantime_serde::re::humantime::format_duration(d).to_string()
 }
 
+/// The longest duration a setting takes.
+const DAY: std::time::Duration = std::time::Duration::from_secs(86_400);
+
 /// Checks a duration is positive and at most a day.
 ///
 /// # Errors
 /// A message naming `key`.
 pub(crate) fn up_to_a_day(key: &str, d: std::time::Duration) -> Result<(), String> {
-    const DAY: std::time::Duration = std::time::Duration::from_secs(86_400);
     if d.is_zero() || d > DAY {
         return Err(format!("{key} must be positive and at most a day (\"24h\"), got \"{}\"", human(d)));
     }
@@ -304,13 +306,25 @@ impl NodeConfig {
         let n = &self.node;
         for (key, d) in [
             ("node.scrape_interval", n.scrape_interval),
-            ("node.overload_backoff", n.overload_backoff),
             ("node.request_timeout", n.request_timeout),
             ("node.booking_lease", n.booking_lease),
-            ("node.events_silent", n.events_silent),
             ("node.replay_timeout", n.replay_timeout),
+            (
+                "autoscaler.interval",
+                std::time::Duration::try_from_secs_f64(self.autoscaler.policy.interval_s).unwrap_or(DAY),
+            ),
+            (
+                "replication.interval",
+                std::time::Duration::try_from_secs_f64(self.replication.plan.interval_s).unwrap_or(DAY),
+            ),
         ] {
             up_to_a_day(key, d)?;
+        }
+        // 0 is meaningful here: no backoff after a 429/503; an owed event is overdue at once.
+        for (key, d) in [("node.overload_backoff", n.overload_backoff), ("node.events_silent", n.events_silent)] {
+            if d > DAY {
+                return Err(format!("{key} must be at most a day (\"24h\"), got \"{}\"", human(d)));
+            }
         }
         let hung = n.hung_after;
         if !(hung.is_zero() || hung >= 2 * n.scrape_interval) {
@@ -366,8 +380,14 @@ impl NodeConfig {
             ] {
                 up_to_a_day(key, d)?;
             }
-            if c.election_timeout_min <= c.heartbeat || c.election_timeout_max <= c.election_timeout_min {
-                return Err("cluster: need heartbeat < election_timeout_min < election_timeout_max".into());
+            // In whole milliseconds, as openraft takes them.
+            let ms = |d: std::time::Duration| d.as_millis();
+            if ms(c.election_timeout_min) <= ms(c.heartbeat) || ms(c.election_timeout_max) <= ms(c.election_timeout_min)
+            {
+                return Err(
+                    "cluster: need heartbeat < election_timeout_min < election_timeout_max, in whole milliseconds"
+                        .into(),
+                );
             }
             if c.peer_timeout <= 2 * c.summary_interval {
                 return Err("cluster: peer_timeout must exceed twice summary_interval (an idle peer is heard only through summaries)".into());

@@ -417,6 +417,9 @@ fn a_duration_key_from_before_the_rename_gets_its_new_form() {
     let e = NodeConfig::parse("[replication]\nenabled = true\ninterval = 5\n").unwrap_err();
     assert!(e.contains("`interval`: invalid type: integer `5`"), "{e}");
     assert!(e.contains("hint: durations are text with a unit: interval = \"5ms\" or \"5s\""), "{e}");
+    // The same key in another section before it is not the one quoted.
+    let e = NodeConfig::parse("[autoscaler]\ninterval = \"2s\"\n[replication]\ninterval = 7\n").unwrap_err();
+    assert!(e.contains("interval = \"7ms\" or \"7s\""), "{e}");
 }
 
 #[test]
@@ -437,5 +440,37 @@ fn doubts_name_a_lease_shorter_than_the_timeout_and_an_slo_the_queue_ignores() {
         toml::from_str::<NodeConfig>(&text).unwrap().doubts(),
         ["node.booking_lease (\"5m\") is shorter than node.request_timeout (\"10m\"): a proxied request that runs \
           longer than the lease stops counting in its replica's token load while it runs"]
+    );
+}
+
+#[test]
+fn durations_zero_where_it_means_something_and_bounded_elsewhere() {
+    let with = |extra: &str| toml::from_str::<NodeConfig>(&format!("{EXAMPLE}\n{extra}\n")).unwrap().validate();
+    // 0: no backoff after a 429/503, and an owed event overdue at once.
+    let text = EXAMPLE.replacen("[node]\n", "[node]\noverload_backoff = \"0s\"\nevents_silent = \"0s\"\n", 1);
+    toml::from_str::<NodeConfig>(&text).unwrap().validate().unwrap();
+    let text = EXAMPLE.replacen("[node]\n", "[node]\nrequest_timeout = \"0s\"\n", 1);
+    assert_eq!(
+        toml::from_str::<NodeConfig>(&text).unwrap().validate().unwrap_err(),
+        "node.request_timeout must be positive and at most a day (\"24h\"), got \"0s\""
+    );
+    // A loop's period past a day is refused (the gossip task counts back from now by it).
+    assert_eq!(
+        with("[replication]\ninterval = \"2days\"").unwrap_err(),
+        "replication.interval must be positive and at most a day (\"24h\"), got \"2days\""
+    );
+    assert!(with("[autoscaler]\ninterval = \"25h\"").is_err());
+    // Raft's timings are whole milliseconds: 1.2 ms and 1.9 ms are both 1 ms there.
+    let raft = |t: &str| with(&format!("[cluster]\nid = 1\n{t}"));
+    assert_eq!(
+        raft("heartbeat = \"500us\"\nelection_timeout_min = \"1ms 200us\"\nelection_timeout_max = \"1ms 900us\"")
+            .unwrap_err(),
+        "cluster: need heartbeat < election_timeout_min < election_timeout_max, in whole milliseconds"
+    );
+    raft("heartbeat = \"50ms\"\nelection_timeout_min = \"150ms\"\nelection_timeout_max = \"300ms\"").unwrap();
+    // The sketch counts prefixes of at least 4 blocks: a shallower cap would count none.
+    assert_eq!(
+        with("[replication]\nsketch = { max_depth_blocks = 3 }").unwrap_err(),
+        "replication.sketch.max_depth_blocks must be at least 4, got 3"
     );
 }

@@ -295,7 +295,7 @@ impl Exchange {
     }
 
     /// A non-2xx answer: released at once with its outcome; 429/503 mark the replica
-    /// overloaded for `node.overload_backoff_s`, as the proxy does.
+    /// overloaded for `node.overload_backoff`, as the proxy does.
     fn response_status(&mut self, status: u16) {
         if let Some(mut p) = self.prefill_in_flight.take() {
             let ok = (200..300).contains(&status);

@@ -27,15 +27,22 @@ pub async fn run(shared: Arc<Shared>, cluster: Arc<Cluster>, section: ClusterSec
     let mut tick = tokio::time::interval(section.gossip_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let summary_every = section.summary_interval;
-    let mut last_summary = tokio::time::Instant::now() - summary_every;
+    let mut last_summary =
+        tokio::time::Instant::now().checked_sub(summary_every).unwrap_or_else(tokio::time::Instant::now);
     let mut peers: BTreeMap<u64, (String, mpsc::Sender<v1::GossipBatch>)> = BTreeMap::new();
     let report_every = shared.replication.section.interval();
-    let mut last_report = tokio::time::Instant::now() - report_every;
+    let mut last_report =
+        tokio::time::Instant::now().checked_sub(report_every).unwrap_or_else(tokio::time::Instant::now);
     let mut last_demand = 0.0;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
+        }
+        // A removed node shares nothing with its former peers.
+        if cluster.removed() {
+            peers.clear();
+            continue;
         }
         // Follow membership: start senders for new peers, stop those of departed ones.
         let members = cluster.members();

@@ -124,7 +124,7 @@ async fn a_hung_engine_whose_metrics_still_answer_is_taken_out_and_its_requests_
     for i in 10..14 {
         assert_eq!(send(&node, i, 1).await, 200, "request {i}");
     }
-    // The request already on e0 gets 504 after request_timeout_s, naming the replica; the
+    // The request already on e0 gets 504 after request_timeout, naming the replica; the
     // other was served by e1.
     let mut answers = Vec::new();
     for t in two {
@@ -137,7 +137,7 @@ async fn a_hung_engine_whose_metrics_still_answer_is_taken_out_and_its_requests_
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["error"]["type"], "timeout");
     // Its request over, e0 stays out (still hung) until nothing was in flight there for
-    // hung_after_s, then it is tried again.
+    // hung_after, then it is tried again.
     assert_eq!(status(&node, "e0"), ReplicaStatus::Unhealthy);
     eventually("e0 tried again", || status(&node, "e0") == ReplicaStatus::Ready).await;
     node.stop().await;

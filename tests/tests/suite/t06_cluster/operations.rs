@@ -158,7 +158,11 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
     // And leaves again.
     // (As above: the node answering may apply the removal a moment after the leader did.)
     let members = |s: &v1::ClusterStatus| s.members.iter().map(|m| m.node_id).collect::<Vec<_>>();
-    let mut status = cf.leave(v1::LeaveRequest { node_id: 4, removed_notice: false }).await.unwrap().into_inner();
+    let mut status = cf
+        .leave(v1::LeaveRequest { node_id: 4, removed_notice: false, membership_index: 0 })
+        .await
+        .unwrap()
+        .into_inner();
     for _ in 0..100 {
         if members(&status) == [1, 2, 3] {
             break;
@@ -175,10 +179,18 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
     assert_eq!(health.json::<serde_json::Value>().await.unwrap()["status"], "removed");
     assert!(nodes.iter().all(|n| !n.cluster.as_ref().unwrap().removed()), "only node 4 was removed");
     // A notice names its receiver: one sent to the wrong node changes nothing there.
-    let wrong = cf.leave(v1::LeaveRequest { node_id: 4, removed_notice: true }).await.unwrap_err();
+    let wrong = cf.leave(v1::LeaveRequest { node_id: 4, removed_notice: true, membership_index: 0 }).await.unwrap_err();
     assert_eq!(wrong.code(), tonic::Code::InvalidArgument, "{wrong:?}");
     assert!(!follower.cluster.as_ref().unwrap().removed());
-    let unknown = cf.leave(v1::LeaveRequest { node_id: 9, removed_notice: false }).await.unwrap_err();
+    // The removal is recorded in its data_dir: restarted, it stays out of Raft and not ready.
+    n4.stop().await;
+    let mut again = config(4, &all_ports, dir.path(), vec![], true);
+    again.cluster.as_mut().unwrap().peers.clear();
+    let n4 = kvmesh_node::start(again).await.unwrap();
+    assert!(n4.cluster.as_ref().unwrap().removed());
+    assert!(!kvmesh_node::health::Readiness::of(&n4.shared).ready());
+    let unknown =
+        cf.leave(v1::LeaveRequest { node_id: 9, removed_notice: false, membership_index: 0 }).await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::FailedPrecondition, "{unknown:?}");
     n4.stop().await;
     for n in nodes.drain(..) {
@@ -408,7 +420,7 @@ async fn tokens_guard_admin_calls_and_nodes_still_talk() {
     assert_eq!(cw.write(write).await.unwrap_err().code(), tonic::Code::Unauthenticated);
     // A leave sent to a follower is forwarded with the nodes' token: the leader answers on the
     // merits (node 9 is not a member), not with UNAUTHENTICATED.
-    let mut leave = tonic::Request::new(v1::LeaveRequest { node_id: 9, removed_notice: false });
+    let mut leave = tonic::Request::new(v1::LeaveRequest { node_id: 9, removed_notice: false, membership_index: 0 });
     leave.metadata_mut().insert("authorization", bearer("operator-secret"));
     assert_eq!(cw.leave(leave).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
     // The cluster token plus the forwarded mark is not an operator either: an operator write

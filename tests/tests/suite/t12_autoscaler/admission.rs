@@ -170,7 +170,7 @@ async fn a_request_that_can_never_fit_is_refused_at_once_not_held() {
     let (node, _engines) = short_node(600.0).await;
     let completions = format!("http://{}/v1/completions", node.http);
     // 480 prompt tokens (30 blocks of 16) and up to 1,000 output tokens (63 blocks), in a
-    // replica of 40 blocks. Held, it would wait max_wait_s (10 s) for room that never comes.
+    // replica of 40 blocks. Held, it would wait max_wait (10 s) for room that never comes.
     // Token ids are an exact count: 400 at once.
     let ids: Vec<u32> = (0..480).collect();
     let body = serde_json::json!({"model": "m", "prompt": ids, "max_tokens": 1000});
