@@ -29,13 +29,13 @@ use registry::{ClusterState, Command, CommandResult};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
 use std::sync::Arc;
-
-/// `d` in whole milliseconds, as openraft's settings take them.
-fn millis(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// `d` in whole milliseconds, as openraft's settings take them.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// Metadata marking a write forwarded by another node.
 pub const FORWARDED: &str = "x-kvmesh-forwarded";
@@ -110,11 +110,11 @@ pub const JOIN_ANSWER_S: u64 = 5;
 /// Seconds a joining node has to catch up with the leader's log before it is promoted.
 pub const JOIN_CATCH_UP_S: u64 = 30;
 
-/// How often a write retries while no leader is reachable.
 /// The file in `data_dir` that records this node's removal from its cluster
 /// ([`Cluster::mark_removed`]), so a restart stays out.
 pub const REMOVED_MARKER: &str = "REMOVED";
 
+/// How often a write retries while no leader is reachable.
 const RETRY_EVERY: Duration = Duration::from_millis(50);
 
 /// One write attempt's outcome.
