@@ -13,6 +13,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     }
     let format: kvmesh_node::telemetry::LogFormat = args.log_format.parse().map_err(anyhow::Error::msg)?;
     let config = with_cluster_flags(NodeConfig::read(args.config_path())?, args)?;
+    if args.check {
+        return check(&config, args);
+    }
     // A multi-thread runtime (one worker per core by default) so one slow handler cannot
     // stall event ingest. `--workers` caps it for machines whose cores other processes share.
     // The HTTP proxy is not on it: it has its own thread(s) (`node.proxy_threads`).
@@ -56,6 +59,28 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         telemetry.shutdown().await;
         Ok(())
     })
+}
+
+/// `--check`: what `kvmesh_node::start` verifies before it binds anything
+/// ([`kvmesh_node::preflight::check`]), then what it would run and every warning.
+fn check(config: &NodeConfig, args: &NodeArgs) -> anyhow::Result<()> {
+    let path = args.config_path().display();
+    kvmesh_node::preflight::check(config).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+    let mut out = format!(
+        "{path}: ok — policy {}, {} replica(s), HTTP {}, gRPC {}",
+        config.node.policy,
+        config.replicas.len(),
+        config.node.http,
+        config.node.grpc
+    );
+    if let Some(c) = &config.cluster {
+        out += &format!(", cluster node {} ({} configured peer(s))", c.id, c.peers.len());
+    }
+    out.push('\n');
+    for doubt in config.doubts() {
+        out += &format!("warning: {doubt}\n");
+    }
+    crate::emit(&out)
 }
 
 /// Applies `--http`, `--grpc`, `--id`, `--raft-addr`, `--peers` and `--data-dir` (or their

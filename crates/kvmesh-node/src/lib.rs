@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod metrics_page;
 pub mod metrics_text;
 pub mod models;
+pub mod preflight;
 pub mod proxy;
 pub mod proxy_runtime;
 pub mod replica;
@@ -197,18 +198,14 @@ impl Node {
 /// Starts a node: binds its HTTP and gRPC ports, starts one actor per configured replica.
 ///
 /// # Errors
-/// An invalid configuration or a port that cannot be bound.
+/// [`preflight::check`]'s refusals, or a port that cannot be bound.
 pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
-    config.validate().map_err(anyhow::Error::msg)?;
+    let tls = preflight::check(&config)?;
     let replicas = config.replicas.clone();
     let (http_addr, grpc_addr) = (config.node.http, config.node.grpc);
     let mut initial = config.clone();
     initial.replicas.clear();
     let shared = Arc::new(Shared::new(initial)?);
-    let tls = tls::Tls::load(&config.security)?;
-    if tls.is_some() && config.cluster.is_some() && config.security.tls_ca_file.is_none() {
-        anyhow::bail!("[security] a cluster serving TLS needs tls_ca_file: the CA its nodes verify each other with");
-    }
     // Ports first: a bind failure must not leave replica actors running.
     let http_listener =
         tokio::net::TcpListener::bind(http_addr).await.with_context(|| format!("binding HTTP {http_addr}"))?;
@@ -216,23 +213,9 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     let grpc_listener =
         tokio::net::TcpListener::bind(grpc_addr).await.with_context(|| format!("binding gRPC {grpc_addr}"))?;
     let grpc = grpc_listener.local_addr()?;
-    if config.cluster.is_some() && shared.tokens.admin.is_some() && shared.tokens.cluster.is_none() {
-        anyhow::bail!(
-            "[security]: an admin token without a cluster token would leave Raft and gossip open to anyone who can \
-             reach the gRPC port; set cluster_token_file (or KVMESH_CLUSTER_TOKEN) too"
-        );
-    }
     if let Some(c) = &config.cluster {
         let authenticated = shared.tokens.cluster.is_some() || config.security.tls_client_auth;
-        if !authenticated && !c.insecure {
-            anyhow::bail!(
-                "[cluster] without authentication: anyone who reaches the gRPC port could join Raft, forge a leader \
-                 and write the registry. Give every node the same cluster token (e.g. `openssl rand -hex 32 > \
-                 cluster.token`, then `[security] cluster_token_file = \"cluster.token\"` or KVMESH_CLUSTER_TOKEN), \
-                 or mTLS (`[security] tls_client_auth`); or, on a network you trust, `--insecure` \
-                 (`[cluster] insecure = true`)"
-            );
-        }
+        debug_assert!(authenticated || c.insecure, "preflight refuses an open cluster");
         if !authenticated {
             tracing::warn!(
                 "cluster running INSECURE (--insecure): Raft, gossip and registry writes are open to anyone who can \

@@ -115,6 +115,12 @@ pub struct NodeArgs {
     /// docs/configuration.md), then exit.
     #[arg(long)]
     pub reference: bool,
+    /// Read the configuration (flags and environment applied), validate it, read the token
+    /// and TLS files it names, print what it would run and every warning, then exit: 0 when
+    /// the node would start, 1 (with the reason) when it would refuse. Binds no port,
+    /// contacts nothing.
+    #[arg(long, conflicts_with = "reference")]
+    pub check: bool,
     /// Worker threads of the node's main runtime: KV events, gRPC, Raft, gossip, scrapes
     /// (default: one per core). The HTTP proxy runs on threads of its own: `node.proxy_threads`.
     #[arg(long, value_name = "N")]

@@ -1,0 +1,63 @@
+//! `kvmesh node --check` as an operator runs it on a config file before a rollout.
+
+use std::process::{Command, Output};
+
+fn check(toml: &str, extra: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kvmesh.toml");
+    std::fs::write(&path, toml).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args(["node", "--config", path.to_str().unwrap(), "--check"])
+        .args(extra)
+        .env_remove("KVMESH_CLUSTER_TOKEN")
+        .env_remove("KVMESH_ADMIN_TOKEN")
+        .output()
+        .expect("run kvmesh")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+const REPLICA: &str = "[[replicas]]\nname = \"vllm-0\"\nhttp = \"http://10.0.0.7:8000\"\ncapacity_blocks = 100\n";
+
+#[test]
+fn a_valid_file_says_what_would_run_and_its_warnings() {
+    let out = check(&format!("[node]\nhttp = \"127.0.0.1:8080\"\nbooking_lease = \"5m\"\n{REPLICA}"), &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].ends_with(": ok — policy token_load, 1 replica(s), HTTP 127.0.0.1:8080, gRPC 0.0.0.0:50051"),
+        "{stdout}"
+    );
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(
+        lines[1].starts_with("warning: node.booking_lease (\"5m\") is shorter than node.request_timeout"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_refused_file_exits_1_with_the_reason() {
+    // An old duration key: the new key and value to write.
+    let out = check(&format!("[node]\nscrape_interval_ms = 250\n{REPLICA}"), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("hint: durations are text now: write scrape_interval = \"250ms\""));
+    // A cluster with no cluster token, mTLS or --insecure: refused before any port is bound.
+    let out = check(&format!("[cluster]\nid = 1\n{REPLICA}"), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("[cluster] without authentication"), "{}", text(&out.stderr));
+    // --insecure makes it valid, and the flags apply as at a real start.
+    let out = check(&format!("[cluster]\nid = 1\n{REPLICA}"), &["--insecure", "--grpc", "127.0.0.1:7001"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("gRPC 127.0.0.1:7001, cluster node 1 (0 configured peer(s))"),
+        "{}",
+        text(&out.stdout)
+    );
+    // A token file that is not there.
+    let out = check(&format!("[security]\nadmin_token_file = \"/nonexistent/admin-token\"\n{REPLICA}"), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/nonexistent/admin-token"), "{}", text(&out.stderr));
+}

@@ -1,0 +1,45 @@
+//! What a node checks before it binds a port: the configuration's values, the token and TLS
+//! files `[security]` names, and that a cluster is never left open by accident. `kvmesh node
+//! --check` runs the same, and stops there.
+
+use crate::auth::Tokens;
+use crate::config::NodeConfig;
+use crate::tls::Tls;
+
+/// Checks `config` as [`crate::start`] does before binding anything; returns its TLS (`None`
+/// without `tls_cert_file`).
+///
+/// # Errors
+/// [`NodeConfig::validate`]'s; an unreadable or empty token file; unusable TLS files; a
+/// cluster serving TLS without `tls_ca_file`; an admin token without a cluster token in a
+/// cluster (Raft would be open); a cluster with neither a cluster token nor mTLS unless
+/// `insecure`.
+pub fn check(config: &NodeConfig) -> anyhow::Result<Option<Tls>> {
+    config.validate().map_err(anyhow::Error::msg)?;
+    let tokens = Tokens::load(&config.security)?;
+    let tls = Tls::load(&config.security)?;
+    if let Some(c) = &config.cluster {
+        if tls.is_some() && config.security.tls_ca_file.is_none() {
+            anyhow::bail!(
+                "[security] a cluster serving TLS needs tls_ca_file: the CA its nodes verify each other with"
+            );
+        }
+        if tokens.admin.is_some() && tokens.cluster.is_none() {
+            anyhow::bail!(
+                "[security]: an admin token without a cluster token would leave Raft and gossip open to anyone who can \
+                 reach the gRPC port; set cluster_token_file (or KVMESH_CLUSTER_TOKEN) too"
+            );
+        }
+        let authenticated = tokens.cluster.is_some() || config.security.tls_client_auth;
+        if !authenticated && !c.insecure {
+            anyhow::bail!(
+                "[cluster] without authentication: anyone who reaches the gRPC port could join Raft, forge a leader \
+                 and write the registry. Give every node the same cluster token (e.g. `openssl rand -hex 32 > \
+                 cluster.token`, then `[security] cluster_token_file = \"cluster.token\"` or KVMESH_CLUSTER_TOKEN), \
+                 or mTLS (`[security] tls_client_auth`); or, on a network you trust, `--insecure` \
+                 (`[cluster] insecure = true`)"
+            );
+        }
+    }
+    Ok(tls)
+}
