@@ -65,7 +65,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
 /// ([`kvmesh_node::preflight::check`]), then what it would run and every warning.
 fn check(config: &NodeConfig, args: &NodeArgs) -> anyhow::Result<()> {
     let path = args.config_path().display();
-    kvmesh_node::preflight::check(config).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+    let pre = kvmesh_node::preflight::check(config).map_err(|e| anyhow::anyhow!("{path}: {e:#}"))?;
     let mut out = format!(
         "{path}: ok — policy {}, {} replica(s), HTTP {}, gRPC {}",
         config.node.policy,
@@ -77,8 +77,8 @@ fn check(config: &NodeConfig, args: &NodeArgs) -> anyhow::Result<()> {
         out += &format!(", cluster node {} ({} configured peer(s))", c.id, c.peers.len());
     }
     out.push('\n');
-    for doubt in config.doubts() {
-        out += &format!("warning: {doubt}\n");
+    for warning in pre.warnings {
+        out += &format!("warning: {warning}\n");
     }
     crate::emit(&out)
 }

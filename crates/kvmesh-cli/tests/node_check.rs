@@ -51,13 +51,19 @@ fn a_refused_file_exits_1_with_the_reason() {
     // --insecure makes it valid, and the flags apply as at a real start.
     let out = check(&format!("[cluster]\nid = 1\n{REPLICA}"), &["--insecure", "--grpc", "127.0.0.1:7001"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("gRPC 127.0.0.1:7001, cluster node 1 (0 configured peer(s))"),
-        "{}",
-        text(&out.stdout)
-    );
-    // A token file that is not there.
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("gRPC 127.0.0.1:7001, cluster node 1 (0 configured peer(s))"), "{stdout}");
+    assert!(stdout.contains("warning: cluster running INSECURE (--insecure)"), "{stdout}");
+    // A token file that is not there: named by its key.
     let out = check(&format!("[security]\nadmin_token_file = \"/nonexistent/admin-token\"\n{REPLICA}"), &[]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("/nonexistent/admin-token"), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("[security] admin_token_file: reading the token file /nonexistent/admin-token"),
+        "{stderr}"
+    );
+    // A tokenizer the node could not load: refused here as at a real start.
+    let out = check(&format!("[node]\ntokenizer = \"/nonexistent/tokenizer.json\"\n{REPLICA}"), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("node.tokenizer: "), "{}", text(&out.stderr));
 }

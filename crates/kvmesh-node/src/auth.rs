@@ -132,10 +132,12 @@ impl Tokens {
     /// # Errors
     /// An unreadable file or an empty or unsendable token.
     pub fn load(section: &SecuritySection) -> anyhow::Result<Tokens> {
+        use anyhow::Context;
         Ok(Tokens {
-            admin: load("KVMESH_ADMIN_TOKEN", &section.admin_token_file)?,
-            cluster: load("KVMESH_CLUSTER_TOKEN", &section.cluster_token_file)?,
-            events: load("KVMESH_EVENTS_TOKEN", &section.events_token_file)?,
+            admin: load("KVMESH_ADMIN_TOKEN", &section.admin_token_file).context("[security] admin_token_file")?,
+            cluster: load("KVMESH_CLUSTER_TOKEN", &section.cluster_token_file)
+                .context("[security] cluster_token_file")?,
+            events: load("KVMESH_EVENTS_TOKEN", &section.events_token_file).context("[security] events_token_file")?,
         })
     }
 }

@@ -200,12 +200,12 @@ impl Node {
 /// # Errors
 /// [`preflight::check`]'s refusals, or a port that cannot be bound.
 pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
-    let tls = preflight::check(&config)?;
+    let preflight::Preflight { tls, tokenizer, warnings } = preflight::check(&config)?;
     let replicas = config.replicas.clone();
     let (http_addr, grpc_addr) = (config.node.http, config.node.grpc);
     let mut initial = config.clone();
     initial.replicas.clear();
-    let shared = Arc::new(Shared::new(initial)?);
+    let shared = Arc::new(Shared::with_tokenizer(initial, tokenizer)?);
     // Ports first: a bind failure must not leave replica actors running.
     let http_listener =
         tokio::net::TcpListener::bind(http_addr).await.with_context(|| format!("binding HTTP {http_addr}"))?;
@@ -213,18 +213,8 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     let grpc_listener =
         tokio::net::TcpListener::bind(grpc_addr).await.with_context(|| format!("binding gRPC {grpc_addr}"))?;
     let grpc = grpc_listener.local_addr()?;
-    if let Some(c) = &config.cluster {
-        let authenticated = shared.tokens.cluster.is_some() || config.security.tls_client_auth;
-        debug_assert!(authenticated || c.insecure, "preflight refuses an open cluster");
-        if !authenticated {
-            tracing::warn!(
-                "cluster running INSECURE (--insecure): Raft, gossip and registry writes are open to anyone who can \
-                 reach the gRPC port"
-            );
-        }
-    }
-    for doubt in config.doubts() {
-        tracing::warn!("{doubt}");
+    for warning in warnings {
+        tracing::warn!("{warning}");
     }
     let adm = &config.admission;
     if adm.enabled {

@@ -6,18 +6,32 @@ use crate::auth::Tokens;
 use crate::config::NodeConfig;
 use crate::tls::Tls;
 
-/// Checks `config` as [`crate::start`] does before binding anything; returns its TLS (`None`
-/// without `tls_cert_file`).
+/// What the checks found, for the node to use.
+pub struct Preflight {
+    /// TLS, when `tls_cert_file` is set.
+    pub tls: Option<Tls>,
+    /// `node.tokenizer` loaded (the approximate scheme without one).
+    pub tokenizer: crate::tokenize::Tokenizer,
+    /// Valid but worth a warning at every start: [`NodeConfig::doubts`], and a cluster run
+    /// open by `insecure`.
+    pub warnings: Vec<String>,
+}
+
+/// Checks `config` as [`crate::start`] does before binding anything.
 ///
 /// # Errors
 /// [`NodeConfig::validate`]'s; an unreadable or empty token file; unusable TLS files; a
+/// tokenizer that does not load; a
 /// cluster serving TLS without `tls_ca_file`; an admin token without a cluster token in a
 /// cluster (Raft would be open); a cluster with neither a cluster token nor mTLS unless
 /// `insecure`.
-pub fn check(config: &NodeConfig) -> anyhow::Result<Option<Tls>> {
+pub fn check(config: &NodeConfig) -> anyhow::Result<Preflight> {
     config.validate().map_err(anyhow::Error::msg)?;
     let tokens = Tokens::load(&config.security)?;
     let tls = Tls::load(&config.security)?;
+    let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())
+        .map_err(|e| anyhow::anyhow!("node.tokenizer: {e:#}"))?;
+    let mut warnings = config.doubts();
     if let Some(c) = &config.cluster {
         if tls.is_some() && config.security.tls_ca_file.is_none() {
             anyhow::bail!(
@@ -40,6 +54,13 @@ pub fn check(config: &NodeConfig) -> anyhow::Result<Option<Tls>> {
                  (`[cluster] insecure = true`)"
             );
         }
+        if !authenticated {
+            warnings.push(
+                "cluster running INSECURE (--insecure): Raft, gossip and registry writes are open to anyone who can \
+                 reach the gRPC port"
+                    .into(),
+            );
+        }
     }
-    Ok(tls)
+    Ok(Preflight { tls, tokenizer, warnings })
 }

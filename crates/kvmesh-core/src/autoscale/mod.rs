@@ -58,12 +58,12 @@ use crate::error::Error;
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AutoscaleConfig {
-    /// Seconds between evaluations. Default 2.
+    /// Time between evaluations. Default 2 s.
     #[serde(rename = "interval", with = "crate::seconds")]
     pub interval_s: f64,
     /// Utilisation each replica should run at, in (0, 1]. Default 0.7.
     pub target_utilisation: f64,
-    /// Seconds a new replica takes to serve, when no start has been measured yet. Default 60.
+    /// How long a new replica takes to serve, when no start has been measured yet. Default 60 s.
     #[serde(rename = "cold_start", with = "crate::seconds")]
     pub cold_start_s: f64,
     /// Fewest replicas. Default 1. 0 lets a pool scale to zero once no load arrives (KEDA's
@@ -73,19 +73,19 @@ pub struct AutoscaleConfig {
     pub min_replicas: u32,
     /// Most replicas. Default 64.
     pub max_replicas: u32,
-    /// Knative's stable window (and the window the reactive baseline averages), seconds.
-    /// Default 60.
+    /// Knative's stable window (and the window the reactive baseline averages).
+    /// Default 60 s.
     #[serde(rename = "stable_window", with = "crate::seconds")]
     pub stable_window_s: f64,
-    /// The panic window, seconds. Default 6.
+    /// The panic window. Default 6 s.
     #[serde(rename = "panic_window", with = "crate::seconds")]
     pub panic_window_s: f64,
     /// Panic when the panic window needs this many times the replicas on hand. Default 2.
     pub panic_ratio: f64,
-    /// A panic lasts at least this long, seconds (no scale down meanwhile). Default 60.
+    /// A panic lasts at least this long (no scale down meanwhile). Default 60 s.
     #[serde(rename = "panic_hold", with = "crate::seconds")]
     pub panic_hold_s: f64,
-    /// kvmesh's policy shrinks the pool only to the largest need of this last window, seconds
+    /// kvmesh's policy shrinks the pool only to the largest need of this last window
     /// (needs exactly this old still count, so a need lasts until the first evaluation after);
     /// 0 (default): one cold start of the pool. That is the break-even of keeping an idle
     /// replica against restarting it (the ski-rental rule: an idle spell shorter than a cold
@@ -102,10 +102,10 @@ pub struct AutoscaleConfig {
     /// `trend·φ/(1−φ)`, so one spike does not project a cold start's worth of growth.
     /// Default 0.9.
     pub trend_damping: f64,
-    /// The prefill backlog queued on the pool should drain within this long, seconds: the pool
+    /// The prefill backlog queued on the pool should drain within this long: the pool
     /// is also sized so that at full load it serves the forecast plus `queued_tokens /
     /// backlog_drain` (a pool that fell behind during a cold start sizes for its backlog
-    /// too; the headroom below full load drains it first). Default 30.
+    /// too; the headroom below full load drains it first). Default 30 s.
     #[serde(rename = "backlog_drain", with = "crate::seconds")]
     pub backlog_drain_s: f64,
     /// The reactive baseline scales up above this utilisation of its ready replicas. Default 0.8.
@@ -118,7 +118,7 @@ pub struct AutoscaleConfig {
     /// the last `headroom_window` (one sample per evaluation; nearest rank, so 0 is the
     /// window's least load: in effect no headroom). Default 0.8.
     pub headroom_quantile: f64,
-    /// The window of `headroom_quantile`, seconds. Default 60.
+    /// The window of `headroom_quantile`. Default 60 s.
     #[serde(rename = "headroom_window", with = "crate::seconds")]
     pub headroom_window_s: f64,
 }

@@ -45,7 +45,7 @@ use crate::error::Error;
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReplicationConfig {
-    /// How often the leader plans and sends warm-ups, seconds. Default 0.25: a prompt that
+    /// How often the leader plans and sends warm-ups. Default 250 ms: a prompt that
     /// turns hot is planned as soon as its decayed share crosses the threshold (a share ramps
     /// as 1 − e^{−λt}, so a few seconds with the 10 s half-life) and warmed on every target at
     /// once, where routing alone adds holders one miss at a time.
@@ -63,7 +63,7 @@ pub struct ReplicationConfig {
     /// A planned prefix cools when it needs fewer than `cool_ratio × want_replicas` holders.
     /// Default 0.5.
     pub cool_ratio: f64,
-    /// A prefix cool this long leaves the plan, seconds. Default 30.
+    /// A prefix cool this long leaves the plan. Default 30 s.
     #[serde(rename = "cooldown", with = "crate::seconds")]
     pub cooldown_s: f64,
     /// Share of each replica's KV capacity the plan may fill with replicated prefixes, in
@@ -72,14 +72,14 @@ pub struct ReplicationConfig {
     /// Most prefixes planned at once. Default 8.
     pub max_prefixes: usize,
     /// A router treats a planned target as holding the prefix for this long after it first
-    /// sees it planned, until the target's KV events confirm it, seconds. Default 10.
+    /// sees it planned, until the target's KV events confirm it. Default 10 s.
     #[serde(rename = "grace_ttl", with = "crate::seconds")]
     pub grace_ttl_s: f64,
     /// Warm-ups never take more than this share of a replica's prefill time, in (0, 1].
     /// Default 0.1.
     pub warm_share: f64,
-    /// A warm-up not confirmed by KV events this long after it was sent is retried, seconds.
-    /// Default 10.
+    /// A warm-up not confirmed by KV events this long after it was sent is retried.
+    /// Default 10 s.
     #[serde(rename = "warm_timeout", with = "crate::seconds")]
     pub warm_timeout_s: f64,
     /// Warm-ups per target before giving up. Default 3.

@@ -47,7 +47,7 @@ pub const MAX_RATE: f64 = 1e12;
 pub struct SketchConfig {
     /// Entries kept after a prune (memory holds at most twice as many). Default 4,096.
     pub capacity: usize,
-    /// Half-life of every count, seconds. Default 10.
+    /// Half-life of every count. Default 10 s.
     #[serde(rename = "half_life", with = "crate::seconds")]
     pub half_life_s: f64,
     /// Deepest prefix counted, blocks (longer prompts count up to here). Default 2,048.

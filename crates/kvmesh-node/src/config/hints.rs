@@ -41,9 +41,20 @@ fn renamed_duration(message: &str, text: &str) -> Option<String> {
     let rest = message.strip_prefix("unknown field `")?;
     let (unknown, expected) = rest.split_once("`, expected ")?;
     if matches!(unknown, "half_life_s" | "sketch_capacity") && expected.contains("`sketch`") {
-        return Some(
-            "[replication]'s sketch settings are a table now: sketch = { half_life = \"10s\", capacity = 4096 }".into(),
-        );
+        // The section's own values, where given; the defaults otherwise.
+        let value = |key: &str| {
+            text.lines().skip(1).take_while(|l| !l.trim_start().starts_with('[')).find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                (k.trim() == key).then(|| v.split('#').next().unwrap_or("").trim().parse::<f64>().ok()).flatten()
+            })
+        };
+        let half_life = value("half_life_s").and_then(|s| std::time::Duration::try_from_secs_f64(s).ok());
+        let half_life = half_life.map_or("10s".to_string(), super::human);
+        let capacity = value("sketch_capacity").map_or(4096, |c| c as u64);
+        return Some(format!(
+            "[replication]'s sketch settings are a table now: sketch = {{ half_life = \"{half_life}\", capacity = \
+             {capacity} }}"
+        ));
     }
     let (stem, seconds_per_unit) =
         if let Some(stem) = unknown.strip_suffix("_ms") { (stem, 1e-3) } else { (unknown.strip_suffix("_s")?, 1.0) };
@@ -56,13 +67,23 @@ fn renamed_duration(message: &str, text: &str) -> Option<String> {
         (k.trim() == unknown).then(|| v.split('#').next().unwrap_or("").trim().parse().ok()).flatten()
     })?;
     let d = std::time::Duration::try_from_secs_f64(value * seconds_per_unit).ok()?;
-    Some(format!("durations are text now: write {stem} = \"{}\" (units: ms, s, m, h)", super::human(d)))
+    Some(format!("durations are text now: write {stem} = \"{}\" (units: ms, s, m, h, days)", super::human(d)))
 }
 
 /// For a number given where a duration is read (`scrape_interval = 250`): the same with a unit.
 /// The key is the error's line's, or named at the message's start (a section read in parts,
 /// `config::split`, points at its table).
 fn bare_duration(message: &str, line: &str, text: &str) -> Option<String> {
+    // Text that is not a duration ("2 sek", "500"): the grammar, not a guess.
+    if message.contains("invalid value: string") && message.contains("expected a duration")
+        || message.contains("is not a duration")
+    {
+        return Some(
+            "a duration is numbers with units, e.g. \"250ms\", \"2s\", \"1m 30s\", \"1h\", \"2days\" (units: us, ms, \
+             s, m, h, days; lower case)"
+                .into(),
+        );
+    }
     if !message.contains("expected a duration") {
         return None;
     }

@@ -328,8 +328,9 @@ impl NodeConfig {
         }
         let hung = n.hung_after;
         if !(hung.is_zero() || hung >= 2 * n.scrape_interval) {
+            let default = if hung == NodeSection::default().hung_after { " (its default)" } else { "" };
             return Err(format!(
-                "node.hung_after must be \"0s\" (off) or at least twice node.scrape_interval (\"{}\"), got \"{}\"",
+                "node.hung_after must be \"0s\" (off) or at least twice node.scrape_interval (\"{}\"), got \"{}\"{default}",
                 human(2 * n.scrape_interval),
                 human(hung)
             ));
@@ -384,10 +385,13 @@ impl NodeConfig {
             let ms = |d: std::time::Duration| d.as_millis();
             if ms(c.election_timeout_min) <= ms(c.heartbeat) || ms(c.election_timeout_max) <= ms(c.election_timeout_min)
             {
-                return Err(
-                    "cluster: need heartbeat < election_timeout_min < election_timeout_max, in whole milliseconds"
-                        .into(),
-                );
+                return Err(format!(
+                    "cluster: need heartbeat < election_timeout_min < election_timeout_max, in whole milliseconds; got \
+                     {} < {} < {} ms",
+                    ms(c.heartbeat),
+                    ms(c.election_timeout_min),
+                    ms(c.election_timeout_max)
+                ));
             }
             if c.peer_timeout <= 2 * c.summary_interval {
                 return Err("cluster: peer_timeout must exceed twice summary_interval (an idle peer is heard only through summaries)".into());

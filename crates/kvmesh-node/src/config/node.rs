@@ -39,7 +39,8 @@ pub struct NodeSection {
     pub scrape_interval: Duration,
     /// Consecutive failed scrapes or connects before a replica is unhealthy.
     pub unhealthy_after: u32,
-    /// How long a 429/503 from a replica keeps it out of rotation.
+    /// How long a 429/503 from a replica keeps it out of rotation (at most a day; `"0s"`:
+    /// not at all).
     #[serde(with = "humantime_serde")]
     pub overload_backoff: Duration,
     /// Other replicas tried after a connect failure, a connection closed unanswered, or a
@@ -69,7 +70,8 @@ pub struct NodeSection {
     /// (a client's `x-kvmesh-expected-output-tokens` hint still wins).
     pub learn_output_lengths: bool,
     /// A replica that owes a KV event this long (a request filled KV blocks it did not hold,
-    /// and no event came since the request began) is reported `no_events`.
+    /// and no event came since the request began) is reported `no_events` (at most a day;
+    /// `"0s"`: as soon as one is owed).
     #[serde(with = "humantime_serde")]
     pub events_silent: Duration,
     /// A replica whose engine served no token this long (its served-token counter standing

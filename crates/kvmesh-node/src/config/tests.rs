@@ -398,18 +398,26 @@ fn a_key_of_no_part_of_a_section_is_refused_with_both_parts_keys() {
 #[test]
 fn a_duration_key_from_before_the_rename_gets_its_new_form() {
     let e = NodeConfig::parse("[node]\nscrape_interval_ms = 250\n").unwrap_err();
-    assert!(e.contains("hint: durations are text now: write scrape_interval = \"250ms\" (units: ms, s, m, h)"), "{e}");
+    assert!(
+        e.contains("hint: durations are text now: write scrape_interval = \"250ms\" (units: ms, s, m, h, days)"),
+        "{e}"
+    );
     let e = NodeConfig::parse("[autoscaler]\ncold_start_s = 90\n").unwrap_err();
     assert!(e.contains("write cold_start = \"1m 30s\""), "{e}");
     let e = NodeConfig::parse("[node]\nbooking_lease_s = 0.5\n").unwrap_err();
     assert!(e.contains("write booking_lease = \"500ms\""), "{e}");
-    let e = NodeConfig::parse("[replication]\nhalf_life_s = 5\n").unwrap_err();
+    let e = NodeConfig::parse("[replication]\nhalf_life_s = 5\nsketch_capacity = 1000\n").unwrap_err();
     assert!(
         e.ends_with(
-            "hint: [replication]'s sketch settings are a table now: sketch = { half_life = \"10s\", capacity = 4096 }"
+            "hint: [replication]'s sketch settings are a table now: sketch = { half_life = \"5s\", capacity = 1000 }"
         ),
         "{e}"
     );
+    // Text that is not a duration: the grammar.
+    let e = NodeConfig::parse("[node]\nscrape_interval = \"2 sek\"\n").unwrap_err();
+    assert!(e.ends_with("(units: us, ms, s, m, h, days; lower case)"), "{e}");
+    let e = NodeConfig::parse("[autoscaler]\ncold_start = \"2 sek\"\n").unwrap_err();
+    assert!(e.ends_with("(units: us, ms, s, m, h, days; lower case)"), "{e}");
     // A number where text is wanted says so too.
     let e = NodeConfig::parse("[node]\nscrape_interval = 250\n").unwrap_err();
     assert!(e.contains("hint: durations are text with a unit: scrape_interval = \"250ms\" or \"250s\""), "{e}");
@@ -465,7 +473,8 @@ fn durations_zero_where_it_means_something_and_bounded_elsewhere() {
     assert_eq!(
         raft("heartbeat = \"500us\"\nelection_timeout_min = \"1ms 200us\"\nelection_timeout_max = \"1ms 900us\"")
             .unwrap_err(),
-        "cluster: need heartbeat < election_timeout_min < election_timeout_max, in whole milliseconds"
+        "cluster: need heartbeat < election_timeout_min < election_timeout_max, in whole milliseconds; got 0 < 1 < \
+         1 ms"
     );
     raft("heartbeat = \"50ms\"\nelection_timeout_min = \"150ms\"\nelection_timeout_max = \"300ms\"").unwrap();
     // The sketch counts prefixes of at least 4 blocks: a shallower cap would count none.

@@ -159,8 +159,17 @@ impl Shared {
     /// A node's shared state for `config` (replicas are added by the supervisor).
     ///
     /// # Errors
-    /// An invalid policy or block size.
+    /// An invalid policy or block size; a tokenizer that does not load.
     pub fn new(config: NodeConfig) -> anyhow::Result<Self> {
+        let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
+        Self::with_tokenizer(config, tokenizer)
+    }
+
+    /// [`Shared::new`] with the tokenizer already loaded (by [`crate::preflight::check`]).
+    ///
+    /// # Errors
+    /// An invalid policy or block size.
+    pub fn with_tokenizer(config: NodeConfig, tokenizer: crate::tokenize::Tokenizer) -> anyhow::Result<Self> {
         let kind: PolicyKind = config.node.policy.parse().map_err(|e| anyhow::anyhow!("node.policy: {e}"))?;
         let fleet_config = FleetConfig {
             block_size: config.node.block_size,
@@ -222,7 +231,6 @@ impl Shared {
             profile: config.node.replica_profile().map_err(anyhow::Error::msg)?,
             max_prompt_tokens: config.node.max_prompt_tokens,
         };
-        let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
         // The canonical name (`kv-cost` is `kv_cost`): it labels metrics and status.
         let canonical = config.node.policy.parse::<PolicyKind>().map_or(config.node.policy.as_str(), |k| k.as_str());
         let policy_name = Mutex::new((Arc::from(canonical), config.node.policy_params.clone()));
