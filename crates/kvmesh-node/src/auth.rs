@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::Status;
 
-/// `[security]` in the node's config.
+/// `[security]` in the node's config. Relative file paths are from the node's working
+/// directory, not the config file's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SecuritySection {

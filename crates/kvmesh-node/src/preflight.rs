@@ -33,6 +33,10 @@ pub fn check(config: &NodeConfig) -> anyhow::Result<Preflight> {
         .map_err(|e| anyhow::anyhow!("node.tokenizer: {e:#}"))?;
     let mut warnings = config.doubts();
     if let Some(c) = &config.cluster {
+        // Peers dial this node at its own entry in `peers`: checked again on the bound port.
+        if config.node.grpc.port() != 0 {
+            c.check_own_peer(config.node.grpc.port()).map_err(anyhow::Error::msg)?;
+        }
         if tls.is_some() && config.security.tls_ca_file.is_none() {
             anyhow::bail!(
                 "[security] a cluster serving TLS needs tls_ca_file: the CA its nodes verify each other with"

@@ -217,6 +217,18 @@ impl NodeConfig {
                 self.node.model
             ));
         }
+        // Two replicas on one KV-event publisher would each be indexed with the other's blocks.
+        let mut publishers = std::collections::BTreeMap::<&str, &str>::new();
+        for r in self.replicas.iter().filter(|r| !r.kv_events_bind) {
+            let Some(ep) = r.kv_events.as_deref() else { continue };
+            if let Some(first) = publishers.insert(ep, &r.name) {
+                out.push(format!(
+                    "replicas {first:?} and {:?} subscribe to the same KV-event publisher {ep}: each would be indexed \
+                     with the other's blocks (each engine, and each data-parallel rank, publishes on its own port)",
+                    r.name
+                ));
+            }
+        }
         // A disaggregated model needs both sides: one alone serves nothing.
         for (model, (prefill, decode)) in self.sides() {
             if prefill == 0 || decode == 0 {

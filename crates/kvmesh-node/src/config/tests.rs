@@ -23,6 +23,7 @@ fn doubts_name_a_node_with_no_replicas_and_a_cap_below_the_fleet() {
     let mut second = c.replicas[0].clone();
     second.name = "vllm-1".into();
     second.http = "http://10.0.0.8:8000".into();
+    second.kv_events = Some("tcp://10.0.0.8:5557".into());
     c.replicas.push(second);
     assert_eq!(c.validate(), Ok(()));
     assert_eq!(
@@ -182,6 +183,7 @@ fn a_disaggregated_model_needs_both_sides_and_one_engine() {
     let mut decode = c.replicas[0].clone();
     decode.name = "vllm-1".into();
     decode.http = "http://10.0.0.8:8000".into();
+    decode.kv_events = Some("tcp://10.0.0.8:5557".into());
     decode.role = Role::Decode;
     decode.engine = "sglang".into();
     c.replicas.push(decode);
@@ -482,4 +484,20 @@ fn durations_zero_where_it_means_something_and_bounded_elsewhere() {
         with("[replication]\nsketch = { max_depth_blocks = 3 }").unwrap_err(),
         "replication.sketch.max_depth_blocks must be at least 4, got 3"
     );
+}
+
+#[test]
+fn doubts_name_two_replicas_on_one_kv_event_publisher() {
+    let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
+    let mut second = c.replicas[0].clone();
+    second.name = "vllm-1".into();
+    second.http = "http://10.0.0.8:8000".into();
+    c.replicas.push(second);
+    assert_eq!(
+        c.doubts(),
+        ["replicas \"vllm-0\" and \"vllm-1\" subscribe to the same KV-event publisher tcp://10.0.0.7:5557: each would \
+          be indexed with the other's blocks (each engine, and each data-parallel rank, publishes on its own port)"]
+    );
+    c.replicas[1].kv_events = Some("tcp://10.0.0.8:5557".into());
+    assert!(c.doubts().is_empty());
 }
