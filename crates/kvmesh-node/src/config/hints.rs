@@ -18,7 +18,13 @@ pub(super) fn hint(e: &toml::de::Error, text: &str) -> String {
     // header for a section read in parts), so another section's key of the same name is not it.
     let after = e.span().and_then(|s| text.get(s.start.min(text.len())..)).unwrap_or(text);
     let hint = if let Some(h) = renamed_duration(message, after) {
-        h
+        // serde stops at the first: name every other old key too, so one run lists them all.
+        let others = old_duration_keys(text);
+        if others.len() > 1 {
+            format!("{h}\nhint: every duration key from before in this file, as it is now: {}", others.join("; "))
+        } else {
+            h
+        }
     } else if let Some(h) = bare_duration(message, line, after) {
         h
     } else if let Some(near) = misspelt(message) {
@@ -68,6 +74,41 @@ fn renamed_duration(message: &str, text: &str) -> Option<String> {
     })?;
     let d = std::time::Duration::try_from_secs_f64(value * seconds_per_unit).ok()?;
     Some(format!("durations are text now: write {stem} = \"{}\" (units: ms, s, m, h, days)", super::human(d)))
+}
+
+/// Every numeric `_ms` / `_s` key of `text` whose section now takes it as a duration without
+/// the suffix, rewritten (`[cluster] heartbeat = "100ms"`), section by section; empty when
+/// `text` is not TOML.
+fn old_duration_keys(text: &str) -> Vec<String> {
+    use super::split::keys;
+    let Ok(table) = text.parse::<toml::Table>() else { return Vec::new() };
+    let sections: [(&str, &[&str]); 6] = [
+        ("node", keys::<super::NodeSection>()),
+        ("cluster", keys::<super::ClusterSection>()),
+        ("limits", keys::<super::LimitsSection>()),
+        ("admission", keys::<super::AdmissionSection>()),
+        ("autoscaler", keys::<kvmesh_core::autoscale::AutoscaleConfig>()),
+        ("replication", keys::<kvmesh_core::replication::ReplicationConfig>()),
+    ];
+    let mut out = Vec::new();
+    for (section, accepted) in sections {
+        let Some(toml::Value::Table(t)) = table.get(section) else { continue };
+        for (key, value) in t {
+            let Some(n) = value.as_float().or_else(|| value.as_integer().map(|i| i as f64)) else { continue };
+            let (stem, unit) = match (key.strip_suffix("_ms"), key.strip_suffix("_s")) {
+                (Some(stem), _) => (stem, 1e-3),
+                (None, Some(stem)) => (stem, 1.0),
+                _ => continue,
+            };
+            let Ok(d) = std::time::Duration::try_from_secs_f64(n * unit) else { continue };
+            if accepted.contains(&stem) {
+                out.push(format!("[{section}] {stem} = \"{}\"", super::human(d)));
+            } else if section == "replication" && stem == "half_life" {
+                out.push(format!("[replication] sketch = {{ half_life = \"{}\" }}", super::human(d)));
+            }
+        }
+    }
+    out
 }
 
 /// For a number given where a duration is read (`scrape_interval = 250`): the same with a unit.

@@ -399,6 +399,18 @@ fn a_key_of_no_part_of_a_section_is_refused_with_both_parts_keys() {
 
 #[test]
 fn a_duration_key_from_before_the_rename_gets_its_new_form() {
+    // One run names every old key of the file, not only the first serde met.
+    let old = "[node]\nscrape_interval_ms = 500\nrequest_timeout_s = 300\n[cluster]\nid = 1\nheartbeat_ms = 100\n\
+               [autoscaler]\ncold_start_s = 90\n[replication]\nhalf_life_s = 5\n";
+    let e = NodeConfig::parse(old).unwrap_err();
+    assert!(
+        e.ends_with(
+            "hint: every duration key from before in this file, as it is now: [node] request_timeout = \"5m\"; \
+             [node] scrape_interval = \"500ms\"; [cluster] heartbeat = \"100ms\"; [autoscaler] cold_start = \"1m 30s\"; \
+             [replication] sketch = { half_life = \"5s\" }"
+        ),
+        "{e}"
+    );
     let e = NodeConfig::parse("[node]\nscrape_interval_ms = 250\n").unwrap_err();
     assert!(
         e.contains("hint: durations are text now: write scrape_interval = \"250ms\" (units: ms, s, m, h, days)"),
