@@ -200,12 +200,12 @@ impl Node {
 /// # Errors
 /// [`preflight::check`]'s refusals, or a port that cannot be bound.
 pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
-    let preflight::Preflight { tls, tokenizer, warnings } = preflight::check(&config)?;
+    let preflight::Preflight { tls, tokenizer, tokens, warnings } = preflight::check(&config)?;
     let replicas = config.replicas.clone();
     let (http_addr, grpc_addr) = (config.node.http, config.node.grpc);
     let mut initial = config.clone();
     initial.replicas.clear();
-    let shared = Arc::new(Shared::with_tokenizer(initial, tokenizer)?);
+    let shared = Arc::new(Shared::with_loaded(initial, tokenizer, tokens)?);
     // Ports first: a bind failure must not leave replica actors running.
     let http_listener =
         tokio::net::TcpListener::bind(http_addr).await.with_context(|| format!("binding HTTP {http_addr}"))?;

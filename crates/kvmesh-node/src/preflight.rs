@@ -12,6 +12,8 @@ pub struct Preflight {
     pub tls: Option<Tls>,
     /// `node.tokenizer` loaded (the approximate scheme without one).
     pub tokenizer: crate::tokenize::Tokenizer,
+    /// The bearer tokens `[security]` names (environment variables first).
+    pub tokens: Tokens,
     /// Valid but worth a warning at every start: [`NodeConfig::doubts`], and a cluster run
     /// open by `insecure`.
     pub warnings: Vec<String>,
@@ -66,5 +68,5 @@ pub fn check(config: &NodeConfig) -> anyhow::Result<Preflight> {
             );
         }
     }
-    Ok(Preflight { tls, tokenizer, warnings })
+    Ok(Preflight { tls, tokenizer, tokens, warnings })
 }

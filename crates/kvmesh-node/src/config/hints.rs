@@ -43,37 +43,48 @@ pub(super) fn hint(e: &toml::de::Error, text: &str) -> String {
 
 /// For a duration key from before durations became text (`scrape_interval_ms = 250`, until
 /// 2026-12-07): the key it is now, with the value as text (`scrape_interval = "250ms"`).
+/// `text` starts where the error points (the key's line, or its table's header).
 fn renamed_duration(message: &str, text: &str) -> Option<String> {
     let rest = message.strip_prefix("unknown field `")?;
     let (unknown, expected) = rest.split_once("`, expected ")?;
+    let number = |key: &str| value_of(text, key).and_then(|v| v.parse::<f64>().ok());
     if matches!(unknown, "half_life_s" | "sketch_capacity") && expected.contains("`sketch`") {
         // The section's own values, where given; the defaults otherwise.
-        let value = |key: &str| {
-            text.lines().skip(1).take_while(|l| !l.trim_start().starts_with('[')).find_map(|l| {
-                let (k, v) = l.split_once('=')?;
-                (k.trim() == key).then(|| v.split('#').next().unwrap_or("").trim().parse::<f64>().ok()).flatten()
-            })
-        };
-        let half_life = value("half_life_s").and_then(|s| std::time::Duration::try_from_secs_f64(s).ok());
+        let half_life = number("half_life_s").and_then(|s| std::time::Duration::try_from_secs_f64(s).ok());
         let half_life = half_life.map_or("10s".to_string(), super::human);
-        let capacity = value("sketch_capacity").map_or(4096, |c| c as u64);
+        let capacity = number("sketch_capacity").map_or(4096, |c| c as u64);
         return Some(format!(
             "[replication]'s sketch settings are a table now: sketch = {{ half_life = \"{half_life}\", capacity = \
              {capacity} }}"
         ));
     }
-    let (stem, seconds_per_unit) =
-        if let Some(stem) = unknown.strip_suffix("_ms") { (stem, 1e-3) } else { (unknown.strip_suffix("_s")?, 1.0) };
+    let (stem, seconds_per_unit) = old_duration_key(unknown)?;
     if !expected.contains(&format!("`{stem}`")) {
         return None;
     }
-    // The value from the key's own line (the error may point at its table instead).
-    let value: f64 = text.lines().find_map(|l| {
-        let (k, v) = l.split_once('=')?;
-        (k.trim() == unknown).then(|| v.split('#').next().unwrap_or("").trim().parse().ok()).flatten()
-    })?;
-    let d = std::time::Duration::try_from_secs_f64(value * seconds_per_unit).ok()?;
+    let d = std::time::Duration::try_from_secs_f64(number(unknown)? * seconds_per_unit).ok()?;
     Some(format!("durations are text now: write {stem} = \"{}\" (units: ms, s, m, h, days)", super::human(d)))
+}
+
+/// An old duration key's name now and its unit in seconds: `scrape_interval_ms` →
+/// (`scrape_interval`, 0.001); `None` for a key without `_ms` or `_s`.
+fn old_duration_key(key: &str) -> Option<(&str, f64)> {
+    match (key.strip_suffix("_ms"), key.strip_suffix("_s")) {
+        (Some(stem), _) => Some((stem, 1e-3)),
+        (None, Some(stem)) => Some((stem, 1.0)),
+        _ => None,
+    }
+}
+
+/// `key`'s value as written in the section `text` starts in (its header, or a line of it),
+/// without a trailing comment.
+fn value_of<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let mut lines = text.lines();
+    let first = lines.next()?;
+    std::iter::once(first).chain(lines.take_while(|l| !l.trim_start().starts_with('['))).find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == key).then(|| v.split('#').next().unwrap_or("").trim())
+    })
 }
 
 /// Every numeric `_ms` / `_s` key of `text` whose section now takes it as a duration without
@@ -95,11 +106,7 @@ fn old_duration_keys(text: &str) -> Vec<String> {
         let Some(toml::Value::Table(t)) = table.get(section) else { continue };
         for (key, value) in t {
             let Some(n) = value.as_float().or_else(|| value.as_integer().map(|i| i as f64)) else { continue };
-            let (stem, unit) = match (key.strip_suffix("_ms"), key.strip_suffix("_s")) {
-                (Some(stem), _) => (stem, 1e-3),
-                (None, Some(stem)) => (stem, 1.0),
-                _ => continue,
-            };
+            let Some((stem, unit)) = old_duration_key(key) else { continue };
             let Ok(d) = std::time::Duration::try_from_secs_f64(n * unit) else { continue };
             if accepted.contains(&stem) {
                 out.push(format!("[{section}] {stem} = \"{}\"", super::human(d)));
@@ -129,14 +136,12 @@ fn bare_duration(message: &str, line: &str, text: &str) -> Option<String> {
         return None;
     }
     let named = message.strip_prefix('`').and_then(|m| m.split_once("`: ")).map(|(k, _)| k);
-    let line = match named {
-        Some(k) => text.lines().find(|l| l.split_once('=').is_some_and(|(key, _)| key.trim() == k))?,
-        None => line,
+    let (key, value) = match named {
+        Some(k) => (k, value_of(text, k)?),
+        None => line.split_once('=').map(|(k, v)| (k.trim(), v.split('#').next().unwrap_or("").trim()))?,
     };
-    let (key, value) = line.split_once('=')?;
-    let value = value.split('#').next().unwrap_or("").trim();
     value.parse::<f64>().ok()?;
-    Some(format!("durations are text with a unit: {} = \"{value}ms\" or \"{value}s\"", key.trim()))
+    Some(format!("durations are text with a unit: {key} = \"{value}ms\" or \"{value}s\""))
 }
 
 /// For serde's "unknown field `x`, expected one of `a`, `b`": the expected key closest to `x`,

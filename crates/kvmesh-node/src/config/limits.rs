@@ -125,7 +125,7 @@ impl LimitsSection {
             ("limits.http_header_timeout", self.http_header_timeout),
             ("limits.http_idle_timeout", self.http_idle_timeout),
         ] {
-            super::up_to_a_day(k, v)?;
+            super::up_to_a_day(k, v, false)?;
         }
         if self.http_max_connections > 1 << 20 {
             return Err(format!(

@@ -110,13 +110,14 @@ pub fn human(d: std::time::Duration) -> String {
 /// The longest duration a setting takes.
 const DAY: std::time::Duration = std::time::Duration::from_secs(86_400);
 
-/// Checks a duration is positive and at most a day.
+/// Checks a duration is at most a day, and positive unless `zero_ok` (where 0 means something).
 ///
 /// # Errors
 /// A message naming `key`.
-pub(crate) fn up_to_a_day(key: &str, d: std::time::Duration) -> Result<(), String> {
-    if d.is_zero() || d > DAY {
-        return Err(format!("{key} must be positive and at most a day (\"24h\"), got \"{}\"", human(d)));
+pub(crate) fn up_to_a_day(key: &str, d: std::time::Duration, zero_ok: bool) -> Result<(), String> {
+    if d > DAY || (d.is_zero() && !zero_ok) {
+        let positive = if zero_ok { "" } else { "positive and " };
+        return Err(format!("{key} must be {positive}at most a day (\"24h\"), got \"{}\"", human(d)));
     }
     Ok(())
 }
@@ -323,20 +324,20 @@ impl NodeConfig {
             ("node.replay_timeout", n.replay_timeout),
             (
                 "autoscaler.interval",
-                std::time::Duration::try_from_secs_f64(self.autoscaler.policy.interval_s).unwrap_or(DAY),
+                std::time::Duration::try_from_secs_f64(self.autoscaler.policy.interval_s)
+                    .unwrap_or(std::time::Duration::MAX),
             ),
             (
                 "replication.interval",
-                std::time::Duration::try_from_secs_f64(self.replication.plan.interval_s).unwrap_or(DAY),
+                std::time::Duration::try_from_secs_f64(self.replication.plan.interval_s)
+                    .unwrap_or(std::time::Duration::MAX),
             ),
         ] {
-            up_to_a_day(key, d)?;
+            up_to_a_day(key, d, false)?;
         }
         // 0 is meaningful here: no backoff after a 429/503; an owed event is overdue at once.
         for (key, d) in [("node.overload_backoff", n.overload_backoff), ("node.events_silent", n.events_silent)] {
-            if d > DAY {
-                return Err(format!("{key} must be at most a day (\"24h\"), got \"{}\"", human(d)));
-            }
+            up_to_a_day(key, d, true)?;
         }
         let hung = n.hung_after;
         if !(hung.is_zero() || hung >= 2 * n.scrape_interval) {
@@ -391,7 +392,7 @@ impl NodeConfig {
                 ("cluster.election_timeout_min", c.election_timeout_min),
                 ("cluster.election_timeout_max", c.election_timeout_max),
             ] {
-                up_to_a_day(key, d)?;
+                up_to_a_day(key, d, false)?;
             }
             // In whole milliseconds, as openraft takes them.
             let ms = |d: std::time::Duration| d.as_millis();

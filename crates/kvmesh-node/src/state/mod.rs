@@ -159,17 +159,23 @@ impl Shared {
     /// A node's shared state for `config` (replicas are added by the supervisor).
     ///
     /// # Errors
-    /// An invalid policy or block size; a tokenizer that does not load.
+    /// An invalid policy or block size; a tokenizer or token file that does not load.
     pub fn new(config: NodeConfig) -> anyhow::Result<Self> {
         let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())?;
-        Self::with_tokenizer(config, tokenizer)
+        let tokens = crate::auth::Tokens::load(&config.security)?;
+        Self::with_loaded(config, tokenizer, tokens)
     }
 
-    /// [`Shared::new`] with the tokenizer already loaded (by [`crate::preflight::check`]).
+    /// [`Shared::new`] with the tokenizer and tokens already loaded (by
+    /// [`crate::preflight::check`]).
     ///
     /// # Errors
     /// An invalid policy or block size.
-    pub fn with_tokenizer(config: NodeConfig, tokenizer: crate::tokenize::Tokenizer) -> anyhow::Result<Self> {
+    pub fn with_loaded(
+        config: NodeConfig,
+        tokenizer: crate::tokenize::Tokenizer,
+        tokens: crate::auth::Tokens,
+    ) -> anyhow::Result<Self> {
         let kind: PolicyKind = config.node.policy.parse().map_err(|e| anyhow::anyhow!("node.policy: {e}"))?;
         let fleet_config = FleetConfig {
             block_size: config.node.block_size,
@@ -234,7 +240,6 @@ impl Shared {
         // The canonical name (`kv-cost` is `kv_cost`): it labels metrics and status.
         let canonical = config.node.policy.parse::<PolicyKind>().map_or(config.node.policy.as_str(), |k| k.as_str());
         let policy_name = Mutex::new((Arc::from(canonical), config.node.policy_params.clone()));
-        let config_security = config.security.clone();
         let replication = crate::replication::Replication::new(config.replication.clone());
         let autoscaler = crate::autoscaler::Autoscaling::new(config.autoscaler.clone());
         let admission = crate::admission::Admission::new(config.admission.clone());
@@ -265,7 +270,7 @@ impl Shared {
             http,
             probe_http,
             cluster: std::sync::OnceLock::new(),
-            tokens: crate::auth::Tokens::load(&config_security)?,
+            tokens,
             decisions: Mutex::new(std::collections::VecDeque::with_capacity(DECISIONS_KEPT)),
             replication,
             autoscaler,
