@@ -79,6 +79,15 @@ fn c02_self_referential_and_repeated_hashes_are_counted_no_ops() {
     assert_eq!(ix.replica_blocks(R0), 0);
     assert_eq!(gpu_overlap(&ix, R1, &toks), 2, "other replicas unaffected");
     assert_eq!(ix.entries(), 2);
+    // Past 16 blocks the check runs on a set each thread reuses: a repeat is still caught, and
+    // the next event starts from an empty set (its ids, seen in the refused one, are no repeat).
+    let long_toks: Vec<u32> = (0..80).collect();
+    let mut ids: Vec<u64> = (100..120).collect();
+    ids[19] = 100;
+    let out = ix.apply(R0, &stored(&ids, None, long_toks.clone()));
+    assert_eq!((out.stored, out.rejection), (0, Some(Rejection::SelfReferential)));
+    ids[19] = 119;
+    assert_eq!(ix.apply(R0, &stored(&ids, None, long_toks)).stored, 20);
 }
 
 #[test]
