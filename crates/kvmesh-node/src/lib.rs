@@ -107,7 +107,7 @@ impl Node {
     /// # Errors
     /// The first replica that could not be added.
     pub async fn reload(&self, config: &NodeConfig) -> anyhow::Result<()> {
-        config.validate().map_err(anyhow::Error::msg)?;
+        config.validate()?;
         if self.cluster.as_ref().is_some_and(|c| c.state.borrow().seeded) {
             anyhow::bail!(
                 "this node follows the cluster's replica registry; change replicas with `kvmesh replica \
@@ -236,7 +236,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
     }
     let cluster = match config.cluster.clone() {
         Some(section) => {
-            section.check_own_peer(grpc.port()).map_err(anyhow::Error::msg)?;
+            section.check_own_peer(grpc.port())?;
             let default_addr = if grpc.ip().is_unspecified() {
                 tracing::warn!("cluster.addr not set and node.grpc binds all interfaces: peers are told 127.0.0.1");
                 format!("127.0.0.1:{}", grpc.port())

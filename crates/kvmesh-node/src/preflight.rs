@@ -28,7 +28,7 @@ pub struct Preflight {
 /// cluster (Raft would be open); a cluster with neither a cluster token nor mTLS unless
 /// `insecure`.
 pub fn check(config: &NodeConfig) -> anyhow::Result<Preflight> {
-    config.validate().map_err(anyhow::Error::msg)?;
+    config.validate()?;
     let tokens = Tokens::load(&config.security)?;
     let tls = Tls::load(&config.security)?;
     let tokenizer = crate::tokenize::Tokenizer::load(config.node.tokenizer.as_deref())
@@ -37,7 +37,7 @@ pub fn check(config: &NodeConfig) -> anyhow::Result<Preflight> {
     if let Some(c) = &config.cluster {
         // Peers dial this node at its own entry in `peers`: checked again on the bound port.
         if config.node.grpc.port() != 0 {
-            c.check_own_peer(config.node.grpc.port()).map_err(anyhow::Error::msg)?;
+            c.check_own_peer(config.node.grpc.port())?;
         }
         if tls.is_some() && config.security.tls_ca_file.is_none() {
             anyhow::bail!(

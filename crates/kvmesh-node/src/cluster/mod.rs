@@ -252,7 +252,7 @@ impl Cluster {
         let mut members: BTreeMap<u64, BasicNode> = self
             .section
             .peer_map()
-            .map_err(ClusterError::Rejected)?
+            .map_err(|e| ClusterError::Rejected(e.to_string()))?
             .into_iter()
             .map(|(id, addr)| (id, BasicNode { addr }))
             .collect();

@@ -181,7 +181,7 @@ impl ClusterState {
             }
             Command::AddReplica { config, starting } => {
                 if let Err(e) = config.validate() {
-                    return err(e);
+                    return err(e.to_string());
                 }
                 // Until the seed, every node follows its own file; a registry holding only this
                 // replica would make them all drop the rest.
@@ -277,6 +277,10 @@ impl ClusterState {
     }
 }
 
+/// How a refused plan's message starts when another writer committed first (the state
+/// machine's result crosses Raft as text).
+pub(crate) const STALE_PLAN: &str = "stale replication plan: ";
+
 /// The plan `new` would make of the committed `current` (see
 /// [`Command::SetReplicationPlan`]), or why it is refused.
 fn merge_plan(
@@ -289,15 +293,13 @@ fn merge_plan(
     let mut plan = new.clone();
     match base_version {
         Some(base) if base != current_version => {
-            return Err(format!(
-                "stale replication plan: computed from v{base}, the committed plan is v{current_version}"
-            ))
+            return Err(format!("{STALE_PLAN}computed from v{base}, the committed plan is v{current_version}"))
         }
         Some(_) => plan["version"] = (current_version + 1).into(),
         None => {
             let v = version(new).unwrap_or(0);
             if current.is_some() && v <= current_version {
-                return Err(format!("stale replication plan: version {v} is not newer than {current_version}"));
+                return Err(format!("{STALE_PLAN}version {v} is not newer than {current_version}"));
             }
         }
     }

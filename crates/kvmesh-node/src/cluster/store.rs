@@ -45,17 +45,28 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     out
 }
 
-/// Reverses [`encode`]; fails on a short value, a CRC mismatch or bad JSON.
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+/// Why a stored value cannot be read back (a torn write, a disk fault, another version's data).
+#[derive(Debug, thiserror::Error)]
+enum Corrupt {
+    #[error("value of {0} bytes is shorter than its checksum")]
+    Short(usize),
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("not the JSON this version stores: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Reverses [`encode`].
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Corrupt> {
     if bytes.len() < 4 {
-        return Err(format!("value of {} bytes is shorter than its checksum", bytes.len()));
+        return Err(Corrupt::Short(bytes.len()));
     }
     let (crc, json) = bytes.split_at(4);
     let want = u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]);
     if crc32fast::hash(json) != want {
-        return Err("checksum mismatch".into());
+        return Err(Corrupt::Checksum);
     }
-    serde_json::from_slice(json).map_err(|e| e.to_string())
+    Ok(serde_json::from_slice(json)?)
 }
 
 /// `Db::flush` (an fsync) off the async workers: a slow disk must not stall request handling

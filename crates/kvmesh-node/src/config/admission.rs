@@ -1,5 +1,6 @@
 //! `[admission]`: holding requests that would miss their TTFT SLO.
 
+use super::ConfigError;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -42,15 +43,19 @@ impl AdmissionSection {
     ///
     /// # Errors
     /// A message naming the `admission.` key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         super::up_to_a_day("admission.max_wait", self.max_wait, false)?;
         // Each waiter is a parked request and its connection: a million is far past any node.
         if !(1..=1_000_000).contains(&self.queue_limit) {
-            return Err(format!("admission.queue_limit must be 1 to 1000000 requests, got {}", self.queue_limit));
+            return Err(ConfigError::setting(
+                "admission.queue_limit",
+                format!("must be 1 to 1000000 requests, got {}", self.queue_limit),
+            ));
         }
         if let Some(slo) = self.ttft_slo {
             super::up_to_a_day("admission.ttft_slo", slo, false)?;
-            kvmesh_core::admission::TtftGate::new(slo.as_secs_f64()).map_err(|e| format!("admission.ttft_slo: {e}"))?;
+            kvmesh_core::admission::TtftGate::new(slo.as_secs_f64())
+                .map_err(|_| ConfigError::setting("admission.ttft_slo", "must be positive"))?;
         }
         Ok(())
     }

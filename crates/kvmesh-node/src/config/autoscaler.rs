@@ -1,5 +1,6 @@
 //! `[autoscaler]`: the Raft leader's scale decisions.
 
+use super::ConfigError;
 use kvmesh_core::autoscale::AutoscaleConfig;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -81,13 +82,13 @@ impl AutoscalerSection {
     ///
     /// # Errors
     /// A message naming the `autoscaler.` key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if !(self.capacity_tokens_per_s.is_finite() && self.capacity_tokens_per_s >= 0.0) {
-            return Err(format!("autoscaler.capacity_tokens_per_s must be ≥ 0, got {}", self.capacity_tokens_per_s));
+            return Err(ConfigError::setting(
+                "autoscaler.capacity_tokens_per_s",
+                format!("must be ≥ 0, got {}", self.capacity_tokens_per_s),
+            ));
         }
-        self.policy.validate().map_err(|e| match e {
-            kvmesh_core::Error::InvalidConfig { field, reason } => format!("autoscaler.{field} {reason}"),
-            other => format!("autoscaler: {other}"),
-        })
+        self.policy.validate().map_err(|e| ConfigError::from_core("autoscaler", e))
     }
 }

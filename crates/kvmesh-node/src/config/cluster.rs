@@ -1,5 +1,6 @@
 //! `[cluster]`: Raft between router nodes and shared bookings.
 
+use super::ConfigError;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -74,16 +75,17 @@ impl ClusterSection {
     ///
     /// # Errors
     /// An entry that is not `id=host:port` with a positive id, or an id listed twice.
-    pub fn peer_map(&self) -> Result<std::collections::BTreeMap<u64, String>, String> {
+    pub fn peer_map(&self) -> Result<std::collections::BTreeMap<u64, String>, ConfigError> {
         let mut out = std::collections::BTreeMap::new();
         for p in &self.peers {
-            let (id, addr) = p.split_once('=').ok_or_else(|| format!("cluster.peers: {p:?} is not id=host:port"))?;
-            let id: u64 = id.trim().parse().map_err(|_| format!("cluster.peers: {p:?}: the id is not a number"))?;
+            let bad = |problem: String| ConfigError::setting("cluster.peers", problem);
+            let (id, addr) = p.split_once('=').ok_or_else(|| bad(format!("entry {p:?} is not id=host:port")))?;
+            let id: u64 = id.trim().parse().map_err(|_| bad(format!("entry {p:?}: the id is not a number")))?;
             if id == 0 || addr.trim().is_empty() || !addr.contains(':') {
-                return Err(format!("cluster.peers: {p:?} is not id=host:port with id > 0"));
+                return Err(bad(format!("entry {p:?} is not id=host:port with id > 0")));
             }
             if out.insert(id, addr.trim().to_string()).is_some() {
-                return Err(format!("cluster.peers: id {id} appears twice"));
+                return Err(bad(format!("list id {id} twice")));
             }
         }
         Ok(out)
@@ -94,17 +96,20 @@ impl ClusterSection {
     ///
     /// # Errors
     /// The entry differs from `addr` when `addr` is set, or names another port when it is not.
-    pub fn check_own_peer(&self, grpc_port: u16) -> Result<(), String> {
+    pub fn check_own_peer(&self, grpc_port: u16) -> Result<(), ConfigError> {
         let peers = self.peer_map()?;
         let Some(own) = peers.get(&self.id) else { return Ok(()) };
         let port = own.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
         let wrong = if self.addr.is_empty() { port != Some(grpc_port) } else { *own != self.addr };
         if wrong {
             let serves = if self.addr.is_empty() { format!("port {grpc_port}") } else { self.addr.clone() };
-            return Err(format!(
-                "cluster.peers lists this node (id {}) at {own}, but it serves gRPC on {serves}: peers would dial the \
-                 wrong address; fix its entry in peers (or cluster.addr)",
-                self.id
+            return Err(ConfigError::setting(
+                "cluster.peers",
+                format!(
+                    "lists this node (id {}) at {own}, but it serves gRPC on {serves}: peers would dial the wrong \
+                     address; fix its entry in peers (or cluster.addr)",
+                    self.id
+                ),
             ));
         }
         Ok(())

@@ -1,5 +1,6 @@
 //! `[epp]`: the Gateway API Inference Extension's endpoint picker (see [`crate::epp`]).
 
+use super::ConfigError;
 use serde::{Deserialize, Serialize};
 
 /// `[epp]`: kvmesh as the endpoint picker (EPP) of a Gateway API Inference Extension
@@ -50,17 +51,20 @@ impl EppSection {
     /// # Errors
     /// A message naming the `epp.` key: an empty namespace, or a header that is not a
     /// lower-case HTTP header name (Envoy matches them lower-cased).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let h = &self.destination_header;
         let header_ok =
             !h.is_empty() && h.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
         if !header_ok {
-            return Err(format!("epp.destination_header must be a lower-case HTTP header name, got {h:?}"));
+            return Err(ConfigError::setting(
+                "epp.destination_header",
+                format!("must be a lower-case HTTP header name, got {h:?}"),
+            ));
         }
         for (key, v) in [("metadata_namespace", &self.metadata_namespace), ("subset_namespace", &self.subset_namespace)]
         {
             if v.trim().is_empty() {
-                return Err(format!("epp.{key} must not be empty"));
+                return Err(ConfigError::setting(format!("epp.{key}"), "must not be empty"));
             }
         }
         Ok(())
@@ -81,10 +85,10 @@ mod tests {
         );
         let upper = EppSection { destination_header: "X-Pick".into(), ..EppSection::default() };
         assert_eq!(
-            upper.validate().unwrap_err(),
+            upper.validate().unwrap_err().to_string(),
             "epp.destination_header must be a lower-case HTTP header name, got \"X-Pick\""
         );
         let empty = EppSection { metadata_namespace: " ".into(), ..EppSection::default() };
-        assert_eq!(empty.validate().unwrap_err(), "epp.metadata_namespace must not be empty");
+        assert_eq!(empty.validate().unwrap_err().to_string(), "epp.metadata_namespace must not be empty");
     }
 }

@@ -1,5 +1,6 @@
 //! `[limits]`: what one replica, client or peer may cost the node before it is refused.
 
+use super::ConfigError;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -103,7 +104,7 @@ impl LimitsSection {
     ///
     /// # Errors
     /// The first zero or non-positive limit, or a body cap above the body budget.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
             ("kv_event_max_message_bytes", self.kv_event_max_message_bytes),
             ("kv_event_max_events", self.kv_event_max_events),
@@ -117,7 +118,7 @@ impl LimitsSection {
             ("metrics_max_page_bytes", self.metrics_max_page_bytes),
         ];
         if let Some((k, _)) = positive.iter().find(|(_, v)| *v == 0) {
-            return Err(format!("limits.{k} must be positive"));
+            return Err(ConfigError::setting(format!("limits.{k}"), "must be positive"));
         }
         for (k, v) in [
             ("limits.kv_event_bad_window", self.kv_event_bad_window),
@@ -128,16 +129,16 @@ impl LimitsSection {
             super::up_to_a_day(k, v, false)?;
         }
         if self.http_max_connections > 1 << 20 {
-            return Err(format!(
-                "limits.http_max_connections must be at most 1048576, got {}",
-                self.http_max_connections
+            return Err(ConfigError::setting(
+                "limits.http_max_connections",
+                format!("must be at most 1048576, got {}", self.http_max_connections),
             ));
         }
         if self.http_max_body_bytes > self.http_body_budget_bytes {
-            return Err(format!(
+            return Err(ConfigError::Conflict(format!(
                 "limits.http_max_body_bytes ({}) is above limits.http_body_budget_bytes ({}): no such body could ever be accepted",
                 self.http_max_body_bytes, self.http_body_budget_bytes
-            ));
+            )));
         }
         Ok(())
     }

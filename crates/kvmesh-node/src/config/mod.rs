@@ -34,6 +34,7 @@ mod admission;
 mod autoscaler;
 mod cluster;
 mod epp;
+mod error;
 mod hints;
 mod limits;
 mod node;
@@ -45,6 +46,7 @@ pub use admission::AdmissionSection;
 pub use autoscaler::AutoscalerSection;
 pub use cluster::ClusterSection;
 pub use epp::EppSection;
+pub use error::ConfigError;
 pub use limits::LimitsSection;
 pub use node::NodeSection;
 pub use replica::{ReplicaConfig, DEFAULT_BOOTSTRAP_PORT, MAX_DATA_PARALLEL_SIZE};
@@ -113,11 +115,14 @@ const DAY: std::time::Duration = std::time::Duration::from_secs(86_400);
 /// Checks a duration is at most a day, and positive unless `zero_ok` (where 0 means something).
 ///
 /// # Errors
-/// A message naming `key`.
-pub(crate) fn up_to_a_day(key: &str, d: std::time::Duration, zero_ok: bool) -> Result<(), String> {
+/// [`ConfigError::Setting`] naming `key`.
+pub(crate) fn up_to_a_day(key: &str, d: std::time::Duration, zero_ok: bool) -> Result<(), ConfigError> {
     if d > DAY || (d.is_zero() && !zero_ok) {
         let positive = if zero_ok { "" } else { "positive and " };
-        return Err(format!("{key} must be {positive}at most a day (\"24h\"), got \"{}\"", human(d)));
+        return Err(ConfigError::setting(
+            key,
+            format!("must be {positive}at most a day (\"24h\"), got \"{}\"", human(d)),
+        ));
     }
     Ok(())
 }
@@ -132,7 +137,7 @@ impl NodeConfig {
     ///
     /// # Errors
     /// As [`ReplicaConfig::ranks`].
-    pub fn expand_data_parallel(&mut self) -> Result<(), String> {
+    pub fn expand_data_parallel(&mut self) -> Result<(), ConfigError> {
         let mut out = Vec::with_capacity(self.replicas.len());
         for r in &self.replicas {
             out.extend(r.ranks()?);
@@ -164,11 +169,14 @@ impl NodeConfig {
     /// Reads TOML text without validating it; data-parallel entries expanded.
     ///
     /// # Errors
-    /// Not valid TOML for this schema: the message names the line and, for common mistakes,
-    /// ends with a `hint:` line saying what to write.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let mut config: NodeConfig =
-            toml::from_str(text).map_err(|e| format!("{}{}", e.to_string().trim_end(), hints::hint(&e, text)))?;
+    /// [`ConfigError::Syntax`]: not valid TOML for this schema (the message names the line and,
+    /// for common mistakes, ends with a `hint:` line saying what to write); or
+    /// [`ConfigError::Replica`] from [`NodeConfig::expand_data_parallel`].
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let mut config: NodeConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            message: e.to_string().trim_end().to_string(),
+            hint: hints::hint(&e, text),
+        })?;
         config.expand_data_parallel()?;
         Ok(config)
     }
@@ -291,8 +299,9 @@ impl NodeConfig {
     /// Checks values and combinations.
     ///
     /// # Errors
-    /// A message naming the field.
-    pub fn validate(&self) -> Result<(), String> {
+    /// The first refusal found: [`ConfigError::Setting`] naming the key,
+    /// [`ConfigError::Replica`] naming the replica, or [`ConfigError::Conflict`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
         // One hand-over per model: a prefill replica's engine decides it, so a decode replica
         // of another engine would receive fields it does not read.
         let mut engines = std::collections::BTreeMap::<&str, (&str, &str)>::new();
@@ -300,21 +309,31 @@ impl NodeConfig {
             let model = r.model.as_deref().unwrap_or(&self.node.model);
             let (first, name) = *engines.entry(model).or_insert((r.engine.as_str(), r.name.as_str()));
             if first != r.engine {
-                return Err(format!(
+                return Err(ConfigError::Conflict(format!(
                     "model {model:?}: replica {:?} has engine {:?} but replica {name:?} has {first:?}; a disaggregated \
                      model's prefill and decode replicas must run one engine (it decides the hand-over)",
                     r.name, r.engine
-                ));
+                )));
             }
         }
-        let kind = self.node.policy.parse::<PolicyKind>().map_err(|e| format!("node.policy: {e}"))?;
-        kind.build_with(&self.node.params()).map_err(|e| format!("node.policy_params: {e}"))?;
+        let kind = self.node.policy.parse::<PolicyKind>().map_err(|e| match e {
+            kvmesh_core::Error::UnknownPolicy { name, known } => {
+                ConfigError::setting("node.policy", format!("names no policy ({name:?}); known policies: {known}"))
+            }
+            other => ConfigError::setting("node.policy", format!("is refused: {other}")),
+        })?;
+        kind.build_with(&self.node.params()).map_err(|e| match e {
+            kvmesh_core::Error::InvalidConfig { reason, .. } => {
+                ConfigError::setting("node.policy_params", format!("has a bad entry: {reason}"))
+            }
+            other => ConfigError::setting("node.policy_params", format!("are refused: {other}")),
+        })?;
         if self.node.block_size == 0 {
-            return Err("node.block_size must be positive".into());
+            return Err(ConfigError::setting("node.block_size", "must be positive"));
         }
         self.node.replica_profile()?;
         if self.node.proxy_threads == 0 {
-            return Err("node.proxy_threads must be at least 1".into());
+            return Err(ConfigError::setting("node.proxy_threads", "must be at least 1"));
         }
         let n = &self.node;
         for (key, d) in [
@@ -342,33 +361,41 @@ impl NodeConfig {
         let hung = n.hung_after;
         if !(hung.is_zero() || hung >= 2 * n.scrape_interval) {
             let default = if hung == NodeSection::default().hung_after { " (its default)" } else { "" };
-            return Err(format!(
-                "node.hung_after must be \"0s\" (off) or at least twice node.scrape_interval (\"{}\"), got \"{}\"{default}",
-                human(2 * n.scrape_interval),
-                human(hung)
+            return Err(ConfigError::setting(
+                "node.hung_after",
+                format!(
+                    "must be \"0s\" (off) or at least twice node.scrape_interval (\"{}\"), got \"{}\"{default}",
+                    human(2 * n.scrape_interval),
+                    human(hung)
+                ),
             ));
         }
         let mut adapters = std::collections::HashSet::new();
         for a in &self.node.lora_adapters {
             if a.is_empty() || *a == self.node.model {
-                return Err(format!("node.lora_adapters: {a:?} is empty or the base model's name"));
+                return Err(ConfigError::setting(
+                    "node.lora_adapters",
+                    format!("has {a:?}: empty or the base model's name"),
+                ));
             }
             if !adapters.insert(a) {
-                return Err(format!("node.lora_adapters: {a:?} appears twice"));
+                return Err(ConfigError::setting("node.lora_adapters", format!("has {a:?} twice")));
             }
         }
         // A model named like an adapter could never be asked for: the adapter wins the name.
         if let Some(r) = self.replicas.iter().find(|r| r.model.as_ref().is_some_and(|m| adapters.contains(m))) {
-            return Err(format!(
-                "replica {:?}: model {:?} is also one of node.lora_adapters; a request naming it would get the adapter",
-                r.name,
-                r.model.as_deref().unwrap_or_default()
+            return Err(ConfigError::replica(
+                &r.name,
+                format!(
+                    "model {:?} is also one of node.lora_adapters; a request naming it would get the adapter",
+                    r.model.as_deref().unwrap_or_default()
+                ),
             ));
         }
         if self.node.shutdown_grace > std::time::Duration::from_secs(3600) {
-            return Err(format!(
-                "node.shutdown_grace must be at most an hour (\"1h\"), got \"{}\"",
-                human(self.node.shutdown_grace)
+            return Err(ConfigError::setting(
+                "node.shutdown_grace",
+                format!("must be at most an hour (\"1h\"), got \"{}\"", human(self.node.shutdown_grace)),
             ));
         }
         self.replication.validate()?;
@@ -378,11 +405,11 @@ impl NodeConfig {
         self.epp.validate()?;
         if let Some(c) = &self.cluster {
             if c.id == 0 {
-                return Err("cluster.id must be positive (or --id / KVMESH_NODE_ID)".into());
+                return Err(ConfigError::setting("cluster.id", "must be positive (or --id / KVMESH_NODE_ID)"));
             }
             let peers = c.peer_map()?;
             if !peers.is_empty() && !peers.contains_key(&c.id) {
-                return Err(format!("cluster.peers must include this node (id {})", c.id));
+                return Err(ConfigError::setting("cluster.peers", format!("must include this node (id {})", c.id)));
             }
             for (key, d) in [
                 ("cluster.gossip_interval", c.gossip_interval),
@@ -398,19 +425,23 @@ impl NodeConfig {
             let ms = |d: std::time::Duration| d.as_millis();
             if ms(c.election_timeout_min) <= ms(c.heartbeat) || ms(c.election_timeout_max) <= ms(c.election_timeout_min)
             {
-                return Err(format!(
+                return Err(ConfigError::Conflict(format!(
                     "cluster: need heartbeat < election_timeout_min < election_timeout_max, in whole milliseconds; got \
                      {} < {} < {} ms",
                     ms(c.heartbeat),
                     ms(c.election_timeout_min),
                     ms(c.election_timeout_max)
-                ));
+                )));
             }
             if c.peer_timeout <= 2 * c.summary_interval {
-                return Err("cluster: peer_timeout must exceed twice summary_interval (an idle peer is heard only through summaries)".into());
+                return Err(ConfigError::Conflict(
+                    "cluster: peer_timeout must exceed twice summary_interval (an idle peer is heard only through \
+                     summaries)"
+                        .into(),
+                ));
             }
             if c.snapshot_every == 0 {
-                return Err("cluster.snapshot_every must be positive".into());
+                return Err(ConfigError::setting("cluster.snapshot_every", "must be positive"));
             }
         }
         let mut names = std::collections::HashSet::new();
@@ -422,10 +453,13 @@ impl NodeConfig {
             let model = r.model.as_deref().filter(|m| !m.is_empty()).unwrap_or(&self.node.model);
             let bs = r.block_size.unwrap_or(self.node.block_size);
             if model == self.node.model && bs != self.node.block_size {
-                return Err(format!(
-                    "replica {:?}: block_size {bs} differs from node.block_size {} (a replica of node.model has its \
-                     block size; another model may have its own)",
-                    r.name, self.node.block_size
+                return Err(ConfigError::replica(
+                    &r.name,
+                    format!(
+                        "block_size {bs} differs from node.block_size {} (a replica of node.model has its block size; \
+                         another model may have its own)",
+                        self.node.block_size
+                    ),
                 ));
             }
             for a in r.lora_adapters.iter().flatten() {
@@ -433,18 +467,20 @@ impl NodeConfig {
                     || self.replicas.iter().any(|o| o.model.as_deref() == Some(a.as_str()))
                     || self.node.lora_adapters.iter().any(|n| n == a) && model != self.node.model;
                 if taken {
-                    return Err(format!(
-                        "replica {:?}: lora_adapters: {a:?} is a model's name (or node.model's adapter) here",
-                        r.name
+                    return Err(ConfigError::replica(
+                        &r.name,
+                        format!("lora_adapters: {a:?} is a model's name (or node.model's adapter) here"),
                     ));
                 }
             }
             match sizes.get(model) {
                 Some(&(other, first)) if other != bs => {
-                    return Err(format!(
-                        "replica {:?}: block_size {bs} differs from replica {first:?}'s {other}: the replicas of model \
-                         {model:?} must share one block size",
-                        r.name
+                    return Err(ConfigError::replica(
+                        &r.name,
+                        format!(
+                            "block_size {bs} differs from replica {first:?}'s {other}: the replicas of model {model:?} \
+                             must share one block size"
+                        ),
                     ))
                 }
                 _ => {
@@ -452,17 +488,17 @@ impl NodeConfig {
                 }
             }
             if !names.insert(&r.name) {
-                return Err(format!("replica name {:?} appears twice", r.name));
+                return Err(ConfigError::replica(&r.name, "the name appears twice"));
             }
             if let Some(first) = engines.insert(r.engine_key(), &r.name) {
-                return Err(format!(
+                return Err(ConfigError::Conflict(format!(
                     "replicas {:?} and {:?} route to the same engine ({}{}): one engine under two names is booked \
                      and scraped twice",
                     first,
                     r.name,
                     r.http,
                     r.data_parallel_rank.map(|k| format!(", data-parallel rank {k}")).unwrap_or_default()
-                ));
+                )));
             }
         }
         Ok(())

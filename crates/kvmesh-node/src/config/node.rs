@@ -1,5 +1,6 @@
 //! `[node]`: node-wide settings.
 
+use super::ConfigError;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -125,17 +126,25 @@ impl NodeSection {
     ///
     /// # Errors
     /// An unknown profile name or a non-positive speed.
-    pub fn replica_profile(&self) -> Result<kvmesh_core::load::ReplicaProfile, String> {
+    pub fn replica_profile(&self) -> Result<kvmesh_core::load::ReplicaProfile, ConfigError> {
         let base = match self.engine_profile.as_str() {
             "h100" => kvmesh_core::load::ReplicaProfile::H100_LLAMA3_8B,
             "a100" => kvmesh_core::load::ReplicaProfile::A100_LLAMA3_8B,
-            other => return Err(format!("node.engine_profile: unknown profile {other:?} (use h100 or a100)")),
+            other => {
+                return Err(ConfigError::setting(
+                    "node.engine_profile",
+                    format!("names an unknown profile {other:?} (use h100 or a100)"),
+                ))
+            }
         };
         if !(self.engine_speed.is_finite() && self.engine_speed > 0.0) {
-            return Err(format!("node.engine_speed must be a positive number, got {}", self.engine_speed));
+            return Err(ConfigError::setting(
+                "node.engine_speed",
+                format!("must be a positive number, got {}", self.engine_speed),
+            ));
         }
         if self.max_num_seqs == 0 {
-            return Err("node.max_num_seqs must be positive".into());
+            return Err(ConfigError::setting("node.max_num_seqs", "must be positive"));
         }
         let s = self.engine_speed;
         Ok(kvmesh_core::load::ReplicaProfile {

@@ -1,5 +1,6 @@
 //! `[[replicas]]`: one engine replica each.
 
+use super::ConfigError;
 use kvmesh_core::Role;
 use serde::{Deserialize, Serialize};
 
@@ -115,9 +116,9 @@ impl ReplicaConfig {
     /// # Errors
     /// A size of 0 or over [`MAX_DATA_PARALLEL_SIZE`], a size beside a rank, or an endpoint
     /// whose port cannot be offset (no port, or past 65535).
-    pub fn ranks(&self) -> Result<Vec<ReplicaConfig>, String> {
+    pub fn ranks(&self) -> Result<Vec<ReplicaConfig>, ConfigError> {
         let Some(size) = self.data_parallel_size else { return Ok(vec![self.clone()]) };
-        let bad = |what: String| Err(format!("replica {:?}: {what}", self.name));
+        let bad = |what: String| Err(ConfigError::replica(&self.name, what));
         if size == 0 || size > MAX_DATA_PARALLEL_SIZE {
             return bad(format!("data_parallel_size must be 1..={MAX_DATA_PARALLEL_SIZE}, got {size}"));
         }
@@ -131,7 +132,7 @@ impl ReplicaConfig {
             let offset = |field: &str, ep: &Option<String>| match ep {
                 Some(ep) => kvmesh_events::offset_endpoint_port(ep, k)
                     .map(Some)
-                    .map_err(|e| format!("replica {:?}: {field} {e}", self.name)),
+                    .map_err(|e| ConfigError::replica(&self.name, format!("{field} {e}"))),
                 None => Ok(None),
             };
             out.push(ReplicaConfig {
@@ -166,10 +167,10 @@ impl ReplicaConfig {
     ///
     /// # Errors
     /// A message naming the replica and the field.
-    pub fn validate(&self) -> Result<(), String> {
-        let bad = |what: &str| Err(format!("replica {:?}: {what}", self.name));
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |what: &str| Err(ConfigError::replica(&self.name, what));
         if self.name.is_empty() {
-            return Err("a replica has an empty name".into());
+            return bad("name must not be empty");
         }
         if self.http.starts_with("https://") {
             // Accepting it would fail every request later: the node's engine client is built

@@ -1,5 +1,6 @@
 //! `[replication]`: hot-prefix detection and partial KV replication.
 
+use super::ConfigError;
 use kvmesh_core::replication::ReplicationConfig;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -83,20 +84,17 @@ impl ReplicationSection {
     ///
     /// # Errors
     /// A message naming the `replication.` key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.report_top == 0 {
-            return Err("replication.report_top must be positive".into());
+            return Err(ConfigError::setting("replication.report_top", "must be positive"));
         }
         let e = &self.transfer_endpoint;
         if !(e.is_empty() || e.starts_with("http://") || e.starts_with("https://")) {
-            return Err(format!(
-                "replication.transfer_endpoint must be an http:// or https:// gRPC address, got {:?}",
-                self.transfer_endpoint
+            return Err(ConfigError::setting(
+                "replication.transfer_endpoint",
+                format!("must be an http:// or https:// gRPC address, got {:?}", self.transfer_endpoint),
             ));
         }
-        self.plan.validate().map_err(|e| match e {
-            kvmesh_core::Error::InvalidConfig { field, reason } => format!("replication.{field} {reason}"),
-            other => format!("replication: {other}"),
-        })
+        self.plan.validate().map_err(|e| ConfigError::from_core("replication", e))
     }
 }

@@ -72,7 +72,7 @@ impl admin_server::Admin for Services {
             );
         }
         if let Some(c) = &self.cluster {
-            config.validate().map_err(GrpcStatus::invalid_argument)?;
+            config.validate().map_err(|e| GrpcStatus::invalid_argument(e.to_string()))?;
             c.write(Command::AddReplica { config, starting }).await.map_err(|e| match e {
                 ClusterError::Rejected(m) if m.contains("already exists") => GrpcStatus::already_exists(m),
                 e => GrpcStatus::from(e),
@@ -94,7 +94,9 @@ impl admin_server::Admin for Services {
             .map_err(|e| GrpcStatus::internal(e.to_string()))?;
         result.map_err(|e| match e {
             RegistryError::Exists(_) => GrpcStatus::already_exists(e.to_string()),
-            RegistryError::Unknown(_) | RegistryError::Invalid(_) => GrpcStatus::invalid_argument(e.to_string()),
+            RegistryError::Unknown(_) | RegistryError::Invalid(_) | RegistryError::Config(_) => {
+                GrpcStatus::invalid_argument(e.to_string())
+            }
             RegistryError::NotStarted { .. } => GrpcStatus::internal(e.to_string()),
         })?;
         self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::internal("added replica vanished"))

@@ -157,12 +157,12 @@ impl replication_server::Replication for ReplicationService {
                     }
                     return Ok(Response::new(self.plan_message(&rep.plan())));
                 }
-                Err(e) if attempt == 0 && e.starts_with("stale") => {
+                Err(e @ crate::tasks::replication::CommitError::Stale(_)) if attempt == 0 => {
                     tracing::debug!(error = %e, "replication trigger raced a planning round; retrying");
                     // Let follow publish the newer plan before retrying.
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
-                Err(e) => return Err(Status::unavailable(e)),
+                Err(e) => return Err(Status::unavailable(e.to_string())),
             }
         }
         Err(Status::aborted("the plan kept changing; try again"))

@@ -54,7 +54,7 @@ pub async fn run(
                     .await
                     .unwrap_or_else(|e| Err(format!("parsing the page: {e}")))
             }
-            Err(e) => Err(e),
+            Err(e) => Err(e.to_string()),
         };
         // For the autoscaler's capacity meter: tokens served, and requests queued for the
         // replica. Requests held at the router by admission control queue for it too (the
@@ -130,27 +130,36 @@ pub async fn run(
     }
 }
 
-async fn scrape(shared: &Shared, url: &str, interval: Duration) -> Result<String, String> {
+/// Why a metrics page was not read; each names the URL.
+#[derive(Debug, thiserror::Error)]
+enum ScrapeError {
+    /// No answer: refused, timed out, reset (the error's whole chain).
+    #[error("GET {url}: {chain}")]
+    Request { url: String, chain: String },
+    /// An answer that is not 2xx.
+    #[error("GET {url}: HTTP {status}")]
+    Status { url: String, status: reqwest::StatusCode },
+    /// A page past `limits.metrics_max_page_bytes`, by its length or as read.
+    #[error("GET {url}: page over limits.metrics_max_page_bytes ({max} bytes)")]
+    TooLong { url: String, max: usize },
+}
+
+async fn scrape(shared: &Shared, url: &str, interval: Duration) -> Result<String, ScrapeError> {
     let timeout = interval.max(Duration::from_millis(500));
-    let resp = shared
-        .probe_http
-        .get(url)
-        .timeout(timeout)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {}", crate::errors::error_chain(&e)))?;
+    let request = |e: reqwest::Error| ScrapeError::Request { url: url.into(), chain: crate::errors::error_chain(&e) };
+    let resp = shared.probe_http.get(url).timeout(timeout).send().await.map_err(request)?;
     if !resp.status().is_success() {
-        return Err(format!("GET {url}: HTTP {}", resp.status()));
+        return Err(ScrapeError::Status { url: url.into(), status: resp.status() });
     }
     let max = shared.limits.metrics_max_page_bytes;
-    let too_long = || format!("GET {url}: page over limits.metrics_max_page_bytes ({max} bytes)");
+    let too_long = || ScrapeError::TooLong { url: url.into(), max };
     if resp.content_length().is_some_and(|n| n > max as u64) {
         return Err(too_long());
     }
     // Read by chunks, so a page without a length (or lying about it) is cut at the limit.
     let mut page = Vec::new();
     let mut resp = resp;
-    while let Some(chunk) = resp.chunk().await.map_err(|e| format!("GET {url}: {e}"))? {
+    while let Some(chunk) = resp.chunk().await.map_err(request)? {
         if page.len() + chunk.len() > max {
             return Err(too_long());
         }

@@ -142,9 +142,12 @@ pub enum RegistryError {
     /// No such replica.
     #[error("unknown replica {0:?}")]
     Unknown(String),
-    /// Bad fields.
+    /// Refused by the fleet (its replica limit, a clash with a live replica).
     #[error("{0}")]
     Invalid(String),
+    /// Refused by [`crate::config::NodeConfig::validate`]'s checks of one replica.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// Registered, but its actor did not start (it is unregistered again).
     #[error("starting {name}: {error}")]
     NotStarted {
@@ -234,7 +237,7 @@ impl Shared {
             overload_backoff_s: config.node.overload_backoff.as_secs_f64(),
             block_size: config.node.block_size,
             hasher: *core.fleet.hasher(),
-            profile: config.node.replica_profile().map_err(anyhow::Error::msg)?,
+            profile: config.node.replica_profile()?,
             max_prompt_tokens: config.node.max_prompt_tokens,
         };
         // The canonical name (`kv-cost` is `kv_cost`): it labels metrics and status.
@@ -365,9 +368,9 @@ impl Shared {
     /// lock: a registry change may wait for an event batch being applied).
     ///
     /// # Errors
-    /// [`RegistryError::Exists`] or [`RegistryError::Invalid`].
+    /// [`RegistryError::Exists`], [`RegistryError::Config`] or [`RegistryError::Invalid`].
     pub fn add_replica(&self, config: ReplicaConfig) -> Result<ReplicaId, RegistryError> {
-        config.validate().map_err(RegistryError::Invalid)?;
+        config.validate()?;
         let endpoints = Arc::new(
             Endpoints::parse(&config.http)
                 .map_err(|e| RegistryError::Invalid(e.to_string()))?

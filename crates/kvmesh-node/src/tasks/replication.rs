@@ -2,8 +2,8 @@
 //! reads the node's state for it: the hot prefixes this node knows of. It sits above the
 //! state; the plan and reports it keeps ([`crate::replication::Replication`]) sit below it.
 
-use crate::cluster::registry::Command;
-use crate::cluster::Cluster;
+use crate::cluster::registry::{Command, STALE_PLAN};
+use crate::cluster::{Cluster, ClusterError};
 
 use crate::replication::{unix_now, WarmFailure};
 use crate::state::Shared;
@@ -77,21 +77,36 @@ pub async fn run(shared: Arc<Shared>, cluster: Option<Arc<Cluster>>, mut stop: w
     }
 }
 
+/// Why a replication plan was not committed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CommitError {
+    /// Another writer committed first: the plan was computed from an older one.
+    #[error("{STALE_PLAN}{0}")]
+    Stale(String),
+    /// The cluster refused or could not commit it.
+    #[error(transparent)]
+    Cluster(ClusterError),
+    /// The plan did not encode (not expected: plain data).
+    #[error("encoding the plan: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
 /// Commits `plan`, computed from `base` (the committed plan then): through Raft in a cluster
 /// (a compare-and-set on the version; token ids of prefixes `base` already has are left out of
 /// the entry), directly on a single node under the same rule.
 ///
 /// # Errors
-/// The plan moved on since `base` (another writer committed first), or no quorum.
+/// [`CommitError::Stale`]: the plan moved on since `base` (another writer committed first);
+/// [`CommitError::Cluster`]: no quorum, or another refusal.
 pub(crate) async fn commit(
     shared: &Shared,
     cluster: Option<&Cluster>,
     base: &ReplicationPlan,
     mut plan: ReplicationPlan,
-) -> Result<(), String> {
+) -> Result<(), CommitError> {
     match cluster {
         Some(c) => {
-            let mut json = serde_json::to_value(&plan).map_err(|e| e.to_string())?;
+            let mut json = serde_json::to_value(&plan)?;
             if let Some(prefixes) = json.get_mut("prefixes").and_then(|p| p.as_array_mut()) {
                 for (p, v) in plan.prefixes.iter().zip(prefixes) {
                     if base.find(p.hash, p.depth_blocks).is_some_and(|b| b.tokens == p.tokens) {
@@ -102,13 +117,18 @@ pub(crate) async fn commit(
                 }
             }
             let cmd = Command::SetReplicationPlan { plan: json, base_version: Some(base.version) };
-            c.write(cmd).await.map(|_| ()).map_err(|e| e.to_string())
+            c.write(cmd).await.map(|_| ()).map_err(|e| match e {
+                ClusterError::Rejected(m) if m.starts_with(STALE_PLAN) => {
+                    CommitError::Stale(m[STALE_PLAN.len()..].into())
+                }
+                other => CommitError::Cluster(other),
+            })
         }
         None => {
             let _one_writer = shared.replication.commit_lock.lock().await;
             let current = shared.replication.plan().version;
             if current != base.version {
-                return Err(format!("stale replication plan: computed from v{}, the plan is v{current}", base.version));
+                return Err(CommitError::Stale(format!("computed from v{}, the plan is v{current}", base.version)));
             }
             plan.version = current + 1;
             shared.apply_plan(plan);

@@ -87,8 +87,12 @@ fn a_corrupt_value_is_refused_at_open() {
 fn values_round_trip_and_short_or_bad_values_fail() {
     let v = encode(&vec![1u64, 2, 3]);
     assert_eq!(decode::<Vec<u64>>(&v).unwrap(), vec![1, 2, 3]);
-    assert_eq!(decode::<u64>(&v[..3]).unwrap_err(), "value of 3 bytes is shorter than its checksum");
+    let short = decode::<u64>(&v[..3]).unwrap_err();
+    assert!(matches!(short, Corrupt::Short(3)));
+    assert_eq!(short.to_string(), "value of 3 bytes is shorter than its checksum");
     let mut flipped = v.clone();
     flipped[4] ^= 1;
-    assert_eq!(decode::<Vec<u64>>(&flipped).unwrap_err(), "checksum mismatch");
+    assert!(matches!(decode::<Vec<u64>>(&flipped).unwrap_err(), Corrupt::Checksum));
+    // A good checksum over what is not this type's JSON.
+    assert!(matches!(decode::<u64>(&encode(&"text")).unwrap_err(), Corrupt::Json(_)));
 }

@@ -1,0 +1,56 @@
+//! Why a node configuration is refused.
+
+/// A refused configuration: what `kvmesh node` and `kvmesh node --check` print, and what the
+/// admin API returns as `INVALID_ARGUMENT`. Each variant names what is at fault, so a caller
+/// can point at it (the key, the replica) without reading the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The text is not TOML for this schema: toml's message (with line and column) and, for a
+    /// common mistake, a `hint:` line saying what to write instead (empty when there is none).
+    #[error("{message}{hint}")]
+    Syntax {
+        /// toml's message.
+        message: String,
+        /// `"\nhint: …"`, or empty.
+        hint: String,
+    },
+    /// One setting's value is refused.
+    #[error("{key} {problem}")]
+    Setting {
+        /// Its dotted name as in the file: `node.block_size`, `autoscaler.cooldown`.
+        key: String,
+        /// What is wrong, worded to follow the key: `must be positive`.
+        problem: String,
+    },
+    /// One replica (a `[[replicas]]` entry, or one registered through the API) is refused.
+    #[error("replica {replica:?}: {problem}")]
+    Replica {
+        /// Its `name`.
+        replica: String,
+        /// What is wrong, naming the field.
+        problem: String,
+    },
+    /// Settings or replicas that pass one by one contradict each other.
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl ConfigError {
+    /// A refused setting.
+    pub fn setting(key: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self::Setting { key: key.into(), problem: problem.into() }
+    }
+
+    /// A refused replica.
+    pub fn replica(replica: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self::Replica { replica: replica.into(), problem: problem.into() }
+    }
+
+    /// A core config's refusal (`InvalidConfig { field, reason }`) as the key of `section`.
+    pub(crate) fn from_core(section: &str, e: kvmesh_core::Error) -> Self {
+        match e {
+            kvmesh_core::Error::InvalidConfig { field, reason } => Self::setting(format!("{section}.{field}"), reason),
+            other => Self::Conflict(format!("{section}: {other}")),
+        }
+    }
+}
