@@ -448,3 +448,4 @@ async fn c12_nodes_see_each_others_bookings_and_do_not_herd() {
 }
 
 mod operations;
+mod tokens;

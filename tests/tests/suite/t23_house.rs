@@ -1,4 +1,5 @@
-//! The house: no import circle between the modules of any crate.
+//! The house: no import circle between the modules of any crate, and no Rust file over 500
+//! lines (small files, one concept each).
 //!
 //! At every level of each crate's module tree, the sibling modules (each taken with its
 //! submodules) must depend on one another without a circle: a module may use its children
@@ -283,6 +284,38 @@ fn circles(mods: &BTreeMap<ModPath, String>) -> Vec<String> {
         }
     }
     found
+}
+
+/// Every `.rs` file under `dir`, recursively (build output left out).
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() && !path.ends_with("target") {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn no_rust_file_is_over_500_lines() {
+    let mut files = Vec::new();
+    for dir in ["crates", "tests", "chaos"] {
+        if root().join(dir).is_dir() {
+            rust_files(&root().join(dir), &mut files);
+        }
+    }
+    assert!(files.len() > 100, "found only {} files: wrong root?", files.len());
+    let mut long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).unwrap().lines().count();
+            (n > 500).then(|| format!("{} ({n} lines)", f.strip_prefix(root()).unwrap_or(f).display()))
+        })
+        .collect();
+    long.sort();
+    assert!(long.is_empty(), "split these files (one concept each):\n{}", long.join("\n"));
 }
 
 #[test]

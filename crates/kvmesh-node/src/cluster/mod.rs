@@ -4,9 +4,13 @@
 //! - [`registry`]: the replicated state and its commands (the state machine's logic).
 //! - [`store`]: the sled-backed Raft log and state machine.
 //! - [`network`]: Raft RPCs over tonic, and injected faults.
-//! - [`service`]: the `kvmesh.v1` Raft, Cluster and Gossip gRPC services.
-//! - [`gossip`]: streaming this node's booking deltas to its peers.
-//! - [`follow`]: keeping the node's replica actors and policy in line with the registry.
+//! - [`operator`]: the operator's `kvmesh cluster` calls.
+//! - `membership`: joins and leaves; `forward`: a write sent on to the leader; `status`: the
+//!   cluster as this node sees it.
+//!
+//! Beside it: the Raft, Cluster and Gossip gRPC services in [`crate::grpc::cluster`], gossip of
+//! this node's booking deltas in [`crate::tasks::gossip`], and keeping the node's replica
+//! actors and policy in line with the registry in [`crate::tasks::reconcile`].
 //!
 //! The data path never waits for Raft: every node follows every replica itself and routes on
 //! its own view; losing the leader or quorum freezes configuration changes only.
@@ -16,17 +20,17 @@ mod membership;
 pub mod network;
 pub mod operator;
 pub mod registry;
+mod status;
 pub mod store;
 
 use forward::{forward_write, Forwarded};
 
 use crate::config::{ClusterSection, ReplicaConfig};
-use kvmesh_proto::v1;
 use network::{Faults, Network};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
 use registry::{ClusterState, Command, CommandResult};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
@@ -483,62 +487,6 @@ impl Cluster {
             Ok(Err(Forwarded::Refused(e))) => Attempt::NoLeaderYet(e),
             Ok(Err(Forwarded::Failed(e))) => Attempt::Done(Err(e)),
             Ok(Ok(r)) => Attempt::Done(Ok(r)),
-        }
-    }
-
-    /// The cluster as this node sees it.
-    pub fn status(&self) -> v1::ClusterStatus {
-        let m = self.raft.metrics().borrow().clone();
-        let membership = m.membership_config.membership().clone();
-        let voters: BTreeSet<u64> = membership.voter_ids().collect();
-        let state = match m.state {
-            ServerState::Leader if self.quorum_lost(&m) => "leader without quorum",
-            ServerState::Leader => "leader",
-            ServerState::Follower => "follower",
-            ServerState::Candidate => "candidate",
-            ServerState::Learner => "learner",
-            ServerState::Shutdown => "shutdown",
-        };
-        let last_log = m.last_log_index.unwrap_or(0);
-        let members = membership
-            .nodes()
-            .map(|(id, n)| v1::ClusterMember {
-                node_id: *id,
-                addr: n.addr.clone(),
-                role: if voters.contains(id) { "voter" } else { "learner" }.into(),
-                lag: m
-                    .replication
-                    .as_ref()
-                    .and_then(|r| r.get(id))
-                    .map(|matched| last_log.saturating_sub(matched.map_or(0, |l| l.index))),
-                shared_bookings: 0,
-                gossip_age_s: None,
-            })
-            .collect();
-        let (leader_id, leader_addr) = match self.leader() {
-            Some((id, addr)) => (Some(id), addr),
-            None => (None, String::new()),
-        };
-        let cs = self.state.borrow().clone();
-        let initialized = membership.nodes().next().is_some();
-        v1::ClusterStatus {
-            node_id: self.id,
-            state: state.into(),
-            leader_id,
-            leader_addr,
-            term: m.current_term,
-            last_applied: m.last_applied.map_or(0, |l| l.index),
-            last_log_index: last_log,
-            members,
-            initialized,
-            seeded: cs.seeded,
-            policy: cs.policy.clone().unwrap_or_default(),
-            policy_params: cs.policy_params.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-            registry: cs
-                .replicas
-                .values()
-                .map(|e| v1::RegistryEntry { spec: Some(e.config.to_spec(0)), state: e.state.as_str().into() })
-                .collect(),
         }
     }
 }
