@@ -3,11 +3,12 @@
 use super::Report;
 use std::fmt::Write;
 
-const COLUMNS: [&str; 13] = [
+const COLUMNS: [&str; 14] = [
     "policy",
     "TTFT p50",
     "TTFT p90",
     "TTFT p99",
+    "no-queue p99",
     "TPOT p50",
     "TPOT p99",
     "E2E p99",
@@ -19,7 +20,7 @@ const COLUMNS: [&str; 13] = [
     ">SLO",
 ];
 
-fn rows(r: &Report) -> Vec<[String; 13]> {
+fn rows(r: &Report) -> Vec<[String; 14]> {
     r.results
         .iter()
         .map(|p| {
@@ -29,6 +30,7 @@ fn rows(r: &Report) -> Vec<[String; 13]> {
                 secs(m.ttft_p50),
                 secs(m.ttft_p90),
                 secs(m.ttft_p99),
+                secs(m.ttft_p99_no_queue),
                 format!("{:.1} ms", m.tpot_p50 * 1e3),
                 format!("{:.1} ms", m.tpot_p99 * 1e3),
                 secs(m.e2e_p99),
@@ -67,7 +69,8 @@ fn header(r: &Report) -> String {
     let floor = if r.disaggregated.is_some() { "aggregated floor" } else { "floor" };
     format!(
         "{} — {} requests over {:.0} s on {} × {} replicas, rate scale {}, KV-event delay {:.0} ms{routers}, {seeds}\n\
-         {floor} p99 TTFT (no queueing): {} with nothing cached, {} with every reusable prefix cached; SLO {}\n",
+         {floor} p99 TTFT (no queueing): {} with nothing cached, {} with every reusable prefix cached; SLO {}\n\
+         no-queue p99: a policy's p99 TTFT with the cache hits it got and no queueing (TTFT p99 minus it is waiting)\n",
         r.source,
         r.requests,
         r.span_s,
@@ -99,24 +102,15 @@ pub fn table(r: &Report) -> String {
     out
 }
 
-/// `columns` over `rows`, fixed-width: the first column left-aligned, the rest right-aligned.
+/// `columns` over `rows` ([`crate::table::plain`]): the first column left-aligned, the rest
+/// (figures) right-aligned.
 fn aligned<R: AsRef<[String]>>(columns: &[&str], rows: &[R]) -> String {
-    let widths: Vec<usize> = (0..columns.len())
-        .map(|c| rows.iter().map(|row| row.as_ref()[c].len()).chain([columns[c].len()]).max().unwrap_or(0))
-        .collect();
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
-        cells
-            .enumerate()
-            .map(|(c, s)| if c == 0 { format!("{s:<w$}", w = widths[c]) } else { format!("{s:>w$}", w = widths[c]) })
-            .collect::<Vec<_>>()
-            .join("  ")
-    };
-    let mut out = line(&mut columns.iter().copied()) + "\n";
+    let right: Vec<usize> = (1..columns.len()).collect();
+    let mut t = crate::table::plain(columns, &right);
     for row in rows {
-        out += &line(&mut row.as_ref().iter().map(String::as_str));
-        out.push('\n');
+        t.add_row(row.as_ref().to_vec());
     }
-    out
+    crate::table::lines(&t) + "\n"
 }
 
 /// `columns` over `rows` as Markdown table lines.

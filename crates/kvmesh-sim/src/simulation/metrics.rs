@@ -20,6 +20,12 @@ pub struct RunMetrics {
     pub ttft_p90: f64,
     /// 99th percentile TTFT.
     pub ttft_p99: f64,
+    /// The p99 TTFT this run's cache hits allow with no queueing: the 99th percentile of each
+    /// completed request's own prefill of its uncached tokens, alone on its replica
+    /// ([`ReplicaProfile::ttft`]`(prompt − cached, 0)`). `ttft_p99` minus it is what waiting
+    /// added; it minus [`Floors::p99_all_cached`] is what the fleet's caches lost (evicted, or
+    /// held where the request did not go).
+    pub ttft_p99_no_queue: f64,
     /// Time per output token after the first (median), seconds/token.
     pub tpot_p50: f64,
     /// 99th percentile TPOT.
@@ -96,6 +102,12 @@ impl RunMetrics {
     pub fn of(run: &Run, config: &SimConfig) -> Self {
         let done: Vec<_> = run.outcomes.iter().filter(|o| o.finish_s.is_finite()).collect();
         let ttft = sorted(done.iter().map(|o| o.first_token_s - o.arrival_s).collect());
+        let step = config.profile.step();
+        let own = sorted(
+            done.iter()
+                .map(|o| step.ttft(u64::from(o.prompt_tokens.saturating_sub(o.cached_tokens).max(1)), 0))
+                .collect(),
+        );
         let tpot = sorted(
             done.iter()
                 .filter(|o| o.output_tokens > 1)
@@ -122,6 +134,7 @@ impl RunMetrics {
             ttft_p50: pct(&ttft, 0.5),
             ttft_p90: pct(&ttft, 0.9),
             ttft_p99: pct(&ttft, 0.99),
+            ttft_p99_no_queue: pct(&own, 0.99),
             tpot_p50: pct(&tpot, 0.5),
             tpot_p99: pct(&tpot, 0.99),
             e2e_p50: pct(&e2e, 0.5),
@@ -164,6 +177,7 @@ impl RunMetrics {
             ttft_p50: avg(|m| m.ttft_p50),
             ttft_p90: avg(|m| m.ttft_p90),
             ttft_p99: avg(|m| m.ttft_p99),
+            ttft_p99_no_queue: avg(|m| m.ttft_p99_no_queue),
             tpot_p50: avg(|m| m.tpot_p50),
             tpot_p99: avg(|m| m.tpot_p99),
             e2e_p50: avg(|m| m.e2e_p50),
