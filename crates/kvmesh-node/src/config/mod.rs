@@ -37,6 +37,7 @@ mod epp;
 mod error;
 mod hints;
 mod limits;
+mod locate;
 mod node;
 mod replica;
 mod replication;
@@ -174,10 +175,8 @@ impl NodeConfig {
     /// for common mistakes, ends with a `hint:` line saying what to write); or
     /// [`ConfigError::Replica`] from [`NodeConfig::expand_data_parallel`].
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let mut config: NodeConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
-            message: e.to_string().trim_end().to_string(),
-            hint: hints::hint(&e, text),
-        })?;
+        let mut config: NodeConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::Syntax { message: locate::located(&e, text), hint: hints::hint(&e, text) })?;
         config.expand_data_parallel()?;
         Ok(config)
     }
