@@ -207,6 +207,7 @@ mod tests {
             seeded: true,
             policy: "token_load".into(),
             policy_params: Default::default(),
+            membership_index: 9,
             registry: vec![v1::RegistryEntry {
                 spec: Some(v1::ReplicaSpec {
                     name: "vllm-0".into(),

@@ -331,6 +331,7 @@ pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
             tasks.push(tokio::spawn(tasks::gossip::run(shared.clone(), c.clone(), section, stopped.clone())));
         }
         tasks.push(tokio::spawn(cluster::log_leadership(c.clone(), stopped.clone())));
+        tasks.push(tokio::spawn(cluster::removal::watch(c.clone(), stopped.clone())));
         tasks.push(tokio::spawn(tasks::reconcile::run(
             shared.clone(),
             supervisor.clone(),

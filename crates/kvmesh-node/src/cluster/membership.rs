@@ -170,8 +170,8 @@ impl Cluster {
 
 /// Tells node `id` at `addr` that its removal, the membership entry at log index `at`, is
 /// committed (`LeaveRequest.removed_notice`):
-/// three tries a second apart, two seconds each. A node that is down then learns nothing (it
-/// is refused by the members when it comes back, and its operator removes it).
+/// three tries a second apart, two seconds each. A node that is down then learns it from the
+/// members when it comes back ([`super::removal`]).
 async fn notify_removed(
     id: u64,
     at: u64,

@@ -5,6 +5,7 @@
 //! - [`store`]: the sled-backed Raft log and state machine.
 //! - [`network`]: Raft RPCs over tonic, and injected faults.
 //! - [`operator`]: the operator's `kvmesh cluster` calls.
+//! - [`removal`]: a node removed while it was down learns it from the members.
 //! - `membership`: joins and leaves; `forward`: a write sent on to the leader; `status`: the
 //!   cluster as this node sees it.
 //!
@@ -20,6 +21,7 @@ mod membership;
 pub mod network;
 pub mod operator;
 pub mod registry;
+pub mod removal;
 mod status;
 pub mod store;
 

@@ -20,6 +20,7 @@ impl Cluster {
             ServerState::Shutdown => "shutdown",
         };
         let last_log = m.last_log_index.unwrap_or(0);
+        let membership_index = m.membership_config.log_id().map_or(0, |l| l.index);
         let members = membership
             .nodes()
             .map(|(id, n)| v1::ClusterMember {
@@ -54,6 +55,7 @@ impl Cluster {
             seeded: cs.seeded,
             policy: cs.policy.clone().unwrap_or_default(),
             policy_params: cs.policy_params.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            membership_index,
             registry: cs
                 .replicas
                 .values()

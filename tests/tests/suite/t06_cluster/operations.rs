@@ -84,7 +84,7 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
     let dir = tempfile::tempdir().unwrap();
     let engines = engines(2, 5.0).await;
     let replicas: Vec<ReplicaConfig> = engines.iter().enumerate().map(|(i, e)| replica(i, e)).collect();
-    let all_ports = ports(4);
+    let all_ports = ports(5);
     let ports3 = &all_ports[..3];
     let mut nodes = start_all(ports3, dir.path(), &replicas, true).await;
     nodes[0].cluster.as_ref().unwrap().init().await.unwrap();
@@ -193,6 +193,26 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
         cf.leave(v1::LeaveRequest { node_id: 9, removed_notice: false, membership_index: 0 }).await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::FailedPrecondition, "{unknown:?}");
     n4.stop().await;
+
+    // A node removed while it is down learns it from the members when it comes back (the
+    // leader's notice found nobody): node 5 joins, stops, is removed, and is started again.
+    let mut config5 = config(5, &all_ports, dir.path(), vec![], true);
+    config5.cluster.as_mut().unwrap().peers.clear();
+    let n5 = kvmesh_node::start(config5.clone()).await.unwrap();
+    cf.join(v1::JoinRequest { node_id: 5, addr: format!("127.0.0.1:{}", all_ports[4]) }).await.unwrap();
+    let follows = |n: &Node| n.cluster.as_ref().unwrap().leader().is_some_and(|(id, _)| id != 5);
+    eventually("node 5 follows the leader", || follows(&n5)).await;
+    n5.stop().await;
+    cf.leave(v1::LeaveRequest { node_id: 5, removed_notice: false, membership_index: 0 }).await.unwrap();
+    // On another port, so the leader's retried notice cannot reach it: it must ask.
+    let mut config5 = config5;
+    config5.node.grpc = format!("127.0.0.1:{}", ports(1)[0]).parse().unwrap();
+    let n5 = kvmesh_node::start(config5).await.unwrap();
+    assert!(!n5.cluster.as_ref().unwrap().removed(), "not told yet: its data_dir has no removal recorded");
+    eventually("node 5 learns it was removed", || n5.cluster.as_ref().unwrap().removed()).await;
+    assert!(!kvmesh_node::health::Readiness::of(&n5.shared).ready());
+    assert!(nodes.iter().all(|n| !n.cluster.as_ref().unwrap().removed()), "only node 5 was removed");
+    n5.stop().await;
     for n in nodes.drain(..) {
         n.stop().await;
     }

@@ -1,0 +1,106 @@
+//! Learning of a removal this node missed.
+//!
+//! The leader that commits a node's removal tells that node (`LeaveRequest.removed_notice`,
+//! [`super::membership`]); a node that was down then never hears it, and nothing else would
+//! tell it: the leader replicates nothing more to it. Restarted, it would campaign for ever
+//! and route on a registry that no longer reaches it. So a node that has known no leader for a
+//! while asks the members it knows how they see the cluster, and takes the word of one that
+//! follows a leader under a newer membership without it.
+
+use super::forward::{channel_to, mark_forwarded};
+use super::Cluster;
+use kvmesh_proto::v1;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Whether `answer` (a member's `Cluster.Status`) says node `own_id` was removed: it follows a
+/// leader other than `own_id`, and its membership, newer than `own_index` (the log index of
+/// the membership `own_id` applies), lists no `own_id`.
+pub(super) fn says_removed(own_id: u64, own_index: u64, answer: &v1::ClusterStatus) -> bool {
+    answer.initialized
+        && answer.leader_id.is_some_and(|l| l != own_id)
+        && answer.membership_index > own_index
+        && !answer.members.iter().any(|m| m.node_id == own_id)
+}
+
+/// Every `period` (four election timeouts, at least 2 s) while this node knows no leader, asks
+/// each other member it knows for its status (2 s each) and marks this node removed
+/// ([`Cluster::mark_removed`]) when one [`says_removed`]. Ends once removed, or when `stop`
+/// turns true.
+pub async fn watch(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
+    let period = (4 * cluster.section.election_timeout_max).max(Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        if cluster.removed() {
+            return;
+        }
+        // Following a leader (or leading) means being a member.
+        let follows = cluster.leader().is_some_and(|(id, _)| id != cluster.id) || cluster.leads();
+        if follows || cluster.faults.isolated() {
+            continue;
+        }
+        let own_index = cluster.raft.metrics().borrow().membership_config.log_id().map_or(0, |l| l.index);
+        for (id, addr) in cluster.members().into_iter().filter(|(id, _)| *id != cluster.id) {
+            let Some(answer) = status_of(&cluster, &addr).await else { continue };
+            if says_removed(cluster.id, own_index, &answer) {
+                tracing::warn!(
+                    told_by = id,
+                    leader = answer.leader_id,
+                    membership_index = answer.membership_index,
+                    own_membership_index = own_index,
+                    "a member follows a newer membership without this node: it was removed while it was down"
+                );
+                cluster.mark_removed();
+                return;
+            }
+        }
+    }
+}
+
+/// The member at `addr`'s `Cluster.Status`, asked with this node's cluster token; `None` when
+/// it does not answer within 2 s.
+async fn status_of(cluster: &Cluster, addr: &str) -> Option<v1::ClusterStatus> {
+    let call = async {
+        let mut client = v1::cluster_client::ClusterClient::new(channel_to(addr, cluster.tls.as_ref()).ok()?);
+        let mut request = tonic::Request::new(v1::ClusterStatusRequest {});
+        mark_forwarded(request.metadata_mut(), &cluster.token);
+        client.status(request).await.ok().map(tonic::Response::into_inner)
+    };
+    tokio::time::timeout(Duration::from_secs(2), call).await.ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(leader: Option<u64>, members: &[u64], membership_index: u64) -> v1::ClusterStatus {
+        v1::ClusterStatus {
+            node_id: 1,
+            leader_id: leader,
+            initialized: true,
+            membership_index,
+            members: members.iter().map(|&node_id| v1::ClusterMember { node_id, ..Default::default() }).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_newer_membership_under_a_leader_without_this_node_removes_it() {
+        // Node 4, whose own membership entry is at index 40.
+        assert!(says_removed(4, 40, &answer(Some(1), &[1, 2, 3], 41)));
+        // The same membership or an older one (this node joined after it): not removed.
+        assert!(!says_removed(4, 40, &answer(Some(1), &[1, 2, 3], 40)));
+        assert!(!says_removed(4, 40, &answer(Some(1), &[1, 2, 3], 12)));
+        // Listed (joined again while down): a member.
+        assert!(!says_removed(4, 40, &answer(Some(1), &[1, 2, 3, 4], 50)));
+        // No leader there, or this node named as leader (a stale answer): no word to take.
+        assert!(!says_removed(4, 40, &answer(None, &[1, 2, 3], 50)));
+        assert!(!says_removed(4, 40, &answer(Some(4), &[1, 2, 3], 50)));
+        // A member not bootstrapped yet knows no membership.
+        assert!(!says_removed(4, 0, &v1::ClusterStatus { initialized: false, ..answer(Some(1), &[1], 3) }));
+    }
+}
