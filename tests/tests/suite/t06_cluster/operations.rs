@@ -205,7 +205,6 @@ async fn a_node_joins_from_a_snapshot_becomes_a_voter_and_leaves() {
     n5.stop().await;
     cf.leave(v1::LeaveRequest { node_id: 5, removed_notice: false, membership_index: 0 }).await.unwrap();
     // On another port, so the leader's retried notice cannot reach it: it must ask.
-    let mut config5 = config5;
     config5.node.grpc = format!("127.0.0.1:{}", ports(1)[0]).parse().unwrap();
     let n5 = kvmesh_node::start(config5).await.unwrap();
     assert!(!n5.cluster.as_ref().unwrap().removed(), "not told yet: its data_dir has no removal recorded");
