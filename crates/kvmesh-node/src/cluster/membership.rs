@@ -73,24 +73,21 @@ impl Cluster {
     /// Waits until this leader has replicated its log up to index `target` to node `id`.
     ///
     /// # Errors
-    /// Why not: no answer within [`JOIN_ANSWER_S`], or not caught up within
-    /// [`JOIN_CATCH_UP_S`].
-    async fn caught_up(&self, id: u64, target: u64) -> Result<(), String> {
+    /// [`CatchUp`]: no answer within [`JOIN_ANSWER_S`], not caught up within
+    /// [`JOIN_CATCH_UP_S`], or this node's Raft stopped meanwhile.
+    async fn caught_up(&self, id: u64, target: u64) -> Result<(), CatchUp> {
         let mut m = self.raft.metrics();
         let matched = move |m: &openraft::RaftMetrics<u64, BasicNode>| {
             m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten()).map(|l| l.index)
         };
         tokio::time::timeout(Duration::from_secs(JOIN_ANSWER_S), m.wait_for(|m| matched(m).is_some()))
             .await
-            .map_err(|_| match self.peer_error(id) {
-                Some(e) => format!("did not answer within {JOIN_ANSWER_S} s (last error: {e})"),
-                None => format!("did not answer within {JOIN_ANSWER_S} s"),
-            })?
-            .map_err(|_| "raft stopped".to_string())?;
+            .map_err(|_| CatchUp::NoAnswer { last_error: self.peer_error(id) })?
+            .map_err(|_| CatchUp::Stopped)?;
         tokio::time::timeout(Duration::from_secs(JOIN_CATCH_UP_S), m.wait_for(|m| matched(m) >= Some(target)))
             .await
-            .map_err(|_| format!("did not catch up within {JOIN_CATCH_UP_S} s"))?
-            .map_err(|_| "raft stopped".to_string())?;
+            .map_err(|_| CatchUp::Behind)?
+            .map_err(|_| CatchUp::Stopped)?;
         Ok(())
     }
 
@@ -166,6 +163,20 @@ impl Cluster {
         }
         members
     }
+}
+
+/// Why a joining node was not promoted (the sentence continues "node 4 at host:port …").
+#[derive(Debug, thiserror::Error)]
+enum CatchUp {
+    /// It never answered the leader's first replication call (the last error, when one).
+    #[error("did not answer within {JOIN_ANSWER_S} s{}", last_error.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default())]
+    NoAnswer { last_error: Option<String> },
+    /// It answered but did not reach the log index of its addition in time.
+    #[error("did not catch up within {JOIN_CATCH_UP_S} s")]
+    Behind,
+    /// This node's Raft stopped while waiting.
+    #[error("raft stopped")]
+    Stopped,
 }
 
 /// Tells node `id` at `addr` that its removal, the membership entry at log index `at`, is

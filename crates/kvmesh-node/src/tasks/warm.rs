@@ -13,6 +13,32 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// Why one way of warming a prefix failed; each names where.
+#[derive(Debug, thiserror::Error)]
+enum WarmError {
+    /// The completion request got no answer (refused, timed out, reset: the whole chain).
+    #[error("warm-up request to {url}: {chain}")]
+    Request { url: String, chain: String },
+    /// The engine answered with an error status (the body's first 200 characters).
+    #[error("the engine answered {status}: {body}")]
+    Engine { status: reqwest::StatusCode, body: String },
+    /// No replica holds the prefix, so the sidecar has nothing to copy from.
+    #[error("no replica holds the prefix to copy from")]
+    NoHolder,
+    /// `replication.transfer_endpoint` is not a URI tonic takes.
+    #[error("transfer_endpoint {endpoint:?}: {error}")]
+    Endpoint { endpoint: String, error: String },
+    /// The transfer sidecar could not be reached.
+    #[error("connecting to the transfer sidecar {endpoint}: {chain}")]
+    Connect { endpoint: String, chain: String },
+    /// The sidecar's call failed.
+    #[error("transfer sidecar: {0}")]
+    Sidecar(String),
+    /// The sidecar answered and declined.
+    #[error("the transfer sidecar declined: {0}")]
+    Declined(String),
+}
+
 pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::UnboundedSender<WarmFailure>) {
     let section = &shared.replication.section;
     let now = shared.now();
@@ -47,7 +73,7 @@ pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::Unbounded
     let transfer_first = !section.transfer_endpoint.is_empty();
     let budget = section.plan.warm_timeout_s * 0.9;
     let timeout = Duration::from_secs_f64(if transfer_first { budget / 2.0 } else { budget });
-    let mut result = Err("no attempt".to_string());
+    let mut transferred = false;
     if transfer_first {
         match transfer(&section.transfer_endpoint, &w, &model, holder.as_ref(), (&target_url, target_rank), timeout)
             .await
@@ -55,18 +81,21 @@ pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::Unbounded
             Ok(()) => {
                 shared.metrics.replication_warmups.get_or_create(&vec![("result", "transferred".into())]).inc();
                 tracing::info!(replica = %w.replica, prefix = w.hash.0, "replication: transfer started by the sidecar");
-                result = Ok(());
+                transferred = true;
             }
             Err(e) => {
                 tracing::warn!(replica = %w.replica, error = %e, "replication: transfer refused; warming with a prefill")
             }
         }
     }
-    if result.is_err() {
-        result = prefill(&shared, &w, &model, (&target_url, target_rank), timeout).await;
-        let label = if result.is_ok() { "sent" } else { "failed" };
+    let result = if transferred {
+        Ok(())
+    } else {
+        let sent = prefill(&shared, &w, &model, (&target_url, target_rank), timeout).await;
+        let label = if sent.is_ok() { "sent" } else { "failed" };
         shared.metrics.replication_warmups.get_or_create(&vec![("result", label.into())]).inc();
-    }
+        sent
+    };
     if let Some(b) = booking {
         let _ = shared.core().fleet.release(b, Some(1));
     }
@@ -75,7 +104,7 @@ pub(super) async fn send(shared: Arc<Shared>, w: Warmup, failed: mpsc::Unbounded
             tracing::debug!(replica = %w.replica, prefix = w.hash.0, tokens = w.tokens.len(), "replication: warm-up done")
         }
         Err(reason) => {
-            let _ = failed.send(failure(&w, reason));
+            let _ = failed.send(failure(&w, reason.to_string()));
         }
     }
 }
@@ -92,7 +121,7 @@ async fn prefill(
     model: &str,
     (url, rank): (&str, Option<u32>),
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), WarmError> {
     let mut body = serde_json::json!({
         "prompt": &*w.tokens,
         "max_tokens": 1,
@@ -112,13 +141,13 @@ async fn prefill(
         .json(&body)
         .send()
         .await
-        .map_err(|e| format!("warm-up request to {url}: {}", crate::errors::error_chain(&e)))?;
+        .map_err(|e| WarmError::Request { url: url.into(), chain: crate::errors::error_chain(&e) })?;
     let status = resp.status();
     if status.is_success() {
         return Ok(());
     }
     let text = resp.text().await.unwrap_or_default();
-    Err(format!("the engine answered {status}: {}", text.chars().take(200).collect::<String>()))
+    Err(WarmError::Engine { status, body: text.chars().take(200).collect() })
 }
 
 /// Asks the sidecar at `endpoint` to copy the prefix from a holder to the target.
@@ -129,15 +158,15 @@ async fn transfer(
     from: Option<&(String, String, Option<u32>)>,
     (to_url, to_rank): (&str, Option<u32>),
     timeout: Duration,
-) -> Result<(), String> {
-    let (from_replica, from_endpoint, from_rank) = from.cloned().ok_or("no replica holds the prefix to copy from")?;
+) -> Result<(), WarmError> {
+    let (from_replica, from_endpoint, from_rank) = from.cloned().ok_or(WarmError::NoHolder)?;
     let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-        .map_err(|e| format!("transfer_endpoint {endpoint:?}: {e}"))?
+        .map_err(|e| WarmError::Endpoint { endpoint: endpoint.into(), error: e.to_string() })?
         .connect_timeout(Duration::from_secs(2))
         .timeout(timeout)
         .connect()
         .await
-        .map_err(|e| format!("connecting to the transfer sidecar {endpoint}: {}", crate::errors::error_chain(&e)))?;
+        .map_err(|e| WarmError::Connect { endpoint: endpoint.into(), chain: crate::errors::error_chain(&e) })?;
     let req = v1::TransferRequest {
         hash: w.hash.0,
         depth_blocks: w.depth_blocks,
@@ -153,11 +182,11 @@ async fn transfer(
     let resp = v1::replication_transfer_client::ReplicationTransferClient::new(channel)
         .transfer(req)
         .await
-        .map_err(|e| format!("transfer sidecar: {}", e.message()))?
+        .map_err(|e| WarmError::Sidecar(e.message().to_string()))?
         .into_inner();
     if resp.accepted {
         Ok(())
     } else {
-        Err(format!("the transfer sidecar declined: {}", resp.detail))
+        Err(WarmError::Declined(resp.detail))
     }
 }
