@@ -67,10 +67,11 @@ fn header(r: &Report) -> String {
     };
     // Disaggregated, every request also waits for its KV transfer, which the floor leaves out.
     let floor = if r.disaggregated.is_some() { "aggregated floor" } else { "floor" };
+    let gap = if r.disaggregated.is_some() { "waiting and the KV transfer" } else { "waiting" };
     format!(
         "{} — {} requests over {:.0} s on {} × {} replicas, rate scale {}, KV-event delay {:.0} ms{routers}, {seeds}\n\
          {floor} p99 TTFT (no queueing): {} with nothing cached, {} with every reusable prefix cached; SLO {}\n\
-         no-queue p99: a policy's p99 TTFT with the cache hits it got and no queueing (TTFT p99 minus it is waiting)\n",
+         no-queue p99: the p99 TTFT the cache hits a policy got allow with no queueing (TTFT p99 above it: {gap})\n",
         r.source,
         r.requests,
         r.span_s,

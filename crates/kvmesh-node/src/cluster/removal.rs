@@ -15,24 +15,28 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// Whether `answer` (a member's `Cluster.Status`) says node `own_id` was removed: it follows a
-/// leader other than `own_id`, and its membership, newer than `own_index` (the log index of
-/// the membership `own_id` applies), lists no `own_id`.
+/// leader other than `own_id`, and its membership, applied there (so committed) and newer than
+/// `own_index` (the log index of the membership `own_id` applies), lists no `own_id`.
 pub(super) fn says_removed(own_id: u64, own_index: u64, answer: &v1::ClusterStatus) -> bool {
     answer.initialized
         && answer.leader_id.is_some_and(|l| l != own_id)
         && answer.membership_index > own_index
+        && answer.membership_index <= answer.last_applied
         && !answer.members.iter().any(|m| m.node_id == own_id)
 }
 
-/// Every `period` (four election timeouts, at least 2 s) while this node knows no leader, asks
-/// each other member it knows for its status (2 s each) and marks this node removed
-/// ([`Cluster::mark_removed`]) when one [`says_removed`]. Ends once removed, or when `stop`
-/// turns true.
+/// Watches, while this node is a member by its own membership (a node that never joined, or
+/// a learner not caught up yet, is not in it and is never judged), for a leaderless spell of
+/// `period` (four election timeouts, at least 2 s); then asks each other member it knows for
+/// its status (2 s each) and marks this node removed ([`Cluster::mark_removed`]) when one
+/// [`says_removed`]. Ends once removed, or when `stop` turns true.
 pub async fn watch(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
     let period = (4 * cluster.section.election_timeout_max).max(Duration::from_secs(2));
+    let tick = (period / 4).max(Duration::from_millis(100));
+    let mut leaderless_since: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(period) => {}
+            _ = tokio::time::sleep(tick) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
         if cluster.removed() {
@@ -40,24 +44,45 @@ pub async fn watch(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
         }
         // Following a leader (or leading) means being a member.
         let follows = cluster.leader().is_some_and(|(id, _)| id != cluster.id) || cluster.leads();
-        if follows || cluster.faults.isolated() {
+        let (own_index, listed) = {
+            let m = cluster.raft.metrics().borrow().clone();
+            let listed = m.membership_config.membership().nodes().any(|(id, _)| *id == cluster.id);
+            (m.membership_config.log_id().map_or(0, |l| l.index), listed)
+        };
+        if follows || !listed || cluster.faults.isolated() {
+            leaderless_since = None;
             continue;
         }
-        let own_index = cluster.raft.metrics().borrow().membership_config.log_id().map_or(0, |l| l.index);
-        for (id, addr) in cluster.members().into_iter().filter(|(id, _)| *id != cluster.id) {
-            let Some(answer) = status_of(&cluster, &addr).await else { continue };
-            if says_removed(cluster.id, own_index, &answer) {
-                tracing::warn!(
-                    told_by = id,
-                    leader = answer.leader_id,
-                    membership_index = answer.membership_index,
-                    own_membership_index = own_index,
-                    "a member follows a newer membership without this node: it was removed while it was down"
-                );
-                cluster.mark_removed();
-                return;
-            }
+        let since = *leaderless_since.get_or_insert_with(tokio::time::Instant::now);
+        if since.elapsed() < period {
+            continue;
         }
+        let ask = async {
+            for (id, addr) in cluster.members().into_iter().filter(|(id, _)| *id != cluster.id) {
+                let Some(answer) = status_of(&cluster, &addr).await else { continue };
+                if says_removed(cluster.id, own_index, &answer) {
+                    return Some((id, answer));
+                }
+            }
+            None
+        };
+        let told = tokio::select! {
+            told = ask => told,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        if let Some((id, answer)) = told {
+            tracing::warn!(
+                told_by = id,
+                leader = answer.leader_id,
+                membership_index = answer.membership_index,
+                own_membership_index = own_index,
+                "a member follows a newer membership without this node: it was removed while it was down"
+            );
+            cluster.mark_removed();
+            return;
+        }
+        // Asked everyone: wait another spell before asking again.
+        leaderless_since = None;
     }
 }
 
@@ -83,6 +108,7 @@ mod tests {
             leader_id: leader,
             initialized: true,
             membership_index,
+            last_applied: membership_index + 5,
             members: members.iter().map(|&node_id| v1::ClusterMember { node_id, ..Default::default() }).collect(),
             ..Default::default()
         }
@@ -100,6 +126,8 @@ mod tests {
         // No leader there, or this node named as leader (a stale answer): no word to take.
         assert!(!says_removed(4, 40, &answer(None, &[1, 2, 3], 50)));
         assert!(!says_removed(4, 40, &answer(Some(4), &[1, 2, 3], 50)));
+        // A membership the member has not applied may not be committed (a stale leader's).
+        assert!(!says_removed(4, 40, &v1::ClusterStatus { last_applied: 44, ..answer(Some(1), &[1, 2, 3], 45) }));
         // A member not bootstrapped yet knows no membership.
         assert!(!says_removed(4, 0, &v1::ClusterStatus { initialized: false, ..answer(Some(1), &[1], 3) }));
     }

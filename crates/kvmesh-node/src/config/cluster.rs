@@ -85,7 +85,7 @@ impl ClusterSection {
                 return Err(bad(format!("entry {p:?} is not id=host:port with id > 0")));
             }
             if out.insert(id, addr.trim().to_string()).is_some() {
-                return Err(bad(format!("list id {id} twice")));
+                return Err(bad(format!("has id {id} twice")));
             }
         }
         Ok(out)
@@ -103,14 +103,11 @@ impl ClusterSection {
         let wrong = if self.addr.is_empty() { port != Some(grpc_port) } else { *own != self.addr };
         if wrong {
             let serves = if self.addr.is_empty() { format!("port {grpc_port}") } else { self.addr.clone() };
-            return Err(ConfigError::setting(
-                "cluster.peers",
-                format!(
-                    "lists this node (id {}) at {own}, but it serves gRPC on {serves}: peers would dial the wrong \
-                     address; fix its entry in peers (or cluster.addr)",
-                    self.id
-                ),
-            ));
+            return Err(ConfigError::Conflict(format!(
+                "cluster.peers lists this node (id {}) at {own}, but it serves gRPC on {serves}: peers would dial the \
+                 wrong address; fix its entry in peers (or cluster.addr)",
+                self.id
+            )));
         }
         Ok(())
     }

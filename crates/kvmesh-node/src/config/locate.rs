@@ -21,15 +21,25 @@ pub(super) fn located(e: &toml::de::Error, text: &str) -> String {
     let Some(key) = named_key(message) else { return own };
     let header_line = text[..start].lines().count();
     // The section's lines after its header, up to the next header.
-    let body = text[start..].lines().enumerate().skip(1).take_while(|(_, l)| !l.trim_start().starts_with('['));
+    let body = text[start..].lines().enumerate().skip(1).take_while(|(_, l)| !is_header(l));
     for (offset, line) in body {
         let Some((k, _)) = line.split_once('=') else { continue };
-        if k.trim() == key {
-            let column = line.len() - line.trim_start().len();
-            return draw(header_line + offset + 1, column, key.len(), line, message);
+        // `key = …`, `"key" = …`, or a dotted `key.sub = …`.
+        let k = k.trim();
+        let first = k.split('.').next().unwrap_or(k).trim().trim_matches('"').trim_matches('\'');
+        if first == key {
+            let indent = &line[..line.len() - line.trim_start().len()];
+            return draw(header_line + offset + 1, indent, k.len(), line, message);
         }
     }
     own
+}
+
+/// Whether `line` is a table header (`[name]`, `[[name]]`, a comment after it), not a line of
+/// a multi-line array that starts with `[`.
+fn is_header(line: &str) -> bool {
+    let l = line.split('#').next().unwrap_or("").trim();
+    l.starts_with('[') && l.ends_with(']') && !l.contains(['=', ',', '"'])
 }
 
 /// The key a split section's message is about: `` `interval`: … `` or ``unknown field `k` ``.
@@ -41,13 +51,12 @@ fn named_key(message: &str) -> Option<&str> {
 }
 
 /// toml's drawing: the position, the line with its number, carets under `width` characters
-/// from `column` (0-based), then the message.
-fn draw(line_no: usize, column: usize, width: usize, line: &str, message: &str) -> String {
+/// after the line's `indent` (repeated as it is, so a tab lines up), then the message.
+fn draw(line_no: usize, indent: &str, width: usize, line: &str, message: &str) -> String {
     let gutter = " ".repeat(line_no.to_string().len());
     format!(
-        "TOML parse error at line {line_no}, column {}\n{gutter} |\n{line_no} | {line}\n{gutter} | {}{}\n{message}",
-        column + 1,
-        " ".repeat(column),
+        "TOML parse error at line {line_no}, column {}\n{gutter} |\n{line_no} | {line}\n{gutter} | {indent}{}\n{message}",
+        indent.chars().count() + 1,
         "^".repeat(width.max(1)),
     )
 }
@@ -72,6 +81,15 @@ mod tests {
         // Its line is found in its own section, not another section's key of the same name.
         let text = "[autoscaler]\ninterval = \"1s\"\n[replication]\nenabled = true\ninterval = 5\n";
         assert!(error_of(text).starts_with("TOML parse error at line 5, column 1\n  |\n5 | interval = 5\n"));
+        // A dotted key, and a header with a comment.
+        let text = "[replication]  # hot prefixes\n\tsketch.half_life = 5\n";
+        let e = error_of(text);
+        assert!(
+            e.starts_with(
+                "TOML parse error at line 2, column 2\n  |\n2 | \tsketch.half_life = 5\n  | \t^^^^^^^^^^^^^^^^\n"
+            ),
+            "{e}"
+        );
         // An unknown key.
         let e = error_of("[replication]\nenabled = true\nhalf = 2\n");
         assert!(
@@ -86,7 +104,7 @@ mod tests {
         let e = error_of("[node]\nscrape_interval = 30\n");
         assert!(e.starts_with("TOML parse error at line 2, column 19\n  |\n2 | scrape_interval = 30\n"), "{e}");
         // A key the message names that is not in the section: toml's header position stands.
-        let drawn = super::draw(12, 0, 3, "abc = 1", "m");
+        let drawn = super::draw(12, "", 3, "abc = 1", "m");
         assert_eq!(drawn, "TOML parse error at line 12, column 1\n   |\n12 | abc = 1\n   | ^^^\nm");
     }
 }

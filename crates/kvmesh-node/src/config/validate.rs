@@ -70,22 +70,18 @@ impl NodeConfig {
         let hung = n.hung_after;
         if !(hung.is_zero() || hung >= 2 * n.scrape_interval) {
             let default = if hung == NodeSection::default().hung_after { " (its default)" } else { "" };
-            return Err(ConfigError::setting(
-                "node.hung_after",
-                format!(
-                    "must be \"0s\" (off) or at least twice node.scrape_interval (\"{}\"), got \"{}\"{default}",
-                    human(2 * n.scrape_interval),
-                    human(hung)
-                ),
-            ));
+            return Err(ConfigError::Conflict(format!(
+                "node.hung_after must be \"0s\" (off) or at least twice node.scrape_interval (\"{}\"), got \"{}\"{default}",
+                human(2 * n.scrape_interval),
+                human(hung)
+            )));
         }
         let mut adapters = std::collections::HashSet::new();
         for a in &self.node.lora_adapters {
             if a.is_empty() || *a == self.node.model {
-                return Err(ConfigError::setting(
-                    "node.lora_adapters",
-                    format!("has {a:?}: empty or the base model's name"),
-                ));
+                let what =
+                    if a.is_empty() { "an empty entry".to_string() } else { format!("the base model's name {a:?}") };
+                return Err(ConfigError::setting("node.lora_adapters", format!("has {what}")));
             }
             if !adapters.insert(a) {
                 return Err(ConfigError::setting("node.lora_adapters", format!("has {a:?} twice")));
