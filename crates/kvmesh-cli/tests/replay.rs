@@ -315,7 +315,10 @@ fn the_outcomes_csv_has_one_row_per_request_and_agrees_with_the_table() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
-        Some("policy,seed,arrival_s,replica,prompt_tokens,cached_tokens,output_tokens,ttft_s,estimated_ttft_s,e2e_s,rejected")
+        Some(
+            "policy,seed,arrival_s,replica,prompt_tokens,cached_tokens,output_tokens,ttft_s,estimated_ttft_s,e2e_s,\
+             rejected,no_queue_ttft_s,floor_ttft_s"
+        )
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 2 * 2 * 120);
@@ -333,6 +336,13 @@ fn the_outcomes_csv_has_one_row_per_request_and_agrees_with_the_table() {
         let max_ttft = seed1.iter().map(|r| num(r, 7)).fold(0.0, f64::max);
         let p99 = v["results"][k]["per_seed"][0]["ttft_p99"].as_f64().unwrap();
         assert!(p99 <= max_ttft + 1e-6, "{policy}: p99 {p99} above the CSV's largest TTFT {max_ttft}");
+        // Every TTFT is at least its request's prefill alone, which is at least its floor; the
+        // no-queue p99 is the p99 of the former (nearest rank over the 120 served).
+        assert!(seed1.iter().all(|r| num(r, 7) >= num(r, 11) - 1e-6 && num(r, 11) >= num(r, 12) - 1e-6));
+        let mut own: Vec<f64> = seed1.iter().map(|r| num(r, 11)).collect();
+        own.sort_by(f64::total_cmp);
+        let no_queue = v["results"][k]["per_seed"][0]["ttft_p99_no_queue"].as_f64().unwrap();
+        assert!((own[118] - no_queue).abs() < 1e-5, "{policy}: {} against {no_queue}", own[118]);
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

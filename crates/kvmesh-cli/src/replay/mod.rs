@@ -252,18 +252,30 @@ fn scale_row(policy: &str, seed: u64, p: &kvmesh_sim::simulation::ScalePoint) ->
 }
 
 /// `--outcomes-csv` columns.
-const OUTCOMES_CSV_HEADER: &str =
-    "policy,seed,arrival_s,replica,prompt_tokens,cached_tokens,output_tokens,ttft_s,estimated_ttft_s,e2e_s,rejected";
+const OUTCOMES_CSV_HEADER: &str = "policy,seed,arrival_s,replica,prompt_tokens,cached_tokens,output_tokens,ttft_s,\
+                                   estimated_ttft_s,e2e_s,rejected,no_queue_ttft_s,floor_ttft_s";
 
-/// One run's `--outcomes-csv` rows (TTFT and E2E empty when never served).
-fn outcome_rows(policy: &str, seed: u64, outcomes: &[kvmesh_sim::simulation::Outcome]) -> String {
+/// One run's `--outcomes-csv` rows (TTFT and E2E empty when never served). Per request also
+/// its prefill alone on its replica (`profile`'s step model, no queue) with the cache hit it
+/// got, and with every reusable prefix cached (`floor_uncached`, per request in order, as
+/// [`kvmesh_sim::simulation::uncached_prompt_tokens`] counts them): TTFT above the first is
+/// waiting, the first above the second is caching lost.
+fn outcome_rows(
+    policy: &str,
+    seed: u64,
+    outcomes: &[kvmesh_sim::simulation::Outcome],
+    profile: &kvmesh_core::load::ReplicaProfile,
+    floor_uncached: &[u64],
+) -> String {
     use std::fmt::Write;
     let mut csv = String::new();
     let secs = |x: f64| if x.is_finite() { format!("{x:.6}") } else { String::new() };
-    for o in outcomes {
+    for (k, o) in outcomes.iter().enumerate() {
+        let own = u64::from(o.prompt_tokens.saturating_sub(o.cached_tokens).max(1));
+        let floor = floor_uncached.get(k).map_or(f64::NAN, |&u| profile.ttft(u, 0));
         let _ = writeln!(
             csv,
-            "{policy},{seed},{:.6},{},{},{},{},{},{},{},{}",
+            "{policy},{seed},{:.6},{},{},{},{},{},{},{},{},{:.6},{}",
             o.arrival_s,
             o.replica,
             o.prompt_tokens,
@@ -272,7 +284,9 @@ fn outcome_rows(policy: &str, seed: u64, outcomes: &[kvmesh_sim::simulation::Out
             secs(o.first_token_s - o.arrival_s),
             secs(o.estimated_ttft_s),
             secs(o.finish_s - o.arrival_s),
-            o.rejected
+            o.rejected,
+            profile.ttft(own, 0),
+            secs(floor),
         );
     }
     csv
@@ -384,7 +398,8 @@ fn run_all(
                         }
                         if args.outcomes_csv.is_some() {
                             let label = policies[p].to_string();
-                            let csv = outcome_rows(&label, seeds[s], &run.outcomes);
+                            let floor = kvmesh_sim::simulation::uncached_prompt_tokens(trace, config.block_size);
+                            let csv = outcome_rows(&label, seeds[s], &run.outcomes, &config.profile.step(), &floor);
                             outcomes.lock().expect("outcomes").push((label, seeds[s], csv));
                         }
                         let mut ttfts: Vec<f64> = run

@@ -228,7 +228,7 @@ pub fn floors(trace: &Trace, profile: &ReplicaProfile, block_size: u32) -> Floor
 /// covered them), in whole blocks of `block_size` tokens, at least one token (the prompt's last
 /// is always computed). Without block ids: the whole prompt. An infinite cache shared by the
 /// fleet — what the floors and `kvmesh analyze`'s P:D advice assume.
-pub(crate) fn uncached_prompt_tokens(trace: &Trace, block_size: u32) -> Vec<u64> {
+pub fn uncached_prompt_tokens(trace: &Trace, block_size: u32) -> Vec<u64> {
     // Tokens of each id some earlier request computed (a request's last id may be partial).
     let mut seen: HashMap<u64, u64> = HashMap::new();
     let bt = u64::from(trace.block_tokens.unwrap_or(0));

@@ -23,8 +23,7 @@ mod scaling;
 
 pub use config::{AdmissionConfig, OutputInfo, SimConfig};
 pub use kvmesh_core::replication::ReplicationConfig;
-pub(crate) use metrics::uncached_prompt_tokens;
-pub use metrics::{floors, Floors, RunMetrics};
+pub use metrics::{floors, uncached_prompt_tokens, Floors, RunMetrics};
 pub use pd::{simulate_pd, PdConfig};
 pub use scaling::{Autoscaler, ScalePoint, ScalingConfig, ScalingStats};
 
