@@ -99,7 +99,7 @@ fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs) -> anyhow::Result
     if let (true, Some(c)) = (args.insecure, config.cluster.as_mut()) {
         c.insecure = true;
     }
-    config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", args.config_path().display()))?;
+    config.validate().map_err(|e| e.at(args.config_path()))?;
     Ok(config)
 }
 

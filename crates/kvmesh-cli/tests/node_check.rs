@@ -66,4 +66,12 @@ fn a_refused_file_exits_1_with_the_reason() {
     let out = check(&format!("[node]\ntokenizer = \"/nonexistent/tokenizer.json\"\n{REPLICA}"), &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("node.tokenizer: "), "{}", text(&out.stderr));
+    // A refused value names the file's line that sets it.
+    let out = check(&format!("[node]\nblock_size = 16\n\n{}", REPLICA.replace("= 100", "= 0")), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("kvmesh.toml:7: replica \"vllm-0\": capacity_blocks must be positive"), "{stderr}");
+    let out = check(&format!("[node]\n\nproxy_threads = 0\n{REPLICA}"), &[]);
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("kvmesh.toml:3: node.proxy_threads must be at least 1"), "{stderr}");
 }

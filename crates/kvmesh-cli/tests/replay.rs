@@ -388,3 +388,49 @@ fn rl_rollouts_get_a_decode_table_with_their_steps() {
         "{table}"
     );
 }
+
+#[test]
+fn a_request_never_served_has_its_prompt_and_floor_but_no_ttft_in_the_outcomes_csv() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-rejected-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A Mooncake trace whose second prompt (600,000 tokens) is larger than an H100 replica's
+    // KV cache (470,000 tokens): the engine cannot serve it.
+    let line = |at: u32, tokens: u32, ids: std::ops::Range<u32>| {
+        format!(
+            "{{\"timestamp\": {at}, \"input_length\": {tokens}, \"output_length\": 5, \"hash_ids\": {:?}}}\n",
+            ids.collect::<Vec<_>>()
+        )
+    };
+    let trace = dir.join("t.jsonl");
+    std::fs::write(&trace, line(0, 1000, 1..3) + &line(100, 600_000, 10..1182) + &line(200, 1000, 1..3)).unwrap();
+    let csv = dir.join("o.csv");
+    let out = kvmesh(&[
+        "replay",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--replicas",
+        "1",
+        "--policies",
+        "token_load",
+        "--quiet",
+        "--outcomes-csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<Vec<String>> = std::fs::read_to_string(&csv)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    // Served, on the H100 step model: 1,000 tokens alone take 23 ms (17.25 µs a token and one
+    // 5.75 ms step); the third reuses the first's 992 cached tokens (62 whole blocks).
+    assert_eq!(rows[0][7..].to_vec(), ["0.023000", "0.023000", "0.046024", "false", "0.023000", "0.023000"]);
+    assert_eq!(rows[2][5], "992");
+    assert_eq!(rows[2][11], rows[2][7], "served at once: TTFT is its own prefill");
+    // Never served: its prompt and floor are there, its TTFT, E2E and no-queue time empty.
+    assert_eq!(rows[1][4], "600000");
+    assert_eq!((rows[1][7].as_str(), rows[1][9].as_str(), rows[1][10].as_str()), ("", "", "true"));
+    assert_eq!((rows[1][11].as_str(), rows[1][12].as_str()), ("", "10.775500"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

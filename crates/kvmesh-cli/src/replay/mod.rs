@@ -255,15 +255,17 @@ fn scale_row(policy: &str, seed: u64, p: &kvmesh_sim::simulation::ScalePoint) ->
 const OUTCOMES_CSV_HEADER: &str = "policy,seed,arrival_s,replica,prompt_tokens,cached_tokens,output_tokens,ttft_s,\
                                    estimated_ttft_s,e2e_s,rejected,no_queue_ttft_s,floor_ttft_s";
 
-/// One run's `--outcomes-csv` rows (TTFT and E2E empty when never served). Per request also
-/// its prefill alone on its replica (`profile`'s step model, no queue) with the cache hit it
-/// got, and with every reusable prefix cached (`floor_uncached`, per request in order, as
-/// [`kvmesh_sim::simulation::uncached_prompt_tokens`] counts them): TTFT above the first is
-/// waiting, the first above the second is caching lost.
+/// One run's `--outcomes-csv` rows (TTFT and E2E empty when never served; so are the
+/// replica and the no-queue time of a request never routed, whose prompt is the trace's). Per
+/// request also its prefill alone on its replica (`profile`'s step model, no queue) with the
+/// cache hit it got, and with every reusable prefix cached (`floor_uncached`, per request in
+/// order, as [`kvmesh_sim::simulation::uncached_prompt_tokens`] counts them): TTFT above the
+/// first is waiting, the first above the second is caching lost.
 fn outcome_rows(
     policy: &str,
     seed: u64,
     outcomes: &[kvmesh_sim::simulation::Outcome],
+    trace: &Trace,
     profile: &kvmesh_core::load::ReplicaProfile,
     floor_uncached: &[u64],
 ) -> String {
@@ -271,21 +273,24 @@ fn outcome_rows(
     let mut csv = String::new();
     let secs = |x: f64| if x.is_finite() { format!("{x:.6}") } else { String::new() };
     for (k, o) in outcomes.iter().enumerate() {
-        let own = u64::from(o.prompt_tokens.saturating_sub(o.cached_tokens).max(1));
+        let served = o.first_token_s.is_finite();
+        let prompt =
+            if o.prompt_tokens == 0 { trace.requests.get(k).map_or(0, |r| r.input_tokens) } else { o.prompt_tokens };
+        let own = u64::from(prompt.saturating_sub(o.cached_tokens).max(1));
+        let no_queue = if served { profile.ttft(own, 0) } else { f64::NAN };
         let floor = floor_uncached.get(k).map_or(f64::NAN, |&u| profile.ttft(u, 0));
+        let replica = if o.replica == u32::MAX { String::new() } else { o.replica.to_string() };
         let _ = writeln!(
             csv,
-            "{policy},{seed},{:.6},{},{},{},{},{},{},{},{},{:.6},{}",
+            "{policy},{seed},{:.6},{replica},{prompt},{},{},{},{},{},{},{},{}",
             o.arrival_s,
-            o.replica,
-            o.prompt_tokens,
             o.cached_tokens,
             o.output_tokens,
             secs(o.first_token_s - o.arrival_s),
             secs(o.estimated_ttft_s),
             secs(o.finish_s - o.arrival_s),
             o.rejected,
-            profile.ttft(own, 0),
+            secs(no_queue),
             secs(floor),
         );
     }
@@ -399,7 +404,8 @@ fn run_all(
                         if args.outcomes_csv.is_some() {
                             let label = policies[p].to_string();
                             let floor = kvmesh_sim::simulation::uncached_prompt_tokens(trace, config.block_size);
-                            let csv = outcome_rows(&label, seeds[s], &run.outcomes, &config.profile.step(), &floor);
+                            let step = config.profile.step();
+                            let csv = outcome_rows(&label, seeds[s], &run.outcomes, trace, &step, &floor);
                             outcomes.lock().expect("outcomes").push((label, seeds[s], csv));
                         }
                         let mut ttfts: Vec<f64> = run

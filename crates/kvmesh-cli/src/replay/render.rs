@@ -71,7 +71,8 @@ fn header(r: &Report) -> String {
     format!(
         "{} — {} requests over {:.0} s on {} × {} replicas, rate scale {}, KV-event delay {:.0} ms{routers}, {seeds}\n\
          {floor} p99 TTFT (no queueing): {} with nothing cached, {} with every reusable prefix cached; SLO {}\n\
-         no-queue p99: the p99 TTFT the cache hits a policy got allow with no queueing (TTFT p99 above it: {gap})\n",
+         no-queue p99: p99 TTFT if each request had run its prefill alone, keeping the cache hits this policy got \
+         (TTFT p99 above it: {gap}); both over completed requests\n",
         r.source,
         r.requests,
         r.span_s,

@@ -85,7 +85,7 @@ impl ClusterSection {
                 return Err(bad(format!("entry {p:?} is not id=host:port with id > 0")));
             }
             if out.insert(id, addr.trim().to_string()).is_some() {
-                return Err(bad(format!("has id {id} twice")));
+                return Err(bad(format!("has id {id} twice: each node has an id of its own")));
             }
         }
         Ok(out)

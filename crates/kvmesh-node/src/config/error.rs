@@ -46,6 +46,31 @@ impl ConfigError {
         Self::Replica { replica: replica.into(), problem: problem.into() }
     }
 
+    /// The line (1-based) of `text`, the configuration file, that this refusal is about: the
+    /// refused key's, or the refused replica's `name`; `None` for a conflict, a syntax error
+    /// (its message has the line already) or a refused default.
+    pub fn line_in(&self, text: &str) -> Option<usize> {
+        match self {
+            Self::Setting { key, .. } => super::locate::line_of_key(text, key),
+            // The problem names the field first: `capacity_blocks must be positive`.
+            Self::Replica { replica, problem } => {
+                let field = problem.split([' ', ':']).next().unwrap_or("");
+                super::locate::line_of_replica(text, replica, field)
+            }
+            Self::Syntax { .. } | Self::Conflict(_) => None,
+        }
+    }
+
+    /// This refusal of the file at `path`, as `path:line: message` when [`Self::line_in`]
+    /// finds its line in the file as it is now, else `path: message`.
+    pub fn at(&self, path: &std::path::Path) -> anyhow::Error {
+        let line = std::fs::read_to_string(path).ok().and_then(|text| self.line_in(&text));
+        match line {
+            Some(l) => anyhow::anyhow!("{}:{l}: {self}", path.display()),
+            None => anyhow::anyhow!("{}: {self}", path.display()),
+        }
+    }
+
     /// A core config's refusal (`InvalidConfig { field, reason }`) as the key of `section`.
     pub(crate) fn from_core(section: &str, e: kvmesh_core::Error) -> Self {
         match e {

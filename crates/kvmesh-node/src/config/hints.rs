@@ -140,8 +140,9 @@ fn bare_duration(message: &str, line: &str, text: &str) -> Option<String> {
         Some(k) => (k, value_of(text, k)?),
         None => line.split_once('=').map(|(k, v)| (k.trim(), v.split('#').next().unwrap_or("").trim()))?,
     };
-    value.parse::<f64>().ok()?;
-    Some(format!("durations are text with a unit: {key} = \"{value}ms\" or \"{value}s\""))
+    // The likelier unit first: a small number is more often seconds, a large one milliseconds.
+    let (first, second) = if value.parse::<f64>().ok()? < 100.0 { ("s", "ms") } else { ("ms", "s") };
+    Some(format!("durations are text with a unit: {key} = \"{value}{first}\" or \"{value}{second}\""))
 }
 
 /// For serde's "unknown field `x`, expected one of `a`, `b`": the expected key closest to `x`,

@@ -20,19 +20,81 @@ pub(super) fn located(e: &toml::de::Error, text: &str) -> String {
     let message = e.message();
     let Some(key) = named_key(message) else { return own };
     let header_line = text[..start].lines().count();
-    // The section's lines after its header, up to the next header.
-    let body = text[start..].lines().enumerate().skip(1).take_while(|(_, l)| !is_header(l));
-    for (offset, line) in body {
+    // The key's path below the section: `[replication]` starts at "", `[replication.sketch]`
+    // at "sketch". Lines are read on through the section's own sub-tables.
+    let name = |h: &str| h.split('#').next().unwrap_or("").trim().trim_matches(['[', ']']).trim().to_string();
+    let top = name(header).split('.').next().unwrap_or("").to_string();
+    let mut prefix = path_of(name(header).split_once('.').map_or("", |(_, rest)| rest));
+    for (offset, line) in text[start..].lines().enumerate().skip(1) {
+        if is_header(line) {
+            match name(line).strip_prefix(&format!("{top}.")) {
+                Some(rest) => prefix = path_of(rest),
+                None => break,
+            }
+            continue;
+        }
         let Some((k, _)) = line.split_once('=') else { continue };
-        // `key = …`, `"key" = …`, or a dotted `key.sub = …`.
-        let k = k.trim();
-        let first = k.split('.').next().unwrap_or(k).trim().trim_matches('"').trim_matches('\'');
-        if first == key {
+        let full = if prefix.is_empty() { path_of(k) } else { format!("{prefix}.{}", path_of(k)) };
+        // The key itself, or the inline table (`sketch = { … }`) that holds it.
+        if full == key || key.starts_with(&format!("{full}.")) {
             let indent = &line[..line.len() - line.trim_start().len()];
-            return draw(header_line + offset + 1, indent, k.len(), line, message);
+            return draw(header_line + offset + 1, indent, k.trim().len(), line, message);
         }
     }
     own
+}
+
+/// The line (1-based) where `text` sets the dotted key `key` (`node.block_size`,
+/// `replication.sketch.half_life`): in its section, a sub-table of it, a dotted key or an
+/// inline table; `None` when the file does not set it (a default was refused).
+pub(super) fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    let (section, rest) = key.split_once('.')?;
+    let name = |h: &str| h.split('#').next().unwrap_or("").trim().trim_matches(['[', ']']).trim().to_string();
+    let mut prefix: Option<String> = None;
+    for (i, line) in text.lines().enumerate() {
+        if is_header(line) {
+            let n = name(line);
+            prefix =
+                if n == section { Some(String::new()) } else { n.strip_prefix(&format!("{section}.")).map(path_of) };
+            continue;
+        }
+        let (Some(prefix), Some((k, _))) = (&prefix, line.split_once('=')) else { continue };
+        let full = if prefix.is_empty() { path_of(k) } else { format!("{prefix}.{}", path_of(k)) };
+        if full == rest || rest.starts_with(&format!("{full}.")) {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// The line (1-based) of `field` in the `[[replicas]]` entry named `replica`, or of its
+/// `name = "…"` when the entry does not set `field`.
+pub(super) fn line_of_replica(text: &str, replica: &str, field: &str) -> Option<usize> {
+    // Each entry's lines: its `name` line and its `field` line, when set.
+    let (mut name_at, mut field_at, mut in_replicas) = (None, None, false);
+    for (i, line) in text.lines().enumerate() {
+        if is_header(line) {
+            if name_at.is_some() {
+                break;
+            }
+            in_replicas = line.trim_start().starts_with("[[replicas]]");
+            field_at = None;
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=').filter(|_| in_replicas) else { continue };
+        let v = v.split('#').next().unwrap_or("").trim().trim_matches(['"', '\'']);
+        match path_of(k) {
+            k if k == "name" && v == replica => name_at = Some(i + 1),
+            k if k == field => field_at = Some(i + 1),
+            _ => {}
+        }
+    }
+    name_at.map(|n| field_at.unwrap_or(n))
+}
+
+/// A written key path without quotes or spaces: `"sketch" . half_life` → `sketch.half_life`.
+fn path_of(written: &str) -> String {
+    written.split('.').map(|s| s.trim().trim_matches(['"', '\''])).collect::<Vec<_>>().join(".")
 }
 
 /// Whether `line` is a table header (`[name]`, `[[name]]`, a comment after it), not a line of
@@ -76,7 +138,7 @@ mod tests {
             error_of(text),
             "TOML parse error at line 6, column 3\n  |\n6 |   interval = 30\n  |   ^^^^^^^^\n`interval`: invalid \
              type: integer `30`, expected a duration as text, like \"250ms\" or \"2s\"\nhint: durations are text with \
-             a unit: interval = \"30ms\" or \"30s\""
+             a unit: interval = \"30s\" or \"30ms\""
         );
         // Its line is found in its own section, not another section's key of the same name.
         let text = "[autoscaler]\ninterval = \"1s\"\n[replication]\nenabled = true\ninterval = 5\n";
@@ -86,15 +148,43 @@ mod tests {
         let e = error_of(text);
         assert!(
             e.starts_with(
-                "TOML parse error at line 2, column 2\n  |\n2 | \tsketch.half_life = 5\n  | \t^^^^^^^^^^^^^^^^\n"
+                "TOML parse error at line 2, column 2\n  |\n2 | \tsketch.half_life = 5\n  | \t^^^^^^^^^^^^^^^^\n\
+                 `sketch.half_life`: "
             ),
             "{e}"
         );
+        // The same in a sub-table of its own, and in an inline table.
+        let text = "[replication]\nenabled = true\n\n[replication.sketch]\ncapacity = 10\nhalf_life = 5\n";
+        assert!(
+            error_of(text).starts_with("TOML parse error at line 6, column 1\n  |\n6 | half_life = 5\n  | ^^^^^^^^^\n")
+        );
+        let text = "[replication]\nsketch = { capacity = 10, half_life = 5 }\n";
+        assert!(error_of(text).starts_with("TOML parse error at line 2, column 1\n  |\n2 | sketch = { capacity"));
         // An unknown key.
         let e = error_of("[replication]\nenabled = true\nhalf = 2\n");
         assert!(
             e.starts_with("TOML parse error at line 3, column 1\n  |\n3 | half = 2\n  | ^^^^\nunknown field `half`"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_refused_value_is_found_in_the_file() {
+        let text =
+            "[node]\nblock_size = 0\n\n[replication]\nenabled = true\n[replication.sketch]\nmax_depth_blocks = 3\n\
+                    [[replicas]]\nname = \"a\"\nhttp = \"http://a:8000\"\ncapacity_blocks = 9\n[[replicas]]\nname = \"b\"  # second\n\
+                    http = \"http://b:8000\"\ncapacity_blocks = 9\n";
+        assert_eq!(super::line_of_key(text, "node.block_size"), Some(2));
+        assert_eq!(super::line_of_key(text, "replication.sketch.max_depth_blocks"), Some(7));
+        assert_eq!(super::line_of_key(text, "node.hung_after"), None, "a default is in no line");
+        assert_eq!(super::line_of_replica(text, "b", "capacity_blocks"), Some(15));
+        assert_eq!(super::line_of_replica(text, "b", "engine"), Some(13), "not set: its name's line");
+        assert_eq!(super::line_of_replica(text, "a", "capacity_blocks"), Some(11));
+        assert_eq!(super::line_of_replica(text, "c", "capacity_blocks"), None);
+        let refused = NodeConfig::parse(text).unwrap().validate().unwrap_err();
+        assert_eq!(
+            (refused.to_string().as_str(), refused.line_in(text)),
+            ("node.block_size must be positive", Some(2))
         );
     }
 

@@ -155,7 +155,7 @@ impl NodeConfig {
     /// [`NodeConfig::validate`].
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let config = Self::read(path)?;
-        config.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        config.validate().map_err(|e| e.at(path))?;
         Ok(config)
     }
 

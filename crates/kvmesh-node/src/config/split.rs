@@ -40,12 +40,17 @@ where
 /// error points at the section, not the key).
 fn part<T: DeserializeOwned, E: de::Error>(table: toml::Table) -> Result<T, E> {
     toml::Value::Table(table.clone()).try_into().map_err(|e: toml::de::Error| {
-        // Every key has a default, so the key whose value fails alone is the bad one.
-        let culprit = table.iter().find(|(k, v)| {
-            let one = toml::Table::from_iter([((*k).clone(), (*v).clone())]);
-            toml::Value::Table(one).try_into::<T>().is_err()
-        });
+        // Every key has a default, so the key whose value fails alone is the bad one; in a
+        // table of its own (`sketch = { … }`), the sub-key whose value fails alone there.
+        let fails = |one: toml::Table| toml::Value::Table(one).try_into::<T>().is_err();
+        let alone = |k: &String, v: &toml::Value| toml::Table::from_iter([(k.clone(), v.clone())]);
+        let culprit = table.iter().find(|(k, v)| fails(alone(k, v)));
         match culprit {
+            Some((k, toml::Value::Table(inner))) => {
+                let sub = inner.iter().find(|(s, v)| fails(alone(k, &toml::Value::Table(alone(s, v)))));
+                let path = sub.map_or(k.clone(), |(s, _)| format!("{k}.{s}"));
+                E::custom(format!("`{path}`: {}", e.message()))
+            }
             Some((k, _)) => E::custom(format!("`{k}`: {}", e.message())),
             None => E::custom(e.message()),
         }

@@ -79,8 +79,11 @@ impl NodeConfig {
         let mut adapters = std::collections::HashSet::new();
         for a in &self.node.lora_adapters {
             if a.is_empty() || *a == self.node.model {
-                let what =
-                    if a.is_empty() { "an empty entry".to_string() } else { format!("the base model's name {a:?}") };
+                let what = if a.is_empty() {
+                    "an empty entry (remove it)".to_string()
+                } else {
+                    format!("the base model's name {a:?}")
+                };
                 return Err(ConfigError::setting("node.lora_adapters", format!("has {what}")));
             }
             if !adapters.insert(a) {

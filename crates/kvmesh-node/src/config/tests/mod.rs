@@ -223,7 +223,7 @@ fn lora_adapters_are_named_once_and_not_the_base_model() {
     with("[\"sql\", \"chat\"]").unwrap();
     assert_eq!(with("[\"sql\", \"sql\"]").unwrap_err().to_string(), "node.lora_adapters has \"sql\" twice");
     assert_eq!(with("[\"m\"]").unwrap_err().to_string(), "node.lora_adapters has the base model's name \"m\"");
-    assert_eq!(with("[\"\"]").unwrap_err().to_string(), "node.lora_adapters has an empty entry");
+    assert_eq!(with("[\"\"]").unwrap_err().to_string(), "node.lora_adapters has an empty entry (remove it)");
     // A replica's own list: the same rules.
     let mut c: NodeConfig = toml::from_str(EXAMPLE).unwrap();
     c.replicas[0].model = Some("m2".into());
