@@ -77,6 +77,28 @@ fn check(config: &NodeConfig, args: &NodeArgs) -> anyhow::Result<()> {
         out += &format!(", cluster node {} ({} configured peer(s))", c.id, c.peers.len());
     }
     out.push('\n');
+    // The services off by default, when this file turns them on.
+    let mut on = Vec::new();
+    if config.autoscaler.enabled {
+        let p = &config.autoscaler.policy;
+        on.push(format!("autoscaler ({}–{} replicas)", p.min_replicas, p.max_replicas));
+    }
+    if config.admission.enabled {
+        let slo = config.admission.ttft_slo.map(|s| format!(", TTFT SLO {}", kvmesh_node::config::human(s)));
+        on.push(format!("admission (queue ≤ {}{})", config.admission.queue_limit, slo.unwrap_or_default()));
+    }
+    if config.replication.enabled {
+        on.push("hot-prefix replication".into());
+    }
+    if pre.tls.is_some() {
+        on.push("TLS".into());
+    }
+    if let Some(t) = &config.node.tokenizer {
+        on.push(format!("tokenizer {}", t.display()));
+    }
+    if !on.is_empty() {
+        out += &format!("also on: {}\n", on.join(", "));
+    }
     for warning in pre.warnings {
         out += &format!("warning: {warning}\n");
     }

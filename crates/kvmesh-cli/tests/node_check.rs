@@ -36,6 +36,17 @@ fn a_valid_file_says_what_would_run_and_its_warnings() {
         lines[1].starts_with("warning: node.booking_lease (\"5m\") is shorter than node.request_timeout"),
         "{stdout}"
     );
+    // The services a file turns on are listed.
+    let on = "[autoscaler]\nenabled = true\nmin_replicas = 2\nmax_replicas = 6\n[admission]\nenabled = true\n\
+              ttft_slo = \"2s\"\n[replication]\nenabled = true\n";
+    let out = check(&format!("{REPLICA}{on}"), &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        stdout.lines().nth(1),
+        Some("also on: autoscaler (2–6 replicas), admission (queue ≤ 256, TTFT SLO 2s), hot-prefix replication"),
+        "{stdout}"
+    );
 }
 
 #[test]
