@@ -43,9 +43,13 @@ impl serde::de::Visitor<'_> for Text {
 /// # Errors
 /// A message quoting `text` when it is not a duration in humantime's grammar.
 pub fn parse(text: &str) -> Result<f64, String> {
-    humantime::parse_duration(text)
-        .map(|d| d.as_secs_f64())
-        .map_err(|e| format!("{text:?} is not a duration ({e}); write one like \"250ms\", \"2s\" or \"1m 30s\""))
+    humantime::parse_duration(text).map(|d| d.as_secs_f64()).map_err(|e| {
+        // humantime lists every unit it reads (months, years…); the caller's hint lists the
+        // ones worth writing, once.
+        let e = e.to_string();
+        let why = e.split(", supported units").next().unwrap_or(&e);
+        format!("{text:?} is not a duration ({why}); write one like \"250ms\", \"2s\" or \"1m 30s\"")
+    })
 }
 
 #[cfg(test)]
@@ -65,7 +69,7 @@ mod tests {
         let back: S = serde_json::from_str(&serde_json::to_string(&S { t: 0.1 }).unwrap()).unwrap();
         assert_eq!(back.t, 0.1);
         let e = serde_json::from_str::<S>(r#"{"t": "2 fortnights"}"#).unwrap_err().to_string();
-        assert!(e.contains("\"2 fortnights\" is not a duration"), "{e}");
+        assert!(e.contains("\"2 fortnights\" is not a duration (unknown time unit \"fortnights\"); write"), "{e}");
         assert!(serde_json::from_str::<S>(r#"{"t": 2}"#).is_err());
         assert!(serde_json::to_string(&S { t: -1.0 }).is_err());
     }
