@@ -38,6 +38,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// How long a starting node waits for a Raft store whose lock is still held.
+const STORE_LOCK_WAIT: Duration = Duration::from_secs(5);
+
 /// `d` in whole milliseconds, as openraft's settings take them.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -183,7 +186,21 @@ impl Cluster {
         token: Option<crate::auth::Secret>,
         tls: Option<tonic::transport::ClientTlsConfig>,
     ) -> anyhow::Result<Cluster> {
-        let (log_store, sm_store) = store::open(&section.data_dir)?;
+        // A node stopped in this process (or a process still exiting) may be closing the store:
+        // its lock goes with the last of its handles. Wait for it a while rather than fail a
+        // restart; a store another live node holds is refused after the wait.
+        let deadline = tokio::time::Instant::now() + STORE_LOCK_WAIT;
+        let (log_store, sm_store) = loop {
+            match store::open(&section.data_dir) {
+                Err(e) if format!("{e:#}").contains("could not acquire lock") => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(e.context("is another kvmesh node using this data_dir?"));
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                opened => break opened?,
+            }
+        };
         let state = sm_store.subscribe();
         let config = openraft::Config {
             cluster_name: "kvmesh".into(),
