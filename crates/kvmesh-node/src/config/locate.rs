@@ -22,12 +22,11 @@ pub(super) fn located(e: &toml::de::Error, text: &str) -> String {
     let header_line = text[..start].lines().count();
     // The key's path below the section: `[replication]` starts at "", `[replication.sketch]`
     // at "sketch". Lines are read on through the section's own sub-tables.
-    let name = |h: &str| h.split('#').next().unwrap_or("").trim().trim_matches(['[', ']']).trim().to_string();
-    let top = name(header).split('.').next().unwrap_or("").to_string();
-    let mut prefix = path_of(name(header).split_once('.').map_or("", |(_, rest)| rest));
+    let top = table_name(header).split('.').next().unwrap_or("").to_string();
+    let mut prefix = path_of(table_name(header).split_once('.').map_or("", |(_, rest)| rest));
     for (offset, line) in text[start..].lines().enumerate().skip(1) {
         if is_header(line) {
-            match name(line).strip_prefix(&format!("{top}.")) {
+            match table_name(line).strip_prefix(&format!("{top}.")) {
                 Some(rest) => prefix = path_of(rest),
                 None => break,
             }
@@ -49,11 +48,10 @@ pub(super) fn located(e: &toml::de::Error, text: &str) -> String {
 /// inline table; `None` when the file does not set it (a default was refused).
 pub(super) fn line_of_key(text: &str, key: &str) -> Option<usize> {
     let (section, rest) = key.split_once('.')?;
-    let name = |h: &str| h.split('#').next().unwrap_or("").trim().trim_matches(['[', ']']).trim().to_string();
     let mut prefix: Option<String> = None;
     for (i, line) in text.lines().enumerate() {
         if is_header(line) {
-            let n = name(line);
+            let n = table_name(line);
             prefix =
                 if n == section { Some(String::new()) } else { n.strip_prefix(&format!("{section}.")).map(path_of) };
             continue;
@@ -90,6 +88,11 @@ pub(super) fn line_of_replica(text: &str, replica: &str, field: &str) -> Option<
         }
     }
     name_at.map(|n| field_at.unwrap_or(n))
+}
+
+/// The table a header line names: `[replication.sketch]  # …` → `replication.sketch`.
+fn table_name(header: &str) -> String {
+    header.split('#').next().unwrap_or("").trim().trim_matches(['[', ']']).trim().to_string()
 }
 
 /// A written key path without quotes or spaces: `"sketch" . half_life` → `sketch.half_life`.
