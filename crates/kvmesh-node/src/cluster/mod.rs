@@ -7,7 +7,7 @@
 //! - [`operator`]: the operator's `kvmesh cluster` calls.
 //! - [`removal`]: a node removed while it was down learns it from the members.
 //! - `membership`: joins and leaves; `forward`: a write sent on to the leader; `status`: the
-//!   cluster as this node sees it.
+//!   cluster as this node sees it; `leadership`: leader changes in the log.
 //!
 //! Beside it: the Raft, Cluster and Gossip gRPC services in [`crate::grpc::cluster`], gossip of
 //! this node's booking deltas in [`crate::tasks::gossip`], and keeping the node's replica
@@ -17,6 +17,7 @@
 //! its own view; losing the leader or quorum freezes configuration changes only.
 
 mod forward;
+mod leadership;
 mod membership;
 pub mod network;
 pub mod operator;
@@ -26,6 +27,7 @@ mod status;
 pub mod store;
 
 use forward::{forward_write, Forwarded};
+pub use leadership::log_leadership;
 
 use crate::config::{ClusterSection, ReplicaConfig};
 use network::{Faults, Network};
@@ -37,9 +39,6 @@ use std::io::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-
-/// How long a starting node waits for a Raft store whose lock is still held.
-const STORE_LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// `d` in whole milliseconds, as openraft's settings take them.
 fn millis(d: Duration) -> u64 {
@@ -86,31 +85,6 @@ pub enum ClusterError {
          returns; check `kvmesh cluster status`"
     )]
     NotCommitted,
-}
-
-/// Logs each change of Raft leader this node sees (who, in which term; a lost leader as a
-/// warning) until `stop` turns true: an operator reading one node's log sees failovers.
-pub async fn log_leadership(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
-    let mut m = cluster.raft.metrics();
-    let mut last = m.borrow().current_leader;
-    loop {
-        tokio::select! {
-            changed = m.changed() => if changed.is_err() { return },
-            _ = stop.wait_for(|s| *s) => return,
-        }
-        let (leader, term) = {
-            let b = m.borrow();
-            (b.current_leader, b.current_term)
-        };
-        if leader != last {
-            match leader {
-                Some(l) if l == cluster.id => tracing::info!(term, "raft: this node leads"),
-                Some(l) => tracing::info!(leader = l, term, "raft: leader elected"),
-                None => tracing::warn!(term, previous = last, "raft: no leader (election running)"),
-            }
-            last = leader;
-        }
-    }
 }
 
 /// Seconds a joining node has to answer the leader's first append (an address nobody
@@ -186,21 +160,7 @@ impl Cluster {
         token: Option<crate::auth::Secret>,
         tls: Option<tonic::transport::ClientTlsConfig>,
     ) -> anyhow::Result<Cluster> {
-        // A node stopped in this process (or a process still exiting) may be closing the store:
-        // its lock goes with the last of its handles. Wait for it a while rather than fail a
-        // restart; a store another live node holds is refused after the wait.
-        let deadline = tokio::time::Instant::now() + STORE_LOCK_WAIT;
-        let (log_store, sm_store) = loop {
-            match store::open(&section.data_dir) {
-                Err(e) if format!("{e:#}").contains("could not acquire lock") => {
-                    if tokio::time::Instant::now() >= deadline {
-                        return Err(e.context("is another kvmesh node using this data_dir?"));
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                opened => break opened?,
-            }
-        };
+        let (log_store, sm_store) = store::open_waiting(&section.data_dir).await?;
         let state = sm_store.subscribe();
         let config = openraft::Config {
             cluster_name: "kvmesh".into(),

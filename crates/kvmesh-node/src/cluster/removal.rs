@@ -1,7 +1,7 @@
 //! Learning of a removal this node missed.
 //!
 //! The leader that commits a node's removal tells that node (`LeaveRequest.removed_notice`,
-//! [`super::membership`]); a node that was down then never hears it, and nothing else would
+//! `cluster::membership`); a node that was down then never hears it, and nothing else would
 //! tell it: the leader replicates nothing more to it. Restarted, it would campaign for ever
 //! and route on a registry that no longer reaches it. So a node that has known no leader for a
 //! while asks the members it knows how they see the cluster, and takes the word of one that
@@ -29,7 +29,7 @@ pub(super) fn says_removed(own_id: u64, own_index: u64, answer: &v1::ClusterStat
 /// a learner not caught up yet, is not in it and is never judged), for a leaderless spell of
 /// `period` (four election timeouts, at least 2 s); then asks each other member it knows for
 /// its status (2 s each) and marks this node removed ([`Cluster::mark_removed`]) when one
-/// [`says_removed`]. Ends once removed, or when `stop` turns true.
+/// `says_removed`. Ends once removed, or when `stop` turns true.
 pub async fn watch(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
     let period = (4 * cluster.section.election_timeout_max).max(Duration::from_secs(2));
     let tick = (period / 4).max(Duration::from_millis(100));

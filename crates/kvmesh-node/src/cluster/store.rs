@@ -98,6 +98,30 @@ const LAST_PURGED: &str = "last_purged";
 const STATE: &str = "state";
 const SNAPSHOT: &str = "snapshot";
 
+/// How long [`open_waiting`] waits for a store whose lock is still held.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// [`open`], waiting up to 5 s while the store's lock is held: a node stopped in this process
+/// (or a process still exiting) may be closing it, its lock going with the last of its
+/// handles. A store another live node holds is refused after the wait.
+///
+/// # Errors
+/// As [`open`]; a lock still held after the wait, asking whether another node uses `dir`.
+pub async fn open_waiting(dir: &Path) -> anyhow::Result<(LogStore, StateMachineStore)> {
+    let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match open(dir) {
+            Err(e) if format!("{e:#}").contains("could not acquire lock") => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(e.context("is another kvmesh node using this data_dir?"));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            opened => return opened,
+        }
+    }
+}
+
 /// Opens (or creates) the store in `dir`, checking every stored value's checksum.
 ///
 /// # Errors
