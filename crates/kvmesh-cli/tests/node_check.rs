@@ -85,4 +85,17 @@ fn a_refused_file_exits_1_with_the_reason() {
     let out = check(&format!("[node]\n\nproxy_threads = 0\n{REPLICA}"), &[]);
     let stderr = text(&out.stderr);
     assert!(stderr.contains("kvmesh.toml:3: node.proxy_threads must be at least 1"), "{stderr}");
+    // Every part's refusal at once, in order, each at its line.
+    let out = check(
+        &format!("[node]\nproxy_threads = 0\n[limits]\nhttp_max_connections = 0\n{}", REPLICA.replace("= 100", "= 0")),
+        &[],
+    );
+    let stderr = text(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].ends_with("kvmesh.toml:2: node.proxy_threads must be at least 1")
+    );
+    assert!(lines[1].ends_with("kvmesh.toml:4: limits.http_max_connections must be positive"), "{stderr}");
+    assert!(lines[2].ends_with("kvmesh.toml:8: replica \"vllm-0\": capacity_blocks must be positive"), "{stderr}");
 }

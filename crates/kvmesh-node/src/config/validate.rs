@@ -8,9 +8,34 @@ impl NodeConfig {
     /// Checks values and combinations.
     ///
     /// # Errors
-    /// The first refusal found: [`ConfigError::Setting`] naming the key,
+    /// The first of [`NodeConfig::refusals`]: [`ConfigError::Setting`] naming the key,
     /// [`ConfigError::Replica`] naming the replica, or [`ConfigError::Conflict`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.refusals().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every refusal, at most one per part — the disaggregated models' engines, `[node]`,
+    /// `[replication]`, `[autoscaler]`, `[admission]`, `[limits]`, `[epp]`, `[cluster]`, the
+    /// replicas — in that order, so one run of `kvmesh node --check` shows them all. Empty
+    /// when the configuration is valid.
+    pub fn refusals(&self) -> Vec<ConfigError> {
+        [
+            self.check_engines(),
+            self.check_node(),
+            self.replication.validate(),
+            self.autoscaler.validate(),
+            self.admission.validate(),
+            self.limits.validate(),
+            self.epp.validate(),
+            self.check_cluster(),
+            self.check_replicas(),
+        ]
+        .into_iter()
+        .filter_map(Result::err)
+        .collect()
+    }
+
+    fn check_engines(&self) -> Result<(), ConfigError> {
         // One hand-over per model: a prefill replica's engine decides it, so a decode replica
         // of another engine would receive fields it does not read.
         let mut engines = std::collections::BTreeMap::<&str, (&str, &str)>::new();
@@ -25,6 +50,10 @@ impl NodeConfig {
                 )));
             }
         }
+        Ok(())
+    }
+
+    fn check_node(&self) -> Result<(), ConfigError> {
         let kind = self.node.policy.parse::<PolicyKind>().map_err(|e| match e {
             kvmesh_core::Error::UnknownPolicy { name, known } => {
                 ConfigError::setting("node.policy", format!("names no policy ({name:?}); known policies: {known}"))
@@ -106,11 +135,10 @@ impl NodeConfig {
                 format!("must be at most an hour (\"1h\"), got \"{}\"", human(self.node.shutdown_grace)),
             ));
         }
-        self.replication.validate()?;
-        self.autoscaler.validate()?;
-        self.admission.validate()?;
-        self.limits.validate()?;
-        self.epp.validate()?;
+        Ok(())
+    }
+
+    fn check_cluster(&self) -> Result<(), ConfigError> {
         if let Some(c) = &self.cluster {
             if c.id == 0 {
                 return Err(ConfigError::setting("cluster.id", "must be positive (or --id / KVMESH_NODE_ID)"));
@@ -152,6 +180,10 @@ impl NodeConfig {
                 return Err(ConfigError::setting("cluster.snapshot_every", "must be positive"));
             }
         }
+        Ok(())
+    }
+
+    fn check_replicas(&self) -> Result<(), ConfigError> {
         let mut names = std::collections::HashSet::new();
         let mut engines: std::collections::HashMap<(&str, Option<u32>), &str> = std::collections::HashMap::new();
         // One block size per model; node.model's is node.block_size.

@@ -382,3 +382,22 @@ fn one_engine_under_two_names_is_refused() {
 }
 
 mod durations;
+
+#[test]
+fn refusals_are_one_per_part_in_order_and_validate_gives_the_first() {
+    let text = EXAMPLE.replacen("[node]\n", "[node]\nblock_size = 0\nproxy_threads = 0\n", 1).replace("= 100", "= 0")
+        + "[limits]\nhttp_max_connections = 0\n";
+    let c: NodeConfig = toml::from_str(&text).unwrap();
+    let all: Vec<String> = c.refusals().iter().map(ToString::to_string).collect();
+    // [node]'s first only (block_size, not proxy_threads), then [limits], then the replica.
+    assert_eq!(
+        all,
+        [
+            "node.block_size must be positive",
+            "limits.http_max_connections must be positive",
+            "replica \"vllm-0\": capacity_blocks must be positive"
+        ]
+    );
+    assert_eq!(c.validate().unwrap_err().to_string(), all[0]);
+    assert!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().refusals().is_empty());
+}
