@@ -256,7 +256,8 @@ const OUTCOMES_CSV_HEADER: &str = "policy,seed,arrival_s,replica,prompt_tokens,c
                                    estimated_ttft_s,e2e_s,rejected,no_queue_ttft_s,floor_ttft_s";
 
 /// One run's `--outcomes-csv` rows (TTFT and E2E empty when never served; so are the
-/// replica and the no-queue time of a request never routed, whose prompt is the trace's). Per
+/// replica and the no-queue time of a request never routed, whose prompt is the trace's; in a
+/// disaggregated run the replica is the decode side's). Per
 /// request also its prefill alone on its replica (`profile`'s step model, no queue) with the
 /// cache hit it got, and with every reusable prefix cached (`floor_uncached`, per request in
 /// order, as [`kvmesh_sim::simulation::uncached_prompt_tokens`] counts them): TTFT above the
