@@ -330,9 +330,21 @@ impl Cluster {
         let peers: Vec<u64> = self.members().into_keys().filter(|&p| p != self.id).collect();
         // A node refused by all campaigns every election timeout, so its marks stay this fresh;
         // once it follows a leader it calls nobody, and its old marks age out.
-        let fresh = (4 * self.section.election_timeout_max).max(Duration::from_secs(2));
+        let fresh = self.leaderless_window();
         let down = self.down.lock().unwrap_or_else(|p| p.into_inner());
         peers.len() >= 2 && peers.iter().all(|p| down.get(p).is_some_and(|d| d.refused && d.at.elapsed() < fresh))
+    }
+
+    /// How long a member goes without a leader before that says more than an election running:
+    /// four of the longest election timeouts, at least 2 s (a slow flush or a starved CPU can
+    /// stretch one).
+    pub fn leaderless_window(&self) -> Duration {
+        (4 * self.section.election_timeout_max).max(Duration::from_secs(2))
+    }
+
+    /// The log index of the membership entry this node applies; 0 before any.
+    pub fn membership_index(&self) -> u64 {
+        self.raft.metrics().borrow().membership_config.log_id().map_or(0, |l| l.index)
     }
 
     /// Records that this node was removed and stops its Raft (in the background: a removed

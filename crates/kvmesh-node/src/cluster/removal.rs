@@ -31,7 +31,7 @@ pub(super) fn says_removed(own_id: u64, own_index: u64, answer: &v1::ClusterStat
 /// its status (2 s each) and marks this node removed ([`Cluster::mark_removed`]) when one
 /// `says_removed`. Ends once removed, or when `stop` turns true.
 pub async fn watch(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
-    let period = (4 * cluster.section.election_timeout_max).max(Duration::from_secs(2));
+    let period = cluster.leaderless_window();
     let tick = (period / 4).max(Duration::from_millis(100));
     let mut leaderless_since: Option<tokio::time::Instant> = None;
     loop {
@@ -44,11 +44,11 @@ pub async fn watch(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
         }
         // Following a leader (or leading) means being a member.
         let follows = cluster.leader().is_some_and(|(id, _)| id != cluster.id) || cluster.leads();
-        let (own_index, listed) = {
-            let m = cluster.raft.metrics().borrow().clone();
-            let listed = m.membership_config.membership().nodes().any(|(id, _)| *id == cluster.id);
-            (m.membership_config.log_id().map_or(0, |l| l.index), listed)
-        };
+        // Its own membership, not `members()`: that falls back to the configured peers before
+        // any membership, where a wiped node that has not joined yet would find itself.
+        let listed =
+            cluster.raft.metrics().borrow().membership_config.membership().nodes().any(|(id, _)| *id == cluster.id);
+        let own_index = cluster.membership_index();
         if follows || !listed || cluster.faults.isolated() {
             leaderless_since = None;
             continue;

@@ -20,7 +20,7 @@ impl Cluster {
             ServerState::Shutdown => "shutdown",
         };
         let last_log = m.last_log_index.unwrap_or(0);
-        let membership_index = m.membership_config.log_id().map_or(0, |l| l.index);
+        let membership_index = self.membership_index();
         let members = membership
             .nodes()
             .map(|(id, n)| v1::ClusterMember {

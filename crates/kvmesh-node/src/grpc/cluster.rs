@@ -147,9 +147,13 @@ impl cluster_server::Cluster for ClusterServices {
             }
             // A late notice for a node that has joined again since: its own membership entry
             // is the newer one.
-            let own = self.cluster.raft.metrics().borrow().membership_config.log_id().map(|l| l.index);
-            if own.is_some_and(|own| own > r.membership_index) {
-                tracing::info!(at = r.membership_index, own = ?own, "ignoring a removal notice older than this node's membership");
+            let own = self.cluster.membership_index();
+            if own > r.membership_index {
+                tracing::info!(
+                    at = r.membership_index,
+                    own,
+                    "ignoring a removal notice older than this node's membership"
+                );
             } else {
                 self.cluster.mark_removed();
             }
