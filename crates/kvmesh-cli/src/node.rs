@@ -122,13 +122,7 @@ fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs) -> anyhow::Result
         c.insecure = true;
     }
     // Every refusal at once, each at its line: one run shows the whole fix.
-    let refusals = config.refusals();
-    if !refusals.is_empty() {
-        let path = args.config_path();
-        let text = std::fs::read_to_string(path).ok();
-        let lines: Vec<String> = refusals.iter().map(|e| e.located_in(path, text.as_deref())).collect();
-        anyhow::bail!("{}", lines.join("\n"));
-    }
+    config.validate_file(args.config_path())?;
     Ok(config)
 }
 

@@ -61,12 +61,6 @@ impl ConfigError {
         }
     }
 
-    /// This refusal of the file at `path`, as `path:line: message` when [`Self::line_in`]
-    /// finds its line in the file as it is now, else `path: message`.
-    pub fn at(&self, path: &std::path::Path) -> anyhow::Error {
-        anyhow::anyhow!("{}", self.located_in(path, std::fs::read_to_string(path).ok().as_deref()))
-    }
-
     /// `path:line: message`, the line found in `text` (the file's contents) when given and
     /// [`Self::line_in`] finds it; `path: message` otherwise.
     pub fn located_in(&self, path: &std::path::Path, text: Option<&str>) -> String {

@@ -19,28 +19,13 @@ pub(super) fn located(e: &toml::de::Error, text: &str) -> String {
     }
     let message = e.message();
     let Some(key) = named_key(message) else { return own };
-    let header_line = text[..start].lines().count();
-    // The key's path below the section: `[replication]` starts at "", `[replication.sketch]`
-    // at "sketch". Lines are read on through the section's own sub-tables.
+    // The message names the key below the split section (a top-level table), whichever of its
+    // headers (`[replication]`, `[replication.sketch]`) toml pointed at.
     let top = table_name(header).split('.').next().unwrap_or("").to_string();
-    let mut prefix = path_of(table_name(header).split_once('.').map_or("", |(_, rest)| rest));
-    for (offset, line) in text[start..].lines().enumerate().skip(1) {
-        if is_header(line) {
-            match table_name(line).strip_prefix(&format!("{top}.")) {
-                Some(rest) => prefix = path_of(rest),
-                None => break,
-            }
-            continue;
-        }
-        let Some((k, _)) = line.split_once('=') else { continue };
-        let full = if prefix.is_empty() { path_of(k) } else { format!("{prefix}.{}", path_of(k)) };
-        // The key itself, or the inline table (`sketch = { … }`) that holds it.
-        if full == key || key.starts_with(&format!("{full}.")) {
-            let indent = &line[..line.len() - line.trim_start().len()];
-            return draw(header_line + offset + 1, indent, k.trim().len(), line, message);
-        }
-    }
-    own
+    let Some(line_no) = line_of_key(text, &format!("{top}.{key}")) else { return own };
+    let line = text.lines().nth(line_no - 1).unwrap_or("");
+    let written = line.split_once('=').map_or(line, |(k, _)| k).trim();
+    draw(line_no, &line[..line.len() - line.trim_start().len()], written.len(), line, message)
 }
 
 /// The line (1-based) where `text` sets the dotted key `key` (`node.block_size`,

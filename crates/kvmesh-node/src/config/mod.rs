@@ -152,11 +152,26 @@ impl NodeConfig {
     ///
     /// # Errors
     /// The file cannot be read, is not valid TOML for this schema (with the line), or fails
-    /// [`NodeConfig::validate`].
+    /// [`NodeConfig::validate_file`] (every refusal, at its line).
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let config = Self::read(path)?;
-        config.validate().map_err(|e| e.at(path))?;
+        config.validate_file(path)?;
         Ok(config)
+    }
+
+    /// [`NodeConfig::validate`] for a configuration read from the file at `path`.
+    ///
+    /// # Errors
+    /// Every refusal ([`NodeConfig::refusals`]), a line each, as `path:line: message` where
+    /// the file (as it is now) sets the refused value ([`ConfigError::line_in`]).
+    pub fn validate_file(&self, path: &Path) -> anyhow::Result<()> {
+        let refusals = self.refusals();
+        if refusals.is_empty() {
+            return Ok(());
+        }
+        let text = std::fs::read_to_string(path).ok();
+        let lines: Vec<String> = refusals.iter().map(|e| e.located_in(path, text.as_deref())).collect();
+        anyhow::bail!("{}", lines.join("\n"))
     }
 
     /// Reads a TOML file without validating it (command-line flags complete it first).
