@@ -277,8 +277,7 @@ fn outcome_rows(
         let served = o.first_token_s.is_finite();
         let prompt =
             if o.prompt_tokens == 0 { trace.requests.get(k).map_or(0, |r| r.input_tokens) } else { o.prompt_tokens };
-        let own = u64::from(prompt.saturating_sub(o.cached_tokens).max(1));
-        let no_queue = if served { profile.ttft(own, 0) } else { f64::NAN };
+        let no_queue = if served { o.no_queue_ttft_s(profile) } else { f64::NAN };
         let floor = floor_uncached.get(k).map_or(f64::NAN, |&u| profile.ttft(u, 0));
         let replica = if o.replica == u32::MAX { String::new() } else { o.replica.to_string() };
         let _ = writeln!(

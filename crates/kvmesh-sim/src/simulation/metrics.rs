@@ -103,11 +103,7 @@ impl RunMetrics {
         let done: Vec<_> = run.outcomes.iter().filter(|o| o.finish_s.is_finite()).collect();
         let ttft = sorted(done.iter().map(|o| o.first_token_s - o.arrival_s).collect());
         let step = config.profile.step();
-        let own = sorted(
-            done.iter()
-                .map(|o| step.ttft(u64::from(o.prompt_tokens.saturating_sub(o.cached_tokens).max(1)), 0))
-                .collect(),
-        );
+        let own = sorted(done.iter().map(|o| o.no_queue_ttft_s(&step)).collect());
         let tpot = sorted(
             done.iter()
                 .filter(|o| o.output_tokens > 1)

@@ -87,6 +87,15 @@ pub struct Outcome {
     pub rejected: bool,
 }
 
+impl Outcome {
+    /// Its prefill alone on its replica with the cache hit it got, no queue, seconds:
+    /// `profile`'s [`ReplicaProfile::ttft`](kvmesh_core::load::ReplicaProfile::ttft) of its
+    /// uncached tokens (at least the last one). Its TTFT above this is waiting.
+    pub fn no_queue_ttft_s(&self, profile: &kvmesh_core::load::ReplicaProfile) -> f64 {
+        profile.ttft(u64::from(self.prompt_tokens.saturating_sub(self.cached_tokens).max(1)), 0)
+    }
+}
+
 /// A finished simulation.
 #[derive(Debug)]
 pub struct Run {
