@@ -307,28 +307,26 @@ impl Policy for TokenLoadPolicy {
             // One pass: within the budget (and room, for a heavy request), the replica caching
             // most, the cheapest of those, the first on ties; and the most any near-best
             // replica caches (what the cost alone would give).
-            let mut held: Option<Candidate> = None;
-            let mut greedy: Option<u32> = None;
-            for c in scores.clone() {
-                if near_cost(&c) {
-                    greedy = Some(greedy.map_or(c.uncached_tokens, |g| g.min(c.uncached_tokens)));
+            // (Kept as scalars, not a copied candidate: this loop runs over every replica.)
+            let (mut held, mut held_uncached, mut held_cost) = (None, 0, 0.0);
+            let (mut greedy, mut any_near) = (u32::MAX, false);
+            for c in self.cands.iter().filter(|c| score_all || c.fits) {
+                if near_cost(c) {
+                    (greedy, any_near) = (greedy.min(c.uncached_tokens), true);
                 }
-                if c.ttft_s <= budget && (!heavy || c.fits) {
-                    let better = held.is_none_or(|h| {
-                        c.uncached_tokens < h.uncached_tokens
-                            || (c.uncached_tokens == h.uncached_tokens && c.cost.total_cmp(&h.cost).is_lt())
-                    });
-                    if better {
-                        held = Some(c);
-                    }
+                let within = c.ttft_s <= budget && (!heavy || c.fits);
+                if within
+                    && (held.is_none()
+                        || c.uncached_tokens < held_uncached
+                        || (c.uncached_tokens == held_uncached && c.cost.total_cmp(&held_cost).is_lt()))
+                {
+                    (held, held_uncached, held_cost) = (Some(c.i), c.uncached_tokens, c.cost);
                 }
             }
-            if let (Some(h), Some(g)) = (held, greedy) {
-                // (When the cost's own choice caches as much, there is nothing to hold.)
-                if h.uncached_tokens < g {
-                    let reason = if reason == Reason::NoKvHeadroom { reason } else { Reason::PrefixMatch };
-                    return Ok(Decision::at(view, req, h.i, reason));
-                }
+            // (When the cost's own choice caches as much, there is nothing to hold.)
+            if let Some(h) = held.filter(|_| any_near && held_uncached < greedy) {
+                let reason = if reason == Reason::NoKvHeadroom { reason } else { Reason::PrefixMatch };
+                return Ok(Decision::at(view, req, h, reason));
             }
         }
         // Spreading comes after affinity: a cache hit held within the tail budget is not given
