@@ -269,29 +269,34 @@ impl Policy for TokenLoadPolicy {
         // Staying is worth the decode time a move would take from others only where staying
         // fits: a replica short of KV room would preempt its own decodes instead.
         let interference = if best_cached_fits { p.interference_weight } else { 0.0 };
+        // The replicas scored: all of them when a KV shortage is priced (or none has room),
+        // else those with room. One pass costs them and finds the lowest cost and TTFT among
+        // them (passes over every replica are what a decision at 1,024 replicas spends).
+        let score_all = p.kv_wait_weight > 0.0 || !any_fits;
+        let (mut best, mut fastest) = (f64::INFINITY, f64::INFINITY);
         for c in &mut self.cands {
             let extra = c.uncached_tokens - fewest_uncached;
             c.cost = c.ttft_s + p.kv_wait_weight * c.kv_wait_s;
             if (charge > 0.0 || interference > 0.0) && extra > 0 {
                 c.cost += (charge + interference * f64::from(c.decoding)) * extra as f64 * c.prefill_s_per_token;
             }
+            if score_all || c.fits {
+                (best, fastest) = (best.min(c.cost), fastest.min(c.ttft_s));
+            }
         }
         let reason = if any_fits { Reason::LowestCost } else { Reason::NoKvHeadroom };
-        // The replicas scored: all of them when a KV shortage is priced (or none has room),
-        // else those with room.
-        let score_all = p.kv_wait_weight > 0.0 || !any_fits;
         let scores = self.cands.iter().copied().filter(move |c| score_all || c.fits);
-        let best = min_of(scores.clone(), |c| c.cost);
         let tolerance = p.near_equal_s.max(p.near_equal_rel * best);
         let near_cost = move |c: &Candidate| c.cost <= best + tolerance;
         // The request's own prefill, no queue, at the replica caching most of it.
         let profile = view.replicas[cached_best].profile(learn);
         self.own_prefill.observe(profile.ttft(u64::from(fewest_uncached), 0));
+        // The lowest TTFT among near-best replicas: found by the affinity pass when it runs.
+        let mut fastest_near = None;
         if p.affinity_budget > 0.0 {
             // Its wait there: queue and prefill. Not the wait for KV room the cost prices: with it
             // in, synthetic ×21 read 2.08 s p99 against 1.92 s, conversation ×17.6 1.45 against
             // 1.42 s (BENCHMARKS.md); a replica chosen short of room is priced there anyway.
-            let fastest = min_of(scores.clone(), |c| c.ttft_s);
             let budget = (p.affinity_budget * self.own_prefill.p99()).max(fastest);
             // A request that grows in decode, held on a replica short of KV room while others
             // have room, fills it to preemption: running sequences' next blocks evict each
@@ -309,10 +314,10 @@ impl Policy for TokenLoadPolicy {
             // replica caches (what the cost alone would give).
             // (Kept as scalars, not a copied candidate: this loop runs over every replica.)
             let (mut held, mut held_uncached, mut held_cost) = (None, 0, 0.0);
-            let (mut greedy, mut any_near) = (u32::MAX, false);
+            let (mut greedy, mut any_near, mut fastest) = (u32::MAX, false, f64::INFINITY);
             for c in self.cands.iter().filter(|c| score_all || c.fits) {
                 if near_cost(c) {
-                    (greedy, any_near) = (greedy.min(c.uncached_tokens), true);
+                    (greedy, any_near, fastest) = (greedy.min(c.uncached_tokens), true, fastest.min(c.ttft_s));
                 }
                 let within = c.ttft_s <= budget && (!heavy || c.fits);
                 if within
@@ -328,6 +333,7 @@ impl Policy for TokenLoadPolicy {
                 let reason = if reason == Reason::NoKvHeadroom { reason } else { Reason::PrefixMatch };
                 return Ok(Decision::at(view, req, h, reason));
             }
+            fastest_near = Some(fastest);
         }
         // Spreading comes after affinity: a cache hit held within the tail budget is not given
         // away, and every request's own prefill feeds that budget. (Before it, with peers
@@ -342,7 +348,7 @@ impl Policy for TokenLoadPolicy {
         // random one among exact ties): the estimate cannot see a step already running, and
         // rotating among equals spaces arrivals out on each replica, as round robin does,
         // instead of letting two land together on one.
-        let fastest = min_of(scores.clone().filter(near_cost), |c| c.ttft_s);
+        let fastest = fastest_near.unwrap_or_else(|| min_of(scores.clone().filter(near_cost), |c| c.ttft_s));
         self.near.clear();
         self.near.extend(
             scores
