@@ -72,10 +72,11 @@ fn main() -> anyhow::Result<()> {
             args.variant, report.requests, report.queries, report.entries
         );
         println!("{}", report.table());
-        if let Some(d) = report.decision {
+        if let (Some(d), Some(h), Some(f)) = (report.decision, report.decision_hash, report.decision_decide) {
             println!(
-                "kvmesh whole decision (hash + query + token_load): p50 {:.2} µs, p99 {:.2} µs",
-                d.p50_us, d.p99_us
+                "kvmesh whole decision (hash + query + token_load): p50 {:.2} µs, p99 {:.2} µs \
+                 (hashing p50 {:.2} / p99 {:.2} µs, Fleet::decide p50 {:.2} / p99 {:.2} µs)",
+                d.p50_us, d.p99_us, h.p50_us, h.p99_us, f.p50_us, f.p99_us
             );
         }
         reports.push(report);
@@ -118,7 +119,8 @@ fn measure(w: &Workload, config: &WorkloadConfig, concurrent: bool, decision_onl
     }
     eprintln!("  kvmesh: whole decisions");
     let capacity = (config.total_blocks / config.engines.max(1)) as u64;
-    let decision = Some(Latency::of(&decision_pass(w, capacity)));
+    let times = decision_pass(w, capacity);
+    let decision = Some(Latency::of(&times.whole));
     Report {
         replicas: w.engines,
         variant: config.variant,
@@ -127,6 +129,8 @@ fn measure(w: &Workload, config: &WorkloadConfig, concurrent: bool, decision_onl
         entries,
         rows,
         decision,
+        decision_hash: Some(Latency::of(&times.hash)),
+        decision_decide: Some(Latency::of(&times.decide)),
     }
 }
 

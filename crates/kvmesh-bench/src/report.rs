@@ -72,6 +72,10 @@ pub struct Report {
     pub rows: Vec<IndexRow>,
     /// kvmesh's whole decision (hash + query + token_load), when run.
     pub decision: Option<Latency>,
+    /// Its hashing part, when run.
+    pub decision_hash: Option<Latency>,
+    /// Its `Fleet::decide` part (query + token_load), when run.
+    pub decision_decide: Option<Latency>,
 }
 
 impl Report {

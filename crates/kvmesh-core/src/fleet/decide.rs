@@ -194,7 +194,7 @@ impl Fleet {
     }
 
     fn largest_blocks(&self) -> u64 {
-        self.replicas.iter().map(|r| r.spec.capacity_blocks).max().unwrap_or(0)
+        self.largest_blocks
     }
 
     /// The largest `capacity_blocks` among the replicas serving `model` (`None` or

@@ -108,6 +108,9 @@ pub struct Fleet {
     /// The settings of each model whose replicas declared another block size than the
     /// fleet's: the fleet's with that block size (what its decisions' views read).
     model_configs: FxHashMap<ModelKey, FleetConfig>,
+    /// The largest `capacity_blocks` of any registered replica (0 with none): read by every
+    /// decision, so kept here instead of found by a pass over the replicas.
+    largest_blocks: u64,
 }
 
 /// How often decoding bookings' expected outputs are re-estimated from what they generated,
@@ -143,6 +146,7 @@ impl Fleet {
             outputs_refreshed_at: f64::NEG_INFINITY,
             step_s: Vec::new(),
             model_configs: FxHashMap::default(),
+            largest_blocks: 0,
         })
     }
 
@@ -268,6 +272,7 @@ impl Fleet {
         self.bookings.set_block_size(id, block_size);
         let hasher = self.hasher_for(&spec.model);
         self.index.register(id, (hasher != self.hasher).then_some(hasher));
+        self.largest_blocks = self.largest_blocks.max(spec.capacity_blocks);
         self.replicas.push(ReplicaState {
             id,
             spec,
@@ -326,6 +331,7 @@ impl Fleet {
     pub fn remove_replica(&mut self, id: ReplicaId) -> Result<usize, Error> {
         let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
         let gone = self.replicas.remove(p);
+        self.largest_blocks = self.replicas.iter().map(|r| r.spec.capacity_blocks).max().unwrap_or(0);
         if !self.replicas.iter().any(|r| r.model == gone.model) {
             // The model's last replica: a new one may come with another block size.
             self.model_configs.remove(&gone.model);

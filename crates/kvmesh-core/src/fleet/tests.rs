@@ -153,6 +153,12 @@ fn a_huge_max_tokens_books_no_more_output_than_the_largest_replica_holds() {
     assert_eq!(r.decision.reason, Reason::NoKvHeadroom);
     assert_eq!(f.bookings().load(r.decision.replica).expected_decode_tokens, 160_000);
     assert_eq!(f.bookings().load(a).expected_decode_tokens + f.bookings().load(b).expected_decode_tokens, 160_000);
+    // The largest goes with its replica, and with the last one nothing is left.
+    f.remove_replica(a).unwrap();
+    assert_eq!(f.largest_kv_tokens(), 32_000);
+    assert_eq!(f.expected_output_tokens(&huge), 32_000);
+    f.remove_replica(b).unwrap();
+    assert_eq!(f.largest_kv_tokens(), 0);
 }
 
 /// Requests whose first 64 tokens match learn from each other's outputs; a hint beats both.
