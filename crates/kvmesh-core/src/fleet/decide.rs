@@ -303,7 +303,7 @@ impl Fleet {
         if let Some(base) = pending {
             self.sparse.clear();
             let (bookings, config) = (&self.bookings, &self.config);
-            let replicas = &self.replicas;
+            let (replicas, positions) = (&self.replicas, &self.positions);
             // Asked once per record entry, so once per replica listed under each of the
             // prompt's recorded blocks: each replica's window is worked out once.
             self.pending_windows.clear();
@@ -314,12 +314,12 @@ impl Fleet {
                 if !cell.get().is_nan() {
                     return cell.get();
                 }
-                let w = match replicas.binary_search_by_key(&id, |r| r.id) {
-                    Ok(p) => {
+                let w = match super::position(positions, id) {
+                    Some(p) => {
                         let rate = replicas[p].profile(config.learn_prefill_rate).prefill_s_per_token;
                         base + bookings.load(id).queued_prefill_at(now, rate) as f64 * rate
                     }
-                    Err(_) => 0.0,
+                    None => 0.0,
                 };
                 cell.set(w);
                 w
@@ -335,7 +335,7 @@ impl Fleet {
             }
             for &(id, until) in &w.targets {
                 if now < until {
-                    if let Ok(p) = self.replicas.binary_search_by_key(&id, |r| r.id) {
+                    if let Some(p) = super::position(&self.positions, id) {
                         self.overlaps[p].gpu = self.overlaps[p].gpu.max(w.depth);
                     }
                 }

@@ -79,6 +79,11 @@ pub struct Fleet {
     config: FleetConfig,
     hasher: BlockHasher,
     replicas: Vec<ReplicaState>,
+    /// Each replica id's position in `replicas` (`NO_POSITION`: none), by id: a decision
+    /// looks up every replica its routing record names (all of them, under a prefix routed to
+    /// the whole fleet), where a binary search each was most of a Route's cost at 1,024
+    /// replicas.
+    positions: Vec<u32>,
     index: IndexHome,
     record: RoutingRecord,
     bookings: Bookings,
@@ -132,6 +137,7 @@ impl Fleet {
             hasher,
             config,
             replicas: Vec::new(),
+            positions: Vec::new(),
             next_id: 0,
             epoch: 0,
             active_peers: 0,
@@ -273,6 +279,9 @@ impl Fleet {
         let hasher = self.hasher_for(&spec.model);
         self.index.register(id, (hasher != self.hasher).then_some(hasher));
         self.largest_blocks = self.largest_blocks.max(spec.capacity_blocks);
+        // Ids only grow, so a new replica goes last and `replicas` stays sorted by id.
+        self.positions.resize(id.index() + 1, NO_POSITION);
+        self.positions[id.index()] = self.replicas.len() as u32;
         self.replicas.push(ReplicaState {
             id,
             spec,
@@ -332,6 +341,10 @@ impl Fleet {
         let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
         let gone = self.replicas.remove(p);
         self.largest_blocks = self.replicas.iter().map(|r| r.spec.capacity_blocks).max().unwrap_or(0);
+        self.positions[id.index()] = NO_POSITION;
+        for (q, r) in self.replicas.iter().enumerate().skip(p) {
+            self.positions[r.id.index()] = q as u32;
+        }
         if !self.replicas.iter().any(|r| r.model == gone.model) {
             // The model's last replica: a new one may come with another block size.
             self.model_configs.remove(&gone.model);
@@ -456,9 +469,19 @@ impl Fleet {
         self.planned = planned;
     }
 
+    #[inline]
     fn pos(&self, id: ReplicaId) -> Option<usize> {
-        self.replicas.binary_search_by_key(&id, |r| r.id).ok()
+        position(&self.positions, id)
     }
+}
+
+/// "No such replica" in [`Fleet`]'s id → position map.
+const NO_POSITION: u32 = u32::MAX;
+
+/// `id`'s position in the fleet's replicas, from its id → position map `positions`.
+#[inline]
+fn position(positions: &[u32], id: ReplicaId) -> Option<usize> {
+    positions.get(id.index()).copied().filter(|&p| p != NO_POSITION).map(|p| p as usize)
 }
 
 /// Whether `id`'s KV events can be routed on, as `index` reads after them: none refused for

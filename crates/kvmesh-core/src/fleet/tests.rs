@@ -419,3 +419,28 @@ pub(super) fn stored(tokens: &[u32], first_id: u64) -> KvEvent {
 }
 
 mod models;
+
+/// Removing a replica moves every later one down a place: lookups by id, and the routing
+/// record's overlaps, still land on the right replica.
+#[test]
+fn replicas_after_a_removed_one_keep_their_ids() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    let ids: Vec<ReplicaId> = ["a", "b", "c", "d"].iter().map(|n| f.add_replica(silent(n)).unwrap()).collect();
+    let mut p = PolicyKind::TokenLoad.build();
+    let prompt = RouteRequest::new(f.hasher(), &toks(512), Some(16));
+    let first = f.route(p.as_mut(), &prompt, &mut rng(), 0.0).unwrap().decision.replica;
+    // Remove a replica before the chosen one in id order (or the first other one).
+    let gone = *ids.iter().find(|&&id| id != first).unwrap();
+    f.remove_replica(gone).unwrap();
+    assert!(f.replica(gone).is_none());
+    for (&id, name) in ids.iter().zip(["a", "b", "c", "d"]) {
+        if id != gone {
+            assert_eq!(f.replica(id).map(|r| r.spec.name.as_str()), Some(name));
+        }
+    }
+    // The record still names the replica the prompt went to, which caches all 32 blocks.
+    let again = f.decide(p.as_mut(), &prompt, &mut rng(), 0.1).unwrap();
+    assert_eq!((again.replica, again.overlap_blocks), (first, 32));
+    f.set_status(ids[3], ReplicaStatus::Draining).unwrap();
+    assert_eq!(f.replica(ids[3]).unwrap().status, ReplicaStatus::Draining);
+}
