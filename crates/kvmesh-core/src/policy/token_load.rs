@@ -212,7 +212,20 @@ fn spread_among_peers(
 
 /// The minimum of `f` over `items`, or +∞ (NaNs ignored, as `f64::min` does).
 fn min_of<T>(items: impl Iterator<Item = T>, f: impl Fn(&T) -> f64) -> f64 {
-    items.fold(f64::INFINITY, |m, x| m.min(f(&x)))
+    items.fold(f64::INFINITY, |m, x| lower(m, f(&x)))
+}
+
+/// `x` when it is below `m`, else `m`: `f64::min` for a running minimum that never starts
+/// as NaN (a NaN `x` is ignored, as `f64::min` ignores it). A compare and branch, where
+/// `f64::min`'s NaN handling is a dependent sequence chained through every replica of a
+/// pass (the passes' running minimums were a sixth of the pick at 1,024 replicas).
+#[inline(always)]
+fn lower(m: f64, x: f64) -> f64 {
+    if x < m {
+        x
+    } else {
+        m
+    }
 }
 
 impl Policy for TokenLoadPolicy {
@@ -233,7 +246,8 @@ impl Policy for TokenLoadPolicy {
         let estimator = view.estimator(req);
         let learn = view.config.learn_prefill_rate;
         let (mut fewest_uncached, mut best_cached_fits, mut cached_best) = (u32::MAX, false, usize::MAX);
-        let (mut prefilling, mut any_fits) = (0.0, false);
+        // (Counted in integers: an f64 sum chains one addition's latency per replica.)
+        let (mut prefilling, mut any_fits) = (0u64, false);
         for i in view.routable() {
             let e = estimator.at(i);
             let fits = e.kv_headroom_blocks >= 0;
@@ -245,7 +259,7 @@ impl Policy for TokenLoadPolicy {
                 std::cmp::Ordering::Equal => best_cached_fits |= fits,
                 std::cmp::Ordering::Greater => {}
             }
-            prefilling += e.prefilling as f64;
+            prefilling += u64::from(e.prefilling);
             self.cands.push(Candidate {
                 i,
                 cost: 0.0,
@@ -264,7 +278,7 @@ impl Policy for TokenLoadPolicy {
         }
         // The recompute charge: prefill a move away from the best-cached replica adds to the
         // fleet's work, weighted by how many requests already queue per replica.
-        let pressure = prefilling / self.cands.len() as f64;
+        let pressure = prefilling as f64 / self.cands.len() as f64;
         let charge = p.move_weight * (pressure - p.pressure_floor).clamp(0.0, p.max_pressure);
         // Staying is worth the decode time a move would take from others only where staying
         // fits: a replica short of KV room would preempt its own decodes instead.
@@ -281,7 +295,7 @@ impl Policy for TokenLoadPolicy {
                 c.cost += (charge + interference * f64::from(c.decoding)) * extra as f64 * c.prefill_s_per_token;
             }
             if score_all || c.fits {
-                (best, fastest) = (best.min(c.cost), fastest.min(c.ttft_s));
+                (best, fastest) = (lower(best, c.cost), lower(fastest, c.ttft_s));
             }
         }
         let reason = if any_fits { Reason::LowestCost } else { Reason::NoKvHeadroom };
@@ -317,7 +331,7 @@ impl Policy for TokenLoadPolicy {
             let (mut greedy, mut any_near, mut fastest) = (u32::MAX, false, f64::INFINITY);
             for c in self.cands.iter().filter(|c| score_all || c.fits) {
                 if near_cost(c) {
-                    (greedy, any_near, fastest) = (greedy.min(c.uncached_tokens), true, fastest.min(c.ttft_s));
+                    (greedy, any_near, fastest) = (greedy.min(c.uncached_tokens), true, lower(fastest, c.ttft_s));
                 }
                 let within = c.ttft_s <= budget && (!heavy || c.fits);
                 if within
