@@ -41,7 +41,6 @@ pub fn decision_pass(w: &Workload, capacity_blocks: u64) -> DecisionTimes {
             let d = fleet.decide(policy.as_mut(), &req, &mut rng, 1.0);
             let done = Instant::now();
             std::hint::black_box(d.expect("every replica is routable"));
-            let ns = |d: std::time::Duration| (d.as_nanos() as u64).max(1);
             whole.saturating_record(ns(done - t));
             hash.saturating_record(ns(hashed - t));
             decide.saturating_record(ns(done - hashed));
@@ -50,4 +49,9 @@ pub fn decision_pass(w: &Workload, capacity_blocks: u64) -> DecisionTimes {
         }
     }
     DecisionTimes { whole, hash, decide }
+}
+
+/// `elapsed` in whole nanoseconds, at least 1 (the histogram's lowest value).
+fn ns(elapsed: std::time::Duration) -> u64 {
+    (elapsed.as_nanos() as u64).max(1)
 }

@@ -22,18 +22,22 @@
 //! and different namespaces never match (barring a 64-bit collision). xxh3 is
 //! [xxHash](https://github.com/Cyan4973/xxHash)'s XXH3-64, via the `xxhash-rust` crate; `mum`
 //! is the folded multiply wyhash and rapidhash mix with (`K0`, `K1`: rapidhash's secrets
-//! 0 and 1, [`CHAIN_K0`] and [`CHAIN_K1`]). It is 0 only when `h[i−1] = K0` or `l[i] = K1`
-//! (a chance of 2⁻⁶⁴ per block each), which, like any collision, can only make a chain match
-//! where it should not.
+//! 0 and 1, [`CHAIN_K0`] and [`CHAIN_K1`]). Like any 64-bit mix it collides by chance; a
+//! zero factor (`h[i−1] = K0` or `l[i] = K1`, a chance of 2⁻⁶⁴ per block each) makes a link
+//! forget its parent, which, like any collision, can only make a chain match where it should
+//! not.
 //!
 //! Why the block's own hash `l[i]` does not take the parent as its seed (as it did before
 //! 2026-12-07, `h[i] = xxh3_64_with_seed(block bytes, h[i−1])`): seeded, each block's whole
 //! xxh3 waited for the previous one, 5.0 ns a block; here the `l[i]` are independent, so the
 //! CPU computes several at once, and only the 3-cycle multiply is chained: 2.7 ns a block, a
-//! 4,096-token prompt hashed in 0.70 µs instead of 1.28 µs (BENCHMARKS.md, a fresh decision).
+//! 4,096-token prompt hashed in 0.70 µs instead of 1.28 µs in a standalone harness (in a fresh
+//! decision, `RouteRequest::new` with its allocation and prompt key: ~0.93 µs; BENCHMARKS.md,
+//! "The block hash chain redefined").
 //! The hashes are kvmesh's own (vLLM's engine hashes are mapped to them from each event's
 //! tokens), so no engine or client sees the change; router nodes of one cluster must run the
-//! same definition (the hot-prefix records they exchange name block hashes).
+//! same definition (the booking prefixes they gossip and the hot prefixes replication counts
+//! and plans name block hashes: README, upgrades).
 //!
 //! A block whose engine hash also covers inputs a router cannot see in the prompt's tokens
 //! (vLLM's per-block `extra_keys`: multimodal identifiers with their offsets, prompt-embedding
@@ -195,10 +199,10 @@ impl BlockHasher {
     ///
     /// Equal keys mean equal prompts (barring a 64-bit collision), as a hash of all the tokens
     /// would, but it reads only the partial block: hashing a 4,096-token prompt again whole was
-    /// ~0.5 µs of the 1.9 µs its hashing took (BENCHMARKS.md). The length's 9 bytes are never a
-    /// block's input (whole tokens: a multiple of 4 bytes), so a key never equals a chained
-    /// block hash by construction, and both may share one key space (llm-d's scorer, whose
-    /// last partial block is this key).
+    /// ~0.5 µs of the 1.9 µs its hashing took (BENCHMARKS.md). A key is an xxh3 of 9 bytes
+    /// (the length and a tag byte, never a whole number of tokens), a block hash a folded
+    /// multiply: different derivations, equal only by a 64-bit collision, so both may share
+    /// one key space (llm-d's scorer, whose last partial block is this key).
     pub fn prompt_key(&self, hashes: &[BlockHash], tokens: &[u32]) -> u64 {
         let key = length_key(tokens.len() as u64, hashes.last().map_or(self.seed, |h| h.0));
         let tail = tokens.get(hashes.len() * self.block_size as usize..).unwrap_or(&[]);

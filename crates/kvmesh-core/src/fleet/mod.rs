@@ -81,8 +81,8 @@ pub struct Fleet {
     replicas: Vec<ReplicaState>,
     /// Each replica id's position in `replicas` (`NO_POSITION`: none), by id: a decision
     /// looks up every replica its routing record names (all of them, under a prefix routed to
-    /// the whole fleet), where a binary search each was most of a Route's cost at 1,024
-    /// replicas.
+    /// the whole fleet); a binary search each was ~2 % of a node's CPU following 1,024 busy
+    /// replicas (a profile; BENCHMARKS.md, "How many replicas one node follows").
     positions: Vec<u32>,
     index: IndexHome,
     record: RoutingRecord,

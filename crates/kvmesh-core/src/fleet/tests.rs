@@ -429,8 +429,9 @@ fn replicas_after_a_removed_one_keep_their_ids() {
     let mut p = PolicyKind::TokenLoad.build();
     let prompt = RouteRequest::new(f.hasher(), &toks(512), Some(16));
     let first = f.route(p.as_mut(), &prompt, &mut rng(), 0.0).unwrap().decision.replica;
-    // Remove a replica before the chosen one in id order (or the first other one).
+    // Remove another replica, before the chosen one in id order when there is one.
     let gone = *ids.iter().find(|&&id| id != first).unwrap();
+    assert!(gone < first, "the prompt went to {first:?}, the first replica: nothing moves down");
     f.remove_replica(gone).unwrap();
     assert!(f.replica(gone).is_none());
     for (&id, name) in ids.iter().zip(["a", "b", "c", "d"]) {

@@ -44,14 +44,15 @@ impl RecentP99 {
             let top = n - rank + 1;
             self.scratch.clear();
             for &x in &self.samples {
-                if self.scratch.len() < top {
-                    let at = self.scratch.partition_point(|&y| y.total_cmp(&x).is_gt());
-                    self.scratch.insert(at, x);
-                } else if x.total_cmp(&self.scratch[top - 1]).is_gt() {
-                    let at = self.scratch.partition_point(|&y| y.total_cmp(&x).is_gt());
-                    self.scratch.pop();
-                    self.scratch.insert(at, x);
+                let full = self.scratch.len() == top;
+                if full && x.total_cmp(&self.scratch[top - 1]).is_le() {
+                    continue;
                 }
+                if full {
+                    self.scratch.pop();
+                }
+                let at = self.scratch.partition_point(|&y| y.total_cmp(&x).is_gt());
+                self.scratch.insert(at, x);
             }
             self.p99 = self.scratch[top - 1];
         }

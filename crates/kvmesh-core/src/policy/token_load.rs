@@ -328,10 +328,11 @@ impl Policy for TokenLoadPolicy {
             // replica caches (what the cost alone would give).
             // (Kept as scalars, not a copied candidate: this loop runs over every replica.)
             let (mut held, mut held_uncached, mut held_cost) = (None, 0, 0.0);
-            let (mut greedy, mut any_near, mut fastest) = (u32::MAX, false, f64::INFINITY);
+            let (mut greedy, mut any_near, mut fastest_of_near) = (u32::MAX, false, f64::INFINITY);
             for c in self.cands.iter().filter(|c| score_all || c.fits) {
                 if near_cost(c) {
-                    (greedy, any_near, fastest) = (greedy.min(c.uncached_tokens), true, lower(fastest, c.ttft_s));
+                    (greedy, any_near) = (greedy.min(c.uncached_tokens), true);
+                    fastest_of_near = lower(fastest_of_near, c.ttft_s);
                 }
                 let within = c.ttft_s <= budget && (!heavy || c.fits);
                 if within
@@ -347,7 +348,7 @@ impl Policy for TokenLoadPolicy {
                 let reason = if reason == Reason::NoKvHeadroom { reason } else { Reason::PrefixMatch };
                 return Ok(Decision::at(view, req, h, reason));
             }
-            fastest_near = Some(fastest);
+            fastest_near = Some(fastest_of_near);
         }
         // Spreading comes after affinity: a cache hit held within the tail budget is not given
         // away, and every request's own prefill feeds that budget. (Before it, with peers
