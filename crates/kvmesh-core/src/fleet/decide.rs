@@ -314,7 +314,7 @@ impl Fleet {
                 if !cell.get().is_nan() {
                     return cell.get();
                 }
-                let w = match super::position(positions, id) {
+                let w = match super::membership::position(positions, id) {
                     Some(p) => {
                         let rate = replicas[p].profile(config.learn_prefill_rate).prefill_s_per_token;
                         base + bookings.load(id).queued_prefill_at(now, rate) as f64 * rate
@@ -335,7 +335,7 @@ impl Fleet {
             }
             for &(id, until) in &w.targets {
                 if now < until {
-                    if let Some(p) = super::position(&self.positions, id) {
+                    if let Some(p) = super::membership::position(&self.positions, id) {
                         self.overlaps[p].gpu = self.overlaps[p].gpu.max(w.depth);
                     }
                 }
