@@ -262,8 +262,10 @@ impl PrefixIndex {
         let mut i = 1;
         'walk: while i < hashes.len() && !runs.is_done() {
             let slots = self.blocks.after(pos);
-            let k = slots.iter().zip(&hashes[i..]).take_while(|(s, h)| s.hash == h.0).count();
-            for s in &slots[..k] {
+            for (s, h) in slots.iter().zip(&hashes[i..]) {
+                if s.hash != h.0 {
+                    break;
+                }
                 if !s.holder.same_holders_as(&previous) {
                     if s.holder.is_empty() {
                         break 'walk;
