@@ -93,12 +93,11 @@ impl ReplicaProfile {
     /// queue ahead of it included) must be computed while `decoding` sequences run alongside.
     #[inline]
     pub fn ttft(&self, prefill_tokens: u64, decoding: u32) -> f64 {
-        // ⌈P/C⌉ without an integer division or a libm call on the hot path, converting through
-        // i64: x86-64 converts u64 ⇄ f64 in a branchy sequence of several instructions, i64 in
-        // one, and these conversions were a quarter of `token_load`'s pick at 128 replicas.
-        // (Token counts past 2⁵³ are not exact in f64 anyway.)
-        // Within one chunk (a lightly loaded replica) it is one step, without the division
-        // that was a fifth of the pick at 1,024 replicas.
+        // ⌈P/C⌉ without an integer division or a libm call on the hot path. Converted through
+        // i64: x86-64 converts u64 ⇄ f64 in a branchy sequence, i64 in one instruction (token
+        // counts past 2⁵³ are not exact in f64 anyway). Within one chunk (a lightly loaded
+        // replica) it is one step, without the f64 division, a fifth of the pick at 1,024
+        // replicas.
         let tokens = prefill_tokens.min(1 << 53) as i64 as f64;
         let steps = if prefill_tokens <= u64::from(self.chunk_tokens) {
             1.0

@@ -210,11 +210,6 @@ fn spread_among_peers(
     Some(near[view.peer_rank as usize % near.len()].0)
 }
 
-/// The minimum of `f` over `items`, or +∞ (NaNs ignored, as `f64::min` does).
-fn min_of<T>(items: impl Iterator<Item = T>, f: impl Fn(&T) -> f64) -> f64 {
-    items.fold(f64::INFINITY, |m, x| lower(m, f(&x)))
-}
-
 /// `x` when it is below `m`, else `m`: `f64::min` for a running minimum that never starts
 /// as NaN (a NaN `x` is ignored, as `f64::min` ignores it). A compare and branch, where
 /// `f64::min`'s NaN handling is a dependent sequence chained through every replica of a
@@ -305,50 +300,50 @@ impl Policy for TokenLoadPolicy {
         // The request's own prefill, no queue, at the replica caching most of it.
         let profile = view.replicas[cached_best].profile(learn);
         self.own_prefill.observe(profile.ttft(u64::from(fewest_uncached), 0));
-        // The lowest TTFT among near-best replicas: found by the affinity pass when it runs.
-        let mut fastest_near = None;
-        if p.affinity_budget > 0.0 {
-            // Its wait there: queue and prefill. Not the wait for KV room the cost prices: with it
-            // in, synthetic ×21 read 2.08 s p99 against 1.92 s, conversation ×17.6 1.45 against
-            // 1.42 s (BENCHMARKS.md); a replica chosen short of room is priced there anyway.
-            let budget = (p.affinity_budget * self.own_prefill.p99()).max(fastest);
-            // A request that grows in decode, held on a replica short of KV room while others
-            // have room, fills it to preemption: running sequences' next blocks evict each
-            // other (RL rollouts at ~100 % load, seed 1: 29,174 preemptions, step p99 85.7 s →
-            // 0 and 63.3 s; BENCHMARKS.md, decode-heavy traffic). It applies to requests
-            // without max_tokens too: expected at the running mean, a short prompt counts. A prompt-heavy one only waits there
-            // for room, which the budget prices: requiring room for every request cost p99
-            // TTFT on the Mooncake conversation trace at ×22 (1.62 → 1.77 s), for those whose
-            // output is at least a quarter of the prompt 1.73 s, half or more 1.62 s.
-            let share = p.affinity_room_share;
-            let room = share > 0.0 && any_fits;
-            let heavy = room && f64::from(view.expected_output_tokens) >= share * f64::from(req.prompt_tokens);
-            // One pass: within the budget (and room, for a heavy request), the replica caching
-            // most, the cheapest of those, the first on ties; and the most any near-best
-            // replica caches (what the cost alone would give).
-            // (Kept as scalars, not a copied candidate: this loop runs over every replica.)
-            let (mut held, mut held_uncached, mut held_cost) = (None, 0, 0.0);
-            let (mut greedy, mut any_near, mut fastest_of_near) = (u32::MAX, false, f64::INFINITY);
-            for c in self.cands.iter().filter(|c| score_all || c.fits) {
-                if near_cost(c) {
-                    (greedy, any_near) = (greedy.min(c.uncached_tokens), true);
-                    fastest_of_near = lower(fastest_of_near, c.ttft_s);
-                }
-                let within = c.ttft_s <= budget && (!heavy || c.fits);
-                if within
-                    && (held.is_none()
-                        || c.uncached_tokens < held_uncached
-                        || (c.uncached_tokens == held_uncached && c.cost.total_cmp(&held_cost).is_lt()))
-                {
-                    (held, held_uncached, held_cost) = (Some(c.i), c.uncached_tokens, c.cost);
-                }
+        // Its wait there: queue and prefill. Not the wait for KV room the cost prices: with it
+        // in, synthetic ×21 read 2.08 s p99 against 1.92 s, conversation ×17.6 1.45 against
+        // 1.42 s (BENCHMARKS.md); a replica chosen short of room is priced there anyway. (With
+        // affinity off no replica is within it.)
+        let budget = if p.affinity_budget > 0.0 {
+            (p.affinity_budget * self.own_prefill.p99()).max(fastest)
+        } else {
+            f64::NEG_INFINITY
+        };
+        // A request that grows in decode, held on a replica short of KV room while others
+        // have room, fills it to preemption: running sequences' next blocks evict each
+        // other (RL rollouts at ~100 % load, seed 1: 29,174 preemptions, step p99 85.7 s →
+        // 0 and 63.3 s; BENCHMARKS.md, decode-heavy traffic). It applies to requests
+        // without max_tokens too: expected at the running mean, a short prompt counts. A prompt-heavy one only waits there
+        // for room, which the budget prices: requiring room for every request cost p99
+        // TTFT on the Mooncake conversation trace at ×22 (1.62 → 1.77 s), for those whose
+        // output is at least a quarter of the prompt 1.73 s, half or more 1.62 s.
+        let share = p.affinity_room_share;
+        let room = share > 0.0 && any_fits;
+        let heavy = room && f64::from(view.expected_output_tokens) >= share * f64::from(req.prompt_tokens);
+        // One pass: the lowest TTFT and the most any near-best replica caches (what the cost
+        // alone would give); and within the budget (and room, for a heavy request), the
+        // replica caching most, the cheapest of those, the first on ties. (Kept as scalars,
+        // not a copied candidate: this loop runs over every replica.)
+        let (mut held, mut held_uncached, mut held_cost) = (None, 0, 0.0);
+        let (mut greedy, mut any_near, mut fastest_near) = (u32::MAX, false, f64::INFINITY);
+        for c in self.cands.iter().filter(|c| score_all || c.fits) {
+            if near_cost(c) {
+                (greedy, any_near) = (greedy.min(c.uncached_tokens), true);
+                fastest_near = lower(fastest_near, c.ttft_s);
             }
-            // (When the cost's own choice caches as much, there is nothing to hold.)
-            if let Some(h) = held.filter(|_| any_near && held_uncached < greedy) {
-                let reason = if reason == Reason::NoKvHeadroom { reason } else { Reason::PrefixMatch };
-                return Ok(Decision::at(view, req, h, reason));
+            let within = c.ttft_s <= budget && (!heavy || c.fits);
+            if within
+                && (held.is_none()
+                    || c.uncached_tokens < held_uncached
+                    || (c.uncached_tokens == held_uncached && c.cost.total_cmp(&held_cost).is_lt()))
+            {
+                (held, held_uncached, held_cost) = (Some(c.i), c.uncached_tokens, c.cost);
             }
-            fastest_near = Some(fastest_of_near);
+        }
+        // (When the cost's own choice caches as much, there is nothing to hold.)
+        if let Some(h) = held.filter(|_| any_near && held_uncached < greedy) {
+            let reason = if reason == Reason::NoKvHeadroom { reason } else { Reason::PrefixMatch };
+            return Ok(Decision::at(view, req, h, reason));
         }
         // Spreading comes after affinity: a cache hit held within the tail budget is not given
         // away, and every request's own prefill feeds that budget. (Before it, with peers
@@ -363,12 +358,11 @@ impl Policy for TokenLoadPolicy {
         // random one among exact ties): the estimate cannot see a step already running, and
         // rotating among equals spaces arrivals out on each replica, as round robin does,
         // instead of letting two land together on one.
-        let fastest = fastest_near.unwrap_or_else(|| min_of(scores.clone().filter(near_cost), |c| c.ttft_s));
         self.near.clear();
         self.near.extend(
             scores
                 .filter(near_cost)
-                .filter(|c| c.ttft_s <= fastest + tolerance)
+                .filter(|c| c.ttft_s <= fastest_near + tolerance)
                 .map(|c| (c.i, view.replicas[c.i].last_routed_at.unwrap_or(f64::NEG_INFINITY))),
         );
         let i = lowest(&self.near, 0.0, rng).ok_or(Error::NoReplicaReady)?;

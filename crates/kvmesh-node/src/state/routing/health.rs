@@ -138,13 +138,12 @@ impl Core {
         // One pass by reference; only a replica whose status moved is synced by name. (The
         // sweep cloned every name and looked each up again, every 10 ms of routing: with the
         // statuses it computes, a few per cent of a node's CPU following 1,024 busy replicas.)
-        let fleet = &self.fleet;
         let moved: Vec<String> = self
             .replicas
             .iter()
             .filter(|(_, r)| {
                 let status = self.status(r, now);
-                status != r.reported || fleet.replica(r.id).is_some_and(|f| f.status != status)
+                status != r.reported || self.fleet.replica(r.id).is_some_and(|f| f.status != status)
             })
             .map(|(name, _)| name.clone())
             .collect();
