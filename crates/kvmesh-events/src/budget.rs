@@ -1,11 +1,10 @@
 //! A decode budget, checked on the raw bytes before anything is allocated.
 //!
-//! A decoded msgpack tree costs far more memory than its bytes: one nil is 1 byte on the
-//! wire and a 32-byte `rmpv::Value` (plus its share of the array) in memory, so a 4 MiB
-//! message of nils costs ~140 MiB to decode and milliseconds per MiB under whatever lock the
-//! caller holds. [`check_budget`] walks the bytes once, without allocating, and refuses a
-//! message whose *declared* sizes exceed [`DecodeLimits`] — an array that claims 2^32
-//! elements is refused at its header, before its first element is read.
+//! The decoder reads in place ([`crate::batch`]) and allocates in proportion to what it
+//! keeps, but a message of millions of tiny values still costs time per value, on the task
+//! that follows the replica. [`check_budget`] walks the bytes once, without allocating, and
+//! refuses a message whose *declared* sizes exceed [`DecodeLimits`] — an array that claims
+//! 2^32 elements is refused at its header, before its first element is read.
 //!
 //! The defaults were sized from vLLM's publisher (`vllm/distributed/kv_events.py`,
 //! `vllm/v1/core/block_pool.py`, v0.11): one batch per engine step, holding at most one
@@ -49,6 +48,12 @@ pub const MAX_NESTING: usize = 16;
 /// [`MAX_NESTING`] or uses the reserved marker; [`DecodeError::Incomplete`] when a declared
 /// length runs past the end.
 pub fn check_budget(payload: &[u8], limits: &DecodeLimits) -> Result<(), DecodeError> {
+    extent(payload, limits).map(|_| ())
+}
+
+/// [`check_budget`], and the length of the payload's one value when it passes (the bytes
+/// after it are not part of the batch).
+pub(crate) fn extent(payload: &[u8], limits: &DecodeLimits) -> Result<usize, DecodeError> {
     if payload.len() > limits.max_message_bytes {
         return Err(DecodeError::OverBudget(format!(
             "payload of {} bytes, over the {}-byte limit",
@@ -109,7 +114,7 @@ pub fn check_budget(payload: &[u8], limits: &DecodeLimits) -> Result<(), DecodeE
             }
         }
     }
-    Ok(())
+    Ok(pos)
 }
 
 /// Reads one value's header at `*pos` (advancing past it): the payload bytes that follow it

@@ -17,24 +17,26 @@
 //! int64 (SGLang): the same 64 bits are the same block (case C05). A hash sent as bytes (vLLM's
 //! `ExternalBlockHash` may be `bytes`) is reduced to 64 bits with xxh3; ids stay opaque either way.
 
+use crate::cursor::{Cursor, Int, Item};
 use crate::error::EventError;
 use kvmesh_core::index::{ExtraKeys, KvEvent, KvGroup, Removed, Stored};
 use kvmesh_core::{EngineBlockHash, Medium};
 use rmpv::Value;
 
-/// Decodes one event; the error says what was wrong, for the batch's skipped list.
-pub fn decode_event(v: &Value) -> Result<KvEvent, EventError> {
-    let fields = Fields::of(v)?;
+/// Decodes the event at `cur`, leaving `cur` after it whether it decodes or not; the error
+/// says what was wrong, for the batch's skipped list.
+pub(crate) fn decode_event(cur: &mut Cursor<'_>) -> Result<KvEvent, EventError> {
+    let fields = Fields::of(cur)?;
     match fields.tag {
         "BlockStored" => stored(&fields),
         "BlockRemoved" => {
             let block_hashes = hashes(
                 fields
-                    .get("block_hashes", 1)
+                    .get(BLOCK_HASHES, 1)
                     .ok_or(EventError::Missing { event: "BlockRemoved", field: "block_hashes" })?,
             )?;
-            let kv_group = group_idx(fields.get("group_idx", 3))?;
-            Ok(KvEvent::Removed(Removed { block_hashes, medium: medium(fields.get("medium", 2))?, kv_group }))
+            let kv_group = group_idx(fields.get(GROUP_IDX, 3))?;
+            Ok(KvEvent::Removed(Removed { block_hashes, medium: medium(fields.get(MEDIUM, 2))?, kv_group }))
         }
         "AllBlocksCleared" => Ok(KvEvent::Cleared),
         other => Err(EventError::UnknownType(other.to_string())),
@@ -43,59 +45,60 @@ pub fn decode_event(v: &Value) -> Result<KvEvent, EventError> {
 
 fn stored(f: &Fields<'_>) -> Result<KvEvent, EventError> {
     let block_hashes =
-        hashes(f.get("block_hashes", 1).ok_or(EventError::Missing { event: "BlockStored", field: "block_hashes" })?)?;
-    let parent = match f.get("parent_block_hash", 2) {
-        None | Some(Value::Nil) => None,
-        Some(h) => Some(hash(h)?),
+        hashes(f.get(BLOCK_HASHES, 1).ok_or(EventError::Missing { event: "BlockStored", field: "block_hashes" })?)?;
+    let parent = match f.get(PARENT_BLOCK_HASH, 2).map(Cursor::new) {
+        None => None,
+        Some(mut c) => match c.item() {
+            Item::Nil => None,
+            h => Some(hash(h)?),
+        },
     };
-    let token_ids = match f
-        .get("token_ids", 3)
-        .ok_or(EventError::Missing { event: "BlockStored", field: "token_ids" })?
-    {
-        Value::Array(ts) => ts
-            .iter()
-            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| out_of_range("token id", t, "a u32")))
-            .collect::<Result<Vec<u32>, EventError>>()?,
-        other => return Err(wrong("token_ids", other, "an array")),
-    };
-    let block_size =
-        match f.get("block_size", 4).ok_or(EventError::Missing { event: "BlockStored", field: "block_size" })? {
-            Value::Integer(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0),
-            _ => None,
-        }
-        .ok_or(EventError::BlockSize)?;
+    let token_ids =
+        token_ids(f.get(TOKEN_IDS, 3).ok_or(EventError::Missing { event: "BlockStored", field: "token_ids" })?)?;
+    let block_size = match f.get(BLOCK_SIZE, 4).map(Cursor::first) {
+        None => return Err(EventError::Missing { event: "BlockStored", field: "block_size" }),
+        Some(Item::Int(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0),
+        Some(_) => None,
+    }
+    .ok_or(EventError::BlockSize)?;
     // vLLM ≥ 0.10 sends the adapter's name; older ones only its integer id.
-    let lora_name = match (f.get("lora_name", 7), f.get("lora_id", 5)) {
-        (Some(Value::String(s)), _) => Some(s.as_str().ok_or(EventError::NotUtf8("lora_name"))?.to_string()),
-        (_, Some(Value::Integer(id))) => Some(format!("lora-id:{id}")),
+    let lora_name = match (f.get(LORA_NAME, 7).map(Cursor::first), f.get(LORA_ID, 5).map(Cursor::first)) {
+        (Some(Item::Str(s)), _) => Some(utf8(s, "lora_name")?.to_string()),
+        (_, Some(Item::Int(id))) => Some(format!("lora-id:{id}")),
         _ => None,
     };
-    let extra_keys = match f.get("extra_keys", 8) {
-        None | Some(Value::Nil) => None,
-        Some(Value::Array(per_block)) if per_block.len() == block_hashes.len() => {
-            extra_keys(per_block, lora_name.as_deref(), parent.is_none())
-        }
-        Some(Value::Array(per_block)) => {
-            return Err(EventError::ExtraKeysLength { keys: per_block.len(), blocks: block_hashes.len() })
-        }
-        Some(other) => return Err(wrong("extra_keys", other, "an array")),
+    let extra_keys = match f.get(EXTRA_KEYS, 8) {
+        None => None,
+        Some(raw) => match Cursor::first(raw) {
+            Item::Nil => None,
+            Item::Array(n) if n == block_hashes.len() => {
+                // Rare (multimodal inputs, salts, LoRA): read as a tree, the digests being of
+                // the keys' msgpack encoding.
+                let Ok(Value::Array(per_block)) = rmpv::decode::read_value(&mut &raw[..]) else {
+                    return Err(EventError::WrongType {
+                        field: "extra_keys",
+                        found: "cut short",
+                        expected: "an array",
+                    });
+                };
+                extra_keys(&per_block, lora_name.as_deref(), parent.is_none())
+            }
+            Item::Array(keys) => return Err(EventError::ExtraKeysLength { keys, blocks: block_hashes.len() }),
+            other => return Err(wrong("extra_keys", other, "an array")),
+        },
     };
-    let spec_kind = match f.get("kv_cache_spec_kind", 10) {
-        None | Some(Value::Nil) => None,
-        Some(Value::String(s)) => Some(s.as_str().ok_or(EventError::NotUtf8("kv_cache_spec_kind"))?.to_string()),
+    let spec_kind = match f.get(KV_CACHE_SPEC_KIND, 10).map(Cursor::first) {
+        None | Some(Item::Nil) => None,
+        Some(Item::Str(s)) => Some(utf8(s, "kv_cache_spec_kind")?.to_string()),
         Some(other) => return Err(wrong("kv_cache_spec_kind", other, "a string")),
     };
-    let sliding_window = match f.get("kv_cache_spec_sliding_window", 11) {
-        None | Some(Value::Nil) => None,
-        Some(Value::Integer(n)) => Some(
-            n.as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| out_of_range("kv_cache_spec_sliding_window", n, "a u32"))?,
-        ),
+    let sliding_window = match f.get(KV_CACHE_SPEC_SLIDING_WINDOW, 11).map(Cursor::first) {
+        None | Some(Item::Nil) => None,
+        Some(Item::Int(n)) => Some(u32_of(n, "kv_cache_spec_sliding_window")?),
         Some(other) => return Err(wrong("kv_cache_spec_sliding_window", other, "an integer")),
     };
     // An engine with one KV cache group may still send its index (0) or its kind.
-    let kv_group = match group_idx(f.get("group_idx", 9))? {
+    let kv_group = match group_idx(f.get(GROUP_IDX, 9))? {
         Some(idx) => Some(KvGroup { idx, kind: spec_kind, sliding_window }),
         None => spec_kind.map(|kind| KvGroup { idx: 0, kind: Some(kind), sliding_window }),
     };
@@ -104,7 +107,7 @@ fn stored(f: &Fields<'_>) -> Result<KvEvent, EventError> {
         parent,
         token_ids,
         block_size,
-        medium: medium(f.get("medium", 6))?,
+        medium: medium(f.get(MEDIUM, 6))?,
         lora_name,
         extra_keys,
         kv_group,
@@ -157,107 +160,180 @@ fn digest(keys: &[Value]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&bytes).max(1)
 }
 
-fn wrong(field: &'static str, found: &Value, expected: &'static str) -> EventError {
-    EventError::WrongType { field, found: kind(found), expected }
+fn wrong(field: &'static str, found: Item<'_>, expected: &'static str) -> EventError {
+    EventError::WrongType { field, found: found.kind(), expected }
 }
 
 fn out_of_range(field: &'static str, value: impl std::fmt::Display, expected: &'static str) -> EventError {
     EventError::OutOfRange { field, value: value.to_string(), expected }
 }
 
-/// An event's tag and fields, by name (map form) or position (array form).
+fn utf8<'a>(bytes: &'a [u8], field: &'static str) -> Result<&'a str, EventError> {
+    std::str::from_utf8(bytes).map_err(|_| EventError::NotUtf8(field))
+}
+
+fn u32_of(n: Int, field: &'static str) -> Result<u32, EventError> {
+    n.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| out_of_range(field, n, "a u32"))
+}
+
+// Every field an event may carry, by name (the map form); the array form has them by position.
+const BLOCK_HASHES: usize = 0;
+const PARENT_BLOCK_HASH: usize = 1;
+const TOKEN_IDS: usize = 2;
+const BLOCK_SIZE: usize = 3;
+const LORA_ID: usize = 4;
+const MEDIUM: usize = 5;
+const LORA_NAME: usize = 6;
+const EXTRA_KEYS: usize = 7;
+const GROUP_IDX: usize = 8;
+const KV_CACHE_SPEC_KIND: usize = 9;
+const KV_CACHE_SPEC_SLIDING_WINDOW: usize = 10;
+/// Fields known by name.
+const NAMES: usize = 11;
+
+/// The constant above for a field's name.
+fn slot(name: &[u8]) -> Option<usize> {
+    Some(match name {
+        b"block_hashes" => BLOCK_HASHES,
+        b"parent_block_hash" => PARENT_BLOCK_HASH,
+        b"token_ids" => TOKEN_IDS,
+        b"block_size" => BLOCK_SIZE,
+        b"lora_id" => LORA_ID,
+        b"medium" => MEDIUM,
+        b"lora_name" => LORA_NAME,
+        b"extra_keys" => EXTRA_KEYS,
+        b"group_idx" => GROUP_IDX,
+        b"kv_cache_spec_kind" => KV_CACHE_SPEC_KIND,
+        b"kv_cache_spec_sliding_window" => KV_CACHE_SPEC_SLIDING_WINDOW,
+        _ => return None,
+    })
+}
+/// Positions read from the array form: the tag and `BlockStored`'s eleven fields.
+const POSITIONS: usize = 12;
+
+/// An event's tag and the bytes of its fields: by name (map form, the first of a repeated key
+/// kept) or by position (array form).
 struct Fields<'a> {
     tag: &'a str,
-    map: Option<&'a [(Value, Value)]>,
-    array: &'a [Value],
+    by_name: Option<[Option<&'a [u8]>; NAMES]>,
+    by_position: [Option<&'a [u8]>; POSITIONS],
 }
 
 impl<'a> Fields<'a> {
-    fn of(v: &'a Value) -> Result<Self, EventError> {
-        match v {
-            Value::Map(kv) => {
-                let tag = kv
-                    .iter()
-                    .find(|(k, _)| k.as_str() == Some("type"))
-                    .and_then(|(_, t)| t.as_str())
-                    .ok_or(EventError::NoTag("event map without a string \"type\""))?;
-                Ok(Fields { tag, map: Some(kv), array: &[] })
+    /// Reads the event at `cur` whole.
+    fn of(cur: &mut Cursor<'a>) -> Result<Self, EventError> {
+        let at = *cur;
+        let mut fields = Fields { tag: "", by_name: None, by_position: [None; POSITIONS] };
+        match cur.item() {
+            Item::Map(n) => {
+                let mut by_name = [None; NAMES];
+                let mut tag = None;
+                for _ in 0..n {
+                    let (key, value) = (cur.value().unwrap_or_default(), cur.value());
+                    let Item::Str(key) = Cursor::first(key) else { continue };
+                    if key == b"type" {
+                        tag = tag.or(Some(value));
+                    } else if let Some(slot) = slot(key) {
+                        by_name[slot] = by_name[slot].or(value);
+                    }
+                }
+                fields.tag = match tag.flatten().map(Cursor::first) {
+                    Some(Item::Str(t)) => std::str::from_utf8(t).ok(),
+                    _ => None,
+                }
+                .ok_or(EventError::NoTag("event map without a string \"type\""))?;
+                fields.by_name = Some(by_name);
             }
-            Value::Array(a) => {
-                let tag = a
-                    .first()
-                    .and_then(Value::as_str)
-                    .ok_or(EventError::NoTag("event array not led by a string tag"))?;
-                Ok(Fields { tag, map: None, array: a })
+            Item::Array(n) => {
+                for slot in fields.by_position.iter_mut().take(n) {
+                    *slot = cur.value();
+                }
+                for _ in POSITIONS..n {
+                    cur.value();
+                }
+                fields.tag = match fields.by_position[0].map(Cursor::first) {
+                    Some(Item::Str(t)) => std::str::from_utf8(t).ok(),
+                    _ => None,
+                }
+                .ok_or(EventError::NoTag("event array not led by a string tag"))?;
             }
-            other => Err(wrong("event", other, "a map or an array")),
+            other => {
+                *cur = at;
+                cur.value();
+                return Err(wrong("event", other, "a map or an array"));
+            }
         }
+        Ok(fields)
     }
 
-    fn get(&self, name: &str, position: usize) -> Option<&'a Value> {
-        match self.map {
-            Some(kv) => kv.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v),
-            None => self.array.get(position),
+    /// The bytes of field `name` (one of the constants above), or of the array form's element
+    /// at `position`.
+    fn get(&self, name: usize, position: usize) -> Option<&'a [u8]> {
+        match &self.by_name {
+            Some(by_name) => by_name[name],
+            None => self.by_position.get(position).copied().flatten(),
         }
     }
 }
 
-fn hashes(v: &Value) -> Result<Vec<EngineBlockHash>, EventError> {
-    match v {
-        Value::Array(hs) => hs.iter().map(hash).collect(),
+fn hashes(raw: &[u8]) -> Result<Vec<EngineBlockHash>, EventError> {
+    let mut cur = Cursor::new(raw);
+    match cur.item() {
+        Item::Array(n) => (0..n).map(|_| hash(cur.item())).collect(),
         other => Err(wrong("block_hashes", other, "an array")),
     }
 }
 
-fn hash(v: &Value) -> Result<EngineBlockHash, EventError> {
-    match v {
-        Value::Integer(i) => match (i.as_u64(), i.as_i64()) {
-            (Some(u), _) => Ok(EngineBlockHash::from(u)),
-            (None, Some(s)) => Ok(EngineBlockHash::from(s)),
-            _ => Err(out_of_range("block hash", i, "a 64-bit integer")),
-        },
-        Value::Binary(b) => Ok(EngineBlockHash(xxhash_rust::xxh3::xxh3_64(b))),
+fn hash(h: Item<'_>) -> Result<EngineBlockHash, EventError> {
+    match h {
+        Item::Int(Int::Pos(u)) => Ok(EngineBlockHash::from(u)),
+        Item::Int(Int::Neg(s)) => Ok(EngineBlockHash::from(s)),
+        Item::Bin(b) => Ok(EngineBlockHash(xxhash_rust::xxh3::xxh3_64(b))),
         other => Err(wrong("block hash", other, "an integer or bytes")),
     }
 }
 
+fn token_ids(raw: &[u8]) -> Result<Vec<u32>, EventError> {
+    let mut cur = Cursor::new(raw);
+    let n = match cur.item() {
+        Item::Array(n) => n,
+        other => return Err(wrong("token_ids", other, "an array")),
+    };
+    let mut ids = Vec::with_capacity(n.min(cur.remaining()));
+    for _ in 0..n {
+        let at = cur;
+        match cur.item() {
+            Item::Int(Int::Pos(t)) if t <= u64::from(u32::MAX) => ids.push(t as u32),
+            Item::Int(t) => return Err(out_of_range("token id", t, "a u32")),
+            _ => return Err(out_of_range("token id", shown(at), "a u32")),
+        }
+    }
+    Ok(ids)
+}
+
+/// The value at `at` as `rmpv` prints it, for an error message.
+fn shown(mut at: Cursor<'_>) -> String {
+    let raw = at.value().unwrap_or_default();
+    rmpv::decode::read_value(&mut &raw[..]).map_or_else(|_| "(cut short)".to_string(), |v| v.to_string())
+}
+
 /// vLLM's `group_idx` (a hybrid model's KV cache group), when sent.
-fn group_idx(v: Option<&Value>) -> Result<Option<u32>, EventError> {
-    match v {
-        None | Some(Value::Nil) => Ok(None),
-        Some(Value::Integer(i)) => i
-            .as_u64()
-            .and_then(|g| u32::try_from(g).ok())
-            .map(Some)
-            .ok_or_else(|| out_of_range("group_idx", i, "a u32")),
+fn group_idx(raw: Option<&[u8]>) -> Result<Option<u32>, EventError> {
+    match raw.map(Cursor::first) {
+        None | Some(Item::Nil) => Ok(None),
+        Some(Item::Int(i)) => u32_of(i, "group_idx").map(Some),
         Some(other) => Err(wrong("group_idx", other, "an integer")),
     }
 }
 
-fn medium(v: Option<&Value>) -> Result<Medium, EventError> {
-    match v {
-        None | Some(Value::Nil) => Ok(Medium::Gpu),
-        Some(Value::String(s)) => match s.as_str() {
-            Some(m) if m.eq_ignore_ascii_case("gpu") => Ok(Medium::Gpu),
-            Some(m) if m.eq_ignore_ascii_case("cpu") => Ok(Medium::Cpu),
-            Some(m) => Err(EventError::UnsupportedMedium(m.to_string())),
-            None => Err(EventError::NotUtf8("medium")),
+fn medium(raw: Option<&[u8]>) -> Result<Medium, EventError> {
+    match raw.map(Cursor::first) {
+        None | Some(Item::Nil) => Ok(Medium::Gpu),
+        Some(Item::Str(s)) => match utf8(s, "medium")? {
+            m if m.eq_ignore_ascii_case("gpu") => Ok(Medium::Gpu),
+            m if m.eq_ignore_ascii_case("cpu") => Ok(Medium::Cpu),
+            m => Err(EventError::UnsupportedMedium(m.to_string())),
         },
         Some(other) => Err(wrong("medium", other, "a string")),
-    }
-}
-
-/// A msgpack value's type, for error messages.
-pub(crate) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Nil => "nil",
-        Value::Boolean(_) => "a boolean",
-        Value::Integer(_) => "an integer",
-        Value::F32(_) | Value::F64(_) => "a float",
-        Value::String(_) => "a string",
-        Value::Binary(_) => "binary",
-        Value::Array(_) => "an array",
-        Value::Map(_) => "a map",
-        Value::Ext(..) => "an extension",
     }
 }

@@ -16,7 +16,7 @@
 //!
 //! - [`message`]: frames → [`EventMessage`] (topic, sequence number, [`EventBatch`]).
 //! - [`batch`]: the msgpack payload → [`EventBatch`].
-//! - [`event`]: one msgpack event → [`kvmesh_core::index::KvEvent`].
+//! - `event`: one msgpack event → [`kvmesh_core::index::KvEvent`], read in place (`cursor`).
 //! - [`replay`]: the replay request and both reply framings.
 //! - [`encode`]: the publishing side (core events → vLLM's format), for stand-in engines.
 //! - [`metrics`]: an engine's load from its Prometheus `/metrics` page (vLLM and SGLang names).
@@ -34,10 +34,11 @@
 
 pub mod batch;
 pub mod budget;
+mod cursor;
 pub mod encode;
 pub mod endpoint;
 pub mod error;
-pub mod event;
+mod event;
 pub mod message;
 pub mod metrics;
 pub mod replay;

@@ -19,7 +19,7 @@ pub struct EventMessage {
 ///
 /// # Errors
 /// [`DecodeError::Malformed`] for a frame count other than 3 or a sequence frame that is not
-/// 8 bytes; the payload's errors from [`decode_batch`].
+/// 8 bytes; the payload's errors from [`crate::decode_batch`].
 pub fn decode_message<F: AsRef<[u8]>>(frames: &[F]) -> Result<EventMessage, DecodeError> {
     decode_message_with(frames, &DecodeLimits::default())
 }

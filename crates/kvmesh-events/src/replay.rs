@@ -34,7 +34,7 @@ pub enum ReplayReply {
 ///
 /// # Errors
 /// [`DecodeError::Malformed`] for fewer than 2 or more than 4 frames or a bad sequence frame;
-/// the payload's errors from [`decode_batch`].
+/// the payload's errors from [`crate::decode_batch`].
 pub fn decode_replay_reply<F: AsRef<[u8]>>(frames: &[F]) -> Result<ReplayReply, DecodeError> {
     decode_replay_reply_with(frames, &DecodeLimits::default())
 }
