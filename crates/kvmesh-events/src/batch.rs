@@ -4,9 +4,11 @@
 //! 0.33) — as a map `{"ts", "events", "data_parallel_rank"?}` (fields left out at their
 //! defaults).
 //!
-//! Read in place (the crate's `cursor`): scalars and bytes are taken where they lie, each event
-//! decoded as it is reached, and only what a [`KvEvent`] keeps is allocated (a prefill step's
-//! batch decodes in about half the time a `rmpv::Value` tree took; BENCHMARKS.md).
+//! Read in place (the crate's `cursor`): scalars and bytes are taken where they lie and each
+//! event is decoded as it is reached; apart from the rare `extra_keys` (read as a tree), what
+//! is allocated is what a [`KvEvent`] keeps (a prefill step's batch decodes in about half the
+//! time a `rmpv::Value` tree took; BENCHMARKS.md). The payload's top-level fields follow
+//! msgpack maps' usual rule, the last of a repeated key kept.
 
 use crate::budget::{extent, DecodeLimits};
 use crate::cursor::{Cursor, Item};
@@ -99,13 +101,13 @@ fn top(payload: &[u8]) -> Result<Top<'_>, DecodeError> {
         }
         Item::Array(n) => {
             let ts = cur.value();
-            let events = events(&mut cur);
+            let events_field = events(&mut cur);
             let rank = if n > 2 { cur.value() } else { None };
-            Ok(Top { ts, events, rank })
+            Ok(Top { ts, events: events_field, rank })
         }
         Item::Map(n) => {
             let (mut ts, mut events_field, mut rank) = (None, None, None);
-            for _ in 0..n {
+            for _ in 0..cur.at_most(n) {
                 match Cursor::first(cur.value().unwrap_or_default()) {
                     Item::Str(b"ts") => ts = cur.value(),
                     Item::Str(b"events") => events_field = Some(events(&mut cur)),
@@ -136,9 +138,10 @@ fn events(cur: &mut Cursor<'_>) -> Events {
             return Events::Not(other.kind());
         }
     };
-    let mut events = Vec::with_capacity(n.min(cur.remaining()));
+    // The smallest event that decodes, `["AllBlocksCleared"]`, is 18 bytes.
+    let mut events = Vec::with_capacity(n.min(cur.remaining() / 18));
     let mut skipped = vec![];
-    for index in 0..n {
+    for index in 0..cur.at_most(n) {
         match decode_event(cur) {
             Ok(event) => events.push(event),
             Err(reason) => skipped.push(SkippedEvent { index, reason }),

@@ -1,8 +1,8 @@
 //! A decode budget, checked on the raw bytes before anything is allocated.
 //!
-//! The decoder reads in place ([`crate::batch`]) and allocates in proportion to what it
-//! keeps, but a message of millions of tiny values still costs time per value, on the task
-//! that follows the replica. [`check_budget`] walks the bytes once, without allocating, and
+//! The decoder reads in place ([`crate::batch`]), but a message of millions of tiny values
+//! still costs time per value, on the task that follows the replica, and the rare fields it
+//! reads as a tree (`extra_keys`) cost memory per value. [`check_budget`] walks the bytes once, without allocating, and
 //! refuses a message whose *declared* sizes exceed [`DecodeLimits`] — an array that claims
 //! 2^32 elements is refused at its header, before its first element is read.
 //!

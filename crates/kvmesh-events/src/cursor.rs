@@ -1,14 +1,15 @@
 //! Reading msgpack in place: a payload's values as borrowed bytes and scalars, with no tree.
 //!
-//! Decoding through an `rmpv::Value` tree cost an allocation per container and a 32-byte
-//! value per element: a prefill batch's 512 token ids became a 16 KiB array of values before
+//! Decoding through an `rmpv::Value` tree cost an allocation per container and a 40-byte
+//! value per element: a prefill batch's 512 token ids became a 20 KiB array of values before
 //! they became 2 KiB of `u32`s, on every event batch a node follows. A [`Cursor`] reads each
 //! header where it lies ([`rmp::Marker`] names them) and hands out scalars, string and binary
 //! bytes as slices of the payload, and whole values as [`Cursor::value`] slices to read later.
 //!
 //! Nothing here panics or allocates on any bytes: running out of bytes reads as
-//! [`Item::Truncated`] (the decoder checks the payload with [`crate::check_budget`] first, so a
-//! complete payload never shows it).
+//! [`Item::Truncated`], and loops over a declared length stop at the bytes' end
+//! ([`Cursor::at_most`]). (The decoder checks the payload with [`crate::check_budget`] first, so
+//! a complete payload never shows either.)
 
 use rmp::Marker;
 
@@ -114,6 +115,12 @@ impl<'a> Cursor<'a> {
     /// Bytes not read yet.
     pub(crate) fn remaining(&self) -> usize {
         self.rest.len()
+    }
+
+    /// `declared` values capped at the bytes left (each value takes at least one): a loop over
+    /// a container's declared length never outruns its bytes, checked or not.
+    pub(crate) fn at_most(&self, declared: usize) -> usize {
+        declared.min(self.rest.len())
     }
 
     /// The first value's header of `bytes`.
@@ -231,7 +238,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn ext(&mut self, data: usize) -> Option<Item<'a>> {
-        self.take(1 + data).map(|_| Item::Ext)
+        self.take(data.checked_add(1)?).map(|_| Item::Ext)
     }
 
     fn sized_ext(&mut self, n: usize) -> Option<Item<'a>> {

@@ -16,6 +16,8 @@
 //! no LoRA, medium GPU. Block hashes may be msgpack uint64 (vLLM, often ≥ 2^63) or negative
 //! int64 (SGLang): the same 64 bits are the same block (case C05). A hash sent as bytes (vLLM's
 //! `ExternalBlockHash` may be `bytes`) is reduced to 64 bits with xxh3; ids stay opaque either way.
+//! Of a key repeated within an event the first counts (as the tree decoder before this one
+//! looked fields up), where a batch's own fields keep the last ([`crate::batch`]).
 
 use crate::cursor::{Cursor, Int, Item};
 use crate::error::EventError;
@@ -73,7 +75,8 @@ fn stored(f: &Fields<'_>) -> Result<KvEvent, EventError> {
             Item::Nil => None,
             Item::Array(n) if n == block_hashes.len() => {
                 // Rare (multimodal inputs, salts, LoRA): read as a tree, the digests being of
-                // the keys' msgpack encoding.
+                // the keys' msgpack encoding. (rmpv's reader recurses: safe because the budget
+                // check has bounded the payload's nesting before any of this runs.)
                 let Ok(Value::Array(per_block)) = rmpv::decode::read_value(&mut &raw[..]) else {
                     return Err(EventError::WrongType {
                         field: "extra_keys",
@@ -191,7 +194,7 @@ const KV_CACHE_SPEC_SLIDING_WINDOW: usize = 10;
 /// Fields known by name.
 const NAMES: usize = 11;
 
-/// The constant above for a field's name.
+/// The slot of a field known by name (the map form).
 fn slot(name: &[u8]) -> Option<usize> {
     Some(match name {
         b"block_hashes" => BLOCK_HASHES,
@@ -228,7 +231,7 @@ impl<'a> Fields<'a> {
             Item::Map(n) => {
                 let mut by_name = [None; NAMES];
                 let mut tag = None;
-                for _ in 0..n {
+                for _ in 0..cur.at_most(n) {
                     let (key, value) = (cur.value().unwrap_or_default(), cur.value());
                     let Item::Str(key) = Cursor::first(key) else { continue };
                     if key == b"type" {
@@ -248,7 +251,7 @@ impl<'a> Fields<'a> {
                 for slot in fields.by_position.iter_mut().take(n) {
                     *slot = cur.value();
                 }
-                for _ in POSITIONS..n {
+                for _ in 0..cur.at_most(n.saturating_sub(POSITIONS)) {
                     cur.value();
                 }
                 fields.tag = match fields.by_position[0].map(Cursor::first) {
@@ -279,7 +282,7 @@ impl<'a> Fields<'a> {
 fn hashes(raw: &[u8]) -> Result<Vec<EngineBlockHash>, EventError> {
     let mut cur = Cursor::new(raw);
     match cur.item() {
-        Item::Array(n) => (0..n).map(|_| hash(cur.item())).collect(),
+        Item::Array(n) => (0..cur.at_most(n)).map(|_| hash(cur.item())).collect(),
         other => Err(wrong("block_hashes", other, "an array")),
     }
 }
@@ -299,22 +302,16 @@ fn token_ids(raw: &[u8]) -> Result<Vec<u32>, EventError> {
         Item::Array(n) => n,
         other => return Err(wrong("token_ids", other, "an array")),
     };
-    let mut ids = Vec::with_capacity(n.min(cur.remaining()));
-    for _ in 0..n {
-        let at = cur;
+    let mut ids = Vec::with_capacity(cur.at_most(n));
+    for _ in 0..cur.at_most(n) {
         match cur.item() {
             Item::Int(Int::Pos(t)) if t <= u64::from(u32::MAX) => ids.push(t as u32),
             Item::Int(t) => return Err(out_of_range("token id", t, "a u32")),
-            _ => return Err(out_of_range("token id", shown(at), "a u32")),
+            // Named by its type, not printed: a value of any size may stand here.
+            other => return Err(wrong("token id", other, "an integer")),
         }
     }
     Ok(ids)
-}
-
-/// The value at `at` as `rmpv` prints it, for an error message.
-fn shown(mut at: Cursor<'_>) -> String {
-    let raw = at.value().unwrap_or_default();
-    rmpv::decode::read_value(&mut &raw[..]).map_or_else(|_| "(cut short)".to_string(), |v| v.to_string())
 }
 
 /// vLLM's `group_idx` (a hybrid model's KV cache group), when sent.

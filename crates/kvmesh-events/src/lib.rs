@@ -16,7 +16,8 @@
 //!
 //! - [`message`]: frames → [`EventMessage`] (topic, sequence number, [`EventBatch`]).
 //! - [`batch`]: the msgpack payload → [`EventBatch`].
-//! - `event`: one msgpack event → [`kvmesh_core::index::KvEvent`], read in place (`cursor`).
+//! - `event`: one msgpack event → [`kvmesh_core::index::KvEvent`], read in place (`cursor`;
+//!   `extra_keys`, rare, as a tree).
 //! - [`replay`]: the replay request and both reply framings.
 //! - [`encode`]: the publishing side (core events → vLLM's format), for stand-in engines.
 //! - [`metrics`]: an engine's load from its Prometheus `/metrics` page (vLLM and SGLang names).

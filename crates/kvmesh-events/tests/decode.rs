@@ -170,6 +170,24 @@ fn a_bad_event_is_skipped_with_its_reason_and_the_rest_apply() {
     );
 }
 
+/// An event with an unknown field nested `k` arrays deep, in a batch: the batch, its events
+/// and the event are 3 containers, so 13 reach the budget's 16 levels and 14 pass them.
+fn nested_batch(k: usize) -> Vec<u8> {
+    let deep = (0..k).fold(Value::Nil, |v, _| Value::Array(vec![v]));
+    let mut event = stored_map(vec![Value::from(1u64)], Value::Nil);
+    if let Value::Map(kv) = &mut event {
+        kv.push((s("future_field"), deep));
+    }
+    batch(vec![event])
+}
+
+#[test]
+fn nesting_up_to_the_budget_decodes_and_deeper_is_refused_whole() {
+    let ok = decode_batch(&nested_batch(13)).unwrap();
+    assert_eq!((ok.events.len(), ok.skipped.len()), (1, 0));
+    assert_eq!(decode_batch(&nested_batch(14)), Err(DecodeError::Malformed("payload nests too deeply".into())));
+}
+
 #[test]
 fn truncated_input_is_incomplete_and_wrong_input_is_malformed() {
     let good = batch(vec![stored_map(vec![Value::from(1), Value::from(2)], Value::Nil)]);

@@ -1,9 +1,12 @@
 //! The in-place decoder against the tree decoder it replaced (`tree/`, kept as an oracle): on
 //! generated batches — both encodings, every field with right and wrong types, unknown and
-//! repeated keys — and on the same bytes cut short or with bytes changed, both give the same
-//! events, the same skipped events and reasons, and the same errors.
+//! repeated keys, keys that are not strings, strings that are not UTF-8, values nested past the
+//! budget's limit — written in every encoding msgpack allows, and on the same bytes cut short or
+//! with bytes changed, both give the same events, the same skipped events and reasons, and the
+//! same errors.
 
 mod tree;
+mod wide;
 
 use kvmesh_events::{decode_batch_with, DecodeLimits};
 use proptest::prelude::*;
@@ -26,8 +29,14 @@ const FIELDS: [&str; 12] = [
 
 const TAGS: [&str; 5] = ["BlockStored", "BlockRemoved", "AllBlocksCleared", "BlockMoved", "type"];
 
+/// A msgpack string that is not UTF-8.
+fn not_utf8() -> Value {
+    rmpv::decode::read_value(&mut &[0xa2, 0xff, 0xfe][..]).unwrap()
+}
+
 fn scalar() -> impl Strategy<Value = Value> {
     prop_oneof![
+        Just(not_utf8()),
         Just(Value::Nil),
         any::<bool>().prop_map(Value::from),
         (0u64..40).prop_map(Value::from),
@@ -59,19 +68,28 @@ fn field_value() -> impl Strategy<Value = Value> {
 
 fn event() -> impl Strategy<Value = Value> {
     let tag = prop_oneof![4 => prop::sample::select(TAGS.to_vec()).prop_map(Value::from), 1 => scalar()];
-    let fields = prop::collection::vec((prop::sample::select(FIELDS.to_vec()), field_value()), 0..8);
+    // A field's value, or the same wrapped in arrays up to the budget's nesting limit and past it.
+    let nested = (field_value(), 0usize..18).prop_map(|(v, depth)| (0..depth).fold(v, |v, _| Value::Array(vec![v])));
+    let fields = prop::collection::vec(
+        (prop::sample::select(FIELDS.to_vec()).prop_map(Value::from), prop_oneof![6 => field_value(), 1 => nested]),
+        0..8,
+    );
+    // Keys that are not strings: an integer, an array.
+    let odd_key = prop_oneof![Just(Value::from(3)), Just(Value::Array(vec![Value::from("block_hashes")]))];
     prop_oneof![
         // Map form: the tag somewhere among the fields, sometimes twice or not at all.
-        (tag.clone(), fields, 0usize..10, any::<bool>()).prop_map(|(tag, fields, at, twice)| {
-            let mut kv: Vec<(Value, Value)> = fields.into_iter().map(|(k, v)| (Value::from(k), v)).collect();
-            if at < 9 {
-                kv.insert(at.min(kv.len()), (Value::from("type"), tag.clone()));
+        (tag.clone(), fields, 0usize..10, any::<bool>(), prop::option::of((odd_key, field_value()))).prop_map(
+            |(tag, mut kv, at, twice, odd)| {
+                kv.extend(odd);
+                if at < 9 {
+                    kv.insert(at.min(kv.len()), (Value::from("type"), tag.clone()));
+                }
+                if twice {
+                    kv.push((Value::from("type"), Value::from("BlockRemoved")));
+                }
+                Value::Map(kv)
             }
-            if twice {
-                kv.push((Value::from("type"), Value::from("BlockRemoved")));
-            }
-            Value::Map(kv)
-        }),
+        ),
         // Array form: the tag, then values by position.
         (tag, prop::collection::vec(field_value(), 0..13))
             .prop_map(|(tag, rest)| { Value::Array(std::iter::once(tag).chain(rest).collect()) }),
@@ -79,12 +97,29 @@ fn event() -> impl Strategy<Value = Value> {
     ]
 }
 
+/// One block's `extra_keys` entry as vLLM sends them: nothing, the LoRA name, a salt, a
+/// multimodal key.
+fn extra_key() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Nil),
+        Just(Value::Array(vec![Value::from("lora-a")])),
+        Just(Value::Array(vec![Value::from("lora-a"), Value::from("salt")])),
+        Just(Value::Array(vec![Value::Array(vec![Value::from("mm"), Value::from(3), Value::from(0)])])),
+        Just(Value::from(5)),
+    ]
+}
+
 fn well_formed_stored() -> impl Strategy<Value = Value> {
-    (1usize..5, any::<bool>(), any::<bool>()).prop_map(|(n, map, parent)| {
+    let extra = prop::option::of(prop::collection::vec(extra_key(), 4));
+    (1usize..5, any::<bool>(), any::<bool>(), extra).prop_map(|(n, map, parent, extra)| {
         let hashes = Value::Array((0..n as u64).map(|h| Value::from(h.wrapping_mul(0x9e37_79b9_7f4a_7c15))).collect());
         let tokens = Value::Array((0..16 * n as u64).map(Value::from).collect());
         let parent = if parent { Value::from(7u64) } else { Value::Nil };
-        let values = [hashes, parent, tokens, Value::from(16), Value::Nil, Value::from("GPU"), Value::Nil];
+        let (lora, extra) = match extra {
+            Some(keys) => (Value::from("lora-a"), Value::Array(keys.into_iter().take(n).collect())),
+            None => (Value::Nil, Value::Nil),
+        };
+        let values = [hashes, parent, tokens, Value::from(16), Value::Nil, Value::from("GPU"), lora, extra];
         if map {
             Value::Map(
                 std::iter::once((Value::from("type"), Value::from("BlockStored")))
@@ -119,6 +154,13 @@ fn batch() -> impl Strategy<Value = Value> {
             if drop % 5 == 0 {
                 kv.remove(usize::from(drop / 5) % 2);
             }
+            // A repeated key: the last one counts.
+            match drop % 7 {
+                1 => kv.push((Value::from("ts"), Value::F64(2.5))),
+                2 => kv.push((Value::from("events"), Value::Array(vec![]))),
+                3 => kv.push((Value::from("events"), Value::Nil)),
+                _ => {}
+            }
             Value::Map(kv)
         }),
         (scalar(), prop::collection::vec(scalar(), 0..2))
@@ -147,6 +189,15 @@ proptest! {
     #[test]
     fn generated_batches_decode_as_the_tree_did(b in batch()) {
         let bytes = encode(&b);
+        let (in_place, tree) = both(&bytes);
+        prop_assert_eq!(in_place, tree);
+    }
+
+    #[test]
+    fn every_encoding_of_a_batch_decodes_as_the_tree_did(b in batch(), pick in prop::collection::vec(any::<u8>(), 1..64)) {
+        let bytes = wide::encode(&b, &pick);
+        // The wide encoding is the same value: rmpv reads it back equal.
+        prop_assert_eq!(&rmpv::decode::read_value(&mut &bytes[..]).unwrap(), &b);
         let (in_place, tree) = both(&bytes);
         prop_assert_eq!(in_place, tree);
     }

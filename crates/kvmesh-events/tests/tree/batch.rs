@@ -2,9 +2,10 @@ use super::event::{decode_event, kind};
 use kvmesh_events::{check_budget, DecodeError, DecodeLimits, EventBatch, SkippedEvent};
 use rmpv::Value;
 
-/// Deepest msgpack nesting accepted. A real payload nests 5 levels (batch → events → event →
-/// `extra_keys` → key); rmpv spends two units per container level.
-const MAX_DEPTH: usize = 32;
+/// Deepest msgpack nesting rmpv is asked to read: rmpv spends two units per container level and
+/// up to three on the innermost value, so this lets every payload through that the budget
+/// check (`MAX_NESTING` = 16 levels) accepts; the budget, checked first, is the limit.
+const MAX_DEPTH: usize = 2 * 16 + 3;
 
 /// [`decode_batch`] within `limits`, checked on the bytes before anything is allocated
 /// ([`check_budget`]).

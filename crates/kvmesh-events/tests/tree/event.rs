@@ -29,16 +29,20 @@ fn stored(f: &Fields<'_>) -> Result<KvEvent, EventError> {
         None | Some(Value::Nil) => None,
         Some(h) => Some(hash(h)?),
     };
-    let token_ids = match f
-        .get("token_ids", 3)
-        .ok_or(EventError::Missing { event: "BlockStored", field: "token_ids" })?
-    {
-        Value::Array(ts) => ts
-            .iter()
-            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| out_of_range("token id", t, "a u32")))
-            .collect::<Result<Vec<u32>, EventError>>()?,
-        other => return Err(wrong("token_ids", other, "an array")),
-    };
+    let token_ids =
+        match f.get("token_ids", 3).ok_or(EventError::Missing { event: "BlockStored", field: "token_ids" })? {
+            Value::Array(ts) => ts
+                .iter()
+                .map(|t| match t {
+                    Value::Integer(i) => i
+                        .as_u64()
+                        .and_then(|t| u32::try_from(t).ok())
+                        .ok_or_else(|| out_of_range("token id", i, "a u32")),
+                    other => Err(wrong("token id", other, "an integer")),
+                })
+                .collect::<Result<Vec<u32>, EventError>>()?,
+            other => return Err(wrong("token_ids", other, "an array")),
+        };
     let block_size =
         match f.get("block_size", 4).ok_or(EventError::Missing { event: "BlockStored", field: "block_size" })? {
             Value::Integer(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0),
