@@ -43,7 +43,9 @@ pub struct SkippedEvent {
 /// # Errors
 /// [`DecodeError::Incomplete`] when the bytes stop inside a value; [`DecodeError::Malformed`]
 /// when they hold anything but one array `[ts, events, rank?]` or one map with `ts` and
-/// `events` (trailing elements and unknown keys are ignored, trailing bytes are not).
+/// `events` (trailing elements and unknown keys are ignored, trailing bytes are not), or nest
+/// deeper than [`crate::budget::MAX_NESTING`]; [`DecodeError::OverBudget`] past the default
+/// [`DecodeLimits`].
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
     decode_batch_with(payload, &DecodeLimits::default())
 }
