@@ -27,6 +27,9 @@ pub struct Readiness {
     /// Of those, the ones a request may be routed to now (a disaggregated side counts only
     /// while its model has a routable replica on the other side too).
     pub routable: usize,
+    /// Of those, the ones out of rotation only because they answered 429/503 (status
+    /// `overloaded`, for `node.overload_backoff`): alive, and back in seconds.
+    pub backing_off: usize,
     /// The node is shutting down (draining what it follows): not ready, whatever the
     /// replicas.
     pub stopping: bool,
@@ -46,6 +49,7 @@ impl Readiness {
         core.sync_all(now);
         Readiness {
             replicas: core.replicas.len(),
+            backing_off: core.backing_off(now).0,
             // A prefill replica without a decode replica (or the reverse) serves nothing.
             routable: core.fleet.servable_replicas(),
             stopping: shared.stopping.load(std::sync::atomic::Ordering::Acquire),
@@ -54,9 +58,12 @@ impl Readiness {
         }
     }
 
-    /// Whether a request can be placed.
+    /// Whether the node takes traffic: a request can be placed, or will be once the
+    /// replicas backing off from a 429/503 are back (seconds). A fleet that is only busy keeps
+    /// its routers in their Service, answering 503 with `Retry-After`, instead of taking every
+    /// one out (a readiness probe failing for a few periods) and leaving clients no router.
     pub fn ready(&self) -> bool {
-        self.routable > 0 && !self.stopping && !self.removed && !self.token_refused
+        (self.routable > 0 || self.backing_off > 0) && !self.stopping && !self.removed && !self.token_refused
     }
 
     /// The gRPC health status this readiness answers with.

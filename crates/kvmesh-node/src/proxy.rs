@@ -131,8 +131,7 @@ async fn forward(
                         Some(f) => format!("{f}; then: {e}"),
                         None => e,
                     };
-                    let kind = last_side.map(crate::disaggregated::error_type);
-                    return error_of_kind(StatusCode::SERVICE_UNAVAILABLE, message, kind);
+                    return unavailable(&shared, message, last_side.map(crate::disaggregated::error_type));
                 }
                 Err(NotAdmitted::Refused(why)) => {
                     shared.metrics.request(why.outcome());
@@ -273,7 +272,18 @@ async fn forward(
     crate::telemetry::failed(&span, "no_replica");
     let last = last_failure.unwrap_or_else(|| "no replica could be tried".into());
     let kind = last_side.map(crate::disaggregated::error_type);
-    error_of_kind(StatusCode::SERVICE_UNAVAILABLE, format!("{last}; no other replica could take the request"), kind)
+    unavailable(&shared, format!("{last}; no other replica could take the request"), kind)
+}
+
+/// 503: no replica could take the request; `Retry-After`: when the first one backing off is back.
+fn unavailable(shared: &Shared, message: String, kind: Option<&'static str>) -> Response {
+    let mut r = error_of_kind(StatusCode::SERVICE_UNAVAILABLE, message, kind);
+    let now = shared.now();
+    if let (_, Some(first)) = shared.core().backing_off(now) {
+        let after = (first - now).ceil().max(1.0) as u64;
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(after));
+    }
+    r
 }
 
 /// 429 with `Retry-After`: capacity is short and the admission queue refused the request
@@ -366,6 +376,8 @@ async fn health(State(shared): State<Arc<Shared>>) -> Response {
             "removed"
         } else if r.token_refused {
             "cluster_token_refused"
+        } else if r.ready() && r.routable == 0 {
+            "backing_off"
         } else if r.ready() {
             "ok"
         } else {

@@ -130,6 +130,38 @@ async fn c09_a_silent_publisher_is_reported_and_still_served() {
     e.stop().await;
 }
 
+/// A replica whose KV-event socket never comes up — nothing listens there, or the endpoint is
+/// the engine's replay (ROUTER) socket — is `no_events` once `events_silent` passes, its
+/// detail saying why, and is still routed on load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kv_event_socket_that_never_comes_up_is_reported_with_why() {
+    let (e0, e1) = (engine(16, Faults::default()).await, engine(16, Faults::default()).await);
+    let closed = format!("127.0.0.1:{}", common::ports(1)[0]);
+    let replicas = vec![
+        ReplicaConfig { kv_events: Some(format!("tcp://{closed}")), ..replica(0, &e0, false) },
+        ReplicaConfig { kv_events: Some(e1.replay.clone()), ..replica(1, &e1, false) },
+    ];
+    let node = node(replicas, |s| s.events_silent = std::time::Duration::from_millis(300)).await;
+    let detail = |name: &str| {
+        let now = node.shared.now();
+        let core = node.shared.core();
+        let r = &core.replicas[name];
+        core.status_detail(r, core.status(r, now), now)
+    };
+    eventually("both no_events", || {
+        status(&node, "e0") == ReplicaStatus::NoEvents && status(&node, "e1") == ReplicaStatus::NoEvents
+    })
+    .await;
+    let (d0, d1) = (detail("e0"), detail("e1"));
+    assert!(d0.starts_with("its KV-event socket has not come up for "), "{d0}");
+    assert!(d0.contains(&format!("cannot reach {closed}: Connection refused")), "{d0}");
+    assert!(d1.contains("the endpoint is a ZMQ socket of another kind than PUB"), "{d1}");
+    assert_eq!(send(&node, 1, 4).await, 200, "routed on load meanwhile");
+    node.stop().await;
+    e0.stop().await;
+    e1.stop().await;
+}
+
 /// The quickstart's shape: a prompt the engine holds whole, answered with 40 tokens. Its
 /// output fills two blocks, which vLLM caches and announces (the engine-sim too), so the
 /// replica stays `ready` instead of owing an event that never comes.

@@ -95,6 +95,9 @@ pub struct FrameGuard {
     pub socket_binds: bool,
     /// What it refused, by reason, since the start.
     pub refused: Arc<Refused>,
+    /// Why it last failed to reach the engine (dialing it, `ToEngine`); `None` once a dial
+    /// succeeds. The node's socket sees only its connection closed.
+    dial_error: Arc<std::sync::Mutex<Option<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -105,6 +108,11 @@ impl Drop for FrameGuard {
 }
 
 impl FrameGuard {
+    /// Why the relay last failed to reach the engine, if its last dial failed.
+    pub fn dial_error(&self) -> Option<String> {
+        self.dial_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Starts a relay for `direction` that cuts the connection at a frame or message over
     /// `limits.max_message_bytes`, and drops messages whose payload declares more than
     /// `limits` allow.
@@ -113,25 +121,33 @@ impl FrameGuard {
     /// A listening socket cannot be bound.
     pub async fn start(direction: Direction, limits: DecodeLimits, replica: &str) -> anyhow::Result<FrameGuard> {
         let cut = Arc::new(Refused::default());
+        let dial_error: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
         let replica = replica.to_string();
         match direction {
             Direction::ToEngine { engine } => {
                 let listener = TcpListener::bind("127.0.0.1:0").await?;
                 let socket_endpoint = format!("tcp://{}", listener.local_addr()?);
-                let c = cut.clone();
+                let (c, failed) = (cut.clone(), dial_error.clone());
                 let task = tokio::spawn(async move {
                     loop {
                         let Ok((node_side, _)) = listener.accept().await else { continue };
-                        let (engine, c, replica) = (engine.clone(), c.clone(), replica.clone());
+                        let (engine, c, replica, failed) = (engine.clone(), c.clone(), replica.clone(), failed.clone());
                         tokio::spawn(async move {
                             let dialed = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(&engine)).await;
+                            // Said before the node's side is dropped: its socket then reads why.
+                            let why = match &dialed {
+                                Ok(Ok(_)) => None,
+                                Ok(Err(e)) => Some(format!("cannot reach {engine}: {e}")),
+                                Err(_) => Some(format!("cannot reach {engine}: no answer within {DIAL_TIMEOUT:?}")),
+                            };
+                            *failed.lock().unwrap_or_else(|p| p.into_inner()) = why;
                             if let Ok(Ok(engine_side)) = dialed {
                                 relay(engine_side, node_side, limits, &c, &replica).await;
                             }
                         });
                     }
                 });
-                Ok(FrameGuard { socket_endpoint, socket_binds: false, refused: cut, task })
+                Ok(FrameGuard { socket_endpoint, socket_binds: false, refused: cut, dial_error, task })
             }
             Direction::FromEngine { listen } => {
                 let listener = TcpListener::bind(&listen).await?;
@@ -151,7 +167,7 @@ impl FrameGuard {
                         });
                     }
                 });
-                Ok(FrameGuard { socket_endpoint, socket_binds: true, refused: cut, task })
+                Ok(FrameGuard { socket_endpoint, socket_binds: true, refused: cut, dial_error, task })
             }
         }
     }

@@ -89,12 +89,17 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
             if guard.quarantined(shared.now()) {
                 continue;
             }
-            tracing::warn!(replica = %source.name, endpoint = %source.endpoint, error = %e, "KV-event socket not up; retrying");
+            let why = socket_trouble(relay.dial_error(), &e.to_string());
+            let now = shared.now();
+            let since = source.target.stream().lock().socket_down.as_ref().map_or(now, |d| d.0);
+            source.target.stream().lock().socket_down = Some((since, why.clone()));
+            tracing::warn!(replica = %source.name, endpoint = %source.endpoint, %why, error = %e, "KV-event socket not up; retrying");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
             continue;
         }
         backoff = Duration::from_millis(100);
+        source.target.stream().lock().socket_down = None;
         sub.subscribe("").await?;
         // Said once; a stream cut again and again (frame guard) reconnects each time.
         if std::mem::take(&mut first_follow) {
@@ -159,6 +164,24 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                 }
             }
         }
+    }
+}
+
+/// Why a replica's KV-event socket did not come up, for its status: what the relay met
+/// dialing the engine when it failed to, else zeromq's error told in an operator's words
+/// (zeromq 0.7 names the handshake, not its cause).
+fn socket_trouble(dial_error: Option<String>, zmq_error: &str) -> String {
+    if let Some(why) = dial_error {
+        return why;
+    }
+    if zmq_error.contains("not compatible") {
+        "the endpoint is a ZMQ socket of another kind than PUB (is kv_events set to the replay \
+         endpoint? it takes vLLM's `endpoint`, replay its `replay_endpoint`)"
+            .into()
+    } else if zmq_error.contains("reeting") {
+        "the endpoint does not speak ZMQ (an HTTP or other port?)".into()
+    } else {
+        format!("ZMQ handshake failed: {zmq_error}")
     }
 }
 
@@ -393,4 +416,25 @@ async fn replay_messages(
     let how = if complete { "replay" } else { "replay_incomplete" };
     shared.metrics.resyncs.get_or_create(&vec![("replica", source.name.clone()), ("method", how.to_string())]).inc();
     (complete, ended)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::socket_trouble;
+
+    #[test]
+    fn socket_trouble_says_what_to_check() {
+        let dial = "cannot reach 10.0.0.7:5557: Connection refused (os error 111)".to_string();
+        assert_eq!(socket_trouble(Some(dial.clone()), "Codec Error: Failed Greeting exchange"), dial);
+        assert_eq!(
+            socket_trouble(None, "Provided sockets combination is not compatible"),
+            "the endpoint is a ZMQ socket of another kind than PUB (is kv_events set to the replay endpoint? it \
+             takes vLLM's `endpoint`, replay its `replay_endpoint`)"
+        );
+        assert_eq!(
+            socket_trouble(None, "Codec Error: Bad first byte of greeting"),
+            "the endpoint does not speak ZMQ (an HTTP or other port?)"
+        );
+        assert_eq!(socket_trouble(None, "Other"), "ZMQ handshake failed: Other");
+    }
 }

@@ -38,6 +38,10 @@ pub struct StreamState {
     pub events_rejected: u64,
     /// End of its KV-event quarantine, node seconds (status `bad_events` until then).
     pub bad_events_until: Option<f64>,
+    /// Since when (node seconds) its KV-event socket has failed to come up, and why, in
+    /// words an operator can act on; `None` while it is up (status `no_events` once this
+    /// lasts `node.events_silent`).
+    pub socket_down: Option<(f64, String)>,
 }
 
 /// A replica's [`StreamState`], shared by the parts that follow it (see the module docs).

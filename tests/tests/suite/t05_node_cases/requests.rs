@@ -217,3 +217,28 @@ async fn prompts_over_the_limit_are_refused_before_any_work() {
     node.stop().await;
     e.stop().await;
 }
+
+/// Every replica answering 503 (busy, not dead): the client's 503 says when to come back, and
+/// the node stays ready (`/health` 200, `backing_off`), so a readiness probe does not take
+/// every router of a busy fleet out of its Service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_fleet_keeps_the_node_ready_and_says_when_to_retry() {
+    let a = engine(16, Faults::default()).await;
+    let node = node(vec![replica(0, &a, true)], |s| s.overload_backoff = std::time::Duration::from_secs(3)).await;
+    a.faults.set(Faults { status: Some(503), ..Faults::default() });
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", node.http))
+        .json(&json!({"model": "m", "prompt": prompt(1, 2), "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers()["retry-after"], "3");
+    assert_eq!(status(&node, "e0"), ReplicaStatus::Overloaded);
+    let health = reqwest::get(format!("http://{}/health", node.http)).await.unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    let body: serde_json::Value = health.json().await.unwrap();
+    assert_eq!(body, json!({"status": "backing_off", "replicas": 1, "routable": 0}));
+    node.stop().await;
+    a.stop().await;
+}

@@ -30,9 +30,9 @@ impl Core {
         }
         // Time-based: a quarantine ends by itself even when nothing acts on its end (an
         // `Events.Publish` pusher that never comes back).
-        let (bad_events_until, resyncing) = {
+        let (bad_events_until, resyncing, socket_down_since) = {
             let s = r.stream.lock();
-            (s.bad_events_until, s.resyncing)
+            (s.bad_events_until, s.resyncing, s.socket_down.as_ref().map(|d| d.0))
         };
         if bad_events_until.is_some_and(|u| now < u) {
             return ReplicaStatus::BadEvents;
@@ -46,8 +46,10 @@ impl Core {
             }
         }
         // An event owed for longer than `events_silent`: the stream is silent, however
-        // sparse the traffic.
-        if r.config.kv_events.is_some() && r.unpublished_since.is_some_and(|t| now - t > self.events_silent_s) {
+        // sparse the traffic. So is one whose socket has not come up for as long (a wrong
+        // endpoint, an engine without KV events): no event can arrive.
+        let silent = |since: Option<f64>| since.is_some_and(|t| now - t > self.events_silent_s);
+        if r.config.kv_events.is_some() && (silent(r.unpublished_since) || silent(socket_down_since)) {
             return ReplicaStatus::NoEvents;
         }
         ReplicaStatus::Ready
@@ -94,9 +96,13 @@ impl Core {
                     (u - now).max(0.0)
                 )
             }),
-            ReplicaStatus::NoEvents => {
-                "serving, but no KV event arrives: routed on load and the router's record".into()
-            }
+            ReplicaStatus::NoEvents => match r.stream.lock().socket_down.clone() {
+                Some((since, why)) => format!(
+                    "its KV-event socket has not come up for {:.0} s: {why}; routed on load and the router's record",
+                    (now - since).max(0.0)
+                ),
+                None => "serving, but no KV event arrives: routed on load and the router's record".into(),
+            },
             ReplicaStatus::OutOfSync => {
                 "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
             }
@@ -185,6 +191,17 @@ impl Core {
             h.last_error = Some(error);
         }
         let _ = self.sync_routable(name, now);
+    }
+
+    /// The replicas out of rotation only for backpressure at `now` (status `overloaded`), and
+    /// when the first of them is back, node seconds.
+    pub fn backing_off(&self, now: f64) -> (usize, Option<f64>) {
+        let ends = self
+            .replicas
+            .values()
+            .filter(|r| self.status(r, now) == ReplicaStatus::Overloaded)
+            .map(|r| r.health.lock().overloaded_until);
+        ends.fold((0, None), |(n, first), until| (n + 1, Some(first.map_or(until, |f: f64| f.min(until)))))
     }
 
     /// Records a backpressure answer (429/503): out of rotation until `until`.
