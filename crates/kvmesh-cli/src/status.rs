@@ -36,7 +36,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
             .await
             .ok()
             .map(|s| s.into_inner());
-        let decisions = if args.json || args.decisions == 0 {
+        let decisions = if args.decisions == 0 {
             Vec::new()
         } else {
             let mut admin = admin.clone();
@@ -54,7 +54,12 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let (replicas, admission) = (replicas.replicas, replicas.admission);
     if args.json {
         let replicas = known_statuses(replicas);
-        let all = StatusJson { replicas: &replicas, admission: admission.as_ref(), autoscaler: scale.as_ref() };
+        let all = StatusJson {
+            replicas: &replicas,
+            admission: admission.as_ref(),
+            autoscaler: scale.as_ref(),
+            decisions: &decisions,
+        };
         return crate::emit(&format!("{}\n", serde_json::to_string_pretty(&all)?));
     }
     let mut out = String::new();
@@ -89,6 +94,8 @@ struct StatusJson<'a> {
     replicas: &'a [v1::Replica],
     admission: Option<&'a v1::AdmissionState>,
     autoscaler: Option<&'a v1::ScaleDecision>,
+    /// The latest `--decisions` routing decisions, newest first.
+    decisions: &'a [v1::RecentDecision],
 }
 
 /// `replicas` with every status this CLI does not know (a newer node's) as

@@ -59,7 +59,15 @@ async fn recommend_and_watch_show_the_committed_decision() {
     let cells: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!((cells[2], cells[3], cells[4], cells[5], cells[6]), ("1", "hold", "1", "0", "0"), "{table}");
 
-    // `status --json` carries it too, with the replicas and the admission queue.
+    // `status --json` carries it too, with the replicas, the admission queue and the latest
+    // decisions: one request routed first.
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", node.http))
+        .json(&serde_json::json!({"model": "m", "prompt": "hello there", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
     let mut status = Command::new(env!("CARGO_BIN_EXE_kvmesh"));
     let status = status.args(["status", "--json", "--grpc", &grpc]).output().unwrap();
     let all: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
@@ -74,6 +82,8 @@ async fn recommend_and_watch_show_the_committed_decision() {
         (&false.into(), &serde_json::Value::from(0.0))
     );
     assert_eq!((&all["autoscaler"]["desired_replicas"], &all["autoscaler"]["reason"]), (&1.into(), &"hold".into()));
+    assert_eq!(all["decisions"].as_array().unwrap().len(), 1, "{all}");
+    assert_eq!((&all["decisions"][0]["via"], &all["decisions"][0]["replica"]), (&"http".into(), &"e0".into()));
 
     // `watch` prints the latest decision first (then each newer one); it ends when its reader
     // goes away.

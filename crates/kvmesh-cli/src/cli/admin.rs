@@ -264,8 +264,9 @@ pub struct StatusArgs {
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub decisions: u32,
     /// Print JSON instead of the tables: `{"replicas": […], "admission": {…}, "autoscaler":
-    /// {…}}` (null where the node has none), each the node's gRPC message in the proto3 JSON
-    /// mapping (enums by name, 64-bit integers as strings).
+    /// {…}, "decisions": […]}` (null where the node has none; the latest `--decisions`, newest
+    /// first), each the node's gRPC message in the proto3 JSON mapping (enums by name, 64-bit
+    /// integers as strings).
     #[arg(long)]
     pub json: bool,
 }
