@@ -52,6 +52,10 @@ impl ConfigError {
     pub fn line_in(&self, text: &str) -> Option<usize> {
         match self {
             Self::Setting { key, .. } => super::locate::line_of_key(text, key),
+            // A repeated name: the repeat's line, not the first entry's.
+            Self::Replica { replica, problem } if problem == super::validate::REPEATED_NAME => {
+                super::locate::line_of_name(text, replica, 2)
+            }
             // The problem names the field first: `capacity_blocks must be positive`.
             Self::Replica { replica, problem } => {
                 let field = problem.split([' ', ':']).next().unwrap_or("");

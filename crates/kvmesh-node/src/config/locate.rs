@@ -75,6 +75,20 @@ pub(super) fn line_of_replica(text: &str, replica: &str, field: &str) -> Option<
     name_at.map(|n| field_at.unwrap_or(n))
 }
 
+/// The line (1-based) of the `nth` (from 1) `[[replicas]]` entry's `name = "replica"`.
+pub(super) fn line_of_name(text: &str, replica: &str, nth: usize) -> Option<usize> {
+    let mut in_replicas = false;
+    let names = text.lines().enumerate().filter(|(_, line)| {
+        if is_header(line) {
+            in_replicas = line.trim_start().starts_with("[[replicas]]");
+            return false;
+        }
+        let Some((k, v)) = line.split_once('=').filter(|_| in_replicas) else { return false };
+        path_of(k) == "name" && v.split('#').next().unwrap_or("").trim().trim_matches(['"', '\'']) == replica
+    });
+    names.map(|(i, _)| i + 1).nth(nth.checked_sub(1)?)
+}
+
 /// The table a header line names: `[replication.sketch]  # …` → `replication.sketch`.
 fn table_name(header: &str) -> String {
     header.split('#').next().unwrap_or("").trim().trim_matches(['[', ']']).trim().to_string()

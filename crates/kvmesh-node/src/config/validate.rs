@@ -4,6 +4,10 @@
 use super::{human, up_to_a_day, ConfigError, NodeConfig, NodeSection};
 use kvmesh_core::{PolicyKind, Role};
 
+/// A replica's refusal for a name an earlier `[[replicas]]` entry has; its line is the
+/// repeat's ([`ConfigError::line_in`]).
+pub(super) const REPEATED_NAME: &str = "the name appears twice";
+
 impl NodeConfig {
     /// Checks values and combinations.
     ///
@@ -228,17 +232,19 @@ impl NodeConfig {
                 }
             }
             if !names.insert(&r.name) {
-                return Err(ConfigError::replica(&r.name, "the name appears twice"));
+                return Err(ConfigError::replica(&r.name, REPEATED_NAME));
             }
             if let Some(first) = engines.insert(r.engine_key(), &r.name) {
-                return Err(ConfigError::Conflict(format!(
-                    "replicas {:?} and {:?} route to the same engine ({}{}): one engine under two names is booked \
-                     and scraped twice",
-                    first,
-                    r.name,
-                    r.http,
-                    r.data_parallel_rank.map(|k| format!(", data-parallel rank {k}")).unwrap_or_default()
-                )));
+                // Said of the second: its `http` is the line to change.
+                return Err(ConfigError::replica(
+                    &r.name,
+                    format!(
+                        "http routes to the same engine as replica {first:?} ({}{}): one engine under two names is \
+                         booked and scraped twice",
+                        r.http,
+                        r.data_parallel_rank.map(|k| format!(", data-parallel rank {k}")).unwrap_or_default()
+                    ),
+                ));
             }
         }
         Ok(())

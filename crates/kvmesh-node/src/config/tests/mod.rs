@@ -373,12 +373,26 @@ fn one_engine_under_two_names_is_refused() {
         );
         toml::from_str::<NodeConfig>(&text).unwrap().validate()
     };
+    let refused = two("http://10.0.0.7:8000/").unwrap_err();
     assert_eq!(
-        two("http://10.0.0.7:8000/").unwrap_err().to_string(),
-        "replicas \"a\" and \"b\" route to the same engine (http://10.0.0.7:8000/): one engine under two names is \
-         booked and scraped twice"
+        refused.to_string(),
+        "replica \"b\": http routes to the same engine as replica \"a\" (http://10.0.0.7:8000/): one engine under \
+         two names is booked and scraped twice"
     );
+    // `--check` points at the second entry's `http`.
+    let text = "[[replicas]]\nname = \"a\"\nhttp = \"http://10.0.0.7:8000\"\ncapacity_blocks = 10\n\
+                [[replicas]]\nname = \"b\"\nhttp = \"http://10.0.0.7:8000/\"\ncapacity_blocks = 10\n";
+    assert_eq!(refused.line_in(text), Some(7));
     assert_eq!(two("http://10.0.0.8:8000"), Ok(()));
+}
+
+#[test]
+fn a_repeated_name_is_refused_at_the_repeat() {
+    let text = "[[replicas]]\nname = \"a\"\nhttp = \"http://10.0.0.7:8000\"\ncapacity_blocks = 10\n\
+                [[replicas]]\nname = \"a\"   # again\nhttp = \"http://10.0.0.8:8000\"\ncapacity_blocks = 10\n";
+    let refused = toml::from_str::<NodeConfig>(text).unwrap().validate().unwrap_err();
+    assert_eq!(refused.to_string(), "replica \"a\": the name appears twice");
+    assert_eq!(refused.line_in(text), Some(6));
 }
 
 mod durations;
