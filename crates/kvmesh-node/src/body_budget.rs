@@ -11,6 +11,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -27,13 +29,22 @@ pub struct BodyBudget {
     pub deadline: Duration,
     /// Mirrors `used` (`kvmesh_http_body_bytes_in_flight`).
     gauge: Gauge,
+    /// `kvmesh_requests_total`: the proxy's requests this budget refuses are counted there by
+    /// outcome, like every other client request.
+    requests: Family<crate::metrics::Labels, Counter>,
 }
 
 impl BodyBudget {
     /// A budget of `budget` bytes for bodies of at most `max_body` bytes each, whose use is
-    /// kept in `gauge`.
-    pub fn new(budget: usize, max_body: usize, deadline: Duration, gauge: Gauge) -> Arc<Self> {
-        Arc::new(BodyBudget { budget, used: AtomicUsize::new(0), max_body, deadline, gauge })
+    /// kept in `gauge`; the proxy's requests it refuses are counted in `requests` by outcome.
+    pub fn new(
+        budget: usize,
+        max_body: usize,
+        deadline: Duration,
+        gauge: Gauge,
+        requests: Family<crate::metrics::Labels, Counter>,
+    ) -> Arc<Self> {
+        Arc::new(BodyBudget { budget, used: AtomicUsize::new(0), max_body, deadline, gauge, requests })
     }
 
     /// Bytes reserved now.
@@ -92,9 +103,12 @@ impl Drop for Held {
     }
 }
 
-fn refuse(status: StatusCode, message: String) -> Response {
-    let mut r = (status, axum::Json(serde_json::json!({"error": {"message": message, "type": "kvmesh_limit"}})))
-        .into_response();
+/// The proxy's error answer (OpenAI's shape, as every other), counted under `outcome`.
+fn refuse(budget: &BodyBudget, status: StatusCode, outcome: &'static str, message: String) -> Response {
+    budget.requests.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
+    let kind = if status == StatusCode::SERVICE_UNAVAILABLE { "service_unavailable" } else { "invalid_request_error" };
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "code": status.as_u16()}});
+    let mut r = (status, axum::Json(body)).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
@@ -107,7 +121,8 @@ pub async fn limit(State(budget): State<Arc<BodyBudget>>, req: Request, next: Ne
         req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     let max = budget.max_body;
     if let Some(n) = declared.filter(|&n| n > max) {
-        return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("request body of {n} bytes, over the {max}-byte limit"));
+        let message = format!("request body of {n} bytes, over the {max}-byte limit");
+        return refuse(&budget, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message);
     }
     let mut held = budget.hold();
     let (parts, body) = req.into_parts();
@@ -118,17 +133,27 @@ pub async fn limit(State(budget): State<Arc<BodyBudget>>, req: Request, next: Ne
         let chunk = match tokio::time::timeout_at(deadline, stream.next()).await {
             Err(_) => {
                 return refuse(
+                    &budget,
                     StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
                     format!("request body not complete within {} s", budget.deadline.as_secs()),
                 )
             }
             Ok(None) => break,
-            Ok(Some(Err(e))) => return refuse(StatusCode::BAD_REQUEST, format!("reading the request body: {e}")),
+            Ok(Some(Err(e))) => {
+                return refuse(
+                    &budget,
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    format!("reading the request body: {e}"),
+                )
+            }
             Ok(Some(Ok(c))) => c,
         };
         let need = buf.len() + chunk.len();
         if need > max || declared.is_some_and(|n| need > n) {
-            return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("request body over the {max}-byte limit"));
+            let message = format!("request body over the {max}-byte limit");
+            return refuse(&budget, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message);
         }
         if need > buf.capacity() {
             // Grow by doubling (to the declared length at most), paying for the new room first.
@@ -146,5 +171,5 @@ pub async fn limit(State(budget): State<Arc<BodyBudget>>, req: Request, next: Ne
 }
 
 fn busy(budget: &BodyBudget) -> Response {
-    refuse(StatusCode::SERVICE_UNAVAILABLE, budget.full_message())
+    refuse(budget, StatusCode::SERVICE_UNAVAILABLE, "body_budget", budget.full_message())
 }

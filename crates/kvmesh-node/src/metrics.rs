@@ -10,7 +10,8 @@ use std::sync::atomic::AtomicU64;
 
 mod families;
 
-type Labels = Vec<(&'static str, String)>;
+/// A metric's label pairs.
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
 /// `kvmesh_raft_*`: this node's Raft state, one gauge each (name, help).
 const RAFT: [(&str, &str); 6] = [
@@ -101,7 +102,9 @@ pub struct Metrics {
     /// Proxied request attempts by outcome: `ok`, `client_error` (a 4xx passed through),
     /// `upstream_error`, `backpressure` (a 429/503, retried elsewhere), `no_replica`,
     /// `disconnected` (the client went away); requests the router answers itself:
-    /// `bad_request` (a body it cannot read), `unknown_model`, `too_long` (a prompt over
+    /// `bad_request` (a body it cannot read), `body_too_large` (over `limits.http_max_body_bytes`),
+    /// `body_timeout` (not all in within `limits.http_idle_timeout`), `body_budget` (the bodies
+    /// in flight use `limits.http_body_budget_bytes`), `unknown_model`, `too_long` (a prompt over
     /// `node.max_prompt_tokens`, or with admission control a prompt and `max_tokens` over the
     /// largest replica's KV); and admission control's 429s: `queue_full`,
     /// `evicted_late` (refused to make room, with the TTFT gate), `admission_timeout` (waited

@@ -143,7 +143,7 @@ struct RequestFields<'a> {
 }
 
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "prompt must be a string, an array of token ids or an array of strings")]
 enum Prompt<'a> {
     Text(#[serde(borrow)] Cow<'a, str>),
     Ids(Vec<u64>),
@@ -278,4 +278,18 @@ pub(crate) fn read_chat(shared: &Shared, body: &[u8]) -> Result<Parsed, Rejected
     let messages: Vec<(&str, &str)> = parts.iter().map(|(r, c)| (*r, c.as_str())).collect();
     let tokens = shared.tokenizer.encode_chat(&messages);
     Ok(Parsed::new(&f, tokens, shared.tokenizer.exact(true)))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_prompt_of_another_type_is_told_what_it_may_be() {
+        let shared = crate::state::test_node(Default::default());
+        let e = super::read_completion(&shared, br#"{"model": "m", "prompt": 5}"#).err().unwrap();
+        assert_eq!(
+            e.message,
+            "the body is not a JSON completion request: prompt must be a string, an array of token ids or an array \
+             of strings at line 1 column 27"
+        );
+    }
 }

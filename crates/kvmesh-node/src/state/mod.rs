@@ -253,6 +253,7 @@ impl Shared {
             l.http_max_body_bytes,
             l.http_idle_timeout,
             metrics.http_body_bytes.clone(),
+            metrics.requests.clone(),
         );
         let models = crate::models::ServedModels::new(&config.node.model, &config.node.lora_adapters);
         Ok(Shared {

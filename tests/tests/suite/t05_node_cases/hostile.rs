@@ -184,6 +184,9 @@ async fn slow_clients_and_body_floods_are_cut_off() {
     let mut answer = [0u8; 12];
     big.read_exact(&mut answer).await.unwrap();
     assert_eq!(&answer, b"HTTP/1.1 413");
+    // Each refusal is a client request's final outcome, counted as such.
+    eventually("the refusals counted", || requests(&node, "body_too_large") == 1).await;
+    assert_eq!(requests(&node, "body_budget"), 1);
     // Once the holder goes, the budget is whole again.
     drop(holder);
     drop(teaser);
