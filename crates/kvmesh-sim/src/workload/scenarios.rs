@@ -12,7 +12,7 @@
 //! | `hot-rotating` | as `hot-prompt`, but the hot prompt is replaced by a new one every 20 s: a hot prompt appears suddenly (case C13 with the appearance; what replication is for) |
 //! | `zipf` | 3,072-token documents drawn from 1,000 with Zipf popularity (s = 1.1), then 1,024 unique tokens |
 //! | `bursts` | agent traffic: bursts of 64 requests within 1 s sharing one 3,072-token context, bursts every `64 / rate` s on average; peak concurrency far above the mean rate |
-//! | `chat` | multi-turn sessions ([`super::Workload`]) |
+//! | `chat` | multi-turn sessions ([`super::Workload`]) at `rate` from the first request: sessions start 150 s before the window kept, as in a trace cut from a running service |
 //! | `rl` | asynchronous RL rollouts: steps of 16 prompts × 8 samples, heavy-tailed outputs, `max_tokens` 8,192 ([`super::rollouts`]) |
 
 pub use super::params::ScenarioParams;
@@ -50,6 +50,10 @@ pub enum Scenario {
     Agents,
 }
 
+/// How long before the chat scenario's window its sessions start, seconds: the longest a
+/// default chat session takes turns (6 turns, up to 30 s apart).
+const CHAT_WARM_S: f64 = 150.0;
+
 impl Scenario {
     /// Every scenario name.
     pub const NAMES: [&'static str; 10] =
@@ -62,17 +66,27 @@ impl Scenario {
             Scenario::Rl => return super::rollouts::generate(p),
             Scenario::Agents => return super::agents::generate(p),
             Scenario::Chat => {
-                // Sessions average 3.5 turns: pace sessions so requests arrive at `rate`; make
-                // twice the sessions needed and keep the first `requests` arrivals, so the count
-                // is exact whatever the turns drawn.
+                // Sessions average 3.5 turns: pace sessions so requests arrive at `rate`. They
+                // start `CHAT_WARM_S` before the window kept: by then every session that can
+                // still be taking turns has begun, so requests arrive at `rate` from the first
+                // one on (a window opening with the sessions took only first turns at first:
+                // 300 requests at 10 req/s arrived at 5.2 req/s). Enough sessions are made to
+                // fill the window whatever the turns drawn; the count kept is exact.
+                let session_rate = p.rate / 3.5;
+                let span = CHAT_WARM_S + f64::from(p.requests) / p.rate;
                 let w = Workload {
-                    sessions: (p.requests as f64 / 1.75).ceil() as u32,
-                    session_rate: p.rate / 3.5,
+                    sessions: (1.5 * span * session_rate).ceil() as u32 + 16,
+                    session_rate,
                     seed: p.seed,
                     ..Workload::default()
                 };
                 let mut t = w.generate();
+                t.requests.retain(|r| r.arrival_s >= CHAT_WARM_S);
                 t.requests.truncate(p.requests as usize);
+                let first = t.requests.first().map_or(0.0, |r| r.arrival_s);
+                for r in &mut t.requests {
+                    r.arrival_s -= first;
+                }
                 return t;
             }
             Scenario::Shared { percent } => {
@@ -252,6 +266,17 @@ mod tests {
             (reuse("shared-90") - 7.0 / 8.0 * (1000.0 - 8.0) / 1000.0).abs() < 1e-9,
             "90 % rounds to 7 of 8 blocks"
         );
+    }
+
+    #[test]
+    fn chat_arrives_at_its_rate_from_the_first_request() {
+        for (requests, seed) in [(300, 1), (300, 2), (2000, 1)] {
+            let t = Scenario::Chat.generate(&ScenarioParams { requests, rate: 10.0, seed });
+            assert_eq!(t.requests.len(), requests as usize);
+            assert_eq!(t.requests[0].arrival_s, 0.0);
+            let rate = f64::from(requests) / t.requests.last().unwrap().arrival_s;
+            assert!((8.5..11.5).contains(&rate), "{requests} requests, seed {seed}: {rate:.2} req/s");
+        }
     }
 
     #[test]
