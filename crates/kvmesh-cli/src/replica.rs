@@ -27,7 +27,13 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                 };
                 let mut client = admin(&a.target).await?;
                 let request = v1::AddReplicaRequest { spec: Some(spec.clone()), starting: a.starting };
-                match client.add_replica(authed(&a.target, request)?).await {
+                let answer = client.add_replica(authed(&a.target, request)?).await;
+                if let Some(w) =
+                    answer.as_ref().ok().and_then(|r| r.metadata().get(kvmesh_node::grpc::ADD_REPLICA_WARNING))
+                {
+                    eprintln!("warning: {}", w.to_str().unwrap_or("(not text)"));
+                }
+                match answer {
                     // An older node ignores `starting` and registers it ready.
                     Ok(r) if a.starting && r.get_ref().status != v1::ReplicaStatus::Starting as i32 => {
                         anyhow::bail!(

@@ -347,7 +347,7 @@ mod tests {
             ..Default::default()
         };
         let replicas = super::known_statuses(vec![replica("e0", 99), replica("e1", v1::ReplicaStatus::Ready as i32)]);
-        let all = super::StatusJson { replicas: &replicas, admission: None, autoscaler: None };
+        let all = super::StatusJson { replicas: &replicas, admission: None, autoscaler: None, decisions: &[] };
         let json = serde_json::to_value(&all).unwrap();
         assert_eq!(json["replicas"][0]["status"], "REPLICA_STATUS_UNSPECIFIED");
         assert_eq!(json["replicas"][1]["status"], "REPLICA_STATUS_READY");
@@ -355,5 +355,6 @@ mod tests {
         // 64-bit counts as strings: 2^60 survives a reader that parses numbers as doubles.
         assert_eq!(json["replicas"][1]["index_blocks"], "1152921504606846976");
         assert_eq!(json["admission"], serde_json::Value::Null);
+        assert_eq!(json["decisions"], serde_json::json!([]));
     }
 }

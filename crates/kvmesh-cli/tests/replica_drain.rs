@@ -45,6 +45,22 @@ async fn drain_wait_returns_once_the_request_in_flight_has_ended() {
     let other = add("http://127.0.0.1:1");
     assert_eq!(other.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&other.stderr).contains("(with other endpoints, capacity, model or rank)"));
+    // The same engine under another name: added (a stale entry must not block a new pod), and
+    // the caller is told, not only the node's log.
+    let kvmesh = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_kvmesh")).args(args).output().unwrap();
+    let capacity = common::capacity_blocks().to_string();
+    let http = engine.base_url();
+    let twin =
+        kvmesh(&["replica", "add", "--grpc", &grpc, "--name", "twin", "--http", &http, "--capacity-blocks", &capacity]);
+    assert!(twin.status.success(), "{}", String::from_utf8_lossy(&twin.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&twin.stderr),
+        format!(
+            "warning: twin and replica e0 are one engine ({http}): remove the stale one with `kvmesh replica remove \
+             --name e0`\n"
+        )
+    );
+    assert!(kvmesh(&["replica", "remove", "--grpc", &grpc, "--name", "twin"]).status.success());
 
     // An unknown replica is named in words, not in gRPC's status dump.
     let mut c = Command::new(env!("CARGO_BIN_EXE_kvmesh"));

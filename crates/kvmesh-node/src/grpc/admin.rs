@@ -10,6 +10,10 @@ use kvmesh_core::ReplicaStatus;
 use kvmesh_proto::v1::{self, admin_server};
 use tonic::{Request, Response, Status as GrpcStatus};
 
+/// Response metadata of `Admin.AddReplica`: a warning about the replica added (one engine
+/// already registered under another name).
+pub const WARNING: &str = "kvmesh-warning";
+
 #[tonic::async_trait]
 impl admin_server::Admin for Services {
     async fn list_replicas(
@@ -65,12 +69,24 @@ impl admin_server::Admin for Services {
             .replicas
             .values()
             .find_map(|r| (r.config.name != name && r.config.same_engine(&config)).then(|| r.config.name.clone()));
-        if let Some(other) = same_engine {
+        // Told to the caller too (response metadata `kvmesh-warning`, which the CLI prints).
+        let warning = same_engine.map(|other| {
             tracing::warn!(
                 replica = %name, registered = %other, http = %config.http,
                 "replica added for an engine already registered under another name (remove the stale one: `kvmesh replica remove --name {other}`)"
             );
-        }
+            format!(
+                "{name} and replica {other} are one engine ({}): remove the stale one with `kvmesh replica remove --name \
+                 {other}`",
+                config.http
+            )
+        });
+        let warned = |mut r: Response<v1::Replica>| {
+            if let Some(v) = warning.as_deref().and_then(|w| tonic::metadata::MetadataValue::try_from(w).ok()) {
+                r.metadata_mut().insert(WARNING, v);
+            }
+            r
+        };
         if let Some(c) = &self.cluster {
             config.validate().map_err(|e| GrpcStatus::invalid_argument(e.to_string()))?;
             c.write(Command::AddReplica { config, starting }).await.map_err(|e| match e {
@@ -83,7 +99,7 @@ impl admin_server::Admin for Services {
                 let _ = self.await_replica(&name).await;
                 let _ = self.shared.set_rotation(&name, true, true);
             }
-            return self.await_replica(&name).await;
+            return self.await_replica(&name).await.map(warned);
         }
         if starting {
             return Err(GrpcStatus::failed_precondition(
@@ -99,7 +115,9 @@ impl admin_server::Admin for Services {
             }
             RegistryError::NotStarted { .. } => GrpcStatus::internal(e.to_string()),
         })?;
-        self.replica(&name).map(Response::new).ok_or_else(|| GrpcStatus::internal("added replica vanished"))
+        self.replica(&name)
+            .map(|r| warned(Response::new(r)))
+            .ok_or_else(|| GrpcStatus::internal("added replica vanished"))
     }
 
     async fn remove_replica(

@@ -5,6 +5,7 @@
 //! `grpcurl -plaintext host:50051 list` works out of the box.
 
 mod admin;
+pub use admin::WARNING as ADD_REPLICA_WARNING;
 pub mod autoscaler;
 pub mod cluster;
 mod events;
