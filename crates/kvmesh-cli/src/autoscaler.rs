@@ -10,7 +10,7 @@ pub fn run(cmd: &AutoscalerCommand) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         let (AutoscalerCommand::Decisions(a) | AutoscalerCommand::Recommend(a) | AutoscalerCommand::Watch(a)) = cmd;
-        let channel = crate::connect::channel(&a.target.grpc, "is `kvmesh node` running?").await?;
+        let channel = crate::connect::channel(&a.target.grpc, crate::connect::NODE_HINT).await?;
         let mut client = v1::autoscaler_client::AutoscalerClient::new(channel);
         let request = v1::AutoscalerRequest { pool: a.pool.clone() };
         let now = kvmesh_node::replication::unix_now;

@@ -6,6 +6,10 @@
 use anyhow::Context;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+/// What a command that reaches a node says when none answers: the node may be elsewhere.
+pub const NODE_HINT: &str =
+    "is `kvmesh node` running there? --grpc URL or KVMESH_GRPC names another node: the [node] grpc address it serves";
+
 /// `addr` as a URL (`http://` added when it has no scheme).
 pub fn url(addr: &str) -> String {
     if addr.contains("://") {

@@ -294,6 +294,6 @@ async fn wait_for(
 }
 
 async fn admin(t: &ClusterTarget) -> anyhow::Result<v1::admin_client::AdminClient<tonic::transport::Channel>> {
-    let channel = crate::connect::channel(&t.grpc, "is `kvmesh node` running?").await?;
+    let channel = crate::connect::channel(&t.grpc, crate::connect::NODE_HINT).await?;
     Ok(v1::admin_client::AdminClient::new(channel))
 }

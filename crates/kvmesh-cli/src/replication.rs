@@ -56,7 +56,7 @@ pub fn run(cmd: &ReplicationCommand) -> anyhow::Result<()> {
 async fn client(
     t: &ClusterTarget,
 ) -> anyhow::Result<v1::replication_client::ReplicationClient<tonic::transport::Channel>> {
-    let channel = crate::connect::channel(&t.grpc, "is `kvmesh node` running?").await?;
+    let channel = crate::connect::channel(&t.grpc, crate::connect::NODE_HINT).await?;
     Ok(v1::replication_client::ReplicationClient::new(channel))
 }
 

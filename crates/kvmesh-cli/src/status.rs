@@ -13,7 +13,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let token = crate::cluster::admin_token(args.target.token_file.as_deref())?;
     let (cluster, replicas, decisions, replication, scale) = runtime.block_on(async {
-        let channel = crate::connect::channel(&args.target.grpc, "is `kvmesh node` running?").await?;
+        let channel = crate::connect::channel(&args.target.grpc, crate::connect::NODE_HINT).await?;
         let mut admin = v1::admin_client::AdminClient::new(channel.clone());
         let mut rep = v1::replication_client::ReplicationClient::new(channel.clone());
         // Older nodes have no Replication service; nodes with it off show nothing.

@@ -36,14 +36,10 @@ pub struct BodyBudget {
 
 impl BodyBudget {
     /// A budget of `budget` bytes for bodies of at most `max_body` bytes each, whose use is
-    /// kept in `gauge`; the proxy's requests it refuses are counted in `requests` by outcome.
-    pub fn new(
-        budget: usize,
-        max_body: usize,
-        deadline: Duration,
-        gauge: Gauge,
-        requests: Family<crate::metrics::Labels, Counter>,
-    ) -> Arc<Self> {
+    /// kept in `metrics.http_body_bytes`; the proxy's requests it refuses are counted in
+    /// `metrics.requests` by outcome.
+    pub fn new(budget: usize, max_body: usize, deadline: Duration, metrics: &crate::metrics::Metrics) -> Arc<Self> {
+        let (gauge, requests) = (metrics.http_body_bytes.clone(), metrics.requests.clone());
         Arc::new(BodyBudget { budget, used: AtomicUsize::new(0), max_body, deadline, gauge, requests })
     }
 

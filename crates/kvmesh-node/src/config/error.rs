@@ -35,6 +35,10 @@ pub enum ConfigError {
     Conflict(String),
 }
 
+/// A replica's refusal for a name an earlier `[[replicas]]` entry has; its line is the
+/// repeat's ([`ConfigError::line_in`]).
+pub(super) const REPEATED_NAME: &str = "the name appears twice";
+
 impl ConfigError {
     /// A refused setting.
     pub fn setting(key: impl Into<String>, problem: impl Into<String>) -> Self {
@@ -53,7 +57,7 @@ impl ConfigError {
         match self {
             Self::Setting { key, .. } => super::locate::line_of_key(text, key),
             // A repeated name: the repeat's line, not the first entry's.
-            Self::Replica { replica, problem } if problem == super::validate::REPEATED_NAME => {
+            Self::Replica { replica, problem } if problem == REPEATED_NAME => {
                 super::locate::line_of_name(text, replica, 2)
             }
             // The problem names the field first: `capacity_blocks must be positive`.

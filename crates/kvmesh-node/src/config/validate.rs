@@ -4,10 +4,6 @@
 use super::{human, up_to_a_day, ConfigError, NodeConfig, NodeSection};
 use kvmesh_core::{PolicyKind, Role};
 
-/// A replica's refusal for a name an earlier `[[replicas]]` entry has; its line is the
-/// repeat's ([`ConfigError::line_in`]).
-pub(super) const REPEATED_NAME: &str = "the name appears twice";
-
 impl NodeConfig {
     /// Checks values and combinations.
     ///
@@ -232,7 +228,7 @@ impl NodeConfig {
                 }
             }
             if !names.insert(&r.name) {
-                return Err(ConfigError::replica(&r.name, REPEATED_NAME));
+                return Err(ConfigError::replica(&r.name, super::error::REPEATED_NAME));
             }
             if let Some(first) = engines.insert(r.engine_key(), &r.name) {
                 // Said of the second: its `http` is the line to change.

@@ -252,8 +252,7 @@ impl Shared {
             l.http_body_budget_bytes,
             l.http_max_body_bytes,
             l.http_idle_timeout,
-            metrics.http_body_bytes.clone(),
-            metrics.requests.clone(),
+            &metrics,
         );
         let models = crate::models::ServedModels::new(&config.node.model, &config.node.lora_adapters);
         Ok(Shared {
