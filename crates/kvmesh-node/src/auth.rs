@@ -122,8 +122,14 @@ pub fn load(env: &str, file: &Option<PathBuf>) -> anyhow::Result<Option<Secret>>
 /// # Errors
 /// An unreadable file or an empty or unsendable token.
 pub fn load_file(path: &std::path::Path) -> anyhow::Result<Secret> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading the token file {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        // A relative path is the working directory's, not the config file's: say where it led.
+        let whence = match std::env::current_dir() {
+            Ok(cwd) if path.is_relative() => format!(" ({}, from the working directory)", cwd.join(path).display()),
+            _ => String::new(),
+        };
+        anyhow::anyhow!("reading the token file {}{whence}: {e}", path.display())
+    })?;
     Secret::new(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
@@ -184,6 +190,17 @@ pub fn check_read(meta: &MetadataMap, tokens: &Tokens) -> Result<(), Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relative_token_file_that_is_not_there_says_where_it_was_looked_for() {
+        let e = load_file(std::path::Path::new("no-such.token")).unwrap_err().to_string();
+        let cwd = std::env::current_dir().unwrap();
+        let looked = format!(
+            "reading the token file no-such.token ({}, from the working directory): ",
+            cwd.join("no-such.token").display()
+        );
+        assert!(e.starts_with(&looked), "{e}");
+    }
 
     #[test]
     fn tokens_are_checked_and_never_printed() {

@@ -187,8 +187,18 @@ async fn blocks_filled_by_output_are_announced_so_a_cached_prompt_owes_nothing()
 async fn c04_a_block_size_mismatch_is_loud() {
     let e = engine(32, Faults::default()).await;
     let node = node(vec![replica(0, &e, true)], |_| {}).await;
+    // Before any event: its metrics page (vllm:cache_config_info) says 32.
+    eventually("mismatch status from the metrics page", || status(&node, "e0") == ReplicaStatus::BlockSizeMismatch)
+        .await;
+    let detail = {
+        let (core, now) = (node.shared.core(), node.shared.now());
+        core.status_detail(&core.replicas["e0"], ReplicaStatus::BlockSizeMismatch, now)
+    };
+    assert_eq!(
+        detail,
+        "its engine reports block size 32 (vllm:cache_config_info), this node uses 16: routed on load only"
+    );
     assert_eq!(send(&node, 1, 4).await, 200);
-    eventually("mismatch status", || status(&node, "e0") == ReplicaStatus::BlockSizeMismatch).await;
     assert!(metric(&node, "kvmesh_events_rejected_total").contains("reason=\"block_size_mismatch\""));
     assert_eq!(send(&node, 2, 4).await, 200, "still routed, on load");
     node.stop().await;

@@ -76,13 +76,19 @@ impl ClusterSection {
     /// # Errors
     /// An entry that is not `id=host:port` with a positive id, or an id listed twice.
     pub fn peer_map(&self) -> Result<std::collections::BTreeMap<u64, String>, ConfigError> {
-        let mut out = std::collections::BTreeMap::new();
+        let mut out = std::collections::BTreeMap::<u64, String>::new();
         for p in &self.peers {
             let bad = |problem: String| ConfigError::setting("cluster.peers", problem);
             let (id, addr) = p.split_once('=').ok_or_else(|| bad(format!("entry {p:?} is not id=host:port")))?;
             let id: u64 = id.trim().parse().map_err(|_| bad(format!("entry {p:?}: the id is not a number")))?;
             if id == 0 || addr.trim().is_empty() || !addr.contains(':') {
                 return Err(bad(format!("entry {p:?} is not id=host:port with id > 0")));
+            }
+            if let Some((other, _)) = out.iter().find(|(_, a)| a.as_str() == addr.trim()) {
+                return Err(bad(format!(
+                    "lists {} for ids {other} and {id}: each node serves at an address of its own",
+                    addr.trim()
+                )));
             }
             if out.insert(id, addr.trim().to_string()).is_some() {
                 return Err(bad(format!("has id {id} twice: each node has an id of its own")));

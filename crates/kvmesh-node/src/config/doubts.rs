@@ -93,6 +93,13 @@ impl NodeConfig {
             )),
             _ => {}
         }
+        // Raft needs a majority: two members stop when either is down, as one would.
+        if let Some(n) = self.cluster.as_ref().and_then(|c| c.peer_map().ok()).map(|p| p.len()).filter(|&n| n == 2) {
+            out.push(format!(
+                "cluster.peers lists {n} nodes: Raft needs a majority, so the tier stops when either is down; run 3 \
+                 (or 5) to survive losing one (or two)"
+            ));
+        }
         let a = &self.autoscaler;
         if a.enabled && self.replicas.len() > a.policy.max_replicas as usize {
             out.push(format!(

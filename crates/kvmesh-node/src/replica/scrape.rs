@@ -78,7 +78,9 @@ pub async fn run(
         if let Ok(page) = &result {
             // SGLang counts tokens as requests finish: its counter stands still through a
             // long request, so it says nothing about a hang.
-            target.health().lock().counts_every_step = page.dialect == kvmesh_events::Dialect::Vllm;
+            let mut h = target.health().lock();
+            h.counts_every_step = page.dialect == kvmesh_events::Dialect::Vllm;
+            h.engine_block_size = page.kv_block_size;
         }
         let mut core = shared.core();
         // Removed since its actor started (and perhaps added again under the same name, with

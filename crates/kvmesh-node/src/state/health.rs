@@ -40,6 +40,10 @@ pub struct HealthState {
     /// served-token counter moves, or for another try once it has had nothing of this node's
     /// in flight for `hung_after` (the node time that spell began, if it has).
     pub hung: Option<Option<f64>>,
+    /// Tokens per block its engine reports on its metrics page (vLLM's
+    /// `vllm:cache_config_info{block_size}`), when it does: a size other than the node's is a
+    /// mismatch before any KV event says so.
+    pub engine_block_size: Option<u32>,
 }
 
 impl Default for HealthState {
@@ -55,6 +59,7 @@ impl Default for HealthState {
             busy_since: None,
             counts_every_step: true,
             hung: None,
+            engine_block_size: None,
         }
     }
 }

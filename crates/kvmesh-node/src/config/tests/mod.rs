@@ -292,7 +292,18 @@ fn errors_name_the_field() {
     assert_eq!(c.validate().unwrap_err().to_string(), "cluster.peers entry \"2=b\" is not id=host:port with id > 0");
     let c: NodeConfig = toml::from_str(&clustered.replace("3=c:3", "2=b:2")).unwrap();
     c.validate().unwrap();
+    // Two members: valid, but said (a majority of two is both).
+    assert_eq!(
+        c.doubts(),
+        ["cluster.peers lists 2 nodes: Raft needs a majority, so the tier stops when either is down; run 3 (or 5) to \
+          survive losing one (or two)"]
+    );
     assert_eq!(c.cluster.unwrap().peer_map().unwrap().get(&2).map(String::as_str), Some("b:2"));
+    let c: NodeConfig = toml::from_str(&clustered.replace("3=c:3", "2=a:1")).unwrap();
+    assert_eq!(
+        c.validate().unwrap_err().to_string(),
+        "cluster.peers lists a:1 for ids 1 and 2: each node serves at an address of its own"
+    );
     let c: NodeConfig =
         toml::from_str(&EXAMPLE.replace("capacity_blocks = 100", "capacity_blocks = 100\nblock_size = 32")).unwrap();
     assert_eq!(

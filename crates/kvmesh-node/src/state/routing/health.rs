@@ -15,11 +15,12 @@ impl Core {
         if r.draining() {
             return ReplicaStatus::Draining;
         }
-        let (unhealthy, overloaded) = {
+        let (unhealthy, overloaded, engine_block_size) = {
             let h = r.health.lock();
             (
                 h.failures >= self.unhealthy_after || h.hung.is_some() || self.hung_for(&h, now).is_some(),
                 h.overloaded_until > now,
+                h.engine_block_size,
             )
         };
         if unhealthy {
@@ -36,6 +37,10 @@ impl Core {
         };
         if bad_events_until.is_some_and(|u| now < u) {
             return ReplicaStatus::BadEvents;
+        }
+        // Its engine's metrics page says its block size before any KV event does.
+        if engine_block_size.is_some_and(|b| b != self.block_size_of(r)) {
+            return ReplicaStatus::BlockSizeMismatch;
         }
         if let Some(health) = self.fleet.index().health(r.id) {
             if health.block_size_mismatch.is_some() {
@@ -55,6 +60,11 @@ impl Core {
         ReplicaStatus::Ready
     }
 
+    /// The block size the node hashes `r`'s model with, tokens.
+    fn block_size_of(&self, r: &Replica) -> u32 {
+        self.fleet.block_size_of(self.fleet.replica(r.id).map(|s| s.model))
+    }
+
     /// How long a replica's engine (its health `h`) has served no token while this node had
     /// requests in flight on it, seconds, once that reaches `hung_after`: a hung engine
     /// whose metrics endpoint still answers (its served-token counter stands still).
@@ -71,10 +81,16 @@ impl Core {
     pub fn status_detail(&self, r: &Replica, status: ReplicaStatus, now: f64) -> String {
         match status {
             ReplicaStatus::BlockSizeMismatch => {
-                let ours = self.fleet.block_size_of(self.fleet.replica(r.id).map(|s| s.model));
-                self.fleet.index().health(r.id).and_then(|h| h.block_size_mismatch).map_or(String::new(), |b| {
-                    format!("events carry block size {b}, this node uses {ours}: routed on load only")
-                })
+                let ours = self.block_size_of(r);
+                match self.fleet.index().health(r.id).and_then(|h| h.block_size_mismatch) {
+                    Some(b) => format!("events carry block size {b}, this node uses {ours}: routed on load only"),
+                    None => r.health.lock().engine_block_size.map_or(String::new(), |b| {
+                        format!(
+                            "its engine reports block size {b} (vllm:cache_config_info), this node uses {ours}: \
+                             routed on load only"
+                        )
+                    }),
+                }
             }
             ReplicaStatus::Unhealthy => {
                 let h = r.health.lock();
