@@ -162,6 +162,21 @@ async fn a_kv_event_socket_that_never_comes_up_is_reported_with_why() {
     e1.stop().await;
 }
 
+/// A replica whose first scrape fails (here its metrics URL answers 404) is out of rotation
+/// at once, not after `unhealthy_after` scrapes: nothing has said it is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_never_scraped_well_is_out_after_its_first_failed_scrape() {
+    let e = engine(16, Faults::default()).await;
+    let r = ReplicaConfig { metrics_url: Some(format!("{}/no-metrics-here", e.base_url())), ..replica(0, &e, true) };
+    let section = NodeSection { scrape_interval: std::time::Duration::from_secs(30), ..common::section() };
+    let node = kvmesh_node::start(common::single(section, vec![r])).await.unwrap();
+    // One scrape in the test's time (the next is 30 s away).
+    eventually("unhealthy after one scrape", || status(&node, "e0") == ReplicaStatus::Unhealthy).await;
+    assert!(node.shared.core().replicas["e0"].health.lock().engine.is_none());
+    node.stop().await;
+    e.stop().await;
+}
+
 /// The quickstart's shape: a prompt the engine holds whole, answered with 40 tokens. Its
 /// output fills two blocks, which vLLM caches and announces (the engine-sim too), so the
 /// replica stays `ready` instead of owing an event that never comes.

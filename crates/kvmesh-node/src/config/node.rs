@@ -38,7 +38,8 @@ pub struct NodeSection {
     /// Engine metrics scrape (and health check) interval.
     #[serde(with = "humantime_serde")]
     pub scrape_interval: Duration,
-    /// Consecutive failed scrapes or connects before a replica is unhealthy.
+    /// Consecutive failed scrapes before a replica is unhealthy. A failed connect, or a
+    /// failed scrape of a replica never scraped well yet, takes it out at once.
     pub unhealthy_after: u32,
     /// How long a 429/503 from a replica keeps it out of rotation (at most a day; `"0s"`:
     /// not at all).

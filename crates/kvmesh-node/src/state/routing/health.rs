@@ -185,11 +185,18 @@ impl Core {
         }
     }
 
-    /// Records a failed scrape or connect; returns the replica's status after it.
+    /// Records a failed scrape or connect; returns the replica's status after it. A replica
+    /// never scraped well yet is out at once, as after a connect failure: nothing says it is
+    /// up (a wrong URL, an engine still loading), where a known engine gets `unhealthy_after`
+    /// tries.
     pub fn record_failure(&mut self, name: &str, error: String, now: f64) -> Option<ReplicaStatus> {
+        let threshold = self.unhealthy_after;
         {
             let mut h = self.replicas.get(name)?.health.lock();
             h.failures += 1;
+            if h.engine.is_none() {
+                h.failures = h.failures.max(threshold);
+            }
             h.last_error = Some(error);
         }
         let _ = self.sync_routable(name, now);
