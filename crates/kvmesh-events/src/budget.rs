@@ -14,6 +14,7 @@
 //! 16-token blocks that is ≤ 131,072 token ids, ≤ 8,192 stored block hashes and ≤ 8,192
 //! removals: ~160 k msgpack elements, < 1.5 MiB. The defaults leave ~6× headroom on each.
 
+use crate::cursor::{Cursor, Item};
 use crate::error::DecodeError;
 
 /// Limits on one KV-event message, applied before decoding.
@@ -68,10 +69,10 @@ pub(crate) fn extent(payload: &[u8], limits: &DecodeLimits) -> Result<usize, Dec
     // Position of the next value within the top-level array (the events array is its [1]).
     let mut top_index = 0u64;
     let mut elements = 0u64;
-    let mut pos = 0usize;
     // Newer vLLM encodes the batch as a map (`{"ts", "events", "data_parallel_rank"}`): there
     // the events array is the one array among the map's values.
-    let top_is_map = matches!(payload.first(), Some(0x80..=0x8f | 0xde | 0xdf));
+    let top_is_map = matches!(Cursor::first(payload), Item::Map(_));
+    let mut cur = Cursor::new(payload);
     while depth > 0 || open[0] > 0 {
         if open[depth] == 0 {
             depth -= 1;
@@ -82,14 +83,17 @@ pub(crate) fn extent(payload: &[u8], limits: &DecodeLimits) -> Result<usize, Dec
         }
         open[depth] -= 1;
         elements += 1;
-        let is_array = matches!(payload.get(pos), Some(0x90..=0x9f | 0xdc | 0xdd));
-        let (skip, children) = header(payload, &mut pos)?;
-        pos = pos
-            .checked_add(skip)
-            .filter(|&p| p <= payload.len())
-            .ok_or_else(|| DecodeError::Incomplete("payload ends inside a msgpack value".into()))?;
+        // Scalars, strings and binary are read past whole; a container's values come next.
+        let item = cur.item();
+        let children = match item {
+            Item::Array(n) => n as u64,
+            Item::Map(n) => 2 * n as u64,
+            Item::Truncated => return Err(DecodeError::Incomplete("payload ends inside a msgpack value".into())),
+            Item::Reserved => return Err(DecodeError::malformed("reserved msgpack marker 0xc1")),
+            _ => 0,
+        };
         // The events array: the top-level array's second element, or the top-level map's array.
-        let events = if top_is_map { is_array } else { top_index == 1 };
+        let events = if top_is_map { matches!(item, Item::Array(_)) } else { top_index == 1 };
         if depth == 1 && events && children > limits.max_events as u64 {
             return Err(DecodeError::OverBudget(format!(
                 "batch of {children} events, over the {}-event limit",
@@ -114,52 +118,7 @@ pub(crate) fn extent(payload: &[u8], limits: &DecodeLimits) -> Result<usize, Dec
             }
         }
     }
-    Ok(pos)
-}
-
-/// Reads one value's header at `*pos` (advancing past it): the payload bytes that follow it
-/// and, for a container, the values it holds (a map's keys and values both count).
-fn header(b: &[u8], pos: &mut usize) -> Result<(usize, u64), DecodeError> {
-    let marker = take(b, pos, 1)?[0];
-    let len = |pos: &mut usize, n: usize| -> Result<u64, DecodeError> {
-        Ok(take(b, pos, n)?.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
-    };
-    Ok(match marker {
-        0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (0, 0),
-        0x80..=0x8f => (0, 2 * u64::from(marker & 0x0f)),
-        0x90..=0x9f => (0, u64::from(marker & 0x0f)),
-        0xa0..=0xbf => (usize::from(marker & 0x1f), 0),
-        0xc1 => return Err(DecodeError::malformed("reserved msgpack marker 0xc1")),
-        0xc4 | 0xd9 => (len(pos, 1)? as usize, 0),
-        0xc5 | 0xda => (len(pos, 2)? as usize, 0),
-        0xc6 | 0xdb => (len(pos, 4)? as usize, 0),
-        // ext: length, then a type byte, then the data.
-        0xc7 => (len(pos, 1)? as usize + 1, 0),
-        0xc8 => (len(pos, 2)? as usize + 1, 0),
-        0xc9 => ((len(pos, 4)? as usize).saturating_add(1), 0),
-        0xca => (4, 0),
-        0xcb => (8, 0),
-        0xcc | 0xd0 => (1, 0),
-        0xcd | 0xd1 => (2, 0),
-        0xce | 0xd2 => (4, 0),
-        0xcf | 0xd3 => (8, 0),
-        0xd4 => (2, 0),
-        0xd5 => (3, 0),
-        0xd6 => (5, 0),
-        0xd7 => (9, 0),
-        0xd8 => (17, 0),
-        0xdc => (0, len(pos, 2)?),
-        0xdd => (0, len(pos, 4)?),
-        0xde => (0, 2 * len(pos, 2)?),
-        0xdf => (0, 2 * len(pos, 4)?),
-    })
-}
-
-fn take<'a>(b: &'a [u8], pos: &mut usize, n: usize) -> Result<&'a [u8], DecodeError> {
-    let s =
-        b.get(*pos..*pos + n).ok_or_else(|| DecodeError::Incomplete("payload ends inside a msgpack value".into()))?;
-    *pos += n;
-    Ok(s)
+    Ok(payload.len() - cur.remaining())
 }
 
 #[cfg(test)]

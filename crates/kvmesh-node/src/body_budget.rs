@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -102,9 +102,7 @@ impl Drop for Held {
 /// The proxy's error answer (OpenAI's shape, as every other), counted under `outcome`.
 fn refuse(budget: &BodyBudget, status: StatusCode, outcome: &'static str, message: String) -> Response {
     budget.requests.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
-    let kind = if status == StatusCode::SERVICE_UNAVAILABLE { "service_unavailable" } else { "invalid_request_error" };
-    let body = serde_json::json!({"error": {"message": message, "type": kind, "code": status.as_u16()}});
-    let mut r = (status, axum::Json(body)).into_response();
+    let mut r = crate::openai_error::error(status, message);
     if status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }

@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod metrics_page;
 pub mod metrics_text;
 pub mod models;
+pub(crate) mod openai_error;
 pub mod preflight;
 pub mod proxy;
 pub mod proxy_runtime;

@@ -90,9 +90,11 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                 continue;
             }
             let why = socket_trouble(relay.dial_error(), &e.to_string());
-            let now = shared.now();
-            let since = source.target.stream().lock().socket_down.as_ref().map_or(now, |d| d.0);
-            source.target.stream().lock().socket_down = Some((since, why.clone()));
+            {
+                let (now, mut stream) = (shared.now(), source.target.stream().lock());
+                let since = stream.socket_down.as_ref().map_or(now, |d| d.0);
+                stream.socket_down = Some((since, why.clone()));
+            }
             tracing::warn!(replica = %source.name, endpoint = %source.endpoint, %why, error = %e, "KV-event socket not up; retrying");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
