@@ -46,6 +46,10 @@ struct Args {
     /// Time only kvmesh's whole decisions (no index passes): for profiling the decision path.
     #[arg(long)]
     decision_only: bool,
+    /// Time only event apply: kvmesh's index and Dynamo's `RadixTree` alternated N times on the
+    /// same workload (no queries, no table): for comparing builds of the index.
+    #[arg(long, value_name = "N")]
+    apply_only: Option<usize>,
     /// Also write the reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -66,6 +70,10 @@ fn main() -> anyhow::Result<()> {
         config.total_blocks = args.entries;
         eprintln!("{n} replicas: building the workload ({:?})…", args.variant);
         let w = build(&trace, &config);
+        if let Some(rounds) = args.apply_only {
+            apply_rounds(&w, rounds);
+            continue;
+        }
         let report = measure(&w, &config, !args.no_concurrent, args.decision_only);
         println!(
             "\n{n} replicas, {:?} events: {} requests, {} queries, {} entries",
@@ -95,6 +103,22 @@ fn main() -> anyhow::Result<()> {
         bail!("answers differ from the truth: {}", bad.join(", "));
     }
     Ok(())
+}
+
+/// `rounds` apply passes of kvmesh's index and Dynamo's `RadixTree`, alternated, each printed.
+fn apply_rounds(w: &Workload, rounds: usize) {
+    for round in 1..=rounds {
+        let k = apply_pass(Kvmesh::new, w);
+        let d = apply_pass(DynamoRadixTree::new, w);
+        println!(
+            "{} replicas, round {round}: apply M blocks/s kvmesh {:.2}, Dynamo RadixTree {:.2} ({:.2}×); kvmesh {:.1} B / entry",
+            w.engines,
+            k.mblocks_per_s(),
+            d.mblocks_per_s(),
+            k.mblocks_per_s() / d.mblocks_per_s(),
+            k.heap_bytes as f64 / w.entries.max(1) as f64
+        );
+    }
 }
 
 /// Every pass of every index on `w`.
