@@ -213,6 +213,37 @@ fn bench_replication(c: &mut Criterion) {
     g.finish();
 }
 
+/// The routing record's pending-prefix query (`token_load` asks it on every decision) at
+/// 1,024 replicas with hot prefixes: 8 system prompts of 32 blocks routed to every replica
+/// within the last second, each with a 64-block conversation of its own, and 1,024 distinct
+/// requests (a system prompt and a new conversation) asked in turn, each once per pass.
+fn bench_record(c: &mut Criterion) {
+    use kvmesh_core::{BlockHash, RoutingRecord};
+    let mut g = c.benchmark_group("routing_record");
+    const REPLICAS: u32 = 1024;
+    let prompt = |system: u64, conv: u64| -> Vec<BlockHash> {
+        (0..96u64).map(|i| BlockHash(if i < 32 { system << 32 | i } else { 1 << 63 | conv << 16 | i })).collect()
+    };
+    let mut rec = RoutingRecord::new(120.0, 1 << 22);
+    for k in 0..8 * REPLICAS as u64 {
+        let r = (k % REPLICAS as u64) as u32;
+        rec.record(ReplicaId(r), &prompt(k / REPLICAS as u64, k), 9.0 + k as f64 / (8 * REPLICAS) as f64);
+    }
+    let queries: Vec<Vec<BlockHash>> = (0..1024u64).map(|q| prompt(q % 8, 1 << 20 | q)).collect();
+    let windows = vec![2.0f64; REPLICAS as usize];
+    let mut out = Vec::new();
+    let mut q = 0;
+    g.bench_function("pending_overlaps_1024_replicas_hot_prefix", |b| {
+        b.iter(|| {
+            q = (q + 1) % queries.len();
+            out.clear();
+            rec.overlaps_within(black_box(&queries[q]), 10.0, 2.0, |r| windows[r.index()], &mut out);
+            out.len()
+        })
+    });
+    g.finish();
+}
+
 /// Timed single decisions: p50 and p99 in microseconds.
 // A benchmark measures wall time; the crate itself never reads a clock (clippy.toml).
 #[allow(clippy::disallowed_methods)]
@@ -264,6 +295,7 @@ fn main() {
     bench_parts(&mut c);
     bench_apply(&mut c);
     bench_replication(&mut c);
+    bench_record(&mut c);
     c.final_summary();
     if std::env::args().any(|a| a == "--bench") {
         report_percentiles();

@@ -161,12 +161,15 @@ impl RoutingRecord {
     /// appended to `out` sorted by replica id (in the `gpu` field).
     pub fn overlaps(&self, hashes: &[BlockHash], now: f64, out: &mut Vec<(ReplicaId, Overlap)>) {
         // `expire` drops old entries lazily, so an entry past its TTL must not count here.
-        self.overlaps_within(hashes, now, |_| f64::INFINITY, out);
+        self.overlaps_within(hashes, now, f64::INFINITY, |_| f64::INFINITY, out);
     }
 
     /// Like [`Self::overlaps`], counting only entries recorded less than `window(replica)`
     /// seconds before `now` (and within the TTL): prefixes routed recently enough that the
     /// replica's KV events may not have confirmed them yet. `out` is sorted by replica.
+    /// `floor` is at most every replica's window, seconds: an entry younger than it counts
+    /// without asking `window` (a hot prefix lists every replica it was routed to; asking
+    /// each one's window, a queue estimate, was most of a 1,024-replica fleet's query).
     ///
     /// Cost: one visit per (recorded block of the prompt, replica) entry, O(1) each (dense
     /// per-replica scratch instead of sorted sets): a hot prefix routed to all of a large
@@ -175,12 +178,14 @@ impl RoutingRecord {
         &self,
         hashes: &[BlockHash],
         now: f64,
+        floor: f64,
         window: impl Fn(ReplicaId) -> f64,
         out: &mut Vec<(ReplicaId, Overlap)>,
     ) {
         let n = hashes.len();
         let ttl = self.ttl;
-        let live = |s: &Sent| s.at + window(s.replica).min(ttl) > now;
+        let sure = floor.min(ttl);
+        let live = |s: &Sent| s.at + sure > now || s.at + window(s.replica).min(ttl) > now;
         let holders = |i: usize| self.blocks.get(&hashes[i]).map_or(&[][..], |l| l.as_slice());
         // Every recorded replica has an index below `per_replica.len()`.
         let m = self.per_replica.len();
@@ -206,10 +211,13 @@ impl RoutingRecord {
                 }
                 break;
             }
+            // The replicas holding this window's stride block run through it. (One pass: the
+            // loop below only reaches replicas that stop before it, whose runs end earlier.)
             let mut next = 0usize;
             for s in holders(stride_at) {
                 if live(s) && candidate(&held_through, s.replica) {
                     held_through[s.replica.index()] = w;
+                    run[s.replica.index()] = stride_at as u32 + 1;
                     next += 1;
                 }
             }
@@ -221,11 +229,6 @@ impl RoutingRecord {
                         let r = &mut run[s.replica.index()];
                         *r = (*r).max(i as u32 + 1);
                     }
-                }
-            }
-            for s in holders(stride_at) {
-                if held_through[s.replica.index()] == w {
-                    run[s.replica.index()] = stride_at as u32 + 1;
                 }
             }
             if next == 0 {
@@ -435,6 +438,7 @@ mod tests {
             query in (0u64..4, 1usize..30, 0usize..60),
             now in 0u32..25,
             windows in prop::collection::vec(0u32..12, 6),
+            floor_share in 0u32..=4,
         ) {
             // A prompt: a shared trunk `t` for its first blocks, then its own tail.
             let blocks = |trunk: u64, len: usize, own: u64| -> Vec<BlockHash> {
@@ -452,8 +456,10 @@ mod tests {
                 None => blocks(query.0, query.1, 3),
             };
             let window = |r: ReplicaId| f64::from(windows[r.index() % windows.len()]);
+            // Any floor up to the shortest window gives the same answer.
+            let floor = f64::from(windows.iter().min().copied().unwrap_or(0)) * f64::from(floor_share) / 4.0;
             let (mut got, mut want) = (Vec::new(), Vec::new());
-            rec.overlaps_within(&q, f64::from(now), window, &mut got);
+            rec.overlaps_within(&q, f64::from(now), floor, window, &mut got);
             rec.overlaps_within_reference(&q, f64::from(now), window, &mut want);
             prop_assert_eq!(got, want);
         }

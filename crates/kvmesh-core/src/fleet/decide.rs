@@ -324,7 +324,8 @@ impl Fleet {
                 cell.set(w);
                 w
             };
-            self.record.overlaps_within(&req.hashes, now, window, &mut self.sparse);
+            // Every window is at least `base`: entries younger than that count unasked.
+            self.record.overlaps_within(&req.hashes, now, base, window, &mut self.sparse);
             scatter(&self.sparse, &self.replicas, |p, o| self.overlaps[p].gpu = self.overlaps[p].gpu.max(o.gpu));
         }
         // Planned replication targets: warm-ups are on their way (see `set_replication_plan`).
