@@ -47,8 +47,8 @@ struct Args {
     #[arg(long)]
     decision_only: bool,
     /// Time only event apply: kvmesh's index and Dynamo's `RadixTree` alternated N times on the
-    /// same workload (no queries, no table): for comparing builds of the index.
-    #[arg(long, value_name = "N")]
+    /// same workload (no queries, no table, no --json): for comparing builds of the index.
+    #[arg(long, value_name = "N", conflicts_with_all = ["json", "decision_only"])]
     apply_only: Option<usize>,
     /// Also write the reports as JSON here.
     #[arg(long)]
@@ -71,7 +71,7 @@ fn main() -> anyhow::Result<()> {
         eprintln!("{n} replicas: building the workload ({:?})…", args.variant);
         let w = build(&trace, &config);
         if let Some(rounds) = args.apply_only {
-            apply_rounds(&w, rounds);
+            apply_rounds(&w, rounds)?;
             continue;
         }
         let report = measure(&w, &config, !args.no_concurrent, args.decision_only);
@@ -106,10 +106,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `rounds` apply passes of kvmesh's index and Dynamo's `RadixTree`, alternated, each printed.
-fn apply_rounds(w: &Workload, rounds: usize) {
+fn apply_rounds(w: &Workload, rounds: usize) -> anyhow::Result<()> {
     for round in 1..=rounds {
         let k = apply_pass(Kvmesh::new, w);
         let d = apply_pass(DynamoRadixTree::new, w);
+        if k.errors + d.errors > 0 {
+            bail!("events refused in the apply pass: kvmesh {}, Dynamo RadixTree {}", k.errors, d.errors);
+        }
         println!(
             "{} replicas, round {round}: apply M blocks/s kvmesh {:.2}, Dynamo RadixTree {:.2} ({:.2}×); kvmesh {:.1} B / entry",
             w.engines,
@@ -119,6 +122,7 @@ fn apply_rounds(w: &Workload, rounds: usize) {
             k.heap_bytes as f64 / w.entries.max(1) as f64
         );
     }
+    Ok(())
 }
 
 /// Every pass of every index on `w`.

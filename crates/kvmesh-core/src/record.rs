@@ -184,7 +184,8 @@ impl RoutingRecord {
     ) {
         let n = hashes.len();
         let ttl = self.ttl;
-        let sure = floor.min(ttl);
+        // (A floor that is not a positive number proves nothing: every entry asks.)
+        let sure = if floor > 0.0 { floor.min(ttl) } else { f64::NEG_INFINITY };
         let live = |s: &Sent| s.at + sure > now || s.at + window(s.replica).min(ttl) > now;
         let holders = |i: usize| self.blocks.get(&hashes[i]).map_or(&[][..], |l| l.as_slice());
         // Every recorded replica has an index below `per_replica.len()`.
@@ -439,12 +440,13 @@ mod tests {
             now in 0u32..25,
             windows in prop::collection::vec(0u32..12, 6),
             floor_share in 0u32..=4,
+            ttl in 1u32..12,
         ) {
             // A prompt: a shared trunk `t` for its first blocks, then its own tail.
             let blocks = |trunk: u64, len: usize, own: u64| -> Vec<BlockHash> {
                 (0..len).map(|i| BlockHash(if i < 10 { trunk * 1000 + i as u64 } else { own * 100_000 + i as u64 })).collect()
             };
-            let mut rec = RoutingRecord::with_stride(8.0, 1 << 20, stride);
+            let mut rec = RoutingRecord::with_stride(f64::from(ttl), 1 << 20, stride);
             for (k, &(replica, trunk, len, at)) in prompts.iter().enumerate() {
                 rec.record(ReplicaId(replica), &blocks(trunk, len, k as u64 + 7), f64::from(at));
             }

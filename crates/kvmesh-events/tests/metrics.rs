@@ -196,3 +196,55 @@ vllm:generation_tokens_total{engine="1"} 300.0
     let zero = parse_engine_page_of(counters, 1.0, Some(0)).unwrap();
     assert_eq!((zero.served_tokens, zero.generated_tokens), (Some(6_700.0), Some(700.0)));
 }
+
+/// A page as vLLM's server exposes it: the families kvmesh reads among histograms, `_created`
+/// series and the HTTP instrumentator's, for two engines.
+fn full_page(extra: &str) -> String {
+    let mut page = String::from(VLLM_TWO_ENGINES);
+    page.push_str(
+        "# HELP vllm:prompt_tokens_created Number of prefill tokens processed.\n\
+         # TYPE vllm:prompt_tokens_created gauge\n\
+         vllm:prompt_tokens_created{engine=\"0\",model_name=\"m\"} 1.765e+09\n\
+         # HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.\n\
+         # TYPE vllm:prefix_cache_hits_total counter\n\
+         vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 23456.0\n\
+         # HELP vllm:generation_tokens_total Number of generation tokens processed.\n\
+         # TYPE vllm:generation_tokens_total counter\n\
+         vllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} 5000.0\n\
+         vllm:generation_tokens_total{engine=\"1\",model_name=\"m\"} 1000.0\n\
+         # HELP http_request_duration_seconds Latency with only few buckets by handler.\n\
+         # TYPE http_request_duration_seconds histogram\n\
+         http_request_duration_seconds_bucket{handler=\"/v1/completions\",le=\"0.1\",method=\"POST\"} 3.0\n\
+         http_request_duration_seconds_bucket{handler=\"/v1/completions\",le=\"+Inf\",method=\"POST\"} 9.0\n\
+         http_request_duration_seconds_count{handler=\"/v1/completions\",method=\"POST\"} 9.0\n\
+         http_request_duration_seconds_sum{handler=\"/v1/completions\",method=\"POST\"} 4.5\n\
+         # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"29375\"} 1.0\n",
+    );
+    page.push_str(extra);
+    page
+}
+
+#[test]
+fn a_full_vllm_page_reads_its_families_exactly() {
+    let page = kvmesh_events::parse_engine_page(&full_page(""), 3.0).unwrap();
+    assert_eq!(page.metrics, EngineMetrics { running: 5, waiting: 4, kv_usage: 0.375, at: 3.0 });
+    // Served: 123,456 prompt − 23,456 hits + 6,000 generated.
+    assert_eq!((page.served_tokens, page.generated_tokens), (Some(106_000.0), Some(6_000.0)));
+    assert_eq!((page.kv_blocks, page.kv_block_size), (Some(29_375), Some(16)));
+    // Engine 1's own: 1,000 generated; no prompt counter of its own, so nothing served.
+    let one = kvmesh_events::parse_engine_page_of(&full_page(""), 3.0, Some(1)).unwrap();
+    assert_eq!((one.metrics.running, one.generated_tokens, one.served_tokens), (2, Some(1_000.0), None));
+}
+
+#[test]
+fn a_malformed_line_of_a_family_kvmesh_does_not_read_loses_nothing() {
+    // The same page with a broken histogram line, and with a comment the format does not know.
+    let broken = full_page("http_request_size_bytes_bucket{le=\"+Inf\" 1.0 oops\n# EOF of sorts\n");
+    let page = kvmesh_events::parse_engine_page(&broken, 3.0).unwrap();
+    assert_eq!((page.metrics.running, page.served_tokens), (5, Some(106_000.0)));
+    // A broken line in a family it reads still fails the page, as before.
+    let bad = full_page("vllm:num_requests_running{engine=\"2\" 1.0\n");
+    assert!(matches!(kvmesh_events::parse_engine_page(&bad, 3.0), Err(MetricsError::Unparseable(_))));
+}

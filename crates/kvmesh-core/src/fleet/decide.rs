@@ -319,7 +319,8 @@ impl Fleet {
                         let rate = replicas[p].profile(config.learn_prefill_rate).prefill_s_per_token;
                         base + bookings.load(id).queued_prefill_at(now, rate) as f64 * rate
                     }
-                    None => 0.0,
+                    // (A replica removed: its entries were forgotten with it.)
+                    None => base,
                 };
                 cell.set(w);
                 w

@@ -133,5 +133,12 @@ fn applied_events_count_in_the_replica_s_series_by_kind() {
     // The same target again (its counters kept), and a new one (looked up afresh).
     apply_to(&shared, "e", &target, 2, batch(vec![KvEvent::Cleared]));
     apply(&shared, 3, vec![store(), store()]);
+    // A kind never applied has no series (the lookup below would make one).
+    let listed = |kind: &str| {
+        let mut page = String::new();
+        prometheus_client::encoding::text::encode(&mut page, &shared.metrics.registry).unwrap();
+        page.contains(&format!("replica=\"e\",kind=\"{kind}\""))
+    };
+    assert_eq!((listed("stored"), listed("removed"), listed("cleared")), (true, false, true));
     assert_eq!((series("stored"), series("removed"), series("cleared")), (3, 0, 1));
 }
