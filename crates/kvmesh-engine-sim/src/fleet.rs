@@ -21,8 +21,10 @@
 //! socket preallocates a 100,000-message queue (about 4 MB), so 1,024 replicas take ~4 GB.
 //!
 //! Metrics: one HTTP server answers `GET /r/{i}/metrics` with replica `i`'s page under vLLM's
-//! metric names (running, waiting, KV usage, token counters, `cache_config_info`). No replay
-//! socket and no OpenAI API: the emulator is for following, not serving.
+//! metric names (running, waiting, KV usage, token counters, `cache_config_info`), by default
+//! among the rest of a vLLM server's page (histograms and the like, fixed values:
+//! [`FleetConfig::full_metrics_pages`]). No replay socket and no OpenAI API: the emulator is
+//! for following, not serving.
 
 use anyhow::Context;
 use axum::extract::{Path, State};
@@ -70,6 +72,10 @@ pub struct FleetConfig {
     pub host: String,
     /// Seed of every replica's generator (replica `i` uses `seed + i`).
     pub seed: u64,
+    /// Serve the whole page a vLLM server exposes (the families a router reads among its
+    /// latency and token-count histograms, `_created` series, HTTP and process metrics: 600
+    /// lines, 60 KB), not only the families a router reads.
+    pub full_metrics_pages: bool,
 }
 
 impl Default for FleetConfig {
@@ -86,6 +92,7 @@ impl Default for FleetConfig {
             max_running: 64,
             host: "127.0.0.1".into(),
             seed: 1,
+            full_metrics_pages: true,
         }
     }
 }
@@ -160,6 +167,7 @@ pub async fn start(config: FleetConfig) -> anyhow::Result<Fleet> {
         pages: pages.clone(),
         capacity: config.capacity_blocks,
         block_size: config.block_size,
+        rest: if config.full_metrics_pages { VLLM_PAGE_REST } else { "" },
     });
     let mut stop_http = stopped.clone();
     tasks.push(tokio::spawn(async move {
@@ -260,16 +268,30 @@ async fn run_replica<M: futures_util::Stream<Item = zeromq::SocketEvent> + Unpin
     }
 }
 
+/// The families of a vLLM server's `/metrics` page a router does not read, for one engine
+/// (values fixed): the v1 engine's histograms with their bucket bounds
+/// (vllm/v1/metrics/loggers.py), each counter's and histogram's `_created` series (Python
+/// prometheus_client's default), the HTTP server's per-handler series
+/// (prometheus-fastapi-instrumentator) and the Python process collectors.
+const VLLM_PAGE_REST: &str = include_str!("fleet/vllm_page_rest.prom");
+
 #[derive(Clone)]
 struct PageState {
     pages: Arc<Vec<PageStats>>,
     capacity: usize,
     block_size: u32,
+    /// The rest of a full page ([`VLLM_PAGE_REST`]), or nothing.
+    rest: &'static str,
 }
 
 /// `GET /r/{i}/metrics`: replica `i`'s page, vLLM's metric names.
 async fn page(State(s): State<PageState>, Path(i): Path<usize>) -> Response {
     let Some(p) = s.pages.get(i) else { return StatusCode::NOT_FOUND.into_response() };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], page_text(p, &s)).into_response()
+}
+
+/// Replica `p`'s page: the families a router reads, then `s.rest`.
+fn page_text(p: &PageStats, s: &PageState) -> String {
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let labels = "engine=\"0\",model_name=\"kvmesh-sim-llama-3-8b\"";
     let mut out = String::new();
@@ -286,7 +308,8 @@ async fn page(State(s): State<PageState>, Path(i): Path<usize>) -> Response {
         "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0\n",
         s.block_size, s.capacity
     ));
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+    out.push_str(s.rest);
+    out
 }
 
 #[cfg(test)]

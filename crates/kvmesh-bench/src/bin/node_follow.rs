@@ -52,6 +52,11 @@ struct Args {
     /// Closed-loop Route workers of the load generator.
     #[arg(long, default_value_t = 8)]
     route_workers: usize,
+    /// Serve each replica's metrics as only the families a router reads, instead of a vLLM
+    /// server's whole page (600 lines, 60 KB, mostly histograms), as the runs before
+    /// 2026-12-07 did.
+    #[arg(long)]
+    minimal_metrics_pages: bool,
     /// The `kvmesh` binary (`cargo build --release -p kvmesh-cli`).
     #[arg(long, default_value = "target/release/kvmesh")]
     kvmesh: PathBuf,
@@ -156,6 +161,7 @@ async fn measure(args: &Args, n: usize) -> anyhow::Result<Vec<Window>> {
         steps_per_s: args.steps_per_s,
         request_rate: args.request_rate,
         capacity_blocks: args.capacity_blocks,
+        full_metrics_pages: !args.minimal_metrics_pages,
         ..FleetConfig::default()
     };
     let fleet = fleet::start(config).await?;

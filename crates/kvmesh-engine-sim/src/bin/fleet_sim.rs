@@ -36,6 +36,10 @@ struct Args {
     /// Seed of the replicas' generators.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Serve each replica's metrics as only the families a router reads, instead of a vLLM
+    /// server's whole page (600 lines, 60 KB, mostly histograms).
+    #[arg(long)]
+    minimal_metrics_pages: bool,
     /// Write a kvmesh node config following this fleet here.
     #[arg(long, value_name = "FILE")]
     node_config: Option<PathBuf>,
@@ -65,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
         prompts: a.prompts,
         prompt_tokens: a.prompt_tokens,
         seed: a.seed,
+        full_metrics_pages: !a.minimal_metrics_pages,
         ..FleetConfig::default()
     };
     let block_size = config.block_size;

@@ -60,3 +60,21 @@ fn system_prompt_blocks_match_the_load_tests_text() {
     assert_eq!(p.prompts[3].1, SystemPrompts::new(&config).prompts[3].1);
     assert_ne!(p.prompts[3].1[0], p.prompts[4].1[0]);
 }
+
+#[test]
+fn a_full_page_reads_as_the_minimal_one() {
+    let p = PageStats::default();
+    for (a, v) in
+        [(&p.running, 3), (&p.waiting, 2), (&p.cached, 1024), (&p.prompt_tokens, 50_000), (&p.generation_tokens, 7_000)]
+    {
+        a.store(v, Ordering::Relaxed);
+    }
+    let state = |rest| PageState { pages: Arc::new(Vec::new()), capacity: 4096, block_size: 16, rest };
+    let (full, minimal) = (page_text(&p, &state(VLLM_PAGE_REST)), page_text(&p, &state("")));
+    assert!(full.lines().count() > 500 && full.len() > 50_000, "{} lines, {} bytes", full.lines().count(), full.len());
+    let read = |text: &str| kvmesh_events::parse_engine_page(text, 1.0).unwrap();
+    let (f, m) = (read(&full), read(&minimal));
+    assert_eq!(f, m);
+    assert_eq!((f.metrics.running, f.metrics.waiting, f.metrics.kv_usage), (3, 2, 0.25));
+    assert_eq!((f.served_tokens, f.kv_blocks, f.kv_block_size), (Some(57_000.0), Some(4096), Some(16)));
+}
