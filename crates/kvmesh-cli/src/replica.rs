@@ -84,7 +84,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                 }
                 let mut client = admin(&a.target).await?;
                 drain(&mut client, a, if d.wait { d.timeout } else { 10.0 }).await?;
-                println!("replica {} draining", a.name);
+                println!("replica {} draining", a.name());
                 warn_if_none_routable(&mut client, &a.target).await;
                 if d.wait && wait_idle(&mut client, a, d.timeout).await? && d.remove {
                     remove(&mut client, a).await?;
@@ -93,10 +93,10 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
             ReplicaCommand::Undrain(a) => {
                 admin(&a.target)
                     .await?
-                    .undrain_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
+                    .undrain_replica(authed(&a.target, v1::ReplicaRef { name: a.name().to_string() })?)
                     .await
                     .map_err(|s| fail("Admin.UndrainReplica", &s, &a.target))?;
-                println!("replica {} back in rotation", a.name);
+                println!("replica {} back in rotation", a.name());
             }
             ReplicaCommand::Ready(r) => {
                 let a = &r.replica;
@@ -105,25 +105,25 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     positive_seconds(r.timeout)?;
                     let wait = Wait { not_yet: "engine does not answer", stays: "it stays starting" };
                     let found = wait_for(&mut client, a, r.timeout, wait, |r| Ok(r.engine_up)).await?;
-                    anyhow::ensure!(found.is_some(), "replica {} is not registered (removed while waiting)", a.name);
+                    anyhow::ensure!(found.is_some(), "replica {} is not registered (removed while waiting)", a.name());
                 }
-                client.mark_ready(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?).await.map_err(|s| {
-                    match s.code() {
+                client.mark_ready(authed(&a.target, v1::ReplicaRef { name: a.name().to_string() })?).await.map_err(
+                    |s| match s.code() {
                         tonic::Code::Unimplemented => {
                             anyhow::anyhow!("Admin.MarkReady: the node does not know this call")
                         }
                         _ => fail("Admin.MarkReady", &s, &a.target),
-                    }
-                })?;
-                println!("replica {} ready: in rotation", a.name);
+                    },
+                )?;
+                println!("replica {} ready: in rotation", a.name());
             }
             ReplicaCommand::Starting(a) => {
                 admin(&a.target)
                     .await?
-                    .mark_starting(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?)
+                    .mark_starting(authed(&a.target, v1::ReplicaRef { name: a.name().to_string() })?)
                     .await
                     .map_err(|s| fail("Admin.MarkStarting", &s, &a.target))?;
-                println!("replica {} starting: not routed to, counted by the autoscaler", a.name);
+                println!("replica {} starting: not routed to, counted by the autoscaler", a.name());
                 warn_if_none_routable(&mut admin(&a.target).await?, &a.target).await;
             }
         }
@@ -131,16 +131,16 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
     })
 }
 
-/// Removes `a.name`; one already gone (a retried hook, or `drain --wait --remove` before) is
+/// Removes `a.name()`; one already gone (a retried hook, or `drain --wait --remove` before) is
 /// done too.
 async fn remove(
     client: &mut v1::admin_client::AdminClient<tonic::transport::Channel>,
     a: &crate::cli::ReplicaNameArgs,
 ) -> anyhow::Result<()> {
-    match client.remove_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?).await {
-        Ok(_) => println!("replica {} removed", a.name),
+    match client.remove_replica(authed(&a.target, v1::ReplicaRef { name: a.name().to_string() })?).await {
+        Ok(_) => println!("replica {} removed", a.name()),
         Err(e) if e.code() == tonic::Code::NotFound => {
-            println!("replica {} is not registered: nothing to remove", a.name)
+            println!("replica {} is not registered: nothing to remove", a.name())
         }
         Err(e) => return Err(fail("Admin.RemoveReplica", &e, &a.target)),
     }
@@ -177,7 +177,7 @@ async fn warn_if_none_routable(
     }
 }
 
-/// Asks the node to drain `a.name`, again while it does not answer or has no Raft leader (a
+/// Asks the node to drain `a.name()`, again while it does not answer or has no Raft leader (a
 /// router restarting or electing), for up to `patience_s` seconds.
 async fn drain(
     client: &mut v1::admin_client::AdminClient<tonic::transport::Channel>,
@@ -186,7 +186,7 @@ async fn drain(
 ) -> anyhow::Result<()> {
     let began = std::time::Instant::now();
     loop {
-        let ask = client.drain_replica(authed(&a.target, v1::ReplicaRef { name: a.name.clone() })?);
+        let ask = client.drain_replica(authed(&a.target, v1::ReplicaRef { name: a.name().to_string() })?);
         let err = match tokio::time::timeout(std::time::Duration::from_secs(10), ask).await {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(e)) if !matches!(e.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) => {
@@ -198,7 +198,7 @@ async fn drain(
         if began.elapsed().as_secs_f64() >= patience_s {
             anyhow::bail!("Admin.DrainReplica: {err}; gave up after {patience_s} s");
         }
-        println!("replica {}: drain not accepted yet ({err}); asking again", a.name);
+        println!("replica {}: drain not accepted yet ({err}); asking again", a.name());
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }
@@ -216,7 +216,7 @@ impl std::fmt::Display for TimedOut {
 
 impl std::error::Error for TimedOut {}
 
-/// Polls the node until replica `a.name` is idle, printing what is left whenever it changes;
+/// Polls the node until replica `a.name()` is idle, printing what is left whenever it changes;
 /// returns whether it is still registered.
 async fn wait_idle(
     client: &mut v1::admin_client::AdminClient<tonic::transport::Channel>,
@@ -231,16 +231,16 @@ async fn wait_idle(
             return Ok(true);
         }
         if r.status != draining {
-            anyhow::bail!("replica {} was put back into rotation while waiting", a.name);
+            anyhow::bail!("replica {} was put back into rotation while waiting", a.name());
         }
         Ok(false)
     })
     .await?;
     if found.is_none() {
-        println!("replica {} is no longer registered: nothing routes to it", a.name);
+        println!("replica {} is no longer registered: nothing routes to it", a.name());
         return Ok(false);
     }
-    println!("replica {} idle after {:.1} s: safe to release", a.name, began.elapsed().as_secs_f64());
+    println!("replica {} idle after {:.1} s: safe to release", a.name(), began.elapsed().as_secs_f64());
     Ok(true)
 }
 
@@ -250,7 +250,7 @@ struct Wait {
     stays: &'static str,
 }
 
-/// Polls the node until `done` holds for replica `a.name`, printing its status detail
+/// Polls the node until `done` holds for replica `a.name()`, printing its status detail
 /// whenever it changes; returns it then, or `None` once it is no longer registered. `done`'s
 /// error ends the wait. A node that does not answer (restarting, electing a leader) is asked
 /// again until the timeout ([`TimedOut`]).
@@ -267,8 +267,11 @@ async fn wait_for(
         let ask = client.list_replicas(authed(&a.target, v1::ListReplicasRequest {})?);
         let now = match tokio::time::timeout(std::time::Duration::from_secs(5), ask).await {
             Ok(Ok(list)) => {
-                let found =
-                    list.into_inner().replicas.into_iter().find(|r| r.spec.as_ref().is_some_and(|s| s.name == a.name));
+                let found = list
+                    .into_inner()
+                    .replicas
+                    .into_iter()
+                    .find(|r| r.spec.as_ref().is_some_and(|s| s.name == a.name()));
                 let Some(r) = found else { return Ok(None) };
                 if done(&r)? {
                     return Ok(Some(r));
@@ -282,12 +285,14 @@ async fn wait_for(
             Err(_) => "the node did not answer within 5 s; asking again".to_string(),
         };
         if now != said {
-            println!("replica {}: {now}", a.name);
+            println!("replica {}: {now}", a.name());
             said = now;
         }
         if began.elapsed().as_secs_f64() >= timeout_s {
             let Wait { not_yet, stays } = wait;
-            return Err(TimedOut(format!("replica {} {not_yet} after {timeout_s} s ({said}); {stays}", a.name)).into());
+            return Err(
+                TimedOut(format!("replica {} {not_yet} after {timeout_s} s ({said}); {stays}", a.name())).into()
+            );
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }

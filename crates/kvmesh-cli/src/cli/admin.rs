@@ -148,9 +148,19 @@ pub struct ReplicaAddArgs {
 pub struct ReplicaNameArgs {
     #[command(flatten)]
     pub target: ClusterTarget,
+    /// The replica's name (or give it as --name NAME).
+    #[arg(value_name = "NAME", required_unless_present = "name_flag", conflicts_with = "name_flag")]
+    name_arg: Option<String>,
     /// The replica's name.
-    #[arg(long)]
-    pub name: String,
+    #[arg(long = "name", id = "name_flag", value_name = "NAME")]
+    name_flag: Option<String>,
+}
+
+impl ReplicaNameArgs {
+    /// The replica's name, given either way (clap requires one of the two).
+    pub fn name(&self) -> &str {
+        self.name_arg.as_deref().or(self.name_flag.as_deref()).unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Args)]

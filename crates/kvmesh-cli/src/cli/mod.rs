@@ -107,6 +107,25 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+    #[test]
+    fn a_replica_is_named_by_position_or_by_name_flag_not_both() {
+        let parse = |args: &[&str]| Cli::try_parse_from(["kvmesh", "replica"].iter().chain(args));
+        let name = |args: &[&str]| match parse(args).unwrap().command {
+            Command::Replica(ReplicaCommand::Drain(d)) => d.replica.name().to_string(),
+            Command::Replica(ReplicaCommand::Remove(a) | ReplicaCommand::Undrain(a)) => a.name().to_string(),
+            Command::Replica(ReplicaCommand::Ready(r)) => r.replica.name().to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(name(&["drain", "vllm-0"]), "vllm-0");
+        assert_eq!(name(&["drain", "--name", "vllm-0", "--wait"]), "vllm-0");
+        assert_eq!(name(&["undrain", "vllm-1"]), "vllm-1");
+        assert_eq!(name(&["ready", "--wait", "vllm-2"]), "vllm-2");
+        assert_eq!(name(&["remove", "--name", "vllm-3"]), "vllm-3");
+        for bad in [&["drain"][..], &["drain", "a", "--name", "b"], &["remove", "a", "b"]] {
+            assert!(parse(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
     /// Every `kvmesh …` command in a shipped manifest's scripts, with the pod's environment
     /// filled in, parses with this CLI: a renamed flag cannot leave deploy/ behind.
     #[test]
@@ -142,7 +161,7 @@ mod tests {
                 }
                 ReplicaCommand::Ready(r) => assert!(r.wait && r.timeout == 1800.0),
                 ReplicaCommand::Drain(d) => assert!(d.wait && d.timeout == 600.0 && !d.remove),
-                ReplicaCommand::Starting(a) | ReplicaCommand::Remove(a) => assert_eq!(a.name, "vllm-7d9f-abcde"),
+                ReplicaCommand::Starting(a) | ReplicaCommand::Remove(a) => assert_eq!(a.name(), "vllm-7d9f-abcde"),
                 ReplicaCommand::Undrain(_) => panic!("{c:?}"),
             }
         }
