@@ -23,7 +23,8 @@ pub struct EventBatch {
     pub ts: f64,
     /// The events that decoded, in order.
     pub events: Vec<KvEvent>,
-    /// vLLM's data-parallel rank of the publishing engine, when sent.
+    /// vLLM's data-parallel rank of the publishing engine, when sent. A rank past `i64::MAX`
+    /// reads as `i64::MAX`, a rank no replica has (it read as none, which any replica took).
     pub data_parallel_rank: Option<i64>,
     /// Events that did not decode: the others still apply, and the caller counts these.
     pub skipped: Vec<SkippedEvent>,
@@ -73,7 +74,7 @@ pub fn decode_batch_with(payload: &[u8], limits: &DecodeLimits) -> Result<EventB
     };
     let data_parallel_rank = match rank.map_or(Item::Nil, Cursor::first) {
         Item::Nil => None,
-        Item::Int(i) => i.as_i64(),
+        Item::Int(i) => Some(i.as_i64().unwrap_or(i64::MAX)),
         other => return Err(DecodeError::malformed(format!("data_parallel_rank is {}, not an integer", other.kind()))),
     };
     Ok(EventBatch { ts, events, data_parallel_rank, skipped })

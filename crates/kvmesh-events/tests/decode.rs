@@ -383,3 +383,15 @@ fn every_current_block_stored_field_decodes() {
     let KvEvent::Removed(r) = &events[1] else { panic!() };
     assert_eq!(r.kv_group, Some(1));
 }
+
+#[test]
+fn a_rank_past_i64_reads_as_a_rank_no_replica_has() {
+    let batch = |rank: Value| encode(&Value::Array(vec![Value::from(5), Value::Array(vec![]), rank]));
+    let rank = |v: Value| decode_batch(&batch(v)).unwrap().data_parallel_rank;
+    assert_eq!(rank(Value::from(3u64)), Some(3));
+    assert_eq!(rank(Value::from(i64::MAX as u64)), Some(i64::MAX));
+    // It read as no rank, which a replica of any rank took.
+    assert_eq!(rank(Value::from(u64::MAX)), Some(i64::MAX));
+    assert_eq!(rank(Value::from(-1)), Some(-1));
+    assert_eq!(rank(Value::Nil), None);
+}

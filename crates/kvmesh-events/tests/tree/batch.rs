@@ -38,7 +38,7 @@ pub(crate) fn decode_batch_with(payload: &[u8], limits: &DecodeLimits) -> Result
     };
     let data_parallel_rank = match fields.get(2) {
         None | Some(Value::Nil) => None,
-        Some(Value::Integer(i)) => i.as_i64(),
+        Some(Value::Integer(i)) => Some(i.as_i64().unwrap_or(i64::MAX)),
         Some(other) => return Err(malformed(format!("data_parallel_rank is {}, not an integer", kind(other)))),
     };
     let mut batch =
