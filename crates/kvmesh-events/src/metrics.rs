@@ -35,19 +35,43 @@ pub enum MetricsError {
     Missing(&'static str),
 }
 
+/// One dialect's families: each list the spellings tried in turn (a counter with and without
+/// `_total`, a gauge renamed between versions).
 struct Names {
     running: &'static str,
     waiting: &'static str,
     kv_usage: &'static [&'static str],
+    prompt: &'static [&'static str],
+    hits: &'static [&'static str],
+    generation: &'static [&'static str],
+}
+
+impl Names {
+    /// Every family name of the dialect.
+    fn all(&self) -> impl Iterator<Item = &'static str> {
+        let lists = [self.kv_usage, self.prompt, self.hits, self.generation];
+        [self.running, self.waiting].into_iter().chain(lists.into_iter().flatten().copied())
+    }
 }
 
 const VLLM: Names = Names {
     running: "vllm:num_requests_running",
     waiting: "vllm:num_requests_waiting",
     kv_usage: &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+    prompt: &["vllm:prompt_tokens_total", "vllm:prompt_tokens"],
+    hits: &["vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"],
+    generation: &["vllm:generation_tokens_total", "vllm:generation_tokens"],
 };
-const SGLANG: Names =
-    Names { running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs", kv_usage: &["sglang:token_usage"] };
+const SGLANG: Names = Names {
+    running: "sglang:num_running_reqs",
+    waiting: "sglang:num_queue_reqs",
+    kv_usage: &["sglang:token_usage"],
+    prompt: &["sglang:prompt_tokens_total"],
+    hits: &["sglang:cached_tokens_total"],
+    generation: &["sglang:generation_tokens_total"],
+};
+/// vLLM's cache config (its KV blocks and block size).
+const CACHE_CONFIG: &str = "vllm:cache_config_info";
 
 type Exposition = MetricsExposition<PrometheusType, PrometheusValue>;
 
@@ -120,7 +144,7 @@ fn cache_config(parsed: &Page) -> Option<(u64, Option<u32>)> {
     parsed
         .exposition
         .families
-        .get("vllm:cache_config_info")?
+        .get(CACHE_CONFIG)?
         .iter_samples()
         .filter_map(|s| {
             let labels = s.get_labelset().ok()?;
@@ -152,30 +176,9 @@ impl Page<'_> {
     }
 }
 
-/// Every family this module reads (both spellings of a counter: with and without `_total`).
-const READ: &[&str] = &[
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",
-    "vllm:prompt_tokens_total",
-    "vllm:prompt_tokens",
-    "vllm:prefix_cache_hits_total",
-    "vllm:prefix_cache_hits",
-    "vllm:generation_tokens_total",
-    "vllm:generation_tokens",
-    "vllm:cache_config_info",
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-    "sglang:token_usage",
-    "sglang:prompt_tokens_total",
-    "sglang:cached_tokens_total",
-    "sglang:generation_tokens_total",
-];
-
-/// The page parsed: the lines of the families in [`READ`] only (their samples, `# HELP` and
-/// `# TYPE`), or the whole page when it has no sample of them (so that a page that is not
-/// Prometheus text is still named unparseable). A vLLM page is mostly histograms kvmesh does
+/// The page parsed: only the lines of the families this module reads ([`VLLM`], [`SGLANG`],
+/// [`CACHE_CONFIG`]: their samples, `# HELP` and `# TYPE`), or the whole page when it has no
+/// sample of them (so that a page that is not Prometheus text is still named unparseable). A vLLM page is mostly histograms kvmesh does
 /// not read — 600 lines and 69 KB for one engine, which the parser took 2.5 ms over
 /// (`cargo bench -p kvmesh-events --bench metrics_page`), once a second per replica — and a
 /// malformed line in one of them no longer loses the scrape.
@@ -186,7 +189,7 @@ fn parse(text: &str) -> Result<Exposition, MetricsError> {
     }
 }
 
-/// The lines of `text` that belong to a family in [`READ`], if any of them is a sample.
+/// The lines of `text` that belong to a family this module reads, if any of them is a sample.
 fn wanted_lines(text: &str) -> Option<String> {
     let mut out = String::new();
     let mut samples = false;
@@ -202,7 +205,8 @@ fn wanted_lines(text: &str) -> Option<String> {
             }
             None => (&t[..t.find(|c: char| c == '{' || c.is_whitespace()).unwrap_or(t.len())], true),
         };
-        if (name.starts_with("vllm:") || name.starts_with("sglang:")) && READ.contains(&name) {
+        let read = |n: &str| n == CACHE_CONFIG || VLLM.all().chain(SGLANG.all()).any(|r| r == n);
+        if (name.starts_with("vllm:") || name.starts_with("sglang:")) && read(name) {
             out.push_str(line);
             out.push('\n');
             samples |= sample;
@@ -241,32 +245,30 @@ fn load(parsed: &Page, at: f64) -> Result<(Dialect, EngineMetrics), MetricsError
     Ok((dialect, EngineMetrics { running: count(&running), waiting: count(&waiting), kv_usage, at }))
 }
 
-fn generated(parsed: &Page) -> Option<f64> {
-    let names: &[&str] = if parsed.has(VLLM.running) {
-        &["vllm:generation_tokens_total", "vllm:generation_tokens"]
+/// The page's counter names: vLLM's when it has vLLM's running gauge, else SGLang's.
+fn dialect_of(parsed: &Page) -> &'static Names {
+    if parsed.has(VLLM.running) {
+        &VLLM
     } else {
-        &["sglang:generation_tokens_total"]
-    };
-    let total = names.iter().find_map(|n| values(parsed, n)).map(|v| v.iter().sum::<f64>())?;
+        &SGLANG
+    }
+}
+
+/// The sum of the first of `names` the page has.
+fn total(parsed: &Page, names: &[&str]) -> Option<f64> {
+    names.iter().find_map(|n| values(parsed, n)).map(|v| v.iter().sum::<f64>())
+}
+
+fn generated(parsed: &Page) -> Option<f64> {
+    let total = total(parsed, dialect_of(parsed).generation)?;
     (total.is_finite() && total >= 0.0).then_some(total)
 }
 
 fn served(parsed: &Page) -> Option<f64> {
-    let total = |names: &[&str]| names.iter().find_map(|n| values(parsed, n)).map(|v| v.iter().sum::<f64>());
-    let (prompt, hits, generation) = if parsed.has(VLLM.running) {
-        (
-            total(&["vllm:prompt_tokens_total", "vllm:prompt_tokens"])?,
-            total(&["vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"]).unwrap_or(0.0),
-            total(&["vllm:generation_tokens_total", "vllm:generation_tokens"])?,
-        )
-    } else {
-        (
-            total(&["sglang:prompt_tokens_total"])?,
-            total(&["sglang:cached_tokens_total"]).unwrap_or(0.0),
-            total(&["sglang:generation_tokens_total"])?,
-        )
-    };
-    let served = prompt - hits + generation;
+    let names = dialect_of(parsed);
+    let prompt = total(parsed, names.prompt)?;
+    let hits = total(parsed, names.hits).unwrap_or(0.0);
+    let served = prompt - hits + total(parsed, names.generation)?;
     (served.is_finite() && served >= 0.0).then_some(served)
 }
 

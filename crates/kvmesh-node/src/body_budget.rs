@@ -101,7 +101,7 @@ impl Drop for Held {
 
 /// The proxy's error answer (OpenAI's shape, as every other), counted under `outcome`.
 fn refuse(budget: &BodyBudget, status: StatusCode, outcome: &'static str, message: String) -> Response {
-    budget.requests.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
+    crate::metrics::count_outcome(&budget.requests, outcome);
     let mut r = crate::openai_error::error(status, message);
     if status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

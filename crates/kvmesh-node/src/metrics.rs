@@ -197,7 +197,7 @@ impl Default for Metrics {
 impl Metrics {
     /// Counts one request outcome.
     pub fn request(&self, outcome: &'static str) {
-        self.requests.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
+        count_outcome(&self.requests, outcome);
     }
 
     /// Counts one refusal by admission control.
@@ -213,4 +213,9 @@ pub fn recovered_ratio(placed: usize, waiting: usize) -> f64 {
     } else {
         placed as f64 / (placed + waiting) as f64
     }
+}
+
+/// Counts one in `family`'s `outcome` series (`kvmesh_requests_total` and its like).
+pub(crate) fn count_outcome(family: &Family<Labels, Counter>, outcome: &'static str) {
+    family.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
 }

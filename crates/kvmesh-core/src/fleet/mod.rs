@@ -186,6 +186,12 @@ impl Fleet {
         self.config_of(model).block_size
     }
 
+    /// The block size replica `id`'s blocks are hashed in, tokens: its model's (the fleet's
+    /// for an unknown replica).
+    pub fn replica_block_size(&self, id: ReplicaId) -> u32 {
+        self.block_size_of(self.replica(id).map(|r| r.model))
+    }
+
     /// The settings a decision for `model` reads: the fleet's, in the model's block size.
     fn config_of(&self, model: Option<ModelKey>) -> &FleetConfig {
         model.and_then(|m| self.model_configs.get(&m)).unwrap_or(&self.config)

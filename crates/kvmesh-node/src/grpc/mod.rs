@@ -135,7 +135,7 @@ impl Services {
         let r = core.replicas.get(name)?;
         let status = core.status(r, now);
         let load = core.fleet.bookings().load(r.id);
-        let block_size = core.fleet.block_size_of(core.fleet.replica(r.id).map(|s| s.model));
+        let block_size = core.fleet.replica_block_size(r.id);
         let detail = core.status_detail(r, status, now);
         let index_blocks = core.fleet.index().replica_blocks(r.id) as u64;
         let stream = r.stream.lock().clone();

@@ -91,7 +91,7 @@ pub async fn run(
             Ok(page) => {
                 // In blocks of another size the counts do not compare (a block-size mismatch is
                 // reported on its own, from the KV events).
-                let ours = core.fleet.block_size_of(core.fleet.replica(target.id()).map(|s| s.model));
+                let ours = core.fleet.replica_block_size(target.id());
                 let same_size = page.kv_block_size.is_none_or(|b| b == ours);
                 if let (false, Some(engine_blocks), true) = (capacity_checked, page.kv_blocks, same_size) {
                     capacity_checked = true;

@@ -391,7 +391,7 @@ impl Shared {
         let id = core.fleet.add_replica(spec).map_err(|e| RegistryError::Invalid(e.to_string()))?;
         self.models.added(config.model.as_deref());
         let model = self.models.of_replica(config.model.as_deref());
-        self.models.set_block_size(model, core.fleet.block_size_of(core.fleet.replica(id).map(|r| r.model)));
+        self.models.set_block_size(model, core.fleet.replica_block_size(id));
         for a in config.lora_adapters.iter().flatten() {
             // Validation keeps a declared adapter's name apart from the models.
             let _ = self.models.learn_adapter(a, config.model.as_deref());

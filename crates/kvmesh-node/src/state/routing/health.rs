@@ -39,7 +39,7 @@ impl Core {
             return ReplicaStatus::BadEvents;
         }
         // Its engine's metrics page says its block size before any KV event does.
-        if engine_block_size.is_some_and(|b| b != self.block_size_of(r)) {
+        if engine_block_size.is_some_and(|b| b != self.fleet.replica_block_size(r.id)) {
             return ReplicaStatus::BlockSizeMismatch;
         }
         if let Some(health) = self.fleet.index().health(r.id) {
@@ -60,11 +60,6 @@ impl Core {
         ReplicaStatus::Ready
     }
 
-    /// The block size the node hashes `r`'s model with, tokens.
-    fn block_size_of(&self, r: &Replica) -> u32 {
-        self.fleet.block_size_of(self.fleet.replica(r.id).map(|s| s.model))
-    }
-
     /// How long a replica's engine (its health `h`) has served no token while this node had
     /// requests in flight on it, seconds, once that reaches `hung_after`: a hung engine
     /// whose metrics endpoint still answers (its served-token counter stands still).
@@ -81,7 +76,7 @@ impl Core {
     pub fn status_detail(&self, r: &Replica, status: ReplicaStatus, now: f64) -> String {
         match status {
             ReplicaStatus::BlockSizeMismatch => {
-                let ours = self.block_size_of(r);
+                let ours = self.fleet.replica_block_size(r.id);
                 match self.fleet.index().health(r.id).and_then(|h| h.block_size_mismatch) {
                     Some(b) => format!("events carry block size {b}, this node uses {ours}: routed on load only"),
                     None => r.health.lock().engine_block_size.map_or(String::new(), |b| {
