@@ -376,13 +376,25 @@ fn rl_rollouts_get_a_decode_table_with_their_steps() {
         let m = &v["results"][0]["mean"];
         // 512 rollouts are 4 steps of 128; every one completes.
         assert_eq!((m["completed"].as_u64(), m["steps"].as_u64()), (Some(512), Some(4)), "{info}");
+        // No run beats its floors: every request alone, in a batch of one.
+        let floor = |k: &str| v["floors"][k].as_f64().unwrap();
+        assert!(floor("e2e_p99_all_cached") > 1.0 && floor("e2e_p99_all_cached") <= m["e2e_p99"].as_f64().unwrap());
+        assert!(floor("step_p99_all_cached") >= floor("e2e_p99_all_cached"), "a step waits for its slowest rollout");
+        assert!(floor("step_p99_all_cached") <= m["step_p99"].as_f64().unwrap(), "{info}");
     }
     let mut plain = args("learned")[..13].to_vec();
     plain.push("--quiet");
     let table = text(&kvmesh(&plain).stdout);
     let decode = table.split("decode and steps (output lengths known to the router: learned)\n").nth(1).unwrap();
+    let (floor, rows) = decode.split_once('\n').unwrap();
     assert!(
-        decode.starts_with(
+        floor.starts_with(
+            "floor (every request alone, decoding in a batch of one, every reusable prefix cached): E2E p99 "
+        ) && floor.contains(", step p99 "),
+        "{table}"
+    );
+    assert!(
+        rows.starts_with(
             " policy      E2E p50  E2E p99  steps  step p50  step p99  out tok/s  preemptions\n token_load"
         ),
         "{table}"

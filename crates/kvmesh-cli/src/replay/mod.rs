@@ -146,7 +146,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             .then_some(AdmissionConfig { gate, ..AdmissionConfig::default() }),
         ..SimConfig::default()
     };
-    let floors = floors(trace, &profile.step(), args.block_size);
+    // One trace per seed for a generated scenario (one in all for a file): the floors, like
+    // the figures, are means over them.
+    let floors = Floors::mean(&traces.iter().map(|t| floors(t, &profile.step(), args.block_size)).collect::<Vec<_>>());
     let span_s = trace.requests.last().map_or(0.0, |r| r.arrival_s);
     let results = run_all(&config, &traces, &policies, &seeds, args)?;
     let report = Report {

@@ -162,6 +162,15 @@ fn decode_table(r: &Report, markdown: bool) -> String {
         .collect();
     let title = if steps { "decode and steps" } else { "decode" };
     let mut out = format!("\n{title} (output lengths known to the router: {})\n", r.output_info);
+    // What no router reaches: the decode tables' targets are ratios to a peer, and a ratio
+    // below floor ÷ peer is out of any router's reach.
+    let f = &r.floors;
+    let step_floor = if steps { format!(", step p99 {}", secs(f.step_p99_all_cached)) } else { String::new() };
+    let _ = writeln!(
+        out,
+        "floor (every request alone, decoding in a batch of one, every reusable prefix cached): E2E p99 {}{step_floor}",
+        secs(f.e2e_p99_all_cached)
+    );
     if markdown {
         out.push('\n');
         out.push_str(&markdown_rows(&columns, &rows));

@@ -203,20 +203,65 @@ impl RunMetrics {
     }
 }
 
-/// The p99 TTFT no router can beat: every request gets its own prefill with no queueing.
+/// The p99s no router can beat: every request alone on a replica, with no queueing.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Floors {
-    /// Nothing cached, seconds.
+    /// p99 TTFT with nothing cached, seconds.
     pub p99_uncached: f64,
-    /// Every reusable prefix (leading blocks seen in an earlier request) cached, seconds.
+    /// p99 TTFT with every reusable prefix (leading blocks seen in an earlier request) cached,
+    /// seconds.
     pub p99_all_cached: f64,
+    /// p99 end-to-end latency with every reusable prefix cached and every request decoding
+    /// alone (a batch of one, the fastest step there is): its prefill, then one step of
+    /// `β0 + β2` per output token after the first, seconds.
+    pub e2e_p99_all_cached: f64,
+    /// p99 step completion time (a group's first arrival to its last finish, as
+    /// [`RunMetrics::step_p99`]) with every request of the group served as in
+    /// [`Floors::e2e_p99_all_cached`] from its own arrival, seconds; 0 without groups.
+    pub step_p99_all_cached: f64,
 }
 
 /// The floors of `trace` on `profile` with blocks of `block_size` tokens.
+///
+/// A request alone computes its uncached prompt in `⌈u / C⌉` steps ([`ReplicaProfile::ttft`]
+/// with nothing decoding), its first token at the end of the last, then one decode step of
+/// `β0 + β2` per further token: the simulator's engine serves a lone request in exactly that
+/// time, and any batch, queue or cache miss only adds to it.
 pub fn floors(trace: &Trace, profile: &ReplicaProfile, block_size: u32) -> Floors {
     let cold: Vec<f64> = trace.requests.iter().map(|r| profile.ttft(u64::from(r.input_tokens.max(1)), 0)).collect();
     let warm: Vec<f64> = uncached_prompt_tokens(trace, block_size).into_iter().map(|u| profile.ttft(u, 0)).collect();
-    Floors { p99_uncached: pct(&sorted(cold), 0.99), p99_all_cached: pct(&sorted(warm), 0.99) }
+    let step = profile.step_overhead_s + profile.decode_s_per_token;
+    let e2e: Vec<f64> =
+        trace.requests.iter().zip(&warm).map(|(r, ttft)| ttft + f64::from(r.output_tokens.max(1) - 1) * step).collect();
+    // Per group: its first arrival and its last alone finish.
+    let mut groups: std::collections::BTreeMap<u32, (f64, f64)> = std::collections::BTreeMap::new();
+    for (r, e) in trace.requests.iter().zip(&e2e) {
+        let Some(g) = r.group else { continue };
+        let span = groups.entry(g).or_insert((f64::INFINITY, f64::NEG_INFINITY));
+        (span.0, span.1) = (span.0.min(r.arrival_s), span.1.max(r.arrival_s + e));
+    }
+    let steps: Vec<f64> = groups.values().map(|(first, last)| last - first).collect();
+    Floors {
+        p99_uncached: pct(&sorted(cold), 0.99),
+        p99_all_cached: pct(&sorted(warm), 0.99),
+        e2e_p99_all_cached: pct(&sorted(e2e), 0.99),
+        step_p99_all_cached: pct(&sorted(steps), 0.99),
+    }
+}
+
+impl Floors {
+    /// Each figure's mean over `floors` (a generated scenario draws one trace per seed, and a
+    /// run's figures are means over its seeds); all zero when empty.
+    pub fn mean(floors: &[Floors]) -> Floors {
+        let n = floors.len().max(1) as f64;
+        let avg = |f: fn(&Floors) -> f64| floors.iter().map(f).sum::<f64>() / n;
+        Floors {
+            p99_uncached: avg(|f| f.p99_uncached),
+            p99_all_cached: avg(|f| f.p99_all_cached),
+            e2e_p99_all_cached: avg(|f| f.e2e_p99_all_cached),
+            step_p99_all_cached: avg(|f| f.step_p99_all_cached),
+        }
+    }
 }
 
 /// Per request of `trace`, in order, the prompt tokens no earlier request computed: its

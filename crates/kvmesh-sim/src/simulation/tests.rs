@@ -162,6 +162,49 @@ fn floors_are_the_no_queue_prefill_times() {
     close(f.p99_uncached, 1e-3 + 12.0 * 1e-3);
     // With every reusable prefix cached, request 2 computes 4 tokens; p99 of {12, 4} is 12.
     close(f.p99_all_cached, 1e-3 + 12.0 * 1e-3);
+    // One output token each: the E2E floor is the TTFT floor; no groups, no step floor.
+    close(f.e2e_p99_all_cached, f.p99_all_cached);
+    close(f.step_p99_all_cached, 0.0);
+}
+
+#[test]
+fn floors_over_seeds_are_each_figures_mean() {
+    let f = |x: f64| Floors {
+        p99_uncached: x,
+        p99_all_cached: 2.0 * x,
+        e2e_p99_all_cached: 3.0 * x,
+        step_p99_all_cached: 4.0 * x,
+    };
+    assert_eq!(Floors::mean(&[f(1.0), f(2.0)]), f(1.5));
+    assert_eq!(Floors::mean(&[]), f(0.0));
+}
+
+/// Requests of `(arrival, block ids, output tokens, group)`, 4 tokens a block.
+fn grouped(reqs: &[(f64, &[u64], u32, u32)]) -> Trace {
+    let mut t = trace(&reqs.iter().map(|&(at, ids, _, _)| (at, ids)).collect::<Vec<_>>());
+    for (r, &(_, _, out, g)) in t.requests.iter_mut().zip(reqs) {
+        (r.output_tokens, r.group) = (out, Some(g));
+    }
+    t
+}
+
+#[test]
+fn the_e2e_and_step_floors_are_each_request_alone_decoding_in_a_batch_of_one() {
+    // A one-block prompt (4 tokens): TTFT alone 1 ms + 4 × 1 ms = 5 ms; each further token a
+    // decode step of 1 ms + 0.1 ms. Group 0 runs from 0 to request 2's finish at
+    // 0.5 + 5 ms + 2 × 1.1 ms. Group 1 is one 100-token prompt, two 64-token chunks:
+    // 2 × 1 ms + 100 ms, then one decode step.
+    let long: Vec<u64> = (3..28).collect();
+    let t = grouped(&[(0.0, &[1], 1, 0), (0.5, &[2], 3, 0), (2.0, &long, 2, 1)]);
+    let f = floors(&t, &profile().step(), 4);
+    close(f.e2e_p99_all_cached, 0.102 + 1.1e-3);
+    close(f.step_p99_all_cached, 0.5 + 5e-3 + 2.0 * 1.1e-3);
+    // Apart in time, nothing queues or shares a batch: the simulated fleet meets both floors
+    // (what makes them floors: the engine serves a lone request in exactly that time).
+    let cfg = config(0.0);
+    let m = RunMetrics::of(&run(&cfg, &t), &cfg);
+    close(m.e2e_p99, f.e2e_p99_all_cached);
+    close(m.step_p99, f.step_p99_all_cached);
 }
 
 #[test]
