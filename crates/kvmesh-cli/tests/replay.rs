@@ -381,6 +381,7 @@ fn rl_rollouts_get_a_decode_table_with_their_steps() {
         assert!(floor("e2e_p99_all_cached") > 1.0 && floor("e2e_p99_all_cached") <= m["e2e_p99"].as_f64().unwrap());
         assert!(floor("step_p99_all_cached") >= floor("e2e_p99_all_cached"), "a step waits for its slowest rollout");
         assert!(floor("step_p99_all_cached") <= m["step_p99"].as_f64().unwrap(), "{info}");
+        assert!(floor("output_tps_ceiling") >= m["output_tps"].as_f64().unwrap(), "{info}");
     }
     let mut plain = args("learned")[..13].to_vec();
     plain.push("--quiet");
@@ -390,7 +391,8 @@ fn rl_rollouts_get_a_decode_table_with_their_steps() {
     assert!(
         floor.starts_with(
             "floor (every request alone, decoding in a batch of one, every reusable prefix cached): E2E p99 "
-        ) && floor.contains(", step p99 "),
+        ) && floor.contains(", step p99 ")
+            && floor.contains("; out tok/s at most "),
         "{table}"
     );
     assert!(

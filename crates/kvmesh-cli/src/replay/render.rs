@@ -168,8 +168,10 @@ fn decode_table(r: &Report, markdown: bool) -> String {
     let step_floor = if steps { format!(", step p99 {}", secs(f.step_p99_all_cached)) } else { String::new() };
     let _ = writeln!(
         out,
-        "floor (every request alone, decoding in a batch of one, every reusable prefix cached): E2E p99 {}{step_floor}",
-        secs(f.e2e_p99_all_cached)
+        "floor (every request alone, decoding in a batch of one, every reusable prefix cached): E2E p99 {}{step_floor}; \
+         out tok/s at most {:.0}",
+        secs(f.e2e_p99_all_cached),
+        f.output_tps_ceiling
     );
     if markdown {
         out.push('\n');

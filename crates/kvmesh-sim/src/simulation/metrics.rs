@@ -219,6 +219,10 @@ pub struct Floors {
     /// [`RunMetrics::step_p99`]) with every request of the group served as in
     /// [`Floors::e2e_p99_all_cached`] from its own arrival, seconds; 0 without groups.
     pub step_p99_all_cached: f64,
+    /// The most output tokens per second a run can show ([`RunMetrics::output_tps`]): every
+    /// output token over the shortest span from the first arrival to the last finish, each
+    /// request served as in [`Floors::e2e_p99_all_cached`] from its own arrival.
+    pub output_tps_ceiling: f64,
 }
 
 /// The floors of `trace` on `profile` with blocks of `block_size` tokens.
@@ -241,7 +245,11 @@ pub fn floors(trace: &Trace, profile: &ReplicaProfile, block_size: u32) -> Floor
         (span.0, span.1) = (span.0.min(r.arrival_s), span.1.max(r.arrival_s + e));
     }
     let steps: Vec<f64> = groups.values().map(|(first, last)| last - first).collect();
+    let first = trace.requests.iter().map(|r| r.arrival_s).fold(f64::INFINITY, f64::min);
+    let last = trace.requests.iter().zip(&e2e).map(|(r, e)| r.arrival_s + e).fold(f64::NEG_INFINITY, f64::max);
+    let output: u64 = trace.requests.iter().map(|r| u64::from(r.output_tokens)).sum();
     Floors {
+        output_tps_ceiling: if last > first { output as f64 / (last - first) } else { 0.0 },
         p99_uncached: pct(&sorted(cold), 0.99),
         p99_all_cached: pct(&sorted(warm), 0.99),
         e2e_p99_all_cached: pct(&sorted(e2e), 0.99),
@@ -260,6 +268,7 @@ impl Floors {
             p99_all_cached: avg(|f| f.p99_all_cached),
             e2e_p99_all_cached: avg(|f| f.e2e_p99_all_cached),
             step_p99_all_cached: avg(|f| f.step_p99_all_cached),
+            output_tps_ceiling: avg(|f| f.output_tps_ceiling),
         }
     }
 }

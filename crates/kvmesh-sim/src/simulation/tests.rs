@@ -174,6 +174,7 @@ fn floors_over_seeds_are_each_figures_mean() {
         p99_all_cached: 2.0 * x,
         e2e_p99_all_cached: 3.0 * x,
         step_p99_all_cached: 4.0 * x,
+        output_tps_ceiling: 5.0 * x,
     };
     assert_eq!(Floors::mean(&[f(1.0), f(2.0)]), f(1.5));
     assert_eq!(Floors::mean(&[]), f(0.0));
@@ -199,12 +200,15 @@ fn the_e2e_and_step_floors_are_each_request_alone_decoding_in_a_batch_of_one() {
     let f = floors(&t, &profile().step(), 4);
     close(f.e2e_p99_all_cached, 0.102 + 1.1e-3);
     close(f.step_p99_all_cached, 0.5 + 5e-3 + 2.0 * 1.1e-3);
+    // 6 output tokens from 0 to the last finish, 2 + 0.1031 s.
+    close(f.output_tps_ceiling, 6.0 / (2.0 + 0.102 + 1.1e-3));
     // Apart in time, nothing queues or shares a batch: the simulated fleet meets both floors
     // (what makes them floors: the engine serves a lone request in exactly that time).
     let cfg = config(0.0);
     let m = RunMetrics::of(&run(&cfg, &t), &cfg);
     close(m.e2e_p99, f.e2e_p99_all_cached);
     close(m.step_p99, f.step_p99_all_cached);
+    close(m.output_tps, f.output_tps_ceiling);
 }
 
 #[test]
