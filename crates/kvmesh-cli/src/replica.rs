@@ -46,6 +46,11 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     Ok(_) if a.starting => {
                         println!("replica {} added, starting: not routed to, counted by the autoscaler", a.name)
                     }
+                    Ok(_) if a.capacity_blocks == 0 => println!(
+                        "replica {} added; starting until its engine reports its KV capacity (num_gpu_blocks on its \
+                         metrics page), then ready",
+                        a.name
+                    ),
                     Ok(_) => println!("replica {} added", a.name),
                     Err(e) if e.code() == tonic::Code::AlreadyExists => {
                         // A retry (or a restarted start-up script): the same registration is done.
@@ -57,7 +62,8 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                                     s.http_endpoint.clone(),
                                     s.kv_events_endpoint.clone(),
                                     s.replay_endpoint.clone(),
-                                    s.capacity_blocks,
+                                    // Left out, it is the engine's figure in a listing.
+                                    if spec.capacity_blocks == 0 { 0 } else { s.capacity_blocks },
                                     s.model.clone(),
                                     s.data_parallel_rank,
                                     s.role.clone(),

@@ -198,6 +198,26 @@ async fn blocks_filled_by_output_are_announced_so_a_cached_prompt_owes_nothing()
     e.stop().await;
 }
 
+/// A replica registered without `capacity_blocks` takes its engine's own figure (vLLM's
+/// `vllm:cache_config_info{num_gpu_blocks}`, which the engine-sim serves) from the first
+/// scrape, and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_without_capacity_blocks_takes_its_engines_figure_and_serves() {
+    let e = engine(16, Faults::default()).await;
+    let node = node(vec![ReplicaConfig { capacity_blocks: 0, ..replica(0, &e, true) }], |_| {}).await;
+    let engine_blocks = EngineSimConfig::default().profile.kv_blocks(16);
+    let capacity = || {
+        let core = node.shared.core();
+        core.fleet.replica(core.replicas["e0"].id).unwrap().spec.capacity_blocks
+    };
+    eventually("the engine's capacity", || capacity() == engine_blocks).await;
+    eventually("ready", || status(&node, "e0") == ReplicaStatus::Ready).await;
+    assert_eq!(send(&node, 1, 4).await, 200);
+    assert_eq!(node.shared.core().replicas["e0"].config.capacity_blocks, 0, "the configuration is left as written");
+    node.stop().await;
+    e.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c04_a_block_size_mismatch_is_loud() {
     let e = engine(32, Faults::default()).await;

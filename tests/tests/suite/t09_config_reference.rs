@@ -103,8 +103,8 @@ fn generate() -> String {
     );
     section(&mut out, "[node]", &fields(&config, "NodeSection"), &defaults(&NodeSection::default()), &[]);
     out.push_str("\nOne `[[replicas]]` table per engine replica.\n");
-    let minimal: ReplicaConfig = toml::from_str("name = \"x\"\nhttp = \"http://x\"\ncapacity_blocks = 1").unwrap();
-    let required = ["name", "http", "capacity_blocks"];
+    let minimal: ReplicaConfig = toml::from_str("name = \"x\"\nhttp = \"http://x\"").unwrap();
+    let required = ["name", "http"];
     section(&mut out, "[[replicas]]", &fields(&config, "ReplicaConfig"), &defaults(&minimal), &required);
     section(&mut out, "[cluster]", &fields(&config, "ClusterSection"), &defaults(&ClusterSection::default()), &[]);
     section(&mut out, "[security]", &fields(&auth, "SecuritySection"), &defaults(&SecuritySection::default()), &[]);

@@ -111,8 +111,10 @@ pub struct ReplicaAddArgs {
     /// Its replay endpoint, e.g. `tcp://10.0.0.7:5558`.
     #[arg(long, value_name = "ENDPOINT")]
     pub replay: Option<String>,
-    /// KV-cache capacity, blocks.
-    #[arg(long, value_name = "BLOCKS")]
+    /// KV-cache capacity, blocks (vLLM logs "GPU KV cache size: N tokens": N / block size).
+    /// Default: read from the engine's metrics page (vLLM's `num_gpu_blocks`); the replica is
+    /// `starting` until it is. Required for SGLang and for a data-parallel rank.
+    #[arg(long, value_name = "BLOCKS", default_value_t = 0, hide_default_value = true)]
     pub capacity_blocks: u64,
     /// The model it serves (vLLM `--served-model-name`); default the node's `node.model`.
     /// Requests are routed only among the replicas of the model they name.

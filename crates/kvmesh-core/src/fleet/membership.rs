@@ -3,20 +3,16 @@
 use super::*;
 
 impl Fleet {
-    /// Registers a replica, ready for traffic.
+    /// Registers a replica, ready for traffic — once its KV capacity is known: a spec of 0
+    /// `capacity_blocks` (not known yet: a node reads it from the engine's metrics) is never
+    /// routable until [`Fleet::set_capacity_blocks`] gives it.
     ///
     /// # Errors
     /// [`Error::DuplicateReplica`] for a name already registered; [`Error::InvalidConfig`] for
-    /// zero capacity or a bad profile.
+    /// a bad profile or block size.
     pub fn add_replica(&mut self, spec: ReplicaSpec) -> Result<ReplicaId, Error> {
         if self.replica_by_name(&spec.name).is_some() {
             return Err(Error::DuplicateReplica(spec.name));
-        }
-        if spec.capacity_blocks == 0 {
-            return Err(Error::InvalidConfig {
-                field: "capacity_blocks",
-                reason: format!("replica {:?} has 0 blocks", spec.name),
-            });
         }
         spec.profile.validate()?;
         if self.next_id == u32::MAX {
@@ -120,6 +116,31 @@ impl Fleet {
         }
         self.lifecycle.push(FleetEvent::ReplicaRemoved(id));
         Ok(self.bookings.drop_replica(id))
+    }
+
+    /// Sets the KV capacity of replica `id`, blocks (its engine's own figure, as vLLM
+    /// reports `num_gpu_blocks`): a replica registered without one becomes routable (if its
+    /// status is). Returns whether it changed.
+    ///
+    /// # Errors
+    /// [`Error::UnknownReplica`]; [`Error::InvalidConfig`] for 0 blocks.
+    pub fn set_capacity_blocks(&mut self, id: ReplicaId, blocks: u64) -> Result<bool, Error> {
+        let p = self.pos(id).ok_or(Error::UnknownReplica(id))?;
+        if blocks == 0 {
+            return Err(Error::InvalidConfig {
+                field: "capacity_blocks",
+                reason: format!("replica {:?}: 0 blocks", self.replicas[p].spec.name),
+            });
+        }
+        let was = std::mem::replace(&mut self.replicas[p].spec.capacity_blocks, blocks);
+        if was == blocks {
+            return Ok(false);
+        }
+        self.largest_blocks = self.replicas.iter().map(|r| r.spec.capacity_blocks).max().unwrap_or(0);
+        // Policies rebuild what they keep per replica (llm-d's LRU sizes), and a replica that
+        // had none may now be routable.
+        self.epoch += 1;
+        Ok(true)
     }
 
     #[inline]

@@ -27,15 +27,35 @@ fn registration_errors_are_clear() {
     let mut f = Fleet::new(FleetConfig::default()).unwrap();
     let a = f.add_replica(ReplicaSpec::new("a", 100)).unwrap();
     assert_eq!(f.add_replica(ReplicaSpec::new("a", 100)), Err(Error::DuplicateReplica("a".into())));
-    assert!(matches!(
-        f.add_replica(ReplicaSpec::new("z", 0)),
-        Err(Error::InvalidConfig { field: "capacity_blocks", .. })
-    ));
+    let z = f.add_replica(ReplicaSpec::new("z", 0)).unwrap();
+    assert!(matches!(f.set_capacity_blocks(z, 0), Err(Error::InvalidConfig { field: "capacity_blocks", .. })));
     f.remove_replica(a).unwrap();
+    assert_eq!(f.set_capacity_blocks(a, 5), Err(Error::UnknownReplica(a)));
     assert_eq!(f.remove_replica(a), Err(Error::UnknownReplica(a)));
     assert_eq!(f.apply_event(a, &KvEvent::Cleared, 0.0), Err(Error::UnknownReplica(a)));
     let b = f.add_replica(ReplicaSpec::new("a", 100)).unwrap();
     assert_ne!(a, b, "ids are never reused");
+}
+
+#[test]
+fn a_replica_whose_capacity_is_not_known_yet_is_never_picked_until_it_is() {
+    let mut f = Fleet::new(FleetConfig::default()).unwrap();
+    let a = f.add_replica(ReplicaSpec::new("a", 1_000)).unwrap();
+    let b = f.add_replica(ReplicaSpec::new("b", 0)).unwrap();
+    // Round robin would alternate: with b's capacity unknown, every request goes to a.
+    let mut p = PolicyKind::RoundRobin.build();
+    let req = RouteRequest::new(f.hasher(), &toks(64), Some(16));
+    let picks = |f: &mut Fleet, p: &mut Box<dyn Policy>| -> Vec<ReplicaId> {
+        (0..4).map(|i| f.route(p.as_mut(), &req, &mut rng(), f64::from(i)).unwrap().decision.replica).collect()
+    };
+    assert_eq!(picks(&mut f, &mut p), vec![a; 4]);
+    assert!(!f.replica(b).unwrap().routable());
+    let epoch = f.epoch;
+    assert_eq!(f.set_capacity_blocks(b, 2_000), Ok(true));
+    assert_eq!((f.set_capacity_blocks(b, 2_000), f.epoch), (Ok(false), epoch + 1), "changed once");
+    assert_eq!(f.largest_kv_tokens(), 2_000 * u64::from(f.config().block_size));
+    let after = picks(&mut f, &mut p);
+    assert_eq!((after.iter().filter(|&&r| r == b).count(), after.len()), (2, 4), "{after:?}");
 }
 
 #[test]
@@ -206,6 +226,12 @@ fn a_request_fits_nowhere_by_its_blocks_and_surely_only_by_its_whole_sequence() 
     // take it, so it is not certain.
     let rounding = f.fits_nowhere(481, Some(159)).unwrap();
     assert_eq!((rounding.needed_blocks, rounding.certain()), (40, false));
+    // A replica whose capacity is not known yet may be the one it fits: nothing is refused
+    // until it is known.
+    let b = f.add_replica(silent_with("b", 0)).unwrap();
+    assert_eq!(f.fits_nowhere(480, Some(1000)), None);
+    f.set_capacity_blocks(b, 80).unwrap();
+    assert_eq!(f.fits_nowhere(480, Some(1000)).map(|o| o.largest_blocks), Some(80));
 }
 
 fn silent_with(name: &str, capacity_blocks: u64) -> ReplicaSpec {

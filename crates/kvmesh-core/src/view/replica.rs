@@ -12,7 +12,9 @@ pub struct ReplicaSpec {
     /// name, so every router node agrees whatever the registration order (case C11).
     pub name: String,
     /// KV-cache capacity, in blocks of `block_size` tokens (vLLM logs it as "GPU KV cache
-    /// size: N tokens"; divide by the block size).
+    /// size: N tokens"; divide by the block size, or read `num_gpu_blocks` of its
+    /// `vllm:cache_config_info` metric). 0: not known yet — the replica is not routable until
+    /// [`crate::Fleet::set_capacity_blocks`] gives it.
     pub capacity_blocks: u64,
     /// The replica's step-time model.
     pub profile: ReplicaProfile,
@@ -148,9 +150,9 @@ pub struct ReplicaState {
 }
 
 impl ReplicaState {
-    /// Whether new requests may go here.
+    /// Whether new requests may go here: its status says so, and its KV capacity is known.
     pub fn routable(&self) -> bool {
-        self.status.routable()
+        self.status.routable() && self.spec.capacity_blocks > 0
     }
 
     /// The step model decisions use: the registered profile, with the learned prefill cost in

@@ -15,6 +15,7 @@
 //! kv_events = "tcp://10.0.0.7:5557"   # vLLM --kv-events-config endpoint; omit: no events
 //! replay = "tcp://10.0.0.7:5558"      # vLLM replay_endpoint; omit: resync by clearing
 //! capacity_blocks = 29375             # vLLM logs "GPU KV cache size: N tokens"; N / block_size
+//!                                     # (omit: read from the engine's /metrics num_gpu_blocks)
 //!
 //! [cluster]                 # optional: run as one of 3 or 5 router nodes (Raft + gossip)
 //! id = 1                    # this node's id, > 0, unique in the cluster

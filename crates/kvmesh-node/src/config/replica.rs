@@ -28,7 +28,12 @@ pub struct ReplicaConfig {
     /// Its Prometheus metrics URL; default `<http>/metrics`.
     #[serde(default)]
     pub metrics_url: Option<String>,
-    /// KV-cache capacity, blocks.
+    /// KV-cache capacity, blocks. Omitted (or 0): read from the engine's metrics page (vLLM's
+    /// `vllm:cache_config_info{num_gpu_blocks}`, which it publishes once it has sized its KV
+    /// cache); until a scrape brings it the replica is `starting` and not routed to. Required
+    /// for SGLang (its page does not say) and for a data-parallel rank (vLLM reports the ranks'
+    /// blocks summed).
+    #[serde(default)]
     pub capacity_blocks: u64,
     /// `vllm` or `sglang`. Both event formats are read either way; for a `prefill` or
     /// `decode` replica it decides how a disaggregated request is handed between its sides
@@ -196,8 +201,18 @@ impl ReplicaConfig {
                 }
             }
         }
-        if self.capacity_blocks == 0 {
-            return bad("capacity_blocks must be positive");
+        // 0: read from the engine, which only vLLM's page tells, and for the whole engine.
+        if self.capacity_blocks == 0 && self.engine == "sglang" {
+            return bad(
+                "capacity_blocks is required for an sglang engine (its metrics do not report its KV capacity): \
+                 set it to the engine's max_total_num_tokens / block size",
+            );
+        }
+        if self.capacity_blocks == 0 && (self.data_parallel_rank.is_some() || self.data_parallel_size.is_some()) {
+            return bad(
+                "capacity_blocks is required for data-parallel ranks (vLLM reports the ranks' KV blocks summed): \
+                 set it to one rank's blocks, as the rank logs \"GPU KV cache size\"",
+            );
         }
         if self.data_parallel_size.is_some() {
             return bad("data_parallel_size is expanded into ranks when the file is read; register each rank (data_parallel_rank) through the API");

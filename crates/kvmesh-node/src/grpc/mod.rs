@@ -148,6 +148,10 @@ impl Services {
             // Not declared: what its engine lists.
             spec.lora_adapters = r.listed_adapters.clone().unwrap_or_default();
         }
+        if spec.capacity_blocks == 0 {
+            // Not configured: what its engine reported (0 until it has).
+            spec.capacity_blocks = core.fleet.replica(r.id).map_or(0, |f| f.spec.capacity_blocks);
+        }
         Some(v1::Replica {
             spec: Some(spec),
             status: v1::ReplicaStatus::from(status) as i32,

@@ -93,7 +93,32 @@ pub async fn run(
                 // reported on its own, from the KV events).
                 let ours = core.fleet.replica_block_size(target.id());
                 let same_size = page.kv_block_size.is_none_or(|b| b == ours);
-                if let (false, Some(engine_blocks), true) = (capacity_checked, page.kv_blocks, same_size) {
+                if configured == 0 {
+                    // Registered without capacity_blocks: the engine's own figure, on every
+                    // page (a restarted engine may have sized its cache anew).
+                    match page.kv_blocks.filter(|_| same_size) {
+                        Some(blocks) => {
+                            let changed = core.learn_capacity(&name, blocks, now);
+                            if changed {
+                                tracing::info!(
+                                    replica = %name,
+                                    capacity_blocks = blocks,
+                                    "KV capacity read from the engine (vllm:cache_config_info num_gpu_blocks)"
+                                );
+                            }
+                        }
+                        None if !capacity_checked => {
+                            capacity_checked = true;
+                            tracing::warn!(
+                                replica = %name,
+                                "capacity_blocks is not configured and the engine's metrics page does not report \
+                                 its KV blocks in this node's block size (vllm:cache_config_info num_gpu_blocks): \
+                                 the replica stays starting, not routed to; set capacity_blocks"
+                            );
+                        }
+                        None => {}
+                    }
+                } else if let (false, Some(engine_blocks), true) = (capacity_checked, page.kv_blocks, same_size) {
                     capacity_checked = true;
                     if configured != engine_blocks {
                         tracing::warn!(

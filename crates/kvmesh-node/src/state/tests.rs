@@ -201,6 +201,42 @@ fn a_replica_the_registry_holds_starting_is_out_of_rotation_from_its_first_momen
 }
 
 #[test]
+fn a_replica_registered_without_capacity_is_starting_until_its_engine_reports_one() {
+    let shared = node(crate::config::NodeSection::default());
+    shared.add_replica(toml::from_str("name = \"r0\"\nhttp = \"http://127.0.0.1:9\"").unwrap()).unwrap();
+    add(&shared, "name = \"r1\"");
+    let view = |core: &Core, name: &str| {
+        let r = &core.replicas[name];
+        (
+            core.status(r, 1.0),
+            core.fleet.replica(r.id).unwrap().routable(),
+            core.fleet.replica(r.id).unwrap().spec.capacity_blocks,
+        )
+    };
+    let mut core = shared.core();
+    // Its engine answers, but has not said how many KV blocks it allocated.
+    let metrics = EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, at: 1.0 };
+    core.record_metrics("r0", metrics, None, 1.0, 1.0);
+    assert_eq!(view(&core, "r0"), (ReplicaStatus::Starting, false, 0));
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Starting);
+    assert_eq!(
+        core.status_detail(&core.replicas["r0"], ReplicaStatus::Starting, 1.0),
+        "waiting for its engine to report its KV capacity (num_gpu_blocks of vllm:cache_config_info at \
+         http://127.0.0.1:9/metrics): capacity_blocks is not configured; not routed to until then"
+    );
+    assert!(core.learn_capacity("r0", 2_000, 2.0));
+    assert!(!core.learn_capacity("r0", 2_000, 2.5), "changed once");
+    assert_eq!(view(&core, "r0"), (ReplicaStatus::Ready, true, 2_000));
+    assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready, "synced at once");
+    // A restarted engine that sized its cache anew is followed.
+    assert!(core.learn_capacity("r0", 1_800, 3.0));
+    assert_eq!(view(&core, "r0").2, 1_800);
+    // A configured capacity is the operator's: the engine's figure does not replace it.
+    assert!(!core.learn_capacity("r1", 2_000, 3.0));
+    assert_eq!(view(&core, "r1").2, 100);
+}
+
+#[test]
 fn the_policy_goes_by_its_canonical_name() {
     // `kv-cost` is `kv_cost`: one label value per policy in metrics and status.
     let shared = node(crate::config::NodeSection { policy: "kv-cost".into(), ..Default::default() });

@@ -169,8 +169,13 @@ fn a_refusal_names_what_is_at_fault_in_its_variant() {
         ConfigError::Setting { key: "node.block_size".into(), problem: "must be positive".into() }
     );
     assert_eq!(
-        with("capacity_blocks = 100", "capacity_blocks = 0").unwrap_err(),
-        ConfigError::Replica { replica: "vllm-0".into(), problem: "capacity_blocks must be positive".into() }
+        with("capacity_blocks = 100", "capacity_blocks = 0\nengine = \"sglang\"").unwrap_err(),
+        ConfigError::Replica {
+            replica: "vllm-0".into(),
+            problem: "capacity_blocks is required for an sglang engine (its metrics do not report its KV capacity): \
+                      set it to the engine's max_total_num_tokens / block size"
+                .into()
+        }
     );
     // A core config's own refusal keeps the key of the section it sits in.
     let bad: NodeConfig = toml::from_str("[autoscaler]\ntarget_utilisation = 2").unwrap();

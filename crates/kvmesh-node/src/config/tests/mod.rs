@@ -410,7 +410,9 @@ mod durations;
 
 #[test]
 fn refusals_are_one_per_part_in_order_and_validate_gives_the_first() {
-    let text = EXAMPLE.replacen("[node]\n", "[node]\nblock_size = 0\nproxy_threads = 0\n", 1).replace("= 100", "= 0")
+    let text = EXAMPLE
+        .replacen("[node]\n", "[node]\nblock_size = 0\nproxy_threads = 0\n", 1)
+        .replace("= 100", "= 0\nengine = \"sglang\"")
         + "[limits]\nhttp_max_connections = 0\n";
     let c: NodeConfig = toml::from_str(&text).unwrap();
     let all: Vec<String> = c.refusals().iter().map(ToString::to_string).collect();
@@ -420,9 +422,37 @@ fn refusals_are_one_per_part_in_order_and_validate_gives_the_first() {
         [
             "node.block_size must be positive",
             "limits.http_max_connections must be positive",
-            "replica \"vllm-0\": capacity_blocks must be positive"
+            "replica \"vllm-0\": capacity_blocks is required for an sglang engine (its metrics do not report its \
+             KV capacity): set it to the engine's max_total_num_tokens / block size"
         ]
     );
     assert_eq!(c.validate().unwrap_err().to_string(), all[0]);
     assert!(toml::from_str::<NodeConfig>(EXAMPLE).unwrap().refusals().is_empty());
+}
+
+#[test]
+fn capacity_left_out_is_read_from_a_vllm_engine_and_required_where_it_cannot_be() {
+    let without = EXAMPLE.replace("capacity_blocks = 100\n", "");
+    let c: NodeConfig = toml::from_str(&without).unwrap();
+    assert_eq!(c.replicas[0].capacity_blocks, 0, "0: read from the engine's metrics page");
+    c.validate().unwrap();
+    let refused = |extra: &str| {
+        let c: NodeConfig = toml::from_str(&format!("{without}{extra}\n")).unwrap();
+        c.replicas.iter().find_map(|r| r.validate().err()).map(|e| e.to_string())
+    };
+    assert_eq!(
+        refused("engine = \"sglang\"").as_deref(),
+        Some(
+            "replica \"vllm-0\": capacity_blocks is required for an sglang engine (its metrics do not report its KV \
+             capacity): set it to the engine's max_total_num_tokens / block size"
+        )
+    );
+    assert_eq!(
+        refused("data_parallel_rank = 1").as_deref(),
+        Some(
+            "replica \"vllm-0\": capacity_blocks is required for data-parallel ranks (vLLM reports the ranks' KV \
+             blocks summed): set it to one rank's blocks, as the rank logs \"GPU KV cache size\""
+        )
+    );
+    assert_eq!(refused("data_parallel_rank = 1\ncapacity_blocks = 7"), None);
 }

@@ -29,6 +29,11 @@ impl Core {
         if overloaded {
             return ReplicaStatus::Overloaded;
         }
+        // Registered without `capacity_blocks`, its engine has not reported one yet: the
+        // routing core takes no replica of unknown KV capacity.
+        if self.capacity_unknown(r) {
+            return ReplicaStatus::Starting;
+        }
         // Time-based: a quarantine ends by itself even when nothing acts on its end (an
         // `Events.Publish` pusher that never comes back).
         let (bad_events_until, resyncing, socket_down_since) = {
@@ -58,6 +63,25 @@ impl Core {
             return ReplicaStatus::NoEvents;
         }
         ReplicaStatus::Ready
+    }
+
+    /// Whether `r` was registered without `capacity_blocks` and its engine has not reported
+    /// its own yet ([`Core::learn_capacity`]).
+    fn capacity_unknown(&self, r: &Replica) -> bool {
+        self.fleet.replica(r.id).is_some_and(|f| f.spec.capacity_blocks == 0)
+    }
+
+    /// Takes `blocks`, the KV capacity `name`'s engine reports, as its capacity when it was
+    /// registered without one (the engine's figure may change when it restarts); returns
+    /// whether it changed. The replica's status follows at once.
+    pub fn learn_capacity(&mut self, name: &str, blocks: u64, now: f64) -> bool {
+        let Some(r) = self.replicas.get(name).filter(|r| r.config.capacity_blocks == 0) else { return false };
+        let id = r.id;
+        if !self.fleet.set_capacity_blocks(id, blocks).unwrap_or(false) {
+            return false;
+        }
+        let _ = self.sync_routable(name, now);
+        true
     }
 
     /// How long a replica's engine (its health `h`) has served no token while this node had
@@ -117,6 +141,11 @@ impl Core {
             ReplicaStatus::OutOfSync => {
                 "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
             }
+            ReplicaStatus::Starting if !r.starting && self.capacity_unknown(r) => format!(
+                "waiting for its engine to report its KV capacity (num_gpu_blocks of vllm:cache_config_info at {}): \
+                 capacity_blocks is not configured; not routed to until then",
+                r.config.metrics()
+            ),
             ReplicaStatus::Starting => {
                 let h = r.health.lock();
                 match (&h.engine, &h.last_error) {
