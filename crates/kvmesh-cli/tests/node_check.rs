@@ -78,16 +78,23 @@ fn a_refused_file_exits_1_with_the_reason() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("node.tokenizer: "), "{}", text(&out.stderr));
     // A refused value names the file's line that sets it.
-    let out = check(&format!("[node]\nblock_size = 16\n\n{}", REPLICA.replace("= 100", "= 0")), &[]);
+    let out =
+        check(&format!("[node]\nblock_size = 16\n\n{}", REPLICA.replace("= 100", "= 0\nengine = \"sglang\"")), &[]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("kvmesh.toml:7: replica \"vllm-0\": capacity_blocks must be positive"), "{stderr}");
+    assert!(
+        stderr.contains("kvmesh.toml:7: replica \"vllm-0\": capacity_blocks is required for an sglang engine"),
+        "{stderr}"
+    );
     let out = check(&format!("[node]\n\nproxy_threads = 0\n{REPLICA}"), &[]);
     let stderr = text(&out.stderr);
     assert!(stderr.contains("kvmesh.toml:3: node.proxy_threads must be at least 1"), "{stderr}");
     // Every part's refusal at once, in order, each at its line.
     let out = check(
-        &format!("[node]\nproxy_threads = 0\n[limits]\nhttp_max_connections = 0\n{}", REPLICA.replace("= 100", "= 0")),
+        &format!(
+            "[node]\nproxy_threads = 0\n[limits]\nhttp_max_connections = 0\n{}",
+            REPLICA.replace("= 100", "= 0\nengine = \"sglang\"")
+        ),
         &[],
     );
     let stderr = text(&out.stderr);
@@ -97,5 +104,8 @@ fn a_refused_file_exits_1_with_the_reason() {
         lines[0].starts_with("error: ") && lines[0].ends_with("kvmesh.toml:2: node.proxy_threads must be at least 1")
     );
     assert!(lines[1].ends_with("kvmesh.toml:4: limits.http_max_connections must be positive"), "{stderr}");
-    assert!(lines[2].ends_with("kvmesh.toml:8: replica \"vllm-0\": capacity_blocks must be positive"), "{stderr}");
+    assert!(
+        lines[2].contains("kvmesh.toml:8: replica \"vllm-0\": capacity_blocks is required for an sglang engine"),
+        "{stderr}"
+    );
 }

@@ -26,6 +26,7 @@
 //! [`FleetConfig::full_metrics_pages`]). No replay socket and no OpenAI API: the emulator is
 //! for following, not serving.
 
+use crate::page_rest::VLLM_PAGE_REST;
 use anyhow::Context;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
@@ -267,13 +268,6 @@ async fn run_replica<M: futures_util::Stream<Item = zeromq::SocketEvent> + Unpin
         stats.batches.fetch_add(1, Ordering::Relaxed);
     }
 }
-
-/// The families of a vLLM server's `/metrics` page a router does not read, for one engine
-/// (values fixed): the v1 engine's histograms with their bucket bounds
-/// (vllm/v1/metrics/loggers.py), each counter's and histogram's `_created` series (Python
-/// prometheus_client's default), the HTTP server's per-handler series
-/// (prometheus-fastapi-instrumentator) and the Python process collectors.
-const VLLM_PAGE_REST: &str = include_str!("fleet/vllm_page_rest.prom");
 
 #[derive(Clone)]
 struct PageState {

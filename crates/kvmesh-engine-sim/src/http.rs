@@ -445,6 +445,9 @@ async fn metrics(State(s): State<AppState>) -> Response {
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",engine=\"0\",num_gpu_blocks=\"{blocks}\"}} 1.0\n",
         s.block_size
     ));
+    // What else a vLLM server's page carries (histograms, `_created` twins, process
+    // collectors): ten times the families above, which a router must read past.
+    out.push_str(crate::page_rest::VLLM_PAGE_REST);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
 }
 

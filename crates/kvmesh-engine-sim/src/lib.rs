@@ -33,6 +33,7 @@ pub mod faults;
 pub mod fleet;
 pub mod http;
 pub mod outputs;
+mod page_rest;
 pub mod publisher;
 
 use anyhow::Context;

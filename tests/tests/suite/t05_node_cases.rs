@@ -206,6 +206,11 @@ async fn a_replica_without_capacity_blocks_takes_its_engines_figure_and_serves()
     let e = engine(16, Faults::default()).await;
     let node = node(vec![ReplicaConfig { capacity_blocks: 0, ..replica(0, &e, true) }], |_| {}).await;
     let engine_blocks = EngineSimConfig::default().profile.kv_blocks(16);
+    // The engine-sim serves a whole vLLM page (600 lines, histograms and all), its blocks in it.
+    let page = reqwest::get(format!("{}/metrics", e.base_url())).await.unwrap().text().await.unwrap();
+    assert!(page.lines().count() > 500, "{} lines", page.lines().count());
+    let read = kvmesh_events::parse_engine_page(&page, 0.0).unwrap();
+    assert_eq!((read.kv_blocks, read.kv_block_size), (Some(engine_blocks), Some(16)));
     let capacity = || {
         let core = node.shared.core();
         core.fleet.replica(core.replicas["e0"].id).unwrap().spec.capacity_blocks
