@@ -163,7 +163,8 @@ fn decode_table(r: &Report, markdown: bool) -> String {
     let title = if steps { "decode and steps" } else { "decode" };
     let mut out = format!("\n{title} (output lengths known to the router: {})\n", r.output_info);
     // What no router reaches: the decode tables' targets are ratios to a peer, and a ratio
-    // below floor ÷ peer is out of any router's reach.
+    // below floor ÷ peer is out of any router's reach. (Over every request of the trace: a
+    // run that refused some is measured over fewer.)
     let f = &r.floors;
     let step_floor = if steps { format!(", step p99 {}", secs(f.step_p99_all_cached)) } else { String::new() };
     let _ = writeln!(

@@ -198,22 +198,18 @@ impl Fleet {
     }
 
     /// The largest `capacity_blocks` among the replicas serving `model` (`None` or
-    /// [`ModelKey::ANY`]: all replicas); 0 while one of them has none yet (it may be the
-    /// largest).
+    /// [`ModelKey::ANY`]: all replicas) whose capacity is known; 0 with none.
     fn largest_blocks_of(&self, model: Option<ModelKey>) -> u64 {
         let of = |r: &&ReplicaState| model.is_none_or(|m| m == ModelKey::ANY || r.model == m);
-        let blocks = || self.replicas.iter().filter(of).map(|r| r.spec.capacity_blocks);
-        if blocks().any(|b| b == 0) {
-            return 0;
-        }
-        blocks().max().unwrap_or(0)
+        self.replicas.iter().filter(of).map(|r| r.spec.capacity_blocks).max().unwrap_or(0)
     }
 
     /// Whether a request of `prompt_tokens` and at most `max_tokens` output tokens fits no
     /// registered replica even empty, as the KV headroom check counts it (prompt and output
     /// each rounded up to whole blocks of `block_size`): more blocks than the largest
-    /// `capacity_blocks`. `None` when it fits one, with no replica, or while a replica's
-    /// capacity is not known yet.
+    /// `capacity_blocks` known (a replica whose engine has not reported its capacity yet is
+    /// judged once it has: one that never does must not keep every request waiting). `None`
+    /// when it fits one, or with no replica of known capacity.
     /// [`FitsNowhere::certain`] says whether the engine would refuse it too (vLLM starts only
     /// with `max_model_len` within its KV, and counts the sequence's tokens as a whole).
     pub fn fits_nowhere(&self, prompt_tokens: u32, max_tokens: Option<u32>) -> Option<FitsNowhere> {

@@ -226,12 +226,11 @@ fn a_request_fits_nowhere_by_its_blocks_and_surely_only_by_its_whole_sequence() 
     // take it, so it is not certain.
     let rounding = f.fits_nowhere(481, Some(159)).unwrap();
     assert_eq!((rounding.needed_blocks, rounding.certain()), (40, false));
-    // A replica whose capacity is not known yet may be the one it fits: nothing is refused
-    // until it is known.
+    // Judged by the capacities known: one not reported yet counts once it is.
     let b = f.add_replica(silent_with("b", 0)).unwrap();
-    assert_eq!(f.fits_nowhere(480, Some(1000)), None);
-    f.set_capacity_blocks(b, 80).unwrap();
-    assert_eq!(f.fits_nowhere(480, Some(1000)).map(|o| o.largest_blocks), Some(80));
+    assert_eq!(f.fits_nowhere(480, Some(1000)).map(|o| o.largest_blocks), Some(40));
+    f.set_capacity_blocks(b, 100).unwrap();
+    assert_eq!(f.fits_nowhere(480, Some(1000)), None, "93 blocks fit b's 100");
 }
 
 fn silent_with(name: &str, capacity_blocks: u64) -> ReplicaSpec {

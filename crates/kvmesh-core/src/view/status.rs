@@ -19,7 +19,8 @@ pub enum ReplicaStatus {
     /// Not routed to by operator request or a scale-down; in-flight requests finish.
     Draining,
     /// Registered `starting` (its engine still loading weights): not routed to until marked
-    /// ready.
+    /// ready. A node also reports a replica registered without `capacity_blocks` so until its
+    /// engine has reported its KV capacity (the routing core takes no replica without one).
     Starting,
     /// Events were missed; being resynced (routed on load meanwhile).
     OutOfSync,

@@ -60,7 +60,7 @@ impl ConfigError {
             Self::Replica { replica, problem } if problem == REPEATED_NAME => {
                 super::locate::line_of_name(text, replica, 2)
             }
-            // The problem names the field first: `capacity_blocks must be positive`.
+            // The problem names the field first: `capacity_blocks is required for …`.
             Self::Replica { replica, problem } => {
                 let field = problem.split([' ', ':']).next().unwrap_or("");
                 super::locate::line_of_replica(text, replica, field)

@@ -3,7 +3,9 @@
 //! adapter, loaded at start by `--lora-modules` or later by `/v1/load_lora_adapter`, with the
 //! base model as its `parent`). Runs only for replicas whose config declares none. A base
 //! model the engine lists that is not the one the replica is routed as is logged once: its
-//! requests would name a model the engine does not serve.
+//! requests would name a model the engine does not serve. So is a real engine (`owned_by`
+//! `vllm` or `sglang`) publishing KV events to a node without a `tokenizer`: its events carry
+//! the model's token ids, which the node's approximate ids never match.
 
 use crate::state::Shared;
 use serde::Deserialize;
@@ -23,6 +25,10 @@ struct ModelCard {
     id: String,
     #[serde(default)]
     parent: Option<String>,
+    /// Who serves it: `vllm` (vllm/entrypoints/openai/engine/protocol.py `ModelCard`),
+    /// `sglang` (sglang/srt/entrypoints/openai/protocol.py `ModelCard`), `kvmesh-engine-sim`.
+    #[serde(default)]
+    owned_by: Option<String>,
 }
 
 /// What a `/v1/models` answer lists.
@@ -32,6 +38,25 @@ pub struct Listed {
     pub models: Vec<String>,
     /// Adapters: the entries with one, sorted.
     pub adapters: Vec<String>,
+    /// The entries' `owned_by`, sorted, once each.
+    pub owners: Vec<String>,
+}
+
+/// The engines whose KV events carry their model's own token ids.
+const REAL_ENGINES: [&str; 2] = ["vllm", "sglang"];
+
+/// The start-up doubt for a replica whose engine lists `owners` and publishes KV events
+/// (`follows`), on a node routing on approximate token ids (`approximate`: no `tokenizer`);
+/// `None` when the ids can match.
+pub fn approximate_ids_doubt(owners: &[String], approximate: bool, follows: bool) -> Option<String> {
+    let engine = owners.iter().find(|o| REAL_ENGINES.contains(&o.as_str()))?;
+    (approximate && follows).then(|| {
+        format!(
+            "the engine is {engine} (its /v1/models owned_by) and node.tokenizer is not set: its KV events carry \
+             the model's token ids, which the node's approximate ids never match, so prefix overlap is never seen \
+             (routed on load and the router's own record); set node.tokenizer to the model's tokenizer.json"
+        )
+    })
 }
 
 /// A `/v1/models` answer that is not an OpenAI model list.
@@ -46,6 +71,9 @@ pub struct NotAModelList(#[from] serde_json::Error);
 pub fn listed(body: &[u8]) -> Result<Listed, NotAModelList> {
     let list: ModelList = serde_json::from_slice(body)?;
     let (mut models, mut adapters) = (Vec::new(), Vec::new());
+    let mut owners: Vec<String> = list.data.iter().filter_map(|m| m.owned_by.clone()).collect();
+    owners.sort();
+    owners.dedup();
     for m in list.data {
         if m.parent.is_some() {
             adapters.push(m.id)
@@ -55,14 +83,14 @@ pub fn listed(body: &[u8]) -> Result<Listed, NotAModelList> {
     }
     adapters.sort();
     adapters.dedup();
-    Ok(Listed { models, adapters })
+    Ok(Listed { models, adapters, owners })
 }
 
 /// Asks `url` (the engine's `/v1/models`) for replica `name`'s adapters until aborted.
 pub async fn run(shared: Arc<Shared>, name: String, url: String) {
     let mut tick = tokio::time::interval(REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut model_doubt_said = false;
+    let (mut model_doubt_said, mut ids_doubt_said) = (false, false);
     loop {
         tick.tick().await;
         let got = async {
@@ -87,15 +115,21 @@ pub async fn run(shared: Arc<Shared>, name: String, url: String) {
             listed(&body).map_err(|e| e.to_string())
         }
         .await;
-        let Listed { models, adapters } = match got {
+        let Listed { models, adapters, owners } = match got {
             Ok(l) => l,
             Err(e) => {
                 tracing::debug!(replica = %name, %url, error = %e, "listing the engine's LoRA adapters failed");
                 continue;
             }
         };
-        let declared = shared.core().replicas.get(&name).map(|r| r.config.model.clone());
-        let Some(declared) = declared else { continue };
+        let declared =
+            shared.core().replicas.get(&name).map(|r| (r.config.model.clone(), r.config.kv_events.is_some()));
+        let Some((declared, follows)) = declared else { continue };
+        let approximate = matches!(shared.tokenizer, crate::tokenize::Tokenizer::Approximate);
+        if let Some(doubt) = approximate_ids_doubt(&owners, approximate, follows).filter(|_| !ids_doubt_said) {
+            ids_doubt_said = true;
+            tracing::warn!(replica = %name, "{doubt}");
+        }
         let routed_as = shared.models.of_replica(declared.as_deref()).to_string();
         if !model_doubt_said && !routed_as.is_empty() && !models.is_empty() && !models.contains(&routed_as) {
             model_doubt_said = true;
@@ -140,5 +174,28 @@ mod tests {
         let l = listed(br#"{"object":"list","data":[{"id":"m"}]}"#).unwrap();
         assert_eq!((l.models, l.adapters), (vec!["m".to_string()], vec![]));
         assert!(listed(b"<html>").unwrap_err().to_string().starts_with("not an OpenAI model list"));
+    }
+
+    #[test]
+    fn a_real_engine_publishing_events_to_a_node_without_a_tokenizer_is_doubted() {
+        // vLLM's cards say `"owned_by": "vllm"`, adapters too.
+        let body = br#"{"object":"list","data":[
+            {"id":"m","object":"model","owned_by":"vllm","parent":null},
+            {"id":"sql","object":"model","owned_by":"vllm","parent":"m"}]}"#;
+        let owners = listed(body).unwrap().owners;
+        assert_eq!(owners, ["vllm"]);
+        assert_eq!(
+            approximate_ids_doubt(&owners, true, true).unwrap(),
+            "the engine is vllm (its /v1/models owned_by) and node.tokenizer is not set: its KV events carry the \
+             model's token ids, which the node's approximate ids never match, so prefix overlap is never seen (routed \
+             on load and the router's own record); set node.tokenizer to the model's tokenizer.json"
+        );
+        assert_eq!(approximate_ids_doubt(&owners, false, true), None, "a tokenizer: the ids match");
+        assert_eq!(approximate_ids_doubt(&owners, true, false), None, "no events: nothing to match");
+        // The engine-sim hashes kvmesh's approximate ids itself.
+        let sim = listed(br#"{"object":"list","data":[{"id":"m","owned_by":"kvmesh-engine-sim"}]}"#).unwrap();
+        assert_eq!(approximate_ids_doubt(&sim.owners, true, true), None);
+        let sglang = listed(br#"{"object":"list","data":[{"id":"m","owned_by":"sglang"}]}"#).unwrap();
+        assert!(approximate_ids_doubt(&sglang.owners, true, true).unwrap().starts_with("the engine is sglang"));
     }
 }

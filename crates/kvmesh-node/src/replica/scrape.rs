@@ -81,6 +81,7 @@ pub async fn run(
             let mut h = target.health().lock();
             h.counts_every_step = page.dialect == kvmesh_events::Dialect::Vllm;
             h.engine_block_size = page.kv_block_size;
+            h.engine_kv_blocks = page.kv_blocks;
         }
         let mut core = shared.core();
         // Removed since its actor started (and perhaps added again under the same name, with
@@ -107,7 +108,11 @@ pub async fn run(
                                 );
                             }
                         }
-                        None if !capacity_checked => {
+                        // (Said once, and only while no figure was ever read: a later page
+                        // without one leaves the last figure in place.)
+                        None if !capacity_checked
+                            && core.fleet.replica(target.id()).is_some_and(|f| f.spec.capacity_blocks == 0) =>
+                        {
                             capacity_checked = true;
                             tracing::warn!(
                                 replica = %name,

@@ -44,6 +44,10 @@ pub struct HealthState {
     /// `vllm:cache_config_info{block_size}`), when it does: a size other than the node's is a
     /// mismatch before any KV event says so.
     pub engine_block_size: Option<u32>,
+    /// KV blocks its engine reports on its metrics page (vLLM's
+    /// `vllm:cache_config_info{num_gpu_blocks}`) at the last good scrape; `None` when the page
+    /// does not say (SGLang's never does).
+    pub engine_kv_blocks: Option<u64>,
 }
 
 impl Default for HealthState {
@@ -58,6 +62,7 @@ impl Default for HealthState {
             engine_served: None,
             busy_since: None,
             counts_every_step: true,
+            engine_kv_blocks: None,
             hung: None,
             engine_block_size: None,
         }

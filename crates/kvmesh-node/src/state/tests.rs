@@ -214,16 +214,40 @@ fn a_replica_registered_without_capacity_is_starting_until_its_engine_reports_on
         )
     };
     let mut core = shared.core();
-    // Its engine answers, but has not said how many KV blocks it allocated.
+    let detail = |core: &Core| core.status_detail(&core.replicas["r0"], ReplicaStatus::Starting, 1.0);
+    // Before its engine's first page.
+    assert_eq!(view(&core, "r0"), (ReplicaStatus::Starting, false, 0));
+    assert_eq!(
+        detail(&core),
+        "waiting for its engine to report its KV capacity (num_gpu_blocks of vllm:cache_config_info at \
+         http://127.0.0.1:9/metrics): capacity_blocks is not configured; not routed to until then"
+    );
+    // Its engine answers, but its page does not say how many KV blocks it allocated.
     let metrics = EngineMetrics { running: 0, waiting: 0, kv_usage: 0.0, at: 1.0 };
     core.record_metrics("r0", metrics, None, 1.0, 1.0);
     assert_eq!(view(&core, "r0"), (ReplicaStatus::Starting, false, 0));
     assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Starting);
     assert_eq!(
-        core.status_detail(&core.replicas["r0"], ReplicaStatus::Starting, 1.0),
-        "waiting for its engine to report its KV capacity (num_gpu_blocks of vllm:cache_config_info at \
-         http://127.0.0.1:9/metrics): capacity_blocks is not configured; not routed to until then"
+        detail(&core),
+        "capacity_blocks is not configured and its engine's metrics page (http://127.0.0.1:9/metrics) does not \
+         report its KV capacity (no vllm:cache_config_info num_gpu_blocks: an SGLang engine never does): set \
+         capacity_blocks; not routed to until then"
     );
+    // It says, in blocks of another size.
+    {
+        let mut h = core.replicas["r0"].health.lock();
+        (h.engine_kv_blocks, h.engine_block_size) = (Some(1_000), Some(32));
+    }
+    assert_eq!(
+        detail(&core),
+        "its engine reports its KV blocks in blocks of 32 tokens (vllm:cache_config_info), this node uses 16: set \
+         the engine's --block-size to 16, or capacity_blocks; not routed to until then"
+    );
+    // Its engine in this node's block size: the scrape takes its figure.
+    {
+        let mut h = core.replicas["r0"].health.lock();
+        (h.engine_kv_blocks, h.engine_block_size) = (Some(2_000), Some(16));
+    }
     assert!(core.learn_capacity("r0", 2_000, 2.0));
     assert!(!core.learn_capacity("r0", 2_000, 2.5), "changed once");
     assert_eq!(view(&core, "r0"), (ReplicaStatus::Ready, true, 2_000));

@@ -229,8 +229,11 @@ pub struct Floors {
 ///
 /// A request alone computes its uncached prompt in `⌈u / C⌉` steps ([`ReplicaProfile::ttft`]
 /// with nothing decoding), its first token at the end of the last, then one decode step of
-/// `β0 + β2` per further token: the simulator's engine serves a lone request in exactly that
-/// time, and any batch, queue or cache miss only adds to it.
+/// `β0 + β2` per further token: the simulator's engine serves a lone request in that time
+/// (a fully cached prompt recomputes a whole block there, counted here as one token), and
+/// any batch, queue or cache miss only adds to it. The floors cover every request of the
+/// trace, like the TTFT floors: a run that refuses requests (admission control, or an engine
+/// that cannot hold them) is measured over fewer and can read past them.
 pub fn floors(trace: &Trace, profile: &ReplicaProfile, block_size: u32) -> Floors {
     let cold: Vec<f64> = trace.requests.iter().map(|r| profile.ttft(u64::from(r.input_tokens.max(1)), 0)).collect();
     let warm: Vec<f64> = uncached_prompt_tokens(trace, block_size).into_iter().map(|u| profile.ttft(u, 0)).collect();
@@ -247,7 +250,8 @@ pub fn floors(trace: &Trace, profile: &ReplicaProfile, block_size: u32) -> Floor
     let steps: Vec<f64> = groups.values().map(|(first, last)| last - first).collect();
     let first = trace.requests.iter().map(|r| r.arrival_s).fold(f64::INFINITY, f64::min);
     let last = trace.requests.iter().zip(&e2e).map(|(r, e)| r.arrival_s + e).fold(f64::NEG_INFINITY, f64::max);
-    let output: u64 = trace.requests.iter().map(|r| u64::from(r.output_tokens)).sum();
+    // As the engine counts them: every request produces at least its first token.
+    let output: u64 = trace.requests.iter().map(|r| u64::from(r.output_tokens.max(1))).sum();
     Floors {
         output_tps_ceiling: if last > first { output as f64 / (last - first) } else { 0.0 },
         p99_uncached: pct(&sorted(cold), 0.99),

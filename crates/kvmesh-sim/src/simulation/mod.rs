@@ -176,6 +176,12 @@ fn run(
     if config.replicas == 0 {
         return Err("replicas must be at least 1".into());
     }
+    if config.profile.kv_blocks(config.block_size) == 0 {
+        return Err(format!(
+            "profile {}: kv_tokens ({}) must hold at least one block of {} tokens",
+            config.profile.name, config.profile.kv_tokens, config.block_size
+        ));
+    }
     if !(config.event_delay_s.is_finite() && config.event_delay_s >= 0.0) {
         return Err(format!("KV-event delay must be a non-negative number of seconds, got {}", config.event_delay_s));
     }

@@ -71,6 +71,32 @@ impl Core {
         self.fleet.replica(r.id).is_some_and(|f| f.spec.capacity_blocks == 0)
     }
 
+    /// Why `r`, registered without `capacity_blocks`, has none yet: its engine's page not
+    /// read yet, read without the figure, or counting blocks of another size.
+    fn capacity_detail(&self, r: &Replica) -> String {
+        let (read, blocks, block_size) = {
+            let h = r.health.lock();
+            (h.engine.is_some(), h.engine_kv_blocks, h.engine_block_size)
+        };
+        let ours = self.fleet.replica_block_size(r.id);
+        let url = r.config.metrics();
+        match (read, blocks, block_size) {
+            (true, Some(_), Some(b)) if b != ours => format!(
+                "its engine reports its KV blocks in blocks of {b} tokens (vllm:cache_config_info), this node uses \
+                 {ours}: set the engine's --block-size to {ours}, or capacity_blocks; not routed to until then"
+            ),
+            (true, None, _) => format!(
+                "capacity_blocks is not configured and its engine's metrics page ({url}) does not report its KV \
+                 capacity (no vllm:cache_config_info num_gpu_blocks: an SGLang engine never does): set \
+                 capacity_blocks; not routed to until then"
+            ),
+            _ => format!(
+                "waiting for its engine to report its KV capacity (num_gpu_blocks of vllm:cache_config_info at \
+                 {url}): capacity_blocks is not configured; not routed to until then"
+            ),
+        }
+    }
+
     /// Takes `blocks`, the KV capacity `name`'s engine reports, as its capacity when it was
     /// registered without one (the engine's figure may change when it restarts); returns
     /// whether it changed. The replica's status follows at once.
@@ -141,11 +167,7 @@ impl Core {
             ReplicaStatus::OutOfSync => {
                 "KV events were missed: its blocks are being rebuilt (routed on load meanwhile)".into()
             }
-            ReplicaStatus::Starting if !r.starting && self.capacity_unknown(r) => format!(
-                "waiting for its engine to report its KV capacity (num_gpu_blocks of vllm:cache_config_info at {}): \
-                 capacity_blocks is not configured; not routed to until then",
-                r.config.metrics()
-            ),
+            ReplicaStatus::Starting if !r.starting && self.capacity_unknown(r) => self.capacity_detail(r),
             ReplicaStatus::Starting => {
                 let h = r.health.lock();
                 match (&h.engine, &h.last_error) {
