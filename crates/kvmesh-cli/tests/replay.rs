@@ -390,7 +390,7 @@ fn rl_rollouts_get_a_decode_table_with_their_steps() {
     let (floor, rows) = decode.split_once('\n').unwrap();
     assert!(
         floor.starts_with(
-            "floor (every request alone, decoding in a batch of one, every reusable prefix cached): E2E p99 "
+            "floor (every request of the trace alone, decoding in a batch of one, every reusable prefix cached): E2E p99 "
         ) && floor.contains(", step p99 ")
             && floor.contains("; out tok/s at most "),
         "{table}"

@@ -440,7 +440,9 @@ async fn metrics(State(s): State<AppState>) -> Response {
     metric("vllm:request_success_total", "counter", "Count of successfully processed requests.", &|st| {
         format!("{}.0", st.requests_total)
     });
-    let blocks = s.profile.kv_blocks(s.block_size);
+    // One cache config for the whole engine, its data-parallel ranks' blocks summed, as vLLM
+    // reports it (see kvmesh_events::EnginePage::kv_blocks).
+    let blocks = s.profile.kv_blocks(s.block_size) * stats.len().max(1) as u64;
     out.push_str(&format!(
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",engine=\"0\",num_gpu_blocks=\"{blocks}\"}} 1.0\n",
         s.block_size

@@ -164,6 +164,7 @@ pub struct Metrics {
     pub(crate) replica_bookings: Family<Labels, Gauge>,
     pub(crate) replica_kv_usage: Family<Labels, Gauge<f64, AtomicU64>>,
     pub(crate) replica_index_blocks: Family<Labels, Gauge>,
+    pub(crate) replica_capacity_blocks: Family<Labels, Gauge>,
     pub(crate) replica_idle: Family<Labels, Gauge>,
     /// Gossip batches sent to peers.
     pub gossip_sent: Counter,

@@ -223,6 +223,26 @@ async fn a_replica_without_capacity_blocks_takes_its_engines_figure_and_serves()
     e.stop().await;
 }
 
+/// The same behind an engine of another block size: its KV counted in the node's blocks, and
+/// the mismatch reported as with a configured capacity (routed on load only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_without_capacity_blocks_of_another_block_size_counts_its_kv_in_the_nodes_blocks() {
+    let e = engine(32, Faults::default()).await;
+    let node = node(vec![ReplicaConfig { capacity_blocks: 0, ..replica(0, &e, true) }], |_| {}).await;
+    // As many tokens, in 16-token blocks.
+    let want = EngineSimConfig::default().profile.kv_blocks(32) * 2;
+    eventually("mismatch, with the engine's capacity", || {
+        let core = node.shared.core();
+        let capacity = core.fleet.replica(core.replicas["e0"].id).unwrap().spec.capacity_blocks;
+        drop(core);
+        capacity == want && status(&node, "e0") == ReplicaStatus::BlockSizeMismatch
+    })
+    .await;
+    assert_eq!(send(&node, 1, 4).await, 200, "routed, on load");
+    node.stop().await;
+    e.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c04_a_block_size_mismatch_is_loud() {
     let e = engine(32, Faults::default()).await;

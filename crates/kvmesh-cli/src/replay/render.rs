@@ -70,7 +70,7 @@ fn header(r: &Report) -> String {
     let gap = if r.disaggregated.is_some() { "waiting and the KV transfer" } else { "waiting" };
     format!(
         "{} — {} requests over {:.0} s on {} × {} replicas, rate scale {}, KV-event delay {:.0} ms{routers}, {seeds}\n\
-         {floor} p99 TTFT (no queueing): {} with nothing cached, {} with every reusable prefix cached; SLO {}\n\
+         {floor} p99 TTFT (no queueing, every reusable prefix cached): {} ({} if nothing were cached); SLO {}\n\
          no-queue p99: p99 TTFT if each request had run its prefill alone, keeping the cache hits this policy got \
          (TTFT p99 above it: {gap}); both over completed requests\n",
         r.source,
@@ -80,8 +80,8 @@ fn header(r: &Report) -> String {
         r.profile,
         r.rate_scale,
         r.event_delay_s * 1e3,
-        secs(r.floors.p99_uncached),
         secs(r.floors.p99_all_cached),
+        secs(r.floors.p99_uncached),
         secs(r.ttft_slo_s)
     )
 }
@@ -169,8 +169,8 @@ fn decode_table(r: &Report, markdown: bool) -> String {
     let step_floor = if steps { format!(", step p99 {}", secs(f.step_p99_all_cached)) } else { String::new() };
     let _ = writeln!(
         out,
-        "floor (every request alone, decoding in a batch of one, every reusable prefix cached): E2E p99 {}{step_floor}; \
-         out tok/s at most {:.0}",
+        "floor (every request of the trace alone, decoding in a batch of one, every reusable prefix cached): E2E p99 \
+         {}{step_floor}; out tok/s at most {:.0} (all output over the trace's shortest span, at any fleet size)",
         secs(f.e2e_p99_all_cached),
         f.output_tps_ceiling
     );

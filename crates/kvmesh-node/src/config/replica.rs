@@ -4,6 +4,10 @@ use super::ConfigError;
 use kvmesh_core::Role;
 use serde::{Deserialize, Serialize};
 
+/// Why a data-parallel entry must give its capacity.
+const DP_CAPACITY: &str = "capacity_blocks is required for data-parallel ranks (vLLM reports the ranks' KV blocks \
+                           summed): set it to one rank's blocks, its log's \"GPU KV cache size: N tokens\" / block_size";
+
 /// One `[[replicas]]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -133,6 +137,10 @@ impl ReplicaConfig {
                 "data_parallel_size and data_parallel_rank exclude each other (the size writes the ranks)".into()
             );
         }
+        // Checked here, where the entry still has the name written in the file.
+        if self.capacity_blocks == 0 {
+            return bad(DP_CAPACITY.into());
+        }
         let mut out = Vec::with_capacity(size as usize);
         for k in 0..size {
             let offset = |field: &str, ep: &Option<String>| match ep {
@@ -210,10 +218,7 @@ impl ReplicaConfig {
             );
         }
         if self.capacity_blocks == 0 && (self.data_parallel_rank.is_some() || self.data_parallel_size.is_some()) {
-            return bad(
-                "capacity_blocks is required for data-parallel ranks (vLLM reports the ranks' KV blocks summed): \
-                 set it to one rank's blocks, as the rank logs \"GPU KV cache size\"",
-            );
+            return bad(DP_CAPACITY);
         }
         if self.data_parallel_size.is_some() {
             return bad("data_parallel_size is expanded into ranks when the file is read; register each rank (data_parallel_rank) through the API");

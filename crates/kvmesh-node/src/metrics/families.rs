@@ -58,6 +58,7 @@ impl Metrics {
             replica_bookings: Family::default(),
             replica_kv_usage: Family::default(),
             replica_index_blocks: Family::default(),
+            replica_capacity_blocks: Family::default(),
             replica_idle: Family::default(),
             gossip_sent: Counter::default(),
             gossip_dropped: Counter::default(),
@@ -207,6 +208,12 @@ impl Metrics {
             "replica_index_blocks",
             "Blocks the prefix index holds for the replica",
             m.replica_index_blocks.clone(),
+        );
+        registry.register(
+            "replica_capacity_blocks",
+            "KV-cache capacity the node routes by, blocks: capacity_blocks, or the engine's num_gpu_blocks when \
+             that is left out (0 until read)",
+            m.replica_capacity_blocks.clone(),
         );
         registry.register("gossip_batches_sent", "Gossip batches sent to peers", m.gossip_sent.clone());
         registry.register(

@@ -96,14 +96,20 @@ pub async fn run(
                 let same_size = page.kv_block_size.is_none_or(|b| b == ours);
                 if configured == 0 {
                     // Registered without capacity_blocks: the engine's own figure, on every
-                    // page (a restarted engine may have sized its cache anew).
-                    match page.kv_blocks.filter(|_| same_size) {
+                    // page (a restarted engine may have sized its cache anew), in this node's
+                    // blocks: its KV holds as many tokens whatever the block size (a block-size
+                    // mismatch is reported on its own, as with a configured capacity).
+                    let theirs = u64::from(page.kv_block_size.unwrap_or(ours));
+                    let tokens = page.kv_blocks.map(|b| b.saturating_mul(theirs));
+                    match tokens.map(|t| t / u64::from(ours.max(1))).filter(|&b| b > 0) {
                         Some(blocks) => {
-                            let changed = core.learn_capacity(&name, blocks, now);
-                            if changed {
+                            if let Some(previous) = core.learn_capacity(&name, blocks, now) {
                                 tracing::info!(
                                     replica = %name,
                                     capacity_blocks = blocks,
+                                    previous,
+                                    engine_blocks = page.kv_blocks.unwrap_or(0),
+                                    engine_block_size = theirs,
                                     "KV capacity read from the engine (vllm:cache_config_info num_gpu_blocks)"
                                 );
                             }
@@ -116,14 +122,18 @@ pub async fn run(
                             capacity_checked = true;
                             tracing::warn!(
                                 replica = %name,
-                                "capacity_blocks is not configured and the engine's metrics page does not report \
-                                 its KV blocks in this node's block size (vllm:cache_config_info num_gpu_blocks): \
-                                 the replica stays starting, not routed to; set capacity_blocks"
+                                %url,
+                                "capacity_blocks is not configured and the engine's metrics page does not report its \
+                                 KV capacity (no vllm:cache_config_info num_gpu_blocks): the replica stays starting, \
+                                 not routed to; set capacity_blocks"
                             );
                         }
                         None => {}
                     }
-                } else if let (false, Some(engine_blocks), true) = (capacity_checked, page.kv_blocks, same_size) {
+                } else if let (false, Some(engine_blocks), true, None) =
+                    (capacity_checked, page.kv_blocks, same_size, rank)
+                {
+                    // (Not for a data-parallel rank: vLLM reports the ranks' blocks summed.)
                     capacity_checked = true;
                     if configured != engine_blocks {
                         tracing::warn!(

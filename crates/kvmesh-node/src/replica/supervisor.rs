@@ -88,7 +88,17 @@ impl Actor for Supervisor {
                         if r.is_err() {
                             let _ = state.shared.remove_replica(&config.name);
                         } else {
-                            tracing::info!(replica = %config.name, "replica added");
+                            let (status, detail) = {
+                                let (core, now) = (state.shared.core(), state.shared.now());
+                                core.replicas.get(&config.name).map_or(
+                                    (kvmesh_core::ReplicaStatus::Removed, String::new()),
+                                    |r| {
+                                        let status = core.status(r, now);
+                                        (status, core.status_detail(r, status, now))
+                                    },
+                                )
+                            };
+                            tracing::info!(replica = %config.name, status = status.as_str(), detail = %detail, "replica added");
                         }
                         r
                     }

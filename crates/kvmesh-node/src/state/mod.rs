@@ -417,6 +417,11 @@ impl Shared {
             reported: ReplicaStatus::Ready,
         };
         core.replicas.insert(config.name.clone(), replica);
+        // What it starts as is no change of status (the supervisor's "replica added" says it).
+        let first = core.replicas.get(&config.name).map(|r| core.status(r, now));
+        if let (Some(status), Some(r)) = (first, core.replicas.get_mut(&config.name)) {
+            r.reported = status;
+        }
         // In line with the flags in the same lock section: never routed to in between.
         let _ = core.sync_routable(&config.name, now);
         drop(core);

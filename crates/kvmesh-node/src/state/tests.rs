@@ -233,30 +233,17 @@ fn a_replica_registered_without_capacity_is_starting_until_its_engine_reports_on
          report its KV capacity (no vllm:cache_config_info num_gpu_blocks: an SGLang engine never does): set \
          capacity_blocks; not routed to until then"
     );
-    // It says, in blocks of another size.
-    {
-        let mut h = core.replicas["r0"].health.lock();
-        (h.engine_kv_blocks, h.engine_block_size) = (Some(1_000), Some(32));
-    }
-    assert_eq!(
-        detail(&core),
-        "its engine reports its KV blocks in blocks of 32 tokens (vllm:cache_config_info), this node uses 16: set \
-         the engine's --block-size to 16, or capacity_blocks; not routed to until then"
-    );
-    // Its engine in this node's block size: the scrape takes its figure.
-    {
-        let mut h = core.replicas["r0"].health.lock();
-        (h.engine_kv_blocks, h.engine_block_size) = (Some(2_000), Some(16));
-    }
-    assert!(core.learn_capacity("r0", 2_000, 2.0));
-    assert!(!core.learn_capacity("r0", 2_000, 2.5), "changed once");
+    // Its engine says: the scrape takes its figure.
+    core.replicas["r0"].health.lock().engine_kv_blocks = Some(2_000);
+    assert_eq!(core.learn_capacity("r0", 2_000, 2.0), Some(0));
+    assert_eq!(core.learn_capacity("r0", 2_000, 2.5), None, "changed once");
     assert_eq!(view(&core, "r0"), (ReplicaStatus::Ready, true, 2_000));
     assert_eq!(core.replicas["r0"].reported, ReplicaStatus::Ready, "synced at once");
     // A restarted engine that sized its cache anew is followed.
-    assert!(core.learn_capacity("r0", 1_800, 3.0));
+    assert_eq!(core.learn_capacity("r0", 1_800, 3.0), Some(2_000));
     assert_eq!(view(&core, "r0").2, 1_800);
     // A configured capacity is the operator's: the engine's figure does not replace it.
-    assert!(!core.learn_capacity("r1", 2_000, 3.0));
+    assert_eq!(core.learn_capacity("r1", 2_000, 3.0), None);
     assert_eq!(view(&core, "r1").2, 100);
 }
 

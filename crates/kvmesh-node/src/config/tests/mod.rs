@@ -451,8 +451,15 @@ fn capacity_left_out_is_read_from_a_vllm_engine_and_required_where_it_cannot_be(
         refused("data_parallel_rank = 1").as_deref(),
         Some(
             "replica \"vllm-0\": capacity_blocks is required for data-parallel ranks (vLLM reports the ranks' KV \
-             blocks summed): set it to one rank's blocks, as the rank logs \"GPU KV cache size\""
+             blocks summed): set it to one rank's blocks, its log's \"GPU KV cache size: N tokens\" / block_size"
         )
     );
     assert_eq!(refused("data_parallel_rank = 1\ncapacity_blocks = 7"), None);
+    // Written as a size, it is refused before the ranks are written out: under the file's name.
+    let sized: NodeConfig = toml::from_str(&format!("{without}data_parallel_size = 2\n")).unwrap();
+    assert_eq!(
+        sized.replicas[0].ranks().unwrap_err().to_string(),
+        refused("data_parallel_rank = 1").unwrap(),
+        "the same refusal, naming vllm-0"
+    );
 }

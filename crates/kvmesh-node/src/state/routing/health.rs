@@ -72,20 +72,15 @@ impl Core {
     }
 
     /// Why `r`, registered without `capacity_blocks`, has none yet: its engine's page not
-    /// read yet, read without the figure, or counting blocks of another size.
+    /// read yet, or read without the figure.
     fn capacity_detail(&self, r: &Replica) -> String {
-        let (read, blocks, block_size) = {
+        let (read, blocks) = {
             let h = r.health.lock();
-            (h.engine.is_some(), h.engine_kv_blocks, h.engine_block_size)
+            (h.engine.is_some(), h.engine_kv_blocks)
         };
-        let ours = self.fleet.replica_block_size(r.id);
         let url = r.config.metrics();
-        match (read, blocks, block_size) {
-            (true, Some(_), Some(b)) if b != ours => format!(
-                "its engine reports its KV blocks in blocks of {b} tokens (vllm:cache_config_info), this node uses \
-                 {ours}: set the engine's --block-size to {ours}, or capacity_blocks; not routed to until then"
-            ),
-            (true, None, _) => format!(
+        match (read, blocks) {
+            (true, None) => format!(
                 "capacity_blocks is not configured and its engine's metrics page ({url}) does not report its KV \
                  capacity (no vllm:cache_config_info num_gpu_blocks: an SGLang engine never does): set \
                  capacity_blocks; not routed to until then"
@@ -97,17 +92,19 @@ impl Core {
         }
     }
 
-    /// Takes `blocks`, the KV capacity `name`'s engine reports, as its capacity when it was
-    /// registered without one (the engine's figure may change when it restarts); returns
-    /// whether it changed. The replica's status follows at once.
-    pub fn learn_capacity(&mut self, name: &str, blocks: u64, now: f64) -> bool {
-        let Some(r) = self.replicas.get(name).filter(|r| r.config.capacity_blocks == 0) else { return false };
+    /// Takes `blocks`, the KV capacity `name`'s engine reports (in this node's blocks), as its
+    /// capacity when it was registered without one (the engine's figure may change when it
+    /// restarts); returns the previous figure (0: none) when it changed. The replica's status
+    /// follows at once.
+    pub fn learn_capacity(&mut self, name: &str, blocks: u64, now: f64) -> Option<u64> {
+        let r = self.replicas.get(name).filter(|r| r.config.capacity_blocks == 0)?;
         let id = r.id;
+        let previous = self.fleet.replica(id)?.spec.capacity_blocks;
         if !self.fleet.set_capacity_blocks(id, blocks).unwrap_or(false) {
-            return false;
+            return None;
         }
         let _ = self.sync_routable(name, now);
-        true
+        Some(previous)
     }
 
     /// How long a replica's engine (its health `h`) has served no token while this node had
