@@ -55,22 +55,25 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     Err(e) if e.code() == tonic::Code::AlreadyExists => {
                         // A retry (or a restarted start-up script): the same registration is done.
                         let list = client.list_replicas(authed(&a.target, v1::ListReplicasRequest {})?).await?;
-                        let same = list.into_inner().replicas.into_iter().filter_map(|r| r.spec).any(|s| {
-                            let key = |s: &v1::ReplicaSpec| {
-                                (
-                                    s.name.clone(),
-                                    s.http_endpoint.clone(),
-                                    s.kv_events_endpoint.clone(),
-                                    s.replay_endpoint.clone(),
-                                    // Left out, it is the engine's figure in a listing.
-                                    if spec.capacity_blocks == 0 { 0 } else { s.capacity_blocks },
-                                    s.model.clone(),
-                                    s.data_parallel_rank,
-                                    s.role.clone(),
-                                )
-                            };
-                            key(&s) == key(&spec)
-                        });
+                        let key = |s: &v1::ReplicaSpec, from_engine: bool| {
+                            (
+                                s.name.clone(),
+                                s.http_endpoint.clone(),
+                                s.kv_events_endpoint.clone(),
+                                s.replay_endpoint.clone(),
+                                // As registered: left out (0), a listing shows the engine's figure.
+                                if from_engine { 0 } else { s.capacity_blocks },
+                                s.model.clone(),
+                                s.data_parallel_rank,
+                                s.role.clone(),
+                            )
+                        };
+                        let same = list
+                            .into_inner()
+                            .replicas
+                            .into_iter()
+                            .filter_map(|r| r.spec.map(|s| (s, r.capacity_from_engine)))
+                            .any(|(s, from_engine)| key(&s, from_engine) == key(&spec, false));
                         anyhow::ensure!(
                             same,
                             "Admin.AddReplica: {} (with other endpoints, capacity, model or rank)",

@@ -61,6 +61,22 @@ async fn drain_wait_returns_once_the_request_in_flight_has_ended() {
         )
     );
     assert!(kvmesh(&["replica", "remove", "--grpc", &grpc, "--name", "twin"]).status.success());
+    // Registered without a capacity (its engine's figure, once read): a retry without one is
+    // the same registration, one that sets a figure is not.
+    let learned = |extra: &[&str]| {
+        let mut args = vec!["replica", "add", "--grpc", &grpc, "--name", "e1", "--http", "http://127.0.0.1:2"];
+        args.extend(extra);
+        kvmesh(&args)
+    };
+    let first = learned(&[]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert!(String::from_utf8_lossy(&first.stdout).starts_with("replica e1 added; starting until its engine reports"));
+    assert_eq!(
+        String::from_utf8_lossy(&learned(&[]).stdout),
+        "replica e1 already registered with these endpoints: unchanged\n"
+    );
+    assert_eq!(learned(&["--capacity-blocks", &capacity]).status.code(), Some(1));
+    assert!(kvmesh(&["replica", "remove", "--grpc", &grpc, "--name", "e1"]).status.success());
 
     // An unknown replica is named in words, not in gRPC's status dump.
     let mut c = Command::new(env!("CARGO_BIN_EXE_kvmesh"));

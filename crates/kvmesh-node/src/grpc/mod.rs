@@ -148,7 +148,8 @@ impl Services {
             // Not declared: what its engine lists.
             spec.lora_adapters = r.listed_adapters.clone().unwrap_or_default();
         }
-        if spec.capacity_blocks == 0 {
+        let capacity_from_engine = spec.capacity_blocks == 0;
+        if capacity_from_engine {
             // Not configured: what its engine reported (0 until it has).
             spec.capacity_blocks = core.fleet.replica(r.id).map_or(0, |f| f.spec.capacity_blocks);
         }
@@ -168,6 +169,7 @@ impl Services {
             last_seq: stream.last_seq,
             idle: core.drain_progress(r, now).is_some_and(|p| p.idle()),
             engine_up: failures == 0 && engine.is_some(),
+            capacity_from_engine,
         })
     }
 }
