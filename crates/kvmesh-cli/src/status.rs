@@ -321,6 +321,7 @@ mod tests {
             last_seq: Some(11),
             idle: false,
             engine_up: true,
+            capacity_from_engine: false,
         };
         let table = render(std::slice::from_ref(&r));
         let row = table.lines().nth(1).unwrap();
