@@ -35,7 +35,7 @@ use crate::metrics::Metrics;
 pub use drain::{DrainProgress, DRAIN_SETTLE_S, ENGINE_STALL_S};
 pub use guard::CoreGuard;
 pub use health::{Health, HealthState};
-use kvmesh_core::{Fleet, FleetConfig, Namespace, PolicyKind, ReplicaId, ReplicaSpec, ReplicaStatus};
+use kvmesh_core::{Fleet, FleetConfig, Namespace, PolicyKind, ReplicaId, ReplicaSpec};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 pub use replica::{RecentPrompt, Replica, RECENT_PROMPTS, RECENT_PROMPT_TOKENS};
@@ -398,30 +398,11 @@ impl Shared {
         }
         let now = self.now();
         // Out of rotation from the start when the registry says so (set_rotation_ahead).
-        let (draining, starting) = core.rotation_ahead.remove(&config.name).unwrap_or((false, false));
-        let replica = Replica {
-            id,
-            config: config.clone(),
-            endpoints,
-            draining_since: draining.then_some(now),
-            starting: starting && draining,
-            idle_logged: false,
-            proxied: 0,
-            recent_prompts: Default::default(),
-            listed_adapters: None,
-            last_event_at: None,
-            unpublished_since: None,
-            added_at: now,
-            stream: Default::default(),
-            health: Default::default(),
-            reported: ReplicaStatus::Ready,
-        };
-        core.replicas.insert(config.name.clone(), replica);
+        let rotation = core.rotation_ahead.remove(&config.name).unwrap_or((false, false));
+        let mut replica = Replica::new(id, config.clone(), endpoints, now, rotation);
         // What it starts as is no change of status (the supervisor's "replica added" says it).
-        let first = core.replicas.get(&config.name).map(|r| core.status(r, now));
-        if let (Some(status), Some(r)) = (first, core.replicas.get_mut(&config.name)) {
-            r.reported = status;
-        }
+        replica.reported = core.status(&replica, now);
+        core.replicas.insert(config.name.clone(), replica);
         // In line with the flags in the same lock section: never routed to in between.
         let _ = core.sync_routable(&config.name, now);
         drop(core);

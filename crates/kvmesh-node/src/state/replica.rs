@@ -66,6 +66,36 @@ pub struct Replica {
 }
 
 impl Replica {
+    /// Replica `id` registered at `now` (node seconds) from `config`, reached at `endpoints`;
+    /// out of rotation from the start when the registry says so (`draining`, and `starting`
+    /// with it). Its status is set by the caller, who can compute it ([`super::Core::status`]).
+    pub fn new(
+        id: ReplicaId,
+        config: ReplicaConfig,
+        endpoints: Arc<Endpoints>,
+        now: f64,
+        rotation: (bool, bool),
+    ) -> Self {
+        let (draining, starting) = rotation;
+        Replica {
+            id,
+            config,
+            endpoints,
+            draining_since: draining.then_some(now),
+            starting: starting && draining,
+            idle_logged: false,
+            proxied: 0,
+            recent_prompts: Default::default(),
+            listed_adapters: None,
+            last_event_at: None,
+            unpublished_since: None,
+            added_at: now,
+            stream: Default::default(),
+            health: Default::default(),
+            reported: ReplicaStatus::Ready,
+        }
+    }
+
     /// Out of rotation: draining, or starting (see `starting`).
     pub fn draining(&self) -> bool {
         self.draining_since.is_some()

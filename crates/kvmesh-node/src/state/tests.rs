@@ -3,6 +3,7 @@
 use super::*;
 use kvmesh_core::index::KvEvent;
 use kvmesh_core::load::EngineMetrics;
+use kvmesh_core::ReplicaStatus;
 use kvmesh_core::RouteRequest;
 
 /// A single node's state with `node` settings and no replica.
