@@ -48,7 +48,7 @@ pub fn run(cmd: &ReplicaCommand) -> anyhow::Result<()> {
                     }
                     Ok(_) if a.capacity_blocks == 0 => println!(
                         "replica {} added; starting until its engine reports its KV capacity (num_gpu_blocks on its \
-                         metrics page), then ready",
+                         metrics page)",
                         a.name
                     ),
                     Ok(_) => println!("replica {} added", a.name),

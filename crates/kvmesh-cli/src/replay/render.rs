@@ -70,7 +70,8 @@ fn header(r: &Report) -> String {
     let gap = if r.disaggregated.is_some() { "waiting and the KV transfer" } else { "waiting" };
     format!(
         "{} — {} requests over {:.0} s on {} × {} replicas, rate scale {}, KV-event delay {:.0} ms{routers}, {seeds}\n\
-         {floor} p99 TTFT (no queueing, every reusable prefix cached): {} ({} if nothing were cached); SLO {}\n\
+         {floor} p99 TTFT (every request of the trace with no queueing, every reusable prefix cached): {} ({} if \
+         nothing were cached); SLO {}\n\
          no-queue p99: p99 TTFT if each request had run its prefill alone, keeping the cache hits this policy got \
          (TTFT p99 above it: {gap}); both over completed requests\n",
         r.source,

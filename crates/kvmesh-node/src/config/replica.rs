@@ -34,7 +34,7 @@ pub struct ReplicaConfig {
     pub metrics_url: Option<String>,
     /// KV-cache capacity, blocks. Omitted (or 0): read from the engine's metrics page (vLLM's
     /// `vllm:cache_config_info{num_gpu_blocks}`, which it publishes once it has sized its KV
-    /// cache); until a scrape brings it the replica is `starting` (`unhealthy` while the engine
+    /// cache; counted in this replica's block size if the engine's differs); until a scrape brings it the replica is `starting` (`unhealthy` while the engine
     /// does not answer) and not routed to. Required
     /// for SGLang (its page does not say) and for a data-parallel rank (vLLM reports the ranks'
     /// blocks summed).

@@ -211,8 +211,8 @@ impl Metrics {
         );
         registry.register(
             "replica_capacity_blocks",
-            "KV-cache capacity the node routes by, blocks: capacity_blocks, or the engine's num_gpu_blocks when \
-             that is left out (0 until read)",
+            "KV-cache capacity the node routes by, blocks: capacity_blocks, or when that is left out the engine's \
+             num_gpu_blocks in the replica's block size (0 until read)",
             m.replica_capacity_blocks.clone(),
         );
         registry.register("gossip_batches_sent", "Gossip batches sent to peers", m.gossip_sent.clone());

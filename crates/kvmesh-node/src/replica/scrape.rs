@@ -99,9 +99,11 @@ pub async fn run(
                     // page (a restarted engine may have sized its cache anew), in this node's
                     // blocks: its KV holds as many tokens whatever the block size (a block-size
                     // mismatch is reported on its own, as with a configured capacity).
+                    // (At most 2^40 blocks: a page is network input, and the core counts free
+                    // blocks in i64.)
                     let theirs = u64::from(page.kv_block_size.unwrap_or(ours));
                     let tokens = page.kv_blocks.map(|b| b.saturating_mul(theirs));
-                    match tokens.map(|t| t / u64::from(ours.max(1))).filter(|&b| b > 0) {
+                    match tokens.map(|t| (t / u64::from(ours.max(1))).min(1 << 40)).filter(|&b| b > 0) {
                         Some(blocks) => {
                             if let Some(previous) = core.learn_capacity(&name, blocks, now) {
                                 tracing::info!(
@@ -109,7 +111,7 @@ pub async fn run(
                                     capacity_blocks = blocks,
                                     previous,
                                     engine_blocks = page.kv_blocks.unwrap_or(0),
-                                    engine_block_size = theirs,
+                                    engine_block_size = ?page.kv_block_size,
                                     "KV capacity read from the engine (vllm:cache_config_info num_gpu_blocks)"
                                 );
                             }
@@ -124,8 +126,8 @@ pub async fn run(
                                 replica = %name,
                                 %url,
                                 "capacity_blocks is not configured and the engine's metrics page does not report its \
-                                 KV capacity (no vllm:cache_config_info num_gpu_blocks): the replica stays starting, \
-                                 not routed to; set capacity_blocks"
+                                 KV capacity (no vllm:cache_config_info num_gpu_blocks of at least one block): the \
+                                 replica stays starting, not routed to; set capacity_blocks"
                             );
                         }
                         None => {}
