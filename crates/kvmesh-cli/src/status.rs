@@ -185,6 +185,7 @@ fn render(replicas: &[v1::Replica]) -> String {
             "running",
             "waiting",
             "kv",
+            "kv blocks",
             "queued tok",
             "bookings",
             "blocks",
@@ -192,7 +193,7 @@ fn render(replicas: &[v1::Replica]) -> String {
             "last ev",
             "detail",
         ],
-        &[2, 3, 4, 5, 6, 7, 8, 9],
+        &[2, 3, 4, 5, 6, 7, 8, 9, 10],
     );
     for r in replicas {
         let spec = r.spec.clone().unwrap_or_default();
@@ -212,6 +213,12 @@ fn render(replicas: &[v1::Replica]) -> String {
             gauge(r.running.to_string()),
             gauge(r.waiting.to_string()),
             gauge(format!("{:.0}%", r.kv_usage * 100.0)),
+            // Its KV capacity: configured, or its engine's (marked; "—" until read).
+            match (spec.capacity_blocks, r.capacity_from_engine) {
+                (0, _) => "—".to_string(),
+                (blocks, true) => format!("{blocks} (engine)"),
+                (blocks, false) => blocks.to_string(),
+            },
             r.queued_prefill_tokens.to_string(),
             r.live_bookings.to_string(),
             r.index_blocks.to_string(),
@@ -306,7 +313,7 @@ mod tests {
     #[test]
     fn the_table_shows_status_load_and_events() {
         let r = v1::Replica {
-            spec: Some(v1::ReplicaSpec { name: "vllm-0".into(), ..Default::default() }),
+            spec: Some(v1::ReplicaSpec { name: "vllm-0".into(), capacity_blocks: 29_375, ..Default::default() }),
             status: v1::ReplicaStatus::BlockSizeMismatch as i32,
             status_detail: "events carry block size 32, this node uses 16".into(),
             running: 3,
@@ -321,22 +328,32 @@ mod tests {
             last_seq: Some(11),
             idle: false,
             engine_up: true,
-            capacity_from_engine: false,
+            capacity_from_engine: true,
         };
         let table = render(std::slice::from_ref(&r));
         let row = table.lines().nth(1).unwrap();
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
-            &cells[..10],
-            &["vllm-0", "block_size_mismatch", "3", "1", "25%", "4096", "4", "120", "10/2", "1.2"]
+            &cells[..12],
+            &["vllm-0", "block_size_mismatch", "3", "1", "25%", "29375", "(engine)", "4096", "4", "120", "10/2", "1.2"]
         );
         assert!(row.ends_with("events carry block size 32, this node uses 16"));
         assert_eq!(render(&[]).lines().nth(1), Some("(no replicas registered)"));
         // An engine that stopped answering its scrapes: no gauges from before it stopped.
-        let down = v1::Replica { status: v1::ReplicaStatus::Unhealthy as i32, engine_up: false, ..r };
+        // Its capacity configured, or not known yet.
+        let spec = v1::ReplicaSpec { capacity_blocks: 0, ..r.spec.clone().unwrap() };
+        let down = v1::Replica {
+            status: v1::ReplicaStatus::Unhealthy as i32,
+            engine_up: false,
+            spec: Some(spec),
+            ..r.clone()
+        };
         let table = render(&[down]);
         let cells: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
-        assert_eq!(&cells[..6], &["vllm-0", "unhealthy", "—", "—", "—", "4096"]);
+        assert_eq!(&cells[..7], &["vllm-0", "unhealthy", "—", "—", "—", "—", "4096"]);
+        let configured = v1::Replica { capacity_from_engine: false, ..r };
+        let table = render(&[configured]);
+        assert_eq!(table.lines().nth(1).unwrap().split_whitespace().nth(5), Some("29375"));
     }
 
     #[test]
