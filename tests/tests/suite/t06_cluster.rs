@@ -95,6 +95,12 @@ fn has_replica(n: &Node, name: &str) -> bool {
     n.shared.core().replicas.contains_key(name)
 }
 
+/// The KV capacity node `n` routes `name` by, blocks.
+fn capacity_of(n: &Node, name: &str) -> Option<u64> {
+    let core = n.shared.core();
+    core.replicas.get(name).and_then(|r| core.fleet.replica(r.id)).map(|f| f.spec.capacity_blocks)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart() {
     let _serial = serial().await;
@@ -123,7 +129,8 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
         name: "e2".into(),
         http_endpoint: engines[2].base_url(),
         kv_events_endpoint: engines[2].kv_events.clone(),
-        capacity_blocks: 1000,
+        // Left out: every node reads it from the engine.
+        capacity_blocks: 0,
         ..Default::default()
     };
     let added = admin
@@ -135,6 +142,11 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
     let dup = admin.add_replica(v1::AddReplicaRequest { spec: Some(spec), starting: false }).await.unwrap_err();
     assert_eq!(dup.code(), tonic::Code::AlreadyExists);
     eventually("e2 on every node", || all.iter().all(|n| has_replica(n, "e2"))).await;
+    let engine_blocks = kvmesh_engine_sim::EngineSimConfig::default().profile.kv_blocks(16);
+    eventually("e2's capacity read from its engine by every node", || {
+        all.iter().all(|n| capacity_of(n, "e2") == Some(engine_blocks))
+    })
+    .await;
     let drained = admin.drain_replica(v1::ReplicaRef { name: "e0".into() }).await.unwrap().into_inner();
     assert_eq!(drained.status, v1::ReplicaStatus::Draining as i32);
     let unknown = admin.drain_replica(v1::ReplicaRef { name: "nope".into() }).await.unwrap_err();
@@ -180,6 +192,7 @@ async fn registry_writes_through_any_node_survive_leader_loss_and_a_full_restart
         all.iter().all(|n| has_replica(n, "e2") && has_replica(n, "e0") && !has_replica(n, "e1"))
     })
     .await;
+    eventually("e2's capacity read again", || all.iter().all(|n| capacity_of(n, "e2") == Some(engine_blocks))).await;
     for n in &all {
         assert_eq!(&*n.shared.policy_name(), "kv_cost");
         let s = n.cluster.as_ref().unwrap().state.borrow().clone();

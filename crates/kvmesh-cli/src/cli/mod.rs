@@ -156,7 +156,8 @@ mod tests {
             match cmd {
                 ReplicaCommand::Add(a) => {
                     assert_eq!((a.name.as_str(), a.http.as_str()), ("vllm-7d9f-abcde", "http://10.0.0.7:8000"));
-                    assert_eq!((a.capacity_blocks, a.starting), (29_375, true));
+                    // No capacity: the router reads each pod's from its engine.
+                    assert_eq!((a.capacity_blocks, a.starting), (0, true));
                     assert_eq!(a.replay.as_deref(), Some("tcp://10.0.0.7:5558"));
                 }
                 ReplicaCommand::Ready(r) => assert!(r.wait && r.timeout == 1800.0),
