@@ -37,7 +37,7 @@ pub fn render(shared: &Shared) -> String {
             m.replica_bookings.get_or_create(&l).set((load.prefilling + load.decoding) as i64);
             m.replica_kv_usage.get_or_create(&l).set(r.health.lock().engine.map_or(0.0, |e| e.kv_usage));
             m.replica_index_blocks.get_or_create(&l).set(core.fleet.index().replica_blocks(r.id) as i64);
-            let capacity = core.fleet.replica(r.id).map_or(0, |f| f.spec.capacity_blocks);
+            let capacity = core.fleet.replica_capacity_blocks(r.id);
             m.replica_capacity_blocks.get_or_create(&l).set(i64::try_from(capacity).unwrap_or(i64::MAX));
             let (placed, waiting) = (core.fleet.index().replica_blocks(r.id), core.fleet.index().orphan_blocks(r.id));
             m.replica_orphan_blocks.get_or_create(&l).set(waiting as i64);

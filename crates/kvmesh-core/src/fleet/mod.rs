@@ -192,6 +192,12 @@ impl Fleet {
         self.block_size_of(self.replica(id).map(|r| r.model))
     }
 
+    /// The KV capacity replica `id` is routed by, blocks ([`ReplicaSpec::capacity_blocks`]);
+    /// 0 while it is not known yet, or for an unknown replica.
+    pub fn replica_capacity_blocks(&self, id: ReplicaId) -> u64 {
+        self.replica(id).map_or(0, |r| r.spec.capacity_blocks)
+    }
+
     /// The settings a decision for `model` reads: the fleet's, in the model's block size.
     fn config_of(&self, model: Option<ModelKey>) -> &FleetConfig {
         model.and_then(|m| self.model_configs.get(&m)).unwrap_or(&self.config)

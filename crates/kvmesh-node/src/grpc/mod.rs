@@ -151,7 +151,7 @@ impl Services {
         let capacity_from_engine = spec.capacity_blocks == 0;
         if capacity_from_engine {
             // Not configured: what its engine reported (0 until it has).
-            spec.capacity_blocks = core.fleet.replica(r.id).map_or(0, |f| f.spec.capacity_blocks);
+            spec.capacity_blocks = core.fleet.replica_capacity_blocks(r.id);
         }
         Some(v1::Replica {
             spec: Some(spec),

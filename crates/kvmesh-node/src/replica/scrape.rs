@@ -37,8 +37,8 @@ pub async fn run(
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Whether the engine's own KV block count was compared with `capacity_blocks` (once).
-    let mut capacity_checked = false;
+    // Whether the one-time word on the engine's KV capacity was said ([`follow_capacity`]).
+    let mut capacity_said = false;
     // The generated-token count of the last good page, and when it was read (node seconds).
     let mut last_generated: Option<(f64, f64)> = None;
     loop {
@@ -87,67 +87,11 @@ pub async fn run(
         // Removed since its actor started (and perhaps added again under the same name, with
         // an actor of its own): this task's pages are not the registered replica's.
         let Some(r) = core.replicas.get(&name).filter(|r| r.id == target.id()) else { continue };
-        let (configured, follows) = (r.config.capacity_blocks, r.config.kv_events.is_some());
+        let follows = r.config.kv_events.is_some();
         match result {
             Ok(page) => {
-                // In blocks of another size the counts do not compare (a block-size mismatch is
-                // reported on its own, from the KV events).
-                let ours = core.fleet.replica_block_size(target.id());
-                let same_size = page.kv_block_size.is_none_or(|b| b == ours);
-                if configured == 0 {
-                    // Registered without capacity_blocks: the engine's own figure, on every
-                    // page (a restarted engine may have sized its cache anew), in this node's
-                    // blocks: its KV holds as many tokens whatever the block size (a block-size
-                    // mismatch is reported on its own, as with a configured capacity).
-                    // (At most 2^40 blocks: a page is network input, and the core counts free
-                    // blocks in i64.)
-                    let theirs = u64::from(page.kv_block_size.unwrap_or(ours));
-                    let tokens = page.kv_blocks.map(|b| b.saturating_mul(theirs));
-                    match tokens.map(|t| (t / u64::from(ours.max(1))).min(1 << 40)).filter(|&b| b > 0) {
-                        Some(blocks) => {
-                            if let Some(previous) = core.learn_capacity(&name, blocks, now) {
-                                tracing::info!(
-                                    replica = %name,
-                                    capacity_blocks = blocks,
-                                    previous,
-                                    engine_blocks = page.kv_blocks.unwrap_or(0),
-                                    engine_block_size = ?page.kv_block_size,
-                                    "KV capacity read from the engine (vllm:cache_config_info num_gpu_blocks)"
-                                );
-                            }
-                        }
-                        // (Said once, and only while no figure was ever read: a later page
-                        // without one leaves the last figure in place.)
-                        None if !capacity_checked
-                            && core.fleet.replica(target.id()).is_some_and(|f| f.spec.capacity_blocks == 0) =>
-                        {
-                            capacity_checked = true;
-                            tracing::warn!(
-                                replica = %name,
-                                %url,
-                                "capacity_blocks is not configured and the engine's metrics page does not report its \
-                                 KV capacity (no vllm:cache_config_info num_gpu_blocks of at least one block): the \
-                                 replica stays starting, not routed to; set capacity_blocks"
-                            );
-                        }
-                        None => {}
-                    }
-                } else if let (false, Some(engine_blocks), true, None) =
-                    (capacity_checked, page.kv_blocks, same_size, rank)
-                {
-                    // (Not for a data-parallel rank: vLLM reports the ranks' blocks summed.)
-                    capacity_checked = true;
-                    if configured != engine_blocks {
-                        tracing::warn!(
-                            replica = %name,
-                            capacity_blocks = configured,
-                            engine_blocks,
-                            "capacity_blocks differs from the KV blocks the engine allocated (vllm:cache_config_info \
-                             num_gpu_blocks): kvmesh judges KV headroom and evictions by capacity_blocks; set it to \
-                             the engine's figure"
-                        );
-                    }
-                }
+                let engine = engine_capacity(page.kv_blocks, page.kv_block_size, core.fleet.replica_block_size(r.id));
+                capacity_said = follow_capacity(&mut core, &name, engine, capacity_said, now);
                 core.record_metrics(&name, page.metrics, page.served_tokens, asked_at, now)
             }
             Err(e) => {
@@ -171,6 +115,64 @@ pub async fn run(
                 super::apply::resync_by_clearing(&shared, &name, &target, "restart");
             }
         }
+    }
+}
+
+/// The KV capacity an engine's page reports, in the replica's blocks of `ours` tokens: its
+/// `blocks` of `block_size` tokens (the replica's size when the page does not say) hold as many
+/// tokens whatever the block size (a block-size mismatch is reported on its own). `None` when
+/// the page does not say, or says less than one block; at most 2^40 blocks (a page is network
+/// input, and the core counts free blocks in i64).
+fn engine_capacity(blocks: Option<u64>, block_size: Option<u32>, ours: u32) -> Option<u64> {
+    let tokens = blocks?.saturating_mul(u64::from(block_size.unwrap_or(ours)));
+    Some((tokens / u64::from(ours.max(1))).min(1 << 40)).filter(|&b| b > 0)
+}
+
+/// Follows replica `name`'s KV capacity as its engine reports it (`engine`, see
+/// [`engine_capacity`]) at `now`. Registered without `capacity_blocks`, the engine's figure is
+/// the replica's, page after page (a restarted engine may have sized its cache anew); a page
+/// without one is said once, while no figure was ever read. A configured figure is compared
+/// with the engine's once (not for a data-parallel rank: vLLM reports the ranks' blocks
+/// summed). Returns whether the one-time word was said (`said`: before).
+fn follow_capacity(core: &mut crate::state::Core, name: &str, engine: Option<u64>, said: bool, now: f64) -> bool {
+    let Some(r) = core.replicas.get(name) else { return said };
+    let (id, configured, rank) = (r.id, r.config.capacity_blocks, r.config.data_parallel_rank);
+    match (configured, engine) {
+        (0, Some(blocks)) => {
+            if let Some(previous) = core.learn_capacity(name, blocks, now) {
+                tracing::info!(
+                    replica = %name,
+                    capacity_blocks = blocks,
+                    previous,
+                    "KV capacity read from the engine (vllm:cache_config_info num_gpu_blocks)"
+                );
+            }
+            said
+        }
+        (0, None) if !said && core.fleet.replica_capacity_blocks(id) == 0 => {
+            tracing::warn!(
+                replica = %name,
+                url = %r.config.metrics(),
+                "capacity_blocks is not configured and the engine's metrics page does not report its KV capacity \
+                 (no vllm:cache_config_info num_gpu_blocks of at least one block): the replica stays starting, not \
+                 routed to; set capacity_blocks"
+            );
+            true
+        }
+        (configured, Some(engine_blocks)) if configured > 0 && !said && rank.is_none() => {
+            if configured != engine_blocks {
+                tracing::warn!(
+                    replica = %name,
+                    capacity_blocks = configured,
+                    engine_blocks,
+                    "capacity_blocks differs from the KV blocks the engine allocated (vllm:cache_config_info \
+                     num_gpu_blocks, in this replica's block size): kvmesh judges KV headroom and evictions by \
+                     capacity_blocks; set it to the engine's figure"
+                );
+            }
+            true
+        }
+        _ => said,
     }
 }
 
@@ -210,4 +212,20 @@ async fn scrape(shared: &Shared, url: &str, interval: Duration) -> Result<String
         page.extend_from_slice(&chunk);
     }
     Ok(String::from_utf8_lossy(&page).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::engine_capacity;
+
+    #[test]
+    fn an_engines_capacity_counts_in_the_replicas_blocks() {
+        assert_eq!(engine_capacity(Some(1_000), Some(16), 16), Some(1_000));
+        assert_eq!(engine_capacity(Some(1_000), None, 16), Some(1_000), "unlabelled: the replica's size");
+        assert_eq!(engine_capacity(Some(1_000), Some(32), 16), Some(2_000), "as many tokens");
+        assert_eq!(engine_capacity(Some(1_001), Some(8), 16), Some(500), "whole blocks only");
+        assert_eq!(engine_capacity(Some(1), Some(8), 16), None, "less than one block");
+        assert_eq!(engine_capacity(None, Some(16), 16), None);
+        assert_eq!(engine_capacity(Some(u64::MAX), Some(16), 16), Some(1 << 40), "capped");
+    }
 }

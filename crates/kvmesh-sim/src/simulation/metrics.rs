@@ -240,14 +240,8 @@ pub fn floors(trace: &Trace, profile: &ReplicaProfile, block_size: u32) -> Floor
     let step = profile.step_overhead_s + profile.decode_s_per_token;
     let e2e: Vec<f64> =
         trace.requests.iter().zip(&warm).map(|(r, ttft)| ttft + f64::from(r.output_tokens.max(1) - 1) * step).collect();
-    // Per group: its first arrival and its last alone finish.
-    let mut groups: std::collections::BTreeMap<u32, (f64, f64)> = std::collections::BTreeMap::new();
-    for (r, e) in trace.requests.iter().zip(&e2e) {
-        let Some(g) = r.group else { continue };
-        let span = groups.entry(g).or_insert((f64::INFINITY, f64::NEG_INFINITY));
-        (span.0, span.1) = (span.0.min(r.arrival_s), span.1.max(r.arrival_s + e));
-    }
-    let steps: Vec<f64> = groups.values().map(|(first, last)| last - first).collect();
+    let steps =
+        super::group_spans(trace.requests.iter().zip(&e2e).map(|(r, e)| (r.group, r.arrival_s, r.arrival_s + e)));
     let first = trace.requests.iter().map(|r| r.arrival_s).fold(f64::INFINITY, f64::min);
     let last = trace.requests.iter().zip(&e2e).map(|(r, e)| r.arrival_s + e).fold(f64::NEG_INFINITY, f64::max);
     // As the engine counts them: every request produces at least its first token.

@@ -51,12 +51,18 @@ use std::time::Instant;
 /// `outcomes` (parallel to `requests`), seconds; infinite when one was never served. Empty
 /// when no request has a group.
 pub(crate) fn group_times(requests: &[TraceRequest], outcomes: &[Outcome]) -> Vec<f64> {
+    let finish = |o: &Outcome| if o.finish_s.is_finite() { o.finish_s } else { f64::INFINITY };
+    group_spans(requests.iter().zip(outcomes).map(|(r, o)| (r.group, o.arrival_s, finish(o))))
+}
+
+/// Per group (in group order) of `(group, arrival, finish)` items, the last finish minus the
+/// first arrival, seconds; items without a group are left out.
+pub(crate) fn group_spans(items: impl IntoIterator<Item = (Option<u32>, f64, f64)>) -> Vec<f64> {
     let mut span: std::collections::BTreeMap<u32, (f64, f64)> = std::collections::BTreeMap::new();
-    for (r, o) in requests.iter().zip(outcomes) {
-        let Some(g) = r.group else { continue };
+    for (group, arrival, finish) in items {
+        let Some(g) = group else { continue };
         let e = span.entry(g).or_insert((f64::INFINITY, f64::NEG_INFINITY));
-        e.0 = e.0.min(o.arrival_s);
-        e.1 = e.1.max(if o.finish_s.is_finite() { o.finish_s } else { f64::INFINITY });
+        (e.0, e.1) = (e.0.min(arrival), e.1.max(finish));
     }
     span.values().map(|(first, last)| last - first).collect()
 }

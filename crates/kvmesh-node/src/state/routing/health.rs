@@ -68,7 +68,7 @@ impl Core {
     /// Whether `r` was registered without `capacity_blocks` and its engine has not reported
     /// its own yet ([`Core::learn_capacity`]).
     fn capacity_unknown(&self, r: &Replica) -> bool {
-        self.fleet.replica(r.id).is_some_and(|f| f.spec.capacity_blocks == 0)
+        self.fleet.replica_capacity_blocks(r.id) == 0
     }
 
     /// Why `r`, registered without `capacity_blocks`, has none yet: its engine's page not
@@ -99,7 +99,7 @@ impl Core {
     pub fn learn_capacity(&mut self, name: &str, blocks: u64, now: f64) -> Option<u64> {
         let r = self.replicas.get(name).filter(|r| r.config.capacity_blocks == 0)?;
         let id = r.id;
-        let previous = self.fleet.replica(id)?.spec.capacity_blocks;
+        let previous = self.fleet.replica_capacity_blocks(id);
         if !self.fleet.set_capacity_blocks(id, blocks).unwrap_or(false) {
             return None;
         }
