@@ -151,11 +151,23 @@ impl<V: Copy + Default> Table<V> {
 
     /// Removes `key`; returns its value.
     pub(crate) fn remove(&mut self, key: u64) -> Option<V> {
+        self.update(key, |_| None)
+    }
+
+    /// Replaces `key`'s value `v` with `f(v)`, or removes it when that is `None`, with one
+    /// lookup; returns `v` (`None`, and `f` not called, when `key` is absent).
+    pub(crate) fn update(&mut self, key: u64, f: impl FnOnce(V) -> Option<V>) -> Option<V> {
         if key == self.seed {
-            return self.zero.take();
+            let value = self.zero?;
+            self.zero = f(value);
+            return Some(value);
         }
         let mut hole = self.find(mix(key ^ self.seed)).ok()?;
         let value = self.slots[hole].value;
+        if let Some(next) = f(value) {
+            self.slots[hole].value = next;
+            return Some(value);
+        }
         // Pull the rest of the run back while each next entry may sit one slot nearer its home.
         loop {
             let next = self.slots[hole + 1];
@@ -296,13 +308,19 @@ mod tests {
     enum Op {
         Insert(u64, u32),
         Remove(u64),
+        /// Halves the value, removing it when that gives 0 (the index's copy countdown).
+        Halve(u64),
     }
 
     fn op() -> impl Strategy<Value = Op> {
         // A small key space (plus 0) so inserts, overwrites and removals collide often; wide
         // keys too, so probe runs reach the slack at the end of the array.
         let key = prop_oneof![0u64..64, any::<u64>()];
-        prop_oneof![(key.clone(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)), key.prop_map(Op::Remove)]
+        prop_oneof![
+            (key.clone(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
+            key.clone().prop_map(Op::Remove),
+            key.prop_map(Op::Halve)
+        ]
     }
 
     proptest! {
@@ -314,6 +332,15 @@ mod tests {
                 match op {
                     Op::Insert(k, v) => prop_assert_eq!(t.insert(k, v), model.insert(k, v)),
                     Op::Remove(k) => prop_assert_eq!(t.remove(k), model.remove(&k)),
+                    Op::Halve(k) => {
+                        let want = model.get(&k).copied();
+                        match want.map(|v| v / 2) {
+                            Some(0) => drop(model.remove(&k)),
+                            Some(h) => drop(model.insert(k, h)),
+                            None => {}
+                        }
+                        prop_assert_eq!(t.update(k, |v| (v / 2 > 0).then_some(v / 2)), want);
+                    }
                 }
                 prop_assert_eq!(t.len(), model.len());
             }

@@ -57,8 +57,11 @@ impl PrefixIndex {
         let n = s.block_hashes.len();
         for (k, (&engine_hash, &block)) in s.block_hashes.iter().zip(&blocks).enumerate() {
             let pos = self.blocks.locate_or_insert(prev, block.0, n - k);
-            let rb = self.replicas[replica.index()].as_ref().expect("slot registered by apply");
-            let old = rb.engine[m].get(engine_hash.0).map(|&v| Mapping::unpack(v));
+            // One probe for the common case, a new id: its mapping is written here, as the
+            // one copy it will count, and taken back below in the rare case it is not counted.
+            let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+            let (v, new) = rb.engine[m].entry(engine_hash.0, Mapping { pos, copies: 1 }.pack());
+            let old = (!new).then(|| Mapping::unpack(*v));
             let copies = match old {
                 // The same id for the same block again: one more copy (case C20), up to what
                 // the mapping counts; past that the store is counted and changes nothing.
@@ -70,9 +73,15 @@ impl PrefixIndex {
             // empty a slot, which must never be this one). A copy the holder cannot count (it
             // saturates too) is not counted under the id either, so the two always agree.
             let copies = copies.filter(|_| self.add_copy(replica, pos, s.medium));
-            if let Some(copies) = copies {
-                let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
-                rb.engine[m].insert(engine_hash.0, Mapping { pos, copies }.pack());
+            let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
+            match copies {
+                Some(copies) if !new => {
+                    rb.engine[m].insert(engine_hash.0, Mapping { pos, copies }.pack());
+                }
+                None if new => {
+                    rb.engine[m].remove(engine_hash.0);
+                }
+                _ => {}
             }
             if let Some(o) = old.filter(|o| o.pos != pos) {
                 // The engine reused an id for other tokens: trust the newest event and drop
@@ -249,17 +258,16 @@ impl PrefixIndex {
         }
         for engine_hash in &r.block_hashes {
             let rb = self.replicas[replica.index()].as_mut().expect("slot registered by apply");
-            let Some(o) = rb.engine[m].get(engine_hash.0).map(|&v| Mapping::unpack(v)) else {
+            // Copies are counted per engine id: the id's mapping goes with its last copy, so
+            // no id ever points at a slot its replica no longer holds.
+            let fewer = |v| {
+                let o = Mapping::unpack(v);
+                (o.copies > 1).then(|| Mapping { copies: o.copies - 1, ..o }.pack())
+            };
+            let Some(o) = rb.engine[m].update(engine_hash.0, fewer).map(Mapping::unpack) else {
                 out.rejection.get_or_insert(Rejection::UnknownBlock);
                 continue;
             };
-            // Copies are counted per engine id: the id's mapping goes with its last copy, so
-            // no id ever points at a slot its replica no longer holds.
-            if o.copies <= 1 {
-                rb.engine[m].remove(engine_hash.0);
-            } else {
-                rb.engine[m].insert(engine_hash.0, Mapping { copies: o.copies - 1, ..o }.pack());
-            }
             self.drop_copies(replica, o.pos, r.medium, 1);
             out.removed += 1;
         }
