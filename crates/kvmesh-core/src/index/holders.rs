@@ -68,6 +68,13 @@ impl Holder {
                 && self.media() == previous.media())
     }
 
+    /// The holder as one word: equal words are the same replica with the same copies (or the
+    /// same shared list), so the same holders.
+    #[inline(always)]
+    pub(crate) fn bits(&self) -> u64 {
+        u64::from(self.replica.0) | u64::from(self.copies[0]) << 32 | u64::from(self.copies[1]) << 48
+    }
+
     /// The media the block is held in, as a mask of `GPU_BIT` and `CPU_BIT`.
     #[inline]
     pub(crate) fn media(&self) -> u8 {

@@ -79,10 +79,14 @@ impl Model {
     }
 }
 
+/// Blocks per document: more than twice the eight blocks a query compares at once, so chains
+/// are walked both ways (eight at a time, and block by block where holders change).
+const DOC_BLOCKS: usize = 20;
+
 /// Documents share prefixes: tokens come from a tiny alphabet, so random docs often agree on
 /// their first blocks.
 fn doc(seed: u8) -> Vec<u32> {
-    (0..6 * BS).map(|i| ((seed as u32 >> (i / BS).min(3)) + i / BS) % 3).collect()
+    (0..DOC_BLOCKS as u32 * BS).map(|i| ((seed as u32 >> (i / BS).min(3)) + i / BS) % 3).collect()
 }
 
 /// The engine's id for a block: a function of the whole prefix, as vLLM's is.
@@ -127,9 +131,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..3u32, 0..16u8, 0..4usize, 1..4usize, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
+        6 => (0..3u32, 0..16u8, 0..DOC_BLOCKS - 2, 1..DOC_BLOCKS, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
             .prop_map(|(r, doc, start, len, cpu, salt)| Op::Store { r, doc, start, len, cpu, salt }),
-        4 => (0..3u32, 0..16u8, 0..6usize, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
+        4 => (0..3u32, 0..16u8, 0..DOC_BLOCKS, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
             .prop_map(|(r, doc, block, cpu, salt)| Op::Remove { r, doc, block, cpu, salt }),
         1 => (0..3u32).prop_map(|r| Op::Clear { r }),
         1 => (0..3u32).prop_map(|r| Op::DropReplica { r }),
@@ -144,7 +148,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
     match *op {
         Op::Store { r, doc: d, start, len, cpu, salt } => {
             let t = doc(d);
-            let end = (start + len).min(6);
+            let end = (start + len).min(DOC_BLOCKS);
             let id = |k: usize| e(engine_id(&t[..k * b]) + 500 * salt as u64);
             let ids = (start..end).map(|k| id(k + 1)).collect();
             let parent = (start > 0).then(|| id(start));
