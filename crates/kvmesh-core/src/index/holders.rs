@@ -68,8 +68,9 @@ impl Holder {
                 && self.media() == previous.media())
     }
 
-    /// The holder as one word: equal words are the same replica with the same copies (or the
-    /// same shared list), so the same holders.
+    /// The holder as one word: equal words are the same replica with the same copies, so the
+    /// same holders (two slots never share a list's handle, so shared lists never compare
+    /// equal).
     #[inline(always)]
     pub(crate) fn bits(&self) -> u64 {
         u64::from(self.replica.0) | u64::from(self.copies[0]) << 32 | u64::from(self.copies[1]) << 48

@@ -262,11 +262,13 @@ impl PrefixIndex {
         let mut i = 1;
         'walk: while i < hashes.len() && !runs.is_done() {
             let slots = self.blocks.after(pos);
-            // Eight blocks at a time while they match and carry the very holder the previous
-            // slot does (one replica's own chain: same replica, same copies): one branch per
-            // eight blocks, where the loop below takes two per block and reads each holder's
-            // media. Anything else, and the rest, goes through that loop. (Post-query p50 at 16
-            // replicas 0.55 → 0.41 µs: BENCHMARKS.md.)
+            // Eight blocks at a time while they match and carry the very holder word the
+            // previous slot does (one replica's own chain: same replica, same copies; a shared
+            // list's handle differs from slot to slot): one branch per eight blocks, where the
+            // loop below takes two per block and reads each holder's media. Anything else, and
+            // the rest of the segment, goes through that loop: going back to eight at a time
+            // after a change cost more than it saved (BENCHMARKS.md; post-query p50 at 16
+            // replicas 0.55 → 0.41 µs).
             let n = slots.len().min(hashes.len() - i);
             let mut k = 0;
             let was = previous.bits();

@@ -127,6 +127,10 @@ impl<V: Copy + Default> Table<V> {
             return (self.zero.get_or_insert(value), new);
         }
         let m = mix(key ^ self.seed);
+        if let Ok(i) = self.find(m) {
+            return (&mut self.slots[i].value, false);
+        }
+        // Only a new key grows the table.
         if (self.len + 1) as f64 > self.buckets as f64 * MAX_LOAD {
             self.resize(((self.len + 1) as f64 / TARGET_LOAD).ceil() as usize);
         }

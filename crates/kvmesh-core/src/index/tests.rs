@@ -480,3 +480,4 @@ fn remove_replica_frees_everything_and_memory_shrinks() {
 }
 
 mod model;
+mod walk;

@@ -79,14 +79,18 @@ impl Model {
     }
 }
 
-/// Blocks per document: more than twice the eight blocks a query compares at once, so chains
-/// are walked both ways (eight at a time, and block by block where holders change).
-const DOC_BLOCKS: usize = 20;
+/// Blocks per document in the first test: short chains, where stores, removals, shared blocks
+/// and reused ids meet often.
+const SHORT: usize = 6;
+/// Blocks per document in the second: more than twice the eight blocks a query compares at
+/// once, so chains are walked both ways (eight at a time, and block by block where holders
+/// change).
+const LONG: usize = 20;
 
 /// Documents share prefixes: tokens come from a tiny alphabet, so random docs often agree on
-/// their first blocks.
-fn doc(seed: u8) -> Vec<u32> {
-    (0..DOC_BLOCKS as u32 * BS).map(|i| ((seed as u32 >> (i / BS).min(3)) + i / BS) % 3).collect()
+/// their first blocks. `blocks` blocks long.
+fn doc(seed: u8, blocks: usize) -> Vec<u32> {
+    (0..blocks as u32 * BS).map(|i| ((seed as u32 >> (i / BS).min(3)) + i / BS) % 3).collect()
 }
 
 /// The engine's id for a block: a function of the whole prefix, as vLLM's is.
@@ -129,11 +133,17 @@ enum Op {
     },
 }
 
-fn op() -> impl Strategy<Value = Op> {
+/// Events on documents of `blocks` blocks: stores start near a document's beginning half the
+/// time (chains are built from their first block) and removals pick near it as often, so
+/// short-document collisions stay common in long documents too.
+fn op(blocks: usize) -> impl Strategy<Value = Op> {
+    let start = prop_oneof![0..4usize, 0..blocks - 2];
+    let len = if blocks <= SHORT { 1..4 } else { 1..blocks - 4 };
+    let block = prop_oneof![0..SHORT, 0..blocks];
     prop_oneof![
-        6 => (0..3u32, 0..16u8, 0..DOC_BLOCKS - 2, 1..DOC_BLOCKS, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
+        6 => (0..3u32, 0..16u8, start, len, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
             .prop_map(|(r, doc, start, len, cpu, salt)| Op::Store { r, doc, start, len, cpu, salt }),
-        4 => (0..3u32, 0..16u8, 0..DOC_BLOCKS, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
+        4 => (0..3u32, 0..16u8, block, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
             .prop_map(|(r, doc, block, cpu, salt)| Op::Remove { r, doc, block, cpu, salt }),
         1 => (0..3u32).prop_map(|r| Op::Clear { r }),
         1 => (0..3u32).prop_map(|r| Op::DropReplica { r }),
@@ -142,13 +152,13 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
+fn to_event(op: &Op, blocks: usize) -> (u32, Option<KvEvent>) {
     let medium = |cpu: bool| if cpu { Medium::Cpu } else { Medium::Gpu };
     let b = BS as usize;
     match *op {
         Op::Store { r, doc: d, start, len, cpu, salt } => {
-            let t = doc(d);
-            let end = (start + len).min(DOC_BLOCKS);
+            let t = doc(d, blocks);
+            let end = (start + len).min(blocks);
             let id = |k: usize| e(engine_id(&t[..k * b]) + 500 * salt as u64);
             let ids = (start..end).map(|k| id(k + 1)).collect();
             let parent = (start > 0).then(|| id(start));
@@ -165,7 +175,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
             (r, Some(KvEvent::Stored(ev)))
         }
         Op::Remove { r, doc: d, block, cpu, salt } => {
-            let t = doc(d);
+            let t = doc(d, blocks);
             let id = e(engine_id(&t[..(block + 1) * b]) + 500 * salt as u64);
             let ev = Removed { block_hashes: vec![id], medium: medium(cpu), kv_group: None };
             (r, Some(KvEvent::Removed(ev)))
@@ -186,7 +196,7 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
             (r, Some(KvEvent::Stored(ev)))
         }
         Op::SelfRef { r, doc: d } => {
-            let t = doc(d);
+            let t = doc(d, blocks);
             let id = e(engine_id(&t[..b]));
             let ev = Stored {
                 block_hashes: vec![id],
@@ -203,44 +213,56 @@ fn to_event(op: &Op) -> (u32, Option<KvEvent>) {
     }
 }
 
+/// Applies `ops` on documents of `blocks` blocks to the index and the model, checking every
+/// document's overlaps after each step.
+fn matches_model(ops: &[Op], blocks: usize) -> Result<(), TestCaseError> {
+    let mut ix = index();
+    let mut model = Model::default();
+    for op in ops {
+        match to_event(op, blocks) {
+            (r, Some(ev)) => {
+                ix.apply(ReplicaId(r), &ev);
+                model.apply(r, &ev);
+            }
+            (r, None) => {
+                ix.remove_replica(ReplicaId(r));
+                model.apply(r, &KvEvent::Cleared);
+            }
+        }
+        prop_assert_eq!(ix.entries(), model.entries());
+        prop_assert_eq!(ix.blocks(), model.blocks());
+        // After every step, not only at the end: chains are stored in segments whose
+        // slots empty, pop and get reused as events come and go.
+        for d in 0..16u8 {
+            let t = doc(d, blocks);
+            let hashes = ix.hasher().hash_blocks(&t);
+            let mut got = Vec::new();
+            ix.overlaps(&hashes, &mut got);
+            for r in 0..3u32 {
+                let want = model.overlap(r, &t);
+                let have = got.iter().find(|(x, _)| x.0 == r).map_or(Overlap::default(), |(_, o)| *o);
+                prop_assert_eq!(have, want, "replica {} doc {}", r, d);
+            }
+        }
+    }
+    ix.remove_replica(R0);
+    ix.remove_replica(R1);
+    ix.remove_replica(ReplicaId(2));
+    prop_assert_eq!((ix.entries(), ix.blocks()), (0, 0));
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn index_matches_reference_model(ops in prop::collection::vec(op(), 1..60)) {
-        let mut ix = index();
-        let mut model = Model::default();
-        for op in &ops {
-            match to_event(op) {
-                (r, Some(ev)) => {
-                    ix.apply(ReplicaId(r), &ev);
-                    model.apply(r, &ev);
-                }
-                (r, None) => {
-                    ix.remove_replica(ReplicaId(r));
-                    model.apply(r, &KvEvent::Cleared);
-                }
-            }
-            prop_assert_eq!(ix.entries(), model.entries());
-            prop_assert_eq!(ix.blocks(), model.blocks());
-            // After every step, not only at the end: chains are stored in segments whose
-            // slots empty, pop and get reused as events come and go.
-            for d in 0..16u8 {
-                let t = doc(d);
-                let hashes = ix.hasher().hash_blocks(&t);
-                let mut got = Vec::new();
-                ix.overlaps(&hashes, &mut got);
-                for r in 0..3u32 {
-                    let want = model.overlap(r, &t);
-                    let have = got.iter().find(|(x, _)| x.0 == r).map_or(Overlap::default(), |(_, o)| *o);
-                    prop_assert_eq!(have, want, "replica {} doc {}", r, d);
-                }
-            }
-        }
-        ix.remove_replica(R0);
-        ix.remove_replica(R1);
-        ix.remove_replica(ReplicaId(2));
-        prop_assert_eq!((ix.entries(), ix.blocks()), (0, 0));
+    fn index_matches_reference_model(ops in prop::collection::vec(op(SHORT), 1..60)) {
+        matches_model(&ops, SHORT)?;
+    }
+
+    #[test]
+    fn index_matches_reference_model_on_long_chains(ops in prop::collection::vec(op(LONG), 1..60)) {
+        matches_model(&ops, LONG)?;
     }
 }
 
