@@ -1,6 +1,8 @@
 //! The replicas holding one block: 8 bytes inline for the common single holder, a shared list
 //! in an arena for blocks several replicas hold — a pair (16 bytes in a table of pairs, the
-//! common shared block) or a longer list.
+//! common shared block), a quad of three or four (32 bytes in a table of quads) or a longer
+//! list. Pairs and quads are read with one cache miss where a list takes two (its header, then
+//! its buffer): a query meets a new list at every branch of a chain.
 //!
 //! A [`Holder`] is either one replica's copy counts or, when its replica field is [`MANY`], a
 //! handle to a list in the [`Arena`] (sorted by replica id). Keeping the map value at 8 bytes
@@ -16,8 +18,24 @@ pub(crate) const MANY: ReplicaId = ReplicaId(u32::MAX);
 /// In a handle's index: "the previous slot's list is equal".
 const SAME_BIT: u32 = 1 << 31;
 /// In a handle's index: the list is a pair, in the arena's table of pairs (lists of each kind
-/// number below 2^30).
+/// number below 2^29).
 const PAIR_BIT: u32 = 1 << 30;
+/// In a handle's index: the list is a quad (three or four holders), in the table of quads.
+const QUAD_BIT: u32 = 1 << 29;
+
+/// Which of the arena's tables a handle's list is in, and where.
+enum Kind {
+    Pair(usize),
+    Quad(usize),
+    List(usize),
+}
+
+/// The holders a quad holds: three, or four when its last entry is live (a live entry never
+/// holds zero copies).
+#[inline]
+fn quad_len(q: &[Holder; 4]) -> usize {
+    3 + (q[3].copies != [0, 0]) as usize
+}
 
 /// One replica's copies of one block, per medium — or, with `replica == MANY`, an arena handle
 /// whose index is `copies[0] | copies[1] << 16`.
@@ -90,6 +108,20 @@ impl Holder {
         ((self.copies[0] as u32 | (self.copies[1] as u32) << 16) & !SAME_BIT) as usize
     }
 
+    /// Where a handle's list is.
+    #[inline]
+    fn kind(&self) -> Kind {
+        let i = self.list_index() as u32;
+        let at = (i & !(PAIR_BIT | QUAD_BIT)) as usize;
+        if i & PAIR_BIT != 0 {
+            Kind::Pair(at)
+        } else if i & QUAD_BIT != 0 {
+            Kind::Quad(at)
+        } else {
+            Kind::List(at)
+        }
+    }
+
     /// Whether this handle's list holds the same replicas in the same media as the previous
     /// slot's (see [`Arena::refresh_same`]); always false for an inline holder.
     #[inline]
@@ -121,12 +153,14 @@ pub(crate) struct Removal {
 }
 
 /// Shared holder lists, reused through free lists. A block two replicas hold takes 16 bytes
-/// in `pairs`; a list of three or more a `Vec` in `lists` (24 bytes and its buffer: a pair
-/// kept that way cost 40 bytes; BENCHMARKS.md).
+/// in `pairs`, three or four 32 bytes in `quads`; a list of five or more a `Vec` in `lists`
+/// (24 bytes and its buffer: a pair kept that way cost 40 bytes; BENCHMARKS.md).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Arena {
     pairs: Vec<[Holder; 2]>,
     free_pairs: Vec<u32>,
+    quads: Vec<[Holder; 4]>,
+    free_quads: Vec<u32>,
     lists: Vec<Vec<Holder>>,
     free: Vec<u32>,
 }
@@ -138,9 +172,13 @@ impl Arena {
         if h.replica != MANY {
             return std::slice::from_ref(h);
         }
-        match h.list_index() {
-            i if i & PAIR_BIT as usize != 0 => &self.pairs[i & !(PAIR_BIT as usize)],
-            i => &self.lists[i],
+        match h.kind() {
+            Kind::Pair(p) => &self.pairs[p],
+            Kind::Quad(q) => {
+                let quad = &self.quads[q];
+                &quad[..quad_len(quad)]
+            }
+            Kind::List(l) => &self.lists[l],
         }
     }
 
@@ -164,27 +202,49 @@ impl Arena {
             *h = Holder::handle(self.alloc_pair(pair) | PAIR_BIT);
             return Added::NewHolder;
         }
-        let index = h.list_index();
-        if index & PAIR_BIT as usize != 0 {
-            let p = index & !(PAIR_BIT as usize);
-            if let Some(x) = self.pairs[p].iter_mut().find(|x| x.replica == replica) {
-                return count(&mut x.copies[m]);
-            }
-            // A third holder: the pair becomes a list.
-            let mut list = Vec::with_capacity(3);
-            list.extend_from_slice(&self.pairs[p]);
-            let at = list.partition_point(|x: &Holder| x.replica < replica);
-            list.insert(at, new);
-            self.release_pair(p);
-            *h = Holder::handle(self.alloc(list));
-            return Added::NewHolder;
-        }
-        let list = &mut self.lists[index];
-        match list.binary_search_by_key(&replica, |x| x.replica) {
-            Ok(i) => count(&mut list[i].copies[m]),
-            Err(i) => {
-                list.insert(i, Holder::one(replica, medium));
+        match h.kind() {
+            Kind::Pair(p) => {
+                if let Some(x) = self.pairs[p].iter_mut().find(|x| x.replica == replica) {
+                    return count(&mut x.copies[m]);
+                }
+                // A third holder: the pair becomes a quad.
+                let [a, b] = self.pairs[p];
+                let mut three = [a, b, new];
+                three.sort_unstable_by_key(|x| x.replica);
+                self.release_pair(p);
+                let [a, b, c] = three;
+                *h = Holder::handle(self.alloc_quad([a, b, c, Holder::default()]) | QUAD_BIT);
                 Added::NewHolder
+            }
+            Kind::Quad(q) => {
+                let quad = &mut self.quads[q];
+                let len = quad_len(quad);
+                if let Some(x) = quad[..len].iter_mut().find(|x| x.replica == replica) {
+                    return count(&mut x.copies[m]);
+                }
+                let at = quad[..len].partition_point(|x| x.replica < replica);
+                if len == 3 {
+                    quad.copy_within(at..3, at + 1);
+                    quad[at] = new;
+                    return Added::NewHolder;
+                }
+                // A fifth holder: the quad becomes a list.
+                let mut list = Vec::with_capacity(5);
+                list.extend_from_slice(quad);
+                list.insert(at, new);
+                self.release_quad(q);
+                *h = Holder::handle(self.alloc(list));
+                Added::NewHolder
+            }
+            Kind::List(l) => {
+                let list = &mut self.lists[l];
+                match list.binary_search_by_key(&replica, |x| x.replica) {
+                    Ok(i) => count(&mut list[i].copies[m]),
+                    Err(i) => {
+                        list.insert(i, new);
+                        Added::NewHolder
+                    }
+                }
             }
         }
     }
@@ -201,35 +261,58 @@ impl Arena {
         if h.replica != MANY {
             return none;
         }
-        let index = h.list_index();
-        if index & PAIR_BIT as usize != 0 {
-            let p = index & !(PAIR_BIT as usize);
-            let Some(k) = self.pairs[p].iter().position(|x| x.replica == replica) else { return none };
-            let x = &mut self.pairs[p][k];
-            x.copies[m] = x.copies[m].saturating_sub(n);
-            let left = x.copies[m];
-            if x.copies != [0, 0] {
-                return Removal { left, replica_gone: false, block_empty: false };
+        let gone = Removal { left: 0, replica_gone: true, block_empty: false };
+        match h.kind() {
+            Kind::Pair(p) => {
+                let Some(k) = self.pairs[p].iter().position(|x| x.replica == replica) else { return none };
+                let x = &mut self.pairs[p][k];
+                x.copies[m] = x.copies[m].saturating_sub(n);
+                let left = x.copies[m];
+                if x.copies != [0, 0] {
+                    return Removal { left, replica_gone: false, block_empty: false };
+                }
+                // The other holder is left: inline again.
+                *h = self.pairs[p][1 - k];
+                self.release_pair(p);
+                gone
             }
-            // The other holder is left: inline again.
-            *h = self.pairs[p][1 - k];
-            self.release_pair(p);
-            return Removal { left: 0, replica_gone: true, block_empty: false };
+            Kind::Quad(q) => {
+                let quad = &mut self.quads[q];
+                let len = quad_len(quad);
+                let Some(k) = quad[..len].iter().position(|x| x.replica == replica) else { return none };
+                let x = &mut quad[k];
+                x.copies[m] = x.copies[m].saturating_sub(n);
+                let left = x.copies[m];
+                if x.copies != [0, 0] {
+                    return Removal { left, replica_gone: false, block_empty: false };
+                }
+                quad.copy_within(k + 1..4, k);
+                quad[3] = Holder::default();
+                if len == 3 {
+                    // Two left: a pair again.
+                    let pair = [quad[0], quad[1]];
+                    self.release_quad(q);
+                    *h = Holder::handle(self.alloc_pair(pair) | PAIR_BIT);
+                }
+                gone
+            }
+            Kind::List(l) => {
+                let list = &mut self.lists[l];
+                let Ok(i) = list.binary_search_by_key(&replica, |x| x.replica) else { return none };
+                list[i].copies[m] = list[i].copies[m].saturating_sub(n);
+                let left = list[i].copies[m];
+                if list[i].copies != [0, 0] {
+                    return Removal { left, replica_gone: false, block_empty: false };
+                }
+                list.remove(i);
+                if let [a, b, c, d] = list[..] {
+                    // Four left: a quad again.
+                    self.release(l);
+                    *h = Holder::handle(self.alloc_quad([a, b, c, d]) | QUAD_BIT);
+                }
+                gone
+            }
         }
-        let list = &mut self.lists[index];
-        let Ok(i) = list.binary_search_by_key(&replica, |x| x.replica) else { return none };
-        list[i].copies[m] = list[i].copies[m].saturating_sub(n);
-        let left = list[i].copies[m];
-        if list[i].copies != [0, 0] {
-            return Removal { left, replica_gone: false, block_empty: false };
-        }
-        list.remove(i);
-        if let [a, b] = list[..] {
-            // Two left: a pair again.
-            self.release(index);
-            *h = Holder::handle(self.alloc_pair([a, b]) | PAIR_BIT);
-        }
-        Removal { left: 0, replica_gone: true, block_empty: false }
     }
 
     /// Sets `h`'s "same as previous" mark: true when both are handles whose lists hold the same
@@ -258,6 +341,8 @@ impl Arena {
             + self.free.capacity() * 4
             + self.pairs.capacity() * std::mem::size_of::<[Holder; 2]>()
             + self.free_pairs.capacity() * 4
+            + self.quads.capacity() * std::mem::size_of::<[Holder; 4]>()
+            + self.free_quads.capacity() * 4
     }
 
     fn alloc(&mut self, list: Vec<Holder>) -> u32 {
@@ -266,6 +351,14 @@ impl Arena {
 
     fn alloc_pair(&mut self, pair: [Holder; 2]) -> u32 {
         put(&mut self.pairs, &mut self.free_pairs, pair)
+    }
+
+    fn alloc_quad(&mut self, quad: [Holder; 4]) -> u32 {
+        put(&mut self.quads, &mut self.free_quads, quad)
+    }
+
+    fn release_quad(&mut self, index: usize) {
+        take(&mut self.quads, &mut self.free_quads, index);
     }
 
     fn release(&mut self, index: usize) {
@@ -287,8 +380,8 @@ fn put<T>(table: &mut Vec<T>, free: &mut Vec<u32>, item: T) -> u32 {
         None => {
             table.push(item);
             let i = (table.len() - 1) as u32;
-            // Checked in release builds too: an index past 2^30 would read as the other kind.
-            assert!(i < PAIR_BIT, "2^30 holder lists of one kind");
+            // Checked in release builds too: an index past 2^29 would read as another kind.
+            assert!(i < QUAD_BIT, "2^29 holder lists of one kind");
             i
         }
     }
@@ -306,72 +399,4 @@ fn take<T: Default>(table: &mut Vec<T>, free: &mut Vec<u32>, index: usize) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn holder_is_8_bytes() {
-        assert_eq!(std::mem::size_of::<Holder>(), 8);
-    }
-
-    #[test]
-    fn add_and_remove_keep_sorted_and_collapse() {
-        let mut arena = Arena::default();
-        let mut h = Holder::one(ReplicaId(5), Medium::Gpu);
-        assert_eq!(arena.add(&mut h, ReplicaId(2), Medium::Gpu), Added::NewHolder);
-        assert_eq!(arena.add(&mut h, ReplicaId(9), Medium::Cpu), Added::NewHolder);
-        assert_eq!(arena.add(&mut h, ReplicaId(5), Medium::Gpu), Added::Copy);
-        let ids: Vec<u32> = arena.slice(&h).iter().map(|x| x.replica.0).collect();
-        assert_eq!(ids, vec![2, 5, 9]);
-        let r = arena.remove(&mut h, ReplicaId(5), Medium::Gpu, 1);
-        assert_eq!(r, Removal { left: 1, replica_gone: false, block_empty: false });
-        let r = arena.remove(&mut h, ReplicaId(5), Medium::Gpu, 1);
-        assert_eq!(r, Removal { left: 0, replica_gone: true, block_empty: false });
-        arena.remove(&mut h, ReplicaId(2), Medium::Gpu, 1);
-        assert_eq!(h, Holder { replica: ReplicaId(9), copies: [0, 1] }, "collapsed back inline");
-        assert_eq!((arena.lists.len(), arena.free.len()), (0, 0), "the last list freed gives the table back");
-        assert_eq!((arena.pairs.len(), arena.free_pairs.len()), (0, 0), "and the last pair the pairs'");
-        let r = arena.remove(&mut h, ReplicaId(9), Medium::Cpu, u16::MAX);
-        assert_eq!(r, Removal { left: 0, replica_gone: true, block_empty: true });
-        // A new list starts the table again.
-        let mut g = Holder::one(ReplicaId(1), Medium::Gpu);
-        arena.add(&mut g, ReplicaId(3), Medium::Gpu);
-        assert_eq!((g.replica, g.list_index()), (MANY, PAIR_BIT as usize), "two holders: the first pair");
-        // Equal lists mark the second; a medium that differs clears the mark.
-        let mut k = Holder::one(ReplicaId(1), Medium::Gpu);
-        arena.add(&mut k, ReplicaId(3), Medium::Gpu);
-        arena.refresh_same(Some(&g), &mut k);
-        assert!(k.same_as_previous() && !g.same_as_previous());
-        assert_eq!(arena.slice(&k).len(), 2, "the mark leaves the handle's list alone");
-        arena.add(&mut k, ReplicaId(3), Medium::Cpu);
-        arena.refresh_same(Some(&g), &mut k);
-        assert!(!k.same_as_previous());
-        arena.refresh_same(None, &mut k);
-        assert!(!k.same_as_previous());
-    }
-
-    #[test]
-    fn a_pair_grows_into_a_list_and_shrinks_back_into_a_pair() {
-        let mut arena = Arena::default();
-        let mut h = Holder::one(ReplicaId(4), Medium::Gpu);
-        arena.add(&mut h, ReplicaId(8), Medium::Gpu);
-        assert_eq!((arena.pairs.len(), arena.lists.len()), (1, 0));
-        assert_eq!(arena.add(&mut h, ReplicaId(8), Medium::Cpu), Added::Copy, "a pair counts copies in place");
-        assert_eq!(arena.add(&mut h, ReplicaId(6), Medium::Gpu), Added::NewHolder);
-        let held = |a: &Arena, h: &Holder| a.slice(h).iter().map(|x| (x.replica.0, x.copies)).collect::<Vec<_>>();
-        assert_eq!(held(&arena, &h), vec![(4, [1, 0]), (6, [1, 0]), (8, [1, 1])]);
-        assert_eq!(h.list_index(), 0, "three holders: a list, the pair freed");
-        assert_eq!((arena.pairs.len(), arena.lists.len()), (0, 1));
-        arena.remove(&mut h, ReplicaId(4), Medium::Gpu, 1);
-        assert_eq!(held(&arena, &h), vec![(6, [1, 0]), (8, [1, 1])]);
-        assert_eq!(h.list_index(), PAIR_BIT as usize, "two left: a pair again");
-        assert_eq!((arena.pairs.len(), arena.lists.len()), (1, 0));
-        let unknown = arena.remove(&mut h, ReplicaId(7), Medium::Gpu, 1);
-        assert_eq!(unknown, Removal { left: 0, replica_gone: false, block_empty: false });
-        let r = arena.remove(&mut h, ReplicaId(8), Medium::Gpu, 1);
-        assert_eq!(r, Removal { left: 0, replica_gone: false, block_empty: false }, "8 still holds a CPU copy");
-        arena.remove(&mut h, ReplicaId(8), Medium::Cpu, 1);
-        assert_eq!(h, Holder { replica: ReplicaId(6), copies: [1, 0] }, "one left: inline");
-        assert_eq!((arena.pairs.len(), arena.free_pairs.len()), (0, 0));
-    }
-}
+mod tests;
