@@ -30,6 +30,12 @@ enum Kind {
     List(usize),
 }
 
+/// Three or four holders, aligned so that one never straddles two cache lines (a `[Holder; 4]`
+/// is 4-byte aligned: in a buffer starting mid-line every other one would).
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(align(32))]
+struct Quad([Holder; 4]);
+
 /// The holders a quad holds: three, or four when its last entry is live (a live entry never
 /// holds zero copies).
 #[inline]
@@ -159,7 +165,7 @@ pub(crate) struct Removal {
 pub(crate) struct Arena {
     pairs: Vec<[Holder; 2]>,
     free_pairs: Vec<u32>,
-    quads: Vec<[Holder; 4]>,
+    quads: Vec<Quad>,
     free_quads: Vec<u32>,
     lists: Vec<Vec<Holder>>,
     free: Vec<u32>,
@@ -175,7 +181,7 @@ impl Arena {
         match h.kind() {
             Kind::Pair(p) => &self.pairs[p],
             Kind::Quad(q) => {
-                let quad = &self.quads[q];
+                let quad = &self.quads[q].0;
                 &quad[..quad_len(quad)]
             }
             Kind::List(l) => &self.lists[l],
@@ -185,6 +191,9 @@ impl Arena {
     /// Adds one copy for `replica` in `medium`; says whether the replica is a new holder, or
     /// already held it and the copy was counted, or was at 65,535 copies there already.
     pub(crate) fn add(&mut self, h: &mut Holder, replica: ReplicaId, medium: Medium) -> Added {
+        // An empty holder would enter a list as a dead entry (copies [0, 0]), which a quad's
+        // length reads as absent: the caller starts an empty slot with `Holder::one` instead.
+        debug_assert!(!h.is_empty(), "Arena::add on an empty holder");
         let m = medium.index();
         let count = |copies: &mut u16| match copies.checked_add(1) {
             Some(c) => {
@@ -217,7 +226,7 @@ impl Arena {
                 Added::NewHolder
             }
             Kind::Quad(q) => {
-                let quad = &mut self.quads[q];
+                let quad = &mut self.quads[q].0;
                 let len = quad_len(quad);
                 if let Some(x) = quad[..len].iter_mut().find(|x| x.replica == replica) {
                     return count(&mut x.copies[m]);
@@ -277,7 +286,7 @@ impl Arena {
                 gone
             }
             Kind::Quad(q) => {
-                let quad = &mut self.quads[q];
+                let quad = &mut self.quads[q].0;
                 let len = quad_len(quad);
                 let Some(k) = quad[..len].iter().position(|x| x.replica == replica) else { return none };
                 let x = &mut quad[k];
@@ -341,7 +350,7 @@ impl Arena {
             + self.free.capacity() * 4
             + self.pairs.capacity() * std::mem::size_of::<[Holder; 2]>()
             + self.free_pairs.capacity() * 4
-            + self.quads.capacity() * std::mem::size_of::<[Holder; 4]>()
+            + self.quads.capacity() * std::mem::size_of::<Quad>()
             + self.free_quads.capacity() * 4
     }
 
@@ -354,7 +363,7 @@ impl Arena {
     }
 
     fn alloc_quad(&mut self, quad: [Holder; 4]) -> u32 {
-        put(&mut self.quads, &mut self.free_quads, quad)
+        put(&mut self.quads, &mut self.free_quads, Quad(quad))
     }
 
     fn release_quad(&mut self, index: usize) {

@@ -123,9 +123,58 @@ proptest::proptest! {
                     h = None;
                 }
             }
+            // Now and then the holder carries the "same as previous" mark, as slots in a
+            // segment do: it must not change what the handle stands for.
+            if let Some(hh) = h.as_mut() {
+                if r % 3 == 0 {
+                    let copy = *hh;
+                    arena.refresh_same(Some(&copy), hh);
+                }
+            }
             let listed: Vec<(u32, [u16; 2])> = h.as_ref().map_or(Vec::new(), |h| arena.slice(h).iter().map(|x| (x.replica.0, x.copies)).collect());
             let want: Vec<(u32, [u16; 2])> = model.iter().map(|(r, c)| (*r, *c)).collect();
             proptest::prop_assert_eq!(listed, want);
+            // The list lives in the table its length says, alone: every other entry was freed.
+            let kind = match h.as_ref() {
+                None => 0,
+                Some(h) if h.replica != MANY => 1,
+                Some(h) => match h.kind() {
+                    Kind::Pair(_) => 2,
+                    Kind::Quad(_) => 4,
+                    Kind::List(_) => 5,
+                },
+            };
+            let by_length = match model.len() {
+                0 => 0,
+                1 => 1,
+                2 => 2,
+                3 | 4 => 4,
+                _ => 5,
+            };
+            proptest::prop_assert_eq!(kind, by_length);
+            let live = |len: usize, free: usize| len - free;
+            let tables = (live(arena.pairs.len(), arena.free_pairs.len()), live(arena.quads.len(), arena.free_quads.len()), live(arena.lists.len(), arena.free.len()));
+            proptest::prop_assert_eq!(tables, ((kind == 2) as usize, (kind == 4) as usize, (kind == 5) as usize));
         }
     }
+}
+
+#[test]
+fn a_saturated_count_adds_nothing_in_every_kind() {
+    let mut arena = Arena::default();
+    let mut h = Holder::one(ReplicaId(1), Medium::Gpu);
+    for r in 2..=6 {
+        arena.add(&mut h, ReplicaId(r), Medium::Gpu);
+        // The count of replica 2, whatever kind the list is now (pair, quad, quad, list, list).
+        let before = arena.slice(&h).iter().find(|x| x.replica == ReplicaId(2)).map(|x| x.copies);
+        let mut added = Added::Copy;
+        while added == Added::Copy {
+            added = arena.add(&mut h, ReplicaId(2), Medium::Cpu);
+        }
+        assert_eq!(added, Added::Full, "{r} holders");
+        let after = arena.slice(&h).iter().find(|x| x.replica == ReplicaId(2)).map(|x| x.copies);
+        assert_eq!((before.map(|c| c[0]), after), (Some(1), Some([1, u16::MAX])), "{r} holders");
+        arena.remove(&mut h, ReplicaId(2), Medium::Cpu, u16::MAX);
+    }
+    assert_eq!(arena.slice(&h).len(), 6);
 }

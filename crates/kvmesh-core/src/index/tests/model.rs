@@ -136,19 +136,19 @@ enum Op {
 /// Events on documents of `blocks` blocks: stores start near a document's beginning half the
 /// time (chains are built from their first block) and removals pick near it as often, so
 /// short-document collisions stay common in long documents too.
-fn op(blocks: usize) -> impl Strategy<Value = Op> {
+fn op(blocks: usize, replicas: u32) -> impl Strategy<Value = Op> {
     let start = prop_oneof![0..4usize, 0..blocks - 2];
     let len = if blocks <= SHORT { 1..4 } else { 1..blocks - 4 };
     let block = prop_oneof![0..SHORT, 0..blocks];
     prop_oneof![
-        6 => (0..3u32, 0..16u8, start, len, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
+        6 => (0..replicas, 0..16u8, start, len, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
             .prop_map(|(r, doc, start, len, cpu, salt)| Op::Store { r, doc, start, len, cpu, salt }),
-        4 => (0..3u32, 0..16u8, block, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
+        4 => (0..replicas, 0..16u8, block, prop::bool::weighted(0.2), prop::bool::weighted(0.2))
             .prop_map(|(r, doc, block, cpu, salt)| Op::Remove { r, doc, block, cpu, salt }),
-        1 => (0..3u32).prop_map(|r| Op::Clear { r }),
-        1 => (0..3u32).prop_map(|r| Op::DropReplica { r }),
-        1 => (0..3u32).prop_map(|r| Op::WrongBlockSize { r }),
-        1 => (0..3u32, 0..16u8).prop_map(|(r, doc)| Op::SelfRef { r, doc }),
+        1 => (0..replicas).prop_map(|r| Op::Clear { r }),
+        1 => (0..replicas).prop_map(|r| Op::DropReplica { r }),
+        1 => (0..replicas).prop_map(|r| Op::WrongBlockSize { r }),
+        1 => (0..replicas, 0..16u8).prop_map(|(r, doc)| Op::SelfRef { r, doc }),
     ]
 }
 
@@ -213,9 +213,9 @@ fn to_event(op: &Op, blocks: usize) -> (u32, Option<KvEvent>) {
     }
 }
 
-/// Applies `ops` on documents of `blocks` blocks to the index and the model, checking every
-/// document's overlaps after each step.
-fn matches_model(ops: &[Op], blocks: usize) -> Result<(), TestCaseError> {
+/// Applies `ops` (from `replicas` replicas, on documents of `blocks` blocks) to the index and
+/// the model, checking every document's overlaps after each step.
+fn matches_model(ops: &[Op], blocks: usize, replicas: u32) -> Result<(), TestCaseError> {
     let mut ix = index();
     let mut model = Model::default();
     for op in ops {
@@ -238,16 +238,16 @@ fn matches_model(ops: &[Op], blocks: usize) -> Result<(), TestCaseError> {
             let hashes = ix.hasher().hash_blocks(&t);
             let mut got = Vec::new();
             ix.overlaps(&hashes, &mut got);
-            for r in 0..3u32 {
+            for r in 0..replicas {
                 let want = model.overlap(r, &t);
                 let have = got.iter().find(|(x, _)| x.0 == r).map_or(Overlap::default(), |(_, o)| *o);
                 prop_assert_eq!(have, want, "replica {} doc {}", r, d);
             }
         }
     }
-    ix.remove_replica(R0);
-    ix.remove_replica(R1);
-    ix.remove_replica(ReplicaId(2));
+    for r in 0..replicas {
+        ix.remove_replica(ReplicaId(r));
+    }
     prop_assert_eq!((ix.entries(), ix.blocks()), (0, 0));
     Ok(())
 }
@@ -256,13 +256,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn index_matches_reference_model(ops in prop::collection::vec(op(SHORT), 1..60)) {
-        matches_model(&ops, SHORT)?;
+    fn index_matches_reference_model(ops in prop::collection::vec(op(SHORT, 3), 1..60)) {
+        matches_model(&ops, SHORT, 3)?;
     }
 
     #[test]
-    fn index_matches_reference_model_on_long_chains(ops in prop::collection::vec(op(LONG), 1..60)) {
-        matches_model(&ops, LONG)?;
+    // Six replicas: blocks held by three to six of them (quads and lists).
+    fn index_matches_reference_model_on_long_chains(ops in prop::collection::vec(op(LONG, 6), 1..80)) {
+        matches_model(&ops, LONG, 6)?;
     }
 }
 
