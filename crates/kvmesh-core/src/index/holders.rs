@@ -274,11 +274,8 @@ impl Arena {
         match h.kind() {
             Kind::Pair(p) => {
                 let Some(k) = self.pairs[p].iter().position(|x| x.replica == replica) else { return none };
-                let x = &mut self.pairs[p][k];
-                x.copies[m] = x.copies[m].saturating_sub(n);
-                let left = x.copies[m];
-                if x.copies != [0, 0] {
-                    return Removal { left, replica_gone: false, block_empty: false };
+                if let Some(kept) = take_copies(&mut self.pairs[p][k], m, n) {
+                    return kept;
                 }
                 // The other holder is left: inline again.
                 *h = self.pairs[p][1 - k];
@@ -289,11 +286,8 @@ impl Arena {
                 let quad = &mut self.quads[q].0;
                 let len = quad_len(quad);
                 let Some(k) = quad[..len].iter().position(|x| x.replica == replica) else { return none };
-                let x = &mut quad[k];
-                x.copies[m] = x.copies[m].saturating_sub(n);
-                let left = x.copies[m];
-                if x.copies != [0, 0] {
-                    return Removal { left, replica_gone: false, block_empty: false };
+                if let Some(kept) = take_copies(&mut quad[k], m, n) {
+                    return kept;
                 }
                 quad.copy_within(k + 1..4, k);
                 quad[3] = Holder::default();
@@ -308,10 +302,8 @@ impl Arena {
             Kind::List(l) => {
                 let list = &mut self.lists[l];
                 let Ok(i) = list.binary_search_by_key(&replica, |x| x.replica) else { return none };
-                list[i].copies[m] = list[i].copies[m].saturating_sub(n);
-                let left = list[i].copies[m];
-                if list[i].copies != [0, 0] {
-                    return Removal { left, replica_gone: false, block_empty: false };
+                if let Some(kept) = take_copies(&mut list[i], m, n) {
+                    return kept;
                 }
                 list.remove(i);
                 if let [a, b, c, d] = list[..] {
@@ -377,6 +369,13 @@ impl Arena {
     fn release_pair(&mut self, index: usize) {
         take(&mut self.pairs, &mut self.free_pairs, index);
     }
+}
+
+/// Takes `n` copies in medium `m` from a list's entry `x`: the removal when the replica still
+/// holds the block (in either medium), `None` when it just let go of it (the entry must leave).
+fn take_copies(x: &mut Holder, m: usize, n: u16) -> Option<Removal> {
+    x.copies[m] = x.copies[m].saturating_sub(n);
+    (x.copies != [0, 0]).then_some(Removal { left: x.copies[m], replica_gone: false, block_empty: false })
 }
 
 /// Stores `item` in `table`, in a slot from `free` if one is, and returns its index.

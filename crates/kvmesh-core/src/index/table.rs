@@ -127,15 +127,14 @@ impl<V: Copy + Default> Table<V> {
             return (self.zero.get_or_insert(value), new);
         }
         let m = mix(key ^ self.seed);
-        if let Ok(i) = self.find(m) {
-            return (&mut self.slots[i].value, false);
-        }
-        // Only a new key grows the table.
-        if (self.len + 1) as f64 > self.buckets as f64 * MAX_LOAD {
+        let mut found = self.find(m);
+        // Only a new key grows the table (and is looked for again only then).
+        if found.is_err() && (self.len + 1) as f64 > self.buckets as f64 * MAX_LOAD {
             self.resize(((self.len + 1) as f64 / TARGET_LOAD).ceil() as usize);
+            found = self.find(m);
         }
         loop {
-            let at = match self.find(m) {
+            let at = match found {
                 Ok(i) => return (&mut self.slots[i].value, false),
                 Err(at) => at,
             };
@@ -144,6 +143,7 @@ impl<V: Copy + Default> Table<V> {
             let gap = at + self.slots[at..].iter().position(|s| s.m == 0).expect("last slot is empty");
             if gap + 1 == self.slots.len() {
                 self.resize(self.buckets + self.buckets / 4 + 1);
+                found = self.find(m);
                 continue;
             }
             self.slots.copy_within(at..gap, at + 1);
