@@ -234,6 +234,15 @@ fn a_replica_registered_without_capacity_is_starting_until_its_engine_reports_on
          report its KV capacity (no vllm:cache_config_info num_gpu_blocks: an SGLang engine never does): set \
          capacity_blocks; not routed to until then"
     );
+    // Its page reports a KV cache of no blocks: said as such, not as "waiting".
+    core.replicas["r0"].health.lock().engine_kv_blocks = Some(0);
+    assert_eq!(
+        detail(&core),
+        "capacity_blocks is not configured and its engine's metrics page (http://127.0.0.1:9/metrics) reports \
+         num_gpu_blocks 0 (vllm:cache_config_info): no KV cache to route to; check the engine, or set \
+         capacity_blocks; not routed to until then"
+    );
+    assert_eq!(view(&core, "r0"), (ReplicaStatus::Starting, false, 0));
     // Its engine says: the scrape takes its figure.
     core.replicas["r0"].health.lock().engine_kv_blocks = Some(2_000);
     assert_eq!(core.learn_capacity("r0", 2_000, 2.0), Some(0));

@@ -85,6 +85,13 @@ impl Core {
                  capacity (no vllm:cache_config_info num_gpu_blocks: an SGLang engine never does): set \
                  capacity_blocks; not routed to until then"
             ),
+            // (vLLM refuses to start without room for a block, so this is an engine that
+            // misreports, or not vLLM at all.)
+            (true, Some(0)) => format!(
+                "capacity_blocks is not configured and its engine's metrics page ({url}) reports \
+                 num_gpu_blocks 0 (vllm:cache_config_info): no KV cache to route to; check the engine, or \
+                 set capacity_blocks; not routed to until then"
+            ),
             _ => format!(
                 "waiting for its engine to report its KV capacity (num_gpu_blocks of vllm:cache_config_info at \
                  {url}): capacity_blocks is not configured; not routed to until then"
