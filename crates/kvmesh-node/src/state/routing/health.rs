@@ -85,8 +85,9 @@ impl Core {
                  capacity (no vllm:cache_config_info num_gpu_blocks: an SGLang engine never does): set \
                  capacity_blocks; not routed to until then"
             ),
-            // (vLLM refuses to start without room for a block, so this is an engine that
-            // misreports, or not vLLM at all.)
+            // (vLLM refuses to start without room for a KV block, so this is an engine that
+            // misreports, an attention-free model, which an older vLLM reports with 0 blocks,
+            // or not vLLM at all.)
             (true, Some(0)) => format!(
                 "capacity_blocks is not configured and its engine's metrics page ({url}) reports \
                  num_gpu_blocks 0 (vllm:cache_config_info): no KV cache to route to; check the engine, or \
