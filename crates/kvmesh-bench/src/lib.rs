@@ -20,6 +20,7 @@ pub mod alloc;
 pub mod contender;
 pub mod decision;
 pub mod engine;
+pub mod floor;
 pub mod report;
 pub mod run;
 pub mod workload;

@@ -12,6 +12,7 @@ use kvmesh_bench::contender::dynamo::{DynamoConcurrent, DynamoRadixTree, SharedC
 use kvmesh_bench::contender::kvmesh::{Kvmesh, SharedKvmesh};
 use kvmesh_bench::contender::Index;
 use kvmesh_bench::decision::decision_pass;
+use kvmesh_bench::floor::engine_map_pass;
 use kvmesh_bench::report::{IndexRow, Latency, Report};
 use kvmesh_bench::run::{apply_pass, concurrent_pass, query_pass, ConcurrentFigures};
 use kvmesh_bench::workload::{build, Variant, Workload, WorkloadConfig};
@@ -46,8 +47,9 @@ struct Args {
     /// Time only kvmesh's whole decisions (no index passes): for profiling the decision path.
     #[arg(long)]
     decision_only: bool,
-    /// Time only event apply: kvmesh's index and Dynamo's `RadixTree` alternated N times on the
-    /// same workload (no queries, no table, no --json): for comparing builds of the index.
+    /// Time only event apply: kvmesh's index, Dynamo's `RadixTree` and the engine-id maps alone
+    /// (one hash map per engine, the floor any exact index pays) alternated N times on the same
+    /// workload (no queries, no table, no --json): for comparing builds of the index.
     #[arg(long, value_name = "N", conflicts_with_all = ["json", "decision_only"])]
     apply_only: Option<usize>,
     /// Also write the reports as JSON here.
@@ -105,21 +107,33 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `rounds` apply passes of kvmesh's index and Dynamo's `RadixTree`, alternated, each printed.
+/// `rounds` apply passes of kvmesh's index, Dynamo's `RadixTree` and the engine-id maps
+/// alone (the floor any exact index pays: [`kvmesh_bench::floor`]), alternated, each printed.
 fn apply_rounds(w: &Workload, rounds: usize) -> anyhow::Result<()> {
     for round in 1..=rounds {
         let k = apply_pass(Kvmesh::new, w);
         let d = apply_pass(DynamoRadixTree::new, w);
-        if k.errors + d.errors > 0 {
-            bail!("events refused in the apply pass: kvmesh {}, Dynamo RadixTree {}", k.errors, d.errors);
+        let f = engine_map_pass(w);
+        if k.errors + d.errors + f.errors > 0 {
+            bail!(
+                "events refused in the apply pass: kvmesh {}, Dynamo RadixTree {}, engine-id maps {}",
+                k.errors,
+                d.errors,
+                f.errors
+            );
         }
+        let per_entry = |bytes: isize| bytes as f64 / w.entries.max(1) as f64;
         println!(
-            "{} replicas, round {round}: apply M blocks/s kvmesh {:.2}, Dynamo RadixTree {:.2} ({:.2}×); kvmesh {:.1} B / entry",
+            "{} replicas, round {round}: apply M blocks/s kvmesh {:.2}, Dynamo RadixTree {:.2} ({:.2}×); kvmesh {:.1} B / entry; \
+             engine-id maps alone {:.2} M blocks/s, {:.1} B / entry (their time {:.2}× RadixTree's)",
             w.engines,
             k.mblocks_per_s(),
             d.mblocks_per_s(),
             k.mblocks_per_s() / d.mblocks_per_s(),
-            k.heap_bytes as f64 / w.entries.max(1) as f64
+            per_entry(k.heap_bytes),
+            f.mblocks_per_s(),
+            per_entry(f.heap_bytes),
+            d.mblocks_per_s() / f.mblocks_per_s()
         );
     }
     Ok(())
