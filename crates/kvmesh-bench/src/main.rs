@@ -48,8 +48,8 @@ struct Args {
     #[arg(long)]
     decision_only: bool,
     /// Time only event apply: kvmesh's index, Dynamo's `RadixTree` and the engine-id maps alone
-    /// (one hash map per engine, the floor any exact index pays) alternated N times on the same
-    /// workload (no queries, no table, no --json): for comparing builds of the index.
+    /// (a std hash map per engine: what one probe per block costs) alternated N times on the
+    /// same workload (no queries, no table, no --json): for comparing builds of the index.
     #[arg(long, value_name = "N", conflicts_with_all = ["json", "decision_only"])]
     apply_only: Option<usize>,
     /// Also write the reports as JSON here.
@@ -107,8 +107,8 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `rounds` apply passes of kvmesh's index, Dynamo's `RadixTree` and the engine-id maps
-/// alone (the floor any exact index pays: [`kvmesh_bench::floor`]), alternated, each printed.
+/// `rounds` apply passes of kvmesh's index, Dynamo's `RadixTree` and a std hash map per engine
+/// from its block ids alone ([`kvmesh_bench::floor`]), alternated, each printed.
 fn apply_rounds(w: &Workload, rounds: usize) -> anyhow::Result<()> {
     for round in 1..=rounds {
         let k = apply_pass(Kvmesh::new, w);
