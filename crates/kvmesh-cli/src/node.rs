@@ -66,9 +66,11 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
 fn check(config: &NodeConfig, args: &NodeArgs) -> anyhow::Result<()> {
     let path = args.config_path().display();
     let pre = kvmesh_node::preflight::check(config).map_err(|e| anyhow::anyhow!("{path}: {e:#}"))?;
+    // The policy by the name metrics and the cluster use (`token-load` is `token_load`).
+    let policy =
+        config.node.policy.parse::<kvmesh_core::PolicyKind>().map_or(config.node.policy.as_str(), |k| k.as_str());
     let mut out = format!(
-        "{path}: ok — policy {}, {} replica(s), HTTP {}, gRPC {}",
-        config.node.policy,
+        "{path}: ok — policy {policy}, {} replica(s), HTTP {}, gRPC {}",
         config.replicas.len(),
         config.node.http,
         config.node.grpc

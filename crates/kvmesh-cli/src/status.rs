@@ -154,7 +154,7 @@ fn render_admission(a: &v1::AdmissionState) -> String {
 /// The latest decisions, newest first.
 fn render_decisions(ds: &[v1::RecentDecision]) -> String {
     let mut t = crate::table::plain(
-        &["ago", "via", "replica", "reason", "prompt", "overlap", "uncached", "est. TTFT"],
+        &["ago", "via", "replica", "reason", "prompt tok", "overlap blk", "uncached tok", "est. TTFT"],
         &[0, 4, 5, 6, 7],
     );
     for d in ds {
@@ -302,8 +302,8 @@ mod tests {
         let text = render_decisions(&[d]);
         assert_eq!(
             text,
-            "last decisions (newest first)\n  ago  via   replica  reason       prompt  overlap  uncached  est. TTFT\n \
-             0.2s  http  vllm-3   lowest_cost    4096      200       896       22ms"
+            "last decisions (newest first)\n  ago  via   replica  reason       prompt tok  overlap blk  uncached tok  \
+             est. TTFT\n 0.2s  http  vllm-3   lowest_cost        4096          200           896       22ms"
         );
         // The endpoint picker's decisions widen the column.
         let g = v1::RecentDecision { via: "gateway".into(), ..decision() };

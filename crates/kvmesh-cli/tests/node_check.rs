@@ -36,6 +36,10 @@ fn a_valid_file_says_what_would_run_and_its_warnings() {
         lines[1].starts_with("warning: node.booking_lease (\"5m\") is shorter than node.request_timeout"),
         "{stdout}"
     );
+    // A policy written with dashes is named as metrics and the cluster name it.
+    let out = check(&format!("[node]\npolicy = \"power-of-two\"\n{REPLICA}"), &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).lines().next().unwrap().contains(": ok — policy power_of_two, 1 replica(s)"));
     // The services a file turns on are listed.
     let on = "[autoscaler]\nenabled = true\nmin_replicas = 2\nmax_replicas = 6\n[admission]\nenabled = true\n\
               ttft_slo = \"2s\"\n[replication]\nenabled = true\n";
@@ -65,18 +69,36 @@ fn a_refused_file_exits_1_with_the_reason() {
     let stdout = text(&out.stdout);
     assert!(stdout.contains("gRPC 127.0.0.1:7001, cluster node 1 (0 configured peer(s))"), "{stdout}");
     assert!(stdout.contains("warning: cluster running INSECURE (--insecure)"), "{stdout}");
-    // A token file that is not there: named by its key.
+    // A token file that is not there: named by its key, at its line.
     let out = check(&format!("[security]\nadmin_token_file = \"/nonexistent/admin-token\"\n{REPLICA}"), &[]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(
-        stderr.contains("[security] admin_token_file: reading the token file /nonexistent/admin-token"),
+        stderr.contains(
+            "kvmesh.toml:2: security.admin_token_file names /nonexistent/admin-token, which cannot be read: No such \
+             file or directory (os error 2); fix the path, or remove the key"
+        ),
         "{stderr}"
     );
-    // A tokenizer the node could not load: refused here as at a real start.
-    let out = check(&format!("[node]\ntokenizer = \"/nonexistent/tokenizer.json\"\n{REPLICA}"), &[]);
+    // A tokenizer file that is there but does not load: refused here as at a real start.
+    let exe = env!("CARGO_BIN_EXE_kvmesh");
+    let out = check(&format!("[node]\ntokenizer = \"{exe}\"\n{REPLICA}"), &[]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("node.tokenizer: "), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains(&format!("node.tokenizer: loading tokenizer {exe}")), "{}", text(&out.stderr));
+    // Missing files are refused with the file's other refusals, not after them.
+    let out = check(
+        &format!(
+            "[node]\ntokenizer = \"/nonexistent/tokenizer.json\"\n[security]\nadmin_token_file = \"/nonexistent/t\"\n{}",
+            REPLICA.replace("http://10.0.0.7:8000", "ftp://10.0.0.7:8000")
+        ),
+        &[],
+    );
+    let stderr = text(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    assert!(lines[0].contains("kvmesh.toml:7: replica \"vllm-0\": http "), "{stderr}");
+    assert!(lines[1].contains("kvmesh.toml:4: security.admin_token_file names /nonexistent/t, which"), "{stderr}");
+    assert!(lines[2].contains("kvmesh.toml:2: node.tokenizer names /nonexistent/tokenizer.json, which"), "{stderr}");
     // A refused value names the file's line that sets it.
     let out =
         check(&format!("[node]\nblock_size = 16\n\n{}", REPLICA.replace("= 100", "= 0\nengine = \"sglang\"")), &[]);

@@ -94,21 +94,26 @@ fn cells(r: &Row) -> [String; 9] {
 const HEADER: [&str; 9] =
     ["policy", "requests", "errors", "TTFT p50", "TTFT p90", "TTFT p99", "E2E mean", "hit rate", "skew"];
 
-/// The rows as a terminal table.
+/// What the columns a reader cannot guess mean, under the table.
+const LEGEND: &str = "hit rate: cached prompt tokens ÷ prompt tokens, as the engines report them · skew: the \
+                      busiest replica's requests ÷ the mean per replica (1.00 = even)";
+
+/// The rows as a terminal table, and the legend.
 pub fn table(rows: &[Row]) -> String {
     let mut t = crate::table::plain(&HEADER, &[1, 2, 3, 4, 5, 6, 7, 8]);
     for r in rows {
         t.add_row(cells(r).to_vec());
     }
-    crate::table::lines(&t) + "\n"
+    format!("{}\n{LEGEND}\n", crate::table::lines(&t))
 }
 
-/// The rows as Markdown, with a header saying what ran.
+/// The rows as Markdown, with a header saying what ran, and the legend.
 pub fn markdown(rows: &[Row], setup: &str) -> String {
     let mut out = format!("# kvmesh demo\n\n{setup}\n\n| {} |\n|{}\n", HEADER.join(" | "), "---|".repeat(9));
     for r in rows {
         let _ = writeln!(out, "| {} |", cells(r).join(" | "));
     }
+    let _ = writeln!(out, "\n{LEGEND}");
     out
 }
 
@@ -186,8 +191,10 @@ mod tests {
         let t = table(&[r]);
         assert_eq!(
             t,
-            " policy      requests  errors  TTFT p50  TTFT p90  TTFT p99  E2E mean  hit rate  skew\n \
-             token_load         4       1    200 ms    400 ms    400 ms    1.23 s     37.5%  2.00\n"
+            format!(
+                " policy      requests  errors  TTFT p50  TTFT p90  TTFT p99  E2E mean  hit rate  skew\n \
+                 token_load         4       1    200 ms    400 ms    400 ms    1.23 s     37.5%  2.00\n{LEGEND}\n"
+            )
         );
         // A policy that sends everything to one of them is not "even".
         let one = [o("e0", Some(0.1), 10, 0), o("e0", Some(0.1), 10, 0)];

@@ -55,14 +55,16 @@ impl View {
             let prompt: u64 = ok().map(|o| o.prompt_tokens as u64).sum();
             let cached: u64 = ok().map(|o| o.cached_tokens as u64).sum();
             let hit = if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 };
-            (l.sent, l.done.len(), (pct(&ttft, 0.5), pct(&ttft, 0.99), hit, errors))
+            // (Nothing to show before a first token: a dash, not a 0 that reads as measured.)
+            let ttft = |q| if ttft.is_empty() { "—".to_string() } else { secs(pct(&ttft, q)) };
+            (l.sent, l.done.len(), (ttft(0.5), ttft(0.99), hit, errors))
         };
         // Engine seconds, like --rate and every other figure.
         let rate = done as f64 / (self.started.elapsed().as_secs_f64() * self.speed).max(1e-3);
         let msg = format!(
-            "{rate:.1} req/s · TTFT (completed) p50 {} p99 {} · hit rate {:.0}% · errors {} · in flight {}",
-            secs(stats.0),
-            secs(stats.1),
+            "{rate:.1} completed/s · TTFT (completed) p50 {} p99 {} · hit rate {:.0}% · errors {} · in flight {}",
+            stats.0,
+            stats.1,
             stats.2 * 100.0,
             stats.3,
             sent - done
@@ -108,7 +110,12 @@ impl View {
             None => {
                 if self.last_plain.elapsed() >= Duration::from_secs(5) {
                     self.last_plain = Instant::now();
-                    eprintln!("[{}] {done}/{} done · {msg} · {leader}", self.policy, self.total);
+                    eprintln!(
+                        "[{}] {done}/{} done · {msg} · {leader} · queued prefill tokens: {}",
+                        self.policy,
+                        self.total,
+                        load.join(" · ")
+                    );
                 }
             }
         }

@@ -36,6 +36,7 @@ mod cluster;
 mod doubts;
 mod epp;
 mod error;
+mod files;
 mod hints;
 mod limits;
 mod locate;
@@ -160,13 +161,16 @@ impl NodeConfig {
         Ok(config)
     }
 
-    /// [`NodeConfig::validate`] for a configuration read from the file at `path`.
+    /// [`NodeConfig::validate`] for a configuration read from the file at `path`, and the
+    /// files it names checked for being there ([`NodeConfig::unreadable_files`]).
     ///
     /// # Errors
-    /// Every refusal ([`NodeConfig::refusals`]), a line each, as `path:line: message` where
-    /// the file (as it is now) sets the refused value ([`ConfigError::line_in`]).
+    /// Every refusal ([`NodeConfig::refusals`], then the unreadable files), a line each, as
+    /// `path:line: message` where the file (as it is now) sets the refused value
+    /// ([`ConfigError::line_in`]).
     pub fn validate_file(&self, path: &Path) -> anyhow::Result<()> {
-        let refusals = self.refusals();
+        let mut refusals = self.refusals();
+        refusals.extend(self.unreadable_files());
         if refusals.is_empty() {
             return Ok(());
         }

@@ -1,0 +1,96 @@
+//! The files a configuration names, checked for being there before anything reads them: so a
+//! wrong path is refused with the configuration's other refusals, at its line, instead of
+//! alone and later ([`crate::preflight::check`] reads them for use).
+
+use super::{ConfigError, NodeConfig};
+use std::path::Path;
+
+impl NodeConfig {
+    /// Each file the configuration names that is not a readable file, as a refusal of its key:
+    /// the `[security]` token files (unless their environment variable, which wins, is set),
+    /// TLS files, and `node.tokenizer`. Relative paths are the working directory's, as the node
+    /// reads them; the refusal says where one led.
+    pub fn unreadable_files(&self) -> Vec<ConfigError> {
+        let s = &self.security;
+        let token =
+            |env: &str, file: &Option<std::path::PathBuf>| file.clone().filter(|_| std::env::var_os(env).is_none());
+        let named = [
+            ("security.admin_token_file", token("KVMESH_ADMIN_TOKEN", &s.admin_token_file), ""),
+            ("security.cluster_token_file", token("KVMESH_CLUSTER_TOKEN", &s.cluster_token_file), ""),
+            ("security.events_token_file", token("KVMESH_EVENTS_TOKEN", &s.events_token_file), ""),
+            ("security.tls_cert_file", s.tls_cert_file.clone(), ""),
+            ("security.tls_key_file", s.tls_key_file.clone(), ""),
+            ("security.tls_ca_file", s.tls_ca_file.clone(), ""),
+            ("node.tokenizer", self.node.tokenizer.clone(), " (without it, prompts are counted approximately)"),
+        ];
+        named
+            .into_iter()
+            .filter_map(|(key, path, without)| {
+                let problem = unreadable(path.as_deref()?)?;
+                Some(ConfigError::setting(key, format!("{problem}; fix the path, or remove the key{without}")))
+            })
+            .collect()
+    }
+}
+
+/// Why `path` cannot be read as a file (`None`: it can be opened), worded to follow a key.
+fn unreadable(path: &Path) -> Option<String> {
+    let whence = match std::env::current_dir() {
+        Ok(cwd) if path.is_relative() => format!(" ({}, from the working directory)", cwd.join(path).display()),
+        _ => String::new(),
+    };
+    let why = match std::fs::File::open(path).and_then(|f| f.metadata()) {
+        Ok(m) if m.is_file() => return None,
+        Ok(_) => "it is not a file".to_string(),
+        Err(e) => e.to_string(),
+    };
+    Some(format!("names {}{whence}, which cannot be read: {why}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_unreadable_file_is_refused_at_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("admin.token");
+        std::fs::write(&token, "secret-secret-secret").unwrap();
+        let text = format!(
+            "[node]\ntokenizer = \"{0}/tokenizer.json\"\n\n[security]\nadmin_token_file = \"{1}\"\n\
+             tls_cert_file = \"{0}\"\n",
+            dir.path().display(),
+            token.display()
+        );
+        let config = NodeConfig::parse(&text).unwrap();
+        let refusals = config.unreadable_files();
+        let d = dir.path().display();
+        assert_eq!(
+            refusals.iter().map(|e| (e.to_string(), e.line_in(&text))).collect::<Vec<_>>(),
+            vec![
+                (
+                    format!("security.tls_cert_file names {d}, which cannot be read: it is not a file; fix the path, or remove the key"),
+                    Some(6)
+                ),
+                (
+                    format!(
+                        "node.tokenizer names {d}/tokenizer.json, which cannot be read: No such file or directory (os error 2); \
+                         fix the path, or remove the key (without it, prompts are counted approximately)"
+                    ),
+                    Some(2)
+                ),
+            ]
+        );
+        // A relative path says where it led.
+        let config = NodeConfig::parse("[security]\nevents_token_file = \"no/such.token\"\n").unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            config.unreadable_files().iter().map(ToString::to_string).collect::<Vec<_>>(),
+            vec![format!(
+                "security.events_token_file names no/such.token ({}, from the working directory), which cannot be read: \
+                 No such file or directory (os error 2); fix the path, or remove the key",
+                cwd.join("no/such.token").display()
+            )]
+        );
+    }
+}
