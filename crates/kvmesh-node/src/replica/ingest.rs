@@ -90,12 +90,19 @@ pub async fn run(shared: Arc<Shared>, source: Source) -> anyhow::Result<()> {
                 continue;
             }
             let why = socket_trouble(relay.dial_error(), &e.to_string());
-            {
+            let news = {
                 let (now, mut stream) = (shared.now(), source.target.stream().lock());
-                let since = stream.socket_down.as_ref().map_or(now, |d| d.0);
-                stream.socket_down = Some((since, why.clone()));
+                let (down, news) = socket_down(stream.socket_down.take(), &why, now);
+                stream.socket_down = Some(down);
+                news
+            };
+            // Warned once per reason: a fleet of engines still starting would otherwise warn
+            // for each of them at every retry. (The replica's status detail says it meanwhile.)
+            if news {
+                tracing::warn!(replica = %source.name, endpoint = %source.endpoint, %why, error = %e, "KV-event socket not up; retrying (said again only if the reason changes)");
+            } else {
+                tracing::debug!(replica = %source.name, endpoint = %source.endpoint, %why, error = %e, "KV-event socket still not up; retrying");
             }
-            tracing::warn!(replica = %source.name, endpoint = %source.endpoint, %why, error = %e, "KV-event socket not up; retrying");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
             continue;
@@ -184,6 +191,16 @@ fn socket_trouble(dial_error: Option<String>, zmq_error: &str) -> String {
         "the endpoint does not speak ZMQ (an HTTP or other port?)".into()
     } else {
         format!("ZMQ handshake failed: {zmq_error}")
+    }
+}
+
+/// The socket's down state after a failed attempt at `now` for `why`, from the one before
+/// (`None`: it was up): since when it has been down, why; and whether that is news (it was up,
+/// or down for another reason), which is what the log warns about.
+fn socket_down(before: Option<(f64, String)>, why: &str, now: f64) -> ((f64, String), bool) {
+    match before {
+        Some((since, was)) => ((since, why.to_string()), was != why),
+        None => ((now, why.to_string()), true),
     }
 }
 
@@ -422,7 +439,20 @@ async fn replay_messages(
 
 #[cfg(test)]
 mod tests {
-    use super::socket_trouble;
+    use super::{socket_down, socket_trouble};
+
+    #[test]
+    fn a_socket_down_for_the_same_reason_is_news_once() {
+        let refused = "cannot reach 10.0.0.7:5557: Connection refused (os error 111)";
+        let (down, news) = socket_down(None, refused, 3.0);
+        assert_eq!((down.clone(), news), ((3.0, refused.to_string()), true));
+        // Retried: still down since 3 s, for the same reason: not news.
+        let (down, news) = socket_down(Some(down), refused, 8.0);
+        assert_eq!((down.clone(), news), ((3.0, refused.to_string()), false));
+        // Another reason is news; the outage still dates from its start.
+        let (down, news) = socket_down(Some(down), "ZMQ handshake failed: Other", 9.0);
+        assert_eq!((down, news), ((3.0, "ZMQ handshake failed: Other".to_string()), true));
+    }
 
     #[test]
     fn socket_trouble_says_what_to_check() {
