@@ -12,7 +12,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         return crate::emit(REFERENCE);
     }
     let format: kvmesh_node::telemetry::LogFormat = args.log_format.parse().map_err(anyhow::Error::msg)?;
-    let config = with_cluster_flags(NodeConfig::read(args.config_path())?, args)?;
+    let config = with_cluster_flags(NodeConfig::read(args.config_path())?, args, true)?;
     if args.check {
         return check(&config, args);
     }
@@ -108,8 +108,9 @@ fn check(config: &NodeConfig, args: &NodeArgs) -> anyhow::Result<()> {
 }
 
 /// Applies `--http`, `--grpc`, `--id`, `--raft-addr`, `--peers` and `--data-dir` (or their
-/// environment variables) over the file; `--id` alone makes a `[cluster]` section.
-fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs) -> anyhow::Result<NodeConfig> {
+/// environment variables) over the file; `--id` alone makes a `[cluster]` section. Then refuses
+/// what the node would refuse, and with `to_start` the files it names that are not there.
+fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs, to_start: bool) -> anyhow::Result<NodeConfig> {
     if let Some(a) = args.http {
         config.node.http = a;
     }
@@ -124,7 +125,11 @@ fn with_cluster_flags(mut config: NodeConfig, args: &NodeArgs) -> anyhow::Result
         c.insecure = true;
     }
     // Every refusal at once, each at its line: one run shows the whole fix.
-    config.validate_file(args.config_path())?;
+    if to_start {
+        config.validate_file_to_start(args.config_path())?;
+    } else {
+        config.validate_file(args.config_path())?;
+    }
     Ok(config)
 }
 
@@ -155,7 +160,9 @@ async fn wait_for_stop(node: &kvmesh_node::Node, args: &NodeArgs) {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => return,
             _ = term.recv() => return,
-            _ = hup.recv() => match NodeConfig::read(path).and_then(|c| with_cluster_flags(c, args)) {
+            // (A reload reads no token, TLS or tokenizer file: one gone since the start is not
+            // its business.)
+            _ = hup.recv() => match NodeConfig::read(path).and_then(|c| with_cluster_flags(c, args, false)) {
                 Ok(c) => match node.reload(&c).await {
                     Ok(()) => tracing::info!(config = %path.display(), "replicas reloaded"),
                     Err(e) => tracing::error!(error = %e, "reload failed; keeping the current replicas"),
@@ -169,4 +176,27 @@ async fn wait_for_stop(node: &kvmesh_node::Node, args: &NodeArgs) {
 #[cfg(not(unix))]
 async fn wait_for_stop(_node: &kvmesh_node::Node, _args: &NodeArgs) {
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    #[test]
+    fn a_reload_does_not_refuse_a_file_only_a_start_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kvmesh.toml");
+        let toml = "[node]\ntokenizer = \"/nonexistent/tokenizer.json\"\n\n[[replicas]]\nname = \"vllm-0\"\n\
+                    http = \"http://10.0.0.7:8000\"\ncapacity_blocks = 100\n";
+        std::fs::write(&path, toml).unwrap();
+        let cli = Cli::try_parse_from(["kvmesh", "node", "--config", path.to_str().unwrap()]).unwrap();
+        let Command::Node(args) = cli.command else { panic!("a node command") };
+        let read = || NodeConfig::read(&path).unwrap();
+        let start = with_cluster_flags(read(), &args, true).unwrap_err().to_string();
+        assert!(start.ends_with("kvmesh.toml:2: node.tokenizer names /nonexistent/tokenizer.json, which cannot be read: No such file or directory (os error 2); fix the path, or remove the key (without it, prompts are counted approximately)"), "{start}");
+        // SIGHUP's reload applies the replicas and reads no tokenizer: the file is not its concern.
+        assert_eq!(with_cluster_flags(read(), &args, false).unwrap().replicas.len(), 1);
+    }
 }

@@ -3,6 +3,11 @@
 use std::process::{Command, Output};
 
 fn check(toml: &str, extra: &[&str]) -> Output {
+    check_with(toml, extra, &[])
+}
+
+/// `--check` with `env` set (and no other token variable).
+fn check_with(toml: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kvmesh.toml");
     std::fs::write(&path, toml).unwrap();
@@ -11,6 +16,8 @@ fn check(toml: &str, extra: &[&str]) -> Output {
         .args(extra)
         .env_remove("KVMESH_CLUSTER_TOKEN")
         .env_remove("KVMESH_ADMIN_TOKEN")
+        .env_remove("KVMESH_EVENTS_TOKEN")
+        .envs(env.iter().copied())
         .output()
         .expect("run kvmesh")
 }
@@ -80,6 +87,13 @@ fn a_refused_file_exits_1_with_the_reason() {
         ),
         "{stderr}"
     );
+    // With its environment variable set, the node reads the token from there: no file to check.
+    let out = check_with(
+        &format!("[security]\nadmin_token_file = \"/nonexistent/admin-token\"\n{REPLICA}"),
+        &[],
+        &[("KVMESH_ADMIN_TOKEN", "a-long-enough-admin-token-0123456789")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
     // A tokenizer file that is there but does not load: refused here as at a real start.
     let exe = env!("CARGO_BIN_EXE_kvmesh");
     let out = check(&format!("[node]\ntokenizer = \"{exe}\"\n{REPLICA}"), &[]);

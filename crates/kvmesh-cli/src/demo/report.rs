@@ -96,7 +96,7 @@ const HEADER: [&str; 9] =
 
 /// What the columns a reader cannot guess mean, under the table.
 const LEGEND: &str = "hit rate: cached prompt tokens ÷ prompt tokens, as the engines report them · skew: the \
-                      busiest replica's requests ÷ the mean per replica (1.00 = even)";
+                      busiest replica's successful requests ÷ their mean per replica (1.00 = even)";
 
 /// The rows as a terminal table, and the legend.
 pub fn table(rows: &[Row]) -> String {

@@ -54,7 +54,8 @@ impl View {
             let ok = || l.done.iter().filter(|o| o.error.is_none());
             let prompt: u64 = ok().map(|o| o.prompt_tokens as u64).sum();
             let cached: u64 = ok().map(|o| o.cached_tokens as u64).sum();
-            let hit = if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 };
+            let hit =
+                if prompt == 0 { "—".to_string() } else { format!("{:.0}%", cached as f64 / prompt as f64 * 100.0) };
             // (Nothing to show before a first token: a dash, not a 0 that reads as measured.)
             let ttft = |q| if ttft.is_empty() { "—".to_string() } else { secs(pct(&ttft, q)) };
             (l.sent, l.done.len(), (ttft(0.5), ttft(0.99), hit, errors))
@@ -62,10 +63,10 @@ impl View {
         // Engine seconds, like --rate and every other figure.
         let rate = done as f64 / (self.started.elapsed().as_secs_f64() * self.speed).max(1e-3);
         let msg = format!(
-            "{rate:.1} completed/s · TTFT (completed) p50 {} p99 {} · hit rate {:.0}% · errors {} · in flight {}",
+            "{rate:.1} completed/s · TTFT (completed) p50 {} p99 {} · hit rate {} · errors {} · in flight {}",
             stats.0,
             stats.1,
-            stats.2 * 100.0,
+            stats.2,
             stats.3,
             sent - done
         );

@@ -6,21 +6,25 @@ use super::{ConfigError, NodeConfig};
 use std::path::Path;
 
 impl NodeConfig {
-    /// Each file the configuration names that is not a readable file, as a refusal of its key:
-    /// the `[security]` token files (unless their environment variable, which wins, is set),
-    /// TLS files, and `node.tokenizer`. Relative paths are the working directory's, as the node
-    /// reads them; the refusal says where one led.
+    /// Each file the configuration names, and a starting node reads, that is not there (or is
+    /// a directory), as a refusal of its key: the `[security]` token files (unless their
+    /// environment variable is set, which the node reads instead: `crate::auth::load`), the
+    /// TLS files (the CA with a certificate only: without one it is not read), and
+    /// `node.tokenizer`. Relative paths are the working directory's, as the node reads them;
+    /// the refusal says where one led. Whether a file that is there loads (an empty token, a
+    /// certificate that does not parse) is [`crate::preflight::check`]'s.
     pub fn unreadable_files(&self) -> Vec<ConfigError> {
         let s = &self.security;
-        let token =
-            |env: &str, file: &Option<std::path::PathBuf>| file.clone().filter(|_| std::env::var_os(env).is_none());
+        // (The same test as `auth::load`: a variable that is not UTF-8 does not count.)
+        let token = |env: &str, file: &Option<std::path::PathBuf>| file.clone().filter(|_| std::env::var(env).is_err());
+        let ca = s.tls_ca_file.clone().filter(|_| s.tls_cert_file.is_some());
         let named = [
             ("security.admin_token_file", token("KVMESH_ADMIN_TOKEN", &s.admin_token_file), ""),
             ("security.cluster_token_file", token("KVMESH_CLUSTER_TOKEN", &s.cluster_token_file), ""),
             ("security.events_token_file", token("KVMESH_EVENTS_TOKEN", &s.events_token_file), ""),
             ("security.tls_cert_file", s.tls_cert_file.clone(), ""),
             ("security.tls_key_file", s.tls_key_file.clone(), ""),
-            ("security.tls_ca_file", s.tls_ca_file.clone(), ""),
+            ("security.tls_ca_file", ca, ""),
             ("node.tokenizer", self.node.tokenizer.clone(), " (without it, prompts are counted approximately)"),
         ];
         named
@@ -33,15 +37,18 @@ impl NodeConfig {
     }
 }
 
-/// Why `path` cannot be read as a file (`None`: it can be opened), worded to follow a key.
+/// Why `path` cannot be read as a file (`None`: it is there), worded to follow a key. A
+/// regular file is opened (that finds missing permissions); anything else but a directory (a
+/// pipe, `/dev/fd/N`) is left to the reader, as opening a FIFO would wait for its writer.
 fn unreadable(path: &Path) -> Option<String> {
     let whence = match std::env::current_dir() {
         Ok(cwd) if path.is_relative() => format!(" ({}, from the working directory)", cwd.join(path).display()),
         _ => String::new(),
     };
-    let why = match std::fs::File::open(path).and_then(|f| f.metadata()) {
-        Ok(m) if m.is_file() => return None,
-        Ok(_) => "it is not a file".to_string(),
+    let why = match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => "it is a directory".to_string(),
+        Ok(m) if !m.is_file() => return None,
+        Ok(_) => std::fs::File::open(path).err()?.to_string(),
         Err(e) => e.to_string(),
     };
     Some(format!("names {}{whence}, which cannot be read: {why}", path.display()))
@@ -69,28 +76,35 @@ mod tests {
             refusals.iter().map(|e| (e.to_string(), e.line_in(&text))).collect::<Vec<_>>(),
             vec![
                 (
-                    format!("security.tls_cert_file names {d}, which cannot be read: it is not a file; fix the path, or remove the key"),
+                    format!(
+                        "security.tls_cert_file names {d}, which cannot be read: it is a directory; fix the path, or \
+                         remove the key"
+                    ),
                     Some(6)
                 ),
                 (
                     format!(
-                        "node.tokenizer names {d}/tokenizer.json, which cannot be read: No such file or directory (os error 2); \
-                         fix the path, or remove the key (without it, prompts are counted approximately)"
+                        "node.tokenizer names {d}/tokenizer.json, which cannot be read: No such file or directory (os \
+                         error 2); fix the path, or remove the key (without it, prompts are counted approximately)"
                     ),
                     Some(2)
                 ),
             ]
         );
-        // A relative path says where it led.
-        let config = NodeConfig::parse("[security]\nevents_token_file = \"no/such.token\"\n").unwrap();
+        // A relative path says where it led; a CA file is checked only with a certificate.
+        let config =
+            NodeConfig::parse("[security]\ntls_key_file = \"no/such.pem\"\ntls_ca_file = \"no/ca.pem\"\n").unwrap();
         let cwd = std::env::current_dir().unwrap();
         assert_eq!(
             config.unreadable_files().iter().map(ToString::to_string).collect::<Vec<_>>(),
             vec![format!(
-                "security.events_token_file names no/such.token ({}, from the working directory), which cannot be read: \
-                 No such file or directory (os error 2); fix the path, or remove the key",
-                cwd.join("no/such.token").display()
+                "security.tls_key_file names no/such.pem ({}, from the working directory), which cannot be read: No \
+                 such file or directory (os error 2); fix the path, or remove the key",
+                cwd.join("no/such.pem").display()
             )]
         );
+        // Neither a regular file nor a directory (a character device here): left to the reader.
+        let config = NodeConfig::parse("[security]\ntls_cert_file = \"/dev/null\"\n").unwrap();
+        assert_eq!(config.unreadable_files(), vec![]);
     }
 }

@@ -161,22 +161,26 @@ impl NodeConfig {
         Ok(config)
     }
 
-    /// [`NodeConfig::validate`] for a configuration read from the file at `path`, and the
-    /// files it names checked for being there ([`NodeConfig::unreadable_files`]).
+    /// [`NodeConfig::validate`] for a configuration read from the file at `path`.
     ///
     /// # Errors
-    /// Every refusal ([`NodeConfig::refusals`], then the unreadable files), a line each, as
-    /// `path:line: message` where the file (as it is now) sets the refused value
-    /// ([`ConfigError::line_in`]).
+    /// Every refusal ([`NodeConfig::refusals`]), a line each, as `path:line: message` where
+    /// the file (as it is now) sets the refused value ([`ConfigError::line_in`]).
     pub fn validate_file(&self, path: &Path) -> anyhow::Result<()> {
+        refuse_at_lines(self.refusals(), path)
+    }
+
+    /// [`NodeConfig::validate_file`], and the files the configuration names checked for being
+    /// there ([`NodeConfig::unreadable_files`]): what a node starting from the file (or
+    /// `--check`) refuses before it reads anything else. Not for a reload, which reads none of
+    /// those files.
+    ///
+    /// # Errors
+    /// Every refusal, then every unreadable file, a line each, as [`NodeConfig::validate_file`].
+    pub fn validate_file_to_start(&self, path: &Path) -> anyhow::Result<()> {
         let mut refusals = self.refusals();
         refusals.extend(self.unreadable_files());
-        if refusals.is_empty() {
-            return Ok(());
-        }
-        let text = std::fs::read_to_string(path).ok();
-        let lines: Vec<String> = refusals.iter().map(|e| e.located_in(path, text.as_deref())).collect();
-        anyhow::bail!("{}", lines.join("\n"))
+        refuse_at_lines(refusals, path)
     }
 
     /// Reads a TOML file without validating it (command-line flags complete it first).
@@ -205,6 +209,16 @@ impl NodeConfig {
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
+}
+
+/// `refusals` of the configuration read from `path`, each at its line of the file as it is now.
+fn refuse_at_lines(refusals: Vec<ConfigError>, path: &Path) -> anyhow::Result<()> {
+    if refusals.is_empty() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(path).ok();
+    let lines: Vec<String> = refusals.iter().map(|e| e.located_in(path, text.as_deref())).collect();
+    anyhow::bail!("{}", lines.join("\n"))
 }
 
 #[cfg(test)]
