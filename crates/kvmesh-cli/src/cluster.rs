@@ -78,7 +78,7 @@ pub fn failed(call: &str, s: &tonic::Status, t: &ClusterTarget) -> anyhow::Error
 pub fn admin_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<kvmesh_node::auth::Secret>> {
     match file {
         Some(f) => kvmesh_node::auth::load_file(f).map(Some),
-        None => kvmesh_node::auth::load("KVMESH_ADMIN_TOKEN", &None),
+        None => kvmesh_node::auth::load(kvmesh_node::auth::ADMIN_TOKEN_ENV, &None),
     }
 }
 
@@ -86,7 +86,9 @@ pub fn admin_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<kvme
 fn token_source(file: Option<&std::path::Path>) -> String {
     match file {
         Some(f) => format!("from --token-file {}", f.display()),
-        None if std::env::var_os("KVMESH_ADMIN_TOKEN").is_some() => "from KVMESH_ADMIN_TOKEN".into(),
+        None if std::env::var_os(kvmesh_node::auth::ADMIN_TOKEN_ENV).is_some() => {
+            format!("from {}", kvmesh_node::auth::ADMIN_TOKEN_ENV)
+        }
         None => "none sent".into(),
     }
 }

@@ -106,15 +106,40 @@ pub struct Tokens {
     pub events: Option<Secret>,
 }
 
+/// The environment variables that give `[security]`'s tokens in place of their files.
+pub const ADMIN_TOKEN_ENV: &str = "KVMESH_ADMIN_TOKEN";
+/// See [`ADMIN_TOKEN_ENV`].
+pub const CLUSTER_TOKEN_ENV: &str = "KVMESH_CLUSTER_TOKEN";
+/// See [`ADMIN_TOKEN_ENV`].
+pub const EVENTS_TOKEN_ENV: &str = "KVMESH_EVENTS_TOKEN";
+
+/// The file [`load`] reads the token from: `file`, unless environment variable `env` is set
+/// (then the token is the variable's, and no file is read).
+pub(crate) fn token_file<'a>(env: &str, file: &'a Option<PathBuf>) -> Option<&'a std::path::Path> {
+    file.as_deref().filter(|_| std::env::var(env).is_err())
+}
+
+/// For a relative `path`, where it led: ` (ABSOLUTE, from the working directory)` (a relative
+/// path in the configuration is the working directory's, not the file's); empty otherwise.
+pub(crate) fn from_working_directory(path: &std::path::Path) -> String {
+    match std::env::current_dir() {
+        Ok(cwd) if path.is_relative() => format!(" ({}, from the working directory)", cwd.join(path).display()),
+        _ => String::new(),
+    }
+}
+
 /// The token in environment variable `env`, else in `file`, else none.
 ///
 /// # Errors
 /// An unreadable file or an empty or unsendable token.
 pub fn load(env: &str, file: &Option<PathBuf>) -> anyhow::Result<Option<Secret>> {
-    if let Ok(v) = std::env::var(env) {
-        return Secret::new(&v).map(Some).map_err(|e| anyhow::anyhow!("{env}: {e}"));
+    match token_file(env, file) {
+        Some(path) => load_file(path).map(Some),
+        None => match std::env::var(env) {
+            Ok(v) => Secret::new(&v).map(Some).map_err(|e| anyhow::anyhow!("{env}: {e}")),
+            Err(_) => Ok(None),
+        },
     }
-    file.as_deref().map(load_file).transpose()
 }
 
 /// The token in `path`.
@@ -123,12 +148,7 @@ pub fn load(env: &str, file: &Option<PathBuf>) -> anyhow::Result<Option<Secret>>
 /// An unreadable file or an empty or unsendable token.
 pub fn load_file(path: &std::path::Path) -> anyhow::Result<Secret> {
     let text = std::fs::read_to_string(path).map_err(|e| {
-        // A relative path is the working directory's, not the config file's: say where it led.
-        let whence = match std::env::current_dir() {
-            Ok(cwd) if path.is_relative() => format!(" ({}, from the working directory)", cwd.join(path).display()),
-            _ => String::new(),
-        };
-        anyhow::anyhow!("reading the token file {}{whence}: {e}", path.display())
+        anyhow::anyhow!("reading the token file {}{}: {e}", path.display(), from_working_directory(path))
     })?;
     Secret::new(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
@@ -141,10 +161,9 @@ impl Tokens {
     pub fn load(section: &SecuritySection) -> anyhow::Result<Tokens> {
         use anyhow::Context;
         Ok(Tokens {
-            admin: load("KVMESH_ADMIN_TOKEN", &section.admin_token_file).context("[security] admin_token_file")?,
-            cluster: load("KVMESH_CLUSTER_TOKEN", &section.cluster_token_file)
-                .context("[security] cluster_token_file")?,
-            events: load("KVMESH_EVENTS_TOKEN", &section.events_token_file).context("[security] events_token_file")?,
+            admin: load(ADMIN_TOKEN_ENV, &section.admin_token_file).context("[security] admin_token_file")?,
+            cluster: load(CLUSTER_TOKEN_ENV, &section.cluster_token_file).context("[security] cluster_token_file")?,
+            events: load(EVENTS_TOKEN_ENV, &section.events_token_file).context("[security] events_token_file")?,
         })
     }
 }

@@ -3,34 +3,33 @@
 //! alone and later ([`crate::preflight::check`] reads them for use).
 
 use super::{ConfigError, NodeConfig};
+use crate::auth::{from_working_directory, token_file, ADMIN_TOKEN_ENV, CLUSTER_TOKEN_ENV, EVENTS_TOKEN_ENV};
 use std::path::Path;
 
 impl NodeConfig {
     /// Each file the configuration names, and a starting node reads, that is not there (or is
     /// a directory), as a refusal of its key: the `[security]` token files (unless their
-    /// environment variable is set, which the node reads instead: `crate::auth::load`), the
+    /// environment variable is set, which the node reads instead: [`token_file`]), the
     /// TLS files (the CA with a certificate only: without one it is not read), and
     /// `node.tokenizer`. Relative paths are the working directory's, as the node reads them;
     /// the refusal says where one led. Whether a file that is there loads (an empty token, a
     /// certificate that does not parse) is [`crate::preflight::check`]'s.
     pub fn unreadable_files(&self) -> Vec<ConfigError> {
         let s = &self.security;
-        // (The same test as `auth::load`: a variable that is not UTF-8 does not count.)
-        let token = |env: &str, file: &Option<std::path::PathBuf>| file.clone().filter(|_| std::env::var(env).is_err());
-        let ca = s.tls_ca_file.clone().filter(|_| s.tls_cert_file.is_some());
+        let ca = s.tls_ca_file.as_deref().filter(|_| s.tls_cert_file.is_some());
         let named = [
-            ("security.admin_token_file", token("KVMESH_ADMIN_TOKEN", &s.admin_token_file), ""),
-            ("security.cluster_token_file", token("KVMESH_CLUSTER_TOKEN", &s.cluster_token_file), ""),
-            ("security.events_token_file", token("KVMESH_EVENTS_TOKEN", &s.events_token_file), ""),
-            ("security.tls_cert_file", s.tls_cert_file.clone(), ""),
-            ("security.tls_key_file", s.tls_key_file.clone(), ""),
+            ("security.admin_token_file", token_file(ADMIN_TOKEN_ENV, &s.admin_token_file), ""),
+            ("security.cluster_token_file", token_file(CLUSTER_TOKEN_ENV, &s.cluster_token_file), ""),
+            ("security.events_token_file", token_file(EVENTS_TOKEN_ENV, &s.events_token_file), ""),
+            ("security.tls_cert_file", s.tls_cert_file.as_deref(), ""),
+            ("security.tls_key_file", s.tls_key_file.as_deref(), ""),
             ("security.tls_ca_file", ca, ""),
-            ("node.tokenizer", self.node.tokenizer.clone(), " (without it, prompts are counted approximately)"),
+            ("node.tokenizer", self.node.tokenizer.as_deref(), " (without it, prompts are counted approximately)"),
         ];
         named
             .into_iter()
             .filter_map(|(key, path, without)| {
-                let problem = unreadable(path.as_deref()?)?;
+                let problem = unreadable(path?)?;
                 Some(ConfigError::setting(key, format!("{problem}; fix the path, or remove the key{without}")))
             })
             .collect()
@@ -41,17 +40,13 @@ impl NodeConfig {
 /// regular file is opened (that finds missing permissions); anything else but a directory (a
 /// pipe, `/dev/fd/N`) is left to the reader, as opening a FIFO would wait for its writer.
 fn unreadable(path: &Path) -> Option<String> {
-    let whence = match std::env::current_dir() {
-        Ok(cwd) if path.is_relative() => format!(" ({}, from the working directory)", cwd.join(path).display()),
-        _ => String::new(),
-    };
     let why = match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => "it is a directory".to_string(),
         Ok(m) if !m.is_file() => return None,
         Ok(_) => std::fs::File::open(path).err()?.to_string(),
         Err(e) => e.to_string(),
     };
-    Some(format!("names {}{whence}, which cannot be read: {why}", path.display()))
+    Some(format!("names {}{}, which cannot be read: {why}", path.display(), from_working_directory(path)))
 }
 
 #[cfg(test)]
